@@ -1,0 +1,83 @@
+"""diag: profiling and diagnostics for distributed PyTorch training.
+
+Capture (inside training, imports torch lazily)::
+
+    session = diag.init("traces/run1")
+    diag.instrument(model, optimizer)
+    for batch in diag.wrap_loader(loader):
+        with diag.step():
+            ...
+    diag.finish()
+
+Analysis (anywhere, no torch): ``diag.load(trace_dir)`` or ``diag analyze trace_dir``.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["init", "step", "phase", "instrument", "wrap_loader", "finish", "session", "Trainer", "load"]
+
+
+def init(trace_dir, **options):
+    """Start capturing this rank into ``trace_dir``; see ``diag.capture.session.Session`` for options."""
+    from diag.capture import api
+
+    return api.init(trace_dir, **options)
+
+
+def step(step_index: int | None = None, samples: int | None = None, tokens: int | None = None):
+    """Context manager around one training step."""
+    from diag.capture import api
+
+    return api.step(step_index, samples=samples, tokens=tokens)
+
+
+def phase(name: str):
+    """Context manager marking a named span inside the current step."""
+    from diag.capture import api
+
+    return api.phase(name)
+
+
+def instrument(*objects):
+    """Hook a model (plain, DDP, FSDP) and optimizers: forward, backward, optimizer, collectives."""
+    from diag.capture import api
+
+    return api.instrument(*objects)
+
+
+def wrap_loader(loader):
+    """Iterate ``loader`` while recording the time each batch took to arrive."""
+    from diag.capture import api
+
+    return api.wrap_loader(loader)
+
+
+def finish():
+    """Flush and close the current session."""
+    from diag.capture import api
+
+    return api.finish()
+
+
+def session():
+    """The current capture session (a disabled one before ``diag.init``)."""
+    from diag.capture import api
+
+    return api.current()
+
+
+def load(trace_dir, progress: bool = False):
+    """Load a trace directory into DataFrames (no torch needed)."""
+    from diag.trace.loader import load as _load
+
+    return _load(trace_dir, progress=progress)
+
+
+def __getattr__(name):
+    if name == "Trainer":
+        from diag.capture.trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'diag' has no attribute {name!r}")

@@ -1,0 +1,50 @@
+"""The ``diag`` command. Subcommands live in ``diag/commands/`` and are imported only when used, so that
+``diag --help`` stays fast and never imports torch, dash or pynvml."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import click
+
+# name -> module in diag.commands defining a click command called ``command``
+SUBCOMMANDS = {
+    "analyze": "analyze",
+    "triage": "triage",
+    "dashboard": "dashboard",
+    "demo": "demo",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        available = []
+        for name, module in SUBCOMMANDS.items():
+            if importlib.util.find_spec(f"diag.commands.{module}") is not None:
+                available.append(name)
+        return sorted(available)
+
+    def get_command(self, ctx, name):
+        module = SUBCOMMANDS.get(name)
+        if module is None or importlib.util.find_spec(f"diag.commands.{module}") is None:
+            return None
+        return importlib.import_module(f"diag.commands.{module}").command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="diag")
+def main():
+    """Profile and diagnose distributed PyTorch training jobs.
+
+    \b
+    Examples:
+      diag demo traces/demo            run a small 2-rank CPU job with capture on
+      diag analyze traces/run1         find what slows the job down
+      diag triage traces/run1          explain a hang or NCCL timeout
+      diag dashboard traces/run1       follow a run in the browser
+    """
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Trace format (schema), writer (used by capture) and loader (used by analysis and views)."""

@@ -1,0 +1,373 @@
+"""Read a trace directory into pandas DataFrames. Needs no torch and never fails on bad input:
+whatever cannot be read is listed in ``Trace.skipped`` with the reason, and the rest is returned.
+
+``TraceReader`` remembers how far it read each file, so a live view can call ``poll()`` to get only the
+rows appended since its last call; ``load()`` is one full read.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from diag.trace.schema import (
+    EVENTS_FILE,
+    HEARTBEAT_FILE,
+    MANIFEST_FILE,
+    SCHEMA_VERSION,
+    TABLES,
+    Table,
+    parse_marker,
+)
+
+RANK_DIR_RE = re.compile(r"^rank(\d+)$")
+
+_ARROW_TYPES = {
+    "int64": pa.int64(),
+    "Int64": pa.int64(),
+    "int8": pa.int8(),
+    "Float64": pa.float64(),
+    "category": pa.dictionary(pa.int32(), pa.string()),
+}
+
+
+class TraceError(Exception):
+    """Nothing in the directory can be analysed; the message says why and what was expected."""
+
+
+@dataclass
+class Skipped:
+    path: str
+    reason: str
+    lines: int = 0  # rows lost, when the reason concerns rows
+
+    def __str__(self) -> str:
+        suffix = f" ({self.lines} lines)" if self.lines else ""
+        return f"{self.path}: {self.reason}{suffix}"
+
+
+@dataclass
+class Trace:
+    """All ranks of one run. Each table has a ``rank`` column; units are in the column names."""
+
+    path: Path
+    steps: pd.DataFrame
+    phases: pd.DataFrame
+    collectives: pd.DataFrame
+    memory: pd.DataFrame
+    telemetry: pd.DataFrame
+    manifests: pd.DataFrame  # one row per rank: the manifest.json keys
+    events: pd.DataFrame  # rank, time_us, kind, and the event's other fields
+    heartbeats: pd.DataFrame  # rank and the heartbeat.json keys
+    skipped: list[Skipped] = field(default_factory=list)
+    world_size: int | None = None
+    ranks_found: list[int] = field(default_factory=list)
+    ranks_missing: list[int] = field(default_factory=list)
+    run_id: str | None = None
+
+    def manifest(self, rank: int) -> dict:
+        rows = self.manifests[self.manifests["rank"] == rank]
+        return {} if rows.empty else {k: v for k, v in rows.iloc[0].items() if not _is_missing(v)}
+
+
+def _is_missing(value) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def empty_table(table: Table) -> pd.DataFrame:
+    frame = pd.DataFrame({"rank": pd.Series(dtype="int32")})
+    for column in table.columns:
+        frame[column.name] = pd.Series(dtype=column.dtype)
+    return frame
+
+
+@dataclass
+class TableChunk:
+    frame: pd.DataFrame
+    next_offset: int
+    skipped: list[Skipped]
+
+
+def read_table_file(path: Path, table: Table, offset: int = 0) -> TableChunk:
+    """Parse the complete rows of ``path`` from byte ``offset`` on (0: the whole file, header checked)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except OSError as exc:
+        return TableChunk(empty_table(table)[table.column_names], offset, [Skipped(str(path), f"unreadable: {exc}")])
+    end = data.rfind(b"\n") + 1  # a last line without newline is still being written
+    data = data[:end]
+    skipped: list[Skipped] = []
+    if offset == 0:
+        marker, _, rest = data.partition(b"\n")
+        header, _, body = rest.partition(b"\n")
+        parsed = parse_marker(marker.decode("utf-8", "replace"))
+        if parsed is None:
+            return _rejected(path, table, end, "not a diag trace file (no marker line)")
+        version, name = parsed
+        if version != SCHEMA_VERSION:
+            return _rejected(path, table, end, f"schema version {version}, this diag reads {SCHEMA_VERSION}")
+        if name != table.name or header.decode("utf-8", "replace").split(",") != table.column_names:
+            return _rejected(path, table, end, f"header does not match table {table.name!r}")
+        data = body
+    frame, bad = _parse_rows(data, table)
+    if bad:
+        skipped.append(Skipped(str(path), "corrupt rows skipped", bad))
+    return TableChunk(frame, offset + end, skipped)
+
+
+def _rejected(path: Path, table: Table, end: int, reason: str) -> TableChunk:
+    return TableChunk(empty_table(table)[table.column_names], end, [Skipped(str(path), reason)])
+
+
+def _parse_rows(data: bytes, table: Table) -> tuple[pd.DataFrame, int]:
+    if not data.strip():
+        return empty_table(table)[table.column_names], 0
+    lines = data.count(b"\n")
+    try:
+        frame = _parse_typed(data, table)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        frame = _parse_lenient(data, table)
+    return frame, lines - len(frame)
+
+
+def _csv_options(table: Table, types: dict):
+    bad_rows = []
+    read = pacsv.ReadOptions(column_names=table.column_names, use_threads=True, block_size=1 << 22)
+    parse = pacsv.ParseOptions(invalid_row_handler=lambda row: bad_rows.append(row) or "skip", newlines_in_values=False)
+    convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True, quoted_strings_can_be_null=True)
+    return read, parse, convert
+
+
+def _parse_typed(data: bytes, table: Table) -> pd.DataFrame:
+    types = {c.name: _ARROW_TYPES[c.dtype] for c in table.columns}
+    arrow = pacsv.read_csv(io.BytesIO(data), *_csv_options(table, types))
+    frame = arrow.to_pandas()
+    required = [c.name for c in table.columns if c.dtype in ("int64", "int8")]
+    frame = frame.dropna(subset=required) if frame[required].isna().any().any() else frame
+    return _coerce(frame, table)
+
+
+def _parse_lenient(data: bytes, table: Table) -> pd.DataFrame:
+    """Slow path for files with garbage in a numeric field: parse as text, drop rows that do not convert."""
+    types = {c.name: pa.string() for c in table.columns}
+    frame = pacsv.read_csv(io.BytesIO(data), *_csv_options(table, types)).to_pandas()
+    for column in table.columns:
+        if column.dtype != "category":
+            frame[column.name] = pd.to_numeric(frame[column.name], errors="coerce")
+    required = [c.name for c in table.columns if c.dtype in ("int64", "int8")]
+    return _coerce(frame.dropna(subset=required), table)
+
+
+def _coerce(frame: pd.DataFrame, table: Table) -> pd.DataFrame:
+    for column in table.columns:
+        if str(frame[column.name].dtype) != column.dtype:
+            frame[column.name] = frame[column.name].astype(column.dtype)
+    return frame.reset_index(drop=True)
+
+
+def _read_json(path: Path, skipped: list[Skipped]) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        skipped.append(Skipped(str(path), f"unreadable JSON: {exc}"))
+        return None
+    if not isinstance(value, dict):
+        skipped.append(Skipped(str(path), "not a JSON object"))
+        return None
+    return value
+
+
+def _read_events(path: Path, offset: int, skipped: list[Skipped]) -> tuple[list[dict], int]:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    events, bad = [], 0
+    for line in data[:end].splitlines():
+        try:
+            event = json.loads(line)
+            if isinstance(event, dict):
+                events.append(event)
+            else:
+                bad += 1
+        except ValueError:
+            bad += 1
+    if bad:
+        skipped.append(Skipped(str(path), "corrupt events skipped", bad))
+    return events, offset + end
+
+
+def find_rank_dirs(root: Path) -> dict[int, Path]:
+    ranks = {}
+    for child in root.iterdir() if root.is_dir() else ():
+        match = RANK_DIR_RE.match(child.name)
+        if match and child.is_dir():
+            ranks[int(match.group(1))] = child
+    return dict(sorted(ranks.items()))
+
+
+class TraceReader:
+    """Incremental reader of a trace directory: each ``poll()`` reads only what was appended since."""
+
+    def __init__(self, path: str | Path, tables: tuple[str, ...] = tuple(TABLES)):
+        self.path = Path(path)
+        self.tables = tables
+        self._offsets: dict[Path, int] = {}
+        self._rejected: set[Path] = set()
+
+    def rank_dirs(self) -> dict[int, Path]:
+        if not self.path.exists():
+            raise TraceError(f"{self.path} does not exist")
+        if not self.path.is_dir():
+            raise TraceError(f"{self.path} is not a directory; give the trace directory diag.init wrote")
+        return find_rank_dirs(self.path)
+
+    def poll(self, progress=None) -> dict:
+        """New rows per table, plus manifests, heartbeats, events and what was skipped in this read."""
+        rank_dirs = self.rank_dirs()
+        skipped: list[Skipped] = []
+        chunks: dict[str, list[pd.DataFrame]] = {name: [] for name in self.tables}
+        manifests, heartbeats, events = [], [], []
+        for rank, rank_dir in rank_dirs.items():
+            manifest = _read_json(rank_dir / MANIFEST_FILE, skipped)
+            if manifest is not None:
+                manifests.append({**manifest, "rank": rank})
+            heartbeat = _read_json(rank_dir / HEARTBEAT_FILE, skipped)
+            if heartbeat is not None:
+                heartbeats.append({**heartbeat, "rank": rank})
+            for name in self.tables:
+                frame = self._read_new_rows(rank_dir / TABLES[name].file_name, TABLES[name], skipped)
+                if frame is not None and len(frame):
+                    frame.insert(0, "rank", pd.Series(rank, index=frame.index, dtype="int32"))
+                    chunks[name].append(frame)
+            events_path = rank_dir / EVENTS_FILE
+            new_events, self._offsets[events_path] = _read_events(events_path, self._offsets.get(events_path, 0), skipped)
+            events.extend({**e, "rank": rank} for e in new_events)
+            if progress is not None:
+                progress(1)
+        result = {name: _concat(parts, TABLES[name]) for name, parts in chunks.items()}
+        result["manifests"] = pd.DataFrame(manifests)
+        result["heartbeats"] = pd.DataFrame(heartbeats)
+        result["events"] = pd.DataFrame(events)
+        result["skipped"] = skipped
+        result["ranks"] = list(rank_dirs)
+        return result
+
+    def _read_new_rows(self, path: Path, table: Table, skipped: list[Skipped]) -> pd.DataFrame | None:
+        if path in self._rejected or not path.exists():
+            return None
+        offset = self._offsets.get(path, 0)
+        try:
+            if path.stat().st_size <= offset:
+                return None
+        except OSError:
+            return None
+        chunk = read_table_file(path, table, offset)
+        skipped.extend(chunk.skipped)
+        if offset == 0 and chunk.skipped and chunk.frame.empty and chunk.next_offset > 0:
+            if any("schema" in s.reason or "header" in s.reason or "marker" in s.reason for s in chunk.skipped):
+                self._rejected.add(path)
+        self._offsets[path] = chunk.next_offset
+        return chunk.frame
+
+
+def _concat(parts: list[pd.DataFrame], table: Table) -> pd.DataFrame:
+    if not parts:
+        return empty_table(table)
+    frame = pd.concat(parts, ignore_index=True)
+    for column in table.columns:  # concat of categoricals with different categories gives object
+        if column.dtype == "category" and frame[column.name].dtype != "category":
+            frame[column.name] = frame[column.name].astype("category")
+    return frame
+
+
+def load(path: str | Path, progress: bool = False) -> Trace:
+    """Load every rank of the trace directory ``path``. Raises TraceError only when nothing is usable."""
+    reader = TraceReader(path)
+    rank_dirs = reader.rank_dirs()
+    if not rank_dirs:
+        raise TraceError(
+            f"no diag traces in {path}: expected rank00000/, rank00001/, ... sub-directories written by diag.init"
+        )
+    bar = None
+    if progress and len(rank_dirs) > 64:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(rank_dirs), desc="loading ranks", unit="rank", leave=False)
+    try:
+        data = reader.poll(progress=bar.update if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    return _assemble(Path(path), data)
+
+
+def _assemble(path: Path, data: dict) -> Trace:
+    skipped: list[Skipped] = data["skipped"]
+    manifests: pd.DataFrame = data["manifests"]
+    ranks = data["ranks"]
+    run_id = None
+    if not manifests.empty and "run_id" in manifests:
+        counts = manifests["run_id"].dropna().value_counts()
+        if len(counts) > 1:
+            run_id = counts.index[0]  # keep the run with the most ranks here; say which were left out
+            others = manifests[manifests["run_id"] != run_id]["rank"].tolist()
+            skipped.append(
+                Skipped(str(path), f"ranks {others} belong to other runs ({', '.join(map(str, counts.index[1:]))}); left out")
+            )
+            data = _drop_ranks(data, set(others))
+            manifests = data["manifests"]
+            ranks = [r for r in ranks if r not in set(others)]
+        elif len(counts) == 1:
+            run_id = counts.index[0]
+    world_size = None
+    if not manifests.empty and "world_size" in manifests:
+        sizes = manifests["world_size"].dropna()
+        world_size = int(sizes.max()) if len(sizes) else None
+    world_size = world_size or (max(ranks) + 1 if ranks else None)
+    without_manifest = sorted(set(ranks) - set(manifests["rank"] if "rank" in manifests else []))
+    if without_manifest:
+        skipped.append(Skipped(str(path), f"ranks {without_manifest} have no manifest.json; their rows are kept"))
+    missing = sorted(set(range(world_size or 0)) - set(ranks))
+    return Trace(
+        path=path,
+        steps=data["steps"],
+        phases=data["phases"],
+        collectives=data["collectives"],
+        memory=data["memory"],
+        telemetry=data["telemetry"],
+        manifests=manifests,
+        events=data["events"],
+        heartbeats=data["heartbeats"],
+        skipped=skipped,
+        world_size=world_size,
+        ranks_found=list(ranks),
+        ranks_missing=missing,
+        run_id=run_id,
+    )
+
+
+def _drop_ranks(data: dict, ranks: set[int]) -> dict:
+    out = dict(data)
+    for key in (*TABLES, "manifests", "heartbeats", "events"):
+        frame = data[key]
+        if not frame.empty and "rank" in frame:
+            out[key] = frame[~frame["rank"].isin(ranks)].reset_index(drop=True)
+    return out

@@ -1,0 +1,211 @@
+"""The diag trace format: the single source of truth shared by the writer (capture) and the loader.
+
+A trace directory holds one sub-directory per rank, ``rank00007/``, with:
+
+* ``manifest.json``: who this rank is (host, pid, ranks, device, versions, layout, FLOPs, clock anchor).
+* one CSV file per table below (``steps.csv``, ``collectives.csv``, ...). Each starts with a marker line
+  ``#diag-trace schema=1 table=NAME`` and a header line; rows are only ever appended, so a file can be read
+  while it is written. A last line without its newline is a row still being written and is ignored.
+* ``events.jsonl``: rare, free-form records (OOMs, warnings, watchdog dumps), one JSON object per line.
+
+Times are wall-clock microseconds since the Unix epoch on the rank's own clock (``*_us`` columns that are
+instants) or microsecond durations (``*_us`` columns that are spans). ``manifest.json``'s
+``clock_offset_us`` is this rank's clock minus rank 0's, measured at init: subtract it to line ranks up.
+Every unit is in the column name. Bump ``SCHEMA_VERSION`` on any incompatible change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+EVENTS_FILE = "events.jsonl"
+HEARTBEAT_FILE = "heartbeat.json"
+RANK_DIR_PREFIX = "rank"
+MARKER_PREFIX = "#diag-trace"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: str  # pandas dtype the loader gives the column ("Int64" and "Float64" allow missing values)
+    doc: str
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    doc: str
+    columns: tuple[Column, ...]
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.name}.csv"
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        return {c.name: c.dtype for c in self.columns}
+
+    def marker_line(self) -> str:
+        return f"{MARKER_PREFIX} schema={SCHEMA_VERSION} table={self.name}\n"
+
+    def header(self) -> str:
+        return self.marker_line() + ",".join(self.column_names) + "\n"
+
+
+STEPS = Table(
+    "steps",
+    "One row per training step (the body of `with diag.step():`).",
+    (
+        Column("step", "int64", "step index, from 0, as counted by diag (or given by the user)"),
+        Column("start_us", "int64", "wall-clock instant the step began"),
+        Column("duration_us", "int64", "host wall time of the step body"),
+        Column("data_wait_us", "int64", "time blocked in the wrapped data loader for this step's batch"),
+        Column("forward_us", "int64", "host time in the instrumented model's forward"),
+        Column("backward_us", "int64", "host time from backward start until autograd finished"),
+        Column("optimizer_us", "int64", "host time in optimizer.step()"),
+        Column("comm_wait_us", "int64", "host time blocked in synchronous collectives and waits"),
+        Column("device_us", "Float64", "GPU time of the step from CUDA events; empty on CPU"),
+        Column("samples", "Int64", "samples in the step's batch when known"),
+        Column("tokens", "Int64", "tokens in the step's batch when known"),
+    ),
+)
+
+PHASES = Table(
+    "phases",
+    "Spans inside a step marked with `diag.phase(name)` (and the Trainer's own phases).",
+    (
+        Column("step", "int64", "step the span belongs to (-1 outside any step)"),
+        Column("name", "category", "phase name"),
+        Column("start_us", "int64", "wall-clock instant the span began"),
+        Column("duration_us", "int64", "host wall time of the span"),
+        Column("device_us", "Float64", "GPU time of the span from CUDA events; empty on CPU"),
+    ),
+)
+
+COLLECTIVES = Table(
+    "collectives",
+    "One row per collective or point-to-point operation the rank issued.",
+    (
+        Column("step", "int64", "step during which it was issued (-1 outside any step)"),
+        Column("pg", "category", "process group name (c10d group_name; the manifest describes each)"),
+        Column("seq", "int64", "c10d sequence number in that group, as Flight Recorder counts it"),
+        Column("op", "category", "all_reduce, all_gather, reduce_scatter, broadcast, send, recv, ..."),
+        Column("bytes", "int64", "bytes this rank contributes (input tensor size)"),
+        Column("dtype", "category", "element type, e.g. float32, bfloat16"),
+        Column("peer", "Int64", "global rank of the peer for send/recv; empty for collectives"),
+        Column("start_us", "int64", "wall-clock instant it was issued"),
+        Column("duration_us", "Float64", "issue to completion; empty if completion was never seen"),
+        Column("blocking", "int8", "1 if the caller waited for it in the call (async_op=False)"),
+        Column("source", "category", "who issued it: py (torch.distributed call), ddp (DDP bucket)"),
+    ),
+)
+
+MEMORY = Table(
+    "memory",
+    "Memory at the end of each step; peaks are since the previous row.",
+    (
+        Column("step", "int64", "step index"),
+        Column("time_us", "int64", "wall-clock instant of the reading"),
+        Column("allocated_bytes", "Int64", "CUDA caching allocator: bytes allocated now"),
+        Column("allocated_peak_bytes", "Int64", "CUDA: peak allocated during the step"),
+        Column("reserved_bytes", "Int64", "CUDA: bytes reserved by the allocator now"),
+        Column("reserved_peak_bytes", "Int64", "CUDA: peak reserved during the step"),
+        Column("alloc_retries", "Int64", "CUDA: cumulative cudaMalloc retries after freeing the cache"),
+        Column("ooms", "Int64", "CUDA: cumulative out-of-memory errors"),
+        Column("rss_bytes", "int64", "resident set size of the process"),
+    ),
+)
+
+TELEMETRY = Table(
+    "telemetry",
+    "NVML samples of the rank's GPU, taken by a background thread.",
+    (
+        Column("time_us", "int64", "wall-clock instant of the sample"),
+        Column("gpu", "int64", "NVML device index"),
+        Column("util_pct", "Float64", "GPU utilisation"),
+        Column("mem_util_pct", "Float64", "memory controller utilisation"),
+        Column("mem_used_bytes", "Int64", "device memory used"),
+        Column("mem_total_bytes", "Int64", "device memory total"),
+        Column("power_w", "Float64", "power draw"),
+        Column("power_limit_w", "Float64", "enforced power limit"),
+        Column("temp_c", "Float64", "GPU temperature"),
+        Column("sm_clock_mhz", "Float64", "current SM clock"),
+        Column("sm_clock_max_mhz", "Float64", "maximum SM clock"),
+        Column("throttle_reasons", "Int64", "NVML clock-event reason bitmask"),
+        Column("pcie_tx_kbps", "Float64", "PCIe transmit throughput"),
+        Column("pcie_rx_kbps", "Float64", "PCIe receive throughput"),
+        Column("ecc_corrected", "Int64", "volatile corrected ECC errors"),
+        Column("ecc_uncorrected", "Int64", "volatile uncorrected ECC errors"),
+        Column("xid", "Int64", "XID error code seen since the previous sample; empty if none"),
+    ),
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (STEPS, PHASES, COLLECTIVES, MEMORY, TELEMETRY)}
+
+# NVML clock-event reason bits (nvmlClocksEventReason*), named for reports.
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+# Keys of manifest.json. Values may be null when unknown.
+MANIFEST_KEYS: dict[str, str] = {
+    "schema_version": "SCHEMA_VERSION of the writer",
+    "run_id": "identifier shared by all ranks of one run (launcher's job id, or chosen by rank 0)",
+    "rank": "global rank",
+    "local_rank": "rank on this host",
+    "world_size": "number of ranks",
+    "local_world_size": "ranks on this host",
+    "host": "host name",
+    "pid": "process id",
+    "launcher": "torchrun, slurm, mpi or none",
+    "backend": "default process group backend (nccl, gloo, ...)",
+    "device": "torch device string of this rank (cuda:3, cpu)",
+    "device_name": "GPU product name, or the CPU model",
+    "gpu_index": "NVML index of the rank's GPU",
+    "gpu_uuid": "GPU UUID",
+    "torch_version": "torch.__version__",
+    "cuda_version": "torch.version.cuda",
+    "nccl_version": "NCCL version torch was built with",
+    "python_version": "platform.python_version()",
+    "parallel": "layout {dp, tp, pp, cp, ep} as given by the user",
+    "flops_per_step": "model FLOPs of one step on this rank",
+    "flops_source": "user, flop_counter, or null",
+    "peak_tflops": "peak dense TFLOP/s of the device for `dtype`, as given by the user",
+    "dtype": "training compute dtype (bfloat16, float16, float32, ...)",
+    "clock_offset_us": "this rank's wall clock minus rank 0's, measured at init",
+    "clock_sync_error_us": "uncertainty of clock_offset_us (spread of the measurements)",
+    "start_time_us": "wall-clock instant diag.init ran",
+    "process_groups": "{pg name: {ranks, size, backend, desc}} for groups diag saw",
+    "capture": "what is being captured and what is off, with reasons",
+    "finished": "true once diag.finish() ran (rewritten at finish)",
+    "end_time_us": "wall-clock instant diag.finish() ran",
+}
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"{RANK_DIR_PREFIX}{rank:05d}"
+
+
+def parse_marker(line: str) -> tuple[int, str] | None:
+    """Return (schema version, table name) of a file's marker line, or None if it is not one."""
+    if not line.startswith(MARKER_PREFIX):
+        return None
+    fields = dict(part.split("=", 1) for part in line[len(MARKER_PREFIX) :].split() if "=" in part)
+    try:
+        return int(fields["schema"]), fields["table"]
+    except (KeyError, ValueError):
+        return None

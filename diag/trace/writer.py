@@ -1,0 +1,175 @@
+"""Append-only writer of one rank's trace files, flushed by a background thread.
+
+The training thread only appends tuples to in-memory lists (a few hundred nanoseconds); formatting and I/O
+happen on the writer thread every ``flush_interval_s``, so a rank killed with SIGKILL loses at most that
+much. Any I/O error (unwritable directory, full disk) disables the writer with one warning: records are
+dropped from then on and nothing is ever raised into the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from diag._warn import warn_once
+from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, TABLES
+
+# Rows kept in memory at most while the writer thread is behind or dead; beyond this they are dropped.
+MAX_BUFFERED_ROWS = 500_000
+
+
+def _format_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if type(value) is float:
+        return "" if value != value else repr(round(value, 1))
+    return str(value)
+
+
+def format_rows(rows: list[tuple]) -> str:
+    return "".join(",".join(map(_format_value, row)) + "\n" for row in rows)
+
+
+class RankWriter:
+    """Writes ``manifest.json``, the CSV tables and ``events.jsonl`` of one rank directory."""
+
+    def __init__(self, rank_dir: str | os.PathLike, flush_interval_s: float = 0.5):
+        self.rank_dir = Path(rank_dir)
+        self.flush_interval_s = flush_interval_s
+        self.enabled = True
+        self.rows_dropped = 0
+        self.bytes_written: dict[str, int] = {}
+        self._buffers: dict[str, list] = {name: [] for name in TABLES}
+        self._events: list[dict] = []
+        self._files: dict[str, Any] = {}
+        self._lock = threading.Lock()  # serialises flushes (writer thread, close, explicit flush)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            self.rank_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.rank_dir / ".write-probe"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            self._disable(f"cannot write traces to {self.rank_dir} ({exc}); capture is off for this rank")
+
+    # -- called from the training process, any thread -------------------------------------------------
+    def append(self, table: str, row: tuple) -> None:
+        if not self.enabled:
+            return
+        buffer = self._buffers[table]
+        if len(buffer) >= MAX_BUFFERED_ROWS:
+            self._drop_overflow(table)
+            return
+        buffer.append(row)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        if self.enabled:
+            self._events.append({"time_us": time.time_ns() // 1000, "kind": kind, **fields})
+
+    def start(self) -> None:
+        if self.enabled and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="diag-writer", daemon=True)
+            self._thread.start()
+
+    def write_manifest(self, manifest: dict) -> None:
+        self._write_json_atomically(MANIFEST_FILE, manifest)
+
+    def write_heartbeat(self, heartbeat: dict) -> None:
+        self._write_json_atomically(HEARTBEAT_FILE, heartbeat)
+
+    def write_text(self, name: str, text: str) -> Path | None:
+        """Write a side file (stack dumps, memory summaries) into the rank directory."""
+        if not self.enabled:
+            return None
+        path = self.rank_dir / name
+        try:
+            path.write_text(text)
+            return path
+        except OSError as exc:
+            self._disable(f"cannot write {path} ({exc}); capture is off for this rank")
+            return None
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.flush()
+        for handle in self._files.values():
+            try:
+                handle.close()
+            except OSError:
+                pass
+        self._files.clear()
+
+    # -- writer thread --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            try:
+                self.flush()
+            except Exception as exc:  # never let the thread die silently with records piling up
+                self._disable(f"trace writer failed ({exc!r}); capture is off for this rank")
+                return
+
+    def _flush_locked(self) -> None:
+        for table, buffer in self._buffers.items():
+            if not buffer:
+                continue
+            rows = buffer[:]  # list slicing and deletion are atomic under the GIL
+            del buffer[: len(rows)]
+            if self.enabled:
+                self._write(table, TABLES[table].file_name, format_rows(rows), TABLES[table].header())
+        if self._events:
+            events = self._events[:]
+            del self._events[: len(events)]
+            if self.enabled:
+                text = "".join(json.dumps(e, default=str) + "\n" for e in events)
+                self._write("events", EVENTS_FILE, text, "")
+
+    def _write(self, key: str, file_name: str, text: str, header: str) -> None:
+        try:
+            handle = self._files.get(key)
+            if handle is None:
+                path = self.rank_dir / file_name
+                handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for appends
+                if handle.tell() == 0 and header:
+                    handle.write(header)
+                self._files[key] = handle
+            handle.write(text)
+            handle.flush()
+            self.bytes_written[key] = self.bytes_written.get(key, 0) + len(text)
+        except OSError as exc:
+            self._disable(f"cannot write traces to {self.rank_dir} ({exc}); capture is off for this rank")
+
+    def _write_json_atomically(self, name: str, payload: dict) -> None:
+        if not self.enabled:
+            return
+        path = self.rank_dir / name
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        try:
+            tmp.write_text(json.dumps(payload, indent=1, default=str))
+            os.replace(tmp, path)
+        except OSError as exc:
+            self._disable(f"cannot write {path} ({exc}); capture is off for this rank")
+
+    def _drop_overflow(self, table: str) -> None:
+        self.rows_dropped += 1
+        alive = self._thread is not None and self._thread.is_alive()
+        reason = "the trace writer stopped" if not alive else "the trace writer cannot keep up"
+        warn_once(f"writer-overflow-{self.rank_dir}", f"{reason}; dropping {table} records")
+
+    def _disable(self, message: str) -> None:
+        if self.enabled:
+            self.enabled = False
+            warn_once(f"writer-disabled-{self.rank_dir}", message)
+        for buffer in self._buffers.values():
+            buffer.clear()
+        self._events.clear()
