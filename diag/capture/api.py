@@ -1,0 +1,53 @@
+"""The module-level API (``diag.init``, ``diag.step``, ...) over one process-wide session."""
+
+from __future__ import annotations
+
+from diag._warn import warn_once
+from diag.capture.session import DisabledSession, Session
+
+_DISABLED = DisabledSession()
+_current: Session | DisabledSession = _DISABLED
+
+
+def init(trace_dir, **options) -> Session | DisabledSession:
+    global _current
+    if _current.enabled:
+        warn_once("init-twice", "diag.init called twice; finishing the previous session first")
+        finish()
+    if "collectives" in options:
+        options["collectives_enabled"] = options.pop("collectives")
+    try:
+        _current = Session(trace_dir, **options)
+    except TypeError:
+        raise  # a wrong option name is the caller's bug: say so at once
+    except Exception as exc:
+        warn_once("init", f"capture could not start ({exc!r}); the job runs without it")
+        _current = _DISABLED
+    return _current
+
+
+def current() -> Session | DisabledSession:
+    return _current
+
+
+def step(index=None, samples=None, tokens=None):
+    return _current.step(index, samples=samples, tokens=tokens)
+
+
+def phase(name: str):
+    return _current.phase(name)
+
+
+def instrument(*objects):
+    _current.instrument(*objects)
+    return objects[0] if len(objects) == 1 else objects
+
+
+def wrap_loader(loader):
+    return _current.wrap_loader(loader)
+
+
+def finish() -> None:
+    global _current
+    session, _current = _current, _DISABLED
+    session.finish()

@@ -1,0 +1,337 @@
+"""Records every collective and point-to-point operation a rank issues.
+
+Two sources together cover what a training job issues:
+* wrappers of the ``torch.distributed`` functions (explicit calls, FSDP2's all-gathers and reduce-scatters,
+  send/recv), installed once per process and recording only while a session is active;
+* a DDP communication hook for DDP's gradient buckets, which the C++ reducer would otherwise issue unseen.
+
+Each record carries the c10d sequence number of its group (the number Flight Recorder and NCCL's watchdog
+report), so records line up across ranks and with Flight Recorder dumps. Durations are issue to
+completion as the host sees it: exact for gloo; for NCCL the host sees the launch, so device durations come
+from Flight Recorder (TORCH_NCCL_ENABLE_TIMING=1) instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+
+from diag._warn import warn_once
+
+# op name -> (name of the parameter holding what this rank sends, reported op name)
+_OPS: dict[str, tuple[str, str]] = {
+    "all_reduce": ("tensor", "all_reduce"),
+    "all_reduce_coalesced": ("tensors", "all_reduce_coalesced"),
+    "broadcast": ("tensor", "broadcast"),
+    "reduce": ("tensor", "reduce"),
+    "all_gather": ("tensor", "all_gather"),
+    "all_gather_coalesced": ("input_tensor_list", "all_gather_coalesced"),
+    "all_gather_into_tensor": ("input_tensor", "all_gather"),
+    "all_gather_single": ("input_tensor", "all_gather"),
+    "reduce_scatter": ("input_list", "reduce_scatter"),
+    "reduce_scatter_tensor": ("input", "reduce_scatter"),
+    "reduce_scatter_single": ("input", "reduce_scatter"),
+    "all_to_all": ("input_tensor_list", "all_to_all"),
+    "all_to_all_single": ("input", "all_to_all"),
+    "gather": ("tensor", "gather"),
+    "scatter": ("tensor", "scatter"),
+    "barrier": ("", "barrier"),
+    "send": ("tensor", "send"),
+    "recv": ("tensor", "recv"),
+    "isend": ("tensor", "send"),
+    "irecv": ("tensor", "recv"),
+}
+_PEER_PARAMS = ("dst", "src")  # for send/recv only
+_P2P = {"send", "recv", "isend", "irecv"}
+
+
+@dataclass
+class PendingCollective:
+    step: int
+    pg: str
+    seq: int
+    op: str
+    bytes: int
+    dtype: str
+    peer: int | None
+    start_us: int
+    start_ns: int  # perf_counter_ns, for the duration
+    blocking: bool
+    source: str
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("pg", "seq", "op", "bytes", "dtype", "peer", "start_us", "step", "source")}
+
+
+class CollectiveRecorder:
+    """Turns issued collectives into ``collectives`` rows and keeps those still pending (for hang dumps)."""
+
+    def __init__(self, session):
+        self.session = session
+        self._pending: dict[int, PendingCollective] = {}
+        self._ids = itertools.count()
+        self._pg_names: dict[int, str] = {}
+        # per step: latest issue and latest completion of asynchronous ops, for their exposed wait
+        self._async_last_issue_ns = 0
+        self._async_last_end_ns = 0
+
+    # -- issuing ----------------------------------------------------------------------------------------
+    def begin(self, op: str, group, tensors, peer, blocking: bool, source: str) -> int:
+        nbytes, dtype = _size_of(tensors)
+        pg_name = self._pg_name(group)
+        entry = PendingCollective(
+            step=self.session.current_step_or_none(),
+            pg=pg_name,
+            seq=-1,
+            op=op,
+            bytes=nbytes,
+            dtype=dtype,
+            peer=peer,
+            start_us=time.time_ns() // 1000,
+            start_ns=time.perf_counter_ns(),
+            blocking=blocking,
+            source=source,
+        )
+        token = next(self._ids)
+        self._pending[token] = entry
+        return token
+
+    def issued(self, token: int, group) -> None:
+        """The op was handed to the process group: its sequence number is now known."""
+        entry = self._pending.get(token)
+        if entry is not None:
+            entry.seq = _sequence_number(group)
+            if not entry.blocking:
+                self._async_last_issue_ns = max(self._async_last_issue_ns, entry.start_ns)
+
+    def completed(self, token: int) -> None:
+        end_ns = time.perf_counter_ns()
+        entry = self._pending.pop(token, None)
+        if entry is None:
+            return
+        duration_us = (end_ns - entry.start_ns) / 1000
+        if entry.blocking:
+            self.session.add_comm_wait(duration_us)
+        else:
+            self._async_last_end_ns = max(self._async_last_end_ns, end_ns)
+        self._write(entry, duration_us)
+
+    def abandon(self, token: int) -> None:
+        """The call raised before anything was issued: forget it."""
+        self._pending.pop(token, None)
+
+    def exposed_async_wait_us(self) -> float:
+        """Time from the last asynchronous issue to the last completion this step: the part of
+        DDP/FSDP communication that compute did not hide. Resets for the next step."""
+        wait_ns = max(0, self._async_last_end_ns - self._async_last_issue_ns) if self._async_last_issue_ns else 0
+        self._async_last_issue_ns = self._async_last_end_ns = 0
+        return wait_ns / 1000
+
+    def pending(self) -> list[dict]:
+        return [e.as_dict() for e in list(self._pending.values())]
+
+    def flush_pending(self) -> None:
+        """At finish: ops that never completed are written with an empty duration."""
+        for token in list(self._pending):
+            entry = self._pending.pop(token, None)
+            if entry is not None:
+                self._write(entry, None)
+
+    def _write(self, entry: PendingCollective, duration_us: float | None) -> None:
+        self.session.writer.append(
+            "collectives",
+            (
+                entry.step,
+                entry.pg,
+                entry.seq,
+                entry.op,
+                entry.bytes,
+                entry.dtype,
+                entry.peer,
+                entry.start_us,
+                None if duration_us is None else round(duration_us, 1),
+                int(entry.blocking),
+                entry.source,
+            ),
+        )
+
+    def _pg_name(self, group) -> str:
+        key = id(group)
+        name = self._pg_names.get(key)
+        if name is None:
+            name = self._pg_names[key] = self.session.register_process_group(group)
+        return name
+
+
+def _size_of(tensors) -> tuple[int, str]:
+    if tensors is None:
+        return 0, ""
+    if isinstance(tensors, (list, tuple)):
+        if not tensors:
+            return 0, ""
+        return sum(t.numel() * t.element_size() for t in tensors), _dtype_name(tensors[0])
+    return tensors.numel() * tensors.element_size(), _dtype_name(tensors)
+
+
+def _dtype_name(tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _sequence_number(group) -> int:
+    try:
+        return int(group._get_sequence_number_for_group())
+    except Exception:
+        return -1
+
+
+# -- wrappers of torch.distributed ------------------------------------------------------------------------
+
+_active: CollectiveRecorder | None = None  # the recorder of the active session, or None
+_local = threading.local()  # depth of wrapped calls, so that nested ones are not counted twice
+_installed = False
+_install_lock = threading.Lock()
+
+
+def activate(recorder: CollectiveRecorder | None) -> None:
+    global _active
+    _active = recorder
+
+
+def install_wrappers() -> None:
+    """Wrap the torch.distributed functions once per process; they record only while a session is active."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        for name in _OPS:
+            original = getattr(c10d, name, None)
+            if original is None or getattr(original, "__diag_wrapped__", False):
+                continue
+            wrapper = _make_wrapper(name, original)
+            setattr(c10d, name, wrapper)
+            if getattr(dist, name, None) is original:
+                setattr(dist, name, wrapper)
+        _installed = True
+
+
+def _make_wrapper(name: str, original):
+    params = list(inspect.signature(original).parameters)
+    input_param, op = _OPS[name]
+    positions = {p: params.index(p) for p in (input_param, "group", "async_op", *_PEER_PARAMS) if p in params}
+    is_p2p = name in _P2P
+    always_async = name in ("isend", "irecv")
+
+    def argument(args, kwargs, param, default=None):
+        if param in kwargs:
+            return kwargs[param]
+        index = positions.get(param)
+        return args[index] if index is not None and index < len(args) else default
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        recorder = _active
+        if recorder is None or getattr(_local, "depth", 0):
+            return original(*args, **kwargs)
+        token = None
+        try:
+            group = argument(args, kwargs, "group") or _default_group()
+            blocking = not always_async and not argument(args, kwargs, "async_op", False)
+            peer = None
+            if is_p2p:
+                peer = argument(args, kwargs, "dst") if "dst" in positions else argument(args, kwargs, "src")
+            tensors = argument(args, kwargs, input_param) if input_param else None
+            token = recorder.begin(op, group, tensors, peer, blocking, "py")
+        except Exception as exc:
+            warn_once("collective-record", f"could not record a {name} ({exc!r}); it runs unrecorded")
+        _local.depth = getattr(_local, "depth", 0) + 1
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            if token is not None:
+                recorder.abandon(token)
+            raise
+        finally:
+            _local.depth -= 1
+        if token is not None:
+            _finish(recorder, token, group, result, blocking)
+        return result
+
+    wrapper.__diag_wrapped__ = True
+    return wrapper
+
+
+def _finish(recorder: CollectiveRecorder, token: int, group, result, blocking: bool) -> None:
+    try:
+        recorder.issued(token, group)
+        if blocking or result is None:
+            recorder.completed(token)
+        else:
+            result.get_future().then(lambda _fut: _safely(recorder.completed, token))
+    except Exception as exc:
+        recorder.abandon(token)
+        warn_once("collective-finish", f"could not time a collective ({exc!r})")
+
+
+def _safely(function, *args) -> None:
+    """Run a recording step from a completion callback, where an exception would fail the user's future."""
+    try:
+        function(*args)
+    except Exception as exc:
+        warn_once("collective-callback", f"could not record a collective's completion ({exc!r})")
+
+
+def _default_group():
+    import torch.distributed.distributed_c10d as c10d
+
+    return c10d._get_default_group()
+
+
+# -- DDP gradient buckets -----------------------------------------------------------------------------------
+
+
+def install_ddp_hook(ddp_model, recorder_getter) -> bool:
+    """Register a communication hook on a DDP model that does DDP's own averaging all-reduce and records it.
+    Returns False (and DDP keeps its built-in path) if the model already has a hook."""
+    import torch.distributed as dist
+
+    group = ddp_model.process_group
+    group_size = group.size()
+
+    def hook(_state, bucket):
+        buffer = bucket.buffer()
+        buffer.div_(group_size)
+        recorder = recorder_getter()
+        token = None
+        if recorder is not None:
+            try:
+                token = recorder.begin("all_reduce", group, buffer, None, False, "ddp")
+            except Exception:
+                token = None
+        _local.depth = getattr(_local, "depth", 0) + 1  # the wrapped all_reduce must not record it again
+        try:
+            work = dist.all_reduce(buffer, group=group, async_op=True)
+        finally:
+            _local.depth -= 1
+        if token is not None:
+            recorder.issued(token, group)
+
+        def done(fut):
+            if token is not None:
+                _safely(recorder.completed, token)
+            return fut.value()[0]
+
+        return work.get_future().then(done)
+
+    try:
+        ddp_model.register_comm_hook(None, hook)
+        return True
+    except RuntimeError as exc:
+        warn_once("ddp-hook", f"DDP already has a communication hook ({exc}); its buckets are not recorded")
+        return False

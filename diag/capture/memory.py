@@ -1,0 +1,68 @@
+"""Per-step memory: the CUDA caching allocator's counters (host-side, no device sync) and process RSS."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES
+    except (OSError, ValueError, IndexError):  # not Linux: peak RSS is the best there is
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class MemorySampler:
+    """Reads memory at the end of each step; on CUDA resets the peaks so each row's peak is its step's."""
+
+    def __init__(self, device):
+        self.cuda_device = device if getattr(device, "type", None) == "cuda" else None
+
+    def sample(self, step: int) -> tuple:
+        allocated = allocated_peak = reserved = reserved_peak = retries = ooms = None
+        if self.cuda_device is not None:
+            import torch
+
+            stats = torch.cuda.memory_stats(self.cuda_device)
+            allocated = stats.get("allocated_bytes.all.current")
+            allocated_peak = stats.get("allocated_bytes.all.peak")
+            reserved = stats.get("reserved_bytes.all.current")
+            reserved_peak = stats.get("reserved_bytes.all.peak")
+            retries = stats.get("num_alloc_retries")
+            ooms = stats.get("num_ooms")
+            torch.cuda.reset_peak_memory_stats(self.cuda_device)
+        return (
+            step,
+            time.time_ns() // 1000,
+            allocated,
+            allocated_peak,
+            reserved,
+            reserved_peak,
+            retries,
+            ooms,
+            rss_bytes(),
+        )
+
+    def summary(self) -> str | None:
+        """The allocator's full memory_summary(), written when a step runs out of memory."""
+        if self.cuda_device is None:
+            return None
+        import torch
+
+        return torch.cuda.memory_summary(self.cuda_device)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    try:
+        import torch
+
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            return True
+    except Exception:
+        pass
+    return isinstance(exc, (MemoryError, RuntimeError)) and "out of memory" in str(exc).lower()

@@ -1,0 +1,452 @@
+"""One rank's capture session: owns the writer, the step/phase state and the capture components.
+
+Everything that runs on the training thread goes through ``_guarded``-style try/except: a failure in
+diag is one warning and the training loop goes on untouched. The user's own exceptions always propagate.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from diag._warn import warn_once
+from diag.capture import collectives
+from diag.capture.identity import RankIdentity, detect_identity
+from diag.capture.memory import MemorySampler, is_out_of_memory
+from diag.trace.schema import SCHEMA_VERSION, rank_dir_name
+from diag.trace.writer import RankWriter
+
+log = logging.getLogger("diag")
+
+_STEP_COLUMNS_DEVICE = 8  # index of device_us in a steps row
+_PHASE_COLUMNS_DEVICE = 4  # index of device_us in a phases row
+
+
+class Session:
+    """Created by ``diag.init``. Options:
+
+    flops_per_step: model FLOPs of one step on this rank (for MFU); peak_tflops: the device's peak for
+    ``dtype``; dtype: training compute dtype; parallel: layout, e.g. {"dp": 8, "tp": 4, "pp": 2};
+    telemetry / telemetry_interval_s: NVML sampling; collectives: record collectives; memory: per-step
+    memory; clock_sync: measure clock offsets at init (a collective: every rank must call diag.init);
+    watchdog / hang_threshold_s / heartbeat_interval_s: hang dumps and heartbeats for ``diag triage``;
+    flush_interval_s: how often records reach the disk (the most a SIGKILL loses).
+    """
+
+    enabled = True
+
+    def __init__(
+        self,
+        trace_dir: str | os.PathLike,
+        *,
+        flops_per_step: float | None = None,
+        peak_tflops: float | None = None,
+        dtype: str | None = None,
+        parallel: dict | None = None,
+        telemetry: bool = True,
+        telemetry_interval_s: float = 1.0,
+        collectives_enabled: bool = True,
+        memory: bool = True,
+        clock_sync: bool = True,
+        watchdog: bool = True,
+        hang_threshold_s: float = 120.0,
+        heartbeat_interval_s: float = 5.0,
+        flush_interval_s: float = 0.5,
+        device=None,
+    ):
+        self.trace_dir = Path(trace_dir)
+        self.identity: RankIdentity = detect_identity()
+        self.rank = self.identity.rank
+        self.world_size = self.identity.world_size
+        self.writer = RankWriter(self.trace_dir / rank_dir_name(self.rank), flush_interval_s=flush_interval_s)
+        self.device = device if device is not None else _current_device()
+        self.capture_status: dict[str, str] = {}
+
+        # step and phase state, read by the watchdog from its own thread
+        self.current_step: int | None = None
+        self.last_step: int | None = None
+        self.current_phase: str | None = None
+        self.step_started_us: int | None = None
+        self._next_step = 0
+        self._step_start_ns = 0
+        self._step_device_event = None
+        self._phase_us: dict[str, float] = {}
+        self._data_wait_us = 0.0
+        self._comm_wait_us = 0.0
+        self._hooks: list = []
+
+        self.manifest = self._base_manifest(flops_per_step, peak_tflops, dtype, parallel)
+        self.memory = self._start_memory(memory)
+        self.device_timer = self._make_device_timer()
+        self.recorder = self._start_collectives(collectives_enabled)
+        self._sync_clocks(clock_sync)
+        self.telemetry = self._start_telemetry(telemetry, telemetry_interval_s)
+        self.watchdog = self._start_watchdog(watchdog, hang_threshold_s, heartbeat_interval_s)
+        self.manifest["capture"] = self.capture_status
+        self.writer.write_manifest(self.manifest)
+        self.writer.start()
+
+    # -- setup ----------------------------------------------------------------------------------------------
+    def _base_manifest(self, flops_per_step, peak_tflops, dtype, parallel) -> dict:
+        import torch
+
+        ident = self.identity
+        cuda = self.device if self.device.type == "cuda" else None
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "run_id": os.environ.get("DIAG_RUN_ID"),
+            "rank": ident.rank,
+            "local_rank": ident.local_rank,
+            "world_size": ident.world_size,
+            "local_world_size": ident.local_world_size,
+            "host": ident.host,
+            "pid": ident.pid,
+            "launcher": ident.launcher,
+            "backend": _backend(),
+            "device": str(self.device),
+            "device_name": torch.cuda.get_device_name(cuda) if cuda is not None else platform.processor() or "cpu",
+            "gpu_index": cuda.index if cuda is not None else None,
+            "gpu_uuid": str(torch.cuda.get_device_properties(cuda).uuid) if cuda is not None else None,
+            "torch_version": torch.__version__,
+            "cuda_version": torch.version.cuda,
+            "nccl_version": _nccl_version(),
+            "python_version": platform.python_version(),
+            "parallel": parallel,
+            "flops_per_step": flops_per_step,
+            "flops_source": "user" if flops_per_step else None,
+            "peak_tflops": peak_tflops,
+            "dtype": dtype,
+            "clock_offset_us": 0.0 if ident.world_size == 1 else None,
+            "clock_sync_error_us": None,
+            "start_time_us": time.time_ns() // 1000,
+            "process_groups": {},
+            "finished": False,
+        }
+
+    def _start_memory(self, enabled: bool) -> MemorySampler | None:
+        self.capture_status["memory"] = "on" if enabled else "off: disabled by option"
+        return MemorySampler(self.device) if enabled else None
+
+    def _make_device_timer(self):
+        from diag.capture.device_timer import DeviceTimer, NoDeviceTimer
+
+        if self.device.type == "cuda":
+            self.capture_status["device_time"] = "on: CUDA events"
+            return DeviceTimer(self.writer)
+        self.capture_status["device_time"] = "off: no CUDA device"
+        return NoDeviceTimer(self.writer)
+
+    def _start_collectives(self, enabled: bool):
+        if not enabled:
+            self.capture_status["collectives"] = "off: disabled by option"
+            return None
+        recorder = collectives.CollectiveRecorder(self)
+        collectives.install_wrappers()
+        collectives.activate(recorder)
+        self.capture_status["collectives"] = "on: torch.distributed calls; DDP buckets once instrumented"
+        return recorder
+
+    def _sync_clocks(self, enabled: bool) -> None:
+        import torch.distributed as dist
+
+        if not (enabled and dist.is_available() and dist.is_initialized() and self.world_size > 1):
+            return
+        from diag.capture.clock import synchronise_clocks
+
+        recorder, collectives._active = collectives._active, None  # keep diag's own collectives out of the trace
+        try:
+            sync = synchronise_clocks(self.device if _backend() == "nccl" else "cpu")
+            self.manifest["clock_offset_us"] = sync.offset_us
+            self.manifest["clock_sync_error_us"] = sync.error_us
+            self.manifest["run_id"] = self.manifest["run_id"] or sync.run_id
+        except Exception as exc:
+            warn_once("clock-sync", f"clock synchronisation failed ({exc!r}); cross-rank times are not aligned")
+        finally:
+            collectives._active = recorder
+
+    def _start_telemetry(self, enabled: bool, interval_s: float):
+        if not enabled:
+            self.capture_status["telemetry"] = "off: disabled by option"
+            return None
+        from diag.capture.nvml import start_telemetry
+
+        sampler, status = start_telemetry(self.writer, self.device if self.device.type == "cuda" else None, interval_s)
+        self.capture_status["telemetry"] = status
+        if sampler is None and self.identity.local_rank == 0:
+            log.warning("diag: GPU telemetry %s", status)
+        return sampler
+
+    def _start_watchdog(self, enabled: bool, threshold_s: float, heartbeat_s: float):
+        if not enabled:
+            self.capture_status["watchdog"] = "off: disabled by option"
+            return None
+        try:
+            from diag.capture.watchdog import Watchdog
+
+            watchdog = Watchdog(self, threshold_s, heartbeat_s)
+            watchdog.start()
+            self.capture_status["watchdog"] = f"on: hang dump after {threshold_s} s, heartbeat every {heartbeat_s} s"
+            return watchdog
+        except Exception as exc:
+            self.capture_status["watchdog"] = f"off: {exc!r}"
+            warn_once("watchdog", f"hang watchdog unavailable ({exc!r})")
+            return None
+
+    # -- state the watchdog and the hooks use ----------------------------------------------------------------
+    def current_step_or_none(self) -> int:
+        return -1 if self.current_step is None else self.current_step
+
+    def pending_collectives(self) -> list[dict]:
+        return self.recorder.pending() if self.recorder is not None else []
+
+    def set_phase(self, name: str | None) -> None:
+        self.current_phase = name
+
+    def add_phase_time(self, name: str, duration_us: float) -> None:
+        self._phase_us[name] = self._phase_us.get(name, 0.0) + duration_us
+
+    def add_comm_wait(self, duration_us: float) -> None:
+        self._comm_wait_us += duration_us
+
+    def add_data_wait(self, duration_us: float) -> None:
+        self._data_wait_us += duration_us
+
+    def register_process_group(self, group) -> str:
+        """Name a process group and describe it in the manifest the first time it is seen."""
+        try:
+            import torch.distributed as dist
+
+            name = str(group.group_name)
+            self.manifest["process_groups"][name] = {
+                "ranks": dist.get_process_group_ranks(group),
+                "size": group.size(),
+                "backend": str(dist.get_backend(group)),
+                "desc": getattr(group, "group_desc", None),
+            }
+            self.writer.write_manifest(self.manifest)
+            return name
+        except Exception:
+            return "unknown"
+
+    # -- steps and phases -------------------------------------------------------------------------------------
+    @contextmanager
+    def step(self, index: int | None = None, samples: int | None = None, tokens: int | None = None):
+        started = self._begin_step(index)
+        try:
+            yield self
+        except BaseException as exc:
+            self._on_step_error(exc)
+            raise
+        finally:
+            if started:
+                self._end_step(samples, tokens)
+
+    def _begin_step(self, index: int | None) -> bool:
+        try:
+            self.device_timer.poll()
+            self.current_step = self._next_step if index is None else int(index)
+            self._next_step = self.current_step + 1
+            self.step_started_us = time.time_ns() // 1000
+            self._step_start_ns = time.perf_counter_ns()
+            self._step_device_event = self.device_timer.start()
+            return True
+        except Exception as exc:
+            warn_once("step-begin", f"step timing failed ({exc!r})")
+            return False
+
+    def _end_step(self, samples, tokens) -> None:
+        try:
+            step = self.current_step
+            duration_us = (time.perf_counter_ns() - self._step_start_ns) / 1000
+            exposed_async_us = self.recorder.exposed_async_wait_us() if self.recorder is not None else 0.0
+            phase = self._phase_us
+            row = [
+                step,
+                self.step_started_us,
+                round(duration_us),
+                round(self._data_wait_us),
+                round(phase.get("forward", 0.0)),
+                round(phase.get("backward", 0.0)),
+                round(phase.get("optimizer", 0.0)),
+                round(self._comm_wait_us + exposed_async_us),
+                None,
+                samples,
+                tokens,
+            ]
+            self.device_timer.stop(self._step_device_event, "steps", row, _STEP_COLUMNS_DEVICE)
+            if self.memory is not None:
+                self.writer.append("memory", self.memory.sample(step))
+        except Exception as exc:
+            warn_once("step-end", f"step recording failed ({exc!r})")
+        finally:
+            self.last_step, self.current_step, self.step_started_us = self.current_step, None, None
+            self._phase_us = {}
+            self._data_wait_us = self._comm_wait_us = 0.0
+            self.current_phase = None
+
+    def _on_step_error(self, exc: BaseException) -> None:
+        try:
+            if is_out_of_memory(exc):
+                summary = self.memory.summary() if self.memory is not None else None
+                name = f"oom_step{self.current_step}.txt"
+                if summary:
+                    self.writer.write_text(name, summary)
+                self.writer.event("oom", step=self.current_step, message=str(exc)[:2000], summary_file=name if summary else None)
+            else:
+                self.writer.event("step_error", step=self.current_step, error=repr(exc)[:2000])
+            self.writer.flush()
+        except Exception as inner:
+            warn_once("step-error", f"could not record a failed step ({inner!r})")
+
+    @contextmanager
+    def phase(self, name: str):
+        start_us = time.time_ns() // 1000
+        start_ns = time.perf_counter_ns()
+        previous, self.current_phase = self.current_phase, name
+        event = self._safe(self.device_timer.start)
+        try:
+            yield
+        finally:
+            self.current_phase = previous
+            try:
+                duration_us = (time.perf_counter_ns() - start_ns) / 1000
+                self.add_phase_time(name, duration_us)
+                row = [self.current_step_or_none(), name, start_us, round(duration_us), None]
+                self.device_timer.stop(event, "phases", row, _PHASE_COLUMNS_DEVICE)
+            except Exception as exc:
+                warn_once("phase", f"phase recording failed ({exc!r})")
+
+    @staticmethod
+    def _safe(function):
+        try:
+            return function()
+        except Exception:
+            return None
+
+    # -- instrumenting ----------------------------------------------------------------------------------------
+    def instrument(self, *objects) -> None:
+        import torch
+
+        from diag.capture.hooks import ModelHooks, OptimizerHooks
+
+        for obj in objects:
+            try:
+                if isinstance(obj, torch.nn.Module):
+                    if isinstance(obj, torch.nn.parallel.DistributedDataParallel) and self.recorder is not None:
+                        collectives.install_ddp_hook(obj, lambda: collectives._active)
+                    self._hooks.append(ModelHooks(self, obj))
+                elif isinstance(obj, torch.optim.Optimizer):
+                    self._hooks.append(OptimizerHooks(self, obj))
+                else:
+                    warn_once(f"instrument-{type(obj).__name__}", f"diag.instrument does not know {type(obj).__name__}")
+            except Exception as exc:
+                warn_once(f"instrument-{type(obj).__name__}", f"could not instrument {type(obj).__name__} ({exc!r})")
+
+    def wrap_loader(self, loader):
+        iterator = iter(loader)
+        while True:
+            start_ns = time.perf_counter_ns()
+            previous, self.current_phase = self.current_phase, "data_wait"
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.current_phase = previous
+            self.add_data_wait((time.perf_counter_ns() - start_ns) / 1000)
+            yield batch
+
+    def set_flops(self, flops_per_step: float, source: str) -> None:
+        self.manifest["flops_per_step"] = flops_per_step
+        self.manifest["flops_source"] = source
+        self.writer.write_manifest(self.manifest)
+
+    # -- end ----------------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        for closer in (self._stop_watchdog, self._stop_telemetry, self._drain_device, self._stop_collectives):
+            try:
+                closer()
+            except Exception as exc:
+                warn_once("finish", f"error while finishing capture ({exc!r})")
+        for hooks in self._hooks:
+            hooks.remove()
+        self._hooks.clear()
+        self.manifest["finished"] = True
+        self.manifest["end_time_us"] = time.time_ns() // 1000
+        self.writer.write_manifest(self.manifest)
+        self.writer.close()
+
+    def _stop_watchdog(self):
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
+    def _stop_telemetry(self):
+        if self.telemetry is not None:
+            self.telemetry.stop()
+
+    def _drain_device(self):
+        self.device_timer.drain()
+
+    def _stop_collectives(self):
+        if self.recorder is not None:
+            if collectives._active is self.recorder:
+                collectives.activate(None)
+            self.recorder.flush_pending()
+
+
+class DisabledSession:
+    """What ``diag.session()`` is before ``diag.init`` or after a failed init: every call does nothing."""
+
+    enabled = False
+    current_step = last_step = current_phase = step_started_us = None
+
+    @contextmanager
+    def step(self, index=None, samples=None, tokens=None):
+        yield self
+
+    @contextmanager
+    def phase(self, name):
+        yield
+
+    def instrument(self, *objects):
+        pass
+
+    def wrap_loader(self, loader):
+        yield from loader
+
+    def pending_collectives(self):
+        return []
+
+    def finish(self):
+        pass
+
+
+def _current_device():
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _backend() -> str | None:
+    try:
+        import torch.distributed as dist
+
+        return str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else None
+    except Exception:
+        return None
+
+
+def _nccl_version() -> str | None:
+    try:
+        import torch
+
+        version = torch.cuda.nccl.version()
+        return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    except Exception:
+        return None
