@@ -75,6 +75,9 @@ class CollectiveRecorder:
         self._pending: dict[int, PendingCollective] = {}
         self._ids = itertools.count()
         self._pg_names: dict[int, str] = {}
+        self._p2p_counts: dict[str, int] = {}  # point-to-point ops seen per group
+        self._counts_p2p_in_seq: dict[str, bool] = {}  # does the group's c10d counter include p2p ops?
+        self.seen_seqs: dict[str, set[int]] = {}  # recent collective seqs per group, to fill gaps at finish
         # per step: latest issue and latest completion of asynchronous ops, for their exposed wait
         self._async_last_issue_ns = 0
         self._async_last_end_ns = 0
@@ -104,7 +107,7 @@ class CollectiveRecorder:
         """The op was handed to the process group: its sequence number is now known."""
         entry = self._pending.get(token)
         if entry is not None:
-            entry.seq = _sequence_number(group)
+            entry.seq = self._sequence_number(entry, group)
             if not entry.blocking:
                 self._async_last_issue_ns = max(self._async_last_issue_ns, entry.start_ns)
 
@@ -141,6 +144,18 @@ class CollectiveRecorder:
             if entry is not None:
                 self._write(entry, None)
 
+    def fill_gaps_from_flight_recorder(self, since_ns: int) -> int:
+        """Write the collectives Flight Recorder saw since ``since_ns`` and the wrappers did not."""
+        from diag.capture.flight_recorder import missed_rows, own_dump
+
+        dump = own_dump()
+        if not dump:
+            return 0
+        rows = missed_rows(dump, self.seen_seqs, since_ns)
+        for row in rows:
+            self.session.writer.append("collectives", row)
+        return len(rows)
+
     def _write(self, entry: PendingCollective, duration_us: float | None) -> None:
         self.session.writer.append(
             "collectives",
@@ -159,11 +174,27 @@ class CollectiveRecorder:
             ),
         )
 
+    def _sequence_number(self, entry: PendingCollective, group) -> int:
+        """Number ops as Flight Recorder does: collectives by the group's collective counter, point-to-point
+        ops by a separate counter. Gloo's c10d counter also counts point-to-point ops, so they are taken out."""
+        if entry.op in ("send", "recv"):
+            count = self._p2p_counts[entry.pg] = self._p2p_counts.get(entry.pg, 0) + 1
+            return count
+        seq = _sequence_number(group)
+        if seq >= 0 and self._counts_p2p_in_seq.get(entry.pg):
+            seq -= self._p2p_counts.get(entry.pg, 0)
+        seen = self.seen_seqs.setdefault(entry.pg, set())
+        seen.add(seq)
+        if len(seen) > 50_000:  # Flight Recorder's buffer is far shorter: forget the oldest
+            self.seen_seqs[entry.pg] = {s for s in seen if s > seq - 20_000}
+        return seq
+
     def _pg_name(self, group) -> str:
         key = id(group)
         name = self._pg_names.get(key)
         if name is None:
             name = self._pg_names[key] = self.session.register_process_group(group)
+            self._counts_p2p_in_seq[name] = _backend_of(group) == "gloo"
         return name
 
 
@@ -179,6 +210,15 @@ def _size_of(tensors) -> tuple[int, str]:
 
 def _dtype_name(tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
+
+
+def _backend_of(group) -> str:
+    try:
+        import torch.distributed as dist
+
+        return str(dist.get_backend(group))
+    except Exception:
+        return ""
 
 
 def _sequence_number(group) -> int:

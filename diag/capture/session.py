@@ -89,6 +89,7 @@ class Session:
         self.manifest["capture"] = self.capture_status
         self.writer.write_manifest(self.manifest)
         self.writer.start()
+        self._start_ns = time.time_ns()  # after diag's own clock-sync collectives
 
     # -- setup ----------------------------------------------------------------------------------------------
     def _base_manifest(self, flops_per_step, peak_tflops, dtype, parallel) -> dict:
@@ -396,6 +397,8 @@ class Session:
             if collectives._active is self.recorder:
                 collectives.activate(None)
             self.recorder.flush_pending()
+            if _backend() is not None:
+                self.recorder.fill_gaps_from_flight_recorder(self._start_ns)
 
 
 class DisabledSession:

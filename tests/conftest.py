@@ -1,0 +1,42 @@
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+JOBS = REPO / "tests" / "jobs"
+SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+requires_gpu = pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU with CUDA")
+
+
+@pytest.fixture
+def gpu_fixtures() -> Path:
+    path = Path(os.environ.get("DIAG_SHARED_FIXTURES", SHARED_FIXTURES)) / "gpu-h100"
+    if not path.is_dir():
+        pytest.skip(f"shared GPU fixtures not found at {path}")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    from diag._warn import reset_for_tests
+
+    reset_for_tests()
+    yield
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst

@@ -1,0 +1,92 @@
+"""A real training job for the capture tests. Each rank also writes what it really did, as seen by an
+independent source (PyTorch's Flight Recorder and the model itself), to ``TRACE_DIR/truth/rankN.json``.
+
+usage: capture_job.py TRACE_DIR MODE STEPS   (MODE: plain, ddp, fsdp, explicit)
+"""
+
+import json
+import os
+import pickle
+import sys
+
+import torch
+import torch.distributed as dist
+
+import diag
+
+trace_dir, mode, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+distributed = mode != "plain"
+if distributed:
+    dist.init_process_group("gloo")
+rank = dist.get_rank() if distributed else 0
+world = dist.get_world_size() if distributed else 1
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+
+session = diag.init(trace_dir, telemetry=False, flops_per_step=1e9)
+seq_at_init = dist.group.WORLD._get_sequence_number_for_group() if distributed else 0
+if mode == "ddp":
+    model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+elif mode == "fsdp":
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+diag.instrument(model, optimizer)
+
+explicit_ops = []
+batches = [torch.randn(16, 64) for _ in range(steps)]
+for index, batch in enumerate(diag.wrap_loader(batches)):
+    with diag.step(samples=16):
+        with diag.phase("compute"):
+            loss = model(batch).square().mean()
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if mode == "explicit":
+            t = torch.full((250,), float(rank))
+            dist.all_reduce(t)
+            explicit_ops.append(("all_reduce", 1000, None))
+            b = torch.zeros(10, dtype=torch.float64)
+            dist.broadcast(b, src=0)
+            explicit_ops.append(("broadcast", 80, None))
+            out = torch.zeros(world * 4)
+            dist.all_gather_into_tensor(out, torch.ones(4))
+            explicit_ops.append(("all_gather", 16, None))
+            rs_out = torch.zeros(2)
+            dist.reduce_scatter_tensor(rs_out, torch.ones(2 * world))
+            explicit_ops.append(("reduce_scatter", 8 * world, None))
+            work = dist.all_reduce(torch.ones(5, dtype=torch.bfloat16), async_op=True)
+            work.wait()
+            explicit_ops.append(("all_reduce", 10, None))
+            peer = rank ^ 1
+            if rank % 2 == 0:
+                dist.send(torch.ones(3), dst=peer)
+                dist.recv(torch.zeros(3), src=peer)
+                explicit_ops += [("send", 12, peer), ("recv", 12, peer)]
+            else:
+                dist.recv(torch.zeros(3), src=peer)
+                dist.send(torch.ones(3), dst=peer)
+                explicit_ops += [("recv", 12, peer), ("send", 12, peer)]
+            dist.barrier()
+            explicit_ops.append(("barrier", 0, None))
+
+truth = {"rank": rank, "world": world, "steps": steps, "param_bytes": param_bytes, "seq_at_init": seq_at_init,
+         "explicit_ops": explicit_ops, "fr_entries": []}
+if distributed:
+    dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())  # our own process's dump: trusted
+    truth["fr_entries"] = [
+        {"seq": e["collective_seq_id"], "p2p_seq": e["p2p_seq_id"], "name": e["profiling_name"],
+         "sizes": e["input_sizes"], "dtypes": e["input_dtypes"], "is_p2p": e["is_p2p"]}
+        for e in dump["entries"]
+    ]
+diag.finish()
+os.makedirs(os.path.join(trace_dir, "truth"), exist_ok=True)
+with open(os.path.join(trace_dir, "truth", f"rank{rank}.json"), "w") as f:
+    json.dump(truth, f)
+if distributed:
+    dist.destroy_process_group()
