@@ -1,0 +1,464 @@
+"""Hang watchdog and heartbeat: what ``diag triage`` needs when a job stops making progress.
+
+A daemon thread (1) rewrites ``heartbeat.json`` every ``heartbeat_interval_s``, so a rank whose process is
+gone (SIGKILL, OOM-killer, segfault) can be told from one that is alive and stuck: its heartbeat stops and no
+exit record follows; (2) when a collective, the current step or the data loader has been pending longer than
+``pending_threshold_s``, writes once per stall a hang dump: pending collectives with their sequence numbers,
+Python stacks of all threads, the Flight Recorder dump (``fr_dump.pkl``, bytes as torch gave them), and the
+rank's step and phase. The same dump is written on SIGTERM / SIGUSR1 and at an abnormal exit (uncaught
+exception, interpreter exit without ``diag.finish``); fatal signals (SIGSEGV, SIGABRT, ...) get their stacks
+from faulthandler into ``fatal_stacks.txt``.
+
+The training thread is never touched: the thread only reads a few session attributes. Any failure is one
+warning and the watchdog degrades (first the failing part, then the whole thread), never raising.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import faulthandler
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from diag._warn import warn_once
+
+HANG_DUMP_PREFIX = "hang_dump_"  # hang_dump_001.json, ...: one per stall or signal, numbered in order
+STACKS_PREFIX = "stacks_"  # the same stacks as text, for people
+FR_DUMP_FILE = "fr_dump.pkl"  # latest Flight Recorder dump; pickle: load only with diag.triage.flight_recorder
+FATAL_STACKS_FILE = "fatal_stacks.txt"  # faulthandler output on SIGSEGV, SIGABRT, ...
+MAX_PENDING_IN_HEARTBEAT = 8
+SIGTERM_GRACE_S = 2.0  # time the main thread gets to run the Python handler before the watchdog ends the process
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class Watchdog:
+    """Heartbeat and hang dumps for one session. ``start()`` from the thread that called ``diag.init``."""
+
+    def __init__(self, session, pending_threshold_s: float, heartbeat_interval_s: float):
+        self.session = session
+        self.pending_threshold_s = float(pending_threshold_s)
+        self.heartbeat_interval_s = max(0.05, float(heartbeat_interval_s))
+        self.dumps_written = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._dump_lock = threading.RLock()  # a signal handler may interrupt a dump on the main thread
+        self._stall_key = None  # what the current stall is about; a dump is written once per key
+        self._progress = None  # last observed (step, phase, pending seqs) and when it changed
+        self._progress_since_us = _now_us()
+        self._exit: dict | None = None  # how the process is ending, once known
+        self._previous_handlers: dict[int, object] = {}
+        self._previous_excepthook = None
+        self._wakeup_read = self._wakeup_write = -1
+        self._previous_wakeup_fd = -1
+        self._signal_handled_us: dict[int, int] = {}  # signal -> when the main thread's handler ran
+        self._signal_dumped_us: dict[int, int] = {}  # signal -> when its dump was written
+        self._fatal_file = None
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._install_signal_handlers()
+        self._install_exit_hooks()
+        self._enable_faulthandler()
+        self._write_heartbeat("running")
+        self._thread = threading.Thread(target=self._run, name="diag-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Called by diag.finish: a clean end, recorded as such in the heartbeat."""
+        if self._exit is None:
+            self._exit = {"how": "finished"}
+        self._stop.set()
+        self._wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(2.0, 2 * self.heartbeat_interval_s))
+        self._safely("heartbeat", self._write_heartbeat, "finished")
+        self._safely("restore", self._restore_handlers)
+
+    # -- the thread -------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for signum in self._wait_for_tick():
+                self._safely("signal", self._on_signal_in_thread, signum)
+            if self._stop.is_set():
+                return
+            try:
+                self._tick()
+            except Exception as exc:  # never let a bug here become a dead thread that hides the heartbeat
+                warn_once("watchdog-tick", f"hang watchdog failed ({exc!r}); heartbeats and hang dumps are off")
+                return
+
+    def _wait_for_tick(self) -> list[int]:
+        """Sleep one heartbeat interval, waking early when a signal arrives (through the wakeup fd)."""
+        if self._wakeup_read < 0:
+            self._stop.wait(self.heartbeat_interval_s)
+            return []
+        ready, _, _ = select.select([self._wakeup_read], [], [], self.heartbeat_interval_s)
+        if not ready:
+            return []
+        try:
+            data = os.read(self._wakeup_read, 64)
+        except OSError:
+            return []
+        return [b for b in data if b in (signal.SIGTERM, signal.SIGUSR1)]
+
+    def _tick(self) -> None:
+        now_us = _now_us()
+        pending = self._pending()
+        self._note_progress(pending, now_us)
+        stall = self._stall(pending, now_us)
+        if stall is None:
+            self._stall_key = None
+        elif stall[0] != self._stall_key:
+            self._stall_key = stall[0]
+            self.dump(f"stall: {stall[1]}", pending)
+        self._write_heartbeat("stalled" if stall else "running", pending)
+
+    def _note_progress(self, pending: list[dict], now_us: int) -> None:
+        session = self.session
+        progress = (
+            session.current_step,
+            session.last_step,
+            session.current_phase,
+            tuple(p.get("seq") for p in pending),
+        )
+        if progress != self._progress:
+            self._progress, self._progress_since_us = progress, now_us
+
+    def _stall(self, pending: list[dict], now_us: int) -> tuple[object, str] | None:
+        """(key, description) of what has been pending longer than the threshold, or None."""
+        threshold_us = self.pending_threshold_s * 1e6
+        if pending:
+            oldest = min(pending, key=lambda p: p.get("start_us") or now_us)
+            age_us = now_us - (oldest.get("start_us") or now_us)
+            if age_us > threshold_us:
+                what = f"{oldest.get('op')} seq {oldest.get('seq')} in group {oldest.get('pg')}"
+                return ("collective", oldest.get("pg"), oldest.get("start_us")), f"{what} pending {age_us / 1e6:.1f} s"
+        session = self.session
+        busy = session.current_step is not None or session.current_phase is not None
+        idle_us = now_us - self._progress_since_us
+        if busy and idle_us > threshold_us:
+            where = (
+                f"step {session.current_step}"
+                if session.current_step is not None
+                else f"after step {session.last_step}"
+            )
+            phase = f", phase {session.current_phase}" if session.current_phase else ""
+            return ("progress", self._progress), f"no progress for {idle_us / 1e6:.1f} s ({where}{phase})"
+        return None
+
+    # -- what is written ----------------------------------------------------------------------------------------
+    def _pending(self) -> list[dict]:
+        try:
+            pending = [dict(p) for p in self.session.pending_collectives()]
+        except Exception as exc:
+            warn_once("watchdog-pending", f"cannot read pending collectives ({exc!r})")
+            return []
+        for entry in pending:
+            if entry.get("seq", -1) == -1:  # a blocking op gets its seq only when it returns: ask c10d now
+                entry["seq"] = _current_seq(entry.get("pg"))
+                entry["seq_inferred"] = True
+        return pending
+
+    def _state(self) -> dict:
+        session = self.session
+        return {
+            "rank": session.rank,
+            "pid": os.getpid(),
+            "time_us": _now_us(),
+            "step": session.current_step,
+            "last_step": session.last_step,
+            "phase": session.current_phase,
+            "step_started_us": session.step_started_us,
+        }
+
+    def _write_heartbeat(self, state: str, pending: list[dict] | None = None) -> None:
+        pending = self._pending() if pending is None else pending
+        heartbeat = {
+            **self._state(),
+            "state": state if self._exit is None else self._exit.get("how", state),
+            "interval_s": self.heartbeat_interval_s,
+            "threshold_s": self.pending_threshold_s,
+            "pending": pending[:MAX_PENDING_IN_HEARTBEAT],
+            "pending_count": len(pending),
+            "dumps_written": self.dumps_written,
+            "exit": self._exit,
+        }
+        with self._dump_lock:  # the writer renames one fixed temp file: one writer at a time
+            self.session.writer.write_heartbeat(heartbeat)
+
+    def dump(self, reason: str, pending: list[dict] | None = None) -> None:
+        """Write one hang dump now (any thread). Errors become one warning."""
+        self._safely("dump", self._dump, reason, pending)
+
+    def _dump(self, reason: str, pending: list[dict] | None) -> None:
+        with self._dump_lock:
+            self.dumps_written += 1
+            number = self.dumps_written
+            writer = self.session.writer
+            pending = self._pending() if pending is None else pending
+            threads = _thread_stacks()
+            name = f"{HANG_DUMP_PREFIX}{number:03d}.json"
+            fr_file, fr_error = self._write_flight_recorder()
+            record = {
+                **self._state(),
+                "reason": reason,
+                "pending": pending,
+                "threads": threads,
+                "fr_dump": fr_file,
+                "fr_error": fr_error,
+                "exit": self._exit,
+            }
+            writer.write_text(name, json.dumps(record, indent=1, default=str))
+            writer.write_text(f"{STACKS_PREFIX}{number:03d}.txt", _stacks_text(threads, reason))
+            writer.event("watchdog_dump", reason=reason, file=name, step=record["step"], phase=record["phase"])
+            writer.flush()
+
+    def _write_flight_recorder(self) -> tuple[str | None, str | None]:
+        if "torch" not in sys.modules:  # never import torch from here; without it there is no recorder
+            return None, "torch not imported"
+        try:
+            data = _flight_recorder_bytes()
+        except Exception as exc:
+            return None, repr(exc)[:300]
+        if not data:
+            return None, "Flight Recorder is off (set TORCH_FR_BUFFER_SIZE, e.g. 2000)"
+        path = self.session.writer.rank_dir / FR_DUMP_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        return FR_DUMP_FILE, None
+
+    # -- signals and exits ---------------------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            warn_once("watchdog-signals", "diag.init ran outside the main thread: no hang dump on SIGTERM/SIGUSR1")
+            return
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            try:
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+            except (ValueError, OSError) as exc:
+                warn_once(f"watchdog-signal-{signum}", f"cannot handle signal {signum} ({exc})")
+        self._install_wakeup_fd()
+
+    def _install_wakeup_fd(self) -> None:
+        """Python runs signal handlers only when the main thread returns to the interpreter, never while it is
+        blocked in a collective. The wakeup fd is written from the C handler at once, so this thread can dump."""
+        try:
+            read_fd, write_fd = os.pipe()
+            os.set_blocking(write_fd, False)
+            previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+            if previous != -1:  # someone else (asyncio) owns it: give it back and rely on the handler alone
+                signal.set_wakeup_fd(previous)
+                os.close(read_fd)
+                os.close(write_fd)
+                return
+            self._wakeup_read, self._wakeup_write = read_fd, write_fd
+        except (ValueError, OSError) as exc:
+            warn_once("watchdog-wakeup", f"signal wakeup unavailable ({exc}); SIGTERM dumps wait for the main thread")
+
+    def _on_signal(self, signum, frame) -> None:
+        """Main-thread handler: dump (unless the thread just did), then what the previous handler would do."""
+        self._signal_handled_us[signum] = _now_us()
+        self._record_signal(signum)
+        previous = self._previous_handlers.get(signum, signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL and signum == signal.SIGTERM:
+            self._die_by(signum)
+        # SIGUSR1 with no previous handler means "dump now": diag takes it over instead of terminating.
+
+    def _on_signal_in_thread(self, signum: int) -> None:
+        self._record_signal(signum)
+        if signum != signal.SIGTERM or self._previous_handlers.get(signum) != signal.SIG_DFL:
+            return
+        deadline = time.monotonic() + SIGTERM_GRACE_S
+        while time.monotonic() < deadline:  # the main thread may still run the handler (and chain) itself
+            if signum in self._signal_handled_us:
+                return
+            time.sleep(0.05)
+        self._die_by(signum)  # main thread stuck in C: end the process as SIGTERM would have
+
+    def _record_signal(self, signum: int) -> None:
+        """Both the main-thread handler and the thread see each signal: the first one dumps."""
+        now_us = _now_us()
+        with self._dump_lock:
+            if signum == signal.SIGTERM and self._exit is None:
+                self._exit = {"how": "terminated", "signal": "SIGTERM", "time_us": now_us}
+            if now_us - self._signal_dumped_us.get(signum, 0) < 1_000_000:
+                return
+            self._signal_dumped_us[signum] = now_us
+        self.dump(f"signal {signal.Signals(signum).name}")
+        self._safely("heartbeat", self._write_heartbeat, "running")
+
+    def _die_by(self, signum: int) -> None:
+        self._safely("flush", self.session.writer.flush)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signum, signal.SIG_DFL)
+        else:
+            _reset_to_default_in_c(signum)
+        os.kill(os.getpid(), signum)
+
+    def _install_exit_hooks(self) -> None:
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self._at_exit)
+
+    def _excepthook(self, exc_type, exc, tb) -> None:
+        if self._exit is None:
+            text = "".join(traceback.format_exception(exc_type, exc, tb))[-4000:]
+            self._exit = {
+                "how": "exception",
+                "error": f"{exc_type.__name__}: {exc}"[:2000],
+                "traceback": text,
+                "time_us": _now_us(),
+            }
+            self.dump(f"uncaught {exc_type.__name__}")
+        (self._previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+
+    def _at_exit(self) -> None:
+        if self._stop.is_set():
+            return  # diag.finish ran: a clean end
+        if self._exit is None:
+            self._exit = {"how": "exited_without_finish", "time_us": _now_us()}
+            self.dump("process exiting without diag.finish")
+        self._stop.set()
+        self._safely("heartbeat", self._write_heartbeat, self._exit["how"])
+        self._safely("flush", self.session.writer.flush)
+
+    def _enable_faulthandler(self) -> None:
+        if faulthandler.is_enabled():
+            return  # the user's own faulthandler set-up wins
+        try:
+            self._fatal_file = open(self.session.writer.rank_dir / FATAL_STACKS_FILE, "w")  # noqa: SIM115 - kept open for faulthandler
+            faulthandler.enable(file=self._fatal_file, all_threads=True)
+        except (OSError, ValueError, RuntimeError) as exc:
+            warn_once("watchdog-faulthandler", f"no stacks on fatal signals ({exc})")
+
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, previous in self._previous_handlers.items():
+                if signal.getsignal(signum) == self._on_signal:
+                    signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            if self._wakeup_write >= 0:
+                signal.set_wakeup_fd(-1)
+                os.close(self._wakeup_read)
+                os.close(self._wakeup_write)
+                self._wakeup_read = self._wakeup_write = -1
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous_excepthook or sys.__excepthook__
+        atexit.unregister(self._at_exit)
+        if self._fatal_file is not None:
+            faulthandler.disable()
+            path = self._fatal_file.name
+            self._fatal_file.close()
+            self._fatal_file = None
+            if os.path.getsize(path) == 0:
+                os.unlink(path)
+
+    def _wake(self) -> None:
+        if self._wakeup_write >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._wakeup_write, b"\0")
+
+    def _safely(self, what: str, function, *args) -> None:
+        try:
+            function(*args)
+        except Exception as exc:
+            warn_once(f"watchdog-{what}", f"hang watchdog: {what} failed ({exc!r}); going on without it")
+
+
+def _thread_stacks() -> list[dict]:
+    """Every Python thread's stack, innermost frame last (traceback order), main thread first."""
+    names = {t.ident: t for t in threading.enumerate()}
+    main_ident = threading.main_thread().ident
+    stacks = []
+    for ident, frame in sys._current_frames().items():
+        thread = names.get(ident)
+        frame = _outside_watchdog(frame) if ident == threading.get_ident() else frame
+        frames = [
+            {"file": f.filename, "line": f.lineno, "name": f.name, "code": f.line}
+            for f in (traceback.extract_stack(frame) if frame is not None else [])
+        ]
+        stacks.append(
+            {
+                "ident": ident,
+                "name": thread.name if thread else f"thread-{ident}",
+                "main": ident == main_ident,
+                "daemon": bool(thread.daemon) if thread else None,
+                "frames": frames,
+            }
+        )
+    return sorted(stacks, key=lambda s: (not s["main"], s["name"]))
+
+
+def _outside_watchdog(frame):
+    """The frame the dumping thread was in before the watchdog's own code (signal handler, excepthook)."""
+    outer = frame
+    while frame is not None:
+        if frame.f_code.co_filename == __file__:
+            outer = frame.f_back
+        frame = frame.f_back
+    return outer
+
+
+def _stacks_text(threads: list[dict], reason: str) -> str:
+    lines = [f"# diag hang dump: {reason}"]
+    for thread in threads:
+        lines.append(f"\nThread {thread['name']}{' (main)' if thread['main'] else ''}:")
+        for frame in thread["frames"]:
+            lines.append(f'  File "{frame["file"]}", line {frame["line"]}, in {frame["name"]}')
+            if frame.get("code"):
+                lines.append(f"    {frame['code']}")
+    return "\n".join(lines) + "\n"
+
+
+def _current_seq(pg_name) -> int:
+    """The c10d sequence number of the group called ``pg_name`` now (-1 if unknown)."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        for group, name in list(c10d._world.pg_names.items()):
+            if str(name) == str(pg_name):
+                return int(group._get_sequence_number_for_group())
+    except Exception:
+        pass
+    return -1
+
+
+def _flight_recorder_bytes() -> bytes | None:
+    """The process's Flight Recorder dump: NCCL's when it has entries, else the generic (gloo) one."""
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    best = None
+    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            data = dump()
+        except Exception:
+            continue
+        if data and (best is None or len(data) > len(best)):
+            best = data
+    return best
+
+
+def _reset_to_default_in_c(signum: int) -> None:
+    """signal.signal only works on the main thread; libc's signal() works on any."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.signal(signum, 0)  # SIG_DFL

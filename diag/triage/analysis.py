@@ -1,0 +1,459 @@
+"""The verdict of ``diag triage``: pure functions from a ``TriageInput`` to a ``Verdict``. No torch.
+
+Collectives line up across ranks by (process group, sequence number): c10d numbers every collective of a
+group in issue order on every rank. Then, in order of precedence:
+* desync: at one (pg, seq) ranks issued different collectives (op, bytes, dtype). The culprits are the
+  minority; on a tie, the side whose collective the group issued least often before; on a tie again,
+  the side without the lowest rank. Never the order files were read in.
+* dead_rank / missing_ranks: the oldest collective still pending that some members never reached. If every
+  missing rank's process is gone (heartbeat stopped with no exit record, or it ended before the others
+  started waiting), the verdict is dead_rank; otherwise missing_ranks, with where each missing rank was.
+* dead_rank without a pending collective: a rank vanished while others went on.
+* slow: nothing hung, but a watchdog stall was seen, or all members are inside one collective; the
+  slowest rank named.
+* no_problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from diag.triage.sources import RankInfo, TriageInput, main_frames
+
+DEAD_MARGIN_INTERVALS = 3  # a heartbeat this many intervals older than the freshest one has stopped
+DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
+LIBRARY_PARTS = (
+    "site-packages/torch/",
+    "/torch/distributed/",
+    "/torch/nn/",
+    "/torch/utils/",
+    "/diag/",
+    "/threading.py",
+)
+DATA_LOADER_FUNCTIONS = ("__next__", "_next_data", "_get_data", "_try_get_data", "wrap_loader")
+BARRIER_FUNCTIONS = ("barrier", "monitored_barrier", "_store_based_barrier")
+
+
+@dataclass
+class RankReport:
+    state: str  # waiting_in_collective, stuck_in_data_loader, stuck_in_compute, stuck_in_collective,
+    # stuck_in_barrier, dead, finished, exited, running, no_data
+    last_step: int | None = None
+    last_phase: str | None = None
+    stack: list[str] = field(default_factory=list)  # main thread, outermost first: "file:line in function"
+    detail: str = ""
+
+
+@dataclass
+class Verdict:
+    verdict: str  # missing_ranks, desync, dead_rank, slow, no_problem
+    culprit_ranks: list[int]
+    collective: dict | None  # {pg, seq, op, sizes}
+    ranks: dict[int, RankReport]
+    evidence: list[str]
+    skipped: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "verdict": self.verdict,
+            "culprit_ranks": self.culprit_ranks,
+            "collective": self.collective,
+            "ranks": {str(r): asdict(v) for r, v in sorted(self.ranks.items())},
+            "evidence": self.evidence,
+            "skipped": self.skipped,
+        }
+
+
+def triage(data: TriageInput) -> Verdict:
+    ops = _with_signature(data.ops)
+    members = _members(data)
+    liveness = _liveness(data)
+    desync = _first_desync(ops)
+    if desync is not None:
+        return _desync_verdict(data, ops, desync, liveness)
+    hang = _oldest_hang(ops, members)
+    if hang is not None:
+        return _hang_verdict(data, ops, hang, liveness)
+    vanished = sorted(r for r, state in liveness.items() if state == "vanished")
+    if vanished:
+        return _dead_without_hang(data, ops, vanished, liveness)
+    return _slow_or_fine(data, ops, members, liveness)
+
+
+# -- cross-rank matching ---------------------------------------------------------------------------------------
+
+
+def _with_signature(ops: pd.DataFrame) -> pd.DataFrame:
+    ops = ops.copy()
+    ops["signature"] = ops["op"].astype(str) + "|" + ops["bytes"].astype(str) + "|" + ops["dtype"].astype(str)
+    ops["rank"] = ops["rank"].astype("int64")
+    ops["seq"] = ops["seq"].astype("int64")
+    ops["completed"] = ops["completed"].astype(bool)
+    return ops
+
+
+def _members(data: TriageInput) -> dict[str, list[int]]:
+    return {pg: sorted(ranks) for pg, ranks in data.pg_ranks.items()}
+
+
+def _first_desync(ops: pd.DataFrame) -> tuple[str, int] | None:
+    """(pg, seq) of the earliest sequence number at which ranks issued different collectives."""
+    if ops.empty:
+        return None
+    kinds = ops.groupby(["pg", "seq"], observed=True)["signature"].nunique()
+    bad = kinds[kinds > 1]
+    if bad.empty:
+        return None
+    starts = ops.set_index(["pg", "seq"])["start_us"].groupby(level=[0, 1]).min().loc[bad.index]
+    pg, seq = min(bad.index, key=lambda key: (starts.get(key, float("inf")), key[0], key[1]))
+    return str(pg), int(seq)
+
+
+def _oldest_hang(ops: pd.DataFrame, members: dict[str, list[int]]) -> dict | None:
+    """The oldest collective pending on some rank, with the member ranks that never reached it."""
+    pending = ops[~ops["completed"]]
+    if pending.empty:
+        return None
+    candidates = []
+    last_seq = ops.groupby(["pg", "rank"])["seq"].max()
+    for pg, group in pending.groupby("pg", observed=True):
+        seq = int(group["seq"].min())
+        at_seq = ops[(ops["pg"] == pg) & (ops["seq"] == seq)]
+        entered = sorted(at_seq["rank"].unique().tolist())
+        group_last = last_seq.loc[pg] if pg in last_seq.index.get_level_values(0) else pd.Series(dtype="int64")
+        missing = [r for r in members.get(str(pg), entered) if r not in set(entered) and group_last.get(r, -1) < seq]
+        start_us = float(at_seq["start_us"].min())
+        candidates.append({"pg": str(pg), "seq": seq, "entered": entered, "missing": missing, "start_us": start_us})
+    hung = [c for c in candidates if c["missing"]] or candidates
+    return min(hung, key=lambda c: (c["start_us"] if c["start_us"] == c["start_us"] else float("inf"), c["pg"]))
+
+
+def _collective(ops: pd.DataFrame, pg: str, seq: int, ranks: list[int] | None = None) -> dict:
+    rows = ops[(ops["pg"] == pg) & (ops["seq"] == seq)]
+    if ranks is not None:
+        rows = rows[rows["rank"].isin(ranks)]
+    first = rows.sort_values("rank").iloc[0] if len(rows) else None
+    return {
+        "pg": pg,
+        "seq": seq,
+        "op": None if first is None else str(first["op"]),
+        "sizes": None if first is None else str(first["sizes"]),
+        "dtype": None if first is None else str(first["dtype"]),
+    }
+
+
+# -- desync -----------------------------------------------------------------------------------------------------
+
+
+def _desync_verdict(data: TriageInput, ops: pd.DataFrame, key: tuple[str, int], liveness: dict) -> Verdict:
+    pg, seq = key
+    at_seq = ops[(ops["pg"] == pg) & (ops["seq"] == seq)]
+    sides = {sig: sorted(rows["rank"].tolist()) for sig, rows in at_seq.groupby("signature")}
+    history = ops[(ops["pg"] == pg) & (ops["seq"] < seq)]["signature"].value_counts()
+    # reference side: most ranks, then most issued before, then holding the lowest rank
+    reference = max(sides, key=lambda s: (len(sides[s]), int(history.get(s, 0)), -min(sides[s])))
+    culprits = sorted(r for s, ranks in sides.items() if s != reference for r in ranks)
+    ranks = _rank_reports(data, ops, liveness, focus=(pg, seq))
+    evidence = [f"ranks issued different collectives at {_where(pg, seq)}:"]
+    for sig, side in sorted(sides.items(), key=lambda item: (item[0] != reference, min(item[1]))):
+        row = at_seq[at_seq["rank"] == side[0]].iloc[0]
+        site = _call_site(data, ops, side[0], pg, seq) or "call site unknown"
+        role = "expected" if sig == reference else "culprit"
+        evidence.append(
+            f"  {role}: ranks {_ranks_text(side)} called {row['op']} ({row['sizes']}, {row['dtype']}) at {site}"
+        )
+    if len(sides[reference]) == len(culprits):
+        evidence.append(
+            f"  (tie: {row_count_text(history, sides)}; the side issued less often before is named culprit)"
+        )
+    evidence += _step_divergence(ops, pg, seq)
+    return _verdict("desync", culprits, _collective(ops, pg, seq, sides[reference]), ranks, evidence, data)
+
+
+def row_count_text(history: pd.Series, sides: dict[str, list[int]]) -> str:
+    return ", ".join(f"{sig.split('|')[0]} issued {int(history.get(sig, 0))}× before" for sig in sorted(sides))
+
+
+# -- hangs: missing or dead ranks ----------------------------------------------------------------------------------
+
+
+def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hang: dict, liveness: dict) -> Verdict:
+    pg, seq, missing = hang["pg"], hang["seq"], hang["missing"]
+    ranks = _rank_reports(data, ops, liveness, focus=(pg, seq))
+    collective = _collective(ops, pg, seq)
+    waiting = hang["entered"]
+    evidence = [
+        f"ranks {_ranks_text(waiting)} entered {collective['op']} ({collective['sizes']}, {collective['dtype']}) "
+        f"at {_where(pg, seq)}"
+        + (f" and never saw it complete; ranks {_ranks_text(missing)} never reached it" if missing else "")
+    ]
+    if not missing:
+        return _all_inside(data, ops, hang, ranks, liveness, evidence)
+    dead = [r for r in missing if _died_before(data.ranks[r], liveness.get(r), hang["start_us"])]
+    for rank in missing:
+        evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
+    evidence += _step_divergence(ops, pg, seq)
+    if dead and len(dead) == len(missing):
+        return _verdict("dead_rank", dead, collective, ranks, evidence, data)
+    alive_first = [r for r in missing if r not in dead] + dead
+    return _verdict("missing_ranks", alive_first, collective, ranks, evidence, data)
+
+
+def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
+    """Every member entered the pending collective: it is in flight (or the transport is stuck)."""
+    at_seq = ops[(ops["pg"] == hang["pg"]) & (ops["seq"] == hang["seq"])]
+    last = at_seq.sort_values(["start_us", "rank"]).iloc[-1]
+    slowest = int(last["rank"])
+    evidence.append(
+        f"all members entered it; rank {slowest} entered last, {_ms(last['start_us'] - at_seq['start_us'].min())} "
+        "after the first: the others waited for it"
+    )
+    return _verdict("slow", [slowest], _collective(ops, hang["pg"], hang["seq"]), ranks, evidence, data)
+
+
+def _died_before(info: RankInfo, state: str | None, waiting_since_us: float) -> bool:
+    """Its process was gone, rather than alive somewhere else, when the others started waiting for it."""
+    if state == "vanished":
+        return True
+    heartbeat = info.heartbeat or {}
+    exit_record = heartbeat.get("exit") if isinstance(heartbeat.get("exit"), dict) else None
+    if exit_record and exit_record.get("how") in ("exception", "terminated", "exited_without_finish"):
+        ended_us = exit_record.get("time_us") or heartbeat.get("time_us") or 0
+        return ended_us < waiting_since_us
+    return False
+
+
+def _dead_without_hang(data: TriageInput, ops: pd.DataFrame, vanished: list[int], liveness: dict) -> Verdict:
+    ranks = _rank_reports(data, ops, liveness, focus=None)
+    evidence = [f"rank {r}: {_describe(ranks[r])}" for r in vanished]
+    return _verdict("dead_rank", vanished, None, ranks, evidence, data)
+
+
+# -- slow or fine ---------------------------------------------------------------------------------------------------
+
+
+def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness: dict) -> Verdict:
+    ranks = _rank_reports(data, ops, liveness, focus=None)
+    stalled = sorted(r for r, info in data.ranks.items() if info.stall_dump is not None)
+    if stalled:
+        evidence = [
+            f"rank {r}: watchdog saw a stall ({data.ranks[r].stall_dump.get('reason')}) that later cleared"
+            for r in stalled
+        ]
+        slowest = _slowest_by_steps(data) or stalled[0]
+        evidence.append(f"slowest rank by non-communication step time: {slowest}")
+        return _verdict("slow", [slowest], None, ranks, evidence, data)
+    evidence = ["every collective seen completed on every rank that issued it"]
+    evidence += [f"{n} ranks {state}" for state, n in _count_states(ranks).items()]
+    return _verdict("no_problem", [], None, ranks, evidence, data)
+
+
+def _slowest_by_steps(data: TriageInput) -> int | None:
+    """In data parallelism all ranks take the same step time; the slow one is the one the others wait for:
+    the largest step time outside communication."""
+    steps = data.steps
+    if steps is None or steps.empty:
+        return None
+    own_us = (steps["duration_us"] - steps["comm_wait_us"]).groupby(steps["rank"]).median()
+    return int(own_us.idxmax()) if len(own_us) else None
+
+
+# -- per-rank states ----------------------------------------------------------------------------------------------
+
+
+def _liveness(data: TriageInput) -> dict[int, str]:
+    """finished / exited / running / vanished / unknown, from heartbeats and exit records."""
+    freshest_us = max((info.heartbeat or {}).get("time_us", 0) for info in data.ranks.values())
+    anyone_exited = any(_exit_record(info) or info.finished for info in data.ranks.values())
+    states = {}
+    for rank, info in data.ranks.items():
+        heartbeat = info.heartbeat
+        if info.finished or (_exit_record(info) or {}).get("how") == "finished":
+            states[rank] = "finished"
+        elif _exit_record(info):
+            states[rank] = "exited"
+        elif not heartbeat:
+            states[rank] = "unknown"
+        else:
+            interval_us = float(heartbeat.get("interval_s") or DEFAULT_HEARTBEAT_INTERVAL_S) * 1e6
+            stale = freshest_us - heartbeat.get("time_us", 0) > DEAD_MARGIN_INTERVALS * interval_us
+            states[rank] = "vanished" if (stale or anyone_exited) else "running"
+    return states
+
+
+def _exit_record(info: RankInfo) -> dict | None:
+    record = (info.heartbeat or {}).get("exit")
+    return record if isinstance(record, dict) else None
+
+
+def _rank_reports(data: TriageInput, ops: pd.DataFrame, liveness: dict, focus) -> dict[int, RankReport]:
+    entered = set()
+    if focus is not None:
+        entered = set(ops[(ops["pg"] == focus[0]) & (ops["seq"] == focus[1])]["rank"].tolist())
+    return {rank: _rank_report(data, info, liveness.get(rank), rank in entered) for rank, info in data.ranks.items()}
+
+
+def _rank_report(data: TriageInput, info: RankInfo, alive: str | None, entered_focus: bool) -> RankReport:
+    if not info.has_data:
+        return RankReport("no_data", detail="no trace or dump for this rank")
+    dump = info.stall_dump or info.last_dump or {}
+    heartbeat = info.heartbeat or {}
+    # during a stall the dump saw the step as it was; the heartbeat at exit counts a failed step as done
+    last_step = _first_int(dump.get("last_step"), heartbeat.get("last_step"))
+    phase = dump.get("phase") if dump else heartbeat.get("phase")
+    frames = main_frames(dump)
+    stack = [f"{f.get('file')}:{f.get('line')} in {f.get('name')}" for f in frames]
+    where = _classify(frames, phase)
+    if info.fr_last is not None and not frames:  # Flight Recorder input: its last collective is all we know
+        last = info.fr_last
+        stack = [last["call_site"]] if last.get("call_site") else []
+        where = "waiting_in_collective" if entered_focus else "stuck_elsewhere"
+        detail = f"last collective: {last['op']} seq {last['seq']} in group {last['pg']}" + (
+            "" if last["completed"] else " (not completed)"
+        )
+        return RankReport(where, None, None, stack, detail)
+    if alive == "vanished":
+        return RankReport("dead", last_step, phase, stack, _death_detail(info))
+    state = "waiting_in_collective" if entered_focus else where
+    if alive == "finished" and not entered_focus:
+        state = "finished"
+    detail = _exit_detail(info)
+    return RankReport(state, last_step, phase, stack, detail)
+
+
+def _classify(frames: list[dict], phase: str | None) -> str:
+    """Where a rank's main thread is, from its stack (innermost frames win) and its phase."""
+    for frame in reversed(frames):
+        name, filename = str(frame.get("name")), str(frame.get("file"))
+        if name in BARRIER_FUNCTIONS:
+            return "stuck_in_barrier"
+        if filename.endswith("distributed_c10d.py") or name == "wait" and "distributed" in filename:
+            return "stuck_in_collective"
+        if "torch/utils/data" in filename or name in DATA_LOADER_FUNCTIONS:
+            return "stuck_in_data_loader"
+    if phase == "data_wait":
+        return "stuck_in_data_loader"
+    return "stuck_in_compute" if frames or phase else "unknown"
+
+
+def _death_detail(info: RankInfo) -> str:
+    heartbeat = info.heartbeat or {}
+    when = heartbeat.get("time_us")
+    text = "process gone: heartbeat stopped"
+    if when:
+        text += f" at {_clock(when)} (± {heartbeat.get('interval_s', '?')} s)"
+    text += " with no exit record"
+    if info.fatal_stacks:
+        first = info.fatal_stacks.strip().splitlines()[0]
+        text += f"; faulthandler: {first}"
+    else:
+        text += ": killed by SIGKILL, the OOM killer, or a crash outside Python"
+    return text
+
+
+def _exit_detail(info: RankInfo) -> str:
+    record = _exit_record(info)
+    if not record:
+        return ""
+    how = record.get("how")
+    when = f" at {_clock(record['time_us'])}" if record.get("time_us") else ""
+    if how == "terminated":
+        return f"terminated by {record.get('signal')}{when}"
+    if how == "exception":
+        return f"exited with {str(record.get('error'))[:300]}{when}"
+    if how == "exited_without_finish":
+        return f"exited without diag.finish{when}"
+    return "finished normally" if how == "finished" else str(how)
+
+
+def _describe(report: RankReport) -> str:
+    parts = [report.state.replace("_", " ")]
+    if report.last_step is not None:
+        parts.append(f"last completed step {report.last_step}")
+    if report.last_phase:
+        parts.append(f"phase {report.last_phase}")
+    site = _user_frame(report.stack)
+    if site:
+        parts.append(f"at {site}")
+    if report.detail:
+        parts.append(report.detail)
+    return "; ".join(parts)
+
+
+def _user_frame(stack: list[str]) -> str:
+    for entry in reversed(stack):
+        if not any(part in entry for part in LIBRARY_PARTS):
+            return entry
+    return stack[-1] if stack else ""
+
+
+def _call_site(data: TriageInput, ops: pd.DataFrame, rank: int, pg: str, seq: int) -> str:
+    rows = ops[(ops["rank"] == rank) & (ops["pg"] == pg) & (ops["seq"] == seq)]
+    site = str(rows["call_site"].iloc[0]) if len(rows) else ""
+    if site:
+        return site
+    info = data.ranks.get(rank)
+    frames = main_frames(info.stall_dump or info.last_dump) if info else []
+    return _user_frame([f"{f.get('file')}:{f.get('line')} in {f.get('name')}" for f in frames])
+
+
+def _step_divergence(ops: pd.DataFrame, pg: str, seq: int) -> list[str]:
+    """Ranks that issued one seq in different steps skipped (or added) collectives in an earlier step."""
+    known = ops[(ops["pg"] == pg) & (ops["seq"] <= seq) & (ops["step"] >= 0)]
+    if known.empty:
+        return []
+    steps = known.groupby("seq")["step"].nunique()
+    diverged = steps[steps > 1]
+    if diverged.empty:
+        return []
+    first = int(diverged.index.min())
+    rows = known[known["seq"] == first]
+    by_step = {int(s): sorted(g["rank"].tolist()) for s, g in rows.groupby("step")}
+    described = ", ".join(f"ranks {_ranks_text(r)} in step {s}" for s, r in sorted(by_step.items()))
+    return [
+        f"from seq {first} on, ranks issued the same collective in different steps ({described}): "
+        "a rank skipped or added collectives in an earlier step"
+    ]
+
+
+def _verdict(kind, culprits, collective, ranks, evidence, data: TriageInput) -> Verdict:
+    skipped = [str(s) for s in data.skipped]
+    return Verdict(kind, [int(r) for r in culprits], collective, ranks, evidence + list(data.notes), skipped)
+
+
+def _count_states(ranks: dict[int, RankReport]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for report in ranks.values():
+        counts[report.state] = counts.get(report.state, 0) + 1
+    return counts
+
+
+def _first_int(*values) -> int | None:
+    for value in values:
+        if value is not None and value == value:
+            return int(value)
+    return None
+
+
+def _where(pg: str, seq: int) -> str:
+    return f"seq {seq} of process group {pg}"
+
+
+def _ranks_text(ranks: list[int], limit: int = 16) -> str:
+    ranks = sorted(ranks)
+    shown = ", ".join(map(str, ranks[:limit]))
+    return shown + (f", ... ({len(ranks)} ranks)" if len(ranks) > limit else "")
+
+
+def _ms(delta_us: float) -> str:
+    return f"{delta_us / 1000:.1f} ms"
+
+
+def _clock(time_us: float) -> str:
+    import datetime
+
+    return (
+        datetime.datetime.fromtimestamp(time_us / 1e6, tz=datetime.timezone.utc).strftime("%H:%M:%S.%f")[:-3] + " UTC"
+    )

@@ -1,0 +1,253 @@
+"""Load PyTorch Flight Recorder dumps (pickle or JSON; NCCL and gloo variants) safely and normalise them.
+
+Dumps are pickles written by ``_dump_fr_trace`` / ``_dump_nccl_trace`` or by the ``TORCH_FR_DUMP_TEMP_FILE`` /
+``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` prefixes. A pickle can run arbitrary code when loaded, so they are only
+ever read with ``RestrictedUnpickler``: it builds plain containers and scalars and refuses every class or
+function lookup, which is the only way a pickle can call code. Needs no torch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+# Types a Flight Recorder dump is made of; anything else means the file is not a dump (or is hostile).
+PLAIN_TYPES = (dict, list, tuple, set, frozenset, str, bytes, int, float, bool, type(None))
+MAX_DUMP_BYTES = 2 << 30  # refuse to read more than this into memory
+TRAILING_RANK_RE = re.compile(r"^(.*?)(\d+)(\.pkl|\.pickle|\.json)?$")
+DEFAULT_PG = "0"  # c10d names the default process group "0"
+# Frames from these paths are the machinery under a call, not the call site a user wants to see.
+LIBRARY_PATH_PARTS = ("site-packages/torch/", "/torch/distributed/", "/torch/nn/", "/diag/capture/", "<frozen ")
+
+
+class DumpRejected(Exception):
+    """The file is not a Flight Recorder dump diag can read safely; the message says why."""
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Unpickler that only builds dicts, lists, tuples, sets, strings, bytes, numbers, booleans and None."""
+
+    def find_class(self, module: str, name: str):  # every GLOBAL / STACK_GLOBAL / INST / OBJ / EXT goes here
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}: dumps may only hold plain data")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("refused a persistent id: dumps may only hold plain data")
+
+
+def restricted_loads(data: bytes) -> Any:
+    value = RestrictedUnpickler(io.BytesIO(data)).load()
+    _check_plain(value)
+    return value
+
+
+def _check_plain(value: Any) -> None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, PLAIN_TYPES):
+            raise pickle.UnpicklingError(f"unexpected {type(item).__name__} in dump")
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+
+
+@dataclass(frozen=True)
+class FREntry:
+    """One Flight Recorder record, normalised across NCCL and gloo and across pickle and JSON."""
+
+    pg: str  # process group name, as the trace's collectives.pg column names it ("0" is the default group)
+    pg_desc: str
+    seq: int  # collective_seq_id, or p2p_seq_id for point-to-point ops
+    is_p2p: bool
+    op: str  # "all_reduce", "all_gather", "send", ... (backend prefix removed)
+    backend: str  # "nccl", "gloo", ...
+    input_sizes: tuple
+    input_dtypes: tuple
+    output_sizes: tuple
+    state: str  # "scheduled", "started", "completed" as recorded
+    completed: bool  # completion as best known: NCCL state, else the group's last_completed_collective
+    time_created_ns: int | None
+    duration_ms: float | None
+    frames: tuple[tuple[str, str, int], ...]  # (function, file, line), innermost first
+
+    @property
+    def call_site(self) -> str:
+        """The first frame outside torch: where user code issued the op."""
+        for name, filename, line in self.frames:
+            if not _is_library_file(filename):
+                return f"{filename}:{line} in {name}"
+        return ""
+
+
+def _is_library_file(filename: str) -> bool:
+    return any(part in filename for part in LIBRARY_PATH_PARTS)
+
+
+@dataclass
+class FRDump:
+    path: str
+    rank: int
+    version: str
+    pg_ranks: dict[str, list[int]]  # pg name -> global ranks
+    pg_desc: dict[str, str]
+    last_completed_seq: dict[str, int]  # pg name -> last completed collective seq (-1 unknown)
+    entries: list[FREntry] = field(default_factory=list)
+
+
+def read_dump_file(path: str | Path) -> Any:
+    """Parse a dump file (pickle or JSON) into plain Python data. Raises DumpRejected."""
+    path = Path(path)
+    try:
+        size_bytes = path.stat().st_size
+        if size_bytes > MAX_DUMP_BYTES:
+            raise DumpRejected(f"{size_bytes} bytes is larger than any Flight Recorder dump diag expects")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DumpRejected(f"unreadable: {exc}") from exc
+    if not data:
+        raise DumpRejected("empty file")
+    if data[:1] in (b"{", b"[") or data.lstrip()[:1] == b"{":
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise DumpRejected(f"not valid JSON: {exc}") from exc
+    if data[:1] != b"\x80":
+        raise DumpRejected("neither a pickle nor JSON")
+    try:
+        return restricted_loads(data)
+    except pickle.UnpicklingError as exc:
+        raise DumpRejected(f"rejected pickle: {exc}") from exc
+    except Exception as exc:  # truncated or corrupt pickles raise EOFError, ValueError, ...
+        raise DumpRejected(f"corrupt pickle: {type(exc).__name__}: {exc}") from exc
+
+
+def rank_from_file_name(path: str | Path) -> int | None:
+    """``<prefix><rank>`` as TORCH_FR_DUMP_TEMP_FILE writes it; ``rankNNNNN/fr_dump.pkl`` in a diag trace."""
+    path = Path(path)
+    match = TRAILING_RANK_RE.match(path.name)
+    if match:
+        return int(match.group(2))
+    parent = re.match(r"^rank(\d+)$", path.parent.name)
+    return int(parent.group(1)) if parent else None
+
+
+def load_dump(path: str | Path, rank: int | None = None) -> FRDump:
+    """Read and normalise one dump. Raises DumpRejected with the reason when it cannot be used."""
+    raw = read_dump_file(path)
+    rank = rank if rank is not None else rank_from_file_name(path)
+    if rank is None:
+        raise DumpRejected("no rank in the file name (expected <prefix><rank>, e.g. nccl_trace_rank_3)")
+    return normalise_dump(raw, str(path), rank)
+
+
+def normalise_dump(raw: Any, path: str, rank: int) -> FRDump:
+    if not isinstance(raw, dict) or not isinstance(raw.get("entries", []), list):
+        raise DumpRejected("not a Flight Recorder dump (no 'entries' list)")
+    pg_ranks, pg_desc = _pg_config(raw.get("pg_config") or {})
+    entries = [_entry(e) for e in raw.get("entries", []) if isinstance(e, dict)]
+    _fix_unnamed_default_pg(pg_ranks, pg_desc, entries)
+    last_completed = {
+        str(k): _int(v.get("last_completed_collective"), -1)
+        for k, v in _dict(raw.get("pg_status")).items()
+        if isinstance(v, dict)
+    }
+    entries = [_with_completion(e, last_completed) for e in entries]
+    return FRDump(path, rank, str(raw.get("version", "")), pg_ranks, pg_desc, last_completed, entries)
+
+
+def _pg_config(config: Any) -> tuple[dict[str, list[int]], dict[str, str]]:
+    ranks, desc = {}, {}
+    for key, value in _dict(config).items():
+        value = _dict(value)
+        name = str(value.get("name", key) if key == "" else key)
+        ranks[name] = _rank_list(value.get("ranks"))
+        desc[name] = str(value.get("desc", ""))
+    return ranks, desc
+
+
+def _fix_unnamed_default_pg(pg_ranks: dict, pg_desc: dict, entries: list[FREntry]) -> None:
+    """gloo dumps key the default group's pg_config by '' while entries name it ('0', 'default_pg')."""
+    if "" in pg_ranks and DEFAULT_PG not in pg_ranks and any(e.pg == DEFAULT_PG for e in entries):
+        pg_ranks[DEFAULT_PG] = pg_ranks.pop("")
+        pg_desc[DEFAULT_PG] = pg_desc.pop("") or "default_pg"
+
+
+def _entry(raw: dict) -> FREntry:
+    pg = raw.get("process_group") or (raw.get("pg_id", DEFAULT_PG), "")
+    pg_name, desc = (str(pg[0]), str(pg[1]) if len(pg) > 1 else "") if isinstance(pg, (list, tuple)) else (str(pg), "")
+    profiling_name = str(raw.get("profiling_name", ""))
+    backend, _, op = profiling_name.rpartition(":")
+    is_p2p = bool(raw.get("is_p2p", False))
+    seq = _int(raw.get("p2p_seq_id") if is_p2p else raw.get("collective_seq_id"), -1)
+    duration = raw.get("duration_ms")
+    return FREntry(
+        pg=pg_name,
+        pg_desc=desc,
+        seq=seq,
+        is_p2p=is_p2p,
+        op=op or profiling_name,
+        backend=backend,
+        input_sizes=_freeze(raw.get("input_sizes", [])),
+        input_dtypes=_freeze(raw.get("input_dtypes", [])),
+        output_sizes=_freeze(raw.get("output_sizes", [])),
+        state=str(raw.get("state", "")),
+        completed=False,
+        time_created_ns=_int(raw.get("time_created_ns"), None),
+        duration_ms=float(duration) if isinstance(duration, (int, float)) else None,
+        frames=tuple(_frames(raw.get("frames"))),
+    )
+
+
+def _with_completion(entry: FREntry, last_completed: dict[str, int]) -> FREntry:
+    # gloo never sets state=completed; its pg_status still counts completed collectives.
+    done = entry.state == "completed" or (not entry.is_p2p and 0 <= entry.seq <= last_completed.get(entry.pg, -1))
+    return entry if done == entry.completed else replace(entry, completed=done)
+
+
+def _frames(raw: Any) -> list[tuple[str, str, int]]:
+    frames = []
+    for frame in raw if isinstance(raw, (list, tuple)) else ():
+        if isinstance(frame, dict):
+            frames.append((str(frame.get("name", "")), str(frame.get("filename", "")), _int(frame.get("line"), 0)))
+    return frames
+
+
+def _freeze(value: Any) -> tuple:
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) if isinstance(v, (list, tuple)) else v for v in value)
+    return ()
+
+
+def _rank_list(value: Any) -> list[int]:
+    if isinstance(value, str):  # "[0, 1]" in both pickle and JSON dumps
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    return (
+        [int(r) for r in value if isinstance(r, (int, str)) and str(r).lstrip("-").isdigit()]
+        if isinstance(value, (list, tuple))
+        else []
+    )
+
+
+def _int(value: Any, default):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def sizes_text(sizes: tuple) -> str:
+    return ",".join("x".join(map(str, s)) if isinstance(s, tuple) else str(s) for s in sizes) or "-"

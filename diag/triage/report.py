@@ -1,0 +1,69 @@
+"""Text rendering of a triage verdict (computing stays in analysis.py)."""
+
+from __future__ import annotations
+
+from diag.triage.analysis import RankReport, Verdict
+
+HEADLINES = {
+    "missing_ranks": "HANG: ranks {ranks} never reached a collective the others are waiting in",
+    "desync": "DESYNC: ranks {ranks} issued a different collective than the others at the same sequence number",
+    "dead_rank": "DEAD RANK: the process of rank(s) {ranks} is gone",
+    "slow": "SLOW, NOT HUNG: every rank is progressing; slowest: rank {ranks}",
+    "no_problem": "NO PROBLEM FOUND: no pending, mismatched or abandoned collective, no dead rank",
+}
+MAX_RANKS_LISTED = 32
+STACK_FRAMES_SHOWN = 8
+
+
+def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
+    ranks_text = ", ".join(map(str, verdict.culprit_ranks)) or "-"
+    lines = [HEADLINES[verdict.verdict].format(ranks=ranks_text)]
+    if verdict.collective:
+        c = verdict.collective
+        lines.append(
+            f"collective: {c['op']} seq {c['seq']} in process group {c['pg']} ({c['sizes']}, {c.get('dtype')})"
+        )
+    lines.append("")
+    lines.append("evidence:")
+    lines += [f"  {line}" for line in verdict.evidence]
+    shown = _ranks_to_show(verdict, all_ranks)
+    if shown:
+        lines.append("")
+        lines.append("ranks:")
+        for rank in shown:
+            lines += _rank_lines(rank, verdict.ranks[rank], rank in verdict.culprit_ranks)
+        hidden = len(verdict.ranks) - len(shown)
+        if hidden > 0:
+            lines.append(f"  ... {hidden} more ranks (--all-ranks to list them, --format json for everything)")
+    if verdict.skipped:
+        lines.append("")
+        lines.append("skipped (not analysed):")
+        lines += [f"  {s}" for s in verdict.skipped]
+    return "\n".join(lines)
+
+
+def _ranks_to_show(verdict: Verdict, all_ranks: bool) -> list[int]:
+    if all_ranks:
+        return sorted(verdict.ranks)
+    culprits = sorted(verdict.culprit_ranks)
+    others = sorted(r for r in verdict.ranks if r not in set(culprits))
+    by_state: dict[str, int] = {}
+    for rank in others:  # one example of every other state
+        by_state.setdefault(verdict.ranks[rank].state, rank)
+    return (culprits + sorted(by_state.values()))[:MAX_RANKS_LISTED]
+
+
+def _rank_lines(rank: int, report: RankReport, culprit: bool) -> list[str]:
+    mark = "*" if culprit else " "
+    head = f" {mark}rank {rank}: {report.state}"
+    if report.last_step is not None:
+        head += f", last completed step {report.last_step}"
+    if report.last_phase:
+        head += f", phase {report.last_phase}"
+    lines = [head]
+    if report.detail:
+        lines.append(f"      {report.detail}")
+    if culprit and report.stack:
+        lines.append("      stack (innermost last):")
+        lines += [f"        {frame}" for frame in report.stack[-STACK_FRAMES_SHOWN:]]
+    return lines

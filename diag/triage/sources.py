@@ -1,0 +1,352 @@
+"""Turn either input of ``diag triage`` into the same two things: one table of collectives (one row per rank
+and (pg, seq), with whether it completed) and what is known of each rank (heartbeat, exit, step, stack).
+
+A diag trace directory gives collectives.csv (a row with no duration never completed), the pending
+collectives and stacks of the watchdog's hang dumps, heartbeats and manifests; a Flight Recorder dump in a
+rank directory fills in what diag's own records lack. A directory of Flight Recorder dumps gives only the
+dumps. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from diag.trace.loader import Skipped, TraceError, find_rank_dirs, load
+from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
+
+OPS_COLUMNS = [
+    "rank",
+    "pg",
+    "seq",
+    "op",
+    "bytes",
+    "dtype",
+    "sizes",
+    "completed",
+    "start_us",
+    "step",
+    "call_site",
+    "source",
+]
+HANG_DUMP_RE = re.compile(r"^hang_dump_(\d+)\.json$")
+FR_FILE_IN_RANK_DIR = "fr_dump.pkl"
+FATAL_STACKS_FILE = "fatal_stacks.txt"
+# element sizes of Flight Recorder dtype names, to compare its entries with diag's byte counts
+FR_DTYPES = {
+    "Float": ("float32", 4),
+    "Double": ("float64", 8),
+    "Half": ("float16", 2),
+    "BFloat16": ("bfloat16", 2),
+    "Long": ("int64", 8),
+    "Int": ("int32", 4),
+    "Short": ("int16", 2),
+    "Char": ("int8", 1),
+    "Byte": ("uint8", 1),
+    "Bool": ("bool", 1),
+    "Float8_e4m3fn": ("float8_e4m3fn", 1),
+    "Float8_e5m2": ("float8_e5m2", 1),
+}
+
+
+@dataclass
+class RankInfo:
+    """What is known of one rank besides its collectives."""
+
+    rank: int
+    heartbeat: dict | None = None  # heartbeat.json as last written
+    finished: bool = False  # diag.finish ran
+    host: str | None = None
+    pid: int | None = None
+    stall_dump: dict | None = None  # the watchdog's latest dump written because of a stall or a signal
+    last_dump: dict | None = None  # the latest dump of any kind
+    dumps: int = 0
+    fatal_stacks: str | None = None  # faulthandler's output on a fatal signal
+    fr_last: dict | None = None  # last Flight Recorder entry of the rank, for FR-only input
+    has_data: bool = True
+
+
+@dataclass
+class TriageInput:
+    path: Path
+    kind: str  # "diag" or "flight_recorder"
+    world_size: int
+    ops: pd.DataFrame  # OPS_COLUMNS
+    ranks: dict[int, RankInfo]
+    pg_ranks: dict[str, list[int]]  # process group -> member ranks (global)
+    skipped: list[Skipped] = field(default_factory=list)
+    steps: pd.DataFrame | None = None  # diag only: rank, step, duration_us, comm_wait_us
+    notes: list[str] = field(default_factory=list)
+
+
+def read_input(path: str | Path) -> TriageInput:
+    """Read a diag trace directory or a directory of Flight Recorder dumps. Raises TraceError when neither."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path} does not exist")
+    if path.is_dir() and find_rank_dirs(path):
+        return read_diag_trace(path)
+    return read_fr_dir(path)
+
+
+# -- diag trace directories -------------------------------------------------------------------------------------
+
+
+def read_diag_trace(path: Path) -> TriageInput:
+    trace = load(path)
+    rank_dirs = find_rank_dirs(path)
+    ranks = {rank: _rank_info(rank, rank_dir, trace) for rank, rank_dir in rank_dirs.items()}
+    skipped = list(trace.skipped)
+    ops = _diag_ops(trace.collectives)
+    ops = _add_pending_from_dumps(ops, ranks)
+    fr_ops = []
+    for rank, rank_dir in rank_dirs.items():
+        fr_path = rank_dir / FR_FILE_IN_RANK_DIR
+        if fr_path.exists():
+            try:
+                fr_ops.append(fr_ops_frame(load_dump(fr_path, rank)))
+            except DumpRejected as exc:
+                skipped.append(Skipped(str(fr_path), str(exc)))
+    ops = _merge_fr(ops, fr_ops)
+    world_size = trace.world_size or (max(ranks) + 1 if ranks else 0)
+    for rank in trace.ranks_missing:
+        ranks[rank] = RankInfo(rank, has_data=False)
+    steps = trace.steps[["rank", "step", "duration_us", "comm_wait_us", "data_wait_us"]] if len(trace.steps) else None
+    return TriageInput(
+        path, "diag", world_size, ops, ranks, _pg_ranks_from_manifests(trace, world_size), skipped, steps
+    )
+
+
+def _rank_info(rank: int, rank_dir: Path, trace) -> RankInfo:
+    info = RankInfo(rank)
+    manifest = trace.manifest(rank)
+    info.finished = bool(manifest.get("finished", False))
+    info.host, info.pid = manifest.get("host"), manifest.get("pid")
+    heartbeats = trace.heartbeats
+    if len(heartbeats) and "rank" in heartbeats:
+        rows = heartbeats[heartbeats["rank"] == rank]
+        if len(rows):
+            info.heartbeat = {k: v for k, v in rows.iloc[0].items() if not _missing(v)}
+    dumps = sorted((int(m.group(1)), p) for p in rank_dir.iterdir() if (m := HANG_DUMP_RE.match(p.name)))
+    info.dumps = len(dumps)
+    for _number, dump_path in reversed(dumps):
+        dump = _read_json(dump_path)
+        if dump is None:
+            continue
+        info.last_dump = info.last_dump or dump
+        if str(dump.get("reason", "")).startswith(("stall", "signal")) and _main_frames(dump):
+            info.stall_dump = dump
+            break
+    fatal = rank_dir / FATAL_STACKS_FILE
+    if fatal.exists() and fatal.stat().st_size:
+        info.fatal_stacks = fatal.read_text(errors="replace")[:20000]
+    return info
+
+
+def _diag_ops(collectives: pd.DataFrame) -> pd.DataFrame:
+    if collectives.empty:
+        return pd.DataFrame(columns=OPS_COLUMNS)
+    frame = collectives[collectives["peer"].isna() & (collectives["seq"] >= 0)]
+    return pd.DataFrame(
+        {
+            "rank": frame["rank"].astype("int64"),
+            "pg": frame["pg"].astype(str),
+            "seq": frame["seq"].astype("int64"),
+            "op": frame["op"].astype(str),
+            "bytes": frame["bytes"].astype("int64"),
+            "dtype": frame["dtype"].astype(str),
+            "sizes": frame["bytes"].astype(str) + " B",
+            "completed": frame["duration_us"].notna(),
+            "start_us": frame["start_us"].astype("float64"),
+            "step": frame["step"].astype("int64"),
+            "call_site": "",
+            "source": "diag",
+        }
+    )
+
+
+def _add_pending_from_dumps(ops: pd.DataFrame, ranks: dict[int, RankInfo]) -> pd.DataFrame:
+    """Collectives pending in the latest dump or heartbeat: a rank stuck in one never writes its row."""
+    rows = []
+    for rank, info in ranks.items():
+        pending = []
+        for source in (info.stall_dump, info.last_dump, info.heartbeat):
+            if source and source.get("pending"):
+                pending = source["pending"]
+                break
+        for p in pending:
+            if p.get("peer") is None and int(p.get("seq", -1)) >= 0:
+                rows.append(
+                    {
+                        "rank": rank,
+                        "pg": str(p.get("pg")),
+                        "seq": int(p["seq"]),
+                        "op": str(p.get("op")),
+                        "bytes": int(p.get("bytes") or 0),
+                        "dtype": str(p.get("dtype") or ""),
+                        "sizes": f"{int(p.get('bytes') or 0)} B",
+                        "completed": False,
+                        "start_us": float(p.get("start_us") or 0),
+                        "step": int(p.get("step", -1) if p.get("step") is not None else -1),
+                        "call_site": "",
+                        "source": "diag-dump",
+                    }
+                )
+    if not rows:
+        return ops
+    combined = pd.concat([ops, pd.DataFrame(rows, columns=OPS_COLUMNS)], ignore_index=True)
+    # a row written at completion wins over the same op seen pending earlier
+    combined = combined.sort_values("completed", ascending=False, kind="stable")
+    return combined.drop_duplicates(["rank", "pg", "seq"]).reset_index(drop=True)
+
+
+def _merge_fr(ops: pd.DataFrame, fr_frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Add Flight Recorder entries diag has no row for (diag's own collectives excluded, ops that raised),
+    and take call sites from Flight Recorder where diag has none."""
+    fr_frames = [f for f in fr_frames if len(f)]
+    if not fr_frames:
+        return ops
+    fr = pd.concat(fr_frames, ignore_index=True)
+    if ops.empty:
+        return fr
+    last_seen = ops.groupby(["rank", "pg"])["seq"].max().rename("diag_last_seq").reset_index()
+    fr = fr.merge(last_seen, on=["rank", "pg"], how="left")
+    beyond = fr[fr["diag_last_seq"].isna() | (fr["seq"] > fr["diag_last_seq"])].drop(columns="diag_last_seq")
+    sites = fr.set_index(["rank", "pg", "seq"])["call_site"]
+    keys = pd.MultiIndex.from_frame(ops[["rank", "pg", "seq"]])
+    ops = ops.copy()
+    ops["call_site"] = sites.reindex(keys).fillna("").to_numpy()
+    # FR entries newer than diag's records: only ones not yet completed matter (what a rank is stuck in)
+    return pd.concat([ops, beyond[~beyond["completed"]]], ignore_index=True)
+
+
+def _pg_ranks_from_manifests(trace, world_size: int) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    if "process_groups" in trace.manifests:
+        for value in trace.manifests["process_groups"].dropna():
+            if isinstance(value, dict):
+                for name, spec in value.items():
+                    if isinstance(spec, dict) and isinstance(spec.get("ranks"), list):
+                        groups.setdefault(str(name), [int(r) for r in spec["ranks"]])
+    groups.setdefault("0", list(range(world_size)))
+    return groups
+
+
+# -- Flight Recorder dump directories ----------------------------------------------------------------------------
+
+
+def read_fr_dir(path: Path) -> TriageInput:
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    skipped, dumps = [], {}
+    for file in files:
+        try:
+            dump = load_dump(file)
+        except DumpRejected as exc:
+            skipped.append(Skipped(str(file), str(exc)))
+            continue
+        if dump.rank in dumps:
+            skipped.append(Skipped(str(file), f"a second dump for rank {dump.rank} (kept {dumps[dump.rank].path})"))
+            continue
+        dumps[dump.rank] = dump
+    if not dumps:
+        reasons = "; ".join(str(s) for s in skipped[:5]) or "the directory is empty"
+        raise TraceError(
+            f"{path} holds neither a diag trace (rank00000/, ...) nor readable Flight Recorder dumps "
+            f"(<prefix><rank>, pickle or JSON): {reasons}"
+        )
+    dumps = dict(sorted(dumps.items()))  # analysis never depends on the order files were listed in
+    pg_ranks: dict[str, list[int]] = {}
+    for dump in dumps.values():
+        for name, members in dump.pg_ranks.items():
+            if members:
+                pg_ranks.setdefault(name, members)
+    world_size = max([max(dumps) + 1, *(max(m) + 1 for m in pg_ranks.values() if m)])
+    pg_ranks.setdefault("0", list(range(world_size)))
+    ranks = {r: RankInfo(r, fr_last=_last_entry(d)) for r, d in dumps.items()}
+    for rank in range(world_size):
+        ranks.setdefault(rank, RankInfo(rank, has_data=False))
+    frames = [fr_ops_frame(d) for d in dumps.values()]
+    ops = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=OPS_COLUMNS)
+    notes = []
+    if any(e.backend == "gloo" for d in dumps.values() for e in d.entries[:1]):
+        notes.append("gloo dumps: completion taken from pg_status.last_completed_collective (gloo records no state)")
+    return TriageInput(path, "flight_recorder", world_size, ops, ranks, pg_ranks, skipped, None, notes)
+
+
+def fr_ops_frame(dump: FRDump) -> pd.DataFrame:
+    rows = []
+    for e in dump.entries:
+        if e.is_p2p or e.seq < 0:
+            continue
+        dtype, element_bytes = (
+            FR_DTYPES.get(e.input_dtypes[0], (str(e.input_dtypes[0]), 0)) if e.input_dtypes else ("", 0)
+        )
+        rows.append(
+            (
+                dump.rank,
+                e.pg,
+                e.seq,
+                e.op,
+                _numel(e.input_sizes) * element_bytes,
+                dtype,
+                sizes_text(e.input_sizes),
+                e.completed,
+                e.time_created_ns / 1000 if e.time_created_ns else float("nan"),
+                -1,
+                e.call_site,
+                "flight_recorder",
+            )
+        )
+    frame = pd.DataFrame(rows, columns=OPS_COLUMNS)
+    # a ring buffer may hold one seq twice after a wrap: keep the newest
+    return frame.drop_duplicates(["rank", "pg", "seq"], keep="last")
+
+
+def _last_entry(dump: FRDump) -> dict | None:
+    if not dump.entries:
+        return None
+    last = dump.entries[-1]
+    return {"pg": last.pg, "seq": last.seq, "op": last.op, "completed": last.completed, "call_site": last.call_site}
+
+
+def _numel(sizes: tuple) -> int:
+    total = 0
+    for shape in sizes:
+        count = 1
+        for dim in shape if isinstance(shape, tuple) else (shape,):
+            count *= int(dim) if isinstance(dim, int) else 0
+        total += count
+    return total
+
+
+# -- small helpers ---------------------------------------------------------------------------------------------
+
+
+def _main_frames(dump: dict) -> list[dict]:
+    for thread in dump.get("threads") or []:
+        if thread.get("main"):
+            return thread.get("frames") or []
+    return []
+
+
+def main_frames(dump: dict | None) -> list[dict]:
+    return _main_frames(dump) if dump else []
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+        return value if isinstance(value, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _missing(value) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False

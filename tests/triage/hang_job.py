@@ -1,0 +1,84 @@
+"""A small data-parallel CPU job over gloo that goes wrong in one chosen way, for ``diag triage`` tests.
+
+Run one process per rank (``run_job`` in conftest.py does): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set,
+``python hang_job.py SCENARIO TRACE_DIR``. Scenarios:
+  healthy   every rank trains STEPS steps and finishes
+  skip      rank 1 skips the gradient all_reduces of step 3, trains on, and finishes one step "early":
+            the others wait in their last all_reduce for a rank that never comes
+  loader    rank 1's data loader blocks forever before step 3
+  desync    at step 3 rank 1 calls all_gather where the others call all_reduce
+  kill      rank 1 sleeps in step 3 (the test SIGKILLs it there)
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+import diag
+
+STEPS = 6
+BAD_STEP = 3
+BAD_RANK = 1
+PG_TIMEOUT_S = float(os.environ.get("HANG_JOB_PG_TIMEOUT_S", "8"))
+HANG_THRESHOLD_S = float(os.environ.get("HANG_JOB_THRESHOLD_S", "2"))
+
+
+class Batches:
+    """Random batches; on the bad rank in the loader scenario, blocks forever like a stuck worker."""
+
+    def __init__(self, rank: int, scenario: str):
+        self.rank, self.scenario = rank, scenario
+
+    def __iter__(self):
+        for step in range(STEPS):
+            if self.scenario == "loader" and self.rank == BAD_RANK and step == BAD_STEP:
+                threading.Event().wait()  # a data loader worker that never answers
+            yield torch.randn(8, 64)
+
+
+def sync_gradients(model, rank: int, step: int, scenario: str) -> None:
+    if scenario == "skip" and rank == BAD_RANK and step == BAD_STEP:
+        return  # the bug: this rank skips its gradient sync in one step
+    for param in model.parameters():
+        if scenario == "desync" and rank == BAD_RANK and step == BAD_STEP and param.dim() == 2:
+            gathered = [torch.empty_like(param.grad) for _ in range(dist.get_world_size())]
+            dist.all_gather(gathered, param.grad)  # the bug: the wrong collective
+            continue
+        dist.all_reduce(param.grad)
+    if scenario == "kill" and rank == BAD_RANK and step == BAD_STEP:
+        print(f"rank {rank} ready to be killed", flush=True)
+        time.sleep(3600)
+
+
+def main() -> None:
+    scenario, trace_dir = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    rank = dist.get_rank()
+    diag.init(trace_dir, telemetry=False, hang_threshold_s=HANG_THRESHOLD_S, heartbeat_interval_s=0.5)
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    diag.instrument(model, optimizer)
+    steps = STEPS - 1 if scenario == "skip" and rank == BAD_RANK else STEPS
+    for step, batch in enumerate(diag.wrap_loader(Batches(rank, scenario))):
+        if step >= steps:
+            break
+        with diag.step():
+            model(batch).pow(2).mean().backward()
+            with diag.phase("grad_sync"):
+                sync_gradients(model, rank, step, scenario)
+            optimizer.step()
+            optimizer.zero_grad()
+    diag.finish()
+    dist.destroy_process_group()
+    print(f"rank {rank} finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()
