@@ -14,6 +14,20 @@ import time
 from diag._warn import warn_once
 
 
+def _guarded(method):
+    """A hook must never raise into the user's forward, backward or optimizer step."""
+
+    def guarded(self, *args):
+        try:
+            return method(self, *args)
+        except Exception as exc:
+            warn_once(f"hook-{method.__name__}", f"{method.__name__} failed ({exc!r}); its timing is missing")
+            return None
+
+    guarded.__name__ = method.__name__
+    return guarded
+
+
 def _output_tensors(output):
     import torch
     from torch.utils._pytree import tree_leaves
@@ -32,44 +46,38 @@ class ModelHooks:
             module.register_forward_hook(self._after_forward),
         ]
 
+    @_guarded
     def _before_forward(self, _module, _inputs):
         if self._forward_start_ns is None:
             self._forward_start_ns = time.perf_counter_ns()
             self.session.set_phase("forward")
 
+    @_guarded
     def _after_forward(self, _module, _inputs, output):
-        try:
-            if self._forward_start_ns is not None:
-                self.session.add_phase_time("forward", (time.perf_counter_ns() - self._forward_start_ns) / 1000)
-                self._forward_start_ns = None
-                self.session.set_phase(None)
-            tensors = _output_tensors(output)
-            if tensors:
-                tensors[0].register_hook(self._on_output_grad)
-        except Exception as exc:
-            warn_once("forward-hook", f"forward timing failed ({exc!r}); forward/backward times may be missing")
-        return None
+        end_ns = time.perf_counter_ns()
+        tensors = _output_tensors(output)
+        if tensors:
+            tensors[0].register_hook(self._on_output_grad)
+        if self._forward_start_ns is not None:
+            start_ns, self._forward_start_ns = self._forward_start_ns, None
+            self.session.set_phase(None)
+            self.session.add_phase_time("forward", (end_ns - start_ns) / 1000)
 
-    def _on_output_grad(self, grad):
-        try:
-            import torch
+    @_guarded
+    def _on_output_grad(self, _grad):
+        import torch
 
-            self._backward_start_ns = time.perf_counter_ns()
-            self.session.set_phase("backward")
-            engine = torch.autograd.Variable._execution_engine
-            engine.queue_callback(lambda: engine.queue_callback(self._after_backward))
-        except Exception as exc:
-            warn_once("backward-hook", f"backward timing failed ({exc!r})")
-        return None
+        self._backward_start_ns = time.perf_counter_ns()
+        self.session.set_phase("backward")
+        engine = torch.autograd.Variable._execution_engine
+        engine.queue_callback(lambda: engine.queue_callback(self._after_backward))
 
+    @_guarded
     def _after_backward(self):
-        try:
-            if self._backward_start_ns is not None:
-                self.session.add_phase_time("backward", (time.perf_counter_ns() - self._backward_start_ns) / 1000)
-                self._backward_start_ns = None
-                self.session.set_phase(None)
-        except Exception as exc:
-            warn_once("backward-hook", f"backward timing failed ({exc!r})")
+        if self._backward_start_ns is not None:
+            self.session.add_phase_time("backward", (time.perf_counter_ns() - self._backward_start_ns) / 1000)
+            self._backward_start_ns = None
+            self.session.set_phase(None)
 
     def remove(self):
         for handle in self.handles:
@@ -85,10 +93,12 @@ class OptimizerHooks:
             optimizer.register_step_post_hook(self._after_step),
         ]
 
+    @_guarded
     def _before_step(self, _optimizer, _args, _kwargs):
         self._start_ns = time.perf_counter_ns()
         self.session.set_phase("optimizer")
 
+    @_guarded
     def _after_step(self, _optimizer, _args, _kwargs):
         if self._start_ns is not None:
             self.session.add_phase_time("optimizer", (time.perf_counter_ns() - self._start_ns) / 1000)

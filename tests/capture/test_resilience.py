@@ -1,0 +1,154 @@
+"""Capture never hurts the job: every failure is one warning, the loop goes on, and its results are unchanged."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+
+import diag
+from diag._warn import DiagWarning
+from diag.capture import api
+from tests.conftest import JOBS
+
+
+def train(steps: int = 4) -> list[float]:
+    """A tiny instrumented training loop; returns its losses (deterministic)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    diag.instrument(model, optimizer)
+    data = [(torch.randn(4, 8), torch.randn(4, 1)) for _ in range(steps)]
+    losses = []
+    for x, y in diag.wrap_loader(data):
+        with diag.step():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+    return losses
+
+
+def reference_losses() -> list[float]:
+    assert not diag.session().enabled
+    return train()
+
+
+def diag_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, DiagWarning)]
+
+
+def test_unwritable_trace_dir_warns_once_and_training_is_unchanged(tmp_path):
+    expected = reference_losses()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        diag.init(blocker / "traces", telemetry=False)
+        losses = train()
+        diag.finish()
+    assert losses == expected
+    messages = diag_warnings(caught)
+    assert len(messages) == 1 and "cannot write traces" in messages[0]
+
+
+def test_full_disk_warns_once_and_training_is_unchanged(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    expected = reference_losses()
+    rank_dir = tmp_path / "rank00000"
+    rank_dir.mkdir()
+    (rank_dir / "steps.csv").symlink_to("/dev/full")  # every write there fails with ENOSPC
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        session = diag.init(tmp_path, telemetry=False, flush_interval_s=0.05)
+        losses = train()
+        time.sleep(0.2)
+        diag.finish()
+    assert losses == expected
+    messages = diag_warnings(caught)
+    assert len(messages) == 1 and "No space left" in messages[0]
+    assert not session.writer.enabled
+
+
+def test_writer_thread_failure_warns_once_and_training_is_unchanged(tmp_path, monkeypatch):
+    expected = reference_losses()
+
+    def broken_format(rows):
+        raise RuntimeError("formatter bug")
+
+    monkeypatch.setattr("diag.trace.writer.format_rows", broken_format)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        session = diag.init(tmp_path, telemetry=False, flush_interval_s=0.05)
+        losses = train()
+        time.sleep(0.3)  # let the writer thread hit the bug
+        diag.finish()
+    assert losses == expected
+    messages = diag_warnings(caught)
+    assert len(messages) == 1 and "formatter bug" in messages[0]
+    assert not session.writer.enabled
+
+
+def test_exception_inside_hooks_warns_and_training_is_unchanged(tmp_path, monkeypatch):
+    expected = reference_losses()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        session = diag.init(tmp_path, telemetry=False)
+
+        def broken(*args):
+            raise ValueError("hook bug")
+
+        monkeypatch.setattr(session, "add_phase_time", broken)
+        losses = train()
+        diag.finish()
+    assert losses == expected
+    messages = diag_warnings(caught)
+    # one warning per failing hook, not one per call: forward, backward and optimizer
+    assert len(messages) == 3 and all("hook bug" in m for m in messages)
+    assert len(diag.load(tmp_path).steps) == 4  # steps are still recorded
+
+
+def test_user_exceptions_propagate_and_are_recorded(tmp_path):
+    diag.init(tmp_path, telemetry=False)
+    with pytest.raises(ZeroDivisionError), diag.step():
+        1 / 0  # noqa: B018
+    diag.finish()
+    trace = diag.load(tmp_path)
+    assert trace.events["kind"].tolist() == ["step_error"] and "ZeroDivisionError" in trace.events["error"][0]
+    assert trace.steps["step"].tolist() == [0]
+
+
+def test_sigkill_loses_at_most_about_a_second(tmp_path):
+    flush_interval_s = 0.5
+    proc = subprocess.Popen(
+        [sys.executable, str(JOBS / "kill_job.py"), str(tmp_path), str(flush_interval_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    printed = []
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        printed.append(line.split())
+        if int(printed[-1][0]) >= 60:
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    killed_at = time.time()
+    proc.wait()
+    trace = diag.load(tmp_path)
+    last_recorded = int(trace.steps["step"].max())
+    last_printed = int(printed[-1][0])
+    assert trace.steps["step"].tolist() == list(range(last_recorded + 1))  # nothing torn or out of order
+    lost_s = killed_at - float(printed[last_recorded][1])
+    assert last_recorded <= last_printed and lost_s <= 1.0 + 0.2
+
+
+def test_api_before_init_does_nothing():
+    assert api.current() is api._DISABLED
+    assert reference_losses()  # step, phase, instrument and wrap_loader work without a session
