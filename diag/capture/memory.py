@@ -24,29 +24,13 @@ class MemorySampler:
         self.cuda_device = device if getattr(device, "type", None) == "cuda" else None
 
     def sample(self, step: int) -> tuple:
-        allocated = allocated_peak = reserved = reserved_peak = retries = ooms = None
+        stats = {}
         if self.cuda_device is not None:
             import torch
 
             stats = torch.cuda.memory_stats(self.cuda_device)
-            allocated = stats.get("allocated_bytes.all.current")
-            allocated_peak = stats.get("allocated_bytes.all.peak")
-            reserved = stats.get("reserved_bytes.all.current")
-            reserved_peak = stats.get("reserved_bytes.all.peak")
-            retries = stats.get("num_alloc_retries")
-            ooms = stats.get("num_ooms")
             torch.cuda.reset_peak_memory_stats(self.cuda_device)
-        return (
-            step,
-            time.time_ns() // 1000,
-            allocated,
-            allocated_peak,
-            reserved,
-            reserved_peak,
-            retries,
-            ooms,
-            rss_bytes(),
-        )
+        return memory_row(step, time.time_ns() // 1000, stats, rss_bytes())
 
     def summary(self) -> str | None:
         """The allocator's full memory_summary(), written when a step runs out of memory."""
@@ -55,6 +39,21 @@ class MemorySampler:
         import torch
 
         return torch.cuda.memory_summary(self.cuda_device)
+
+
+def memory_row(step: int, time_us: int, stats: dict, rss: int) -> tuple:
+    """A ``memory`` row from ``torch.cuda.memory_stats()`` (empty on CPU) and the process RSS."""
+    return (
+        step,
+        time_us,
+        stats.get("allocated_bytes.all.current"),
+        stats.get("allocated_bytes.all.peak"),
+        stats.get("reserved_bytes.all.current"),
+        stats.get("reserved_bytes.all.peak"),
+        stats.get("num_alloc_retries"),
+        stats.get("num_ooms"),
+        rss,
+    )
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

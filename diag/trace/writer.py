@@ -26,7 +26,7 @@ def _format_value(value: Any) -> str:
     if value is None:
         return ""
     if type(value) is float:
-        return "" if value != value else repr(round(value, 1))
+        return "" if value != value else repr(round(value, 3))
     return str(value)
 
 

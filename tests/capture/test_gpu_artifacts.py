@@ -1,0 +1,155 @@
+"""Decoding of real GPU artifacts recorded on an H100 (../shared/fixtures/gpu-h100): NVML readings, CUDA
+allocator statistics and a real CUDA OOM. NVML cannot exist on a machine without an NVIDIA GPU, so the
+sampler thread is driven by a stand-in that replays the recorded readings; the real path runs in
+tests/capture/test_gpu.py where a GPU is present."""
+
+import json
+import time
+import types
+import warnings
+
+import pytest
+import torch
+
+import diag
+from diag._warn import DiagWarning
+from diag.capture.memory import is_out_of_memory, memory_row
+from diag.capture.nvml import TelemetrySampler, decode_sample
+from diag.trace.writer import RankWriter
+
+
+def read_nvml_fixture(gpu_fixtures):
+    lines = [json.loads(line) for line in (gpu_fixtures / "nvml_samples_h100.jsonl").read_text().splitlines()]
+    return lines[0]["static"], lines[1:]
+
+
+def test_nvml_readings_decode_to_schema_units(tmp_path, gpu_fixtures):
+    static, samples = read_nvml_fixture(gpu_fixtures)
+    writer = RankWriter(tmp_path / "rank00000")
+    for sample in samples:
+        writer.append("telemetry", decode_sample(sample, gpu_index=0))
+    writer.close()
+    telemetry = diag.load(tmp_path).telemetry
+    assert len(telemetry) == len(samples)
+    first = samples[0]
+    row = telemetry.iloc[0]
+    assert row["time_us"] == first["t_ns"] // 1000
+    assert row["power_w"] == pytest.approx(first["power_mw"] / 1000)
+    assert row["power_limit_w"] == pytest.approx(700.0)  # H100 SXM's 700 W limit
+    assert row["sm_clock_max_mhz"] == first["sm_clock_max_mhz"] and row["mem_total_bytes"] == first["mem_total"]
+    assert telemetry["util_pct"].max() == max(s["util_gpu"] for s in samples)
+    assert telemetry["throttle_reasons"].tolist() == [s["clock_event_reasons"] for s in samples]
+
+
+class ReplayNvml:
+    """Stands in for pynvml: answers each query from the recorded H100 readings, in order."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_TEMPERATURE_GPU = NVML_CLOCK_SM = NVML_PCIE_UTIL_TX_BYTES = 0
+    NVML_PCIE_UTIL_RX_BYTES = NVML_MEMORY_ERROR_TYPE_CORRECTED = NVML_VOLATILE_ECC = 0
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+
+    def __init__(self, samples, fail_after: int | None = None):
+        self.samples = samples
+        self.index = 0
+        self.fail_after = fail_after
+
+    def _current(self, key):
+        if self.fail_after is not None and self.index >= self.fail_after:
+            raise RuntimeError("GPU has fallen off the bus")
+        return self.samples[self.index % len(self.samples)][key]
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return types.SimpleNamespace(gpu=self._current("util_gpu"), memory=self._current("util_mem"))
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return types.SimpleNamespace(used=self._current("mem_used"), total=self._current("mem_total"))
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return self._current("power_mw")
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle):
+        return self._current("power_limit_mw")
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return self._current("temp_c")
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return self._current("sm_clock_mhz")
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock):
+        return self._current("sm_clock_max_mhz")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self._current("clock_event_reasons")
+
+    def nvmlDeviceGetPcieThroughput(self, handle, counter):
+        return self._current("pcie_tx_kbs" if counter == 0 else "pcie_rx_kbs")
+
+    def nvmlDeviceGetTotalEccErrors(self, handle, kind, counter):
+        value = self._current("ecc_corrected_volatile" if kind == 0 else "ecc_uncorrected_volatile")
+        if kind == self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+            self.index += 1  # the last query of a reading: move on to the next recorded sample
+        return value
+
+    def nvmlEventSetCreate(self):
+        raise self.NVMLError("not supported")
+
+
+def test_sampler_thread_writes_recorded_readings(tmp_path, gpu_fixtures):
+    _, samples = read_nvml_fixture(gpu_fixtures)
+    writer = RankWriter(tmp_path / "rank00000", flush_interval_s=0.05)
+    writer.start()
+    sampler = TelemetrySampler(writer, ReplayNvml(samples), handle=None, gpu_index=3, interval_s=0.01)
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    writer.close()
+    telemetry = diag.load(tmp_path).telemetry
+    assert len(telemetry) >= 5 and (telemetry["gpu"] == 3).all()
+    assert telemetry["power_w"].tolist()[:5] == pytest.approx([s["power_mw"] / 1000 for s in samples[:5]])
+
+
+def test_sampler_stops_with_one_warning_when_nvml_fails(tmp_path, gpu_fixtures):
+    _, samples = read_nvml_fixture(gpu_fixtures)
+    writer = RankWriter(tmp_path / "rank00000", flush_interval_s=0.05)
+    sampler = TelemetrySampler(writer, ReplayNvml(samples, fail_after=3), handle=None, gpu_index=0, interval_s=0.005)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sampler.start()
+        sampler._thread.join(timeout=5)
+    assert not sampler._thread.is_alive()
+    messages = [str(w.message) for w in caught if issubclass(w.category, DiagWarning)]
+    assert len(messages) == 1 and "fallen off the bus" in messages[0]
+    writer.close()
+    assert len(diag.load(tmp_path).telemetry) == 3
+
+
+def test_cuda_memory_stats_decode_per_step(tmp_path, gpu_fixtures):
+    run = json.loads((gpu_fixtures / "cuda_run_h100.json").read_text())
+    records = run["memory_steps"]
+    writer = RankWriter(tmp_path / "rank00000")
+    for record in records:
+        writer.append("memory", memory_row(record["step"], 0, record, rss=2**30))
+    writer.close()
+    memory = diag.load(tmp_path).memory
+    assert memory["step"].tolist() == [r["step"] for r in records]
+    assert memory["allocated_peak_bytes"].tolist() == [r["allocated_bytes.all.peak"] for r in records]
+    assert (memory["reserved_bytes"] >= memory["allocated_bytes"]).all()
+    assert memory["ooms"].max() == 0
+
+
+def test_real_cuda_oom_is_recognised_and_recorded(tmp_path, gpu_fixtures):
+    oom = json.loads((gpu_fixtures / "cuda_oom_h100.json").read_text())
+    error = torch.cuda.OutOfMemoryError(oom["message"])
+    assert is_out_of_memory(error)
+    assert is_out_of_memory(RuntimeError(oom["message"]))  # older torch raised a plain RuntimeError
+    assert not is_out_of_memory(ValueError("shape mismatch"))
+    diag.init(tmp_path, telemetry=False)
+    with pytest.raises(torch.cuda.OutOfMemoryError), diag.step():
+        raise error
+    diag.finish()
+    events = diag.load(tmp_path).events
+    assert events["kind"].tolist() == ["oom"] and "Tried to allocate 4.00 GiB" in events["message"][0]
