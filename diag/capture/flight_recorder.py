@@ -22,8 +22,9 @@ def own_dump() -> dict | None:
     """This process's Flight Recorder entries. It is our own memory, not a file, so plain unpickling is safe."""
     import torch
 
-    dump_function = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
-    if dump_function is None:
+    c10d = torch._C._distributed_c10d
+    dump_function = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    if dump_function is None:  # torch older than Flight Recorder
         return None
     return pickle.loads(dump_function())
 
