@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from diag.trace.schema import (
@@ -28,6 +32,7 @@ from diag.trace.schema import (
 )
 
 RANK_DIR_RE = re.compile(r"^rank(\d+)$")
+READ_THREADS = min(4, os.cpu_count() or 1)  # parsing ranks in parallel; pyarrow releases the GIL
 
 _ARROW_TYPES = {
     "int64": pa.int64(),
@@ -98,14 +103,31 @@ class TableChunk:
     skipped: list[Skipped]
 
 
+@dataclass
+class ArrowChunk:
+    """The rows of one file as an Arrow table (None when there are none), before conversion to pandas."""
+
+    table: pa.Table | None
+    next_offset: int
+    skipped: list[Skipped]
+
+
 def read_table_file(path: Path, table: Table, offset: int = 0) -> TableChunk:
     """Parse the complete rows of ``path`` from byte ``offset`` on (0: the whole file, header checked)."""
+    chunk = read_table_arrow(path, table, offset)
+    frame = to_frame([chunk.table] if chunk.table is not None else [], table)[table.column_names]
+    return TableChunk(frame, chunk.next_offset, chunk.skipped)
+
+
+def read_table_arrow(path: Path, table: Table, offset: int = 0) -> ArrowChunk:
+    """Like ``read_table_file`` but leaves the rows in Arrow: converting thousands of small files to pandas one
+    by one costs more than parsing them, so ``TraceReader`` converts each table once, after concatenating."""
     try:
         with open(path, "rb") as handle:
             handle.seek(offset)
             data = handle.read()
     except OSError as exc:
-        return TableChunk(empty_table(table)[table.column_names], offset, [Skipped(str(path), f"unreadable: {exc}")])
+        return ArrowChunk(None, offset, [Skipped(str(path), f"unreadable: {exc}")])
     end = data.rfind(b"\n") + 1  # a last line without newline is still being written
     data = data[:end]
     skipped: list[Skipped] = []
@@ -114,32 +136,36 @@ def read_table_file(path: Path, table: Table, offset: int = 0) -> TableChunk:
         header, _, body = rest.partition(b"\n")
         parsed = parse_marker(marker.decode("utf-8", "replace"))
         if parsed is None:
-            return _rejected(path, table, end, "not a diag trace file (no marker line)")
+            return _rejected(path, end, "not a diag trace file (no marker line)")
         version, name = parsed
         if version != SCHEMA_VERSION:
-            return _rejected(path, table, end, f"schema version {version}, this diag reads {SCHEMA_VERSION}")
+            return _rejected(path, end, f"schema version {version}, this diag reads {SCHEMA_VERSION}")
         if name != table.name or header.decode("utf-8", "replace").split(",") != table.column_names:
-            return _rejected(path, table, end, f"header does not match table {table.name!r}")
+            return _rejected(path, end, f"header does not match table {table.name!r}")
         data = body
-    frame, bad = _parse_rows(data, table)
+    arrow, bad = _parse_rows(data, table)
     if bad:
         skipped.append(Skipped(str(path), "corrupt rows skipped", bad))
-    return TableChunk(frame, offset + end, skipped)
+    return ArrowChunk(arrow, offset + end, skipped)
 
 
-def _rejected(path: Path, table: Table, end: int, reason: str) -> TableChunk:
-    return TableChunk(empty_table(table)[table.column_names], end, [Skipped(str(path), reason)])
+def _rejected(path: Path, end: int, reason: str) -> ArrowChunk:
+    return ArrowChunk(None, end, [Skipped(str(path), reason)])
 
 
-def _parse_rows(data: bytes, table: Table) -> tuple[pd.DataFrame, int]:
+def _arrow_schema(table: Table) -> pa.Schema:
+    return pa.schema([(c.name, _ARROW_TYPES[c.dtype]) for c in table.columns])
+
+
+def _parse_rows(data: bytes, table: Table) -> tuple[pa.Table | None, int]:
     if not data.strip():
-        return empty_table(table)[table.column_names], 0
+        return None, 0
     lines = data.count(b"\n")
     try:
-        frame = _parse_typed(data, table)
+        arrow = _parse_typed(data, table)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        frame = _parse_lenient(data, table)
-    return frame, lines - len(frame)
+        arrow = _parse_lenient(data, table)
+    return arrow, lines - arrow.num_rows
 
 
 def _csv_options(table: Table, types: dict):
@@ -150,31 +176,56 @@ def _csv_options(table: Table, types: dict):
     return read, parse, convert
 
 
-def _parse_typed(data: bytes, table: Table) -> pd.DataFrame:
+def _required(table: Table) -> list[str]:
+    return [c.name for c in table.columns if c.dtype in ("int64", "int8")]
+
+
+def _drop_incomplete(arrow: pa.Table, table: Table) -> pa.Table:
+    """Rows with an empty required (non-nullable) field are corrupt."""
+    required = _required(table)
+    if not any(arrow.column(name).null_count for name in required):
+        return arrow
+    valid = pc.is_valid(arrow.column(required[0]))
+    for name in required[1:]:
+        valid = pc.and_(valid, pc.is_valid(arrow.column(name)))
+    return arrow.filter(valid)
+
+
+def _parse_typed(data: bytes, table: Table) -> pa.Table:
     types = {c.name: _ARROW_TYPES[c.dtype] for c in table.columns}
-    arrow = pacsv.read_csv(io.BytesIO(data), *_csv_options(table, types))
-    frame = arrow.to_pandas()
-    required = [c.name for c in table.columns if c.dtype in ("int64", "int8")]
-    frame = frame.dropna(subset=required) if frame[required].isna().any().any() else frame
-    return _coerce(frame, table)
+    return _drop_incomplete(pacsv.read_csv(io.BytesIO(data), *_csv_options(table, types)), table)
 
 
-def _parse_lenient(data: bytes, table: Table) -> pd.DataFrame:
+def _parse_lenient(data: bytes, table: Table) -> pa.Table:
     """Slow path for files with garbage in a numeric field: parse as text, drop rows that do not convert."""
     types = {c.name: pa.string() for c in table.columns}
     frame = pacsv.read_csv(io.BytesIO(data), *_csv_options(table, types)).to_pandas()
     for column in table.columns:
         if column.dtype != "category":
             frame[column.name] = pd.to_numeric(frame[column.name], errors="coerce")
-    required = [c.name for c in table.columns if c.dtype in ("int64", "int8")]
-    return _coerce(frame.dropna(subset=required), table)
+    frame = frame.dropna(subset=_required(table))
+    arrays = []
+    for column in table.columns:
+        values = frame[column.name]
+        if column.dtype == "category":
+            arrays.append(pa.array(values.astype(object).where(values.notna(), None), pa.string()).dictionary_encode())
+        else:
+            arrays.append(pa.array(values.to_numpy(dtype="float64"), mask=values.isna().to_numpy()).cast(_ARROW_TYPES[column.dtype]))
+    return pa.Table.from_arrays(arrays, schema=_arrow_schema(table))
 
 
-def _coerce(frame: pd.DataFrame, table: Table) -> pd.DataFrame:
+def to_frame(parts: list[pa.Table], table: Table, rank_column: bool = False) -> pd.DataFrame:
+    """One pandas frame, with the schema's dtypes, from Arrow tables of one table (all from the same schema)."""
+    if not parts:
+        frame = empty_table(table)
+        return frame if rank_column else frame[table.column_names]
+    arrow = pa.concat_tables(parts).unify_dictionaries() if len(parts) > 1 else parts[0]
+    frame = arrow.to_pandas(split_blocks=True, self_destruct=True)
+    del arrow
     for column in table.columns:
         if str(frame[column.name].dtype) != column.dtype:
             frame[column.name] = frame[column.name].astype(column.dtype)
-    return frame.reset_index(drop=True)
+    return frame
 
 
 def _read_json(path: Path, skipped: list[Skipped]) -> dict | None:
@@ -240,29 +291,31 @@ class TraceReader:
         return find_rank_dirs(self.path)
 
     def poll(self, progress=None) -> dict:
-        """New rows per table, plus manifests, heartbeats, events and what was skipped in this read."""
+        """New rows per table, plus manifests, heartbeats, events and what was skipped in this read.
+
+        Ranks are read by a few threads (pyarrow parses without holding the GIL); rows stay in Arrow until
+        each table is converted to pandas once."""
         rank_dirs = self.rank_dirs()
         skipped: list[Skipped] = []
-        chunks: dict[str, list[pd.DataFrame]] = {name: [] for name in self.tables}
+        chunks: dict[str, list[pa.Table]] = {name: [] for name in self.tables}
         manifests, heartbeats, events = [], [], []
-        for rank, rank_dir in rank_dirs.items():
-            manifest = _read_json(rank_dir / MANIFEST_FILE, skipped)
-            if manifest is not None:
-                manifests.append({**manifest, "rank": rank})
-            heartbeat = _read_json(rank_dir / HEARTBEAT_FILE, skipped)
-            if heartbeat is not None:
-                heartbeats.append({**heartbeat, "rank": rank})
-            for name in self.tables:
-                frame = self._read_new_rows(rank_dir / TABLES[name].file_name, TABLES[name], skipped)
-                if frame is not None and len(frame):
-                    frame.insert(0, "rank", pd.Series(rank, index=frame.index, dtype="int32"))
-                    chunks[name].append(frame)
-            events_path = rank_dir / EVENTS_FILE
-            new_events, self._offsets[events_path] = _read_events(events_path, self._offsets.get(events_path, 0), skipped)
-            events.extend({**e, "rank": rank} for e in new_events)
-            if progress is not None:
-                progress(1)
-        result = {name: _concat(parts, TABLES[name]) for name, parts in chunks.items()}
+        with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+            for rank_result in pool.map(lambda item: self._read_rank(*item), rank_dirs.items()):
+                manifest, heartbeat, tables, new_events, rank_skipped = rank_result
+                if manifest is not None:
+                    manifests.append(manifest)
+                if heartbeat is not None:
+                    heartbeats.append(heartbeat)
+                for name, arrow in tables.items():
+                    chunks[name].append(arrow)
+                events.extend(new_events)
+                skipped.extend(rank_skipped)
+                if progress is not None:
+                    progress(1)
+        result = {}
+        for name in self.tables:
+            result[name] = to_frame(chunks[name], TABLES[name], rank_column=True)
+            chunks[name] = []  # free the Arrow copy before converting the next table
         result["manifests"] = pd.DataFrame(manifests)
         result["heartbeats"] = pd.DataFrame(heartbeats)
         result["events"] = pd.DataFrame(events)
@@ -270,7 +323,26 @@ class TraceReader:
         result["ranks"] = list(rank_dirs)
         return result
 
-    def _read_new_rows(self, path: Path, table: Table, skipped: list[Skipped]) -> pd.DataFrame | None:
+    def _read_rank(self, rank: int, rank_dir: Path):
+        skipped: list[Skipped] = []
+        manifest = _read_json(rank_dir / MANIFEST_FILE, skipped)
+        heartbeat = _read_json(rank_dir / HEARTBEAT_FILE, skipped)
+        tables = {}
+        for name in self.tables:
+            arrow = self._read_new_rows(rank_dir / TABLES[name].file_name, TABLES[name], skipped)
+            if arrow is not None and arrow.num_rows:
+                tables[name] = arrow.add_column(0, "rank", pa.array(np.full(arrow.num_rows, rank, dtype="int32")))
+        events_path = rank_dir / EVENTS_FILE
+        new_events, self._offsets[events_path] = _read_events(events_path, self._offsets.get(events_path, 0), skipped)
+        return (
+            None if manifest is None else {**manifest, "rank": rank},
+            None if heartbeat is None else {**heartbeat, "rank": rank},
+            tables,
+            [{**e, "rank": rank} for e in new_events],
+            skipped,
+        )
+
+    def _read_new_rows(self, path: Path, table: Table, skipped: list[Skipped]) -> pa.Table | None:
         if path in self._rejected or not path.exists():
             return None
         offset = self._offsets.get(path, 0)
@@ -279,23 +351,13 @@ class TraceReader:
                 return None
         except OSError:
             return None
-        chunk = read_table_file(path, table, offset)
+        chunk = read_table_arrow(path, table, offset)
         skipped.extend(chunk.skipped)
-        if offset == 0 and chunk.skipped and chunk.frame.empty and chunk.next_offset > 0:
-            if any("schema" in s.reason or "header" in s.reason or "marker" in s.reason for s in chunk.skipped):
-                self._rejected.add(path)
+        header_bad = any("schema" in s.reason or "header" in s.reason or "marker" in s.reason for s in chunk.skipped)
+        if offset == 0 and chunk.table is None and chunk.next_offset > 0 and header_bad:
+            self._rejected.add(path)
         self._offsets[path] = chunk.next_offset
-        return chunk.frame
-
-
-def _concat(parts: list[pd.DataFrame], table: Table) -> pd.DataFrame:
-    if not parts:
-        return empty_table(table)
-    frame = pd.concat(parts, ignore_index=True)
-    for column in table.columns:  # concat of categoricals with different categories gives object
-        if column.dtype == "category" and frame[column.name].dtype != "category":
-            frame[column.name] = frame[column.name].astype("category")
-    return frame
+        return chunk.table
 
 
 def load(path: str | Path, progress: bool = False) -> Trace:

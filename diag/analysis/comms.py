@@ -1,0 +1,301 @@
+"""Collectives: which cost most, the bandwidth they reach, and how long each rank waits in them.
+
+The same collective carries the same (process group, seq) on every rank of its group. Its shortest duration
+over ranks belongs to the rank that arrived last, and approximates the transfer itself; everything the other
+ranks spent beyond it was waiting for that rank. Only durations are compared, so cross-host clock skew does
+not matter. Bandwidths follow nccl-tests (github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
+algbw = S / t with S the buffer size nccl-tests reports (the gathered output for all_gather), and
+busbw = algbw x a factor per op that makes it comparable with the link's bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+# (substring in the op name, canonical op), first match wins: reduce_scatter before reduce, all_reduce too.
+_OP_NAMES = (
+    ("reduce_scatter", "reduce_scatter"),
+    ("reducescatter", "reduce_scatter"),
+    ("all_reduce", "all_reduce"),
+    ("allreduce", "all_reduce"),
+    ("all_gather", "all_gather"),
+    ("allgather", "all_gather"),
+    ("all_to_all", "all_to_all"),
+    ("alltoall", "all_to_all"),
+    ("broadcast", "broadcast"),
+    ("reduce", "reduce"),
+    ("barrier", "barrier"),
+    ("send", "send"),
+    ("recv", "recv"),
+)
+
+
+def canonical_op(op: str) -> str:
+    low = str(op).lower()
+    for needle, name in _OP_NAMES:
+        if needle in low:
+            return name
+    return low
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor for ``op`` over ``n`` ranks."""
+    if n <= 1:
+        return 1.0
+    op = canonical_op(op)
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def algbw_size_bytes(op: str, input_bytes: float, n: int) -> float:
+    """Size S nccl-tests divides by time: all_gather reports the gathered output (n x input)."""
+    return input_bytes * n if canonical_op(op) == "all_gather" else input_bytes
+
+
+def size_bucket(nbytes: np.ndarray) -> np.ndarray:
+    """Lower edge of the power-of-two bucket of each size (0 for empty)."""
+    nbytes = np.asarray(nbytes, dtype="float64")
+    out = np.zeros(len(nbytes), dtype="int64")
+    positive = nbytes > 0
+    out[positive] = (2 ** np.floor(np.log2(nbytes[positive]))).astype("int64")
+    return out
+
+
+def bucket_label(low_bytes: int) -> str:
+    if low_bytes <= 0:
+        return "0B"
+    return f"{_human_bytes(low_bytes)}-{_human_bytes(low_bytes * 2)}"
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:g}{unit}"
+        n /= 1024
+    return f"{n:g}TiB"
+
+
+@dataclass
+class CollectiveWaits:
+    """Per-row waits of the completed collectives in the window, as flat arrays (tens of millions of rows at
+    scale: no DataFrame copies), and one row per collective instance (pg, seq)."""
+
+    rank: np.ndarray  # int32
+    step: np.ndarray  # int64
+    duration_us: np.ndarray  # float64
+    wait_us: np.ndarray  # duration minus the instance's shortest duration
+    is_last: np.ndarray  # bool: this rank arrived last (shortest duration) at an instance of >1 ranks
+    instance: np.ndarray  # int64 index into ``instances``
+    instances: pd.DataFrame  # pg, seq, op, bytes_max, transfer_us (min duration), ranks
+
+    def __len__(self) -> int:
+        return len(self.wait_us)
+
+
+def collective_waits(coll: pd.DataFrame, mask: np.ndarray | None = None) -> CollectiveWaits | None:
+    """Wait of every completed collective row (``mask`` selects rows, e.g. the window): its duration minus the
+    shortest duration of the same (pg, seq)."""
+    duration = coll["duration_us"].to_numpy(dtype="float64", na_value=np.nan)
+    keep = ~np.isnan(duration) if mask is None else (np.asarray(mask) & ~np.isnan(duration))
+    if not keep.any():
+        return None
+    duration = duration[keep]
+    pg = coll["pg"].astype("category")
+    pg_codes = pg.cat.codes.to_numpy()[keep].astype("int64")
+    seq = coll["seq"].to_numpy(dtype="int64")[keep]
+    instance, first = _instances(pg_codes, seq)
+    n_inst = len(first)
+    transfer_us = np.full(n_inst, np.inf)
+    np.minimum.at(transfer_us, instance, duration)
+    nbytes = coll["bytes"].to_numpy(dtype="int64")[keep]
+    bytes_max = np.zeros(n_inst, dtype="int64")
+    np.maximum.at(bytes_max, instance, nbytes)
+    del nbytes
+    ranks = np.bincount(instance, minlength=n_inst)
+    wait_us = duration - transfer_us[instance]
+    op = coll["op"].astype("category")
+    op_codes = op.cat.codes.to_numpy()[keep]
+    instances = pd.DataFrame(
+        {
+            "pg": np.asarray(pg.cat.categories, dtype=object)[pg_codes[first]],
+            "seq": seq[first],
+            "op": np.asarray(op.cat.categories, dtype=object)[op_codes[first]],
+            "bytes_max": bytes_max,
+            "transfer_us": transfer_us,
+            "ranks": ranks,
+        }
+    )
+    return CollectiveWaits(
+        rank=coll["rank"].to_numpy(dtype="int32")[keep],
+        step=coll["step"].to_numpy(dtype="int64")[keep],
+        duration_us=duration,
+        wait_us=wait_us,
+        is_last=(wait_us == 0) & (ranks[instance] > 1),
+        instance=instance,
+        instances=instances,
+    )
+
+
+def _instances(pg_codes: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense instance index per row for (pg, seq), and one row index per instance.
+
+    Sequence numbers count up within a group, so a per-group offset gives a dense index without hashing
+    tens of millions of keys; sparse numbering (few rows over a wide range) falls back to factorize."""
+    n_pg = int(pg_codes.max()) + 1
+    lo = np.full(n_pg, np.iinfo("int64").max)
+    hi = np.full(n_pg, np.iinfo("int64").min)
+    np.minimum.at(lo, pg_codes, seq)
+    np.maximum.at(hi, pg_codes, seq)
+    present = hi >= lo
+    span = np.where(present, hi - lo + 1, 0)
+    if span.sum() <= 4 * len(seq):
+        base = np.concatenate([[0], np.cumsum(span)[:-1]])
+        slot = base[pg_codes] + (seq - lo[pg_codes])
+        used = np.zeros(int(span.sum()), dtype=bool)
+        used[slot] = True
+        remap = np.cumsum(used) - 1
+        instance = remap[slot]
+    else:
+        instance, _ = pd.factorize((pg_codes << 40) | seq, sort=False)
+        instance = instance.astype("int64")
+    first = np.full(int(instance.max()) + 1, -1, dtype="int64")
+    first[instance[::-1]] = np.arange(len(instance) - 1, -1, -1)  # the earliest row wins
+    return instance, first
+
+
+@dataclass
+class CollectiveStats:
+    op: str
+    pg: str
+    size_bucket: str
+    size_bucket_min_bytes: int
+    pg_size: int
+    count: int  # collective instances (one per (pg, seq), whatever the number of ranks)
+    rows: int  # per-rank records
+    bytes_total: int  # summed over instances, per rank's input (bytes one rank contributes)
+    bytes_median: int
+    duration_p50_us: float  # per-rank durations (issue to completion: includes waiting for peers)
+    duration_p99_us: float
+    transfer_p50_us: float  # shortest duration per instance: the transfer once everyone arrived
+    transfer_p99_us: float
+    algbw_gbps: float | None  # at transfer_p50_us
+    busbw_gbps: float | None
+    wait_total_s: float  # time ranks spent waiting for the last rank in these collectives
+    total_time_s: float  # summed per-rank durations
+
+
+@dataclass
+class RankCommWait:
+    rank: int
+    wait_for_peers_s: float  # in collectives, beyond the transfer: waiting for the last rank to arrive
+    blocked_in_comm_s: float  # steps.csv comm_wait_us: host time blocked in synchronous collectives
+    step_time_s: float  # data wait + step body over the window
+    wait_share_pct: float  # wait_for_peers_s / step_time_s
+    blocked_share_pct: float
+    last_arrival_fraction: float  # share of its collectives where this rank arrived last
+
+
+@dataclass
+class CommsReport:
+    collectives: list[CollectiveStats] = field(default_factory=list)  # sorted by total time, largest first
+    per_rank: list[RankCommWait] = field(default_factory=list)
+    exposed_comm_per_step_s: float | None = None  # median over steps of the least any rank was blocked
+    note: str | None = None
+
+
+def analyze_comms(waits: CollectiveWaits | None, steps_w: pd.DataFrame, pg_sizes: dict[str, int]) -> CommsReport:
+    report = CommsReport()
+    report.per_rank = _per_rank(waits, steps_w)
+    if len(steps_w):
+        least_blocked = steps_w.groupby("step")["comm_wait_us"].min()
+        report.exposed_comm_per_step_s = float(least_blocked.median()) / 1e6
+    if waits is None:
+        report.note = "no completed collectives recorded in the window"
+        return report
+    report.collectives = _per_op(waits, pg_sizes)
+    return report
+
+
+def _per_op(waits: CollectiveWaits, pg_sizes: dict[str, int]) -> list[CollectiveStats]:
+    inst = waits.instances.copy()
+    inst["op_name"] = inst["op"].astype(str).map(canonical_op)
+    inst["bucket"] = size_bucket(inst["bytes_max"].to_numpy())
+    inst["pg"] = inst["pg"].astype(str)
+    inst["group"] = inst.groupby(["op_name", "pg", "bucket"], sort=False).ngroup().to_numpy()
+    row_group = inst["group"].to_numpy()[waits.instance]
+    stats = []
+    for group, members in inst.groupby("group", sort=False):
+        rows = row_group == group
+        d = waits.duration_us[rows]
+        op, pg, bucket = members["op_name"].iloc[0], str(members["pg"].iloc[0]), int(members["bucket"].iloc[0])
+        n = pg_sizes.get(pg) or int(members["ranks"].max())
+        transfer = members["transfer_us"].to_numpy()
+        t50 = float(np.percentile(transfer, 50))
+        b50 = float(np.median(members["bytes_max"]))
+        algbw = algbw_size_bytes(op, b50, n) / t50 / 1e3 if t50 > 0 else None  # bytes/us = MB/s
+        stats.append(
+            CollectiveStats(
+                op=op,
+                pg=pg,
+                size_bucket=bucket_label(bucket),
+                size_bucket_min_bytes=bucket,
+                pg_size=n,
+                count=len(members),
+                rows=int(rows.sum()),
+                bytes_total=int(members["bytes_max"].sum()),
+                bytes_median=int(b50),
+                duration_p50_us=float(np.percentile(d, 50)),
+                duration_p99_us=float(np.percentile(d, 99)),
+                transfer_p50_us=t50,
+                transfer_p99_us=float(np.percentile(transfer, 99)),
+                algbw_gbps=algbw,
+                busbw_gbps=algbw * busbw_factor(op, n) if algbw is not None else None,
+                wait_total_s=float(waits.wait_us[rows].sum()) / 1e6,
+                total_time_s=float(d.sum()) / 1e6,
+            )
+        )
+    return sorted(stats, key=lambda s: s.total_time_s, reverse=True)
+
+
+def wait_per_rank_step(waits: CollectiveWaits) -> pd.Series:
+    """Summed wait per (rank, step), for traces whose steps.csv has no comm_wait_us."""
+    frame = pd.DataFrame({"rank": waits.rank, "step": waits.step, "wait_us": waits.wait_us})
+    return frame.groupby(["rank", "step"])["wait_us"].sum()
+
+
+def _per_rank(waits: CollectiveWaits | None, steps_w: pd.DataFrame) -> list[RankCommWait]:
+    if not len(steps_w):
+        return []
+    step_time = (steps_w["data_wait_us"] + steps_w["duration_us"]).groupby(steps_w["rank"]).sum()
+    blocked = steps_w["comm_wait_us"].groupby(steps_w["rank"]).sum().reindex(step_time.index, fill_value=0)
+    wait = np.zeros(len(step_time))
+    last = np.zeros(len(step_time))
+    if waits is not None:
+        size = int(max(waits.rank.max(), step_time.index.max())) + 1
+        wait_all = np.bincount(waits.rank, weights=waits.wait_us, minlength=size)
+        last_all = np.bincount(waits.rank, weights=waits.is_last, minlength=size)
+        rows_all = np.bincount(waits.rank, minlength=size)
+        idx = step_time.index.to_numpy()
+        wait = wait_all[idx]
+        last = np.divide(last_all[idx], rows_all[idx], out=np.zeros(len(idx)), where=rows_all[idx] > 0)
+    out = []
+    for i, (rank, total_us) in enumerate(step_time.items()):
+        total_us = float(total_us)
+        out.append(
+            RankCommWait(
+                rank=int(rank),
+                wait_for_peers_s=float(wait[i]) / 1e6,
+                blocked_in_comm_s=float(blocked[rank]) / 1e6,
+                step_time_s=total_us / 1e6,
+                wait_share_pct=100 * float(wait[i]) / total_us if total_us else 0.0,
+                blocked_share_pct=100 * float(blocked[rank]) / total_us if total_us else 0.0,
+                last_arrival_fraction=float(last[i]),
+            )
+        )
+    return out

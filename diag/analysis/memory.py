@@ -1,0 +1,133 @@
+"""Memory per rank: headroom before OOM, allocator fragmentation and retries, and growth that looks like a leak.
+
+Growth is the least-squares slope of the memory in use at the end of each step (CUDA allocated bytes, or the
+process RSS on CPU runs) against the step index. A leak is suspected when that slope explains the readings
+well (r² >= ``LEAK_R2``) and adds up to a meaningful amount over the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+LEAK_R2 = 0.8
+LEAK_MIN_GROWTH_FRACTION = 0.05  # growth over the window, as a share of the median reading
+LEAK_MIN_GROWTH_BYTES = 16 * 2**20
+NEAR_OOM_HEADROOM_PCT = 10.0
+
+
+@dataclass
+class RankMemory:
+    rank: int
+    metric: str  # "allocated_bytes" (CUDA) or "rss_bytes" (CPU)
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    device_total_bytes: int | None  # from telemetry, when present
+    headroom_pct: float | None  # 100 * (1 - peak reserved / device total)
+    fragmentation_pct: float | None  # mean reserved-but-unallocated share of reserved at step ends
+    alloc_retries: int | None  # increase over the window
+    ooms: int | None
+    rss_peak_bytes: int | None
+    growth_bytes_per_step: float | None
+    growth_r2: float | None
+    growth_total_bytes: float | None  # slope x steps in the window
+    steps_to_oom: float | None  # at that growth, from the peak reserved to the device total
+    leak_suspected: bool = False
+    near_oom: bool = False
+
+
+@dataclass
+class MemoryReport:
+    per_rank: list[RankMemory] = field(default_factory=list)
+    closest_to_oom: list[int] = field(default_factory=list)  # ranks by headroom, least first (up to 5)
+    note: str | None = None
+
+
+def analyze_memory(mem_w: pd.DataFrame, device_total: dict[int, int]) -> MemoryReport:
+    if mem_w.empty:
+        return MemoryReport(note="no memory readings in the window")
+    cuda = mem_w["allocated_bytes"].notna().any()
+    metric = "allocated_bytes" if cuda else "rss_bytes"
+    growth = _growth(mem_w, metric)
+    g = mem_w.groupby("rank")
+    agg = pd.DataFrame(
+        {
+            "alloc_peak": g["allocated_peak_bytes"].max(),
+            "reserved_peak": g["reserved_peak_bytes"].max(),
+            "rss_peak": g["rss_bytes"].max(),
+            "retries": g["alloc_retries"].max() - g["alloc_retries"].min(),
+            "ooms": g["ooms"].max(),
+            "level": g[metric].median(),
+        }
+    )
+    reserved = mem_w["reserved_bytes"].astype("float64")
+    unused = (reserved - mem_w["allocated_bytes"].astype("float64")) / reserved.where(reserved > 0)
+    agg["frag"] = (100 * unused).groupby(mem_w["rank"]).mean()
+    n_steps = mem_w["step"].nunique()
+    report = MemoryReport()
+    for rank, row in agg.iterrows():
+        slope, r2 = growth.get(rank, (None, None))
+        total = device_total.get(int(rank))
+        peak_reserved = _int(row["reserved_peak"])
+        headroom = 100 * (1 - peak_reserved / total) if total and peak_reserved is not None else None
+        level = _float(row["level"]) or 0.0
+        growth_total = slope * n_steps if slope is not None else None
+        leak = bool(
+            slope is not None
+            and slope > 0
+            and (r2 or 0) >= LEAK_R2
+            and growth_total >= max(LEAK_MIN_GROWTH_BYTES, LEAK_MIN_GROWTH_FRACTION * level)
+        )
+        to_oom = (total - peak_reserved) / slope if leak and total and peak_reserved is not None else None
+        report.per_rank.append(
+            RankMemory(
+                rank=int(rank),
+                metric=metric,
+                peak_allocated_bytes=_int(row["alloc_peak"]),
+                peak_reserved_bytes=peak_reserved,
+                device_total_bytes=total,
+                headroom_pct=headroom,
+                fragmentation_pct=_float(row["frag"]),
+                alloc_retries=_int(row["retries"]),
+                ooms=_int(row["ooms"]),
+                rss_peak_bytes=_int(row["rss_peak"]),
+                growth_bytes_per_step=slope,
+                growth_r2=r2,
+                growth_total_bytes=growth_total,
+                steps_to_oom=to_oom,
+                leak_suspected=leak,
+                near_oom=headroom is not None and headroom < NEAR_OOM_HEADROOM_PCT,
+            )
+        )
+    with_headroom = [r for r in report.per_rank if r.headroom_pct is not None]
+    report.closest_to_oom = [r.rank for r in sorted(with_headroom, key=lambda r: r.headroom_pct)[:5]]
+    return report
+
+
+def _growth(mem_w: pd.DataFrame, metric: str) -> dict[int, tuple[float, float]]:
+    """Per rank least-squares slope (bytes per step) and r² of ``metric`` against the step, vectorised."""
+    frame = pd.DataFrame({"rank": mem_w["rank"], "x": mem_w["step"].astype("float64"), "y": mem_w[metric].astype("float64")}).dropna()
+    if frame.empty:
+        return {}
+    frame["x"] -= frame.groupby("rank")["x"].transform("mean")
+    frame["y"] -= frame.groupby("rank")["y"].transform("mean")
+    frame["xy"], frame["xx"], frame["yy"] = frame["x"] * frame["y"], frame["x"] ** 2, frame["y"] ** 2
+    sums = frame.groupby("rank")[["xy", "xx", "yy"]].sum()
+    out = {}
+    for rank, (sxy, sxx, syy) in sums.iterrows():
+        if sxx <= 0:
+            continue
+        slope = sxy / sxx
+        r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
+        out[int(rank)] = (float(slope), float(r2))
+    return out
+
+
+def _int(value) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)
+
+
+def _float(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+

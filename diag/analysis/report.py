@@ -1,0 +1,229 @@
+"""The facade: ``analyze(trace) -> Report``, every analysis run over one loaded trace. ``Report.to_dict()`` is
+the JSON contract documented in docs/analyze.md; views only present a Report."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from diag.analysis import findings as fnd
+from diag.analysis.comms import CommsReport, analyze_comms, collective_waits, wait_per_rank_step
+from diag.analysis.memory import MemoryReport, analyze_memory
+from diag.analysis.mfu import MfuReport, analyze_mfu
+from diag.analysis.stragglers import StragglerReport, find_stragglers, rank_step_times
+from diag.analysis.telemetry import TelemetryReport, analyze_telemetry
+from diag.analysis.window import StepWindow, choose_window, in_window, parse_step_range, select
+from diag.trace.loader import Trace
+
+MAX_SKIPPED_LISTED = 200
+REPORT_VERSION = 1
+
+
+@dataclass
+class RunInfo:
+    path: str
+    run_id: str | None
+    world_size: int | None
+    ranks_found: list[int]
+    ranks_missing: list[int]
+    ranks_without_steps: list[int]
+    hosts: int
+    device_name: str | None
+    steps: int  # distinct steps recorded
+    window: StepWindow
+    skipped: list[dict] = field(default_factory=list)  # {path, reason, lines}
+    skipped_total: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Timeline:
+    """Series the views draw: per step across ranks, and per rank across steps (medians, in ms)."""
+
+    per_step: list[dict] = field(default_factory=list)  # step, iteration_median_ms, iteration_max_ms, busy_median_ms, busy_max_ms, slowest_rank
+    per_rank: list[dict] = field(default_factory=list)  # rank, host, busy_ms, compute_ms, data_wait_ms, comm_wait_ms
+
+
+@dataclass
+class Report:
+    run: RunInfo
+    findings: list[fnd.Finding]
+    stragglers: StragglerReport
+    mfu: MfuReport
+    comms: CommsReport
+    memory: MemoryReport
+    telemetry: TelemetryReport
+    timeline: Timeline
+
+    def to_dict(self) -> dict:
+        window = _plain(self.run.window)
+        window.pop("step_indices", None)
+        run = _plain(self.run)
+        run["window"] = window
+        return {
+            "report_version": REPORT_VERSION,
+            "run": run,
+            "findings": _plain(self.findings),
+            "stragglers": _plain(self.stragglers.stragglers),
+            "straggler_method": {"wait_source": self.stragglers.wait_source, "steps": self.stragglers.steps, "note": self.stragglers.note},
+            "mfu": _plain(self.mfu),
+            "comms": _plain(self.comms),
+            "memory": _plain(self.memory),
+            "telemetry": {"per_gpu": _plain(self.telemetry.gpus), "note": self.telemetry.note},
+            "timeline": _plain(self.timeline),
+        }
+
+
+def analyze(trace: Trace, steps: str | tuple | None = None, peak_tflops: float | None = None, flops_per_step: float | None = None) -> Report:
+    step_range = parse_step_range(steps) if isinstance(steps, str) else steps
+    window = choose_window(trace.steps, step_range)
+    steps_w = select(trace.steps, window)
+    ranks_info = _ranks_info(trace)
+    hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
+
+    coll = trace.collectives
+    waits = collective_waits(coll, in_window(coll["step"], window).to_numpy()) if len(coll) else None
+    need_coll_wait = waits is not None and not steps_w["comm_wait_us"].any()
+    times = rank_step_times(steps_w, wait_per_rank_step(waits) if need_coll_wait else None)
+    comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
+    telemetry = analyze_telemetry(_telemetry_in_window(trace.telemetry, steps_w), hosts)
+    throttled = {g.rank: g.throttled_share for g in telemetry.gpus}
+    last_arrival = {r.rank: r.last_arrival_fraction for r in comms.per_rank} if waits is not None else {}
+    stragglers = find_stragglers(times, ranks_info, throttled, last_arrival)
+    mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, _replicas(trace))
+    device_total = {int(r): int(t) for r, t in _device_totals(trace.telemetry)}
+    memory = analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total)
+
+    step_s = mfu.step_time_median_s
+    found = fnd.straggler_findings(stragglers, times, step_s) + fnd.exposed_time_findings(comms, times, step_s)
+    found += fnd.telemetry_findings(telemetry, stragglers) + fnd.memory_findings(memory) + fnd.mfu_findings(mfu)
+    run = _run_info(trace, window, ranks_info)
+    return Report(run, fnd.rank_findings(found), stragglers, mfu, comms, memory, telemetry, _timeline(times.frame, hosts))
+
+
+def _ranks_info(trace: Trace) -> pd.DataFrame:
+    columns = ["host", "local_rank", "gpu_index"]
+    if trace.manifests.empty or "rank" not in trace.manifests:
+        return pd.DataFrame(columns=columns)
+    frame = trace.manifests.set_index("rank")
+    return frame[[c for c in columns if c in frame]]
+
+
+def _pg_sizes(trace: Trace) -> dict[str, int]:
+    """Process-group sizes from the manifests' process_groups, where capture recorded them."""
+    sizes: dict[str, int] = {}
+    if "process_groups" not in trace.manifests:
+        return sizes
+    for groups in trace.manifests["process_groups"].dropna():
+        if isinstance(groups, dict):
+            for name, desc in groups.items():
+                if isinstance(desc, dict) and desc.get("size"):
+                    sizes[str(name)] = int(desc["size"])
+    return sizes
+
+
+def _replicas(trace: Trace) -> int:
+    """Ranks that see the same tokens (tensor, pipeline and context parallel), to not count tokens twice."""
+    if "parallel" not in trace.manifests:
+        return 1
+    for layout in trace.manifests["parallel"].dropna():
+        if isinstance(layout, dict):
+            return int(np.prod([int(layout.get(k) or 1) for k in ("tp", "pp", "cp")]))
+    return 1
+
+
+def _telemetry_in_window(tel: pd.DataFrame, steps_w: pd.DataFrame) -> pd.DataFrame:
+    """Telemetry samples taken while the rank ran the steps of the window (on the rank's own clock)."""
+    if tel.empty or steps_w.empty:
+        return tel.iloc[0:0] if steps_w.empty else tel
+    bounds = steps_w.groupby("rank").agg(first_us=("start_us", "min"), last_us=("start_us", "max"))
+    bounds["last_us"] += steps_w.groupby("rank")["duration_us"].max()
+    first = bounds["first_us"].reindex(tel["rank"]).to_numpy()
+    last = bounds["last_us"].reindex(tel["rank"]).to_numpy()
+    time_us = tel["time_us"].to_numpy()
+    keep = (time_us >= first) & (time_us <= last)
+    return tel[keep]
+
+
+def _device_totals(tel: pd.DataFrame):
+    if tel.empty:
+        return []
+    totals = tel.groupby("rank")["mem_total_bytes"].max().dropna()
+    return list(totals.items())
+
+
+def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame) -> RunInfo:
+    with_steps = set(trace.steps["rank"].unique()) if len(trace.steps) else set()
+    names = trace.manifests["device_name"].dropna() if "device_name" in trace.manifests else []
+    skipped = [{"path": s.path, "reason": s.reason, "lines": s.lines} for s in trace.skipped]
+    notes = list(window.notes)
+    if trace.ranks_missing:
+        notes.append(f"{len(trace.ranks_missing)} of {trace.world_size} ranks have no traces; the report covers the others")
+    return RunInfo(
+        path=str(trace.path),
+        run_id=None if trace.run_id is None else str(trace.run_id),
+        world_size=trace.world_size,
+        ranks_found=list(map(int, trace.ranks_found)),
+        ranks_missing=list(map(int, trace.ranks_missing)),
+        ranks_without_steps=sorted(int(r) for r in set(trace.ranks_found) - with_steps),
+        hosts=int(ranks_info["host"].nunique()) if "host" in ranks_info else 0,
+        device_name=str(names.iloc[0]) if len(names) else None,
+        steps=int(trace.steps["step"].nunique()) if len(trace.steps) else 0,
+        window=window,
+        skipped=skipped[:MAX_SKIPPED_LISTED],
+        skipped_total=len(skipped),
+        notes=notes,
+    )
+
+
+def _timeline(times: pd.DataFrame, hosts: dict) -> Timeline:
+    if times.empty:
+        return Timeline()
+    by_step = times.groupby("step")
+    slowest = times.loc[by_step["busy_us"].idxmax(), ["step", "rank"]].set_index("step")["rank"]
+    per_step = pd.DataFrame(
+        {
+            "iteration_median_ms": by_step["iteration_us"].median() / 1e3,
+            "iteration_max_ms": by_step["iteration_us"].max() / 1e3,
+            "busy_median_ms": by_step["busy_us"].median() / 1e3,
+            "busy_max_ms": by_step["busy_us"].max() / 1e3,
+            "slowest_rank": slowest,
+        }
+    )
+    by_rank = times.groupby("rank")
+    per_rank = pd.DataFrame(
+        {
+            "busy_ms": by_rank["busy_us"].median() / 1e3,
+            "compute_ms": by_rank["compute_us"].median() / 1e3,
+            "data_wait_ms": by_rank["data_wait_us"].median() / 1e3,
+            "comm_wait_ms": by_rank["wait_us"].median() / 1e3,
+        }
+    )
+    per_rank["host"] = [hosts.get(r) for r in per_rank.index]
+    return Timeline(
+        per_step=per_step.reset_index().to_dict("records"),
+        per_rank=per_rank.reset_index().to_dict("records"),
+    )
+
+
+def _plain(value):
+    """Dataclasses, numpy scalars and NaN to JSON-safe Python values (NaN and inf become null)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is pd.NA or value is pd.NaT:
+        return None
+    return value

@@ -1,0 +1,217 @@
+"""Stragglers: ranks whose own work (data wait + compute) is longer than the others', so the others wait.
+
+In synchronous training every rank's iteration lasts as long as the slowest rank's work; the rest is waiting
+in collectives. So a rank's *busy* time per step is its data wait plus its step body minus the time it was
+blocked in communication. Only durations measured on one host are used: no cross-host clock comparison.
+
+A rank is *slow in a step* when its busy time exceeds the step's median busy time by more than
+``SLOW_FRACTION`` of that median. It is a *persistent* straggler when slow in at least
+``PERSISTENT_FRACTION`` of the steps and its median busy time is ``SLOWDOWN_MIN`` above the median rank's;
+otherwise occasional large spikes (GC, checkpointing) make it a *transient* one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+SLOW_FRACTION = 0.10
+PERSISTENT_FRACTION = 0.5
+SLOWDOWN_MIN = 0.10
+SPIKE_FRACTION = 0.5  # a transient spike must add at least this share of the median busy time
+TRANSIENT_MIN_LOST_FRACTION = 0.01  # report transient stragglers costing at least this share of the run
+CAUSE_SHARE = 0.5  # a component explaining this share of a rank's excess is named as the cause
+MAX_TRANSIENT = 20
+
+
+@dataclass
+class RankStepTimes:
+    """Per (rank, step) timings in the window, with the per-step medians the comparisons use."""
+
+    frame: pd.DataFrame  # rank, step, data_wait_us, compute_us, wait_us, busy_us, iteration_us
+    wait_source: str  # "steps.comm_wait_us", "collectives" or "none"
+
+
+@dataclass
+class Straggler:
+    rank: int
+    host: str | None
+    local_rank: int | None
+    gpu: int | None
+    slowdown: float  # median busy time / median rank's median busy time - 1
+    steps_slow_fraction: float
+    persistent: bool
+    cause: str  # compute, data, host, communication, throttle, unknown
+    time_saved_per_step_s: float  # if this rank alone ran at the median speed
+    time_lost_s: float  # the same, summed over the window
+    excess_data_wait_ms: float  # median over its slow steps, against the step's median rank
+    excess_compute_ms: float
+    last_arrival_fraction: float | None  # share of its collectives where it arrived last
+    evidence: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StragglerReport:
+    stragglers: list[Straggler] = field(default_factory=list)  # persistent first, then by time lost
+    wait_source: str = "none"
+    steps: int = 0
+    note: str | None = None
+
+
+def rank_step_times(steps_w: pd.DataFrame, coll_wait_per_rank_step: pd.Series | None) -> RankStepTimes:
+    """Busy time per (rank, step). Blocked time comes from steps.csv, or from collectives when it is absent."""
+    frame = steps_w[["rank", "step", "data_wait_us", "duration_us", "comm_wait_us"]].copy()
+    source = "steps.comm_wait_us"
+    if not frame["comm_wait_us"].any():
+        if coll_wait_per_rank_step is not None and len(coll_wait_per_rank_step):
+            index = pd.MultiIndex.from_arrays([frame["rank"], frame["step"]])
+            frame["comm_wait_us"] = coll_wait_per_rank_step.reindex(index, fill_value=0.0).to_numpy()
+            source = "collectives"
+        else:
+            source = "none"
+    frame = frame.rename(columns={"comm_wait_us": "wait_us"})
+    frame["wait_us"] = frame["wait_us"].astype("float64")
+    frame["compute_us"] = (frame["duration_us"] - frame["wait_us"]).clip(lower=0)
+    frame["busy_us"] = frame["compute_us"] + frame["data_wait_us"]
+    frame["iteration_us"] = (frame["data_wait_us"] + frame["duration_us"]).astype("float64")
+    return RankStepTimes(frame.reset_index(drop=True), source)
+
+
+def find_stragglers(
+    times: RankStepTimes,
+    ranks_info: pd.DataFrame,
+    throttled: dict[int, float],
+    last_arrival: dict[int, float],
+) -> StragglerReport:
+    """``ranks_info``: rank-indexed host, local_rank, gpu; ``throttled``: rank -> share of throttled samples."""
+    f = times.frame
+    report = StragglerReport(wait_source=times.wait_source, steps=int(f["step"].nunique()))
+    if f["rank"].nunique() < 2:
+        report.note = "one rank only: nothing to compare it with"
+        return report
+    if times.wait_source == "none":
+        report.note = "no communication wait recorded: stragglers can only show in their data wait"
+    by_step = f.groupby("step")
+    f = f.assign(
+        median_busy_us=by_step["busy_us"].transform("median"),
+        median_iteration_us=by_step["iteration_us"].transform("median"),
+        median_data_us=by_step["data_wait_us"].transform("median"),
+        median_compute_us=by_step["compute_us"].transform("median"),
+    )
+    excess = f["busy_us"] - f["median_busy_us"]
+    f["slow"] = excess > SLOW_FRACTION * f["median_busy_us"]
+    f["spike"] = excess > SPIKE_FRACTION * f["median_busy_us"]
+    saved = _saved_per_rank_step(f)
+    per_rank = f.groupby("rank").agg(
+        busy_median_us=("busy_us", "median"), slow_fraction=("slow", "mean"), spikes=("spike", "sum")
+    )
+    per_rank["saved_us"] = saved.reindex(per_rank.index, fill_value=0.0)
+    fleet_busy_us = float(per_rank["busy_median_us"].median())
+    per_rank["slowdown"] = per_rank["busy_median_us"] / fleet_busy_us - 1 if fleet_busy_us > 0 else 0.0
+    n_steps = report.steps
+    total_time_us = float(f.groupby("step")["iteration_us"].max().sum())
+    persistent = per_rank[(per_rank["slow_fraction"] >= PERSISTENT_FRACTION) & (per_rank["slowdown"] >= SLOWDOWN_MIN)]
+    transient = per_rank[
+        (per_rank["spikes"] > 0)
+        & ~per_rank.index.isin(persistent.index)
+        & (per_rank["saved_us"] >= TRANSIENT_MIN_LOST_FRACTION * total_time_us)
+    ].nlargest(MAX_TRANSIENT, "saved_us")
+    persistent_ranks = set(persistent.index)
+    for rank, row in pd.concat([persistent, transient]).iterrows():
+        mine = f[(f["rank"] == rank) & (f["slow"] if rank in persistent_ranks else f["spike"])]
+        excess_data = float((mine["data_wait_us"] - mine["median_data_us"]).median())
+        excess_compute = float((mine["compute_us"] - mine["median_compute_us"]).median())
+        info = ranks_info.loc[rank] if rank in ranks_info.index else None
+        straggler = Straggler(
+            rank=int(rank),
+            host=_get(info, "host"),
+            local_rank=_get_int(info, "local_rank"),
+            gpu=_get_int(info, "gpu_index"),
+            slowdown=float(row["slowdown"]),
+            steps_slow_fraction=float(row["slow_fraction"]),
+            persistent=rank in persistent_ranks,
+            cause="unknown",
+            time_saved_per_step_s=float(row["saved_us"]) / n_steps / 1e6,
+            time_lost_s=float(row["saved_us"]) / 1e6,
+            excess_data_wait_ms=excess_data / 1e3,
+            excess_compute_ms=excess_compute / 1e3,
+            last_arrival_fraction=last_arrival.get(int(rank)),
+        )
+        report.stragglers.append(straggler)
+    _assign_causes(report.stragglers, ranks_info, throttled, persistent_ranks)
+    report.stragglers.sort(key=lambda s: (not s.persistent, -s.time_lost_s))
+    return report
+
+
+def joint_saving_us(times: RankStepTimes, ranks: list[int]) -> float:
+    """Time the window would lose less if all of ``ranks`` worked at their step's median busy time."""
+    f = times.frame
+    median = f.groupby("step")["busy_us"].median()
+    slowest = f.groupby("step")["busy_us"].max()
+    others = f[~f["rank"].isin(ranks)].groupby("step")["busy_us"].max().reindex(slowest.index, fill_value=0.0)
+    return float((slowest - np.maximum(others, median)).clip(lower=0).sum())
+
+
+def _saved_per_rank_step(f: pd.DataFrame) -> pd.Series:
+    """Per rank, summed over steps: what the step would shrink if that rank alone had the median busy time.
+
+    Only the slowest rank of a step can shorten it, down to the second slowest (or the median)."""
+    busy = f["busy_us"].to_numpy()
+    order = np.lexsort((-busy, f["step"].to_numpy()))
+    ordered = f.iloc[order]
+    first = ~ordered["step"].duplicated().to_numpy()
+    second = np.r_[False, first[:-1]] & ~first
+    top = ordered[first]
+    runner_up = pd.Series(ordered["busy_us"].to_numpy()[second], index=ordered["step"].to_numpy()[second])
+    floor = np.maximum(runner_up.reindex(top["step"].to_numpy(), fill_value=0.0).to_numpy(), top["median_busy_us"].to_numpy())
+    saved = np.clip(top["busy_us"].to_numpy() - floor, 0, None)
+    return pd.Series(saved, index=top["rank"].to_numpy()).groupby(level=0).sum()
+
+
+def _assign_causes(stragglers: list[Straggler], ranks_info: pd.DataFrame, throttled: dict[int, float], persistent: set) -> None:
+    slow_hosts = _hosts_all_slow(stragglers, ranks_info, persistent)
+    for s in stragglers:
+        excess = max(s.excess_data_wait_ms, 0) + max(s.excess_compute_ms, 0)
+        share = throttled.get(s.rank, 0.0)
+        if excess <= 0:
+            s.cause = "unknown"
+        elif s.excess_data_wait_ms >= CAUSE_SHARE * excess:
+            s.cause = "data"
+            s.evidence.append(f"waits {s.excess_data_wait_ms:.1f} ms longer than the median rank for its batch")
+        elif share >= 0.2:
+            s.cause = "throttle"
+            s.evidence.append(f"its GPU's clocks were throttled in {100 * share:.0f}% of telemetry samples")
+        elif s.host is not None and s.host in slow_hosts:
+            s.cause = "host"
+            s.evidence.append(f"every rank on host {s.host} is slow")
+        elif s.excess_compute_ms >= CAUSE_SHARE * excess:
+            s.cause = "compute"
+            s.evidence.append(f"its step body computes {s.excess_compute_ms:.1f} ms longer than the median rank")
+        if s.excess_compute_ms > 0 and s.cause != "compute":
+            s.evidence.append(f"compute {s.excess_compute_ms:.1f} ms above the median rank")
+        if s.last_arrival_fraction is not None:
+            s.evidence.append(f"arrived last at {100 * s.last_arrival_fraction:.0f}% of its collectives")
+        what = "of the steps" if s.persistent else "(spikes only)"
+        s.evidence.append(f"slow in {100 * s.steps_slow_fraction:.0f}% {what}; median work {100 * s.slowdown:+.0f}% vs median rank")
+
+
+def _hosts_all_slow(stragglers: list[Straggler], ranks_info: pd.DataFrame, persistent: set) -> set[str]:
+    if "host" not in ranks_info or ranks_info["host"].nunique() < 2:
+        return set()
+    per_host = ranks_info.groupby("host").size()
+    slow = pd.Series([s.host for s in stragglers if s.rank in persistent and s.host]).value_counts()
+    return {h for h, n in slow.items() if per_host.get(h, 0) >= 2 and n == per_host[h]}
+
+
+def _get(info, key):
+    if info is None or key not in info or pd.isna(info[key]):
+        return None
+    return str(info[key])
+
+
+def _get_int(info, key):
+    if info is None or key not in info or pd.isna(info[key]):
+        return None
+    return int(info[key])

@@ -1,0 +1,126 @@
+"""GPU telemetry (NVML samples) per GPU, tied to the rank that used it: throttling, heat, idleness, errors.
+
+Only the reasons that slow a busy GPU down count as throttling: software power cap, hardware slowdown,
+thermal slowdowns and power brake. ``gpu_idle`` and the application-clock setting are not problems.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from diag.trace.schema import THROTTLE_REASONS
+
+SLOWING_REASONS = {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+THROTTLED_SHARE = 0.2  # a GPU throttled in this share of its samples is called throttled
+HOT_C = 85.0  # sustained temperature where H100/A100 start thermal slowdown (~87-90 C): a warning sign
+IDLE_UTIL_PCT = 20.0
+
+
+@dataclass
+class GpuTelemetry:
+    rank: int
+    gpu: int
+    host: str | None
+    samples: int
+    util_mean_pct: float | None
+    sm_clock_mean_mhz: float | None
+    sm_clock_max_mhz: float | None
+    sm_clock_vs_max_pct: float | None  # mean current SM clock / max SM clock
+    power_mean_w: float | None
+    power_limit_w: float | None
+    power_vs_limit_pct: float | None
+    temp_max_c: float | None
+    temp_mean_c: float | None
+    throttle_share: dict[str, float] = field(default_factory=dict)  # reason -> share of samples with its bit
+    throttled_share: float = 0.0  # share of samples with any slowing reason
+    ecc_corrected: int = 0  # increase over the window
+    ecc_uncorrected: int = 0
+    xids: list[int] = field(default_factory=list)
+    throttled: bool = False
+    hot: bool = False
+    idle: bool = False
+
+
+@dataclass
+class TelemetryReport:
+    gpus: list[GpuTelemetry] = field(default_factory=list)
+    note: str | None = None
+
+    def by_rank(self) -> dict[int, GpuTelemetry]:
+        return {g.rank: g for g in self.gpus}
+
+
+def analyze_telemetry(tel: pd.DataFrame, hosts: dict[int, str]) -> TelemetryReport:
+    if tel.empty:
+        return TelemetryReport(note="no GPU telemetry (CPU run, or NVML unavailable)")
+    agg = _aggregate(tel)
+    xids = tel.loc[tel["xid"].notna(), ["rank", "gpu", "xid"]].groupby(["rank", "gpu"])["xid"].unique()
+    gpus = []
+    for (rank, gpu), row in agg.iterrows():
+        share = {name: float(row[name]) for name in THROTTLE_REASONS.values() if row[name] > 0}
+        clock, clock_max, power, limit = row["clock"], row["clock_max"], row["power"], row["limit"]
+        util, temp_max = _opt(row["util"]), _opt(row["temp_max"])
+        gpus.append(
+            GpuTelemetry(
+                rank=int(rank),
+                gpu=int(gpu),
+                host=hosts.get(int(rank)),
+                samples=int(row["samples"]),
+                util_mean_pct=util,
+                sm_clock_mean_mhz=_opt(clock),
+                sm_clock_max_mhz=_opt(clock_max),
+                sm_clock_vs_max_pct=_opt(100 * clock / clock_max) if clock_max and clock_max > 0 else None,
+                power_mean_w=_opt(power),
+                power_limit_w=_opt(limit),
+                power_vs_limit_pct=_opt(100 * power / limit) if limit and limit > 0 else None,
+                temp_max_c=temp_max,
+                temp_mean_c=_opt(row["temp_mean"]),
+                throttle_share=share,
+                throttled_share=float(row["slowing"]),
+                ecc_corrected=int(row["ecc_corrected"]),
+                ecc_uncorrected=int(row["ecc_uncorrected"]),
+                xids=sorted(int(x) for x in xids.get((rank, gpu), [])),
+                throttled=float(row["slowing"]) >= THROTTLED_SHARE,
+                hot=temp_max is not None and temp_max >= HOT_C,
+                idle=util is not None and util < IDLE_UTIL_PCT,
+            )
+        )
+    return TelemetryReport(gpus=gpus)
+
+
+def _aggregate(tel: pd.DataFrame) -> pd.DataFrame:
+    """One row per (rank, gpu): means, maxima, throttle-reason shares and error-counter increases."""
+    bits = tel["throttle_reasons"].fillna(0).to_numpy(dtype="int64")
+    slowing_mask = sum(bit for bit, name in THROTTLE_REASONS.items() if name in SLOWING_REASONS)
+    frame = pd.DataFrame(
+        {
+            "rank": tel["rank"].to_numpy(),
+            "gpu": tel["gpu"].to_numpy(),
+            "util": tel["util_pct"].to_numpy(dtype="float64", na_value=np.nan),
+            "clock": tel["sm_clock_mhz"].to_numpy(dtype="float64", na_value=np.nan),
+            "clock_max": tel["sm_clock_max_mhz"].to_numpy(dtype="float64", na_value=np.nan),
+            "power": tel["power_w"].to_numpy(dtype="float64", na_value=np.nan),
+            "limit": tel["power_limit_w"].to_numpy(dtype="float64", na_value=np.nan),
+            "temp": tel["temp_c"].to_numpy(dtype="float64", na_value=np.nan),
+            "ecc_c": tel["ecc_corrected"].to_numpy(dtype="float64", na_value=np.nan),
+            "ecc_u": tel["ecc_uncorrected"].to_numpy(dtype="float64", na_value=np.nan),
+            "slowing": (bits & slowing_mask) != 0,
+            **{name: (bits & bit) != 0 for bit, name in THROTTLE_REASONS.items()},
+        }
+    )
+    g = frame.groupby(["rank", "gpu"], sort=True)
+    out = g[["util", "clock", "power", "limit", "slowing", *THROTTLE_REASONS.values()]].mean()
+    out["clock_max"] = g["clock_max"].max()
+    out["temp_max"] = g["temp"].max()
+    out["temp_mean"] = g["temp"].mean()
+    out["ecc_corrected"] = (g["ecc_c"].max() - g["ecc_c"].min()).fillna(0)
+    out["ecc_uncorrected"] = (g["ecc_u"].max() - g["ecc_u"].min()).fillna(0)
+    out["samples"] = g.size()
+    return out
+
+
+def _opt(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)

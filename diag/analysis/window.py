@@ -1,0 +1,122 @@
+"""Which steps to analyse: steps every rank finished, without the warm-up (or the user's ``--steps A:B``).
+
+A step only some ranks recorded is one still being written or one a rank never reached (crash, hang); its
+timings are not comparable across ranks, so it is left out and listed. Warm-up steps (compilation, allocator
+growth, NCCL communicator setup) are slower than the steady state and would bias every average.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+WARMUP_SLOW_FACTOR = 1.5  # a leading step this much slower than the steady median is warm-up
+WARMUP_MAX_FRACTION = 0.2  # never call more than this share of the steps warm-up
+
+
+@dataclass
+class StepWindow:
+    first_step: int | None  # first step analysed (inclusive)
+    last_step: int | None  # last step analysed (inclusive)
+    steps_analysed: int
+    steps_recorded: int  # distinct step indices seen on any rank
+    warmup_steps_excluded: list[int] = field(default_factory=list)
+    incomplete_steps_excluded: list[int] = field(default_factory=list)  # steps some ranks never finished
+    ranks_short: list[int] = field(default_factory=list)  # ranks that lack some of the recorded steps
+    user_range: str | None = None  # "A:B" when the user chose the window
+    notes: list[str] = field(default_factory=list)
+    step_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="int64"), repr=False)  # not in JSON
+
+
+def parse_step_range(text: str | None) -> tuple[int | None, int | None] | None:
+    """``"A:B"`` -> (A, B), B exclusive like a Python slice; either side may be empty."""
+    if text is None:
+        return None
+    if ":" not in text:
+        raise ValueError(f"--steps wants A:B (e.g. 100:200), got {text!r}")
+    start, _, stop = text.partition(":")
+    try:
+        return (int(start) if start.strip() else None, int(stop) if stop.strip() else None)
+    except ValueError as exc:
+        raise ValueError(f"--steps wants integers A:B (e.g. 100:200), got {text!r}") from exc
+
+
+def iteration_us(steps: pd.DataFrame) -> pd.Series:
+    """A rank's share of one iteration: waiting for its batch, then the step body."""
+    return steps["data_wait_us"].astype("int64") + steps["duration_us"].astype("int64")
+
+
+def choose_window(steps: pd.DataFrame, step_range: tuple[int | None, int | None] | None = None) -> StepWindow:
+    if steps.empty:
+        return StepWindow(None, None, 0, 0, notes=["no steps recorded"])
+    ranks_per_step = steps.groupby("step", sort=True)["rank"].nunique()
+    n_ranks = steps["rank"].nunique()
+    complete = ranks_per_step.index[ranks_per_step.to_numpy() == n_ranks].to_numpy()
+    incomplete = ranks_per_step.index[ranks_per_step.to_numpy() < n_ranks].to_numpy()
+    window = StepWindow(None, None, 0, len(ranks_per_step), incomplete_steps_excluded=_short_list(incomplete))
+    if len(incomplete):
+        rank_steps = steps.groupby("rank")["step"].nunique()
+        window.ranks_short = sorted(int(r) for r in rank_steps.index[rank_steps.to_numpy() < len(ranks_per_step)])
+        window.notes.append(
+            f"{len(incomplete)} steps not finished by every rank were left out "
+            f"(ranks {_short_text(window.ranks_short)} lack some)"
+        )
+    if step_range is not None:
+        start, stop = step_range
+        keep = np.ones(len(complete), dtype=bool)
+        if start is not None:
+            keep &= complete >= start
+        if stop is not None:
+            keep &= complete < stop
+        chosen = complete[keep]
+        window.user_range = f"{'' if start is None else start}:{'' if stop is None else stop}"
+        if not len(chosen):
+            window.notes.append(f"no complete step in --steps {window.user_range}")
+    else:
+        warmup = _warmup_steps(steps[steps["step"].isin(complete)], complete)
+        window.warmup_steps_excluded = [int(s) for s in warmup]
+        if warmup:
+            window.notes.append(f"warm-up steps {warmup[0]}..{warmup[-1]} left out (use --steps to choose)")
+        chosen = complete[len(warmup) :]
+    window.step_indices = np.asarray(chosen, dtype="int64")
+    if len(chosen):
+        window.first_step, window.last_step, window.steps_analysed = int(chosen[0]), int(chosen[-1]), len(chosen)
+    return window
+
+
+def select(steps: pd.DataFrame, window: StepWindow) -> pd.DataFrame:
+    """Rows of the steps in the window (complete steps between first and last, warm-up already outside)."""
+    return steps[in_window(steps["step"], window)]
+
+
+def in_window(step: pd.Series, window: StepWindow) -> pd.Series:
+    """Mask of rows of any table (collectives, memory, ...) whose step lies in the window."""
+    if window.first_step is None:
+        return pd.Series(False, index=step.index)
+    mask = step.between(window.first_step, window.last_step)
+    if window.steps_analysed < window.last_step - window.first_step + 1:  # holes: incomplete steps inside
+        mask &= step.isin(window.step_indices)
+    return mask
+
+
+def _warmup_steps(steps: pd.DataFrame, complete: np.ndarray) -> list[int]:
+    if len(complete) < 4:
+        return []
+    per_step = iteration_us(steps).groupby(steps["step"]).median().reindex(complete).to_numpy()
+    steady = np.median(per_step[len(per_step) // 2 :])
+    cap = max(1, int(len(complete) * WARMUP_MAX_FRACTION))
+    n = 1  # the first step always pays for compilation, allocation and communicator setup
+    while n < cap and per_step[n] > WARMUP_SLOW_FACTOR * steady:
+        n += 1
+    return [int(s) for s in complete[:n]]
+
+
+def _short_list(values: np.ndarray, limit: int = 1000) -> list[int]:
+    return [int(v) for v in values[:limit]]
+
+
+def _short_text(values: list[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
