@@ -49,7 +49,7 @@ _PEER_PARAMS = ("dst", "src")  # for send/recv only
 _P2P = {"send", "recv", "isend", "irecv"}
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingCollective:
     step: int
     pg: str
@@ -328,9 +328,9 @@ def _safely(function, *args) -> None:
 
 
 def _default_group():
-    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed.distributed_c10d import _get_default_group
 
-    return c10d._get_default_group()
+    return _get_default_group()
 
 
 # -- DDP gradient buckets -----------------------------------------------------------------------------------
@@ -339,8 +339,6 @@ def _default_group():
 def install_ddp_hook(ddp_model, recorder_getter) -> bool:
     """Register a communication hook on a DDP model that does DDP's own averaging all-reduce and records it.
     Returns False (and DDP keeps its built-in path) if the model already has a hook."""
-    import torch.distributed as dist
-
     group = ddp_model.process_group
     group_size = group.size()
 
@@ -354,11 +352,7 @@ def install_ddp_hook(ddp_model, recorder_getter) -> bool:
                 token = recorder.begin("all_reduce", group, buffer, None, False, "ddp")
             except Exception:
                 token = None
-        _local.depth = getattr(_local, "depth", 0) + 1  # the wrapped all_reduce must not record it again
-        try:
-            work = dist.all_reduce(buffer, group=group, async_op=True)
-        finally:
-            _local.depth -= 1
+        work = group.allreduce([buffer])  # what DDP's reducer calls; skips the Python layer of dist.all_reduce
         if token is not None:
             recorder.issued(token, group)
 

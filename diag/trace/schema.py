@@ -209,3 +209,41 @@ def parse_marker(line: str) -> tuple[int, str] | None:
         return int(fields["schema"]), fields["table"]
     except (KeyError, ValueError):
         return None
+
+
+def render_markdown() -> str:
+    """docs/trace-format.md, generated from this module (``python -m diag.trace.schema``)."""
+    lines = [
+        "# diag trace format",
+        "",
+        f"Schema version **{SCHEMA_VERSION}**. Generated from `diag/trace/schema.py`, the single source of truth; "
+        "regenerate with `python -m diag.trace.schema > docs/trace-format.md`.",
+        "",
+        __doc__.strip(),
+        "",
+        "## Layout",
+        "",
+        "```",
+        "TRACE_DIR/",
+        "  rank00000/",
+        f"    {MANIFEST_FILE}",
+        *(f"    {t.file_name}" for t in TABLES.values()),
+        f"    {EVENTS_FILE}",
+        f"    {HEARTBEAT_FILE}      (written by the hang watchdog)",
+        "  rank00001/ ...",
+        "```",
+        "",
+    ]
+    for table in TABLES.values():
+        lines += [f"## `{table.file_name}`", "", table.doc, "", "| column | type | meaning |", "|---|---|---|"]
+        lines += [f"| `{c.name}` | {c.dtype} | {c.doc} |" for c in table.columns]
+        lines.append("")
+    lines += [f"## `{MANIFEST_FILE}`", "", "| key | meaning |", "|---|---|"]
+    lines += [f"| `{key}` | {doc} |" for key, doc in MANIFEST_KEYS.items()]
+    lines += ["", "## Throttle reasons", "", "| bit | name |", "|---|---|"]
+    lines += [f"| `{bit:#x}` | {name} |" for bit, name in THROTTLE_REASONS.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")

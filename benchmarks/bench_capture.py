@@ -1,0 +1,196 @@
+"""Capture overhead, host cost per record, and bytes on disk.
+
+1. A 2-rank gloo DDP loop with steps of about 20 ms, run three ways side by side in the same processes,
+   in alternating blocks: plain, instrumented with diag's defaults, and under torch.profiler (CPU
+   activities, the usual way people profile). Median step time of each and the ratio to plain.
+2. Host cost of one step span (``with diag.step()``) and of recording one collective, in microseconds.
+3. Bytes on disk per step and per collective record.
+
+usage: python benchmarks/bench_capture.py [--blocks 12] [--block-steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def make_ddp(hidden: int, seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, 1),
+    )
+    return torch.nn.parallel.DistributedDataParallel(model)  # DDP's default buckets
+
+
+def train_step(model, optimizer, batch):
+    import torch
+
+    loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def overhead_worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    import diag
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    trace_dir = Path(args.trace_dir)
+    diag.init(trace_dir, telemetry=False)
+    models = {name: make_ddp(args.hidden, 0) for name in ("plain", "diag", "profiler")}
+    optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in models.items()}
+    diag.instrument(models["diag"], optimizers["diag"])
+    batch = (torch.randn(args.batch, args.hidden), torch.randn(args.batch, 1))
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for name in models:  # warm-up, untimed
+        for _ in range(3):
+            train_step(models[name], optimizers[name], batch)
+    for _ in range(args.blocks):
+        for name in ("plain", "diag", "profiler"):
+            model, optimizer = models[name], optimizers[name]
+            dist.barrier()
+            if name == "profiler":
+                prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+                prof.__enter__()
+            for _ in range(args.block_steps):
+                start = time.perf_counter()
+                if name == "diag":
+                    with diag.step():
+                        train_step(model, optimizer, batch)
+                else:
+                    train_step(model, optimizer, batch)
+                times[name].append(time.perf_counter() - start)
+            if name == "profiler":
+                prof.__exit__(None, None, None)
+    diag.finish()
+    if rank == 0:
+        (trace_dir / "times.json").write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+def run_overhead(args) -> dict:
+    from diag.launch import run_ranks
+
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [__file__, "--worker", "--trace-dir", tmp, "--blocks", str(args.blocks),
+                "--block-steps", str(args.block_steps), "--hidden", str(args.hidden), "--batch", str(args.batch)]
+        for result in run_ranks(argv, 2, timeout_s=900):
+            if result.returncode != 0:
+                raise SystemExit(f"rank {result.rank} failed:\n{result.stderr[-3000:]}")
+        times = json.loads((Path(tmp) / "times.json").read_text())
+        disk = bytes_on_disk(Path(tmp))
+    medians = {name: statistics.median(values) * 1000 for name, values in times.items()}
+    return {"median_step_ms": medians, "steps_each": len(times["plain"]), "disk": disk}
+
+
+def bytes_on_disk(trace_dir: Path) -> dict:
+    import diag
+
+    trace = diag.load(trace_dir)
+    rank_dir = trace_dir / "rank00000"
+    steps = trace.steps[trace.steps["rank"] == 0]
+    colls = trace.collectives[trace.collectives["rank"] == 0]
+    header = {name: len(open(rank_dir / f"{name}.csv").readline()) * 0 + sum(
+        len(line) for line in open(rank_dir / f"{name}.csv").readlines()[:2]) for name in ("steps", "collectives")}
+    steps_bytes = os.path.getsize(rank_dir / "steps.csv") - header["steps"]
+    coll_bytes = os.path.getsize(rank_dir / "collectives.csv") - header["collectives"]
+    per_step_files = ["steps.csv", "collectives.csv", "memory.csv", "phases.csv"]
+    total = sum(os.path.getsize(rank_dir / f) for f in per_step_files if (rank_dir / f).exists())
+    return {
+        "bytes_per_step_row": steps_bytes / len(steps),
+        "bytes_per_collective_row": coll_bytes / len(colls),
+        "collectives_per_step": len(colls) / len(steps),
+        "bytes_per_step_all_tables": total / len(steps),
+    }
+
+
+def host_costs(iterations: int = 20000) -> dict:
+    """Median microseconds of diag's own host work: one step span, and one recorded collective (the
+    wrapper around a collective that does nothing, so that only diag's work is timed)."""
+    import torch
+    import torch.distributed as dist
+
+    import diag
+    from diag.capture import collectives
+    from diag.launch import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
+    group = dist.group.WORLD
+    tensor = torch.ones(1024)
+
+    def no_op_all_reduce(tensor, op=None, group=None, async_op=False):
+        return None
+
+    recorded_no_op = collectives._make_wrapper("all_reduce", no_op_all_reduce)
+    with tempfile.TemporaryDirectory() as tmp:
+        diag.init(tmp, telemetry=False, watchdog=False)
+        empty_ns = timed(lambda: None, iterations)
+        span_ns = timed(span_once, iterations)
+        record_ns = timed(lambda: recorded_no_op(tensor, group=group), iterations)
+        diag.finish()
+    dist.destroy_process_group()
+    return {"step_span_us": (span_ns - empty_ns) / 1000, "collective_record_us": (record_ns - empty_ns) / 1000}
+
+
+def span_once() -> None:
+    import diag
+
+    with diag.step():
+        pass
+
+
+def timed(function, iterations: int) -> float:
+    samples = []
+    for _ in range(iterations):
+        start = time.perf_counter_ns()
+        function()
+        samples.append(time.perf_counter_ns() - start)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--trace-dir")
+    parser.add_argument("--blocks", type=int, default=20)
+    parser.add_argument("--block-steps", type=int, default=10)
+    parser.add_argument("--hidden", type=int, default=900)
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+    if args.worker:
+        overhead_worker(args)
+        return
+    result = run_overhead(args)
+    medians = result["median_step_ms"]
+    print(f"2-rank gloo DDP, {result['steps_each']} steps of each variant, interleaved in blocks of {args.block_steps}")
+    for name in ("plain", "diag", "profiler"):
+        print(f"  {name:9s} median step {medians[name]:7.2f} ms   ratio to plain {medians[name] / medians['plain']:.4f}")
+    costs = host_costs()
+    print(f"host cost of one step span:         {costs['step_span_us']:.2f} us (median)")
+    print(f"host cost of recording a collective: {costs['collective_record_us']:.2f} us (median)")
+    disk = result["disk"]
+    print(f"bytes on disk: {disk['bytes_per_step_row']:.0f} per step row, {disk['bytes_per_collective_row']:.0f} per "
+          f"collective row ({disk['collectives_per_step']:.1f} collectives/step), "
+          f"{disk['bytes_per_step_all_tables']:.0f} per step over all tables")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The loader survives bad input: it reads what it can and says what it skipped."""
+
+import json
+
+import pytest
+
+from diag.trace.loader import TraceError, TraceReader, load
+from diag.trace.schema import COLLECTIVES, STEPS
+from diag.trace.writer import RankWriter
+
+
+def step_row(step: int) -> tuple:
+    return (step, 1_000_000 + step * 20_000, 20_000, 10, 5_000, 9_000, 1_000, 2_000, None, 32, None)
+
+
+def write_rank(root, rank: int, steps: int, run_id: str = "run-a", world_size: int = 2) -> None:
+    writer = RankWriter(root / f"rank{rank:05d}")
+    writer.write_manifest({"rank": rank, "world_size": world_size, "run_id": run_id, "schema_version": 1})
+    for step in range(steps):
+        writer.append("steps", step_row(step))
+        writer.append("collectives", (step, "0", step + 1, "all_reduce", 4096, "float32", None, 10, 55.5, 0, "ddp"))
+    writer.close()
+
+
+def test_round_trip_with_types_and_units(tmp_path):
+    write_rank(tmp_path, 0, 3)
+    write_rank(tmp_path, 1, 3)
+    trace = load(tmp_path)
+    assert trace.ranks_found == [0, 1] and trace.ranks_missing == [] and trace.skipped == []
+    assert list(trace.steps.columns) == ["rank", *STEPS.column_names]
+    assert list(trace.collectives.columns) == ["rank", *COLLECTIVES.column_names]
+    assert str(trace.collectives["op"].dtype) == "category" and trace.collectives["duration_us"].iloc[0] == 55.5
+    assert trace.steps["samples"].tolist() == [32] * 6 and trace.steps["device_us"].isna().all()
+    assert trace.run_id == "run-a" and trace.world_size == 2
+
+
+def test_half_written_last_line_is_ignored_and_read_later(tmp_path):
+    write_rank(tmp_path, 0, 2, world_size=1)
+    path = tmp_path / "rank00000" / "steps.csv"
+    with open(path, "a") as f:
+        f.write("2,1040000,20000")  # the writer is in the middle of this row
+    reader = TraceReader(tmp_path)
+    first = reader.poll()
+    assert first["steps"]["step"].tolist() == [0, 1] and first["skipped"] == []
+    with open(path, "a") as f:
+        f.write(",10,5000,9000,1000,2000,,32,\n3,1060000,20000,10,5000,9000,1000,2000,,32,\n")
+    second = reader.poll()  # only the rows appended since
+    assert second["steps"]["step"].tolist() == [2, 3]
+    assert reader.poll()["steps"].empty
+
+
+def test_corrupt_rows_are_skipped_and_counted(tmp_path):
+    write_rank(tmp_path, 0, 3, world_size=1)
+    path = tmp_path / "rank00000" / "steps.csv"
+    with open(path, "a") as f:
+        f.write("3,garbage,20000,10,5000,9000,1000,2000,,32,\n")
+        f.write("\x00\x00\x00binary junk\n")
+        f.write("4,1080000,20000,10,5000,9000,1000,2000,,32,\n")
+    trace = load(tmp_path)
+    assert trace.steps["step"].tolist() == [0, 1, 2, 4]
+    assert [(s.reason, s.lines) for s in trace.skipped] == [("corrupt rows skipped", 2)]
+
+
+def test_file_of_another_schema_version_is_reported_not_read(tmp_path):
+    write_rank(tmp_path, 0, 2, world_size=1)
+    path = tmp_path / "rank00000" / "steps.csv"
+    path.write_text(path.read_text().replace("schema=1", "schema=99"))
+    trace = load(tmp_path)
+    assert trace.steps.empty and len(trace.collectives) == 2
+    assert any("schema version 99" in s.reason for s in trace.skipped)
+
+
+def test_missing_ranks_and_manifests_are_reported(tmp_path):
+    write_rank(tmp_path, 0, 2, world_size=4)
+    write_rank(tmp_path, 2, 2, world_size=4)
+    (tmp_path / "rank00002" / "manifest.json").unlink()
+    trace = load(tmp_path)
+    assert trace.ranks_found == [0, 2] and trace.ranks_missing == [1, 3]
+    assert any("ranks [2] have no manifest.json" in str(s) for s in trace.skipped)
+    assert sorted(trace.steps["rank"].unique()) == [0, 2]  # rows of the rank without manifest are kept
+
+
+def test_two_runs_mixed_keeps_the_larger_and_says_so(tmp_path):
+    write_rank(tmp_path, 0, 2, run_id="run-a", world_size=3)
+    write_rank(tmp_path, 1, 2, run_id="run-a", world_size=3)
+    write_rank(tmp_path, 2, 2, run_id="run-b", world_size=3)
+    trace = load(tmp_path)
+    assert trace.run_id == "run-a" and trace.ranks_found == [0, 1]
+    assert sorted(trace.steps["rank"].unique()) == [0, 1]
+    assert any("other runs (run-b)" in str(s) for s in trace.skipped)
+
+
+def test_corrupt_manifest_and_events(tmp_path):
+    write_rank(tmp_path, 0, 1, world_size=1)
+    (tmp_path / "rank00000" / "manifest.json").write_text("{not json")
+    (tmp_path / "rank00000" / "events.jsonl").write_text(json.dumps({"kind": "oom", "time_us": 1}) + "\n{broken\n")
+    trace = load(tmp_path)
+    assert len(trace.steps) == 1 and trace.events["kind"].tolist() == ["oom"]
+    reasons = [s.reason for s in trace.skipped]
+    assert any(r.startswith("unreadable JSON") for r in reasons) and "corrupt events skipped" in reasons
+
+
+def test_nothing_to_analyse_is_a_clear_error(tmp_path):
+    with pytest.raises(TraceError, match="does not exist"):
+        load(tmp_path / "nope")
+    (tmp_path / "notes.txt").write_text("unrelated")
+    with pytest.raises(TraceError, match="no diag traces"):
+        load(tmp_path)
+    with pytest.raises(TraceError, match="not a directory"):
+        load(tmp_path / "notes.txt")
