@@ -82,6 +82,9 @@ class Watchdog:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=max(2.0, 2 * self.heartbeat_interval_s))
         self._safely("heartbeat", self._write_heartbeat, "finished")
+        # the recorder's state at the end lets triage work from Flight Recorder dumps alone (a rank that
+        # finished early shows which collectives it never issued)
+        self._safely("flight-recorder", self._write_flight_recorder)
         self._safely("restore", self._restore_handlers)
 
     # -- the thread -------------------------------------------------------------------------------------------

@@ -67,13 +67,13 @@ class Verdict:
 
 
 def triage(data: TriageInput) -> Verdict:
-    ops = _with_signature(data.ops)
+    ops = _drop_stale_pending(_with_signature(data.ops))
     members = _members(data)
     liveness = _liveness(data)
     desync = _first_desync(ops)
     if desync is not None:
         return _desync_verdict(data, ops, desync, liveness)
-    hang = _oldest_hang(ops, members)
+    hang = _oldest_hang(ops, members, data)
     if hang is not None:
         return _hang_verdict(data, ops, hang, liveness)
     vanished = sorted(r for r, state in liveness.items() if state == "vanished")
@@ -94,6 +94,17 @@ def _with_signature(ops: pd.DataFrame) -> pd.DataFrame:
     return ops
 
 
+def _drop_stale_pending(ops: pd.DataFrame) -> pd.DataFrame:
+    """A collective diag saw complete on one member completed on all: a rank that shows it pending is
+    showing an old snapshot (a heartbeat written before it returned, rows lost to a SIGKILL)."""
+    done = ops[ops["completed"] & (ops["source"] == "diag")][["pg", "seq"]].drop_duplicates()
+    if done.empty or ops["completed"].all():
+        return ops
+    marked = ops.merge(done.assign(_done=True), on=["pg", "seq"], how="left")
+    stale = ~marked["completed"] & marked["_done"].fillna(False).astype(bool)
+    return ops[~stale.to_numpy()].reset_index(drop=True)
+
+
 def _members(data: TriageInput) -> dict[str, list[int]]:
     return {pg: sorted(ranks) for pg, ranks in data.pg_ranks.items()}
 
@@ -111,21 +122,30 @@ def _first_desync(ops: pd.DataFrame) -> tuple[str, int] | None:
     return str(pg), int(seq)
 
 
-def _oldest_hang(ops: pd.DataFrame, members: dict[str, list[int]]) -> dict | None:
+def _oldest_hang(ops: pd.DataFrame, members: dict[str, list[int]], data: TriageInput) -> dict | None:
     """The oldest collective pending on some rank, with the member ranks that never reached it."""
-    pending = ops[~ops["completed"]]
-    if pending.empty:
-        return None
     candidates = []
-    last_seq = ops.groupby(["pg", "rank"])["seq"].max()
-    for pg, group in pending.groupby("pg", observed=True):
-        seq = int(group["seq"].min())
-        at_seq = ops[(ops["pg"] == pg) & (ops["seq"] == seq)]
+    for pg, group in ops.groupby("pg", observed=True):
+        last_seq = group.groupby("rank")["seq"].max()
+        seqs = group.loc[~group["completed"], "seq"]
+        starts = [int(seqs.min())] if len(seqs) else []
+        if data.kind == "flight_recorder" and last_seq.min() < last_seq.max():
+            # a collective cannot complete without every member: whatever a dump says (gloo counts failed ops
+            # as completed), the first seq some members lack was never completed
+            starts.append(int(last_seq.min()) + 1)
+        without_data = [r for r in members.get(str(pg), []) if not data.ranks.get(r, RankInfo(r)).has_data]
+        if not data.completion_reliable and without_data and not starts:
+            starts.append(int(last_seq.max()))  # the last op of gloo dumps may be the one that failed
+        if not starts:
+            continue
+        seq = min(starts)
+        at_seq = group[group["seq"] == seq]
         entered = sorted(at_seq["rank"].unique().tolist())
-        group_last = last_seq.loc[pg] if pg in last_seq.index.get_level_values(0) else pd.Series(dtype="int64")
-        missing = [r for r in members.get(str(pg), entered) if r not in set(entered) and group_last.get(r, -1) < seq]
+        missing = [r for r in members.get(str(pg), entered) if r not in set(entered) and last_seq.get(r, -1) < seq]
         start_us = float(at_seq["start_us"].min())
         candidates.append({"pg": str(pg), "seq": seq, "entered": entered, "missing": missing, "start_us": start_us})
+    if not candidates:
+        return None
     hung = [c for c in candidates if c["missing"]] or candidates
     return min(hung, key=lambda c: (c["start_us"] if c["start_us"] == c["start_us"] else float("inf"), c["pg"]))
 
@@ -317,8 +337,8 @@ def _rank_report(data: TriageInput, info: RankInfo, alive: str | None, entered_f
     if alive == "vanished":
         return RankReport("dead", last_step, phase, stack, _death_detail(info))
     state = "waiting_in_collective" if entered_focus else where
-    if alive == "finished" and not entered_focus:
-        state = "finished"
+    if alive in ("finished", "exited") and not entered_focus and info.stall_dump is None:
+        state = alive  # ended without being seen stuck: where it was at the end says nothing
     detail = _exit_detail(info)
     return RankReport(state, last_step, phase, stack, detail)
 

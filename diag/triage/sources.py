@@ -81,6 +81,7 @@ class TriageInput:
     skipped: list[Skipped] = field(default_factory=list)
     steps: pd.DataFrame | None = None  # diag only: rank, step, duration_us, comm_wait_us
     notes: list[str] = field(default_factory=list)
+    completion_reliable: bool = True  # False for gloo Flight Recorder dumps: a failed op reads as completed
 
 
 def read_input(path: str | Path) -> TriageInput:
@@ -215,12 +216,17 @@ def _merge_fr(ops: pd.DataFrame, fr_frames: list[pd.DataFrame]) -> pd.DataFrame:
         return fr
     last_seen = ops.groupby(["rank", "pg"])["seq"].max().rename("diag_last_seq").reset_index()
     fr = fr.merge(last_seen, on=["rank", "pg"], how="left")
-    beyond = fr[fr["diag_last_seq"].isna() | (fr["seq"] > fr["diag_last_seq"])].drop(columns="diag_last_seq")
+    beyond = fr[fr["diag_last_seq"].isna() | (fr["seq"] > fr["diag_last_seq"])]
+    # diag writes a row when an op returns, and the dump flushed those rows first: an entry past diag's last
+    # row was entered and never returned. gloo even counts an op that failed (peer gone) as completed.
+    known = beyond["diag_last_seq"].notna()
+    beyond = beyond.drop(columns="diag_last_seq")
+    beyond.loc[known.to_numpy(), "completed"] = False
+    beyond.loc[known.to_numpy(), "source"] = "flight_recorder (never returned)"
     sites = fr.set_index(["rank", "pg", "seq"])["call_site"]
     keys = pd.MultiIndex.from_frame(ops[["rank", "pg", "seq"]])
     ops = ops.copy()
     ops["call_site"] = sites.reindex(keys).fillna("").to_numpy()
-    # FR entries newer than diag's records: only ones not yet completed matter (what a rank is stuck in)
     return pd.concat([ops, beyond[~beyond["completed"]]], ignore_index=True)
 
 
@@ -272,9 +278,16 @@ def read_fr_dir(path: Path) -> TriageInput:
     frames = [fr_ops_frame(d) for d in dumps.values()]
     ops = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=OPS_COLUMNS)
     notes = []
-    if any(e.backend == "gloo" for d in dumps.values() for e in d.entries[:1]):
-        notes.append("gloo dumps: completion taken from pg_status.last_completed_collective (gloo records no state)")
-    return TriageInput(path, "flight_recorder", world_size, ops, ranks, pg_ranks, skipped, None, notes)
+    gloo = any(e.backend == "gloo" for d in dumps.values() for e in d.entries[:1])
+    if gloo:
+        notes.append(
+            "gloo dumps: gloo records no completion state, and counts an op that failed as completed; "
+            "a collective some members never issued is taken as never completed"
+        )
+    no_dump = sorted(r for r, info in ranks.items() if not info.has_data)
+    if no_dump:
+        notes.append(f"no Flight Recorder dump for ranks {no_dump}: their processes may have died before dumping")
+    return TriageInput(path, "flight_recorder", world_size, ops, ranks, pg_ranks, skipped, None, notes, not gloo)
 
 
 def fr_ops_frame(dump: FRDump) -> pd.DataFrame:

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -53,7 +54,7 @@ def sync_gradients(model, rank: int, step: int, scenario: str) -> None:
             continue
         dist.all_reduce(param.grad)
     if scenario == "kill" and rank == BAD_RANK and step == BAD_STEP:
-        print(f"rank {rank} ready to be killed", flush=True)
+        (Path(sys.argv[2]) / "ready_to_kill").write_text(str(os.getpid()))
         time.sleep(3600)
 
 

@@ -1,0 +1,94 @@
+"""Run ``hang_job.py`` scenarios as real multi-process gloo jobs, bounded in time, and collect their traces."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from diag.launch import start_ranks
+
+HANG_JOB = Path(__file__).with_name("hang_job.py")
+WORLD_SIZE = 3
+BAD_RANK = 1
+JOB_DEADLINE_S = 60  # the longest any scenario may run before every rank is killed
+PG_TIMEOUT_S = 8
+HANG_THRESHOLD_S = 2
+FR_PREFIX = "fr_trace_"
+
+
+def run_scenario(scenario: str, out_dir: Path) -> Path:
+    """Run one scenario to its end and return the trace directory; no process outlives this call."""
+    trace_dir = out_dir / "trace"
+    env = {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "HANG_JOB_PG_TIMEOUT_S": str(PG_TIMEOUT_S),
+        "HANG_JOB_THRESHOLD_S": str(HANG_THRESHOLD_S),
+    }
+    procs = start_ranks([str(HANG_JOB), scenario, str(trace_dir)], WORLD_SIZE, env)
+    try:
+        _drive(scenario, procs, trace_dir)
+    finally:
+        _end_all(procs)
+    return trace_dir
+
+
+def _drive(scenario: str, procs: list[subprocess.Popen], trace_dir: Path) -> None:
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    bad = procs[BAD_RANK]
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if scenario == "kill" and bad.poll() is None and (trace_dir / "ready_to_kill").exists():
+            time.sleep(0.3)  # let it sit in the step a moment, as a real crash would hit a running rank
+            bad.send_signal(signal.SIGKILL)
+        others_done = all(p.poll() is not None for i, p in enumerate(procs) if i != BAD_RANK)
+        if scenario == "loader" and others_done and bad.poll() is None and _has_stall_dump(trace_dir, BAD_RANK):
+            bad.send_signal(signal.SIGTERM)  # what a launcher does to the survivors of a failed job
+        time.sleep(0.2)
+
+
+def _has_stall_dump(trace_dir: Path, rank: int) -> bool:
+    return any((trace_dir / f"rank{rank:05d}").glob("hang_dump_*.json"))
+
+
+def _end_all(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def collect_fr_dumps(trace_dir: Path, fr_dir: Path) -> list[int]:
+    """Copy each rank's Flight Recorder dump to ``fr_dir/fr_trace_<rank>``, as TORCH_FR_DUMP_TEMP_FILE names
+    them; returns the ranks that had one."""
+    fr_dir.mkdir(parents=True, exist_ok=True)
+    ranks = []
+    for rank_dir in sorted(trace_dir.glob("rank*")):
+        dump = rank_dir / "fr_dump.pkl"
+        if dump.exists():
+            rank = int(rank_dir.name[len("rank") :])
+            shutil.copyfile(dump, fr_dir / f"{FR_PREFIX}{rank}")
+            ranks.append(rank)
+    return ranks
+
+
+def diag_triage_json(path: Path) -> dict:
+    import json
+
+    result = subprocess.run(
+        [sys.executable, "-m", "diag", "triage", str(path), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)

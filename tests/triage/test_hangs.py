@@ -1,0 +1,142 @@
+"""Real 3-rank gloo jobs that hang in different ways; ``diag triage`` must name verdict, rank and collective.
+
+Each job runs as real processes with an 8 s process-group timeout and a 2 s hang threshold, and is killed
+after at most 60 s (see jobs.py). The jobs are run once per module and shared by the tests below.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.triage.jobs import BAD_RANK, collect_fr_dumps, diag_triage_json, run_scenario
+
+pytestmark = pytest.mark.slow
+GRAD_WEIGHT_BYTES = 64 * 64 * 4  # the all_reduce of the Linear(64, 64) weight gradient
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cache = {}
+
+    def run(scenario: str):
+        if scenario not in cache:
+            out = tmp_path_factory.mktemp(scenario)
+            trace = run_scenario(scenario, out)
+            fr_dir = out / "fr"
+            collect_fr_dumps(trace, fr_dir)
+            cache[scenario] = (trace, fr_dir)
+        return cache[scenario]
+
+    return run
+
+
+def test_healthy_run_reports_no_problem(runs):
+    trace, _ = runs("healthy")
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "no_problem"
+    assert verdict["culprit_ranks"] == []
+    assert {r["state"] for r in verdict["ranks"].values()} == {"finished"}
+
+
+def test_rank_that_skipped_an_all_reduce_is_named_missing(runs):
+    trace, _ = runs("skip")
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "missing_ranks"
+    assert verdict["culprit_ranks"] == [BAD_RANK]
+    assert verdict["collective"]["op"] == "all_reduce"
+    assert verdict["collective"]["pg"] == "0"
+    assert verdict["ranks"][str(BAD_RANK)]["state"] == "finished"
+    assert verdict["ranks"]["0"]["state"] == "waiting_in_collective"
+    # the step at which the ranks fell out of step is found: rank 1 issued step 4's collectives with step 3's
+    assert any("ranks 1 in step 4" in line for line in verdict["evidence"])
+
+
+def test_rank_stuck_in_its_data_loader_is_named_with_its_stack(runs):
+    trace, _ = runs("loader")
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "missing_ranks"
+    assert verdict["culprit_ranks"] == [BAD_RANK]
+    assert verdict["collective"]["op"] == "all_reduce"
+    assert verdict["collective"]["sizes"] == f"{GRAD_WEIGHT_BYTES} B"
+    bad = verdict["ranks"][str(BAD_RANK)]
+    assert bad["state"] == "stuck_in_data_loader"
+    assert bad["last_step"] == 2 and bad["last_phase"] == "data_wait"
+    assert any("hang_job.py" in frame and "__iter__" in frame for frame in bad["stack"])
+    assert "SIGTERM" in "\n".join(verdict["evidence"])
+
+
+def test_rank_calling_all_gather_instead_of_all_reduce_is_the_desync_culprit(runs):
+    trace, _ = runs("desync")
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "desync"
+    assert verdict["culprit_ranks"] == [BAD_RANK]
+    assert verdict["collective"]["op"] == "all_reduce"  # what the majority issued
+    evidence = "\n".join(verdict["evidence"])
+    assert "called all_gather" in evidence and "called all_reduce" in evidence
+    assert evidence.count("hang_job.py") >= 2  # both call sites
+
+
+def test_sigkilled_rank_is_named_dead(runs):
+    trace, _ = runs("kill")
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "dead_rank"
+    assert verdict["culprit_ranks"] == [BAD_RANK]
+    assert verdict["collective"]["op"] == "all_reduce"
+    assert verdict["ranks"][str(BAD_RANK)]["state"] == "dead"
+    assert "no exit record" in verdict["ranks"][str(BAD_RANK)]["detail"]
+
+
+@pytest.mark.parametrize("scenario", ["skip", "loader", "kill"])
+def test_flight_recorder_dumps_alone_name_the_missing_rank(runs, scenario):
+    _, fr_dir = runs(scenario)
+    verdict = diag_triage_json(fr_dir)
+    assert verdict["verdict"] == "missing_ranks"
+    assert verdict["culprit_ranks"] == [BAD_RANK]
+    assert verdict["collective"]["op"] == "all_reduce"
+
+
+def test_flight_recorder_desync_culprit_does_not_depend_on_file_order(runs, tmp_path):
+    _, fr_dir = runs("desync")
+    first = diag_triage_json(fr_dir)
+    reversed_dir = tmp_path / "renamed"
+    reversed_dir.mkdir()
+    for path in fr_dir.iterdir():  # rename so that listing order reverses: z_ files now come first... or last
+        rank = int(path.name.rsplit("_", 1)[1])
+        (reversed_dir / f"{'abc'[2 - rank]}_trace_{rank}").write_bytes(path.read_bytes())
+    second = diag_triage_json(reversed_dir)
+    assert first["verdict"] == second["verdict"] == "desync"
+    assert first["culprit_ranks"] == second["culprit_ranks"] == [BAD_RANK]
+
+
+def test_text_output_names_verdict_rank_and_collective(runs):
+    trace, _ = runs("loader")
+    result = subprocess.run(
+        [sys.executable, "-m", "diag", "triage", str(trace)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("HANG: ranks 1 never reached")
+    assert "all_reduce seq" in result.stdout and "stuck_in_data_loader" in result.stdout
+
+
+def test_triage_command_does_not_import_torch(runs):
+    trace, _ = runs("loader")
+    code = (
+        "import sys; from click.testing import CliRunner; from diag.cli import main; "
+        f"r = CliRunner().invoke(main, ['triage', {str(trace)!r}]); "
+        "print(r.exit_code, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout.split()
+    assert out == ["0", "False"]
+
+
+def test_json_output_has_the_documented_keys(runs):
+    trace, _ = runs("loader")
+    verdict = diag_triage_json(trace)
+    assert set(verdict) >= {"verdict", "culprit_ranks", "collective", "ranks", "evidence"}
+    assert set(verdict["collective"]) >= {"pg", "seq", "op", "sizes"}
+    assert set(verdict["ranks"]["1"]) >= {"state", "last_step", "last_phase", "stack"}
+    json.dumps(verdict)
