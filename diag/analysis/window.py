@@ -78,7 +78,8 @@ def choose_window(steps: pd.DataFrame, step_range: tuple[int | None, int | None]
         warmup = _warmup_steps(steps[steps["step"].isin(complete)], complete)
         window.warmup_steps_excluded = [int(s) for s in warmup]
         if warmup:
-            window.notes.append(f"warm-up steps {warmup[0]}..{warmup[-1]} left out (use --steps to choose)")
+            which = f"step {warmup[0]}" if len(warmup) == 1 else f"steps {warmup[0]}..{warmup[-1]}"
+            window.notes.append(f"warm-up {which} left out (use --steps to choose)")
         chosen = complete[len(warmup) :]
     window.step_indices = np.asarray(chosen, dtype="int64")
     if len(chosen):

@@ -1,0 +1,68 @@
+"""``diag analyze``: what slows the job down, and by how much. Never imports torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+SAMPLE_RUN = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler"
+
+
+def _nothing_usable(trace) -> bool:
+    return all(getattr(trace, name).empty for name in ("steps", "phases", "collectives", "memory", "telemetry"))
+
+
+@click.command("analyze")
+@click.argument("trace_dir", required=False, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True, help="Output format on stdout.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML report with figures.")
+@click.option("--steps", "steps", metavar="A:B", help="Analyse steps A <= step < B (default: all complete steps after warm-up).")
+@click.option("--peak-tflops", type=float, help="Dense peak TFLOP/s per GPU for MFU (overrides the manifest and the datasheet table).")
+@click.option("--flops-per-step", type=float, help="Model FLOPs of one step on one rank (overrides the manifest).")
+@click.option("--no-cache", is_flag=True, help="Do not read or write the parquet cache in TRACE_DIR/.diag-cache.")
+def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_cache):
+    """Analyse a trace directory: stragglers, MFU, communication, memory and GPU telemetry,
+    with findings ranked by the time each one costs.
+
+    \b
+    Examples:
+      diag analyze traces/run1
+      diag analyze traces/run1 --steps 100:500 --format json > report.json
+      diag analyze traces/run1 --html report.html --peak-tflops 989
+      diag analyze                     (the bundled sample run)
+    """
+    from diag.analysis.report import analyze
+    from diag.analysis.window import parse_step_range
+    from diag.trace.cache import load_cached
+    from diag.trace.loader import TraceError
+    from diag.views import render
+
+    if trace_dir is None:
+        trace_dir = SAMPLE_RUN
+        if not trace_dir.is_dir():
+            raise click.ClickException(f"no TRACE_DIR given and the bundled sample run {trace_dir} is not there; give a trace directory")
+        click.echo(f"No TRACE_DIR given: analysing the bundled sample run {trace_dir}", err=True)
+    try:
+        step_range = parse_step_range(steps)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--steps") from exc
+    try:
+        trace, how = load_cached(trace_dir, progress=True, cache=not no_cache)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if _nothing_usable(trace):
+        reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
+        raise click.ClickException(f"nothing in {trace_dir} could be analysed:\n{reasons}")
+    if how == "cache":
+        click.echo(f"(trace read from the cache in {trace_dir}/.diag-cache)", err=True)
+    report = analyze(trace, steps=step_range, peak_tflops=peak_tflops, flops_per_step=flops_per_step)
+    click.echo(render(report, fmt))
+    if html_path is not None:
+        from diag.views.html import render_html
+
+        try:
+            html_path.write_text(render_html(report), encoding="utf-8")
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {html_path}: {exc}") from exc
+        click.echo(f"HTML report written to {html_path}", err=True)

@@ -1,0 +1,110 @@
+"""One self-contained HTML file: the markdown report's sections plus plotly figures, plotly.js inlined so it
+reads offline. Figures draw the Report's own series; nothing is computed here."""
+
+from __future__ import annotations
+
+import html
+
+from diag.views.text import blocks
+
+
+def render_html(report) -> str:
+    import plotly.graph_objects as go  # only the HTML view needs plotly
+
+    figures = [f for f in (_step_figure(go, report), _rank_figure(go, report), _mfu_figure(go, report),
+                           _comms_figure(go, report), _memory_figure(go, report), _telemetry_figure(go, report)) if f is not None]
+    parts = []
+    for i, fig in enumerate(figures):
+        fig.update_layout(height=380, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0, config={"displaylogo": False}))
+    sections = "\n".join(_section(b) for b in blocks(report))
+    title = html.escape(f"diag analyze: {report.run.path}")
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}}
+table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}
+pre{{white-space:pre-wrap}}</style></head>
+<body><h1>{title}</h1>
+{sections}
+<h2>Figures</h2>
+{''.join(parts) if parts else '<p>No data to plot.</p>'}
+</body></html>
+"""
+
+
+def _section(block) -> str:
+    out = [f"<h2>{html.escape(block.heading)}</h2>"]
+    if block.lines:
+        out.append("<pre>" + html.escape("\n".join(block.lines)) + "</pre>")
+    if block.table:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in block.table[0])
+        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in block.table[1:])
+        out.append(f"<table><tr>{head}</tr>{rows}</table>")
+    return "\n".join(out)
+
+
+def _step_figure(go, report):
+    steps = report.timeline.per_step
+    if not steps:
+        return None
+    x = [s["step"] for s in steps]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=[s["iteration_median_ms"] for s in steps], name="iteration (median rank)"))
+    fig.add_trace(go.Scatter(x=x, y=[s["busy_median_ms"] for s in steps], name="work, median rank"))
+    fig.add_trace(go.Scatter(x=x, y=[s["busy_max_ms"] for s in steps], name="work, slowest rank",
+                             text=[f"rank {s['slowest_rank']}" for s in steps]))
+    fig.update_layout(title="Step time and work per step", xaxis_title="step", yaxis_title="ms")
+    return fig
+
+
+def _rank_figure(go, report):
+    ranks = report.timeline.per_rank
+    if not ranks:
+        return None
+    x = [r["rank"] for r in ranks]
+    fig = go.Figure()
+    for key, name in (("compute_ms", "compute"), ("data_wait_ms", "data wait"), ("comm_wait_ms", "blocked in communication")):
+        fig.add_trace(go.Bar(x=x, y=[r[key] for r in ranks], name=name))
+    fig.update_layout(barmode="stack", title="Median step per rank: compute, data wait, communication", xaxis_title="rank", yaxis_title="ms")
+    return fig
+
+
+def _mfu_figure(go, report):
+    per_step = report.mfu.per_step
+    if not per_step:
+        return None
+    fig = go.Figure(go.Scatter(x=[p["step"] for p in per_step], y=[100 * p["mfu"] for p in per_step], name="MFU"))
+    fig.update_layout(title="MFU per step", xaxis_title="step", yaxis_title="% of peak")
+    return fig
+
+
+def _comms_figure(go, report):
+    colls = report.comms.collectives[:15]
+    if not colls:
+        return None
+    labels = [f"{c.op} {c.pg} {c.size_bucket}" for c in colls]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=labels, y=[c.total_time_s - c.wait_total_s for c in colls], name="transfer"))
+    fig.add_trace(go.Bar(x=labels, y=[c.wait_total_s for c in colls], name="waiting for peers"))
+    fig.update_layout(barmode="stack", title="Time in collectives (summed over ranks)", yaxis_title="s")
+    return fig
+
+
+def _memory_figure(go, report):
+    ranks = report.memory.per_rank
+    if not ranks:
+        return None
+    fig = go.Figure(go.Bar(x=[r.rank for r in ranks], y=[(r.growth_bytes_per_step or 0) / 2**20 for r in ranks],
+                           marker_color=["crimson" if r.leak_suspected else "steelblue" for r in ranks]))
+    fig.update_layout(title=f"Memory growth per step ({ranks[0].metric}); red: leak suspected", xaxis_title="rank", yaxis_title="MiB/step")
+    return fig
+
+
+def _telemetry_figure(go, report):
+    gpus = report.telemetry.gpus
+    if not gpus:
+        return None
+    fig = go.Figure(go.Bar(x=[g.rank for g in gpus], y=[g.sm_clock_vs_max_pct for g in gpus],
+                           marker_color=["crimson" if g.throttled else "steelblue" for g in gpus]))
+    fig.update_layout(title="SM clock vs max per GPU (by rank); red: throttled", xaxis_title="rank", yaxis_title="%")
+    return fig

@@ -1,0 +1,217 @@
+"""Text and markdown renderings of a Report: findings first, then one section per analysis.
+
+Both come from the same list of blocks (heading, paragraphs, tables); only the final formatting differs.
+Long per-rank lists are cut to the ranks that matter; the JSON output has them all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TOP_ROWS = 10
+
+
+@dataclass
+class Block:
+    heading: str
+    lines: list[str] = field(default_factory=list)
+    table: list[list[str]] | None = None  # first row is the header
+
+
+def blocks(report) -> list[Block]:
+    return [_run(report), _findings(report), _stragglers(report), _mfu(report), _comms(report), _memory(report), _telemetry(report)]
+
+
+def render_text(report) -> str:
+    out = []
+    for block in blocks(report):
+        out.append(block.heading)
+        out.append("=" * len(block.heading))
+        out.extend(block.lines)
+        if block.table:
+            out.extend(_text_table(block.table))
+        out.append("")
+    return "\n".join(out)
+
+
+def render_markdown(report) -> str:
+    out = ["# diag analyze report", ""]
+    for block in blocks(report):
+        out.append(f"## {block.heading}")
+        out.append("")
+        out.extend(f"{line}  " for line in block.lines)
+        if block.table:
+            out.append("")
+            out.append("| " + " | ".join(block.table[0]) + " |")
+            out.append("|" + "---|" * len(block.table[0]))
+            out.extend("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in block.table[1:])
+        out.append("")
+    return "\n".join(out)
+
+
+def _text_table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def pct(fraction) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.1f}%"
+
+
+def gib(nbytes) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
+
+
+def num(value, fmt="{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _ranks(ranks: list[int], limit: int = 8) -> str:
+    if not ranks:
+        return "all"
+    text = ", ".join(map(str, ranks[:limit]))
+    return text + (f" +{len(ranks) - limit} more" if len(ranks) > limit else "")
+
+
+def _run(report) -> Block:
+    run, w = report.run, report.run.window
+    block = Block("Run")
+    block.lines.append(f"trace: {run.path}  run_id: {run.run_id or '-'}  device: {run.device_name or '-'}")
+    block.lines.append(
+        f"ranks: {len(run.ranks_found)} found of world size {run.world_size}"
+        + (f"; missing: {_ranks(run.ranks_missing)}" if run.ranks_missing else "")
+        + f"; hosts: {run.hosts or '-'}"
+    )
+    if w.first_step is None:
+        block.lines.append(f"steps: {run.steps} recorded, none analysable")
+    else:
+        block.lines.append(f"steps: {run.steps} recorded; analysed {w.steps_analysed} (steps {w.first_step}..{w.last_step})")
+    block.lines.extend(f"note: {n}" for n in run.notes)
+    if run.skipped_total:
+        block.lines.append(f"skipped ({run.skipped_total}):")
+        block.lines.extend(f"  - {s['path']}: {s['reason']}" + (f" ({s['lines']} lines)" if s["lines"] else "") for s in run.skipped[:TOP_ROWS])
+        if run.skipped_total > TOP_ROWS:
+            block.lines.append(f"  ... {run.skipped_total - TOP_ROWS} more (see --format json)")
+    return block
+
+
+def _findings(report) -> Block:
+    block = Block("Findings (by time lost)")
+    if not report.findings:
+        block.lines.append("No problems found in the analysed window.")
+    for i, f in enumerate(report.findings, 1):
+        cost = f"{ms(f.time_lost_per_step_s)}/step, {f.time_lost_s:.1f} s in all" if f.time_lost_s else "no time lost yet"
+        block.lines.append(f"{i}. [{f.severity}] {f.title}  ({cost})")
+        where = [f"ranks {_ranks(f.ranks)}"] if f.ranks else []
+        where += [f"hosts {', '.join(f.hosts[:4])}"] if f.hosts else []
+        where += [f"GPUs {', '.join(f.gpus[:4])}"] if f.gpus else []
+        if where:
+            block.lines.append("   where: " + "; ".join(where))
+        block.lines.extend(f"   - {e}" for e in f.evidence[:6])
+        block.lines.append(f"   try: {f.advice}")
+    return block
+
+
+def _stragglers(report) -> Block:
+    s = report.stragglers
+    block = Block("Stragglers")
+    block.lines.append(f"method: busy time per rank and step (data wait + compute), blocked time from {s.wait_source}")
+    if s.note:
+        block.lines.append(f"note: {s.note}")
+    if not s.stragglers:
+        block.lines.append("No straggler: every rank's work per step is within 10% of the median rank's.")
+        return block
+    block.table = [["rank", "host", "gpu", "slowdown", "slow steps", "kind", "cause", "saved/step", "last arrival"]]
+    for x in s.stragglers[:TOP_ROWS]:
+        block.table.append([
+            str(x.rank), x.host or "-", num(x.gpu, "{}"), pct(x.slowdown), pct(x.steps_slow_fraction),
+            "persistent" if x.persistent else "transient", x.cause, ms(x.time_saved_per_step_s), pct(x.last_arrival_fraction),
+        ])
+    return block
+
+
+def _mfu(report) -> Block:
+    m = report.mfu
+    block = Block("MFU")
+    block.lines.append(f"median step time: {ms(m.step_time_median_s)}")
+    if m.reason:
+        block.lines.append(f"MFU unknown: {m.reason}")
+    else:
+        block.lines.append(f"MFU: median {pct(m.median)}, mean {pct(m.mean)}, overall {pct(m.overall)}; {num(m.tflops_per_gpu)} TFLOP/s per GPU")
+        block.lines.append(f"FLOPs from {m.flops_source}; peak from {m.peak_source}")
+    if m.tokens_per_s is not None:
+        block.lines.append(f"throughput: {m.tokens_per_s:,.0f} tokens/s")
+    if m.samples_per_s is not None:
+        block.lines.append(f"throughput: {m.samples_per_s:,.1f} samples/s")
+    return block
+
+
+def _comms(report) -> Block:
+    c = report.comms
+    block = Block("Communication")
+    if c.exposed_comm_per_step_s is not None:
+        block.lines.append(f"exposed communication (the least-blocked rank, median step): {ms(c.exposed_comm_per_step_s)}")
+    if c.note:
+        block.lines.append(c.note)
+    if c.collectives:
+        block.table = [["op", "pg", "size", "count", "p50", "p99", "transfer p50", "algbw GB/s", "busbw GB/s", "wait s", "total s"]]
+        for x in c.collectives[:TOP_ROWS]:
+            block.table.append([
+                x.op, x.pg, x.size_bucket, str(x.count), f"{x.duration_p50_us / 1e3:.2f} ms", f"{x.duration_p99_us / 1e3:.2f} ms",
+                f"{x.transfer_p50_us / 1e3:.2f} ms", num(x.algbw_gbps), num(x.busbw_gbps), f"{x.wait_total_s:.1f}", f"{x.total_time_s:.1f}",
+            ])
+    if c.per_rank:
+        worst = sorted(c.per_rank, key=lambda r: r.wait_share_pct, reverse=True)[:3]
+        least = sorted(c.per_rank, key=lambda r: r.wait_share_pct)[:3]
+        block.lines.append("waiting for peers, share of step time: most " + ", ".join(f"rank {r.rank} {r.wait_share_pct:.1f}%" for r in worst)
+                           + "; least " + ", ".join(f"rank {r.rank} {r.wait_share_pct:.1f}%" for r in least))
+    return block
+
+
+def _memory(report) -> Block:
+    m = report.memory
+    block = Block("Memory")
+    if m.note:
+        block.lines.append(m.note)
+    if not m.per_rank:
+        return block
+    flagged = [r for r in m.per_rank if r.leak_suspected or r.near_oom or r.alloc_retries or r.ooms]
+    closest = [r for r in m.per_rank if r.rank in m.closest_to_oom]
+    rows = flagged + [r for r in closest if r not in flagged]
+    if not rows:
+        rows = sorted(m.per_rank, key=lambda r: r.growth_bytes_per_step or 0, reverse=True)[:3]
+    block.lines.append(f"{len(m.per_rank)} ranks; metric for growth: {m.per_rank[0].metric}; showing flagged and closest to OOM")
+    block.table = [["rank", "peak alloc", "peak reserved", "headroom", "frag", "retries", "OOMs", "growth/step", "leak?"]]
+    for r in rows[:TOP_ROWS]:
+        growth = "-" if r.growth_bytes_per_step is None else f"{r.growth_bytes_per_step / 2**20:+.2f} MiB"
+        block.table.append([
+            str(r.rank), gib(r.peak_allocated_bytes), gib(r.peak_reserved_bytes), num(r.headroom_pct, "{:.0f}%"),
+            num(r.fragmentation_pct, "{:.0f}%"), num(r.alloc_retries, "{}"), num(r.ooms, "{}"), growth, "yes" if r.leak_suspected else "no",
+        ])
+    return block
+
+
+def _telemetry(report) -> Block:
+    t = report.telemetry
+    block = Block("GPU telemetry")
+    if t.note:
+        block.lines.append(t.note)
+    if not t.gpus:
+        return block
+    flagged = [g for g in t.gpus if g.throttled or g.hot or g.idle or g.ecc_uncorrected or g.xids]
+    block.lines.append(f"{len(t.gpus)} GPUs, {len(flagged)} flagged")
+    rows = flagged or t.gpus[:3]
+    block.table = [["rank", "host:gpu", "util", "SM clock/max", "power/limit", "temp max", "throttled", "reasons", "errors"]]
+    for g in rows[:TOP_ROWS]:
+        errors = f"ECC {g.ecc_uncorrected} XID {g.xids}" if g.ecc_uncorrected or g.xids else "-"
+        block.table.append([
+            str(g.rank), f"{g.host}:{g.gpu}", num(g.util_mean_pct, "{:.0f}%"), num(g.sm_clock_vs_max_pct, "{:.0f}%"),
+            num(g.power_vs_limit_pct, "{:.0f}%"), num(g.temp_max_c, "{:.0f} C"), f"{100 * g.throttled_share:.0f}%",
+            ",".join(sorted(g.throttle_share)) or "-", errors,
+        ])
+    return block

@@ -1,0 +1,92 @@
+"""Make the bundled sample run ``sample_traces/straggler/``: a real 3-rank CPU job (gloo, DDP) captured by
+diag, with a compute straggler planted at rank 1 (an extra matrix-multiply loop inside its step).
+
+    python sample_traces/make_samples.py            # rewrites sample_traces/straggler/
+    diag analyze                                    # analyses it
+
+The same script is the job the analysis tests run (``job`` sub-command):
+
+    make_samples.py job TRACE_DIR STEPS SLOW_RANK {compute,data,none} EXTRA_MS
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORLD = 3
+STEPS = 40
+SLOW_RANK = 1
+EXTRA_MS = 40.0
+
+
+def busy_compute(ms: float, torch) -> None:
+    """Real work (not sleep) for about ``ms`` milliseconds: what a rank with more to compute does."""
+    a = torch.randn(96, 96)
+    deadline = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < deadline:
+        a = torch.tanh(a @ a)
+
+
+def slow_batches(batches, delay_ms: float):
+    """A data loader that takes ``delay_ms`` to produce each batch (slow storage or decoding)."""
+    for batch in batches:
+        time.sleep(delay_ms / 1e3)
+        yield batch
+
+
+def job(trace_dir: str, steps: int, slow_rank: int, mode: str, extra_ms: float) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import diag
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+    batch_size = 64
+    flops = 6 * sum(p.numel() for p in model.parameters()) * batch_size  # forward + backward of the weights
+    diag.init(trace_dir, flops_per_step=flops, telemetry=False, watchdog=False)
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    diag.instrument(model, optimizer)
+    batches = [torch.randn(batch_size, 256) for _ in range(steps)]
+    loader = slow_batches(batches, extra_ms) if mode == "data" and rank == slow_rank else batches
+    for batch in diag.wrap_loader(loader):
+        with diag.step(samples=batch_size):
+            busy_compute(15.0, torch)  # the model's "real" work, so timings are not all noise
+            if mode == "compute" and rank == slow_rank:
+                busy_compute(extra_ms, torch)
+            loss = model(batch).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    diag.finish()
+    dist.destroy_process_group()
+
+
+def make_sample(out: Path = HERE / "straggler") -> None:
+    from diag.launch import run_ranks
+
+    tmp = out.with_name(out.name + ".new")
+    shutil.rmtree(tmp, ignore_errors=True)
+    results = run_ranks([__file__, "job", str(tmp), str(STEPS), str(SLOW_RANK), "compute", str(EXTRA_MS)], WORLD, timeout_s=300)
+    for result in results:
+        if result.returncode != 0:
+            sys.exit(f"rank {result.rank} failed:\n{result.stderr[-3000:]}")
+    shutil.rmtree(tmp / ".diag-cache", ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    print(f"wrote {out}: {WORLD} ranks, {STEPS} steps, compute straggler at rank {SLOW_RANK} (+{EXTRA_MS:.0f} ms/step)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "job":
+        trace_dir, steps, slow_rank, mode, extra_ms = sys.argv[2:7]
+        job(trace_dir, int(steps), int(slow_rank), mode, float(extra_ms))
+    else:
+        make_sample()
