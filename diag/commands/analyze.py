@@ -43,6 +43,7 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
         if not trace_dir.is_dir():
             raise click.ClickException(f"no TRACE_DIR given and the bundled sample run {trace_dir} is not there; give a trace directory")
         click.echo(f"No TRACE_DIR given: analysing the bundled sample run {trace_dir}", err=True)
+        no_cache = True  # small, and part of the installed package: write nothing next to it
     try:
         step_range = parse_step_range(steps)
     except ValueError as exc:
