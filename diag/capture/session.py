@@ -34,8 +34,12 @@ class Session:
     telemetry / telemetry_interval_s: NVML sampling; collectives: record collectives; memory: per-step
     memory; clock_sync: measure clock offsets at init (a collective: every rank must call diag.init);
     watchdog / hang_threshold_s / heartbeat_interval_s: hang dumps and heartbeats for ``diag triage``;
-    flush_interval_s: how often records reach the disk (the most a SIGKILL loses).
+    flush_interval_s: how often records reach the disk (the most a SIGKILL loses); count_flops: when
+    flops_per_step is not given, count the model FLOPs of step 1 (the second step) with
+    torch.utils.flop_counter.FlopCounterMode (that one step runs slower).
     """
+
+    COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
 
     enabled = True
 
@@ -56,6 +60,7 @@ class Session:
         hang_threshold_s: float = 120.0,
         heartbeat_interval_s: float = 5.0,
         flush_interval_s: float = 0.5,
+        count_flops: bool = False,
         device=None,
     ):
         self.trace_dir = Path(trace_dir)
@@ -78,6 +83,7 @@ class Session:
         self._data_wait_us = 0.0
         self._comm_wait_us = 0.0
         self._hooks: list = []
+        self._count_flops = count_flops and not flops_per_step
 
         self.manifest = self._base_manifest(flops_per_step, peak_tflops, dtype, parallel)
         self.memory = self._start_memory(memory)
@@ -237,14 +243,39 @@ class Session:
     @contextmanager
     def step(self, index: int | None = None, samples: int | None = None, tokens: int | None = None):
         started = self._begin_step(index)
+        counter = self._flop_counter() if started else None
         try:
-            yield self
+            if counter is None:
+                yield self
+            else:
+                with counter:
+                    yield self
         except BaseException as exc:
             self._on_step_error(exc)
             raise
         finally:
             if started:
                 self._end_step(samples, tokens)
+            if counter is not None:
+                self._record_counted_flops(counter)
+
+    def _flop_counter(self):
+        if not self._count_flops or self.current_step != self.COUNT_FLOPS_AT_STEP:
+            return None
+        try:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            return FlopCounterMode(display=False)
+        except Exception as exc:
+            warn_once("flop-counter", f"cannot count FLOPs ({exc!r}); MFU needs flops_per_step")
+            return None
+
+    def _record_counted_flops(self, counter) -> None:
+        self._count_flops = False
+        try:
+            self.set_flops(float(counter.get_total_flops()), "flop_counter")
+        except Exception as exc:
+            warn_once("flop-counter", f"cannot count FLOPs ({exc!r}); MFU needs flops_per_step")
 
     def _begin_step(self, index: int | None) -> bool:
         try:
