@@ -29,14 +29,18 @@ class DumpRejected(Exception):
     """The file is not a Flight Recorder dump diag can read safely; the message says why."""
 
 
+class Refused(pickle.UnpicklingError):
+    """The pickle asked for a class or function: it is not plain data."""
+
+
 class RestrictedUnpickler(pickle.Unpickler):
     """Unpickler that only builds dicts, lists, tuples, sets, strings, bytes, numbers, booleans and None."""
 
     def find_class(self, module: str, name: str):  # every GLOBAL / STACK_GLOBAL / INST / OBJ / EXT goes here
-        raise pickle.UnpicklingError(f"refused to load {module}.{name}: dumps may only hold plain data")
+        raise Refused(f"refused to load {module}.{name}: dumps may only hold plain data")
 
     def persistent_load(self, pid):
-        raise pickle.UnpicklingError("refused a persistent id: dumps may only hold plain data")
+        raise Refused("refused a persistent id: dumps may only hold plain data")
 
 
 def restricted_loads(data: bytes) -> Any:
@@ -50,7 +54,7 @@ def _check_plain(value: Any) -> None:
     while stack:
         item = stack.pop()
         if not isinstance(item, PLAIN_TYPES):
-            raise pickle.UnpicklingError(f"unexpected {type(item).__name__} in dump")
+            raise Refused(f"unexpected {type(item).__name__} in dump")
         if isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
@@ -122,7 +126,7 @@ def read_dump_file(path: str | Path) -> Any:
         raise DumpRejected("neither a pickle nor JSON")
     try:
         return restricted_loads(data)
-    except pickle.UnpicklingError as exc:
+    except Refused as exc:
         raise DumpRejected(f"rejected pickle: {exc}") from exc
     except Exception as exc:  # truncated or corrupt pickles raise EOFError, ValueError, ...
         raise DumpRejected(f"corrupt pickle: {type(exc).__name__}: {exc}") from exc
