@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 LEAK_R2 = 0.8
-LEAK_MIN_GROWTH_FRACTION = 0.05  # growth over the window, as a share of the median reading
+LEAK_MIN_GROWTH_FRACTION = 0.01  # growth over the window, as a share of the median reading
 LEAK_MIN_GROWTH_BYTES = 16 * 2**20
 NEAR_OOM_HEADROOM_PCT = 10.0
 

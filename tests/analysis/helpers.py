@@ -1,0 +1,53 @@
+"""Trace directories for the analysis tests: the benchmark's synthetic generator (real file format, problems
+planted at known ranks) at a small size, and small surgery on them (truncate, corrupt, drop ranks)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from diag.analysis.report import analyze
+from diag.cli import main
+from diag.trace.loader import load
+
+REPO = Path(__file__).resolve().parents[2]
+
+_spec = importlib.util.spec_from_file_location("diag_bench_synthetic", REPO / "benchmarks" / "synthetic.py")
+synthetic = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = synthetic  # dataclasses look their module up there
+_spec.loader.exec_module(synthetic)
+
+RANKS = 16
+STEPS = 60
+COLLECTIVES = 4
+
+
+def make_trace(path: Path, ranks: int = RANKS, steps: int = STEPS, plants=None, seed: int = 0):
+    """Write a synthetic trace; returns the plants (which rank has which problem)."""
+    return synthetic.generate(path, ranks, steps, COLLECTIVES, plants=plants, seed=seed)
+
+
+def report_of(path: Path, **options):
+    return analyze(load(path), **options).to_dict()
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(main, ["analyze", *map(str, args)])
+
+
+def cli_json(path: Path, *args: str) -> dict:
+    result = run_cli(path, "--format", "json", "--no-cache", *args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def kinds(report: dict) -> list[str]:
+    return [f["kind"] for f in report["findings"]]
+
+
+def findings_of(report: dict, kind: str) -> list[dict]:
+    return [f for f in report["findings"] if f["kind"] == kind]

@@ -1,0 +1,73 @@
+"""Real 3-rank CPU jobs (gloo, DDP, captured by diag) with a straggler planted at a known rank: the report must
+name that rank and the right cause; a balanced job must get no straggler finding. The job is the one that
+makes the bundled sample (sample_traces/make_samples.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from diag.launch import run_ranks
+from tests.analysis.helpers import REPO, cli_json, findings_of, run_cli
+
+pytestmark = pytest.mark.slow
+
+JOB = REPO / "sample_traces" / "make_samples.py"
+WORLD = 3
+STEPS = 30
+EXTRA_MS = 40
+
+
+def run_job(tmp_path_factory, mode: str, slow_rank: int):
+    trace_dir = tmp_path_factory.mktemp(f"real-{mode}")
+    results = run_ranks([str(JOB), "job", str(trace_dir), str(STEPS), str(slow_rank), mode, str(EXTRA_MS)], WORLD, timeout_s=240)
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return cli_json(trace_dir)
+
+
+@pytest.fixture(scope="module")
+def compute_straggler_report(tmp_path_factory):
+    return run_job(tmp_path_factory, "compute", slow_rank=1)
+
+
+@pytest.fixture(scope="module")
+def data_straggler_report(tmp_path_factory):
+    return run_job(tmp_path_factory, "data", slow_rank=2)
+
+
+@pytest.fixture(scope="module")
+def balanced_report(tmp_path_factory):
+    return run_job(tmp_path_factory, "none", slow_rank=0)
+
+
+def test_straggler_named_when_one_rank_computes_more(compute_straggler_report):
+    report = compute_straggler_report
+    top = report["findings"][0]
+    assert (top["kind"], top["ranks"]) == ("straggler", [1])
+    straggler = report["stragglers"][0]
+    assert (straggler["rank"], straggler["cause"], straggler["persistent"]) == (1, "compute", True)
+    # it arrives last at the gradient all-reduces: the others wait for it
+    assert straggler["last_arrival_fraction"] > 0.5
+    # the planted 40 ms of extra compute is what the others wait for, give or take scheduling noise
+    assert 0.6 * EXTRA_MS / 1e3 < top["time_lost_per_step_s"] < 1.3 * EXTRA_MS / 1e3
+
+
+def test_straggler_named_when_data_loader_is_slow(data_straggler_report):
+    report = data_straggler_report
+    persistent = [s for s in report["stragglers"] if s["persistent"]]
+    assert [(s["rank"], s["cause"]) for s in persistent] == [(2, "data")]
+    assert findings_of(report, "straggler")[0]["ranks"] == [2]
+    assert persistent[0]["excess_data_wait_ms"] == pytest.approx(EXTRA_MS, rel=0.3)
+
+
+def test_balanced_job_gets_no_straggler_finding(balanced_report):
+    assert not findings_of(balanced_report, "straggler")
+    assert not [s for s in balanced_report["stragglers"] if s["persistent"]]
+    assert balanced_report["run"]["window"]["steps_analysed"] >= STEPS - 3
+
+
+def test_default_command_analyses_the_bundled_sample_run():
+    result = run_cli()
+    assert result.exit_code == 0, result.output
+    assert "bundled sample run" in result.stderr
+    assert "Rank 1 is a persistent straggler (compute)" in result.stdout
