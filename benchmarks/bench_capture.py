@@ -28,7 +28,10 @@ def make_ddp(hidden: int, seed: int):
 
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
-        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
         torch.nn.Linear(hidden, 1),
     )
     return torch.nn.parallel.DistributedDataParallel(model)  # DDP's default buckets
@@ -89,8 +92,20 @@ def run_overhead(args) -> dict:
     from diag.launch import run_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
-        argv = [__file__, "--worker", "--trace-dir", tmp, "--blocks", str(args.blocks),
-                "--block-steps", str(args.block_steps), "--hidden", str(args.hidden), "--batch", str(args.batch)]
+        argv = [
+            __file__,
+            "--worker",
+            "--trace-dir",
+            tmp,
+            "--blocks",
+            str(args.blocks),
+            "--block-steps",
+            str(args.block_steps),
+            "--hidden",
+            str(args.hidden),
+            "--batch",
+            str(args.batch),
+        ]
         for result in run_ranks(argv, 2, timeout_s=900):
             if result.returncode != 0:
                 raise SystemExit(f"rank {result.rank} failed:\n{result.stderr[-3000:]}")
@@ -101,23 +116,29 @@ def run_overhead(args) -> dict:
 
 
 def bytes_on_disk(trace_dir: Path) -> dict:
+    """Bytes per row of rank 0's files, not counting each file's two header lines."""
     import diag
 
     trace = diag.load(trace_dir)
     rank_dir = trace_dir / "rank00000"
+
+    def body_bytes(name: str) -> int:
+        with open(rank_dir / f"{name}.csv", "rb") as f:
+            lines = f.readlines()
+        return sum(len(line) for line in lines[2:])
+
     steps = trace.steps[trace.steps["rank"] == 0]
     colls = trace.collectives[trace.collectives["rank"] == 0]
-    header = {name: len(open(rank_dir / f"{name}.csv").readline()) * 0 + sum(
-        len(line) for line in open(rank_dir / f"{name}.csv").readlines()[:2]) for name in ("steps", "collectives")}
-    steps_bytes = os.path.getsize(rank_dir / "steps.csv") - header["steps"]
-    coll_bytes = os.path.getsize(rank_dir / "collectives.csv") - header["collectives"]
-    per_step_files = ["steps.csv", "collectives.csv", "memory.csv", "phases.csv"]
-    total = sum(os.path.getsize(rank_dir / f) for f in per_step_files if (rank_dir / f).exists())
+    all_tables = sum(
+        (rank_dir / f"{n}.csv").stat().st_size
+        for n in ("steps", "collectives", "memory", "phases")
+        if (rank_dir / f"{n}.csv").exists()
+    )
     return {
-        "bytes_per_step_row": steps_bytes / len(steps),
-        "bytes_per_collective_row": coll_bytes / len(colls),
+        "bytes_per_step_row": body_bytes("steps") / len(steps),
+        "bytes_per_collective_row": body_bytes("collectives") / len(colls),
         "collectives_per_step": len(colls) / len(steps),
-        "bytes_per_step_all_tables": total / len(steps),
+        "bytes_per_step_all_tables": all_tables / len(steps),
     }
 
 
@@ -182,14 +203,18 @@ def main() -> None:
     medians = result["median_step_ms"]
     print(f"2-rank gloo DDP, {result['steps_each']} steps of each variant, interleaved in blocks of {args.block_steps}")
     for name in ("plain", "diag", "profiler"):
-        print(f"  {name:9s} median step {medians[name]:7.2f} ms   ratio to plain {medians[name] / medians['plain']:.4f}")
+        print(
+            f"  {name:9s} median step {medians[name]:7.2f} ms   ratio to plain {medians[name] / medians['plain']:.4f}"
+        )
     costs = host_costs()
     print(f"host cost of one step span:         {costs['step_span_us']:.2f} us (median)")
     print(f"host cost of recording a collective: {costs['collective_record_us']:.2f} us (median)")
     disk = result["disk"]
-    print(f"bytes on disk: {disk['bytes_per_step_row']:.0f} per step row, {disk['bytes_per_collective_row']:.0f} per "
-          f"collective row ({disk['collectives_per_step']:.1f} collectives/step), "
-          f"{disk['bytes_per_step_all_tables']:.0f} per step over all tables")
+    print(
+        f"bytes on disk: {disk['bytes_per_step_row']:.0f} per step row, {disk['bytes_per_collective_row']:.0f} per "
+        f"collective row ({disk['collectives_per_step']:.1f} collectives/step), "
+        f"{disk['bytes_per_step_all_tables']:.0f} per step over all tables"
+    )
 
 
 if __name__ == "__main__":

@@ -32,12 +32,20 @@ def worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     hidden = args.hidden
     model = torch.nn.Sequential(
-        torch.nn.Linear(args.features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(args.features, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
         torch.nn.Linear(hidden, 1),
     )
     params = sum(p.numel() for p in model.parameters())
     # 6 FLOPs per parameter per sample (forward 2, backward 4) for a dense MLP
-    diag.init(args.trace_dir, flops_per_step=6 * params * args.batch_size, dtype="float32", parallel={"dp": dist.get_world_size()})
+    diag.init(
+        args.trace_dir,
+        flops_per_step=6 * params * args.batch_size,
+        dtype="float32",
+        parallel={"dp": dist.get_world_size()},
+    )
     model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     diag.instrument(model, optimizer)

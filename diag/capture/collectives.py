@@ -64,7 +64,9 @@ class PendingCollective:
     source: str
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("pg", "seq", "op", "bytes", "dtype", "peer", "start_us", "step", "source")}
+        return {
+            k: getattr(self, k) for k in ("pg", "seq", "op", "bytes", "dtype", "peer", "start_us", "step", "source")
+        }
 
 
 class CollectiveRecorder:

@@ -28,8 +28,8 @@ def read_sample(nvml, handle) -> dict:
 
     utilisation = query(nvml.nvmlDeviceGetUtilizationRates)
     memory = query(nvml.nvmlDeviceGetMemoryInfo)
-    reasons_function = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
+    reasons_function = (
+        getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
     )
     return {
         "t_ns": time.time_ns(),

@@ -86,12 +86,15 @@ class Session:
         self._count_flops = count_flops and not flops_per_step
 
         self.manifest = self._base_manifest(flops_per_step, peak_tflops, dtype, parallel)
-        self.memory = self._start_memory(memory)
+        # Without a writable trace directory (already warned about) nothing else is worth starting, but the
+        # clock sync still runs: it is a collective the other ranks are waiting in.
+        writing = self.writer.enabled
+        self.memory = self._start_memory(memory and writing)
         self.device_timer = self._make_device_timer()
-        self.recorder = self._start_collectives(collectives_enabled)
+        self.recorder = self._start_collectives(collectives_enabled and writing)
         self._sync_clocks(clock_sync)
-        self.telemetry = self._start_telemetry(telemetry, telemetry_interval_s)
-        self.watchdog = self._start_watchdog(watchdog, hang_threshold_s, heartbeat_interval_s)
+        self.telemetry = self._start_telemetry(telemetry and writing, telemetry_interval_s)
+        self.watchdog = self._start_watchdog(watchdog and writing, hang_threshold_s, heartbeat_interval_s)
         self.manifest["capture"] = self.capture_status
         self.writer.write_manifest(self.manifest)
         self.writer.start()
@@ -135,7 +138,7 @@ class Session:
         }
 
     def _start_memory(self, enabled: bool) -> MemorySampler | None:
-        self.capture_status["memory"] = "on" if enabled else "off: disabled by option"
+        self.capture_status["memory"] = "on" if enabled else "off"
         return MemorySampler(self.device) if enabled else None
 
     def _make_device_timer(self):
@@ -149,7 +152,7 @@ class Session:
 
     def _start_collectives(self, enabled: bool):
         if not enabled:
-            self.capture_status["collectives"] = "off: disabled by option"
+            self.capture_status["collectives"] = "off"
             return None
         recorder = collectives.CollectiveRecorder(self)
         collectives.install_wrappers()
@@ -177,7 +180,7 @@ class Session:
 
     def _start_telemetry(self, enabled: bool, interval_s: float):
         if not enabled:
-            self.capture_status["telemetry"] = "off: disabled by option"
+            self.capture_status["telemetry"] = "off"
             return None
         from diag.capture.nvml import start_telemetry
 
@@ -189,7 +192,7 @@ class Session:
 
     def _start_watchdog(self, enabled: bool, threshold_s: float, heartbeat_s: float):
         if not enabled:
-            self.capture_status["watchdog"] = "off: disabled by option"
+            self.capture_status["watchdog"] = "off"
             return None
         try:
             from diag.capture.watchdog import Watchdog
@@ -327,7 +330,9 @@ class Session:
                 name = f"oom_step{self.current_step}.txt"
                 if summary:
                     self.writer.write_text(name, summary)
-                self.writer.event("oom", step=self.current_step, message=str(exc)[:2000], summary_file=name if summary else None)
+                self.writer.event(
+                    "oom", step=self.current_step, message=str(exc)[:2000], summary_file=name if summary else None
+                )
             else:
                 self.writer.event("step_error", step=self.current_step, error=repr(exc)[:2000])
             self.writer.flush()

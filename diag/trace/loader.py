@@ -404,7 +404,7 @@ def _assemble(path: Path, data: dict) -> Trace:
         sizes = manifests["world_size"].dropna()
         world_size = int(sizes.max()) if len(sizes) else None
     world_size = world_size or (max(ranks) + 1 if ranks else None)
-    without_manifest = sorted(set(ranks) - set(manifests["rank"] if "rank" in manifests else []))
+    without_manifest = sorted(set(ranks) - set(manifests.get("rank", [])))
     if without_manifest:
         skipped.append(Skipped(str(path), f"ranks {without_manifest} have no manifest.json; their rows are kept"))
     missing = sorted(set(range(world_size or 0)) - set(ranks))

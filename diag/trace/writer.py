@@ -8,6 +8,7 @@ dropped from then on and nothing is ever raised into the caller.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -104,10 +105,8 @@ class RankWriter:
             self._thread.join(timeout=5)
         self.flush()
         for handle in self._files.values():
-            try:
+            with contextlib.suppress(OSError):
                 handle.close()
-            except OSError:
-                pass
         self._files.clear()
 
     # -- writer thread --------------------------------------------------------------------------------

@@ -12,8 +12,12 @@ STEPS = 30
 
 @requires_gpu
 def test_gpu_capture_end_to_end(tmp_path):
-    results = run_ranks([str(JOBS / "gpu_job.py"), str(tmp_path), str(STEPS)], 1, timeout_s=300,
-                        env={"TORCH_NCCL_ENABLE_TIMING": "1", "TORCH_FR_BUFFER_SIZE": "2000"})
+    results = run_ranks(
+        [str(JOBS / "gpu_job.py"), str(tmp_path), str(STEPS)],
+        1,
+        timeout_s=300,
+        env={"TORCH_NCCL_ENABLE_TIMING": "1", "TORCH_FR_BUFFER_SIZE": "2000"},
+    )
     assert results[0].returncode == 0, results[0].stderr[-4000:]  # sync debug mode "error" would have raised
     truth = json.loads((tmp_path / "truth.json").read_text())
     trace = load(tmp_path)

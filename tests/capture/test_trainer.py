@@ -15,8 +15,14 @@ def test_trainer_records_steps_with_gradient_accumulation(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    trainer = diag.Trainer(model, optimizer, torch.nn.functional.mse_loss, trace_dir=tmp_path,
-                           grad_accum_steps=2, session_options={"telemetry": False})
+    trainer = diag.Trainer(
+        model,
+        optimizer,
+        torch.nn.functional.mse_loss,
+        trace_dir=tmp_path,
+        grad_accum_steps=2,
+        session_options={"telemetry": False},
+    )
     data = make_data(11)
     x, y = torch.cat([b[0] for b in data]), torch.cat([b[1] for b in data])
     loss_before = torch.nn.functional.mse_loss(model(x), y).item()
@@ -32,9 +38,15 @@ def test_trainer_records_steps_with_gradient_accumulation(tmp_path):
 
 def test_trainer_bfloat16_autocast_on_cpu_and_loader_end(tmp_path):
     model = torch.nn.Linear(16, 1)
-    trainer = diag.Trainer(model, torch.optim.AdamW(model.parameters()), torch.nn.functional.mse_loss,
-                           trace_dir=tmp_path, amp_dtype=torch.bfloat16, max_grad_norm=1.0,
-                           session_options={"telemetry": False})
+    trainer = diag.Trainer(
+        model,
+        torch.optim.AdamW(model.parameters()),
+        torch.nn.functional.mse_loss,
+        trace_dir=tmp_path,
+        amp_dtype=torch.bfloat16,
+        max_grad_norm=1.0,
+        session_options={"telemetry": False},
+    )
     losses = trainer.fit(make_data(3))  # no max_steps: runs until the loader ends
     assert len(losses) == 3
     trace = diag.load(tmp_path)

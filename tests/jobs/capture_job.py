@@ -40,7 +40,7 @@ diag.instrument(model, optimizer)
 
 explicit_ops = []
 batches = [torch.randn(16, 64) for _ in range(steps)]
-for index, batch in enumerate(diag.wrap_loader(batches)):
+for batch in diag.wrap_loader(batches):
     with diag.step(samples=16):
         with diag.phase("compute"):
             loss = model(batch).square().mean()
@@ -75,13 +75,26 @@ for index, batch in enumerate(diag.wrap_loader(batches)):
             dist.barrier()
             explicit_ops.append(("barrier", 0, None))
 
-truth = {"rank": rank, "world": world, "steps": steps, "param_bytes": param_bytes, "seq_at_init": seq_at_init,
-         "explicit_ops": explicit_ops, "fr_entries": []}
+truth = {
+    "rank": rank,
+    "world": world,
+    "steps": steps,
+    "param_bytes": param_bytes,
+    "seq_at_init": seq_at_init,
+    "explicit_ops": explicit_ops,
+    "fr_entries": [],
+}
 if distributed:
     dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())  # our own process's dump: trusted
     truth["fr_entries"] = [
-        {"seq": e["collective_seq_id"], "p2p_seq": e["p2p_seq_id"], "name": e["profiling_name"],
-         "sizes": e["input_sizes"], "dtypes": e["input_dtypes"], "is_p2p": e["is_p2p"]}
+        {
+            "seq": e["collective_seq_id"],
+            "p2p_seq": e["p2p_seq_id"],
+            "name": e["profiling_name"],
+            "sizes": e["input_sizes"],
+            "dtypes": e["input_dtypes"],
+            "is_p2p": e["is_p2p"],
+        }
         for e in dump["entries"]
     ]
 diag.finish()
