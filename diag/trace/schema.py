@@ -146,7 +146,22 @@ TELEMETRY = Table(
     ),
 )
 
-TABLES: dict[str, Table] = {t.name: t for t in (STEPS, PHASES, COLLECTIVES, MEMORY, TELEMETRY)}
+MICROBATCHES = Table(
+    "microbatches",
+    "Pipeline parallelism: one row per stage action on one micro-batch (and each send/recv wait).",
+    (
+        Column("step", "int64", "step the micro-batch belongs to"),
+        Column("stage", "int64", "pipeline stage index (the rank's position in the pipeline)"),
+        Column("virtual_stage", "int64", "model chunk index for interleaved schedules (the stage index otherwise)"),
+        Column("microbatch", "int64", "micro-batch index within the step (-1 for waits not tied to one)"),
+        Column("action", "category", "forward, backward, backward_input, backward_weight, send_wait, recv_wait"),
+        Column("start_us", "int64", "wall-clock instant the action began"),
+        Column("duration_us", "int64", "host wall time of the action"),
+        Column("device_us", "Float64", "GPU time of the action from CUDA events; empty on CPU"),
+    ),
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (STEPS, PHASES, COLLECTIVES, MEMORY, TELEMETRY, MICROBATCHES)}
 
 # NVML clock-event reason bits (nvmlClocksEventReason*), named for reports.
 THROTTLE_REASONS: dict[int, str] = {
@@ -191,6 +206,7 @@ MANIFEST_KEYS: dict[str, str] = {
     "start_time_us": "wall-clock instant diag.init ran",
     "process_groups": "{pg name: {ranks, size, backend, desc}} for groups diag saw",
     "capture": "what is being captured and what is off, with reasons",
+    "pipeline": "pipeline layout when pipelined: {schedule, stages, virtual_stages, microbatches, stage}",
     "finished": "true once diag.finish() ran (rewritten at finish)",
     "end_time_us": "wall-clock instant diag.finish() ran",
 }
