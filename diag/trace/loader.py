@@ -68,6 +68,7 @@ class Trace:
     collectives: pd.DataFrame
     memory: pd.DataFrame
     telemetry: pd.DataFrame
+    microbatches: pd.DataFrame  # pipeline parallelism; empty for runs without it
     manifests: pd.DataFrame  # one row per rank: the manifest.json keys
     events: pd.DataFrame  # rank, time_us, kind, and the event's other fields
     heartbeats: pd.DataFrame  # rank and the heartbeat.json keys
@@ -415,6 +416,7 @@ def _assemble(path: Path, data: dict) -> Trace:
         collectives=data["collectives"],
         memory=data["memory"],
         telemetry=data["telemetry"],
+        microbatches=data["microbatches"],
         manifests=manifests,
         events=data["events"],
         heartbeats=data["heartbeats"],
