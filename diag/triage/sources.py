@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from diag.trace.loader import Skipped, TraceError, find_rank_dirs, load
+from diag.trace.loader import Skipped, TraceError, TraceReader, _assemble, empty_table, find_rank_dirs
+from diag.trace.schema import TABLES
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 
 OPS_COLUMNS = [
@@ -97,10 +98,18 @@ def read_input(path: str | Path) -> TriageInput:
 # -- diag trace directories -------------------------------------------------------------------------------------
 
 
+TRIAGE_TABLES = ("steps", "collectives")  # telemetry, memory and phases are not needed: not parsed
+
+
 def read_diag_trace(path: Path) -> TriageInput:
-    trace = load(path)
+    trace = _load_tables(path, TRIAGE_TABLES)
     rank_dirs = find_rank_dirs(path)
-    ranks = {rank: _rank_info(rank, rank_dir, trace) for rank, rank_dir in rank_dirs.items()}
+    manifests = _records_by_rank(trace.manifests)  # one pass: per-rank DataFrame filters are O(ranks²)
+    heartbeats = _records_by_rank(trace.heartbeats)
+    ranks = {
+        rank: _rank_info(rank, rank_dir, manifests.get(rank, {}), heartbeats.get(rank))
+        for rank, rank_dir in rank_dirs.items()
+    }
     skipped = list(trace.skipped)
     ops = _diag_ops(trace.collectives)
     ops = _add_pending_from_dumps(ops, ranks)
@@ -122,16 +131,26 @@ def read_diag_trace(path: Path) -> TriageInput:
     )
 
 
-def _rank_info(rank: int, rank_dir: Path, trace) -> RankInfo:
-    info = RankInfo(rank)
-    manifest = trace.manifest(rank)
+def _load_tables(path: Path, tables: tuple[str, ...]):
+    """diag.load, reading only ``tables`` (the others come back empty)."""
+    data = TraceReader(path, tables=tables).poll()
+    for name, table in TABLES.items():
+        data.setdefault(name, empty_table(table))
+    return _assemble(path, data)
+
+
+def _records_by_rank(frame: pd.DataFrame) -> dict[int, dict]:
+    if frame.empty or "rank" not in frame:
+        return {}
+    return {
+        int(record["rank"]): {k: v for k, v in record.items() if not _missing(v)} for record in frame.to_dict("records")
+    }
+
+
+def _rank_info(rank: int, rank_dir: Path, manifest: dict, heartbeat: dict | None) -> RankInfo:
+    info = RankInfo(rank, heartbeat=heartbeat)
     info.finished = bool(manifest.get("finished", False))
     info.host, info.pid = manifest.get("host"), manifest.get("pid")
-    heartbeats = trace.heartbeats
-    if len(heartbeats) and "rank" in heartbeats:
-        rows = heartbeats[heartbeats["rank"] == rank]
-        if len(rows):
-            info.heartbeat = {k: v for k, v in rows.iloc[0].items() if not _missing(v)}
     dumps = sorted((int(m.group(1)), p) for p in rank_dir.iterdir() if (m := HANG_DUMP_RE.match(p.name)))
     info.dumps = len(dumps)
     for _number, dump_path in reversed(dumps):

@@ -1,0 +1,123 @@
+"""Time ``diag triage`` on a synthetic hang of many ranks, written in the real trace format.
+
+The job: ``--steps`` steps of data-parallel training, ``--collectives`` gradient all_reduces per step in the
+default group. In the last step every rank but one enters the first all_reduce and stays there (its watchdog
+dump lists it pending); the stuck rank sits in its data loader, with a watchdog dump whose main-thread stack
+shows the loader. Heartbeats, manifests, steps and collectives as capture writes them.
+
+    python benchmarks/bench_triage.py /tmp/triage_bench --ranks 1024 --steps 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from diag.trace.schema import COLLECTIVES, HEARTBEAT_FILE, MANIFEST_FILE, STEPS, rank_dir_name
+
+START_US = 1_795_000_000_000_000
+STEP_US = 100_000
+GRAD_BYTES = 25 * 2**20
+LOADER_STACK = [
+    {"file": "/job/train.py", "line": 88, "name": "<module>"},
+    {"file": "/job/train.py", "line": 61, "name": "train"},
+    {"file": "/site-packages/diag/capture/session.py", "line": 356, "name": "wrap_loader"},
+    {"file": "/site-packages/torch/utils/data/dataloader.py", "line": 733, "name": "__next__"},
+    {"file": "/site-packages/torch/utils/data/dataloader.py", "line": 1480, "name": "_next_data"},
+    {"file": "/usr/lib/python3.11/threading.py", "line": 327, "name": "wait"},
+]
+COLLECTIVE_STACK = [
+    {"file": "/job/train.py", "line": 88, "name": "<module>"},
+    {"file": "/job/train.py", "line": 70, "name": "train"},
+    {"file": "/site-packages/torch/distributed/distributed_c10d.py", "line": 3252, "name": "all_reduce"},
+]
+
+
+def write_rank(root: Path, rank: int, world: int, steps: int, per_step: int, stuck: int) -> None:
+    rank_dir = root / rank_dir_name(rank)
+    rank_dir.mkdir(parents=True)
+    manifest = {"schema_version": 1, "run_id": "bench", "rank": rank, "world_size": world, "pid": 1000 + rank}
+    manifest["host"] = f"node{rank // 8:03d}"
+    manifest["process_groups"] = {"0": {"ranks": list(range(world)), "size": world, "backend": "nccl"}}
+    (rank_dir / MANIFEST_FILE).write_text(json.dumps(manifest))
+    step_rows, coll_rows = [], []
+    seq = 0
+    for step in range(steps):
+        start = START_US + step * STEP_US
+        step_rows.append(f"{step},{start},{STEP_US},1500,40000,50000,3000,6000,,32,16384\n")
+        for i in range(per_step):
+            seq += 1
+            coll_rows.append(
+                f"{step},0,{seq},all_reduce,{GRAD_BYTES},bfloat16,,{start + 50_000 + i * 1000},1500.0,0,ddp\n"
+            )
+    (rank_dir / STEPS.file_name).write_text(STEPS.header() + "".join(step_rows))
+    (rank_dir / COLLECTIVES.file_name).write_text(COLLECTIVES.header() + "".join(coll_rows))
+    now = START_US + (steps + 3) * STEP_US + 200_000_000
+    hung_step = steps
+    if rank == stuck:
+        dump = {"reason": f"stall: no progress for 180.0 s (after step {steps - 1}, phase data_wait)"}
+        dump.update(step=None, last_step=steps - 1, phase="data_wait", pending=[])
+        dump["threads"] = [{"name": "MainThread", "main": True, "frames": LOADER_STACK}]
+    else:
+        pending = {"pg": "0", "seq": seq + 1, "op": "all_reduce", "bytes": GRAD_BYTES, "dtype": "bfloat16"}
+        pending.update(peer=None, start_us=START_US + hung_step * STEP_US + 50_000, step=hung_step, source="ddp")
+        dump = {"reason": f"stall: all_reduce seq {seq + 1} in group 0 pending 180.0 s"}
+        dump.update(step=hung_step, last_step=steps - 1, phase="backward", pending=[pending])
+        dump["threads"] = [{"name": "MainThread", "main": True, "frames": COLLECTIVE_STACK}]
+    (rank_dir / "hang_dump_001.json").write_text(json.dumps(dump))
+    heartbeat = {"rank": rank, "pid": 1000 + rank, "time_us": now, "state": "stalled", "interval_s": 5.0}
+    heartbeat.update(last_step=steps - 1, step=dump["step"], phase=dump["phase"], pending=dump["pending"], exit=None)
+    (rank_dir / HEARTBEAT_FILE).write_text(json.dumps(heartbeat))
+
+
+def generate(root: Path, world: int, steps: int, per_step: int) -> int:
+    stuck = world // 2 + 5 if world > 8 else world - 1
+    for rank in range(world):
+        write_rank(root, rank, world, steps, per_step, stuck)
+    return stuck
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--collectives", type=int, default=4, help="all_reduces per step")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    t0 = time.perf_counter()
+    stuck = generate(args.out, args.ranks, args.steps, args.collectives)
+    rows = args.ranks * args.steps * args.collectives
+    print(f"generated {args.ranks} ranks, {rows:,} collective rows in {time.perf_counter() - t0:.1f} s")
+
+    from diag.triage.analysis import triage
+    from diag.triage.sources import read_input
+
+    read_s, analyse_s = [], []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        data = read_input(args.out)
+        t1 = time.perf_counter()
+        verdict = triage(data)
+        read_s.append(t1 - t0)
+        analyse_s.append(time.perf_counter() - t1)
+    assert verdict.verdict == "missing_ranks" and verdict.culprit_ranks == [stuck], verdict.to_json()
+    assert verdict.ranks[stuck].state == "stuck_in_data_loader"
+    print(f"read (diag.load + dumps): median {statistics.median(read_s):.2f} s over {args.repeat}")
+    print(f"analysis:                 median {statistics.median(analyse_s):.2f} s")
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "diag", "triage", str(args.out)], capture_output=True, text=True)
+    print(f"`diag triage` end to end: {time.perf_counter() - t0:.2f} s (exit {out.returncode})")
+    print(out.stdout.splitlines()[0])
+
+
+if __name__ == "__main__":
+    main()
