@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -80,6 +81,8 @@ class CollectiveRecorder:
         self._p2p_counts: dict[str, int] = {}  # point-to-point ops seen per group
         self._counts_p2p_in_seq: dict[str, bool] = {}  # does the group's c10d counter include p2p ops?
         self.seen_seqs: dict[str, set[int]] = {}  # recent collective seqs per group, to fill gaps at finish
+        self.device_times = DeviceDurationJoin(self._write)
+        self._device_timed: set[str] = set()  # NCCL groups whose durations come from the completion hook
         # per step: latest issue and latest completion of asynchronous ops, for their exposed wait
         self._async_last_issue_ns = 0
         self._async_last_end_ns = 0
@@ -123,7 +126,10 @@ class CollectiveRecorder:
             self.session.add_comm_wait(duration_us)
         else:
             self._async_last_end_ns = max(self._async_last_end_ns, end_ns)
-        self._write(entry, duration_us)
+        if entry.pg in self._device_timed and entry.op not in ("send", "recv"):
+            self.device_times.host_done((entry.pg, entry.seq), entry, duration_us)
+        else:
+            self._write(entry, duration_us)
 
     def abandon(self, token: int) -> None:
         """The call raised before anything was issued: forget it."""
@@ -141,6 +147,7 @@ class CollectiveRecorder:
 
     def flush_pending(self) -> None:
         """At finish: ops that never completed are written with an empty duration."""
+        self.device_times.drain()
         for token in list(self._pending):
             entry = self._pending.pop(token, None)
             if entry is not None:
@@ -196,8 +203,79 @@ class CollectiveRecorder:
         name = self._pg_names.get(key)
         if name is None:
             name = self._pg_names[key] = self.session.register_process_group(group)
-            self._counts_p2p_in_seq[name] = _backend_of(group) == "gloo"
+            backend = _backend_of(group)
+            self._counts_p2p_in_seq[name] = backend == "gloo"
+            if backend == "nccl" and self.device_times.register(group, name):
+                self._device_timed.add(name)
         return name
+
+
+class DeviceDurationJoin:
+    """Device durations of NCCL collectives, from ProcessGroupNCCL's completion hook.
+
+    On NCCL the host sees only the launch; with TORCH_NCCL_ENABLE_TIMING=1 NCCL's watchdog thread reports each
+    collective's CUDA-event duration later. A row waits here, keyed by (group, seq), until both halves are
+    known, whichever comes first; at finish the rows still waiting are written with their host duration.
+    """
+
+    MAX_WAITING = 10_000  # rows or durations kept unmatched at most (C++-issued ops have no row)
+
+    def __init__(self, write):
+        self._write = write
+        self._rows: dict[tuple, tuple] = {}
+        self._durations: dict[tuple, float] = {}
+        self._lock = threading.Lock()
+
+    def register(self, group, pg_name: str) -> bool:
+        if os.environ.get("TORCH_NCCL_ENABLE_TIMING", "0").lower() not in ("1", "true"):
+            return False
+        try:
+            group._register_on_completion_hook(lambda info: self._on_completion(pg_name, info))
+            return True
+        except Exception as exc:
+            warn_once("nccl-completion-hook", f"no NCCL device durations ({exc!r}); collectives carry host times")
+            return False
+
+    def _on_completion(self, pg_name: str, info) -> None:
+        try:  # runs on NCCL's watchdog thread: it must never raise
+            duration = info.active_duration
+            seconds = duration.total_seconds() if hasattr(duration, "total_seconds") else float(duration)
+            if seconds >= 0:
+                self.device_done((pg_name, int(info.seq)), seconds * 1e6)
+        except Exception as exc:
+            warn_once("nccl-completion", f"could not read an NCCL completion ({exc!r})")
+
+    def host_done(self, key: tuple, entry, host_duration_us: float) -> None:
+        with self._lock:
+            device_us = self._durations.pop(key, None)
+            if device_us is None:
+                self._rows[key] = (entry, host_duration_us)
+                overflow = self._pop_oldest(self._rows)
+        if device_us is not None:
+            self._write(entry, device_us)
+        elif overflow is not None:
+            self._write(*overflow)
+
+    def device_done(self, key: tuple, device_us: float) -> None:
+        with self._lock:
+            waiting = self._rows.pop(key, None)
+            if waiting is None:
+                self._durations[key] = device_us
+                self._pop_oldest(self._durations)
+        if waiting is not None:
+            self._write(waiting[0], device_us)
+
+    def drain(self, wait_s: float = 2.0) -> None:
+        deadline = time.monotonic() + wait_s
+        while self._rows and time.monotonic() < deadline:
+            time.sleep(0.01)  # the watchdog thread reports completions a little later
+        with self._lock:
+            rows, self._rows = list(self._rows.values()), {}
+        for entry, host_duration_us in rows:
+            self._write(entry, host_duration_us)
+
+    def _pop_oldest(self, table: dict):
+        return table.pop(next(iter(table))) if len(table) > self.MAX_WAITING else None
 
 
 def _size_of(tensors) -> tuple[int, str]:

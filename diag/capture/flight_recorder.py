@@ -40,15 +40,30 @@ _DTYPE_NAMES = {
 }
 
 
-def own_dump() -> dict | None:
-    """This process's Flight Recorder entries. It is our own memory, not a file, so plain unpickling is safe."""
+def dump_bytes() -> bytes | None:
+    """This process's Flight Recorder dump as torch gives it (a pickle). NCCL groups record in NCCL's
+    recorder on older torch, the others in the generic one: take whichever holds more."""
     import torch
 
     c10d = torch._C._distributed_c10d
-    dump_function = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
-    if dump_function is None:  # torch older than Flight Recorder
-        return None
-    return pickle.loads(dump_function())
+    best = None
+    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            data = dump()
+        except Exception:  # e.g. NCCL's recorder on a build without NCCL
+            continue
+        if data and (best is None or len(data) > len(best)):
+            best = data
+    return best
+
+
+def own_dump() -> dict | None:
+    """This process's Flight Recorder entries. It is our own memory, not a file, so plain unpickling is safe."""
+    data = dump_bytes()
+    return pickle.loads(data) if data else None
 
 
 def missed_rows(dump: dict, seen: dict[str, set[int]], since_ns: int) -> list[tuple]:

@@ -100,7 +100,12 @@ COLLECTIVES = Table(
         Column("dtype", "category", "element type, e.g. float32, bfloat16"),
         Column("peer", "Int64", "global rank of the peer for send/recv; empty for collectives"),
         Column("start_us", "int64", "wall-clock instant it was issued"),
-        Column("duration_us", "Float64", "issue to completion; empty if completion was never seen"),
+        Column(
+            "duration_us",
+            "Float64",
+            "issue to completion as the host saw it; on NCCL with TORCH_NCCL_ENABLE_TIMING=1 the collective's "
+            "device (CUDA event) duration; empty if completion was never seen",
+        ),
         Column("blocking", "int8", "1 if the caller waited for it in the call (async_op=False)"),
         Column("source", "category", "who issued it: py (torch.distributed call), ddp (DDP bucket)"),
     ),

@@ -47,3 +47,10 @@ def test_gpu_capture_end_to_end(tmp_path):
     explicit = colls[(colls["source"] == "py") & (colls["bytes"] == 4 << 20)]
     assert len(explicit) == STEPS
     assert colls[colls["source"] != "fr"]["seq"].is_unique
+    # with TORCH_NCCL_ENABLE_TIMING=1 durations are NCCL's device times: the same CUDA-event durations
+    # Flight Recorder reports for those sequence numbers
+    fr_ms = {int(seq): ms for seq, ms in truth["fr_durations_ms"].items() if ms is not None}
+    timed = explicit[explicit["seq"].isin(fr_ms)]
+    assert len(timed) >= STEPS // 2
+    for seq, duration_us in zip(timed["seq"], timed["duration_us"]):
+        assert abs(duration_us - fr_ms[seq] * 1000) <= 0.02 * fr_ms[seq] * 1000 + 1

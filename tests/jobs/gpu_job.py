@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 import diag
+from diag.capture.flight_recorder import own_dump
 
 trace_dir, steps = sys.argv[1], int(sys.argv[2])
 torch.cuda.set_device(0)
@@ -39,6 +40,8 @@ try:
 except torch.cuda.OutOfMemoryError:
     oom_caught = True
 diag.finish()
+# NCCL's own CUDA-event durations per collective, from Flight Recorder (our own process: trusted)
+fr_durations_ms = {e["collective_seq_id"]: e.get("duration_ms") for e in own_dump()["entries"]}
 with open(f"{trace_dir}/truth.json", "w") as f:
-    json.dump({"param_bytes": param_bytes, "oom_caught": oom_caught}, f)
+    json.dump({"param_bytes": param_bytes, "oom_caught": oom_caught, "fr_durations_ms": fr_durations_ms}, f)
 dist.destroy_process_group()
