@@ -1,0 +1,66 @@
+"""``diag dashboard``: follow a run (or look at a finished one) in the browser. Dash is imported only here,
+inside the command, so ``diag --help`` and ``diag analyze`` never load it."""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+import time
+from pathlib import Path
+
+import click
+
+SAMPLE_RUN = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command("dashboard")
+@click.argument("trace_dir", required=False, type=click.Path(path_type=Path, file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind. Anything but loopback exposes the traces: a token is then required.")
+@click.option("--port", default=8050, show_default=True, type=int)
+@click.option("--token", envvar="DIAG_DASHBOARD_TOKEN", help="Secret every request must carry (env DIAG_DASHBOARD_TOKEN). Generated when binding beyond loopback without one.")
+@click.option("--refresh-s", default=3.0, show_default=True, type=float, help="How often pages re-read what the run appended.")
+def command(trace_dir, host, port, token, refresh_s):
+    """Serve a live dashboard of TRACE_DIR: findings, stragglers, communication, memory, GPU telemetry,
+    pipeline and triage pages, updated while the job writes.
+
+    \b
+    Examples:
+      diag dashboard traces/run1                    then open http://127.0.0.1:8050
+      diag dashboard traces/run1 --port 9000
+      diag dashboard traces/run1 --host 0.0.0.0     (prints a URL with a token)
+      diag dashboard                                (the bundled sample run)
+    """
+    if trace_dir is None:
+        trace_dir = SAMPLE_RUN
+        if not trace_dir.is_dir():
+            raise click.ClickException(f"no TRACE_DIR given and the bundled sample run {trace_dir} is not there; give a trace directory")
+        click.echo(f"No TRACE_DIR given: showing the bundled sample run {trace_dir}", err=True)
+    if not trace_dir.is_dir():
+        raise click.ClickException(f"{trace_dir} is not a directory; give the trace directory diag.init wrote")
+    if not is_loopback(host):
+        if not token:
+            token = secrets.token_urlsafe(18)
+        click.echo(f"WARNING: binding {host}: anyone who can reach this port can read the traces; requests need the token.", err=True)
+    from diag.dashboard.app import create_app
+    from diag.dashboard.data import LiveTrace
+
+    started = time.perf_counter()
+    live = LiveTrace(trace_dir, poll_interval_s=refresh_s)
+    live.refresh()
+    snap = live.snapshot
+    loaded = f"{len(snap.trace.ranks_found)} ranks" if snap.trace is not None else f"nothing usable yet ({snap.error})"
+    click.echo(f"Loaded {trace_dir}: {loaded} in {time.perf_counter() - started:.1f} s", err=True)
+    app = create_app(trace_dir, token=token, refresh_ms=int(refresh_s * 1000), live=live)
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    url = f"http://{shown_host}:{port}/" + (f"?token={token}" if token else "")
+    click.echo(f"Serving on {url}  (Ctrl-C to stop)", err=True)
+    app.run(host=host, port=port, debug=False)

@@ -1,0 +1,1 @@
+"""``diag dashboard``: a live Dash app over a trace directory. Imports dash; load it only when serving."""

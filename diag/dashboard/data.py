@@ -1,0 +1,475 @@
+"""The dashboard's data: a ``LiveTrace`` that loads a trace directory once, then reads only what was appended,
+and immutable ``Snapshot``s of it that the pages draw from.
+
+Reading and analysing happen on a background thread (``LiveTrace.start``); callbacks only read the latest
+snapshot, so a 1,024-rank analysis that takes seconds never blocks a page. Series the ``Report`` does not carry
+(per rank x step matrices, fleet bands over steps) are aggregated here with small pure functions, always to a
+bounded size so that no figure grows with the number of ranks or steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from diag.trace.loader import Trace, TraceError, TraceReader, _assemble
+from diag.trace.schema import TABLES
+
+STALE_AFTER_S = 30.0  # a rank whose newest record is this much older than the freshest rank's is stale
+POLL_INTERVAL_S = 2.0
+TRIAGE_MIN_INTERVAL_S = 30.0  # triage re-reads the whole directory: not more often than this
+
+# State of a rank, as the pages show it.
+LIVE, STALE, FINISHED, NO_DATA = "live", "stale", "finished", "no data"
+
+
+@dataclass
+class Snapshot:
+    """Everything one version of the pages draws. Never mutated after publication, except the memo cache."""
+
+    version: int
+    trace_dir: Path
+    trace: Trace | None = None
+    report: object | None = None  # diag.analysis.report.Report
+    times: pd.DataFrame | None = None  # rank, step, data_wait_us, compute_us, wait_us, busy_us, iteration_us
+    rank_states: pd.DataFrame | None = None  # rank, state, last_record_us, behind_s
+    run_state: str = "loading"  # loading, running, finished, quiet
+    error: str | None = None  # nothing could be read: why, and what was expected
+    analysis_error: str | None = None
+    loaded_at_s: float = 0.0  # wall clock of this snapshot
+    last_new_rows_s: float | None = None  # wall clock when new rows last arrived
+    triage: dict | None = None  # Verdict.to_json(), when triage ran
+    triage_note: str | None = None
+    _memo: dict = field(default_factory=dict, repr=False)
+
+    def memo(self, key, build):
+        """Figure data computed once per snapshot (several callbacks draw from the same aggregation)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
+
+
+class LiveTrace:
+    """Incremental view of one trace directory. ``refresh()`` reads what was appended and publishes a new
+    ``Snapshot`` when anything changed; ``start()`` runs it every ``poll_interval_s`` on a daemon thread."""
+
+    def __init__(self, trace_dir: str | Path, poll_interval_s: float = POLL_INTERVAL_S, stale_after_s: float = STALE_AFTER_S, triage: bool = True):
+        self.trace_dir = Path(trace_dir)
+        self.poll_interval_s = poll_interval_s
+        self.stale_after_s = stale_after_s
+        self.triage_enabled = triage
+        self._reader = TraceReader(self.trace_dir)
+        self._tables: dict[str, pd.DataFrame] = {}
+        self._manifests: dict[int, dict] = {}
+        self._heartbeats: dict[int, dict] = {}
+        self._events: list[pd.DataFrame] = []
+        self._skipped: list = []
+        self._ranks: list[int] = []
+        self._last_record_us: dict[int, int] = {}
+        self._last_new_rows_s: float | None = None
+        self._triage_at_s = 0.0
+        self._triage_thread: threading.Thread | None = None
+        self._triage_result: tuple[dict | None, str | None] = (None, "triage has not run yet")
+        self._lock = threading.Lock()  # the poll and triage threads both publish snapshots
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.snapshot = Snapshot(version=0, trace_dir=self.trace_dir)
+
+    # -- reading ------------------------------------------------------------------------------------------
+    def refresh(self) -> bool:
+        """Read what was appended; publish a new snapshot if anything changed. Never raises."""
+        try:
+            data = self._reader.poll()
+        except (TraceError, OSError) as exc:
+            self._publish_error(str(exc))
+            return False
+        changed = self._absorb(data)
+        if not self._ranks:
+            self._publish_error(f"no diag traces in {self.trace_dir}: expected rank00000/, rank00001/, ... sub-directories written by diag.init")
+            return False
+        if changed or self.snapshot.trace is None:
+            self._publish()
+            return True
+        self._publish_states_only()
+        return False
+
+    def _absorb(self, data: dict) -> bool:
+        changed = False
+        for name in TABLES:
+            new = data[name]
+            if len(new):
+                changed = True
+                self._note_records(name, new)
+                old = self._tables.get(name)
+                self._tables[name] = new if old is None or old.empty else _concat(old, new)
+            elif name not in self._tables:
+                self._tables[name] = new
+        for key, store in (("manifests", self._manifests), ("heartbeats", self._heartbeats)):
+            for record in data[key].to_dict("records") if len(data[key]) else []:
+                if store.get(int(record["rank"])) != record:
+                    store[int(record["rank"])] = record
+                    changed = True
+        for record in self._heartbeats.values():
+            rank, t_us = int(record["rank"]), record.get("time_us")
+            if isinstance(t_us, int | float) and not pd.isna(t_us):
+                self._last_record_us[rank] = max(self._last_record_us.get(rank, 0), int(t_us))
+        if len(data["events"]):
+            self._events.append(data["events"])
+            changed = True
+        self._skipped.extend(data["skipped"])
+        if data["ranks"] != self._ranks:
+            self._ranks = list(data["ranks"])
+            changed = True
+        if changed:
+            self._last_new_rows_s = time.time()
+        return changed
+
+    def _note_records(self, name: str, new: pd.DataFrame) -> None:
+        """Newest instant each rank wrote (on its own clock), from the rows just read."""
+        instant = _record_instant_us(name, new)
+        if instant is None:
+            return
+        newest = instant.groupby(new["rank"].to_numpy()).max()
+        for rank, t_us in newest.items():
+            self._last_record_us[int(rank)] = max(self._last_record_us.get(int(rank), 0), int(t_us))
+
+    def _trace(self) -> Trace:
+        events = pd.concat(self._events, ignore_index=True) if self._events else pd.DataFrame()
+        data = {
+            **self._tables,
+            "manifests": pd.DataFrame(list(self._manifests.values())),
+            "heartbeats": pd.DataFrame(list(self._heartbeats.values())),
+            "events": events,
+            "skipped": list(self._skipped),
+            "ranks": list(self._ranks),
+        }
+        return _assemble(self.trace_dir, data)
+
+    # -- publishing ---------------------------------------------------------------------------------------
+    def _publish(self) -> None:
+        trace = self._trace()
+        snap = Snapshot(version=0, trace_dir=self.trace_dir, trace=trace, loaded_at_s=time.time())
+        snap.last_new_rows_s = self._last_new_rows_s
+        snap.rank_states = rank_states(trace, self._last_record_us, self.stale_after_s)
+        snap.run_state = run_state(snap.rank_states, self._last_new_rows_s, self.stale_after_s)
+        try:
+            from diag.analysis.report import analyze
+
+            snap.report = analyze(trace) if len(trace.steps) else None
+            if snap.report is None:
+                snap.analysis_error = "no steps recorded yet (steps.csv is empty or missing in every rank directory)"
+            snap.times = step_times(trace, snap.report)
+        except Exception as exc:  # a trace the analyses cannot handle must not take the dashboard down
+            snap.analysis_error = f"analysis failed: {exc!r}"
+            traceback.print_exc()
+        snap.triage, snap.triage_note = self._triage_result
+        with self._lock:
+            snap.version = self.snapshot.version + 1
+            self.snapshot = snap
+        self._maybe_triage()
+
+    def _publish_states_only(self) -> None:
+        """No new rows: the data stays, but ranks may have become stale and the run quiet."""
+        snap = self.snapshot
+        if snap.trace is None:
+            return
+        states = rank_states(snap.trace, self._last_record_us, self.stale_after_s)
+        state = run_state(states, self._last_new_rows_s, self.stale_after_s)
+        if state != snap.run_state or not states["state"].equals(snap.rank_states["state"]):
+            self._replace(rank_states=states, run_state=state)
+
+    def _publish_error(self, message: str) -> None:
+        if self.snapshot.error != message:
+            with self._lock:
+                self.snapshot = Snapshot(self.snapshot.version + 1, self.trace_dir, error=message, loaded_at_s=time.time(), run_state="error")
+
+    def _replace(self, **changes) -> None:
+        """Publish a copy of the current snapshot with ``changes`` (and a new version, an empty memo)."""
+        with self._lock:
+            current = self.snapshot
+            self.snapshot = dataclasses.replace(current, version=current.version + 1, _memo={}, **changes)
+
+    def _maybe_triage(self) -> None:
+        """The triage verdict, from the triage package. It reads the whole directory itself, so it runs on
+        its own thread, at most every ``TRIAGE_MIN_INTERVAL_S``."""
+        busy = self._triage_thread is not None and self._triage_thread.is_alive()
+        if not self.triage_enabled or busy or time.time() - self._triage_at_s < TRIAGE_MIN_INTERVAL_S:
+            return
+        self._triage_at_s = time.time()
+        self._triage_thread = threading.Thread(target=self._triage, name="diag-dashboard-triage", daemon=True)
+        self._triage_thread.start()
+
+    def _triage(self) -> None:
+        self._triage_result = run_triage(self.trace_dir)
+        verdict, note = self._triage_result
+        self._replace(triage=verdict, triage_note=note)
+
+    def wait_for_triage(self, timeout_s: float = 60.0) -> None:
+        if self._triage_thread is not None:
+            self._triage_thread.join(timeout_s)
+
+    # -- background thread --------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="diag-dashboard-poll", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_interval_s):
+            try:
+                self.refresh()
+            except Exception:  # keep polling: a bad read now may be a good one later
+                traceback.print_exc()
+
+
+def _concat(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """Append rows, keeping category columns categorical (concat of different categories gives object)."""
+    out = pd.concat([old, new], ignore_index=True)
+    for column in new.columns:
+        if isinstance(new[column].dtype, pd.CategoricalDtype) and not isinstance(out[column].dtype, pd.CategoricalDtype):
+            out[column] = out[column].astype("category")
+    return out
+
+
+def _record_instant_us(name: str, frame: pd.DataFrame) -> pd.Series | None:
+    if name in ("steps", "phases"):
+        return frame["start_us"].astype("int64") + frame["duration_us"].astype("int64")
+    if name == "collectives":
+        return frame["start_us"].astype("int64")
+    if "time_us" in frame:
+        return frame["time_us"].astype("int64")
+    return None
+
+
+def run_triage(trace_dir: Path) -> tuple[dict | None, str | None]:
+    try:
+        from diag.triage.analysis import triage
+        from diag.triage.sources import read_input
+    except ImportError as exc:
+        return None, f"no triage data: the triage package is not available ({exc})"
+    try:
+        return triage(read_input(trace_dir)).to_json(), None
+    except Exception as exc:
+        return None, f"no triage data: triage could not read this trace ({exc})"
+
+
+# -- pure functions of a trace ------------------------------------------------------------------------------
+def rank_states(trace: Trace, last_record_us: dict[int, int], stale_after_s: float) -> pd.DataFrame:
+    """Per rank: finished (manifest says so), no data, stale (its newest record is ``stale_after_s`` older
+    than the freshest rank's, on rank 0's clock), or live."""
+    ranks = sorted(set(trace.ranks_found) | set(trace.ranks_missing))
+    offsets = _manifest_values(trace, "clock_offset_us", ranks)
+    finished = _manifest_values(trace, "finished", ranks)
+    last = pd.Series({r: last_record_us.get(r, np.nan) for r in ranks}, dtype="float64")
+    aligned = last - offsets.fillna(0).astype("float64")
+    newest = aligned.max() if aligned.notna().any() else np.nan
+    behind_s = (newest - aligned) / 1e6
+    states = []
+    for rank in ranks:
+        if _true(finished.get(rank)):
+            states.append(FINISHED)
+        elif pd.isna(aligned[rank]):
+            states.append(NO_DATA)
+        elif behind_s[rank] > stale_after_s:
+            states.append(STALE)
+        else:
+            states.append(LIVE)
+    return pd.DataFrame({"rank": ranks, "state": states, "last_record_us": last.to_numpy(), "behind_s": behind_s.to_numpy()})
+
+
+def _true(value) -> bool:
+    return value is not None and not (isinstance(value, float) and np.isnan(value)) and bool(value) is True
+
+
+def run_state(states: pd.DataFrame, last_new_rows_s: float | None, stale_after_s: float) -> str:
+    if len(states) and (states["state"] == FINISHED).all():
+        return "finished"
+    if last_new_rows_s is not None and time.time() - last_new_rows_s > stale_after_s:
+        return "quiet"  # nothing appended for a while and not every rank finished: ended badly, or hung
+    return "running"
+
+
+def _manifest_values(trace: Trace, key: str, ranks: list[int]) -> pd.Series:
+    m = trace.manifests
+    if m.empty or key not in m or "rank" not in m:
+        return pd.Series([None] * len(ranks), index=ranks, dtype="object")
+    return m.set_index("rank")[key].reindex(ranks)
+
+
+def step_times(trace: Trace, report) -> pd.DataFrame | None:
+    """Per (rank, step) compute and wait over every recorded step, with the same split the straggler
+    analysis uses (``rank_step_times``); waits come from collectives only when steps.csv has none."""
+    from diag.analysis.comms import collective_waits, wait_per_rank_step
+    from diag.analysis.stragglers import rank_step_times
+
+    steps = trace.steps
+    if steps.empty:
+        return None
+    coll_wait = None
+    if not steps["comm_wait_us"].any() and len(trace.collectives):
+        waits = collective_waits(trace.collectives)
+        coll_wait = wait_per_rank_step(waits) if waits is not None else None
+    return rank_step_times(steps, coll_wait).frame
+
+
+# -- aggregation for figures --------------------------------------------------------------------------------
+@dataclass
+class Matrix:
+    """A rank x step matrix reduced to at most ``max_rows`` rank groups and ``max_cols`` step windows."""
+
+    values: np.ndarray  # rows x cols, NaN where nothing was recorded
+    argmax_rank: np.ndarray  # rows x cols: the rank holding each cell's value (for clicks)
+    row_first_rank: np.ndarray
+    row_last_rank: np.ndarray
+    col_first_step: np.ndarray
+    col_last_step: np.ndarray
+
+
+def bin_edges(values: np.ndarray, max_bins: int) -> np.ndarray:
+    """Bin index of each sorted unique value: contiguous groups of equal width, at most ``max_bins``."""
+    width = max(1, int(np.ceil(len(values) / max_bins)))
+    return np.arange(len(values)) // width
+
+
+def rank_step_matrix(frame: pd.DataFrame, column: str, max_rows: int = 256, max_cols: int = 250) -> Matrix:
+    """Max of ``column`` per (rank group, step window): max, so one slow rank stays visible in its group."""
+    ranks = np.unique(frame["rank"].to_numpy())
+    steps = np.unique(frame["step"].to_numpy())
+    row_of_rank = bin_edges(ranks, max_rows)
+    col_of_step = bin_edges(steps, max_cols)
+    rows = row_of_rank[np.searchsorted(ranks, frame["rank"].to_numpy())]
+    cols = col_of_step[np.searchsorted(steps, frame["step"].to_numpy())]
+    n_rows, n_cols = int(row_of_rank[-1]) + 1, int(col_of_step[-1]) + 1
+    cell = rows * n_cols + cols
+    values = frame[column].to_numpy(dtype="float64")
+    order = np.lexsort((-values, cell))  # per cell, the largest value first
+    first = np.r_[True, cell[order][1:] != cell[order][:-1]]
+    top = order[first]
+    out = np.full(n_rows * n_cols, np.nan)
+    who = np.full(n_rows * n_cols, -1, dtype="int64")
+    out[cell[top]] = values[top]
+    who[cell[top]] = frame["rank"].to_numpy()[top]
+    return Matrix(
+        values=out.reshape(n_rows, n_cols),
+        argmax_rank=who.reshape(n_rows, n_cols),
+        row_first_rank=_group_bounds(ranks, row_of_rank, np.min),
+        row_last_rank=_group_bounds(ranks, row_of_rank, np.max),
+        col_first_step=_group_bounds(steps, col_of_step, np.min),
+        col_last_step=_group_bounds(steps, col_of_step, np.max),
+    )
+
+
+def _group_bounds(values: np.ndarray, groups: np.ndarray, how) -> np.ndarray:
+    return np.array([how(values[groups == g]) for g in range(int(groups[-1]) + 1)]) if len(values) else np.zeros(0)
+
+
+def per_rank_quantiles(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """rank, p5, p50, p95 of ``column`` over the rank's steps (a rank's distribution in three numbers)."""
+    g = frame.groupby("rank")[column]
+    out = pd.DataFrame({"p5": g.quantile(0.05), "p50": g.median(), "p95": g.quantile(0.95)})
+    return out.reset_index()
+
+
+def fleet_band(frame: pd.DataFrame, x: str, column: str, max_points: int = 500) -> pd.DataFrame:
+    """Per value of ``x`` (a step, a time), or per window of them beyond ``max_points``: the min, median and
+    max of ``column`` over all ranks' rows, at the window's mean ``x``."""
+    values = frame[[x, column]].dropna()
+    if values.empty:
+        return pd.DataFrame(columns=["x", "min", "median", "max"])
+    xs = values[x].to_numpy(dtype="float64")
+    unique = np.unique(xs)
+    if len(unique) <= max_points:
+        bins = np.searchsorted(unique, xs)
+    else:
+        edges = np.linspace(unique[0], unique[-1], max_points + 1)
+        bins = np.clip(np.searchsorted(edges, xs, side="right") - 1, 0, max_points - 1)
+    g = values[column].astype("float64").groupby(bins)
+    out = pd.DataFrame({"x": pd.Series(xs).groupby(bins).mean(), "min": g.min(), "median": g.median(), "max": g.max()})
+    return out.reset_index(drop=True)
+
+
+def downsample(frame: pd.DataFrame, max_points: int = 1000) -> pd.DataFrame:
+    """Every k-th row so at most ``max_points`` remain (for per-step series that are already aggregated)."""
+    if len(frame) <= max_points:
+        return frame
+    return frame.iloc[:: int(np.ceil(len(frame) / max_points))]
+
+
+def one_rank(frame: pd.DataFrame, rank: int | None, max_points: int = 1000) -> pd.DataFrame:
+    if rank is None or frame.empty:
+        return frame.iloc[0:0]
+    return downsample(frame[frame["rank"] == rank], max_points)
+
+
+def per_step_throughput(trace: Trace, times: pd.DataFrame | None) -> pd.DataFrame:
+    """step, tokens_per_s and samples_per_s: the step's tokens over all ranks / the median rank's iteration
+    (tokens are counted once per data-parallel replica, as the MFU analysis does)."""
+    from diag.analysis.report import _replicas  # the MFU analysis's rule for ranks that share tokens
+
+    steps = trace.steps
+    if steps.empty or times is None:
+        return pd.DataFrame(columns=["step", "tokens_per_s", "samples_per_s"])
+    iteration_s = times.groupby("step")["iteration_us"].median() / 1e6
+    replicas = max(_replicas(trace), 1)
+    out = pd.DataFrame({"step": iteration_s.index})
+    for column in ("tokens", "samples"):
+        total = steps.groupby("step")[column].sum(min_count=1).astype("float64") / replicas
+        out[f"{column}_per_s"] = (total.reindex(iteration_s.index) / iteration_s.where(iteration_s > 0)).to_numpy()
+    return out
+
+
+def pipeline_degree(trace: Trace | None) -> int:
+    """Pipeline-parallel degree from the manifests' layout (1 when not pipelined or unknown)."""
+    if trace is None or "parallel" not in trace.manifests:
+        return 1
+    for layout in trace.manifests["parallel"].dropna():
+        if isinstance(layout, dict) and layout.get("pp"):
+            return int(layout["pp"])
+    return 1
+
+
+def oom_events(trace: Trace) -> pd.DataFrame:
+    """rank, step of out-of-memory events (events.jsonl kind "oom"), plus memory.csv OOM counter increases."""
+    parts = []
+    ev = trace.events
+    if not ev.empty and "kind" in ev:
+        ooms = ev[ev["kind"] == "oom"]
+        if len(ooms) and "step" in ooms:
+            parts.append(ooms[["rank", "step"]])
+    mem = trace.memory
+    if not mem.empty and mem["ooms"].notna().any():
+        mem = mem.sort_values(["rank", "step"])
+        grew = mem["ooms"].astype("float64").groupby(mem["rank"]).diff().fillna(mem["ooms"].astype("float64")) > 0
+        parts.append(mem.loc[grew, ["rank", "step"]])
+    if not parts:
+        return pd.DataFrame(columns=["rank", "step"])
+    return pd.concat(parts, ignore_index=True).drop_duplicates().astype("float64").astype("int64")
+
+
+def telemetry_frame(trace: Trace) -> pd.DataFrame:
+    """Telemetry with ``t_s`` (seconds since the first sample, on rank 0's clock) and ``throttled`` (1 when a
+    reason that slows a busy GPU was set, by the telemetry analysis's definition)."""
+    from diag.analysis.telemetry import SLOWING_REASONS
+    from diag.trace.schema import THROTTLE_REASONS
+
+    tel = trace.telemetry
+    if tel.empty:
+        return tel.assign(t_s=pd.Series(dtype="float64"), throttled=pd.Series(dtype="float64"))
+    offsets = _manifest_values(trace, "clock_offset_us", sorted(tel["rank"].unique())).fillna(0).astype("float64")
+    aligned = tel["time_us"].to_numpy(dtype="float64") - offsets.reindex(tel["rank"]).to_numpy()
+    mask = sum(bit for bit, name in THROTTLE_REASONS.items() if name in SLOWING_REASONS)
+    bits = tel["throttle_reasons"].fillna(0).to_numpy(dtype="int64")
+    out = tel[["rank", "gpu", "util_pct", "sm_clock_mhz", "power_w", "temp_c"]].astype({c: "float64" for c in ("util_pct", "sm_clock_mhz", "power_w", "temp_c")})
+    return out.assign(t_s=(aligned - aligned.min()) / 1e6, throttled=((bits & mask) != 0).astype("float64"))

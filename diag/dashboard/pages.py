@@ -1,0 +1,333 @@
+"""The dashboard's pages: each is a static layout and an ``update(snapshot, selected_rank)`` that returns the
+content of its figures and text blocks. The app wires them to callbacks; nothing here touches the file system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+from dash import dcc, html
+
+from diag.dashboard import data as d
+from diag.dashboard import figures as f
+
+MAX_FINDINGS_SHOWN = 20
+MAX_RANKS_LISTED = 40
+
+
+@dataclass
+class Page:
+    path: str
+    title: str
+    graphs: tuple[str, ...]
+    texts: tuple[str, ...]
+    update: Callable  # (Snapshot, selected_rank) -> {name: figure or children}
+    intro: str = ""
+
+    def graph_id(self, name: str) -> dict:
+        return {"kind": "graph", "name": f"{self.key}-{name}"}
+
+    def text_id(self, name: str) -> str:
+        return f"{self.key}-{name}"
+
+    @property
+    def key(self) -> str:
+        return self.path.strip("/") or "overview"
+
+    @property
+    def shown_id(self) -> str:
+        return f"{self.key}-shown"
+
+    def layout(self):
+        children = [html.H2(self.title), html.P(self.intro, className="intro") if self.intro else None]
+        children += [html.Div(id=self.text_id(name), className="text-block") for name in self.texts]
+        children += [dcc.Graph(id=self.graph_id(name), config={"displaylogo": False}, className="graph") for name in self.graphs]
+        children.append(dcc.Store(id=self.shown_id))
+        return html.Div([c for c in children if c is not None], className="page", id=f"page-{self.key}")
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
+def _missing_reason(snap: d.Snapshot) -> str | None:
+    """Why a page that needs the analysis cannot be drawn, in words a user can act on."""
+    if snap.error:
+        return snap.error
+    if snap.trace is None:
+        return "the trace is still loading"
+    if snap.report is None:
+        return snap.analysis_error or "nothing to analyse yet"
+    return None
+
+
+def _ms(value_s) -> str:
+    return "-" if value_s is None else f"{1e3 * value_s:.1f} ms"
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _table(header: list[str], rows: list[list], cls: str = "table") -> html.Table:
+    return html.Table(
+        [html.Thead(html.Tr([html.Th(h) for h in header])), html.Tbody([html.Tr([html.Td(str(c)) for c in row]) for row in rows])],
+        className=cls,
+    )
+
+
+def _selected_steps(snap: d.Snapshot, rank: int | None) -> pd.DataFrame:
+    return d.one_rank(snap.times, rank) if snap.times is not None else pd.DataFrame()
+
+
+def _straggler_ranks(snap: d.Snapshot) -> set[int]:
+    return {s.rank for s in snap.report.stragglers.stragglers} if snap.report is not None else set()
+
+
+def unavailable(page: Page, reason: str) -> dict:
+    """Every figure and text of ``page`` saying that ``reason`` keeps it from being drawn."""
+    out = {name: f.message_figure(name, reason) for name in page.graphs}
+    out.update({name: html.Div(reason, className="missing") for name in page.texts})
+    if page.texts:
+        out[page.texts[0]] = html.Div(f"Cannot draw this page: {reason}", className="missing")
+    return out
+
+
+# -- overview -----------------------------------------------------------------------------------------------
+def update_overview(snap: d.Snapshot, rank: int | None) -> dict:
+    out = {"ranks": f.rank_state_figure(snap.rank_states, rank), "problems": _problems(snap)}
+    reason = _missing_reason(snap)
+    if reason:
+        out["summary"] = html.Div(f"Cannot analyse this trace: {reason}", className="missing")
+        out["findings"] = html.Div()
+        for name in ("steps", "mfu", "throughput"):
+            out[name] = f.message_figure(name, reason)
+        return out
+    report = snap.report
+    per_step = snap.memo("per_step", lambda: d.downsample(pd.DataFrame(report.timeline.per_step)))
+    mfu = snap.memo("mfu", lambda: d.downsample(pd.DataFrame(report.mfu.per_step)))
+    tp = snap.memo("throughput", lambda: d.downsample(d.per_step_throughput(snap.trace, snap.times)))
+    out["summary"] = _summary(snap)
+    out["findings"] = _findings(report.findings)
+    out["steps"] = f.step_time_figure(per_step, _selected_steps(snap, rank))
+    out["mfu"] = f.mfu_figure(mfu, report.mfu.reason)
+    out["throughput"] = f.throughput_figure(tp)
+    return out
+
+
+def _summary(snap: d.Snapshot) -> html.Div:
+    r = snap.report
+    run, mfu, w = r.run, r.mfu, r.run.window
+    items = [
+        ("run", f"{run.run_id or '-'} ({snap.run_state})"),
+        ("ranks", f"{len(run.ranks_found)} of {run.world_size} on {run.hosts} hosts"),
+        ("device", run.device_name or "-"),
+        ("steps analysed", f"{w.steps_analysed} (steps {w.first_step}..{w.last_step} of {w.steps_recorded} recorded)"),
+        ("step time (median)", _ms(mfu.step_time_median_s)),
+        ("MFU", _pct(mfu.median) if mfu.median is not None else f"unknown ({mfu.reason})"),
+        ("throughput", f"{mfu.tokens_per_s:,.0f} tokens/s" if mfu.tokens_per_s else f"{mfu.samples_per_s:,.1f} samples/s" if mfu.samples_per_s else "-"),
+    ]
+    return html.Div([html.Div([html.Span(k, className="card-key"), html.Span(v, className="card-value")], className="card") for k, v in items], className="cards")
+
+
+def _findings(findings: list) -> html.Div:
+    if not findings:
+        return html.Div("No findings: nothing in this run costs measurable time.", id="findings-none")
+    rows = [
+        [x.severity, x.title, ", ".join(map(str, x.ranks[:8])) + (" ..." if len(x.ranks) > 8 else ""), f"{1e3 * x.time_lost_per_step_s:.1f} ms", x.advice[:160]]
+        for x in findings[:MAX_FINDINGS_SHOWN]
+    ]
+    return html.Div([html.H3("Findings, by time lost"), _table(["severity", "finding", "ranks", "lost per step", "advice"], rows, "table findings")])
+
+
+def _problems(snap: d.Snapshot) -> html.Div:
+    """What could not be read: skipped files, missing ranks, notes of the step window."""
+    lines = []
+    if snap.error:
+        lines.append(snap.error)
+    if snap.analysis_error:
+        lines.append(snap.analysis_error)
+    trace = snap.trace
+    if trace is not None:
+        if trace.ranks_missing:
+            lines.append(f"{len(trace.ranks_missing)} ranks have no trace directory: {_ranks_text(trace.ranks_missing)}")
+        lines += [str(s) for s in trace.skipped[:20]]
+        if len(trace.skipped) > 20:
+            lines.append(f"... {len(trace.skipped) - 20} more files or rows skipped")
+    if snap.report is not None:
+        lines += snap.report.run.notes
+    if not lines:
+        return html.Div()
+    return html.Div([html.H3("What is missing or was left out"), html.Ul([html.Li(x) for x in lines])], className="problems")
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:MAX_RANKS_LISTED])) + (f", ... ({len(ranks)} in all)" if len(ranks) > MAX_RANKS_LISTED else "")
+
+
+# -- stragglers ---------------------------------------------------------------------------------------------
+def update_stragglers(snap: d.Snapshot, rank: int | None) -> dict:
+    reason = _missing_reason(snap) or (None if snap.times is not None else "no steps recorded")
+    if reason:
+        return unavailable(PAGES["/stragglers"], reason)
+    report, times = snap.report, snap.times
+    stragglers = report.stragglers.stragglers
+    window = times[times["step"].between(report.run.window.first_step or 0, report.run.window.last_step or 0)]
+    compute = snap.memo("m_compute", lambda: d.rank_step_matrix(times, "compute_us"))
+    wait = snap.memo("m_wait", lambda: d.rank_step_matrix(times, "wait_us"))
+    # colour range from the analysed window, so warm-up steps do not wash the straggler out
+    zmax_compute = snap.memo("z_compute", lambda: _zmax_ms(window, "compute_us"))
+    zmax_wait = snap.memo("z_wait", lambda: _zmax_ms(window, "wait_us"))
+    quantiles = snap.memo("q_busy", lambda: d.per_rank_quantiles(window if len(window) else times, "busy_us"))
+    return {
+        "named": _stragglers_text(report),
+        "compute": f.heatmap_figure(compute, "Compute time per rank and step", stragglers, rank, zmax_compute),
+        "wait": f.heatmap_figure(wait, "Wait time (blocked in communication) per rank and step", stragglers, rank, zmax_wait),
+        "distribution": f.rank_distribution_figure(quantiles, "Work per step (data wait + compute), per rank", _straggler_ranks(snap), rank),
+        "rank": f.rank_vs_median_figure(d.downsample(times, 200_000), rank),
+    }
+
+
+def _zmax_ms(frame: pd.DataFrame, column: str) -> float | None:
+    return float(frame[column].max()) / 1e3 if len(frame) else None
+
+
+def _stragglers_text(report) -> html.Div:
+    sr = report.stragglers
+    if not sr.stragglers:
+        note = f" ({sr.note})" if sr.note else ""
+        return html.Div(f"No straggler found in {sr.steps} steps{note}.", id="stragglers-none")
+    items = []
+    for s in sr.stragglers:
+        where = ", ".join(x for x in (f"host {s.host}" if s.host else "", f"GPU {s.gpu}" if s.gpu is not None else "") if x)
+        kind = "persistent" if s.persistent else "transient"
+        head = f"Rank {s.rank}{f' ({where})' if where else ''}: {kind} straggler, cause: {s.cause}; {100 * s.slowdown:+.0f}% work vs the median rank, costs {_ms(s.time_saved_per_step_s)} per step"
+        items.append(html.Li([html.B(head), html.Ul([html.Li(e) for e in s.evidence])], className=f"straggler straggler-{s.cause}", id=f"straggler-{s.rank}"))
+    return html.Div([html.H3("Stragglers"), html.Ul(items)])
+
+
+# -- communication ------------------------------------------------------------------------------------------
+def update_comms(snap: d.Snapshot, rank: int | None) -> dict:
+    reason = _missing_reason(snap)
+    if reason:
+        return unavailable(PAGES["/communication"], reason)
+    comms = snap.report.comms
+    lines = []
+    if comms.exposed_comm_per_step_s is not None:
+        lines.append(f"Exposed communication (least any rank was blocked, median step): {_ms(comms.exposed_comm_per_step_s)} per step")
+    if comms.note:
+        lines.append(comms.note)
+    if rank is not None:
+        mine = next((r for r in comms.per_rank if r.rank == rank), None)
+        if mine is not None:
+            lines.append(f"Rank {rank}: waits for peers {mine.wait_share_pct:.1f}% of its step time, blocked in communication {mine.blocked_share_pct:.1f}%, arrived last at {100 * mine.last_arrival_fraction:.0f}% of its collectives")
+    return {
+        "summary": html.Ul([html.Li(x) for x in lines]),
+        "collectives": f.collectives_figure(comms.collectives[:30]),
+        "bandwidth": f.bandwidth_figure(comms.collectives[:30]),
+        "wait": f.comm_wait_figure(comms.per_rank, rank),
+    }
+
+
+# -- memory -------------------------------------------------------------------------------------------------
+def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
+    reason = _missing_reason(snap)
+    if reason:
+        return unavailable(PAGES["/memory"], reason)
+    mem, report = snap.trace.memory, snap.report.memory
+    metric = "allocated_bytes" if mem["allocated_bytes"].notna().any() else "rss_bytes"
+    band = snap.memo("mem_band", lambda: d.fleet_band(mem, "step", metric))
+    ooms = snap.memo("ooms", lambda: d.oom_events(snap.trace))
+    selected = d.one_rank(mem, rank)
+    lines = []
+    if report.note:
+        lines.append(report.note)
+    leaks = [r for r in report.per_rank if r.leak_suspected]
+    for r in leaks[:10]:
+        lines.append(f"Rank {r.rank}: memory grows {r.growth_bytes_per_step / 2**20:.1f} MiB per step (r² {r.growth_r2:.2f}): leak suspected")
+    if report.closest_to_oom:
+        lines.append(f"Closest to OOM: ranks {', '.join(map(str, report.closest_to_oom))}")
+    if len(ooms):
+        lines.append(f"Out-of-memory errors: {len(ooms)} (ranks {_ranks_text(sorted(set(ooms['rank'])))})")
+    return {
+        "summary": html.Ul([html.Li(x) for x in lines]) if lines else html.Div("No leak suspected, no OOM recorded."),
+        "timeline": f.memory_figure(band, metric, selected, selected, ooms),
+        "per_rank": f.memory_per_rank_figure(report.per_rank, rank),
+    }
+
+
+# -- telemetry ----------------------------------------------------------------------------------------------
+def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
+    reason = _missing_reason(snap)
+    if reason:
+        return unavailable(PAGES["/telemetry"], reason)
+    tel = snap.memo("tel", lambda: d.telemetry_frame(snap.trace))
+    bands = snap.memo("tel_bands", lambda: {c: d.fleet_band(tel, "t_s", c) for c, _ in f.TELEMETRY_PANELS})
+    report = snap.report.telemetry
+    lines = [report.note] if report.note else []
+    for g in [g for g in report.gpus if g.throttled or g.hot or g.ecc_uncorrected or g.xids][:10]:
+        what = [x for x, on in (("throttled", g.throttled), ("hot", g.hot)) if on]
+        reasons = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(g.throttle_share.items()))
+        lines.append(f"Rank {g.rank} (host {g.host}, GPU {g.gpu}): {' and '.join(what) or 'errors'}; max {g.temp_max_c} °C; reasons: {reasons or 'none'}" + (f"; XIDs {g.xids}" if g.xids else ""))
+    return {
+        "summary": html.Ul([html.Li(x) for x in lines]) if lines else html.Div("No GPU throttled, hot or with errors."),
+        "timeline": f.telemetry_figure(bands, d.one_rank(tel, rank, 2000), rank),
+        "gpus": f.gpu_summary_figure(report.gpus, rank),
+    }
+
+
+# -- pipeline -----------------------------------------------------------------------------------------------
+def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
+    if snap.error:
+        return {"body": html.Div(f"Cannot draw this page: {snap.error}", className="missing")}
+    pp = d.pipeline_degree(snap.trace)
+    if pp <= 1:
+        text = "This run is not pipelined (no pipeline-parallel degree in the manifests) and has no pipeline records: there is no stage x time Gantt or bubble to show."
+    else:
+        text = f"The manifests give a pipeline-parallel degree of {pp}, but this version of diag records no pipeline stage records: no Gantt or bubble figure can be drawn from this trace."
+    return {"body": html.Div(text, className="missing", id="pipeline-none")}
+
+
+# -- triage -------------------------------------------------------------------------------------------------
+def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
+    if snap.error:
+        return {"body": html.Div(f"Cannot draw this page: {snap.error}", className="missing")}
+    verdict = snap.triage
+    if verdict is None:
+        return {"body": html.Div(snap.triage_note or "no triage data", className="missing", id="triage-none")}
+    ranks = verdict.get("ranks", {})
+    culprits = set(verdict.get("culprit_ranks", []))
+    counts = pd.Series([r.get("state") for r in ranks.values()]).value_counts()
+    shown = sorted(int(r) for r in ranks if int(r) in culprits or int(r) == rank)
+    example = {}
+    for r, info in ranks.items():
+        example.setdefault(info.get("state"), int(r))
+    shown = sorted(set(shown) | set(example.values()))[:MAX_RANKS_LISTED]
+    rows = [[r, ranks[str(r)].get("state"), ranks[str(r)].get("last_step"), ranks[str(r)].get("last_phase") or "", ranks[str(r)].get("detail", "")[:200], "culprit" if r in culprits else ""] for r in shown]
+    coll = verdict.get("collective")
+    body = [
+        html.H3(f"Verdict: {verdict['verdict']}", id="triage-verdict"),
+        html.P(f"Culprit ranks: {', '.join(map(str, sorted(culprits))) or '-'}"),
+        html.P(f"Collective: {coll['op']} seq {coll['seq']} in process group {coll['pg']}") if coll else None,
+        html.H4("Evidence"),
+        html.Ul([html.Li(e) for e in verdict.get("evidence", [])]),
+        html.H4("Ranks by state"),
+        html.P(", ".join(f"{n} {s}" for s, n in counts.items())),
+        _table(["rank", "state", "last step", "phase", "detail", ""], rows),
+    ]
+    if verdict.get("skipped"):
+        body += [html.H4("Skipped"), html.Ul([html.Li(s) for s in verdict["skipped"][:20]])]
+    return {"body": html.Div([b for b in body if b is not None])}
+
+
+PAGES: dict[str, Page] = {
+    p.path: p
+    for p in (
+        Page("/", "Overview", ("steps", "mfu", "throughput", "ranks"), ("summary", "problems", "findings"), update_overview, "Findings ranked by the time they cost, step time and MFU over steps, and which ranks are live."),
+        Page("/stragglers", "Stragglers", ("compute", "wait", "distribution", "rank"), ("named",), update_stragglers, "Compute and wait time of every rank in every step. Click a cell or a point to select that rank on every page."),
+        Page("/communication", "Communication", ("collectives", "bandwidth", "wait"), ("summary",), update_comms, "Collective durations and bandwidth by op and size, and how long each rank waits for its peers."),
+        Page("/memory", "Memory", ("timeline", "per_rank"), ("summary",), update_memory, "Memory at the end of each step over all ranks, the selected rank's allocated and reserved, OOMs."),
+        Page("/telemetry", "GPU telemetry", ("timeline", "gpus"), ("summary",), update_telemetry, "Utilisation, clocks, power, temperature and throttling of every GPU over time."),
+        Page("/pipeline", "Pipeline", (), ("body",), update_pipeline),
+        Page("/triage", "Triage", (), ("body",), update_triage, "For a hung or dead job: the verdict of diag triage and the state of each rank."),
+    )
+}
