@@ -44,16 +44,16 @@ def fsdp_run(tmp_path_factory):
 
 
 def fr_collectives_after_init(truth):
-    """Flight Recorder's entries issued after diag.init, as (seq, op, bytes)."""
+    """Flight Recorder's entries issued after diag.init, as (pg, seq, op, bytes) in issue order."""
     element_bytes = {"Float": 4, "Double": 8, "BFloat16": 2, "Half": 2, "Int": 4, "Long": 8}
     entries = []
     for entry in truth["fr_entries"]:
-        if entry["is_p2p"] or entry["seq"] <= truth["seq_at_init"]:
+        if entry["is_p2p"] or entry["time_created_ns"] < truth["init_done_ns"]:
             continue
         numel = sum(_prod(size) for size in entry["sizes"])
         nbytes = numel * element_bytes[entry["dtypes"][0]] if entry["dtypes"] else 0
-        entries.append((entry["seq"], entry["name"].split(":")[1], nbytes))
-    return entries
+        entries.append((entry["pg"], entry["seq"], entry["name"].split(":")[1], nbytes))
+    return sorted(entries)
 
 
 def _prod(values):
@@ -96,8 +96,8 @@ def test_ddp_buckets_recorded_with_the_gradient_bytes(ddp_run):
 def test_ddp_collectives_match_flight_recorder(ddp_run):
     trace, truths = ddp_run
     for rank in range(WORLD):
-        colls = trace.collectives[trace.collectives["rank"] == rank].sort_values("seq")
-        ours = list(zip(colls["seq"], colls["op"].astype(str), colls["bytes"]))
+        colls = trace.collectives[trace.collectives["rank"] == rank]
+        ours = sorted(zip(colls["pg"].astype(str), colls["seq"], colls["op"].astype(str), colls["bytes"]))
         assert ours == fr_collectives_after_init(truths[rank])
 
 
@@ -119,8 +119,8 @@ def test_explicit_collective_sequence_numbers_match_flight_recorder(explicit_run
     trace, truths = explicit_run
     for rank in range(WORLD):
         colls = trace.collectives[(trace.collectives["rank"] == rank) & ~trace.collectives["op"].isin(["send", "recv"])]
-        ours = sorted(colls["seq"].tolist())
-        theirs = [seq for seq, _, _ in fr_collectives_after_init(truths[rank])]
+        ours = sorted(zip(colls["pg"].astype(str), colls["seq"]))
+        theirs = [(pg, seq) for pg, seq, _, _ in fr_collectives_after_init(truths[rank])]
         assert ours == theirs
         p2p = trace.collectives[(trace.collectives["rank"] == rank) & trace.collectives["op"].isin(["send", "recv"])]
         assert sorted(p2p["seq"].tolist()) == list(range(1, 2 * STEPS + 1))
@@ -146,8 +146,8 @@ def test_fsdp2_all_gathers_and_reduce_scatters_recorded(fsdp_run):
         param_bytes = truths[rank]["param_bytes"]
         assert (per_step["reduce_scatter"] >= param_bytes).all()
         assert (per_step["all_gather"] >= param_bytes // WORLD).all()
-        ours = sorted(colls["seq"].tolist())
-        assert ours == [seq for seq, _, _ in fr_collectives_after_init(truths[rank])]
+        ours = sorted(zip(colls["pg"].astype(str), colls["seq"]))
+        assert ours == [(pg, seq) for pg, seq, _, _ in fr_collectives_after_init(truths[rank])]
 
 
 def test_manifest_describes_rank_and_process_groups(ddp_run):

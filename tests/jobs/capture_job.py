@@ -6,13 +6,14 @@ usage: capture_job.py TRACE_DIR MODE STEPS   (MODE: plain, ddp, fsdp, explicit)
 
 import json
 import os
-import pickle
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 
 import diag
+from diag.capture.flight_recorder import own_dump
 
 trace_dir, mode, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 distributed = mode != "plain"
@@ -25,7 +26,7 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.
 param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
 session = diag.init(trace_dir, telemetry=False, flops_per_step=1e9)
-seq_at_init = dist.group.WORLD._get_sequence_number_for_group() if distributed else 0
+init_done_ns = time.time_ns()
 if mode == "ddp":
     model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
 elif mode == "fsdp":
@@ -80,16 +81,18 @@ truth = {
     "world": world,
     "steps": steps,
     "param_bytes": param_bytes,
-    "seq_at_init": seq_at_init,
+    "init_done_ns": init_done_ns,
     "explicit_ops": explicit_ops,
     "fr_entries": [],
 }
 if distributed:
-    dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())  # our own process's dump: trusted
+    dump = own_dump()  # Flight Recorder of our own process: trusted
     truth["fr_entries"] = [
         {
+            "pg": str(e["process_group"][0]),
             "seq": e["collective_seq_id"],
             "p2p_seq": e["p2p_seq_id"],
+            "time_created_ns": e["time_created_ns"],
             "name": e["profiling_name"],
             "sizes": e["input_sizes"],
             "dtypes": e["input_dtypes"],
