@@ -105,35 +105,39 @@ def collective_waits(coll: pd.DataFrame, mask: np.ndarray | None = None) -> Coll
     keep = ~np.isnan(duration) if mask is None else (np.asarray(mask) & ~np.isnan(duration))
     if not keep.any():
         return None
-    duration = duration[keep]
+    everything = bool(keep.all())
+
+    def column(values: np.ndarray) -> np.ndarray:  # skip copying tens of millions of rows when all are kept
+        return values if everything else values[keep]
+
+    duration = column(duration)
     pg = coll["pg"].astype("category")
-    pg_codes = pg.cat.codes.to_numpy()[keep].astype("int64")
-    seq = coll["seq"].to_numpy(dtype="int64")[keep]
-    instance, first = _instances(pg_codes, seq)
-    n_inst = len(first)
+    op = coll["op"].astype("category")
+    pg_codes = column(pg.cat.codes.to_numpy())
+    seq = column(coll["seq"].to_numpy(dtype="int64"))
+    instance, inst_pg, inst_seq = _instances(pg_codes, seq)
+    n_inst = len(inst_seq)
     transfer_us = np.full(n_inst, np.inf)
     np.minimum.at(transfer_us, instance, duration)
-    nbytes = coll["bytes"].to_numpy(dtype="int64")[keep]
     bytes_max = np.zeros(n_inst, dtype="int64")
-    np.maximum.at(bytes_max, instance, nbytes)
-    del nbytes
+    np.maximum.at(bytes_max, instance, column(coll["bytes"].to_numpy(dtype="int64")))
+    inst_op = np.zeros(n_inst, dtype="int64")
+    inst_op[instance] = column(op.cat.codes.to_numpy())  # any row's op: all ranks issue the same one
     ranks = np.bincount(instance, minlength=n_inst)
     wait_us = duration - transfer_us[instance]
-    op = coll["op"].astype("category")
-    op_codes = op.cat.codes.to_numpy()[keep]
     instances = pd.DataFrame(
         {
-            "pg": np.asarray(pg.cat.categories, dtype=object)[pg_codes[first]],
-            "seq": seq[first],
-            "op": np.asarray(op.cat.categories, dtype=object)[op_codes[first]],
+            "pg": np.asarray(pg.cat.categories, dtype=object)[inst_pg],
+            "seq": inst_seq,
+            "op": np.asarray(op.cat.categories, dtype=object)[inst_op],
             "bytes_max": bytes_max,
             "transfer_us": transfer_us,
             "ranks": ranks,
         }
     )
     return CollectiveWaits(
-        rank=coll["rank"].to_numpy(dtype="int32")[keep],
-        step=coll["step"].to_numpy(dtype="int64")[keep],
+        rank=column(coll["rank"].to_numpy(dtype="int32")),
+        step=column(coll["step"].to_numpy(dtype="int64")),
         duration_us=duration,
         wait_us=wait_us,
         is_last=(wait_us == 0) & (ranks[instance] > 1),
@@ -142,31 +146,31 @@ def collective_waits(coll: pd.DataFrame, mask: np.ndarray | None = None) -> Coll
     )
 
 
-def _instances(pg_codes: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Dense instance index per row for (pg, seq), and one row index per instance.
+def _instances(pg_codes: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Dense instance index per row for (pg, seq), and each instance's pg code and seq.
 
     Sequence numbers count up within a group, so a per-group offset gives a dense index without hashing
     tens of millions of keys; sparse numbering (few rows over a wide range) falls back to factorize."""
+    pg_codes = pg_codes.astype("int64", copy=False)
     n_pg = int(pg_codes.max()) + 1
     lo = np.full(n_pg, np.iinfo("int64").max)
     hi = np.full(n_pg, np.iinfo("int64").min)
     np.minimum.at(lo, pg_codes, seq)
     np.maximum.at(hi, pg_codes, seq)
-    present = hi >= lo
-    span = np.where(present, hi - lo + 1, 0)
-    if span.sum() <= 4 * len(seq):
-        base = np.concatenate([[0], np.cumsum(span)[:-1]])
-        slot = base[pg_codes] + (seq - lo[pg_codes])
-        used = np.zeros(int(span.sum()), dtype=bool)
-        used[slot] = True
-        remap = np.cumsum(used) - 1
-        instance = remap[slot]
-    else:
-        instance, _ = pd.factorize((pg_codes << 40) | seq, sort=False)
-        instance = instance.astype("int64")
-    first = np.full(int(instance.max()) + 1, -1, dtype="int64")
-    first[instance[::-1]] = np.arange(len(instance) - 1, -1, -1)  # the earliest row wins
-    return instance, first
+    span = np.where(hi >= lo, hi - lo + 1, 0)
+    if span.sum() > 4 * len(seq):
+        keys = (pg_codes << 40) | seq
+        instance, uniques = pd.factorize(keys, sort=False)
+        return instance.astype("int64"), (uniques >> 40).astype("int64"), uniques & ((1 << 40) - 1)
+    base = np.concatenate([[0], np.cumsum(span)[:-1]])
+    slot = seq - lo[0] if n_pg == 1 else base[pg_codes] + (seq - lo[pg_codes])
+    used = np.bincount(slot, minlength=int(span.sum())) > 0
+    slot_pg = np.repeat(np.arange(n_pg), span)
+    slot_seq = np.arange(int(span.sum())) - np.repeat(base, span) + np.repeat(np.where(span > 0, lo, 0), span)
+    if used.all():
+        return slot, slot_pg, slot_seq
+    remap = np.cumsum(used) - 1
+    return remap[slot], slot_pg[used], slot_seq[used]
 
 
 @dataclass
@@ -233,6 +237,7 @@ def _per_op(waits: CollectiveWaits, pg_sizes: dict[str, int]) -> list[Collective
     for group, members in inst.groupby("group", sort=False):
         rows = row_group == group
         d = waits.duration_us[rows]
+        d50, d99 = np.percentile(d, [50, 99])
         op, pg, bucket = members["op_name"].iloc[0], str(members["pg"].iloc[0]), int(members["bucket"].iloc[0])
         n = pg_sizes.get(pg) or int(members["ranks"].max())
         transfer = members["transfer_us"].to_numpy()
@@ -250,8 +255,8 @@ def _per_op(waits: CollectiveWaits, pg_sizes: dict[str, int]) -> list[Collective
                 rows=int(rows.sum()),
                 bytes_total=int(members["bytes_max"].sum()),
                 bytes_median=int(b50),
-                duration_p50_us=float(np.percentile(d, 50)),
-                duration_p99_us=float(np.percentile(d, 99)),
+                duration_p50_us=float(d50),
+                duration_p99_us=float(d99),
                 transfer_p50_us=t50,
                 transfer_p99_us=float(np.percentile(transfer, 99)),
                 algbw_gbps=algbw,

@@ -4,8 +4,13 @@ the JSON contract documented in docs/analyze.md; views only present a Report."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
+import types
+import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -58,6 +63,14 @@ class Report:
     memory: MemoryReport
     telemetry: TelemetryReport
     timeline: Timeline
+
+    def to_state(self) -> dict:
+        """Everything in the Report, JSON-safe and structured like the dataclasses, for ``from_state``."""
+        return _plain(self)
+
+    @classmethod
+    def from_state(cls, state: dict) -> Report:
+        return _build(cls, state)
 
     def to_dict(self) -> dict:
         window = _plain(self.run.window)
@@ -208,6 +221,42 @@ def _timeline(times: pd.DataFrame, hosts: dict) -> Timeline:
         per_step=per_step.reset_index().to_dict("records"),
         per_rank=per_rank.reset_index().to_dict("records"),
     )
+
+
+def options_fingerprint(**options) -> str:
+    """Identifies a report: the options it was made with and the analysis code that made it."""
+    digest = hashlib.blake2b(digest_size=12)
+    digest.update(json.dumps({"report_version": REPORT_VERSION, **options}, sort_keys=True, default=str).encode())
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        stat = source.stat()
+        digest.update(f"{source.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def _build(cls, data):
+    """Rebuild dataclass ``cls`` from its ``_plain`` form (lists of dataclasses, optional fields)."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _build_value(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _build_value(hint, value):
+    if value is None:
+        return None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _build_value(inner[0], value) if len(inner) == 1 else value
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value)
+    if origin is list and args:
+        return [_build_value(args[0], v) for v in value]
+    if hint is np.ndarray:
+        return np.asarray(value, dtype="int64")
+    return value
 
 
 def _plain(value):

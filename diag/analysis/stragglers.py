@@ -32,6 +32,8 @@ class RankStepTimes:
 
     frame: pd.DataFrame  # rank, step, data_wait_us, compute_us, wait_us, busy_us, iteration_us
     wait_source: str  # "steps.comm_wait_us", "collectives" or "none"
+    step_median_busy_us: pd.Series | None = None  # per step, computed once when first needed
+    step_max_busy_us: pd.Series | None = None
 
 
 @dataclass
@@ -148,8 +150,10 @@ def find_stragglers(
 def joint_saving_us(times: RankStepTimes, ranks: list[int]) -> float:
     """Time the window would lose less if all of ``ranks`` worked at their step's median busy time."""
     f = times.frame
-    median = f.groupby("step")["busy_us"].median()
-    slowest = f.groupby("step")["busy_us"].max()
+    if times.step_median_busy_us is None:
+        times.step_median_busy_us = f.groupby("step")["busy_us"].median()
+        times.step_max_busy_us = f.groupby("step")["busy_us"].max()
+    median, slowest = times.step_median_busy_us, times.step_max_busy_us
     others = f[~f["rank"].isin(ranks)].groupby("step")["busy_us"].max().reindex(slowest.index, fill_value=0.0)
     return float((slowest - np.maximum(others, median)).clip(lower=0).sum())
 
@@ -158,16 +162,16 @@ def _saved_per_rank_step(f: pd.DataFrame) -> pd.Series:
     """Per rank, summed over steps: what the step would shrink if that rank alone had the median busy time.
 
     Only the slowest rank of a step can shorten it, down to the second slowest (or the median)."""
-    busy = f["busy_us"].to_numpy()
-    order = np.lexsort((-busy, f["step"].to_numpy()))
-    ordered = f.iloc[order]
-    first = ~ordered["step"].duplicated().to_numpy()
-    second = np.r_[False, first[:-1]] & ~first
-    top = ordered[first]
-    runner_up = pd.Series(ordered["busy_us"].to_numpy()[second], index=ordered["step"].to_numpy()[second])
-    floor = np.maximum(runner_up.reindex(top["step"].to_numpy(), fill_value=0.0).to_numpy(), top["median_busy_us"].to_numpy())
-    saved = np.clip(top["busy_us"].to_numpy() - floor, 0, None)
-    return pd.Series(saved, index=top["rank"].to_numpy()).groupby(level=0).sum()
+    busy, step = f["busy_us"].to_numpy(), f["step"].to_numpy()
+    order = np.lexsort((-busy, step))
+    busy, step = busy[order], step[order]
+    rank, median = f["rank"].to_numpy()[order], f["median_busy_us"].to_numpy()[order]
+    top = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])  # the slowest rank of each step
+    nxt = np.minimum(top + 1, len(step) - 1)
+    has_second = (top + 1 < len(step)) & (step[nxt] == step[top])
+    runner_up = np.where(has_second, busy[nxt], 0.0)
+    saved = np.clip(busy[top] - np.maximum(runner_up, median[top]), 0, None)
+    return pd.Series(saved, index=rank[top]).groupby(level=0).sum()
 
 
 def _assign_causes(stragglers: list[Straggler], ranks_info: pd.DataFrame, throttled: dict[int, float], persistent: set) -> None:

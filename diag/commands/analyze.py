@@ -13,6 +13,22 @@ def _nothing_usable(trace) -> bool:
     return all(getattr(trace, name).empty for name in ("steps", "phases", "collectives", "memory", "telemetry"))
 
 
+def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step):
+    from diag.analysis.report import analyze
+    from diag.trace.loader import TraceError, load
+
+    try:
+        trace, how = cache.load(progress=True) if cache is not None else (load(trace_dir, progress=True), "loaded")
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if _nothing_usable(trace):
+        reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
+        raise click.ClickException(f"nothing in {trace_dir} could be analysed:\n{reasons}")
+    if how == "cache":
+        click.echo(f"(trace read from the cache in {trace_dir}/.diag-cache)", err=True)
+    return analyze(trace, steps=step_range, peak_tflops=peak_tflops, flops_per_step=flops_per_step)
+
+
 @click.command("analyze")
 @click.argument("trace_dir", required=False, type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True, help="Output format on stdout.")
@@ -20,7 +36,7 @@ def _nothing_usable(trace) -> bool:
 @click.option("--steps", "steps", metavar="A:B", help="Analyse steps A <= step < B (default: all complete steps after warm-up).")
 @click.option("--peak-tflops", type=float, help="Dense peak TFLOP/s per GPU for MFU (overrides the manifest and the datasheet table).")
 @click.option("--flops-per-step", type=float, help="Model FLOPs of one step on one rank (overrides the manifest).")
-@click.option("--no-cache", is_flag=True, help="Do not read or write the parquet cache in TRACE_DIR/.diag-cache.")
+@click.option("--no-cache", is_flag=True, help="Do not read or write the cache in TRACE_DIR/.diag-cache (loaded tables and reports).")
 def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_cache):
     """Analyse a trace directory: stragglers, MFU, communication, memory and GPU telemetry,
     with findings ranked by the time each one costs.
@@ -32,10 +48,9 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
       diag analyze traces/run1 --html report.html --peak-tflops 989
       diag analyze                     (the bundled sample run)
     """
-    from diag.analysis.report import analyze
+    from diag.analysis.report import Report, options_fingerprint
     from diag.analysis.window import parse_step_range
-    from diag.trace.cache import load_cached
-    from diag.trace.loader import TraceError
+    from diag.trace.cache import TraceCache
     from diag.views import render
 
     if trace_dir is None:
@@ -48,16 +63,19 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
         step_range = parse_step_range(steps)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--steps") from exc
-    try:
-        trace, how = load_cached(trace_dir, progress=True, cache=not no_cache)
-    except TraceError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if _nothing_usable(trace):
-        reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
-        raise click.ClickException(f"nothing in {trace_dir} could be analysed:\n{reasons}")
-    if how == "cache":
-        click.echo(f"(trace read from the cache in {trace_dir}/.diag-cache)", err=True)
-    report = analyze(trace, steps=step_range, peak_tflops=peak_tflops, flops_per_step=flops_per_step)
+    report = None
+    cache = None if no_cache or not trace_dir.is_dir() else TraceCache(trace_dir)
+    options = {"steps": steps, "peak_tflops": peak_tflops, "flops_per_step": flops_per_step}
+    result_name = f"report-{options_fingerprint(**options)}"
+    if cache is not None:
+        state = cache.get_result(result_name)
+        if state is not None:
+            report = Report.from_state(state)
+            click.echo(f"(report read from the cache in {trace_dir}/.diag-cache; use --no-cache to recompute)", err=True)
+    if report is None:
+        report = _analyse(trace_dir, cache, step_range, peak_tflops, flops_per_step)
+        if cache is not None:
+            cache.put_result(result_name, report.to_state())
     click.echo(render(report, fmt))
     if html_path is not None:
         from diag.views.html import render_html

@@ -1,8 +1,9 @@
-"""A parquet cache of loaded traces, so analysing a large directory a second time skips the CSV parsing.
+"""A cache of loaded traces (Arrow IPC files, zstd-compressed), so analysing a large directory a second time skips the CSV parsing.
 
 The cache lives in ``TRACE_DIR/.diag-cache/<key>/`` where the key hashes the name, size and modification time
 of every file in every rank directory: any change (a run still being written, a rank added, a file edited)
-gives a new key, and the stale entry is removed when the new one is written. When the trace directory is
+gives a new key, and the stale entry is removed when the new one is written. Results computed from a
+trace (an analysis report for given options) are kept in the same entry, so they go stale with it. When the trace directory is
 read-only the cache goes to the system temp directory instead; if that fails too, there is no cache and the
 trace is simply loaded. A cache that cannot be read is ignored and rebuilt: it is never a reason to fail.
 """
@@ -18,13 +19,13 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.feather as feather
 
 from diag.trace.loader import RANK_DIR_RE, Skipped, Trace, TraceError, load
-from diag.trace.schema import TABLES
+from diag.trace.schema import TABLES, Table
 
 CACHE_DIR = ".diag-cache"
-CACHE_FORMAT = 1  # bump when what is stored changes
+CACHE_FORMAT = 2  # bump when what is stored changes
 _META = "meta.json"
 
 
@@ -49,21 +50,57 @@ def cache_roots(path: Path) -> list[Path]:
     return [path / CACHE_DIR, Path(tempfile.gettempdir()) / "diag-cache" / key]
 
 
+class TraceCache:
+    """The cache entry of one trace directory as it is now: its loaded tables, and results computed from them
+    (JSON, by name: e.g. an analysis report for a given set of options), all keyed on the files' signature."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.key = signature(self.path)
+        self.roots = cache_roots(self.path)
+
+    def load(self, progress: bool = False) -> tuple[Trace, str]:
+        """The trace, from the cache when there; how: "cache", "loaded+cached" or "loaded"."""
+        for root in self.roots:
+            trace = _read(root / self.key, self.path)
+            if trace is not None:
+                return trace, "cache"
+        trace = load(self.path, progress=progress)
+        for root in self.roots:
+            if _write(root, self.key, trace):
+                return trace, "loaded+cached"
+        return trace, "loaded"
+
+    def get_result(self, name: str) -> dict | None:
+        for root in self.roots:
+            try:
+                return json.loads((root / self.key / f"{name}.json").read_text())
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def put_result(self, name: str, payload: dict) -> bool:
+        text = json.dumps(payload, default=_json_default)
+        for root in self.roots:
+            entry = root / self.key
+            if not entry.is_dir():
+                continue  # only next to a cached trace, so stale results go when the trace entry is replaced
+            try:
+                tmp = entry / f".{name}.json.tmp"
+                tmp.write_text(text)
+                os.replace(tmp, entry / f"{name}.json")
+                return True
+            except OSError:
+                continue
+        return False
+
+
 def load_cached(path: str | Path, progress: bool = False, cache: bool = True) -> tuple[Trace, str]:
     """Load ``path`` through the cache. Returns the trace and how: "cache", "loaded+cached" or "loaded"."""
     path = Path(path)
     if not cache or not path.is_dir():
         return load(path, progress=progress), "loaded"
-    key = signature(path)
-    for root in cache_roots(path):
-        trace = _read(root / key, path)
-        if trace is not None:
-            return trace, "cache"
-    trace = load(path, progress=progress)
-    for root in cache_roots(path):
-        if _write(root, key, trace):
-            return trace, "loaded+cached"
-    return trace, "loaded"
+    return TraceCache(path).load(progress=progress)
 
 
 def _read(entry: Path, path: Path) -> Trace | None:
@@ -72,7 +109,7 @@ def _read(entry: Path, path: Path) -> Trace | None:
         return None
     try:
         meta = json.loads(meta_path.read_text())
-        tables = {name: pq.read_table(entry / f"{name}.parquet").to_pandas() for name in TABLES}
+        tables = {name: _read_table(entry / f"{name}.arrow", TABLES[name]) for name in TABLES}
     except (OSError, ValueError, pa.ArrowException):
         return None
     return Trace(
@@ -89,6 +126,24 @@ def _read(entry: Path, path: Path) -> Trace | None:
     )
 
 
+def _read_table(path: Path, table: Table) -> pd.DataFrame:
+    """Column by column, straight to the schema's dtypes: much faster than ``Table.to_pandas`` on tens of
+    millions of rows, which rebuilds pandas' metadata and consolidates blocks."""
+    arrow = feather.read_table(path, memory_map=False)
+    dtypes = {"rank": "int32", **table.dtypes}
+    columns = {}
+    for name in arrow.column_names:
+        nullable = {"Int64": pd.Int64Dtype(), "Float64": pd.Float64Dtype()}.get(dtypes.get(name, ""))
+        mapper = (lambda _t, dtype=nullable: dtype) if nullable is not None else None
+        columns[name] = arrow.column(name).to_pandas(types_mapper=mapper)
+    del arrow
+    frame = pd.DataFrame(columns, copy=False)
+    for name, dtype in dtypes.items():
+        if name in frame and str(frame[name].dtype) != dtype:
+            frame[name] = frame[name].astype(dtype)
+    return frame
+
+
 def _write(root: Path, key: str, trace: Trace) -> bool:
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -98,7 +153,8 @@ def _write(root: Path, key: str, trace: Trace) -> bool:
     try:
         for name in TABLES:
             frame: pd.DataFrame = getattr(trace, name)
-            pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp / f"{name}.parquet", compression="lz4")
+            arrow = pa.Table.from_pandas(frame, preserve_index=False)
+            feather.write_feather(arrow, tmp / f"{name}.arrow", compression="zstd", compression_level=1)
         meta = {
             "manifests": trace.manifests.to_dict("records"),
             "events": trace.events.to_dict("records"),
@@ -113,7 +169,7 @@ def _write(root: Path, key: str, trace: Trace) -> bool:
         os.replace(tmp, root / key)
     except (OSError, ValueError, TypeError, pa.ArrowException):
         shutil.rmtree(tmp, ignore_errors=True)
-        return False
+        return (root / key).is_dir()  # another process may have written the same entry first
     _remove_stale(root, keep=key)
     return True
 
@@ -132,4 +188,4 @@ def _json_default(value):
     return str(value)
 
 
-__all__ = ["load_cached", "signature", "cache_roots", "TraceError"]
+__all__ = ["TraceCache", "load_cached", "signature", "cache_roots", "TraceError"]

@@ -187,3 +187,21 @@ def test_instances_are_matched_across_ranks_whatever_the_row_order():
     waits = collective_waits(coll)
     assert len(waits.instances) == 78
     assert np.array_equal(waits.wait_us, coll["rank"].to_numpy(dtype=float))
+
+
+def test_second_analyze_reuses_the_cached_report_until_the_trace_changes(tmp_path):
+    from tests.analysis.helpers import run_cli
+
+    make_trace(tmp_path, ranks=4, steps=20)
+    first = run_cli(tmp_path, "--format", "json")
+    second = run_cli(tmp_path, "--format", "json")
+    assert first.exit_code == second.exit_code == 0
+    assert "report read from the cache" in second.stderr and first.stdout == second.stdout
+    other_window = run_cli(tmp_path, "--format", "json", "--steps", "5:10")
+    assert "report read from the cache" not in other_window.stderr
+    assert json.loads(other_window.stdout)["run"]["window"]["last_step"] == 9
+    with open(tmp_path / "rank00000" / "steps.csv", "a") as handle:
+        handle.write("20,1795000000000000,1000,10,1,1,1,1,,8,16384\n")
+    third = run_cli(tmp_path, "--format", "json")
+    assert "report read from the cache" not in third.stderr
+    assert json.loads(third.stdout)["run"]["steps"] == 21
