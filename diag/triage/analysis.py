@@ -312,10 +312,13 @@ def _rank_reports(data: TriageInput, ops: pd.DataFrame, liveness: dict, focus) -
     entered = set()
     if focus is not None:
         entered = set(ops[(ops["pg"] == focus[0]) & (ops["seq"] == focus[1])]["rank"].tolist())
-    return {rank: _rank_report(data, info, liveness.get(rank), rank in entered) for rank, info in data.ranks.items()}
+    return {
+        rank: _rank_report(info, liveness.get(rank), rank in entered, focus is not None)
+        for rank, info in data.ranks.items()
+    }
 
 
-def _rank_report(data: TriageInput, info: RankInfo, alive: str | None, entered_focus: bool) -> RankReport:
+def _rank_report(info: RankInfo, alive: str | None, entered_focus: bool, has_focus: bool) -> RankReport:
     if not info.has_data:
         return RankReport("no_data", detail="no trace or dump for this rank")
     dump = info.stall_dump or info.last_dump or {}
@@ -327,13 +330,7 @@ def _rank_report(data: TriageInput, info: RankInfo, alive: str | None, entered_f
     stack = [f"{f.get('file')}:{f.get('line')} in {f.get('name')}" for f in frames]
     where = _classify(frames, phase)
     if info.fr_last is not None and not frames:  # Flight Recorder input: its last collective is all we know
-        last = info.fr_last
-        stack = [last["call_site"]] if last.get("call_site") else []
-        where = "waiting_in_collective" if entered_focus else "stuck_elsewhere"
-        detail = f"last collective: {last['op']} seq {last['seq']} in group {last['pg']}" + (
-            "" if last["completed"] else " (not completed)"
-        )
-        return RankReport(where, None, None, stack, detail)
+        return _fr_rank_report(info.fr_last, entered_focus, has_focus)
     if alive == "vanished":
         return RankReport("dead", last_step, phase, stack, _death_detail(info))
     state = "waiting_in_collective" if entered_focus else where
@@ -341,6 +338,16 @@ def _rank_report(data: TriageInput, info: RankInfo, alive: str | None, entered_f
         state = alive  # ended without being seen stuck: where it was at the end says nothing
     detail = _exit_detail(info)
     return RankReport(state, last_step, phase, stack, detail)
+
+
+def _fr_rank_report(last: dict, entered_focus: bool, has_focus: bool) -> RankReport:
+    """A dump tells which collective a rank issued last, not where the rank is now."""
+    state = "not_in_a_collective" if has_focus else "all_collectives_done"
+    state = "waiting_in_collective" if entered_focus else state
+    site = f" from {last['call_site']}" if last.get("call_site") else ""
+    done = "" if last["completed"] else " (not completed)"
+    detail = f"last collective issued: {last['op']} seq {last['seq']} in group {last['pg']}{site}{done}"
+    return RankReport(state, None, None, [], detail)
 
 
 def _classify(frames: list[dict], phase: str | None) -> str:

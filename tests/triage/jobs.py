@@ -21,7 +21,7 @@ HANG_THRESHOLD_S = 2
 FR_PREFIX = "fr_trace_"
 
 
-def run_scenario(scenario: str, out_dir: Path) -> Path:
+def run_scenario(scenario: str, out_dir: Path, world_size: int = WORLD_SIZE) -> Path:
     """Run one scenario to its end and return the trace directory; no process outlives this call."""
     trace_dir = out_dir / "trace"
     env = {
@@ -29,7 +29,7 @@ def run_scenario(scenario: str, out_dir: Path) -> Path:
         "HANG_JOB_PG_TIMEOUT_S": str(PG_TIMEOUT_S),
         "HANG_JOB_THRESHOLD_S": str(HANG_THRESHOLD_S),
     }
-    procs = start_ranks([str(HANG_JOB), scenario, str(trace_dir)], WORLD_SIZE, env)
+    procs = start_ranks([str(HANG_JOB), scenario, str(trace_dir)], world_size, env)
     try:
         _drive(scenario, procs, trace_dir)
     finally:

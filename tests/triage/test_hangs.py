@@ -7,8 +7,12 @@ after at most 60 s (see jobs.py). The jobs are run once per module and shared by
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -100,16 +104,32 @@ def test_flight_recorder_dumps_alone_name_the_missing_rank(runs, scenario):
 
 
 def test_flight_recorder_desync_culprit_does_not_depend_on_file_order(runs, tmp_path):
+    """torchfrtrace takes the first file it lists as the reference; diag must not."""
     _, fr_dir = runs("desync")
-    first = diag_triage_json(fr_dir)
-    reversed_dir = tmp_path / "renamed"
-    reversed_dir.mkdir()
-    for path in fr_dir.iterdir():  # rename so that listing order reverses: z_ files now come first... or last
-        rank = int(path.name.rsplit("_", 1)[1])
-        (reversed_dir / f"{'abc'[2 - rank]}_trace_{rank}").write_bytes(path.read_bytes())
-    second = diag_triage_json(reversed_dir)
-    assert first["verdict"] == second["verdict"] == "desync"
-    assert first["culprit_ranks"] == second["culprit_ranks"] == [BAD_RANK]
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path  # tmpfs lists newest first
+    verdicts, listings = [], []
+    for order in ((0, 1, 2), (2, 0, 1)):
+        target = Path(tempfile.mkdtemp(dir=base))
+        try:
+            for rank in order:
+                shutil.copyfile(fr_dir / f"fr_trace_{rank}", target / f"fr_trace_{rank}")
+            listings.append(os.listdir(target))
+            verdicts.append(diag_triage_json(target))
+        finally:
+            shutil.rmtree(target)
+    assert [v["verdict"] for v in verdicts] == ["desync", "desync"]
+    assert [v["culprit_ranks"] for v in verdicts] == [[BAD_RANK], [BAD_RANK]]
+    if base != tmp_path:
+        assert listings[0] != listings[1]  # the two directories really were read in different orders
+
+
+def test_two_rank_desync_tie_is_broken_by_history_not_by_rank_order(tmp_path):
+    """1 rank against 1: the side issuing a collective the group never issued before is the culprit."""
+    trace = run_scenario("desync", tmp_path, world_size=2)
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "desync"
+    assert verdict["culprit_ranks"] == [BAD_RANK]
+    assert any("tie" in line for line in verdict["evidence"])
 
 
 def test_text_output_names_verdict_rank_and_collective(runs):
