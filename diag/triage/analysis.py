@@ -154,7 +154,9 @@ def _collective(ops: pd.DataFrame, pg: str, seq: int, ranks: list[int] | None = 
     rows = ops[(ops["pg"] == pg) & (ops["seq"] == seq)]
     if ranks is not None:
         rows = rows[rows["rank"].isin(ranks)]
-    first = rows.sort_values("rank").iloc[0] if len(rows) else None
+    # diag's own rows first: their sizes read in bytes on every rank; Flight Recorder's as shapes
+    rows = rows.assign(_fr=rows["source"].astype(str).str.startswith("flight_recorder"))
+    first = rows.sort_values(["_fr", "rank"]).iloc[0] if len(rows) else None
     return {
         "pg": pg,
         "seq": seq,
@@ -181,9 +183,7 @@ def _desync_verdict(data: TriageInput, ops: pd.DataFrame, key: tuple[str, int], 
         row = at_seq[at_seq["rank"] == side[0]].iloc[0]
         site = _call_site(data, ops, side[0], pg, seq) or "call site unknown"
         role = "expected" if sig == reference else "culprit"
-        evidence.append(
-            f"  {role}: ranks {_ranks_text(side)} called {row['op']} ({row['sizes']}, {row['dtype']}) at {site}"
-        )
+        evidence.append(f"  {role}: {_ranks_text(side)} called {row['op']} ({row['sizes']}, {row['dtype']}) at {site}")
     if len(sides[reference]) == len(culprits):
         evidence.append(
             f"  (tie: {row_count_text(history, sides)}; the side issued less often before is named culprit)"
@@ -205,9 +205,9 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hang: dict, liveness: di
     collective = _collective(ops, pg, seq)
     waiting = hang["entered"]
     evidence = [
-        f"ranks {_ranks_text(waiting)} entered {collective['op']} ({collective['sizes']}, {collective['dtype']}) "
+        f"{_ranks_text(waiting)} entered {collective['op']} ({collective['sizes']}, {collective['dtype']}) "
         f"at {_where(pg, seq)}"
-        + (f" and never saw it complete; ranks {_ranks_text(missing)} never reached it" if missing else "")
+        + (f" and never saw it complete; {_ranks_text(missing)} never reached it" if missing else "")
     ]
     if not missing:
         return _all_inside(data, ops, hang, ranks, liveness, evidence)
@@ -438,7 +438,7 @@ def _step_divergence(ops: pd.DataFrame, pg: str, seq: int) -> list[str]:
     first = int(diverged.index.min())
     rows = known[known["seq"] == first]
     by_step = {int(s): sorted(g["rank"].tolist()) for s, g in rows.groupby("step")}
-    described = ", ".join(f"ranks {_ranks_text(r)} in step {s}" for s, r in sorted(by_step.items()))
+    described = ", ".join(f"{_ranks_text(r)} in step {s}" for s, r in sorted(by_step.items()))
     return [
         f"from seq {first} on, ranks issued the same collective in different steps ({described}): "
         "a rank skipped or added collectives in an earlier step"
@@ -469,9 +469,11 @@ def _where(pg: str, seq: int) -> str:
 
 
 def _ranks_text(ranks: list[int], limit: int = 16) -> str:
+    """'rank 3' or 'ranks 0, 2, ...'."""
     ranks = sorted(ranks)
     shown = ", ".join(map(str, ranks[:limit]))
-    return shown + (f", ... ({len(ranks)} ranks)" if len(ranks) > limit else "")
+    more = f", ... ({len(ranks)} ranks)" if len(ranks) > limit else ""
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {shown}{more}"
 
 
 def _ms(delta_us: float) -> str:

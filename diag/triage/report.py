@@ -5,10 +5,10 @@ from __future__ import annotations
 from diag.triage.analysis import RankReport, Verdict
 
 HEADLINES = {
-    "missing_ranks": "HANG: ranks {ranks} never reached a collective the others are waiting in",
-    "desync": "DESYNC: ranks {ranks} issued a different collective than the others at the same sequence number",
-    "dead_rank": "DEAD RANK: the process of rank(s) {ranks} is gone",
-    "slow": "SLOW, NOT HUNG: every rank is progressing; slowest: rank {ranks}",
+    "missing_ranks": "HANG: {ranks} never reached a collective the others are waiting in",
+    "desync": "DESYNC: {ranks} issued a different collective than the others at the same sequence number",
+    "dead_rank": "DEAD RANK: the process of {ranks} is gone",
+    "slow": "SLOW, NOT HUNG: every rank is progressing; slowest: {ranks}",
     "no_problem": "NO PROBLEM FOUND: no pending, mismatched or abandoned collective, no dead rank",
 }
 MAX_RANKS_LISTED = 32
@@ -16,7 +16,8 @@ STACK_FRAMES_SHOWN = 8
 
 
 def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
-    ranks_text = ", ".join(map(str, verdict.culprit_ranks)) or "-"
+    culprits = verdict.culprit_ranks
+    ranks_text = f"{'rank' if len(culprits) == 1 else 'ranks'} {', '.join(map(str, culprits))}" if culprits else "-"
     lines = [HEADLINES[verdict.verdict].format(ranks=ranks_text)]
     if verdict.collective:
         c = verdict.collective

@@ -56,7 +56,7 @@ def test_rank_that_skipped_an_all_reduce_is_named_missing(runs):
     assert verdict["ranks"][str(BAD_RANK)]["state"] == "finished"
     assert verdict["ranks"]["0"]["state"] == "waiting_in_collective"
     # the step at which the ranks fell out of step is found: rank 1 issued step 4's collectives with step 3's
-    assert any("ranks 1 in step 4" in line for line in verdict["evidence"])
+    assert any("rank 1 in step 4" in line for line in verdict["evidence"])
 
 
 def test_rank_stuck_in_its_data_loader_is_named_with_its_stack(runs):
@@ -138,7 +138,7 @@ def test_text_output_names_verdict_rank_and_collective(runs):
         [sys.executable, "-m", "diag", "triage", str(trace)], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("HANG: ranks 1 never reached")
+    assert result.stdout.startswith("HANG: rank 1 never reached")
     assert "all_reduce seq" in result.stdout and "stuck_in_data_loader" in result.stdout
 
 
