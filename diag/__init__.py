@@ -16,7 +16,19 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["init", "step", "phase", "instrument", "wrap_loader", "finish", "session", "Trainer", "load"]
+__all__ = [
+    "init",
+    "step",
+    "phase",
+    "instrument",
+    "wrap_loader",
+    "pipeline_action",
+    "pipeline_layout",
+    "finish",
+    "session",
+    "Trainer",
+    "load",
+]
 
 
 def init(trace_dir, **options):
@@ -52,6 +64,22 @@ def wrap_loader(loader):
     from diag.capture import api
 
     return api.wrap_loader(loader)
+
+
+def pipeline_action(action: str, microbatch: int, stage: int | None = None, virtual_stage: int | None = None):
+    """Context manager marking one micro-batch's ``action`` on a pipeline stage, for engines diag does not
+    instrument itself: forward, backward, backward_input, backward_weight, send_wait or recv_wait."""
+    from diag.capture import api
+
+    return api.pipeline_action(action, microbatch, stage=stage, virtual_stage=virtual_stage)
+
+
+def pipeline_layout(schedule: str, stages: int, microbatches: int, virtual_stages: int = 1, stage: int | None = None):
+    """Record the pipeline layout (schedule name, pipeline ranks, micro-batches, chunks per rank, this rank's
+    stage) in the manifest, for engines diag does not instrument itself."""
+    from diag.capture import api
+
+    return api.pipeline_layout(schedule, stages, microbatches, virtual_stages=virtual_stages, stage=stage)
 
 
 def finish():

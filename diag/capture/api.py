@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from diag._warn import warn_once
 from diag.capture.session import DisabledSession, Session
 
@@ -45,6 +47,22 @@ def instrument(*objects):
 
 def wrap_loader(loader):
     return _current.wrap_loader(loader)
+
+
+def pipeline_action(action: str, microbatch: int, stage: int | None = None, virtual_stage: int | None = None):
+    from diag.capture import pipeline
+
+    pipeline.check_action(action)
+    if not _current.enabled:
+        return nullcontext()
+    return pipeline.pipeline_action(_current, action, microbatch, stage, virtual_stage)
+
+
+def pipeline_layout(schedule: str, stages: int, microbatches: int, virtual_stages: int = 1, stage: int | None = None):
+    from diag.capture import pipeline
+
+    if _current.enabled:
+        pipeline.pipeline_layout(_current, schedule, stages, microbatches, virtual_stages, stage)
 
 
 def finish() -> None:

@@ -368,6 +368,7 @@ class Session:
     def instrument(self, *objects) -> None:
         import torch
 
+        from diag.capture import pipeline
         from diag.capture.hooks import ModelHooks, OptimizerHooks
 
         for obj in objects:
@@ -378,6 +379,10 @@ class Session:
                     self._hooks.append(ModelHooks(self, obj))
                 elif isinstance(obj, torch.optim.Optimizer):
                     self._hooks.append(OptimizerHooks(self, obj))
+                elif pipeline.is_pipeline_schedule(obj):
+                    hooks = pipeline.instrument_schedule(self, obj)
+                    if hooks is not None:
+                        self._hooks.append(hooks)
                 else:
                     warn_once(f"instrument-{type(obj).__name__}", f"diag.instrument does not know {type(obj).__name__}")
             except Exception as exc:
