@@ -1,0 +1,90 @@
+"""Units checked against real GPU readings (an H100's NVML samples and per-step CUDA memory stats, recorded in
+/work/shared/fixtures/gpu-h100), and straggler causes that need more than one host or a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from diag.analysis.findings import telemetry_findings
+from diag.analysis.memory import analyze_memory
+from diag.analysis.stragglers import RankStepTimes, StragglerReport, find_stragglers
+from diag.analysis.telemetry import analyze_telemetry
+from diag.trace.schema import MEMORY, TELEMETRY
+
+
+def nvml_rows(path) -> pd.DataFrame:
+    """The recorded NVML readings as telemetry.csv rows (NVML reports mW; the schema's unit is W)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    rows = [
+        {"time_us": r["t_ns"] // 1000, "gpu": 0, "util_pct": r["util_gpu"], "mem_util_pct": r["util_mem"],
+         "mem_used_bytes": r["mem_used"], "mem_total_bytes": r["mem_total"], "power_w": r["power_mw"] / 1000,
+         "power_limit_w": r["power_limit_mw"] / 1000, "temp_c": r["temp_c"], "sm_clock_mhz": r["sm_clock_mhz"],
+         "sm_clock_max_mhz": r["sm_clock_max_mhz"], "throttle_reasons": r["clock_event_reasons"],
+         "pcie_tx_kbps": r["pcie_tx_kbs"], "pcie_rx_kbps": r["pcie_rx_kbs"], "ecc_corrected": r["ecc_corrected_volatile"],
+         "ecc_uncorrected": r["ecc_uncorrected_volatile"], "xid": None}
+        for r in lines
+    ]
+    frame = pd.DataFrame(rows).astype(TELEMETRY.dtypes)
+    frame.insert(0, "rank", 0)
+    return frame, lines
+
+
+def test_h100_nvml_samples_give_plausible_units(gpu_fixtures):
+    tel, raw = nvml_rows(gpu_fixtures / "nvml_samples_h100.jsonl")
+    gpu = analyze_telemetry(tel, {0: "h100-host"}).gpus[0]
+    assert gpu.power_limit_w == 700.0  # an H100 SXM's limit
+    assert gpu.sm_clock_max_mhz == 1980.0
+    assert 0 < gpu.power_vs_limit_pct <= 100 and 0 < gpu.sm_clock_vs_max_pct <= 100
+    assert gpu.samples == len(raw) and 0 <= gpu.util_mean_pct <= 100
+    assert gpu.util_mean_pct == pytest.approx(sum(r["util_gpu"] for r in raw) / len(raw))
+    assert not gpu.hot and gpu.ecc_uncorrected == 0 and gpu.xids == []
+
+
+def test_h100_memory_stats_give_headroom_and_fragmentation(gpu_fixtures):
+    run = json.loads((gpu_fixtures / "cuda_run_h100.json").read_text())
+    total = json.loads((gpu_fixtures / "nvml_samples_h100.jsonl").read_text().splitlines()[1])["mem_total"]
+    rows = [
+        {"rank": 0, "step": m["step"], "time_us": m["step"], "allocated_bytes": m["allocated_bytes.all.current"],
+         "allocated_peak_bytes": m["allocated_bytes.all.peak"], "reserved_bytes": m["reserved_bytes.all.current"],
+         "reserved_peak_bytes": m["reserved_bytes.all.peak"], "alloc_retries": m["num_alloc_retries"],
+         "ooms": m["num_ooms"], "rss_bytes": 0}
+        for m in run["memory_steps"]
+    ]
+    mem = pd.DataFrame(rows).astype({"rank": "int32", **MEMORY.dtypes})
+    rank = analyze_memory(mem, {0: total}).per_rank[0]
+    peak_reserved = max(m["reserved_bytes.all.peak"] for m in run["memory_steps"])
+    assert rank.peak_reserved_bytes == peak_reserved
+    assert rank.headroom_pct == pytest.approx(100 * (1 - peak_reserved / total))
+    assert 85 < rank.headroom_pct < 95  # ~6 GiB of an 80 GB H100
+    assert 0 <= rank.fragmentation_pct < 100 and rank.alloc_retries == 0 and rank.ooms == 0
+    assert not rank.near_oom
+
+
+def times_frame(busy_by_rank: dict[int, float], steps: int = 20) -> RankStepTimes:
+    rows = []
+    for step in range(steps):
+        top = max(busy_by_rank.values())
+        for rank, busy in busy_by_rank.items():
+            rows.append({"rank": rank, "step": step, "data_wait_us": 1000.0, "compute_us": busy - 1000.0,
+                         "wait_us": top - busy, "busy_us": busy, "iteration_us": top + 500.0})
+    return RankStepTimes(pd.DataFrame(rows), "steps.comm_wait_us")
+
+
+def test_every_rank_of_a_slow_host_is_called_a_host_straggler():
+    busy = {rank: 100_000.0 * (1.3 if 4 <= rank < 8 else 1.0) + rank for rank in range(16)}
+    info = pd.DataFrame({"host": [f"node{r // 4}" for r in range(16)], "local_rank": [r % 4 for r in range(16)]}, index=range(16))
+    report = find_stragglers(times_frame(busy), info, throttled={}, last_arrival={})
+    assert {s.rank: s.cause for s in report.stragglers} == {4: "host", 5: "host", 6: "host", 7: "host"}
+
+
+def test_gpu_errors_become_a_high_severity_finding(gpu_fixtures):
+    tel, _ = nvml_rows(gpu_fixtures / "nvml_samples_h100.jsonl")
+    tel.loc[tel.index[-1], "xid"] = 79  # "GPU has fallen off the bus"
+    tel.loc[tel.index[-1], "ecc_uncorrected"] = 2
+    report = analyze_telemetry(tel, {0: "h100-host"})
+    findings = telemetry_findings(report, StragglerReport())
+    error = next(f for f in findings if f.kind == "gpu_error")
+    assert error.severity == "high" and error.ranks == [0] and "79" in error.evidence[0]
