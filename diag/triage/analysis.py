@@ -266,7 +266,7 @@ def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness:
         evidence.append(f"slowest rank by non-communication step time: {slowest}")
         return _verdict("slow", [slowest], None, ranks, evidence, data)
     evidence = ["every collective seen completed on every rank that issued it"]
-    evidence += [f"{n} ranks {state}" for state, n in _count_states(ranks).items()]
+    evidence += [f"{n} {'rank' if n == 1 else 'ranks'} {state}" for state, n in _count_states(ranks).items()]
     return _verdict("no_problem", [], None, ranks, evidence, data)
 
 

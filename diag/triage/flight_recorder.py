@@ -152,7 +152,7 @@ def load_dump(path: str | Path, rank: int | None = None) -> FRDump:
 
 
 def normalise_dump(raw: Any, path: str, rank: int) -> FRDump:
-    if not isinstance(raw, dict) or not isinstance(raw.get("entries", []), list):
+    if not isinstance(raw, dict) or not isinstance(raw.get("entries"), list):
         raise DumpRejected("not a Flight Recorder dump (no 'entries' list)")
     pg_ranks, pg_desc = _pg_config(raw.get("pg_config") or {})
     entries = [_entry(e) for e in raw.get("entries", []) if isinstance(e, dict)]
