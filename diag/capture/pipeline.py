@@ -22,7 +22,7 @@ calls (from 0). Everything here is guarded: a failure is one warning and trainin
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from diag._warn import warn_once
 
@@ -111,10 +111,8 @@ class ScheduleHooks:
     def remove(self) -> None:
         self.active = False
         for obj, name in self._wrapped:
-            try:
+            with suppress(Exception):
                 delattr(obj, name)  # the instance attribute goes; the class's method shows through again
-            except Exception:
-                pass
         self._wrapped.clear()
 
     # -- wrapping ------------------------------------------------------------------------------------------

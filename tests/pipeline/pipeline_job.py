@@ -85,10 +85,9 @@ def build_schedule(args, rank: int, world: int):
     forward_s = args.forward_ms * factor / 1000 / chunks
     backward_s = args.backward_ms * factor / 1000 / chunks
     num_stages = world * chunks
-    if args.schedule == "zbv":
-        indices = [rank, num_stages - 1 - rank]  # V shape: rank 0 holds the first and the last stage
-    else:
-        indices = [rank + k * world for k in range(chunks)]
+    # V shape for ZBV: rank 0 holds the first and the last stage; interleaved: rank, rank + p, ...
+    v_shape = args.schedule == "zbv"
+    indices = [rank, num_stages - 1 - rank] if v_shape else [rank + k * world for k in range(chunks)]
     stages = [PipelineStage(SleepStage(forward_s, backward_s), i, num_stages, torch.device("cpu")) for i in indices]
     kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
     if args.schedule in kinds:
@@ -155,10 +154,8 @@ def main():
     capture = args.capture == "on"
     if capture:
         diag.init(args.trace_dir, telemetry=False, watchdog=False)
-    if args.schedule == "manual":
-        times = run_manual(args, rank, world)
-    else:
-        times = run_schedule(args, rank, world, capture)
+    manual = args.schedule == "manual"
+    times = run_manual(args, rank, world) if manual else run_schedule(args, rank, world, capture)
     if capture:
         diag.finish()
     if args.step_times:

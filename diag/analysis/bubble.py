@@ -1,0 +1,404 @@
+"""Pipeline bubbles: how long each pipeline stage idles in a step, against what its schedule implies.
+
+Pure pandas over ``trace.microbatches`` (no torch). Definitions, all per step and then averaged over the steps
+analysed:
+
+* step span: from the first compute action's start on any stage to the last compute action's end on any stage
+  (times aligned to rank 0's clock with each manifest's ``clock_offset_us``). Waits are not compute.
+* busy: the sum of a stage's compute durations (forward, backward, backward_input, backward_weight);
+  idle = span - busy; bubble fraction = idle / span. A stage held by several ranks (data-parallel replicas of
+  the pipeline) is the mean of those ranks.
+* warm-up idle: idle between the span's start and the stage's first backward (or backward_input); cool-down
+  idle: idle between max(its last forward's end, its first backward's start) and the span's end; steady
+  idle: the rest. Without any backward (forward-only runs) the warm-up ends at the first compute action and
+  the cool-down starts at the last one's end.
+* measured fraction: the mean of the stages' bubble fractions. Theoretical fraction: see
+  ``theoretical_fraction``.
+* imbalance: the slowest stage is the one with the most busy time; its excess is busy / mean busy of the
+  other stages - 1. A pipeline advances at the pace of its slowest stage, so with the work spread evenly
+  the span would shrink by about span x (1 - mean busy / max busy): the time lost to the imbalance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+COMPUTE_ACTIONS = ("forward", "backward", "backward_input", "backward_weight")
+BACKWARD_START_ACTIONS = ("backward", "backward_input")  # a stage's first backward ends its warm-up
+BUBBLE_FINDING_MIN = 0.10  # measured bubble share of the step worth a finding
+BUBBLE_HIGH, BUBBLE_MEDIUM = 0.30, 0.15  # finding severity by measured bubble share
+IMBALANCE_MIN = 0.10  # slowest stage this much above the others: advise rebalancing
+SCHEDULE_GAP_MIN = 0.05  # measured within this of theory: the schedule, not imbalance, is to blame
+TARGET_BUBBLE = 0.10  # the bubble share "more micro-batches" advice aims for
+
+
+@dataclass
+class StageBubble:
+    stage: int
+    ranks: list[int]
+    busy_s: float  # per step, mean over the steps analysed
+    idle_s: float
+    bubble_fraction: float
+    warmup_idle_s: float
+    steady_idle_s: float
+    cooldown_idle_s: float
+
+
+@dataclass
+class BubbleReport:
+    schedule: str | None
+    stages: int  # pipeline ranks p
+    virtual_stages: int  # model chunks per rank v
+    microbatches: int
+    steps_analysed: int
+    step_span_s: float  # mean pipeline span of a step
+    theoretical_fraction: float | None  # None for schedules without a known figure
+    theory: str  # the formula used, with its source
+    measured_fraction: float
+    per_stage: list[StageBubble]
+    slowest_stage: int
+    slowest_stage_excess_fraction: float
+    slowest_stage_time_lost_per_step_s: float  # span lost to the imbalance
+    time_lost_per_step_s: float  # mean idle of a stage per step: the whole bubble, in seconds
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# -- theory -----------------------------------------------------------------------------------------------
+def theoretical_fraction(
+    schedule: str | None, p: int, m: int, v: int = 1, times_s: dict | None = None
+) -> tuple[float | None, str]:
+    """The share of a step a stage idles under ``schedule`` with equal stages and free communication.
+
+    * GPipe (Huang et al. 2019) and 1F1B (PipeDream-Flush; Narayanan et al. 2021): (p-1)/(m+p-1).
+    * Interleaved 1F1B with v chunks per rank (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+      Training on GPU Clusters Using Megatron-LM", sec. 2.2.2): the bubble time shrinks by v, so
+      (p-1)/(v*m+p-1).
+    * Zero bubble (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv:2401.10241) splits backward into
+      B (input gradient) and W (weight gradient). With per-chunk times F, B, W from the trace: ZB-H1 / ZB1P
+      (torch's ScheduleInterleavedZeroBubble) idles (p-1)(F+B-W) per rank, a third of 1F1B's when F=B=W
+      (sec. 2.1); ZB-V (ScheduleZBVZeroBubble, sec. 6) idles 0 when F=B=W; for unequal times we use the
+      ZB-H2 figure (p-1)*max(0, F+B-2W) (sec. 2.2), an approximation. The fraction is bubble / (bubble +
+      v*m*(F+B+W)).
+    * Other schedules (LoopedBFS, DualPipeV, unknown names): None.
+    """
+    name = (schedule or "").lower()
+    if p < 1 or m < 1:
+        return None, "unknown: no stages or micro-batches"
+    if "zbv" in name or "zerobubble" in name or "zero_bubble" in name:
+        return _zero_bubble_fraction(name, p, m, v, times_s or {})
+    if "interleaved" in name:
+        return (p - 1) / (v * m + p - 1), "(p-1)/(v*m+p-1), interleaved 1F1B (Narayanan et al. 2021)"
+    if "gpipe" in name or "1f1b" in name:
+        return (p - 1) / (m + p - 1), "(p-1)/(m+p-1), GPipe / 1F1B (Huang et al. 2019; Narayanan et al. 2021)"
+    return None, f"no theoretical figure for schedule {schedule!r}"
+
+
+def _zero_bubble_fraction(name: str, p: int, m: int, v: int, times_s: dict) -> tuple[float | None, str]:
+    f, b, w = (times_s.get(k) for k in ("forward", "backward_input", "backward_weight"))
+    if not (f and b and w):
+        return None, "zero-bubble figure needs measured forward, backward_input and backward_weight times"
+    if "zbv" in name:
+        bubble_s, text = (p - 1) * max(0.0, f + b - 2 * w), "ZB-V: (p-1)*max(0,F+B-2W) (Qi et al. 2023, approx.)"
+    else:
+        bubble_s, text = (p - 1) * max(0.0, f + b - w), "ZB-H1: (p-1)*(F+B-W) (Qi et al. 2023)"
+    return bubble_s / (bubble_s + v * m * (f + b + w)), text
+
+
+# -- measurement ------------------------------------------------------------------------------------------
+def analyze_bubble(trace, window_steps=None) -> BubbleReport | None:
+    """The bubble report of a run, or None when it recorded no pipeline micro-batches.
+
+    ``window_steps``: the step indices to analyse; by default every step all pipeline ranks recorded except
+    the first, whose extra work (shape inference, communicator set-up) is not the schedule's.
+    """
+    rows = _aligned_rows(trace)
+    if rows.empty:
+        return None
+    notes: list[str] = []
+    rows = _select_steps(rows, window_steps, notes)
+    if rows.empty:
+        return None
+    spans = _step_spans(rows)
+    per_rank_step = _rank_step_idle(rows, spans)
+    per_stage = _per_stage(per_rank_step)
+    layout = _layout(trace, rows)
+    times_s = _mean_action_times_s(rows)
+    theory, text = theoretical_fraction(
+        layout["schedule"], layout["stages"], layout["microbatches"], layout["v"], times_s
+    )
+    measured = float(np.mean([s.bubble_fraction for s in per_stage]))
+    span_s = float(spans["span_us"].mean()) / 1e6
+    slowest, excess, imbalance_s = _imbalance(per_stage, span_s)
+    return BubbleReport(
+        schedule=layout["schedule"],
+        stages=layout["stages"],
+        virtual_stages=layout["v"],
+        microbatches=layout["microbatches"],
+        steps_analysed=int(spans.shape[0]),
+        step_span_s=span_s,
+        theoretical_fraction=theory,
+        theory=text,
+        measured_fraction=measured,
+        per_stage=per_stage,
+        slowest_stage=slowest,
+        slowest_stage_excess_fraction=excess,
+        slowest_stage_time_lost_per_step_s=imbalance_s,
+        time_lost_per_step_s=float(np.mean([s.idle_s for s in per_stage])),
+        notes=notes,
+    )
+
+
+def _aligned_rows(trace) -> pd.DataFrame:
+    """Compute rows with start/end in microseconds on rank 0's clock."""
+    mb = trace.microbatches
+    if mb is None or mb.empty:
+        return pd.DataFrame()
+    rows = mb[mb["action"].astype(str).isin(COMPUTE_ACTIONS)]
+    if rows.empty:
+        return pd.DataFrame()
+    offsets = _clock_offsets_us(trace)
+    start = rows["start_us"].astype("float64") - rows["rank"].map(offsets).fillna(0.0).astype("float64")
+    return pd.DataFrame(
+        {
+            "rank": rows["rank"].astype("int64").to_numpy(),
+            "step": rows["step"].astype("int64").to_numpy(),
+            "stage": rows["stage"].astype("int64").to_numpy(),
+            "virtual_stage": rows["virtual_stage"].astype("int64").to_numpy(),
+            "microbatch": rows["microbatch"].astype("int64").to_numpy(),
+            "action": rows["action"].astype(str).to_numpy(),
+            "start": start.to_numpy(),
+            "end": (start + rows["duration_us"].astype("float64")).to_numpy(),
+            "duration": rows["duration_us"].astype("float64").to_numpy(),
+        }
+    )
+
+
+def _clock_offsets_us(trace) -> dict[int, float]:
+    manifests = trace.manifests
+    if manifests is None or manifests.empty or "clock_offset_us" not in manifests:
+        return {}
+    offsets = pd.to_numeric(manifests["clock_offset_us"], errors="coerce").fillna(0.0)
+    return dict(zip(manifests["rank"].astype(int), offsets.astype(float)))
+
+
+def _select_steps(rows: pd.DataFrame, window_steps, notes: list[str]) -> pd.DataFrame:
+    rows = rows[rows["step"] >= 0]
+    ranks_per_step = rows.groupby("step")["rank"].nunique()
+    complete = ranks_per_step.index[ranks_per_step == rows["rank"].nunique()]
+    if window_steps is not None:
+        chosen = complete.intersection(pd.Index(list(window_steps)))
+    else:
+        chosen = complete[1:] if len(complete) > 1 else complete
+        if len(complete) > 1:
+            notes.append(f"step {int(complete[0])} (the first) left out: it includes the pipeline's set-up")
+    if len(complete) < len(ranks_per_step):
+        notes.append(f"{len(ranks_per_step) - len(complete)} steps not recorded by every pipeline rank left out")
+    return rows[rows["step"].isin(chosen)]
+
+
+def _step_spans(rows: pd.DataFrame) -> pd.DataFrame:
+    spans = rows.groupby("step").agg(span_start=("start", "min"), span_end=("end", "max"))
+    spans["span_us"] = spans["span_end"] - spans["span_start"]
+    return spans
+
+
+def _rank_step_idle(rows: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step): busy, idle and its warm-up / steady / cool-down split, in microseconds."""
+    rows = rows.join(spans, on="step")
+    keys = ["rank", "step"]
+    is_backward = rows["action"].isin(BACKWARD_START_ACTIONS)
+    is_forward = rows["action"] == "forward"
+    bounds = rows.groupby(keys).agg(
+        stage=("stage", "first"),
+        busy=("duration", "sum"),
+        span_start=("span_start", "first"),
+        span_end=("span_end", "first"),
+        first_start=("start", "min"),
+        last_end=("end", "max"),
+    )
+    first_bwd = rows[is_backward].groupby(keys)["start"].min()
+    last_fwd = rows[is_forward].groupby(keys)["end"].max()
+    bounds["warm_end"] = first_bwd.reindex(bounds.index).fillna(bounds["first_start"])
+    cool = np.maximum(last_fwd.reindex(bounds.index).to_numpy(), bounds["warm_end"].to_numpy())
+    no_backward = ~bounds.index.isin(first_bwd.index)
+    bounds["cool_start"] = np.where(no_backward, bounds["last_end"], cool)
+    bounds["cool_start"] = bounds["cool_start"].fillna(bounds["last_end"])
+    rows = rows.join(bounds[["warm_end", "cool_start"]], on=keys)
+    bounds["busy_warm"] = (
+        _overlap(rows, rows["span_start"], rows["warm_end"]).groupby([rows["rank"], rows["step"]]).sum()
+    )
+    bounds["busy_cool"] = (
+        _overlap(rows, rows["cool_start"], rows["span_end"]).groupby([rows["rank"], rows["step"]]).sum()
+    )
+    span = bounds["span_end"] - bounds["span_start"]
+    bounds["idle"] = (span - bounds["busy"]).clip(lower=0)
+    bounds["warmup_idle"] = (bounds["warm_end"] - bounds["span_start"] - bounds["busy_warm"]).clip(lower=0)
+    bounds["cooldown_idle"] = (bounds["span_end"] - bounds["cool_start"] - bounds["busy_cool"]).clip(lower=0)
+    bounds["steady_idle"] = (bounds["idle"] - bounds["warmup_idle"] - bounds["cooldown_idle"]).clip(lower=0)
+    bounds["span"] = span
+    return bounds.reset_index()
+
+
+def _overlap(rows: pd.DataFrame, lo: pd.Series, hi: pd.Series) -> pd.Series:
+    """Microseconds of each action inside [lo, hi]."""
+    return (np.minimum(rows["end"], hi) - np.maximum(rows["start"], lo)).clip(lower=0)
+
+
+def _per_stage(per_rank_step: pd.DataFrame) -> list[StageBubble]:
+    per_rank = per_rank_step.groupby("rank").agg(
+        stage=("stage", "first"),
+        busy=("busy", "mean"),
+        idle=("idle", "mean"),
+        span=("span", "mean"),
+        warmup=("warmup_idle", "mean"),
+        steady=("steady_idle", "mean"),
+        cooldown=("cooldown_idle", "mean"),
+    )
+    stages = []
+    for stage, group in per_rank.groupby("stage", sort=True):
+        span_us = float(group["span"].mean())
+        stages.append(
+            StageBubble(
+                stage=int(stage),
+                ranks=sorted(int(r) for r in group.index),
+                busy_s=float(group["busy"].mean()) / 1e6,
+                idle_s=float(group["idle"].mean()) / 1e6,
+                bubble_fraction=float(group["idle"].mean()) / span_us if span_us > 0 else 0.0,
+                warmup_idle_s=float(group["warmup"].mean()) / 1e6,
+                steady_idle_s=float(group["steady"].mean()) / 1e6,
+                cooldown_idle_s=float(group["cooldown"].mean()) / 1e6,
+            )
+        )
+    return stages
+
+
+def _imbalance(per_stage: list[StageBubble], span_s: float) -> tuple[int, float, float]:
+    slowest = max(per_stage, key=lambda s: s.busy_s)
+    others = [s.busy_s for s in per_stage if s is not slowest]
+    excess = slowest.busy_s / float(np.mean(others)) - 1 if others and np.mean(others) > 0 else 0.0
+    mean_busy_s = float(np.mean([s.busy_s for s in per_stage]))
+    lost_s = span_s * (1 - mean_busy_s / slowest.busy_s) if slowest.busy_s > 0 else 0.0
+    return slowest.stage, float(excess), float(lost_s)
+
+
+def _layout(trace, rows: pd.DataFrame) -> dict:
+    """Schedule, p, m, v from the manifests' ``pipeline`` key, else as counted in the rows."""
+    recorded = _manifest_pipeline(trace)
+    per_rank_chunks = rows.groupby("rank")["virtual_stage"].nunique()
+    per_step_mbs = rows.groupby(["rank", "step"])["microbatch"].nunique()
+    return {
+        "schedule": recorded.get("schedule"),
+        "stages": int(recorded.get("stages") or rows["stage"].nunique()),
+        "v": int(recorded.get("virtual_stages") or per_rank_chunks.max()),
+        "microbatches": int(recorded.get("microbatches") or per_step_mbs.max()),
+    }
+
+
+def _manifest_pipeline(trace) -> dict:
+    manifests = trace.manifests
+    if manifests is None or manifests.empty or "pipeline" not in manifests:
+        return {}
+    for value in manifests.sort_values("rank")["pipeline"]:
+        if isinstance(value, dict):
+            return value
+    return {}
+
+
+def _mean_action_times_s(rows: pd.DataFrame) -> dict[str, float]:
+    """Mean duration of one action on one chunk, by action (for the zero-bubble figures)."""
+    return {str(a): float(d) / 1e6 for a, d in rows.groupby("action")["duration"].mean().items()}
+
+
+# -- finding and timeline -------------------------------------------------------------------------------------
+def bubble_finding(report: BubbleReport | None) -> dict | None:
+    """A ``pipeline_bubble`` finding when the stages idle at least ``BUBBLE_FINDING_MIN`` of the step."""
+    if report is None or report.measured_fraction < BUBBLE_FINDING_MIN:
+        return None
+    measured = report.measured_fraction
+    severity = "high" if measured >= BUBBLE_HIGH else "medium" if measured >= BUBBLE_MEDIUM else "low"
+    imbalanced = report.slowest_stage_excess_fraction >= IMBALANCE_MIN and len(report.per_stage) > 1
+    slowest = next(s for s in report.per_stage if s.stage == report.slowest_stage)
+    evidence = [
+        f"stages idle {measured:.0%} of a {report.step_span_s * 1e3:.1f} ms pipeline step "
+        f"({report.schedule or 'unknown schedule'}, p={report.stages}, m={report.microbatches}, "
+        f"v={report.virtual_stages})",
+        _theory_evidence(report),
+    ]
+    if imbalanced:
+        evidence.append(
+            f"stage {slowest.stage} computes {report.slowest_stage_excess_fraction:.0%} longer than the others; "
+            f"the pipeline loses about {report.slowest_stage_time_lost_per_step_s * 1e3:.1f} ms per step to it"
+        )
+    return {
+        "kind": "pipeline_bubble",
+        "severity": severity,
+        "title": f"Pipeline bubble: stages idle {measured:.0%} of each step",
+        "ranks": slowest.ranks if imbalanced else sorted(r for s in report.per_stage for r in s.ranks),
+        "time_lost_s": report.time_lost_per_step_s * report.steps_analysed,
+        "time_lost_per_step_s": report.time_lost_per_step_s,
+        "evidence": evidence,
+        "advice": _advice(report, imbalanced),
+    }
+
+
+def _theory_evidence(report: BubbleReport) -> str:
+    if report.theoretical_fraction is None:
+        return f"no theoretical figure for this schedule ({report.theory})"
+    return f"the schedule alone implies {report.theoretical_fraction:.0%} ({report.theory})"
+
+
+def _advice(report: BubbleReport, imbalanced: bool) -> str:
+    parts = []
+    if imbalanced:
+        parts.append(
+            f"Rebalance layers: move work off stage {report.slowest_stage} (or give it fewer layers) until the "
+            "stages' busy times match."
+        )
+    theory = report.theoretical_fraction
+    if theory is not None and theory >= BUBBLE_FINDING_MIN:
+        p = report.stages
+        wanted_m = int(np.ceil((p - 1) * (1 - TARGET_BUBBLE) / TARGET_BUBBLE / report.virtual_stages))
+        parts.append(
+            f"The schedule itself idles {theory:.0%}: use more micro-batches (about {wanted_m} for a "
+            f"{TARGET_BUBBLE:.0%} bubble with p={p}), an interleaved schedule (ScheduleInterleaved1F1B with "
+            "several chunks per rank), or a zero-bubble schedule (ScheduleZBVZeroBubble)."
+        )
+    if theory is not None and report.measured_fraction - theory >= SCHEDULE_GAP_MIN and not imbalanced:
+        parts.append(
+            "The measured bubble exceeds the schedule's by "
+            f"{report.measured_fraction - theory:.0%}: look at the send/recv waits (slow links, blocking "
+            "communication) in the timeline."
+        )
+    return " ".join(parts) or "Use more micro-batches or an interleaved schedule to shrink the bubble."
+
+
+def gantt_rows(trace, step: int | None = None) -> pd.DataFrame:
+    """One step's compute actions for a timeline: stage, rank, virtual_stage, microbatch, action, start_ms
+    and duration_ms from the step's start. Default step: the last one every pipeline rank recorded."""
+    rows = _aligned_rows(trace)
+    if rows.empty:
+        return pd.DataFrame(
+            columns=["stage", "rank", "virtual_stage", "microbatch", "action", "start_ms", "duration_ms"]
+        )
+    ranks_per_step = rows.groupby("step")["rank"].nunique()
+    complete = ranks_per_step.index[ranks_per_step == rows["rank"].nunique()]
+    chosen = step if step is not None else int(complete.max() if len(complete) else rows["step"].max())
+    one = rows[rows["step"] == chosen]
+    origin = one["start"].min()
+    return pd.DataFrame(
+        {
+            "stage": one["stage"],
+            "rank": one["rank"],
+            "virtual_stage": one["virtual_stage"],
+            "microbatch": one["microbatch"],
+            "action": one["action"],
+            "start_ms": (one["start"] - origin) / 1e3,
+            "duration_ms": one["duration"] / 1e3,
+        }
+    ).reset_index(drop=True)
