@@ -12,10 +12,14 @@ usage: pipeline_job.py TRACE_DIR SCHEDULE MICROBATCHES STEPS [options]
   --slow-stage S --slow-factor K   rank S computes K times longer
   --capture off                    run the same job without diag (for the overhead benchmark)
   --step-times FILE                write this rank's wall time per schedule step (JSON list, seconds)
+
+With capture on, each rank also writes torch's own plan for it (the schedule's ``pipeline_order``: compute
+actions in order) to ``TRACE_DIR/truth/rankN.json``, an independent source the tests compare the rows with.
 """
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -96,11 +100,27 @@ def build_schedule(args, rank: int, world: int):
     return multi(stages, args.microbatches, loss_fn=loss_fn)
 
 
+PLAN_ACTIONS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
+
+
+def write_plan(trace_dir: str, rank: int, schedule) -> None:
+    """torch's plan for this rank: (action, microbatch, stage_index) of each compute action, in order."""
+    plan = [
+        (PLAN_ACTIONS[a.computation_type.value], a.microbatch_index, a.stage_index)
+        for a in schedule.pipeline_order[rank]
+        if a is not None and a.computation_type.value in PLAN_ACTIONS
+    ]
+    os.makedirs(os.path.join(trace_dir, "truth"), exist_ok=True)
+    with open(os.path.join(trace_dir, "truth", f"rank{rank}.json"), "w") as f:
+        json.dump(plan, f)
+
+
 def run_schedule(args, rank: int, world: int, capture: bool) -> list[float]:
     torch.manual_seed(0)
     schedule = build_schedule(args, rank, world)
     if capture:
         diag.instrument(schedule)
+        write_plan(args.trace_dir, rank, schedule)
     batch = torch.randn(args.microbatches * ROWS_PER_MICROBATCH, WIDTH)
     target = torch.randn(args.microbatches * ROWS_PER_MICROBATCH, WIDTH)
     first_rank, last_rank = (0, 0) if args.schedule == "zbv" else (0, world - 1)
