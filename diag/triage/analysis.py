@@ -263,7 +263,7 @@ def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness:
             for r in stalled
         ]
         slowest = _slowest_by_steps(data) or stalled[0]
-        evidence.append(f"slowest rank by non-communication step time: {slowest}")
+        evidence.append(f"slowest rank by mean step time outside communication: {slowest}")
         return _verdict("slow", [slowest], None, ranks, evidence, data)
     evidence = ["every collective seen completed on every rank that issued it"]
     evidence += [f"{n} {'rank' if n == 1 else 'ranks'} {state}" for state, n in _count_states(ranks).items()]
@@ -276,7 +276,7 @@ def _slowest_by_steps(data: TriageInput) -> int | None:
     steps = data.steps
     if steps is None or steps.empty:
         return None
-    own_us = (steps["duration_us"] - steps["comm_wait_us"]).groupby(steps["rank"]).median()
+    own_us = (steps["duration_us"] - steps["comm_wait_us"]).groupby(steps["rank"]).mean()  # mean: one slow step counts
     return int(own_us.idxmax()) if len(own_us) else None
 
 
@@ -334,8 +334,8 @@ def _rank_report(info: RankInfo, alive: str | None, entered_focus: bool, has_foc
     if alive == "vanished":
         return RankReport("dead", last_step, phase, stack, _death_detail(info))
     state = "waiting_in_collective" if entered_focus else where
-    if alive in ("finished", "exited") and not entered_focus and info.stall_dump is None:
-        state = alive  # ended without being seen stuck: where it was at the end says nothing
+    if not entered_focus and (alive == "finished" or (alive == "exited" and info.stall_dump is None)):
+        state = alive  # a finished rank's old stall is history; an exit not seen stuck says nothing of where
     detail = _exit_detail(info)
     return RankReport(state, last_step, phase, stack, detail)
 

@@ -8,6 +8,7 @@ Run one process per rank (``run_job`` in conftest.py does): RANK, WORLD_SIZE, MA
   loader    rank 1's data loader blocks forever before step 3
   desync    at step 3 rank 1 calls all_gather where the others call all_reduce
   kill      rank 1 sleeps in step 3 (the test SIGKILLs it there)
+  slow      rank 1's forward takes 3 s in step 3 (longer than the hang threshold, shorter than the timeout)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ STEPS = 6
 BAD_STEP = 3
 BAD_RANK = 1
 PG_TIMEOUT_S = float(os.environ.get("HANG_JOB_PG_TIMEOUT_S", "8"))
+SLOW_STEP_S = 3.0
 HANG_THRESHOLD_S = float(os.environ.get("HANG_JOB_THRESHOLD_S", "2"))
 
 
@@ -71,6 +73,9 @@ def main() -> None:
         if step >= steps:
             break
         with diag.step():
+            if scenario == "slow" and rank == BAD_RANK and step == BAD_STEP:
+                with diag.phase("forward"):
+                    time.sleep(SLOW_STEP_S)  # a slow rank, not a hung one
             model(batch).pow(2).mean().backward()
             with diag.phase("grad_sync"):
                 sync_gradients(model, rank, step, scenario)

@@ -94,6 +94,15 @@ def test_sigkilled_rank_is_named_dead(runs):
     assert "no exit record" in verdict["ranks"][str(BAD_RANK)]["detail"]
 
 
+def test_rank_slow_for_one_step_is_named_slow_not_hung(runs):
+    trace, _ = runs("slow")
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "slow"
+    assert verdict["culprit_ranks"] == [BAD_RANK]
+    assert any("later cleared" in line for line in verdict["evidence"])
+    assert {r["state"] for r in verdict["ranks"].values()} == {"finished"}
+
+
 @pytest.mark.parametrize("scenario", ["skip", "loader", "kill"])
 def test_flight_recorder_dumps_alone_name_the_missing_rank(runs, scenario):
     _, fr_dir = runs(scenario)
