@@ -91,6 +91,7 @@ class CollectiveWaits:
     duration_us: np.ndarray  # float64
     wait_us: np.ndarray  # duration minus the instance's shortest duration
     is_last: np.ndarray  # bool: this rank arrived last (shortest duration) at an instance of >1 ranks
+    blocking: np.ndarray  # bool: the caller waited in the call (async_op=False)
     instance: np.ndarray  # int64 index into ``instances``
     instances: pd.DataFrame  # pg, seq, op, bytes_max, transfer_us (min duration), ranks
 
@@ -141,6 +142,7 @@ def collective_waits(coll: pd.DataFrame, mask: np.ndarray | None = None) -> Coll
         duration_us=duration,
         wait_us=wait_us,
         is_last=(wait_us == 0) & (ranks[instance] > 1),
+        blocking=column(coll["blocking"].to_numpy(dtype="int8")) != 0,
         instance=instance,
         instances=instances,
     )
@@ -269,9 +271,24 @@ def _per_op(waits: CollectiveWaits, pg_sizes: dict[str, int]) -> list[Collective
 
 
 def wait_per_rank_step(waits: CollectiveWaits) -> pd.Series:
-    """Summed wait per (rank, step), for traces whose steps.csv has no comm_wait_us."""
-    frame = pd.DataFrame({"rank": waits.rank, "step": waits.step, "wait_us": waits.wait_us})
-    return frame.groupby(["rank", "step"])["wait_us"].sum()
+    """Time each rank waited for its peers in each step, indexed by (rank, step).
+
+    Blocking collectives run one after the other, so their waits add up. Asynchronous ones (DDP buckets,
+    NCCL on GPUs) overlap: all of a step's buckets wait for the same late rank at once, so their largest wait
+    is counted, not the sum."""
+    rank_lo, step_lo = int(waits.rank.min()), int(waits.step.min())
+    n_steps = int(waits.step.max()) - step_lo + 1
+    n_ranks = int(waits.rank.max()) - rank_lo + 1
+    cell = (waits.rank.astype("int64") - rank_lo) * n_steps + (waits.step - step_lo)
+    blocking_sum = np.bincount(cell[waits.blocking], weights=waits.wait_us[waits.blocking], minlength=n_ranks * n_steps)
+    async_max = np.zeros(n_ranks * n_steps)
+    np.maximum.at(async_max, cell[~waits.blocking], waits.wait_us[~waits.blocking])
+    seen = np.bincount(cell, minlength=n_ranks * n_steps) > 0
+    index = pd.MultiIndex.from_arrays(
+        [np.arange(n_ranks * n_steps)[seen] // n_steps + rank_lo, np.arange(n_ranks * n_steps)[seen] % n_steps + step_lo],
+        names=["rank", "step"],
+    )
+    return pd.Series((blocking_sum + async_max)[seen], index=index)
 
 
 def _per_rank(waits: CollectiveWaits | None, steps_w: pd.DataFrame) -> list[RankCommWait]:

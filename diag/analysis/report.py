@@ -100,8 +100,7 @@ def analyze(trace: Trace, steps: str | tuple | None = None, peak_tflops: float |
 
     coll = trace.collectives
     waits = collective_waits(coll, in_window(coll["step"], window).to_numpy()) if len(coll) else None
-    need_coll_wait = waits is not None and not steps_w["comm_wait_us"].any()
-    times = rank_step_times(steps_w, wait_per_rank_step(waits) if need_coll_wait else None)
+    times = rank_step_times(steps_w, wait_per_rank_step(waits) if waits is not None else None)
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
     telemetry = analyze_telemetry(_telemetry_in_window(trace.telemetry, steps_w), hosts)
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus}

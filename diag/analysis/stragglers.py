@@ -63,21 +63,27 @@ class StragglerReport:
 
 
 def rank_step_times(steps_w: pd.DataFrame, coll_wait_per_rank_step: pd.Series | None) -> RankStepTimes:
-    """Busy time per (rank, step). Blocked time comes from steps.csv, or from collectives when it is absent."""
+    """Busy time per (rank, step): its data wait plus its step body minus the time it waited for others.
+
+    That wait is the larger of the host time blocked in synchronous collectives (steps.csv ``comm_wait_us``)
+    and the time its collectives waited for the last rank (from collectives.csv). On CPU (gloo) jobs the
+    first covers everything; with asynchronous collectives (DDP buckets, NCCL) the host may never block in
+    one, and only the second sees the waiting."""
     frame = steps_w[["rank", "step", "data_wait_us", "duration_us", "comm_wait_us"]].copy()
-    source = "steps.comm_wait_us"
-    if not frame["comm_wait_us"].any():
-        if coll_wait_per_rank_step is not None and len(coll_wait_per_rank_step):
-            index = pd.MultiIndex.from_arrays([frame["rank"], frame["step"]])
-            frame["comm_wait_us"] = coll_wait_per_rank_step.reindex(index, fill_value=0.0).to_numpy()
-            source = "collectives"
-        else:
-            source = "none"
-    frame = frame.rename(columns={"comm_wait_us": "wait_us"})
-    frame["wait_us"] = frame["wait_us"].astype("float64")
+    blocked = frame["comm_wait_us"].to_numpy(dtype="float64")
+    sources = ["steps.comm_wait_us"] if blocked.any() else []
+    if coll_wait_per_rank_step is not None and len(coll_wait_per_rank_step):
+        index = pd.MultiIndex.from_arrays([frame["rank"], frame["step"]])
+        from_collectives = coll_wait_per_rank_step.reindex(index, fill_value=0.0).to_numpy()
+        if from_collectives.any():
+            sources.append("collectives")
+            blocked = np.maximum(blocked, from_collectives)
+    frame = frame.drop(columns="comm_wait_us")
+    frame["wait_us"] = blocked
     frame["compute_us"] = (frame["duration_us"] - frame["wait_us"]).clip(lower=0)
     frame["busy_us"] = frame["compute_us"] + frame["data_wait_us"]
     frame["iteration_us"] = (frame["data_wait_us"] + frame["duration_us"]).astype("float64")
+    source = f"max({', '.join(sources)})" if len(sources) > 1 else (sources[0] if sources else "none")
     return RankStepTimes(frame.reset_index(drop=True), source)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag.analysis.comms import analyze_comms, busbw_factor, collective_waits
+from diag.analysis.comms import analyze_comms, busbw_factor, collective_waits, wait_per_rank_step
 from diag.analysis.peaks import lookup_peak_tflops
 from diag.analysis.report import analyze
 from diag.trace import cache as trace_cache
@@ -110,7 +110,7 @@ def test_collective_wait_and_bandwidth_follow_nccl_tests_conventions():
     rows = []
     for seq, durations in ((1, [900.0, 700.0, 800.0, 100.0]), (2, [300.0, 250.0, 260.0, 200.0])):
         for rank, d in enumerate(durations):
-            rows.append({"rank": rank, "step": 0, "pg": "0", "seq": seq, "op": "allreduce", "bytes": 8_000_000,
+            rows.append({"rank": rank, "step": 0, "pg": "0", "seq": seq, "op": "allreduce", "bytes": 8_000_000, "blocking": 1,
                          "duration_us": d})
     coll = pd.DataFrame(rows).astype({"pg": "category", "op": "category", "duration_us": "Float64"})
     waits = collective_waits(coll)
@@ -124,6 +124,9 @@ def test_collective_wait_and_bandwidth_follow_nccl_tests_conventions():
     assert stats.busbw_gbps == pytest.approx(stats.algbw_gbps * 2 * 3 / 4)
     assert busbw_factor("all_gather_into_tensor", 8) == pytest.approx(7 / 8)
     assert [r.last_arrival_fraction for r in report.per_rank] == [0.0, 0.0, 0.0, 1.0]
+    assert wait_per_rank_step(waits).tolist() == [900, 650, 760, 0]  # blocking: waits add up
+    waits.blocking[:] = False
+    assert wait_per_rank_step(waits).tolist() == [800, 600, 700, 0]  # overlapping: the longest wait counts
 
 
 def test_cache_returns_the_same_trace_and_notices_changes(tmp_path):
@@ -181,7 +184,7 @@ def test_analyze_command_never_imports_torch(planted):
 
 def test_instances_are_matched_across_ranks_whatever_the_row_order():
     rng = np.random.default_rng(1)
-    rows = [{"rank": r, "step": s // 3, "pg": pg, "seq": s, "op": "allreduce", "bytes": 64, "duration_us": float(10 + r)}
+    rows = [{"rank": r, "step": s // 3, "pg": pg, "seq": s, "op": "allreduce", "bytes": 64, "blocking": 0, "duration_us": float(10 + r)}
             for pg in ("0", "7") for s in range(1, 40) for r in range(3)]
     coll = pd.DataFrame(rows).sample(frac=1.0, random_state=rng.integers(1 << 30)).astype({"pg": "category", "op": "category", "duration_us": "Float64"})
     waits = collective_waits(coll)
@@ -205,3 +208,18 @@ def test_second_analyze_reuses_the_cached_report_until_the_trace_changes(tmp_pat
     third = run_cli(tmp_path, "--format", "json")
     assert "report read from the cache" not in third.stderr
     assert json.loads(third.stdout)["run"]["steps"] == 21
+
+
+def test_straggler_found_from_collectives_when_the_host_never_blocks(tmp_path):
+    """As with NCCL on GPUs: collectives are asynchronous, steps.csv records no blocked time, and only the
+    collectives' own durations show who the others waited for."""
+    plants = make_trace(tmp_path)
+    for steps_csv in tmp_path.glob("rank*/steps.csv"):
+        frame = pd.read_csv(steps_csv, skiprows=1)
+        frame["comm_wait_us"] = 0
+        text = steps_csv.read_text().splitlines(keepends=True)[0] + frame.to_csv(index=False)
+        steps_csv.write_text(text)
+    report = report_of(tmp_path)
+    assert report["straggler_method"]["wait_source"] == "collectives"
+    persistent = {s["rank"]: s["cause"] for s in report["stragglers"] if s["persistent"]}
+    assert persistent == {plants.compute_straggler: "compute", plants.data_straggler: "data", plants.throttled: "throttle"}
