@@ -63,9 +63,12 @@ class Watchdog:
         self._signal_handled_us: dict[int, int] = {}  # signal -> when the main thread's handler ran
         self._signal_dumped_us: dict[int, int] = {}  # signal -> when its dump was written
         self._fatal_file = None
+        self._pid = os.getpid()  # a forked child (DataLoader worker) inherits the handlers, not the rank
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
+        self._pid = os.getpid()
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
         self._install_signal_handlers()
         self._install_exit_hooks()
         self._enable_faulthandler()
@@ -272,7 +275,8 @@ class Watchdog:
     def _on_signal(self, signum, frame) -> None:
         """Main-thread handler: dump (unless the thread just did), then what the previous handler would do."""
         self._signal_handled_us[signum] = _now_us()
-        self._record_signal(signum)
+        if self._in_owner_process():
+            self._record_signal(signum)
         previous = self._previous_handlers.get(signum, signal.SIG_DFL)
         if callable(previous):
             previous(signum, frame)
@@ -317,7 +321,7 @@ class Watchdog:
         atexit.register(self._at_exit)
 
     def _excepthook(self, exc_type, exc, tb) -> None:
-        if self._exit is None:
+        if self._exit is None and self._in_owner_process():
             text = "".join(traceback.format_exception(exc_type, exc, tb))[-4000:]
             self._exit = {
                 "how": "exception",
@@ -329,14 +333,29 @@ class Watchdog:
         (self._previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
 
     def _at_exit(self) -> None:
-        if self._stop.is_set():
-            return  # diag.finish ran: a clean end
+        if self._stop.is_set() or not self._in_owner_process():
+            return  # diag.finish ran (a clean end), or this is a forked child exiting
         if self._exit is None:
             self._exit = {"how": "exited_without_finish", "time_us": _now_us()}
             self.dump("process exiting without diag.finish")
         self._stop.set()
         self._safely("heartbeat", self._write_heartbeat, self._exit["how"])
         self._safely("flush", self.session.writer.flush)
+
+    def _in_owner_process(self) -> bool:
+        return os.getpid() == self._pid
+
+    def _after_fork_in_child(self) -> None:
+        """The child shares the wakeup pipe: its signals would reach the parent's watchdog thread (which
+        would then dump, and on SIGTERM end the parent). Give the child its own, empty, wakeup fd."""
+        if self._wakeup_write < 0 or self._stop.is_set():
+            return
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        for fd in (self._wakeup_read, self._wakeup_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._wakeup_read = self._wakeup_write = -1
 
     def _enable_faulthandler(self) -> None:
         if faulthandler.is_enabled():

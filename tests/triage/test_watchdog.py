@@ -74,3 +74,19 @@ def test_watchdog_failure_is_one_warning_and_the_loop_finishes(tmp_path):
     assert "warnings: 1" in result.stdout
     heartbeat = json.loads((trace / "rank00000" / "heartbeat.json").read_text())
     assert heartbeat["state"] == "finished" and heartbeat["last_step"] == 9
+
+
+def test_sigterm_in_a_forked_child_neither_dumps_nor_kills_the_parent(tmp_path):
+    trace = tmp_path / "trace"
+    result = subprocess.run(
+        [sys.executable, str(JOB), "fork_sigterm", str(trace)],
+        env=SINGLE_ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"child signal: {int(signal.SIGTERM)}" in result.stdout
+    assert _dumps(trace / "rank00000") == []
+    heartbeat = json.loads((trace / "rank00000" / "heartbeat.json").read_text())
+    assert heartbeat["state"] == "finished"

@@ -43,6 +43,20 @@ def sigusr1(trace_dir: str) -> None:
     print("finished", flush=True)
 
 
+def fork_sigterm(trace_dir: str) -> None:
+    diag.init(trace_dir, telemetry=False, hang_threshold_s=30, heartbeat_interval_s=0.2)
+    with diag.step():
+        child = os.fork()
+        if child == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            os._exit(3)  # not reached: SIGTERM must still end the child
+        _, status = os.waitpid(child, 0)
+        time.sleep(3)  # longer than the watchdog's SIGTERM grace: the parent must survive it
+    diag.finish()
+    print("child signal:", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None, flush=True)
+
+
 def broken_session(trace_dir: str) -> None:
     session = diag.init(trace_dir, telemetry=False, hang_threshold_s=30, heartbeat_interval_s=0.1)
 
@@ -60,4 +74,9 @@ def broken_session(trace_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    {"blocked_sigterm": blocked_sigterm, "sigusr1": sigusr1, "broken_session": broken_session}[sys.argv[1]](sys.argv[2])
+    {
+        "blocked_sigterm": blocked_sigterm,
+        "sigusr1": sigusr1,
+        "fork_sigterm": fork_sigterm,
+        "broken_session": broken_session,
+    }[sys.argv[1]](sys.argv[2])
