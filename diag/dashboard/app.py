@@ -16,7 +16,7 @@ from dash.exceptions import PreventUpdate
 
 from diag.dashboard import figures as f
 from diag.dashboard.data import LiveTrace
-from diag.dashboard.pages import PAGES, Page, unavailable
+from diag.dashboard.pages import PAGES, Page, prepare, unavailable
 
 REFRESH_MS = 3000
 TOKEN_COOKIE = "diag_dashboard_token"
@@ -43,8 +43,12 @@ def create_app(trace_dir: str | Path, token: str | None = None, refresh_ms: int 
     if live is None:
         live = LiveTrace(trace_dir, poll_interval_s=max(refresh_ms / 1000, 0.5))
         live.refresh()
+    live.prepare = prepare
+    prepare(live.snapshot)
     live.start()
-    app = dash.Dash(__name__, title="diag dashboard", suppress_callback_exceptions=True, update_title=None)
+    # eager_loading: plotly.js comes with the page instead of after the first figure asks for it (one round
+    # trip less before the first page is drawn)
+    app = dash.Dash(__name__, title="diag dashboard", suppress_callback_exceptions=True, update_title=None, eager_loading=True)
     app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + CSS + "</style>")
     app.layout = _layout(refresh_ms)
     app.live = live

@@ -13,6 +13,7 @@ import dataclasses
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +63,9 @@ class LiveTrace:
 
     def __init__(self, trace_dir: str | Path, poll_interval_s: float = POLL_INTERVAL_S, stale_after_s: float = STALE_AFTER_S, triage: bool = True):
         self.trace_dir = Path(trace_dir)
+        # called with each new snapshot before it is published, on the poll thread: the app fills the
+        # snapshot's memo with the figures' aggregations there, so that callbacks only draw
+        self.prepare: Callable[[Snapshot], None] | None = None
         self.poll_interval_s = poll_interval_s
         self.stale_after_s = stale_after_s
         self.triage_enabled = triage
@@ -170,6 +174,8 @@ class LiveTrace:
             snap.analysis_error = f"analysis failed: {exc!r}"
             traceback.print_exc()
         snap.triage, snap.triage_note = self._triage_result
+        if self.prepare is not None:
+            self.prepare(snap)
         with self._lock:
             snap.version = self.snapshot.version + 1
             self.snapshot = snap
@@ -191,10 +197,11 @@ class LiveTrace:
                 self.snapshot = Snapshot(self.snapshot.version + 1, self.trace_dir, error=message, loaded_at_s=time.time(), run_state="error")
 
     def _replace(self, **changes) -> None:
-        """Publish a copy of the current snapshot with ``changes`` (and a new version, an empty memo)."""
+        """Publish a copy of the current snapshot with ``changes`` and a new version. The data is the same, so
+        the memo of aggregations is shared."""
         with self._lock:
             current = self.snapshot
-            self.snapshot = dataclasses.replace(current, version=current.version + 1, _memo={}, **changes)
+            self.snapshot = dataclasses.replace(current, version=current.version + 1, **changes)
 
     def _maybe_triage(self) -> None:
         """The triage verdict, from the triage package. It reads the whole directory itself, so it runs on
@@ -358,7 +365,7 @@ def rank_step_matrix(frame: pd.DataFrame, column: str, max_rows: int = 256, max_
     first = np.r_[True, cell[order][1:] != cell[order][:-1]]
     top = order[first]
     out = np.full(n_rows * n_cols, np.nan)
-    who = np.full(n_rows * n_cols, -1, dtype="int64")
+    who = np.full(n_rows * n_cols, -1, dtype="int32")  # int32 halves the payload of a click-able heatmap
     out[cell[top]] = values[top]
     who[cell[top]] = frame["rank"].to_numpy()[top]
     return Matrix(

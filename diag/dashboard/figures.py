@@ -18,11 +18,20 @@ HEIGHT_PX = 340
 SELECTED_COLOR = "#d62728"
 STRAGGLER_COLOR = "#ff7f0e"
 FLEET_COLOR = "#1f77b4"
+# A white look set by hand: plotly's "plotly_white" template costs ~40 ms of validation per figure.
+_AXIS = {"gridcolor": "#e5e5e5", "zerolinecolor": "#cccccc", "linecolor": "#cccccc"}
+PLAIN_STYLE = {"plot_bgcolor": "white", "paper_bgcolor": "white", "xaxis": _AXIS, "yaxis": _AXIS}
 STATE_COLORS = {LIVE: "#2ca02c", FINISHED: "#1f77b4", STALE: "#d62728", NO_DATA: "#7f7f7f"}
 
 
 def _f32(values) -> np.ndarray:
     return np.asarray(values, dtype="float32")
+
+
+def _ranks(values) -> list:
+    """customdata of rank ids as a plain list: dcc.Graph reads clickData's customdata from the figure's own
+    arrays and cannot index the base64 form plotly sends numpy arrays in."""
+    return np.asarray(values).tolist()
 
 
 def _base(title: str, x_title: str = "", y_title: str = "", height_px: int = HEIGHT_PX) -> go.Figure:
@@ -35,7 +44,7 @@ def _base(title: str, x_title: str = "", y_title: str = "", height_px: int = HEI
         yaxis_title=y_title,
         uirevision="keep",  # live updates keep the user's zoom
         legend={"orientation": "h", "y": -0.22},
-        template="plotly_white",
+        **PLAIN_STYLE,
     )
     return fig
 
@@ -58,7 +67,7 @@ def step_time_figure(per_step: pd.DataFrame, selected: pd.DataFrame) -> go.Figur
     fig.add_scatter(x=per_step["step"].to_numpy(), y=_f32(per_step["iteration_median_ms"]), name="median rank", line={"color": FLEET_COLOR})
     fig.add_scatter(
         x=per_step["step"].to_numpy(), y=_f32(per_step["iteration_max_ms"]), name="slowest rank", line={"color": STRAGGLER_COLOR},
-        customdata=per_step["slowest_rank"].to_numpy(), hovertemplate="step %{x}: %{y:.1f} ms (rank %{customdata})<extra></extra>",
+        customdata=_ranks(per_step["slowest_rank"].to_numpy()), hovertemplate="step %{x}: %{y:.1f} ms (rank %{customdata})<extra></extra>",
     )
     _add_selected_line(fig, selected, "step", "iteration_us", 1e-3)
     return fig
@@ -100,7 +109,7 @@ def rank_state_figure(states: pd.DataFrame, selected_rank: int | None) -> go.Fig
     title = "Ranks: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in order if counts.get(s, 0))
     fig = _base(title, "", "", height_px=HEIGHT_PX)
     fig.add_heatmap(
-        z=code.reshape(rows, cols), customdata=rank.reshape(rows, cols), zmin=0, zmax=len(order), colorscale=colorscale,
+        z=code.reshape(rows, cols), customdata=_ranks(rank.reshape(rows, cols)), zmin=0, zmax=len(order), colorscale=colorscale,
         showscale=False, xgap=1, ygap=1, hovertemplate="rank %{customdata}<extra></extra>",
     )
     if selected_rank is not None and selected_rank in set(states["rank"]):
@@ -122,7 +131,7 @@ def heatmap_figure(matrix: Matrix, title: str, stragglers: list, selected_rank: 
     what = "ranks %{y}.. " if grouped else "rank %{y} "
     fig = _base(title + (" (max per rank group and step window)" if grouped or windowed else ""), "step", "rank", height_px=420)
     fig.add_heatmap(
-        z=_f32(z_ms), x=matrix.col_first_step, y=matrix.row_first_rank, customdata=matrix.argmax_rank, colorscale="Viridis",
+        z=_f32(z_ms), x=matrix.col_first_step, y=matrix.row_first_rank, customdata=_ranks(matrix.argmax_rank), colorscale="Viridis",
         zmin=0, zmax=zmax_ms, colorbar={"title": "ms", "x": 1.16},
         hovertemplate=what + "step %{x}: %{z:.1f} ms (rank %{customdata})<extra></extra>",
     )
@@ -154,7 +163,7 @@ def rank_distribution_figure(q: pd.DataFrame, title: str, straggler_ranks: set[i
     p50 = q["p50"].to_numpy() / 1e3
     colors = np.where(q["rank"].isin(straggler_ranks), STRAGGLER_COLOR, FLEET_COLOR)
     fig.add_scatter(
-        x=q["rank"].to_numpy(), y=_f32(p50), mode="markers", name="median (p5..p95)", customdata=q["rank"].to_numpy(),
+        x=q["rank"].to_numpy(), y=_f32(p50), mode="markers", name="median (p5..p95)", customdata=_ranks(q["rank"].to_numpy()),
         marker={"color": colors, "size": 6 if len(q) < 200 else 4},
         error_y={"type": "data", "array": _f32(q["p95"] / 1e3 - p50), "arrayminus": _f32(p50 - q["p5"] / 1e3), "thickness": 1, "width": 0},
         hovertemplate="rank %{x}: median %{y:.1f} ms<extra></extra>",
@@ -213,9 +222,9 @@ def comm_wait_figure(per_rank: list, selected_rank: int | None) -> go.Figure:
     frame = pd.DataFrame([{"rank": r.rank, "wait": r.wait_share_pct, "blocked": r.blocked_share_pct, "last": r.last_arrival_fraction} for r in per_rank])
     fig = _base("Communication wait per rank", "rank", "% of step time")
     small = len(frame) < 200
-    fig.add_scatter(x=frame["rank"].to_numpy(), y=_f32(frame["blocked"]), mode="markers", name="blocked in communication", customdata=frame["rank"].to_numpy(), marker={"size": 6 if small else 3})
+    fig.add_scatter(x=frame["rank"].to_numpy(), y=_f32(frame["blocked"]), mode="markers", name="blocked in communication", customdata=_ranks(frame["rank"].to_numpy()), marker={"size": 6 if small else 3})
     fig.add_scatter(
-        x=frame["rank"].to_numpy(), y=_f32(frame["wait"]), mode="markers", name="waiting for the last rank", customdata=frame["rank"].to_numpy(),
+        x=frame["rank"].to_numpy(), y=_f32(frame["wait"]), mode="markers", name="waiting for the last rank", customdata=_ranks(frame["rank"].to_numpy()),
         marker={"size": 6 if small else 3}, text=[f"arrived last at {100 * v:.0f}%" for v in frame["last"]],
         hovertemplate="rank %{x}: %{y:.1f}% waiting, %{text}<extra></extra>",
     )
@@ -256,12 +265,12 @@ def memory_per_rank_figure(per_rank: list, selected_rank: int | None) -> go.Figu
     fig = _base("Memory per rank", "rank", "%")
     small = len(frame) < 200
     if frame["frag"].notna().any():
-        fig.add_scatter(x=frame["rank"].to_numpy(), y=_f32(frame["frag"]), mode="markers", name="fragmentation %", customdata=frame["rank"].to_numpy(), marker={"size": 6 if small else 3})
+        fig.add_scatter(x=frame["rank"].to_numpy(), y=_f32(frame["frag"]), mode="markers", name="fragmentation %", customdata=_ranks(frame["rank"].to_numpy()), marker={"size": 6 if small else 3})
     if frame["headroom"].notna().any():
-        fig.add_scatter(x=frame["rank"].to_numpy(), y=_f32(frame["headroom"]), mode="markers", name="headroom before OOM %", customdata=frame["rank"].to_numpy(), marker={"size": 6 if small else 3})
+        fig.add_scatter(x=frame["rank"].to_numpy(), y=_f32(frame["headroom"]), mode="markers", name="headroom before OOM %", customdata=_ranks(frame["rank"].to_numpy()), marker={"size": 6 if small else 3})
     leaks = frame[frame["leak"]]
     if len(leaks):
-        fig.add_scatter(x=leaks["rank"].to_numpy(), y=np.zeros(len(leaks), dtype="float32"), mode="markers+text", name="leak suspected", text=[f"leak rank {r}" for r in leaks["rank"]], textposition="top center", customdata=leaks["rank"].to_numpy(), marker={"color": STRAGGLER_COLOR, "size": 10, "symbol": "triangle-up"})
+        fig.add_scatter(x=leaks["rank"].to_numpy(), y=np.zeros(len(leaks), dtype="float32"), mode="markers+text", name="leak suspected", text=[f"leak rank {r}" for r in leaks["rank"]], textposition="top center", customdata=_ranks(leaks["rank"].to_numpy()), marker={"color": STRAGGLER_COLOR, "size": 10, "symbol": "triangle-up"})
     if len(fig.data) == 0:
         return message_figure("Memory per rank", "no CUDA allocator statistics on this run (CPU): fragmentation and headroom unknown")
     _few_ranks_ticks(fig, len(frame))
@@ -287,7 +296,9 @@ def telemetry_figure(bands: dict[str, pd.DataFrame], selected: pd.DataFrame, ran
         fig.add_scatter(x=x, y=_f32(band["median"]), line={"color": FLEET_COLOR}, name="median GPU", showlegend=i == 1, row=i, col=1)
         if len(selected) and column in selected:
             fig.add_scatter(x=_f32(selected["t_s"]), y=_f32(selected[column]), line={"color": SELECTED_COLOR}, name=f"rank {rank}'s GPU", showlegend=i == 1, row=i, col=1)
-    fig.update_layout(height=200 * len(TELEMETRY_PANELS), margin={"l": 60, "r": 20, "t": 40, "b": 40}, uirevision="keep", template="plotly_white", title={"text": "GPU telemetry over time", "x": 0.01, "font": {"size": 14}}, legend={"orientation": "h", "y": 1.04})
+    fig.update_layout(height=200 * len(TELEMETRY_PANELS), margin={"l": 60, "r": 20, "t": 40, "b": 40}, uirevision="keep", plot_bgcolor="white", title={"text": "GPU telemetry over time", "x": 0.01, "font": {"size": 14}}, legend={"orientation": "h", "y": 1.04})
+    fig.update_xaxes(**_AXIS)
+    fig.update_yaxes(**_AXIS)
     fig.update_xaxes(title_text="s since the first sample", row=len(TELEMETRY_PANELS), col=1)
     return fig
 
@@ -299,7 +310,7 @@ def gpu_summary_figure(gpus: list, selected_rank: int | None) -> go.Figure:
     frame = pd.DataFrame([{"rank": g.rank, "value": g.sm_clock_vs_max_pct, "temp": g.temp_max_c, "throttled": g.throttled, "reasons": ", ".join(sorted(g.throttle_share)) or "none"} for g in gpus])
     fig = _base("SM clock vs max per GPU (orange: throttled)", "rank", "% of max SM clock")
     fig.add_scatter(
-        x=frame["rank"].to_numpy(), y=_f32(frame["value"]), mode="markers", name="GPUs", customdata=frame["rank"].to_numpy(),
+        x=frame["rank"].to_numpy(), y=_f32(frame["value"]), mode="markers", name="GPUs", customdata=_ranks(frame["rank"].to_numpy()),
         marker={"color": np.where(frame["throttled"], STRAGGLER_COLOR, FLEET_COLOR), "size": 6 if len(frame) < 200 else 4},
         text=[f"max {t:.0f} °C, reasons: {r}" if t == t and t is not None else f"reasons: {r}" for t, r in zip(frame["temp"], frame["reasons"], strict=True)],
         hovertemplate="rank %{x}: %{y:.0f}% of max clock, %{text}<extra></extra>",

@@ -4,6 +4,7 @@ content of its figures and text blocks. The app wires them to callbacks; nothing
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -331,3 +332,11 @@ PAGES: dict[str, Page] = {
         Page("/triage", "Triage", (), ("body",), update_triage, "For a hung or dead job: the verdict of diag triage and the state of each rank."),
     )
 }
+
+
+def prepare(snap: d.Snapshot) -> None:
+    """Compute every page's aggregations into the snapshot's memo (on the poll thread, before publication),
+    so that a page's callback only draws. A page that fails here fails again, visibly, in its callback."""
+    for page in PAGES.values():
+        with contextlib.suppress(Exception):
+            page.update(snap, None)

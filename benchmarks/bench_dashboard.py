@@ -1,0 +1,204 @@
+"""Scale benchmark of ``diag dashboard``: the synthetic 1,024 ranks x 1,000 steps run.
+
+Measures, once the server has loaded the traces (loading is reported but not part of the targets):
+* every page's callbacks through Dash's own HTTP endpoint (Flask test client): time and response size, and
+  the largest figure in each response (target: each callback <= 1 s, no figure > 2 MB);
+* the selection callbacks after a click on the straggler heatmap (the pages redraw for the selected rank);
+* first page ready: index, layout, dependencies, router and overview callbacks in sequence (target <= 3 s),
+  and, when Chromium is installed, the same in a real headless browser until every figure is drawn.
+
+    python benchmarks/bench_dashboard.py /tmp/synth1024            # generates the run there if absent
+    python benchmarks/bench_dashboard.py /tmp/synth64 --ranks 64 --steps 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+CALLBACK_LIMIT_S = 1.0
+FIRST_PAGE_LIMIT_S = 3.0
+FIGURE_LIMIT_BYTES = 2 * 2**20
+
+
+class DashClient:
+    """Calls a Dash app's callbacks the way the browser does, through ``/_dash-update-component``."""
+
+    def __init__(self, app):
+        self.client = app.server.test_client()
+        self.deps = self.client.get("/_dash-dependencies").get_json()
+
+    def find(self, output_part: str) -> dict:
+        return next(d for d in self.deps if output_part in d["output"])
+
+    def call(self, output_part: str, inputs: dict, state: dict | None = None, changed: str | None = None):
+        """``inputs``/``state``: {"id.prop" or id-json: value}. Returns (seconds, bytes, response JSON)."""
+        dep = self.find(output_part)
+        body = {
+            "output": dep["output"],
+            "outputs": _outputs(dep["output"]),
+            "inputs": [_arg(spec, inputs) for spec in dep["inputs"]],
+            "state": [_arg(spec, state or {}) for spec in dep["state"]],
+            "changedPropIds": [changed] if changed else [],
+        }
+        started = time.perf_counter()
+        response = self.client.post("/_dash-update-component", json=body)
+        elapsed = time.perf_counter() - started
+        if response.status_code == 204:
+            return elapsed, 0, None
+        assert response.status_code == 200, response.data[:500]
+        return elapsed, len(response.data), response.get_json()
+
+
+def _key(spec) -> str:
+    sid = spec["id"]
+    return (sid if isinstance(sid, str) else json.dumps(sid, sort_keys=True)) + "." + spec["property"]
+
+
+def _arg(spec: dict, values: dict):
+    sid = spec["id"]
+    if isinstance(sid, str) and sid.startswith("{"):
+        sid = json.loads(sid)
+    if isinstance(sid, dict) and '["ALL"]' in json.dumps(sid):
+        return values.get(_key(spec), [])
+    return {"id": sid, "property": spec["property"], "value": values.get(_key(spec))}
+
+
+def _outputs(output: str):
+    parts = output.strip(".").split("...") if output.startswith("..") else [output]
+    specs = []
+    for part in parts:
+        sid, _, prop = part.rpartition(".")
+        specs.append({"id": json.loads(sid) if sid.startswith("{") else sid, "property": prop})
+    return specs if output.startswith("..") else specs[0]
+
+
+def largest_figure_bytes(response: dict | None) -> int:
+    if not response:
+        return 0
+    sizes = [len(json.dumps(v["figure"])) for v in response.get("response", {}).values() if isinstance(v, dict) and "figure" in v]
+    return max(sizes, default=0)
+
+
+def page_callbacks(client: DashClient, pages, rank, label: str, results: list) -> None:
+    for page in pages.values():
+        t, size, resp = client.call(f"{page.shown_id}.data", {"tick.n_intervals": 1, "selected-rank.data": rank}, {f"{page.shown_id}.data": None})
+        results.append((f"{label}{page.title}", t, size, largest_figure_bytes(resp)))
+
+
+def first_page_http(app) -> float:
+    client = app.server.test_client()
+    started = time.perf_counter()
+    for url in ("/", "/_dash-layout", "/_dash-dependencies"):
+        assert client.get(url).status_code == 200
+    dash_client = DashClient(app)
+    dash_client.call("page.children", {"url.pathname": "/"}, changed="url.pathname")
+    dash_client.call("overview-shown.data", {"tick.n_intervals": None, "selected-rank.data": None}, {"overview-shown.data": None})
+    return time.perf_counter() - started
+
+
+def first_page_browser(app) -> float | None:
+    """Seconds from opening the URL in headless Chromium until every figure of the overview is drawn."""
+    if not shutil.which("chromium") or not shutil.which("chromedriver"):
+        return None
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+    from werkzeug.serving import make_server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = make_server("127.0.0.1", port, app.server, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    try:
+        driver.get(f"http://127.0.0.1:{port}/_dash-layout")  # warm the browser itself, not the app
+        started = time.perf_counter()
+        driver.get(f"http://127.0.0.1:{port}/")
+        drawn = "const g=document.querySelectorAll('#page .js-plotly-plot');return g.length==4&&[...g].every(e=>e.querySelector('.main-svg'))&&document.querySelector('#overview-summary .cards')!==null"
+        WebDriverWait(driver, 60, poll_frequency=0.05).until(lambda d: d.execute_script(drawn))
+        return time.perf_counter() - started
+    finally:
+        driver.quit()
+        server.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace_dir", type=Path)
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=1000)
+    args = parser.parse_args()
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request would drown the results
+
+    from diag.dashboard.app import create_app
+    from diag.dashboard.data import LiveTrace
+    from diag.dashboard.pages import PAGES
+
+    if not (args.trace_dir / "planted.json").exists():
+        from synthetic import generate
+
+        started = time.perf_counter()
+        generate(args.trace_dir, args.ranks, args.steps)
+        print(f"generated {args.ranks} ranks x {args.steps} steps in {time.perf_counter() - started:.0f} s")
+    planted = json.loads((args.trace_dir / "planted.json").read_text())
+
+    started = time.perf_counter()
+    live = LiveTrace(args.trace_dir, poll_interval_s=3600)  # no polling during the measurements
+    live.refresh()
+    print(f"server load (read + analyse, not a target): {time.perf_counter() - started:.1f} s")
+    started = time.perf_counter()
+    live.wait_for_triage(600)
+    print(f"triage verdict (own thread, not a target): {time.perf_counter() - started:.1f} s more, verdict {(live.snapshot.triage or {}).get('verdict')}")
+    snap = live.snapshot
+    ranks, steps = len(snap.trace.ranks_found), snap.trace.steps["step"].nunique()
+    app = create_app(args.trace_dir, live=live)
+
+    first_http = first_page_http(app)
+    client = DashClient(app)
+    results = []
+    page_callbacks(client, PAGES, None, "", results)
+    heatmap = {"points": [{"customdata": planted["compute_straggler"]}]}
+    graph_inputs = [{"id": {"kind": "graph", "name": "stragglers-compute"}, "property": "clickData", "value": heatmap}]
+    dep = client.find("selected-rank.data")
+    all_key = _key(dep["inputs"][0])
+    t, size, resp = client.call("selected-rank.data", {all_key: graph_inputs}, changed='{"kind":"graph","name":"stragglers-compute"}.clickData')
+    selected = resp["response"]["selected-rank"]["data"]
+    results.append(("select rank by click", t, size, 0))
+    page_callbacks(client, PAGES, selected, f"rank {selected} selected: ", results)
+    t, size, resp = client.call("status.children", {"tick.n_intervals": 2, "selected-rank.data": selected})
+    results.append(("status line", t, size, 0))
+    first_browser = first_page_browser(app)
+
+    print(f"\n{ranks} ranks x {steps} steps; planted compute straggler: rank {planted['compute_straggler']}, selected by the click: rank {selected}")
+    print(f"{'callback':<52} {'time s':>7} {'response KiB':>13} {'largest figure KiB':>19}")
+    for name, t, size, fig in results:
+        print(f"{name:<52} {t:7.3f} {size / 1024:13.0f} {fig / 1024:19.0f}")
+    worst_t = max(r[1] for r in results)
+    worst_fig = max(r[3] for r in results)
+    print(f"\nslowest callback: {worst_t:.3f} s (target <= {CALLBACK_LIMIT_S} s): {'OK' if worst_t <= CALLBACK_LIMIT_S else 'OVER'}")
+    print(f"largest figure: {worst_fig / 2**20:.2f} MiB (target <= 2 MiB): {'OK' if worst_fig <= FIGURE_LIMIT_BYTES else 'OVER'}")
+    print(f"first page ready over HTTP (index, layout, dependencies, router, overview): {first_http:.3f} s (target <= {FIRST_PAGE_LIMIT_S} s)")
+    if first_browser is None:
+        print("first page ready in a browser: not measured (chromium/chromedriver not installed)")
+    else:
+        print(f"first page ready in headless Chromium, until all overview figures are drawn: {first_browser:.3f} s (target <= {FIRST_PAGE_LIMIT_S} s)")
+    live.stop()
+
+
+if __name__ == "__main__":
+    main()
