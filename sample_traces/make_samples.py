@@ -4,13 +4,19 @@ diag, with a compute straggler planted at rank 1 (an extra matrix-multiply loop 
     python sample_traces/make_samples.py            # rewrites sample_traces/straggler/
     diag analyze                                    # analyses it
 
-The same script is the job the analysis tests run (``job`` sub-command):
+``sample_traces/straggler-h100/`` is the same job (30 steps, +40 ms on rank 1) with all three ranks on one
+NVIDIA H100 80GB HBM3 (DIAG_JOB_DEVICE=cuda, gloo), recorded once on a GPU machine: real CUDA timings, NVML
+telemetry and allocator statistics for tests that run without a GPU.
+
+The same script is the job the analysis tests run (``job`` sub-command; DIAG_JOB_DEVICE=cuda puts every rank
+on the GPU, still over gloo so that several ranks can share one GPU):
 
     make_samples.py job TRACE_DIR STEPS SLOW_RANK {compute,data,none} EXTRA_MS
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -23,12 +29,14 @@ SLOW_RANK = 1
 EXTRA_MS = 40.0
 
 
-def busy_compute(ms: float, torch) -> None:
+def busy_compute(ms: float, torch, device) -> None:
     """Real work (not sleep) for about ``ms`` milliseconds: what a rank with more to compute does."""
-    a = torch.randn(96, 96)
+    a = torch.randn(96 if device.type == "cpu" else 2048, 96 if device.type == "cpu" else 2048, device=device)
     deadline = time.perf_counter() + ms / 1e3
     while time.perf_counter() < deadline:
         a = torch.tanh(a @ a)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
 
 def slow_batches(batches, delay_ms: float):
@@ -46,21 +54,23 @@ def job(trace_dir: str, steps: int, slow_rank: int, mode: str, extra_ms: float) 
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    device = torch.device(os.environ.get("DIAG_JOB_DEVICE", "cpu"))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)).to(device)
     batch_size = 64
     flops = 6 * sum(p.numel() for p in model.parameters()) * batch_size  # forward + backward of the weights
-    diag.init(trace_dir, flops_per_step=flops, telemetry=False, watchdog=False)
+    gpu = device.type == "cuda"
+    diag.init(trace_dir, flops_per_step=flops, dtype="float32", telemetry=gpu, telemetry_interval_s=0.1, watchdog=False)
     model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     diag.instrument(model, optimizer)
-    batches = [torch.randn(batch_size, 256) for _ in range(steps)]
+    batches = [torch.randn(batch_size, 256, device=device) for _ in range(steps)]
     loader = slow_batches(batches, extra_ms) if mode == "data" and rank == slow_rank else batches
     for batch in diag.wrap_loader(loader):
         with diag.step(samples=batch_size):
-            busy_compute(15.0, torch)  # the model's "real" work, so timings are not all noise
+            busy_compute(15.0, torch, device)  # the model's "real" work, so timings are not all noise
             if mode == "compute" and rank == slow_rank:
-                busy_compute(extra_ms, torch)
+                busy_compute(extra_ms, torch, device)
             loss = model(batch).square().mean()
             loss.backward()
             optimizer.step()

@@ -204,7 +204,8 @@ def _telemetry(report) -> Block:
     if not t.gpus:
         return block
     flagged = [g for g in t.gpus if g.throttled or g.hot or g.idle or g.ecc_uncorrected or g.xids]
-    block.lines.append(f"{len(t.gpus)} GPUs, {len(flagged)} flagged")
+    pairs = len({(g.host, g.gpu) for g in t.gpus})
+    block.lines.append(f"{pairs} GPU(s) used by {len(t.gpus)} rank(s); {len(flagged)} flagged")
     rows = flagged or t.gpus[:3]
     block.table = [["rank", "host:gpu", "util", "SM clock/max", "power/limit", "temp max", "throttled", "reasons", "errors"]]
     for g in rows[:TOP_ROWS]:

@@ -8,6 +8,7 @@ import pytest
 
 from diag.launch import run_ranks
 from tests.analysis.helpers import REPO, cli_json, findings_of, run_cli
+from tests.conftest import requires_gpu
 
 pytestmark = pytest.mark.slow
 
@@ -17,9 +18,9 @@ STEPS = 30
 EXTRA_MS = 40
 
 
-def run_job(tmp_path_factory, mode: str, slow_rank: int):
+def run_job(tmp_path_factory, mode: str, slow_rank: int, env: dict | None = None):
     trace_dir = tmp_path_factory.mktemp(f"real-{mode}")
-    results = run_ranks([str(JOB), "job", str(trace_dir), str(STEPS), str(slow_rank), mode, str(EXTRA_MS)], WORLD, timeout_s=240)
+    results = run_ranks([str(JOB), "job", str(trace_dir), str(STEPS), str(slow_rank), mode, str(EXTRA_MS)], WORLD, env=env, timeout_s=240)
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
     return cli_json(trace_dir)
@@ -71,3 +72,32 @@ def test_default_command_analyses_the_bundled_sample_run():
     assert result.exit_code == 0, result.output
     assert "bundled sample run" in result.stderr
     assert "Rank 1 is a persistent straggler (compute)" in result.stdout
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_gpu_compute_straggler_named_with_telemetry_memory_and_peak(tmp_path_factory):
+    """The same job with every rank on the one GPU (gloo moves the gradients): the straggler is found from
+    real CUDA timings, and the GPU sections are filled from NVML and the caching allocator."""
+    report = run_job(tmp_path_factory, "compute", slow_rank=1, env={"DIAG_JOB_DEVICE": "cuda"})
+    persistent = [(s["rank"], s["cause"]) for s in report["stragglers"] if s["persistent"]]
+    assert persistent == [(1, "compute")]
+    assert sorted(g["rank"] for g in report["telemetry"]["per_gpu"]) == list(range(WORLD))
+    gpu = report["telemetry"]["per_gpu"][0]
+    assert 0 < gpu["sm_clock_vs_max_pct"] <= 100 and 0 < gpu["power_vs_limit_pct"] <= 100
+    assert {r["metric"] for r in report["memory"]["per_rank"]} == {"allocated_bytes"}
+    assert all(r["peak_reserved_bytes"] >= r["peak_allocated_bytes"] > 0 for r in report["memory"]["per_rank"])
+    assert report["mfu"]["median"] is not None and "fp32" in report["mfu"]["peak_source"]
+
+
+def test_recorded_h100_run_names_the_straggler_and_fills_the_gpu_sections():
+    """sample_traces/straggler-h100: the job above recorded on an H100 (no GPU needed to analyse it): real
+    CUDA step timings, NVML telemetry and caching-allocator statistics."""
+    report = cli_json(REPO / "sample_traces" / "straggler-h100")
+    assert [(s["rank"], s["cause"]) for s in report["stragglers"] if s["persistent"]] == [(1, "compute")]
+    assert report["straggler_method"]["wait_source"] == "max(steps.comm_wait_us, collectives)"
+    assert report["run"]["device_name"] == "NVIDIA H100 80GB HBM3"
+    assert "H100 SXM" in report["mfu"]["peak_source"] and report["mfu"]["per_rank"][0]["peak_tflops"] == 67.0
+    gpu = report["telemetry"]["per_gpu"][0]
+    assert gpu["power_limit_w"] == 700.0 and gpu["sm_clock_max_mhz"] == 1980.0
+    assert report["memory"]["per_rank"][0]["metric"] == "allocated_bytes"
