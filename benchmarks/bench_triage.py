@@ -6,12 +6,14 @@ dump lists it pending); the stuck rank sits in its data loader, with a watchdog 
 shows the loader. Heartbeats, manifests, steps and collectives as capture writes them.
 
     python benchmarks/bench_triage.py /tmp/triage_bench --ranks 1024 --steps 200
+    python benchmarks/bench_triage.py /tmp/watchdog_bench --watchdog   # capture side: watchdog cost
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -83,6 +85,55 @@ def generate(root: Path, world: int, steps: int, per_step: int) -> int:
     return stuck
 
 
+WATCHDOG_JOB = """
+import os, sys, time
+os.environ.update(RANK="0", WORLD_SIZE="1")
+import torch, diag
+out, watchdog, steps = sys.argv[1], sys.argv[2] == "on", int(sys.argv[3])
+session = diag.init(out, telemetry=False, watchdog=watchdog, heartbeat_interval_s=0.05, hang_threshold_s=3600)
+x = torch.randn(64, 64)
+t0 = time.perf_counter()
+for _ in range(steps):
+    with diag.step():
+        x = torch.tanh(x @ x)
+loop_us = (time.perf_counter() - t0) / steps * 1e6
+tick_us = dump_ms = float("nan")
+if watchdog:
+    t0 = time.perf_counter()
+    for _ in range(500):
+        session.watchdog._tick()
+    tick_us = (time.perf_counter() - t0) / 500 * 1e6
+    t0 = time.perf_counter()
+    for _ in range(20):
+        session.watchdog.dump("bench")
+    dump_ms = (time.perf_counter() - t0) / 20 * 1e3
+diag.finish()
+print(loop_us, tick_us, dump_ms)
+"""
+
+
+def bench_watchdog(out: Path, steps: int = 5000, repeat: int = 3) -> None:
+    """Step time of a tiny CPU loop with the watchdog off and on (heartbeat every 50 ms, 100x the default
+    rate), and the cost of one watchdog tick and one hang dump."""
+    results: dict[str, list[list[float]]] = {"off": [], "on": []}
+    for _ in range(repeat):
+        for mode in ("off", "on"):
+            shutil.rmtree(out, ignore_errors=True)
+            run = subprocess.run(
+                [sys.executable, "-c", WATCHDOG_JOB, str(out), mode, str(steps)],
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            results[mode].append([float(v) for v in run.stdout.split()])
+    off = statistics.median(r[0] for r in results["off"])
+    on = statistics.median(r[0] for r in results["on"])
+    print(f"step loop, watchdog off: median {off:.1f} us/step; on (50 ms heartbeat): {on:.1f} us/step")
+    print(f"one watchdog tick (heartbeat): median {statistics.median(r[1] for r in results['on']):.0f} us")
+    print(f"one hang dump (stacks, no FR buffer): median {statistics.median(r[2] for r in results['on']):.2f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
@@ -90,7 +141,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--collectives", type=int, default=4, help="all_reduces per step")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--watchdog", action="store_true", help="measure the capture-side watchdog instead")
     args = parser.parse_args()
+    if args.watchdog:
+        bench_watchdog(args.out, repeat=args.repeat)
+        return
     if args.out.exists():
         shutil.rmtree(args.out)
     t0 = time.perf_counter()
