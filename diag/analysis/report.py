@@ -226,7 +226,8 @@ def options_fingerprint(**options) -> str:
     """Identifies a report: the options it was made with and the analysis code that made it."""
     digest = hashlib.blake2b(digest_size=12)
     digest.update(json.dumps({"report_version": REPORT_VERSION, **options}, sort_keys=True, default=str).encode())
-    for source in sorted(Path(__file__).parent.glob("*.py")):
+    trace_code = Path(__file__).parents[1] / "trace"
+    for source in [*sorted(Path(__file__).parent.glob("*.py")), trace_code / "loader.py", trace_code / "schema.py"]:
         stat = source.stat()
         digest.update(f"{source.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()
