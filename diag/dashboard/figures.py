@@ -123,15 +123,18 @@ def rank_state_figure(states: pd.DataFrame, selected_rank: int | None) -> go.Fig
 
 
 # -- stragglers ---------------------------------------------------------------------------------------------
-def heatmap_figure(matrix: Matrix, title: str, stragglers: list, selected_rank: int | None, zmax_ms: float | None = None) -> go.Figure:
-    """Rank group x step window, each cell the largest value (ms) in it. Straggler rows are labelled."""
+def heatmap_figure(matrix: Matrix, title: str, stragglers: list, selected_rank: int | None, zmax_ms: float | None = None) -> dict:
+    """Rank group x step window, each cell the largest value (ms) in it. Straggler rows are labelled.
+
+    Returned as a plain dict: the per-cell ranks (customdata) are added after plotly's validation, which
+    checks a nested list element by element (~0.5 s for 256 x 250 cells)."""
     z_ms = matrix.values / 1e3
     grouped = len(matrix.row_first_rank) and (matrix.row_last_rank != matrix.row_first_rank).any()
     windowed = len(matrix.col_first_step) and (matrix.col_last_step != matrix.col_first_step).any()
     what = "ranks %{y}.. " if grouped else "rank %{y} "
     fig = _base(title + (" (max per rank group and step window)" if grouped or windowed else ""), "step", "rank", height_px=420)
     fig.add_heatmap(
-        z=_f32(z_ms), x=matrix.col_first_step, y=matrix.row_first_rank, customdata=_ranks(matrix.argmax_rank), colorscale="Viridis",
+        z=_f32(z_ms), x=matrix.col_first_step, y=matrix.row_first_rank, colorscale="Viridis",
         zmin=0, zmax=zmax_ms, colorbar={"title": "ms", "x": 1.16},
         hovertemplate=what + "step %{x}: %{z:.1f} ms (rank %{customdata})<extra></extra>",
     )
@@ -145,7 +148,9 @@ def heatmap_figure(matrix: Matrix, title: str, stragglers: list, selected_rank: 
     fig.update_layout(margin={"r": 190})
     if len(matrix.row_first_rank) <= 32:
         fig.update_yaxes(dtick=1)
-    return fig
+    out = fig.to_plotly_json()
+    out["data"][0]["customdata"] = _ranks(matrix.argmax_rank)
+    return out
 
 
 def _row_of(matrix: Matrix, rank: int | None):
@@ -173,15 +178,14 @@ def rank_distribution_figure(q: pd.DataFrame, title: str, straggler_ranks: set[i
     return fig
 
 
-def rank_vs_median_figure(times: pd.DataFrame, rank: int | None) -> go.Figure:
-    """The selected rank's compute and wait per step against the median rank's."""
+def rank_vs_median_figure(median: pd.DataFrame, mine: pd.DataFrame, rank: int | None) -> go.Figure:
+    """The selected rank's compute and wait per step (``mine``) against the median rank's (``median``,
+    indexed by step)."""
     title = "Selected rank vs the median rank"
     if rank is None:
         return message_figure(title, "click a rank in any figure (or type one above) to compare it with the median rank")
-    mine = times[times["rank"] == rank]
     if mine.empty:
         return message_figure(title, f"rank {rank} recorded no steps")
-    median = times.groupby("step")[["compute_us", "wait_us"]].median()
     fig = _base(f"Rank {rank} vs the median rank", "step", "ms")
     mine = mine.sort_values("step")
     for column, label, dash in (("compute_us", "compute", None), ("wait_us", "wait", "dot")):

@@ -184,7 +184,7 @@ def update_stragglers(snap: d.Snapshot, rank: int | None) -> dict:
         "compute": f.heatmap_figure(compute, "Compute time per rank and step", stragglers, rank, zmax_compute),
         "wait": f.heatmap_figure(wait, "Wait time (blocked in communication) per rank and step", stragglers, rank, zmax_wait),
         "distribution": f.rank_distribution_figure(quantiles, "Work per step (data wait + compute), per rank", _straggler_ranks(snap), rank),
-        "rank": f.rank_vs_median_figure(d.downsample(times, 200_000), rank),
+        "rank": f.rank_vs_median_figure(snap.memo("median_by_step", lambda: times.groupby("step")[["compute_us", "wait_us"]].median()), d.one_rank(times, rank), rank),
     }
 
 
