@@ -187,6 +187,15 @@ class Watchdog:
             "step_started_us": session.step_started_us,
         }
 
+    def _last_seqs(self) -> dict[str, int]:
+        """Highest collective seq each group completed, so a rank killed before its rows reached the disk
+        still says how far it got."""
+        try:
+            seen = getattr(getattr(self.session, "recorder", None), "seen_seqs", None) or {}
+            return {str(pg): max(seqs) for pg, seqs in list(seen.items()) if seqs}
+        except Exception:  # a set changing under us: skip this beat's number
+            return {}
+
     def _write_heartbeat(self, state: str, pending: list[dict] | None = None) -> None:
         pending = self._pending() if pending is None else pending
         heartbeat = {
@@ -196,6 +205,7 @@ class Watchdog:
             "threshold_s": self.pending_threshold_s,
             "pending": pending[:MAX_PENDING_IN_HEARTBEAT],
             "pending_count": len(pending),
+            "last_seq": self._last_seqs(),
             "dumps_written": self.dumps_written,
             "exit": self._exit,
         }

@@ -213,6 +213,7 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hang: dict, liveness: di
         return _all_inside(data, ops, hang, ranks, liveness, evidence)
     dead = [r for r in missing if _died_before(data.ranks[r], liveness.get(r), hang["start_us"])]
     for rank in missing:
+        _note_pending_elsewhere(ranks[rank], ops, rank, pg)
         evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
     evidence += _step_divergence(ops, pg, seq)
     if dead and len(dead) == len(missing):
@@ -231,6 +232,17 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
         "after the first: the others waited for it"
     )
     return _verdict("slow", [slowest], _collective(ops, hang["pg"], hang["seq"]), ranks, evidence, data)
+
+
+def _note_pending_elsewhere(report: RankReport, ops: pd.DataFrame, rank: int, pg: str) -> None:
+    """A missing rank inside a collective of another group is stuck there (e.g. a lock-order inversion)."""
+    elsewhere = ops[(ops["rank"] == rank) & ~ops["completed"] & (ops["pg"] != pg)]
+    if elsewhere.empty or report.state == "dead":
+        return
+    first = elsewhere.sort_values(["start_us", "seq"]).iloc[0]
+    report.state = "stuck_in_barrier" if first["op"] == "barrier" else "stuck_in_collective"
+    where = f"waiting in {first['op']} seq {first['seq']} of process group {first['pg']}"
+    report.detail = f"{where}; {report.detail}" if report.detail else where
 
 
 def _died_before(info: RankInfo, state: str | None, waiting_since_us: float) -> bool:
@@ -299,8 +311,18 @@ def _liveness(data: TriageInput) -> dict[int, str]:
         else:
             interval_us = float(heartbeat.get("interval_s") or DEFAULT_HEARTBEAT_INTERVAL_S) * 1e6
             stale = freshest_us - heartbeat.get("time_us", 0) > DEAD_MARGIN_INTERVALS * interval_us
-            states[rank] = "vanished" if (stale or anyone_exited) else "running"
+            live = _now_us() - freshest_us < DEAD_MARGIN_INTERVALS * interval_us  # the job still beats
+            if stale or anyone_exited:
+                states[rank] = "vanished"
+            else:  # every heartbeat stopped at once: the whole job was killed, nobody in particular died
+                states[rank] = "running" if live else "stopped"
     return states
+
+
+def _now_us() -> float:
+    import time
+
+    return time.time() * 1e6
 
 
 def _exit_record(info: RankInfo) -> dict | None:
