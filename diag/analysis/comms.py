@@ -114,16 +114,31 @@ def collective_waits(coll: pd.DataFrame, mask: np.ndarray | None = None) -> Coll
     duration = column(duration)
     pg = coll["pg"].astype("category")
     op = coll["op"].astype("category")
-    pg_codes = column(pg.cat.codes.to_numpy())
+    pg_codes = column(pg.cat.codes.to_numpy()).astype("int64")
+    op_codes = column(op.cat.codes.to_numpy())
     seq = column(coll["seq"].to_numpy(dtype="int64"))
-    instance, inst_pg, inst_seq = _instances(pg_codes, seq)
-    n_inst = len(inst_seq)
+    # Point-to-point ops are numbered per rank (Flight Recorder's p2p counter), so the same number on two
+    # ranks need not be the same transfer; like ops of unknown seq (-1) they are not matched across ranks.
+    p2p_codes = [i for i, name in enumerate(op.cat.categories) if canonical_op(name) in ("send", "recv")]
+    unmatched = np.isin(op_codes, p2p_codes) | (seq < 0)
+    if unmatched.any():
+        n_pg = int(pg_codes.max()) + 1
+        group_key = np.where(unmatched, n_pg, pg_codes)  # one extra group: each such row is its own instance
+        seq_key = np.where(unmatched, np.arange(len(seq)), seq)
+    else:
+        group_key, seq_key = pg_codes, seq
+    instance = _instances(group_key, seq_key)
+    n_inst = int(instance.max()) + 1
+    inst_pg = np.zeros(n_inst, dtype="int64")
+    inst_pg[instance] = pg_codes
+    inst_seq = np.zeros(n_inst, dtype="int64")
+    inst_seq[instance] = seq
     transfer_us = np.full(n_inst, np.inf)
     np.minimum.at(transfer_us, instance, duration)
     bytes_max = np.zeros(n_inst, dtype="int64")
     np.maximum.at(bytes_max, instance, column(coll["bytes"].to_numpy(dtype="int64")))
     inst_op = np.zeros(n_inst, dtype="int64")
-    inst_op[instance] = column(op.cat.codes.to_numpy())  # any row's op: all ranks issue the same one
+    inst_op[instance] = op_codes  # any row's op: all ranks issue the same one
     ranks = np.bincount(instance, minlength=n_inst)
     wait_us = duration - transfer_us[instance]
     instances = pd.DataFrame(
@@ -148,31 +163,26 @@ def collective_waits(coll: pd.DataFrame, mask: np.ndarray | None = None) -> Coll
     )
 
 
-def _instances(pg_codes: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Dense instance index per row for (pg, seq), and each instance's pg code and seq.
+def _instances(group_key: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Dense instance index per row for (group, seq).
 
     Sequence numbers count up within a group, so a per-group offset gives a dense index without hashing
     tens of millions of keys; sparse numbering (few rows over a wide range) falls back to factorize."""
-    pg_codes = pg_codes.astype("int64", copy=False)
-    n_pg = int(pg_codes.max()) + 1
-    lo = np.full(n_pg, np.iinfo("int64").max)
-    hi = np.full(n_pg, np.iinfo("int64").min)
-    np.minimum.at(lo, pg_codes, seq)
-    np.maximum.at(hi, pg_codes, seq)
+    group_key = group_key.astype("int64", copy=False)
+    n_groups = int(group_key.max()) + 1
+    lo = np.full(n_groups, np.iinfo("int64").max)
+    hi = np.full(n_groups, np.iinfo("int64").min)
+    np.minimum.at(lo, group_key, seq)
+    np.maximum.at(hi, group_key, seq)
     span = np.where(hi >= lo, hi - lo + 1, 0)
     if span.sum() > 4 * len(seq):
-        keys = (pg_codes << 40) | seq
-        instance, uniques = pd.factorize(keys, sort=False)
-        return instance.astype("int64"), (uniques >> 40).astype("int64"), uniques & ((1 << 40) - 1)
+        return pd.factorize((group_key << 40) | seq, sort=False)[0].astype("int64")
     base = np.concatenate([[0], np.cumsum(span)[:-1]])
-    slot = seq - lo[0] if n_pg == 1 else base[pg_codes] + (seq - lo[pg_codes])
+    slot = seq - lo[0] if n_groups == 1 else base[group_key] + (seq - lo[group_key])
     used = np.bincount(slot, minlength=int(span.sum())) > 0
-    slot_pg = np.repeat(np.arange(n_pg), span)
-    slot_seq = np.arange(int(span.sum())) - np.repeat(base, span) + np.repeat(np.where(span > 0, lo, 0), span)
     if used.all():
-        return slot, slot_pg, slot_seq
-    remap = np.cumsum(used) - 1
-    return remap[slot], slot_pg[used], slot_seq[used]
+        return slot
+    return (np.cumsum(used) - 1)[slot]
 
 
 @dataclass

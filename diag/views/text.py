@@ -163,7 +163,7 @@ def _comms(report) -> Block:
         for x in c.collectives[:TOP_ROWS]:
             block.table.append([
                 x.op, x.pg, x.size_bucket, str(x.count), f"{x.duration_p50_us / 1e3:.2f} ms", f"{x.duration_p99_us / 1e3:.2f} ms",
-                f"{x.transfer_p50_us / 1e3:.2f} ms", num(x.algbw_gbps), num(x.busbw_gbps), f"{x.wait_total_s:.1f}", f"{x.total_time_s:.1f}",
+                f"{x.transfer_p50_us / 1e3:.2f} ms", num(x.algbw_gbps, "{:.3g}"), num(x.busbw_gbps, "{:.3g}"), f"{x.wait_total_s:.1f}", f"{x.total_time_s:.1f}",
             ])
     if c.per_rank:
         worst = sorted(c.per_rank, key=lambda r: r.wait_share_pct, reverse=True)[:3]

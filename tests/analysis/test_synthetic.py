@@ -223,3 +223,17 @@ def test_straggler_found_from_collectives_when_the_host_never_blocks(tmp_path):
     assert report["straggler_method"]["wait_source"] == "collectives"
     persistent = {s["rank"]: s["cause"] for s in report["stragglers"] if s["persistent"]}
     assert persistent == {plants.compute_straggler: "compute", plants.data_straggler: "data", plants.throttled: "throttle"}
+
+
+def test_point_to_point_ops_are_not_matched_across_ranks():
+    """send/recv are numbered per rank; two pairs using the same numbers are different transfers, and an
+    all_reduce with the same seq in the same group is a different op."""
+    rows = [
+        {"rank": 0, "op": "send", "seq": 1, "duration_us": 50.0}, {"rank": 1, "op": "recv", "seq": 1, "duration_us": 900.0},
+        {"rank": 2, "op": "send", "seq": 1, "duration_us": 70.0}, {"rank": 3, "op": "recv", "seq": 1, "duration_us": 800.0},
+        *({"rank": r, "op": "allreduce", "seq": 1, "duration_us": 100.0 + r} for r in range(4)),
+    ]
+    coll = pd.DataFrame([{**r, "step": 0, "pg": "0", "bytes": 64, "blocking": 1} for r in rows])
+    waits = collective_waits(coll.astype({"pg": "category", "op": "category", "duration_us": "Float64"}))
+    assert waits.wait_us.tolist() == [0, 0, 0, 0, 0, 1, 2, 3]
+    assert len(waits.instances) == 5 and sorted(waits.instances["ranks"]) == [1, 1, 1, 1, 4]
