@@ -52,7 +52,14 @@ def in_process(microbatches: int, steps: int, blocks: int) -> dict:
         dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
         plain_schedule = make()
         plain, captured = [], []
-        diag.init(Path(tmp) / "trace", telemetry=False, watchdog=False, clock_sync=False, collectives=False)
+        diag.init(
+            Path(tmp) / "trace",
+            telemetry=False,
+            watchdog=False,
+            clock_sync=False,
+            collectives=False,
+            device=torch.device("cpu"),  # a CPU job even where a GPU exists: no CUDA events
+        )
         instrumented = make()
         diag.instrument(instrumented)
         for _ in range(blocks):

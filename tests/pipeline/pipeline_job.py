@@ -173,7 +173,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     capture = args.capture == "on"
     if capture:
-        diag.init(args.trace_dir, telemetry=False, watchdog=False)
+        diag.init(args.trace_dir, telemetry=False, watchdog=False, device=torch.device("cpu"))
     manual = args.schedule == "manual"
     times = run_manual(args, rank, world) if manual else run_schedule(args, rank, world, capture)
     if capture:

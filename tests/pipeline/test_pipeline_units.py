@@ -9,7 +9,7 @@ import pytest
 import diag
 from diag._warn import DiagWarning
 from diag.analysis.bubble import analyze_bubble, theoretical_fraction
-from tests.conftest import REPO
+from tests.conftest import REPO, requires_gpu
 
 
 @pytest.mark.parametrize(
@@ -120,3 +120,39 @@ def test_instrumenting_a_broken_schedule_warns_instead_of_raising(one_stage_worl
     with pytest.warns(DiagWarning, match="could not instrument ScheduleGPipe"):
         diag.instrument(schedule)
     diag.finish()
+
+
+@pytest.fixture
+def one_gpu_world(tmp_path):
+    """A one-rank NCCL world (gloo cannot send to its own rank, which a one-rank pipeline may do)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield tmp_path
+    dist.destroy_process_group()
+
+
+@requires_gpu
+def test_gpu_actions_carry_cuda_event_times(one_gpu_world):
+    """Two chunks on one rank (interleaved 1F1B, the chunks hand over locally): every compute row gets its
+    CUDA-event time, resolved without host syncs and written by finish at the latest."""
+    import torch
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+
+    device = torch.device("cuda", 0)
+    stages = [PipelineStage(torch.nn.Linear(256, 256).to(device), i, 2, device) for i in range(2)]
+    schedule = ScheduleInterleaved1F1B(stages, 4, loss_fn=lambda out, target: (out - target).square().mean())
+    diag.init(one_gpu_world / "trace", telemetry=False, watchdog=False, clock_sync=False, device=device)
+    diag.instrument(schedule)
+    x, target = torch.randn(64, 256, device=device), torch.randn(64, 256, device=device)
+    for _ in range(3):
+        with diag.step():
+            schedule.step(x, target=target)
+    diag.finish()
+    rows = diag.load(one_gpu_world / "trace").microbatches
+    compute = rows[rows["action"].astype(str).isin(["forward", "backward"])]
+    assert len(compute) == 3 * 2 * 4 * 2  # steps x chunks x micro-batches x (forward, backward)
+    assert compute["device_us"].notna().all() and (compute["device_us"] > 0).all()
+    assert set(compute["virtual_stage"]) == {0, 1} and set(compute["stage"]) == {0}
