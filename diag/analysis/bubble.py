@@ -121,6 +121,11 @@ def analyze_bubble(trace, window_steps=None) -> BubbleReport | None:
     if rows.empty:
         return None
     notes: list[str] = []
+    if rows["has_device_time"].any():
+        notes.append(
+            "GPU run: the bubble is measured on host times (an action's launch to its return); where the host runs "
+            "ahead of the GPU the idle shown is not the GPU's. Per-action GPU times are in microbatches.device_us"
+        )
     rows = _select_steps(rows, window_steps, notes)
     if rows.empty:
         return None
@@ -175,6 +180,7 @@ def _aligned_rows(trace) -> pd.DataFrame:
             "start": start.to_numpy(),
             "end": (start + rows["duration_us"].astype("float64")).to_numpy(),
             "duration": rows["duration_us"].astype("float64").to_numpy(),
+            "has_device_time": rows["device_us"].notna().to_numpy(),
         }
     )
 

@@ -153,7 +153,7 @@ class ScheduleHooks:
         return make
 
     def _begin(self, _stage):
-        try:
+        try:  # inactive once removed: a wrapper a caller kept a reference to records nothing
             return self.recorder.begin() if self.active else None
         except Exception as exc:
             warn_once("pipeline-hook", f"pipeline timing failed ({exc!r}); some micro-batch rows are missing")
@@ -177,7 +177,7 @@ class ScheduleHooks:
         def getter(chunk_id, *args, **kwargs):
             ops = original(chunk_id, *args, **kwargs)
             try:
-                if self.active:
+                if ops and self.active:  # most calls at the pipeline's ends return no ops
                     tag = (self, int(chunk_id), int(stage.group_rank), int(stage.stage_index))
                     for op in ops:
                         setattr(op, _TAG, tag)
