@@ -66,6 +66,9 @@ def is_pipeline_schedule(obj) -> bool:
 def instrument_schedule(session, schedule) -> ScheduleHooks | None:
     """Instrument every stage this rank runs in ``schedule``; returns the hooks (``remove()`` undoes them)."""
     try:
+        if any(hooks.schedule is schedule and hooks.active for hooks in _instrumented(session)):
+            warn_once("pipeline-twice", f"{type(schedule).__name__} is already instrumented; ignored")
+            return None
         _install_p2p_wrappers()
         hooks = ScheduleHooks(session, schedule)
         session.manifest["pipeline"] = hooks.layout()
@@ -74,6 +77,10 @@ def instrument_schedule(session, schedule) -> ScheduleHooks | None:
     except Exception as exc:
         warn_once("pipeline-instrument", f"could not instrument {type(schedule).__name__} ({exc!r})")
         return None
+
+
+def _instrumented(session) -> list[ScheduleHooks]:
+    return [hooks for hooks in getattr(session, "_hooks", []) if isinstance(hooks, ScheduleHooks)]
 
 
 def _stages_of(schedule) -> list:

@@ -80,6 +80,8 @@ def test_wrapping_is_per_instance_and_undone_at_finish(one_stage_world):
     other_stage, _ = one_stage_schedule()
     diag.init(one_stage_world / "trace", telemetry=False, watchdog=False, clock_sync=False)
     diag.instrument(schedule)
+    with pytest.warns(DiagWarning, match="already instrumented"):
+        diag.instrument(schedule)  # twice: ignored, not wrapped twice (rows would be doubled)
     assert "forward_one_chunk" in vars(stage) and "forward_one_chunk" not in vars(other_stage)
     with diag.step():
         schedule.step(torch.randn(4, 4), target=torch.randn(4, 4))
