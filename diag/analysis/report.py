@@ -100,7 +100,7 @@ def analyze(trace: Trace, steps: str | tuple | None = None, peak_tflops: float |
 
     coll = trace.collectives
     waits = collective_waits(coll, in_window(coll["step"], window).to_numpy()) if len(coll) else None
-    times = rank_step_times(steps_w, wait_per_rank_step(waits) if waits is not None else None)
+    times = rank_step_times(steps_w, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
     telemetry = analyze_telemetry(_telemetry_in_window(trace.telemetry, steps_w), hosts)
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus}
@@ -123,6 +123,17 @@ def _ranks_info(trace: Trace) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     frame = trace.manifests.set_index("rank")
     return frame[[c for c in columns if c in frame]]
+
+
+def _pipeline_stages(trace: Trace) -> dict[int, int] | None:
+    """rank -> pipeline stage, when the run is pipelined: only ranks of the same stage do the same work."""
+    if "pipeline" not in trace.manifests or "rank" not in trace.manifests:
+        return None
+    stages = {}
+    for rank, layout in zip(trace.manifests["rank"], trace.manifests["pipeline"], strict=True):
+        if isinstance(layout, dict) and layout.get("stage") is not None:
+            stages[int(rank)] = int(layout["stage"])
+    return stages or None
 
 
 def _pg_sizes(trace: Trace) -> dict[str, int]:

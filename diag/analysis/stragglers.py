@@ -62,13 +62,18 @@ class StragglerReport:
     note: str | None = None
 
 
-def rank_step_times(steps_w: pd.DataFrame, coll_wait_per_rank_step: pd.Series | None) -> RankStepTimes:
+def rank_step_times(
+    steps_w: pd.DataFrame, coll_wait_per_rank_step: pd.Series | None, peer_groups: dict[int, int] | None = None
+) -> RankStepTimes:
     """Busy time per (rank, step): its data wait plus its step body minus the time it waited for others.
 
     That wait is the larger of the host time blocked in synchronous collectives (steps.csv ``comm_wait_us``)
     and the time its collectives waited for the last rank (from collectives.csv). On CPU (gloo) jobs the
     first covers everything; with asynchronous collectives (DDP buckets, NCCL) the host may never block in
-    one, and only the second sees the waiting."""
+    one, and only the second sees the waiting.
+
+    ``peer_groups`` (rank -> group) limits comparisons to ranks doing the same work: the ranks of one
+    pipeline stage. Without it all ranks are peers."""
     frame = steps_w[["rank", "step", "data_wait_us", "duration_us", "comm_wait_us"]].copy()
     blocked = frame["comm_wait_us"].to_numpy(dtype="float64")
     sources = ["steps.comm_wait_us"] if blocked.any() else []
@@ -84,6 +89,7 @@ def rank_step_times(steps_w: pd.DataFrame, coll_wait_per_rank_step: pd.Series | 
     frame["busy_us"] = frame["compute_us"] + frame["data_wait_us"]
     frame["iteration_us"] = (frame["data_wait_us"] + frame["duration_us"]).astype("float64")
     source = f"max({', '.join(sources)})" if len(sources) > 1 else (sources[0] if sources else "none")
+    frame["peers"] = frame["rank"].map(peer_groups or {}).fillna(0).astype("int64")
     return RankStepTimes(frame.reset_index(drop=True), source)
 
 
@@ -99,9 +105,14 @@ def find_stragglers(
     if f["rank"].nunique() < 2:
         report.note = "one rank only: nothing to compare it with"
         return report
+    if f.groupby("peers")["rank"].nunique().max() < 2:
+        report.note = "pipeline parallel with one rank per stage: stages do different work, so ranks are not compared (see the pipeline bubble report)"
+        return report
+    if f["peers"].nunique() > 1:
+        report.note = "pipeline parallel: each rank is compared with the ranks of its own stage"
     if times.wait_source == "none":
         report.note = "no communication wait recorded: stragglers can only show in their data wait"
-    by_step = f.groupby("step")
+    by_step = f.groupby(["peers", "step"])
     f = f.assign(
         median_busy_us=by_step["busy_us"].transform("median"),
         median_iteration_us=by_step["iteration_us"].transform("median"),
@@ -113,11 +124,11 @@ def find_stragglers(
     f["spike"] = excess > SPIKE_FRACTION * f["median_busy_us"]
     saved = _saved_per_rank_step(f)
     per_rank = f.groupby("rank").agg(
-        busy_median_us=("busy_us", "median"), slow_fraction=("slow", "mean"), spikes=("spike", "sum")
+        busy_median_us=("busy_us", "median"), slow_fraction=("slow", "mean"), spikes=("spike", "sum"), peers=("peers", "first")
     )
     per_rank["saved_us"] = saved.reindex(per_rank.index, fill_value=0.0)
-    fleet_busy_us = float(per_rank["busy_median_us"].median())
-    per_rank["slowdown"] = per_rank["busy_median_us"] / fleet_busy_us - 1 if fleet_busy_us > 0 else 0.0
+    peers_busy_us = per_rank.groupby("peers")["busy_median_us"].transform("median")
+    per_rank["slowdown"] = (per_rank["busy_median_us"] / peers_busy_us.where(peers_busy_us > 0) - 1).fillna(0.0)
     n_steps = report.steps
     total_time_us = float(f.groupby("step")["iteration_us"].max().sum())
     persistent = per_rank[(per_rank["slow_fraction"] >= PERSISTENT_FRACTION) & (per_rank["slowdown"] >= SLOWDOWN_MIN)]
@@ -157,10 +168,10 @@ def joint_saving_us(times: RankStepTimes, ranks: list[int]) -> float:
     """Time the window would lose less if all of ``ranks`` worked at their step's median busy time."""
     f = times.frame
     if times.step_median_busy_us is None:
-        times.step_median_busy_us = f.groupby("step")["busy_us"].median()
-        times.step_max_busy_us = f.groupby("step")["busy_us"].max()
+        times.step_median_busy_us = f.groupby(["peers", "step"])["busy_us"].median()
+        times.step_max_busy_us = f.groupby(["peers", "step"])["busy_us"].max()
     median, slowest = times.step_median_busy_us, times.step_max_busy_us
-    others = f[~f["rank"].isin(ranks)].groupby("step")["busy_us"].max().reindex(slowest.index, fill_value=0.0)
+    others = f[~f["rank"].isin(ranks)].groupby(["peers", "step"])["busy_us"].max().reindex(slowest.index, fill_value=0.0)
     return float((slowest - np.maximum(others, median)).clip(lower=0).sum())
 
 
@@ -168,13 +179,14 @@ def _saved_per_rank_step(f: pd.DataFrame) -> pd.Series:
     """Per rank, summed over steps: what the step would shrink if that rank alone had the median busy time.
 
     Only the slowest rank of a step can shorten it, down to the second slowest (or the median)."""
-    busy, step = f["busy_us"].to_numpy(), f["step"].to_numpy()
-    order = np.lexsort((-busy, step))
-    busy, step = busy[order], step[order]
+    busy, step, peers = f["busy_us"].to_numpy(), f["step"].to_numpy(), f["peers"].to_numpy()
+    order = np.lexsort((-busy, step, peers))
+    busy, step, peers = busy[order], step[order], peers[order]
     rank, median = f["rank"].to_numpy()[order], f["median_busy_us"].to_numpy()[order]
-    top = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])  # the slowest rank of each step
+    new_cell = np.r_[True, (step[1:] != step[:-1]) | (peers[1:] != peers[:-1])]
+    top = np.flatnonzero(new_cell)  # the slowest rank of each step (among its peers)
     nxt = np.minimum(top + 1, len(step) - 1)
-    has_second = (top + 1 < len(step)) & (step[nxt] == step[top])
+    has_second = (top + 1 < len(step)) & ~new_cell[nxt]
     runner_up = np.where(has_second, busy[nxt], 0.0)
     saved = np.clip(busy[top] - np.maximum(runner_up, median[top]), 0, None)
     return pd.Series(saved, index=rank[top]).groupby(level=0).sum()

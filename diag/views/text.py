@@ -124,7 +124,9 @@ def _stragglers(report) -> Block:
     if s.note:
         block.lines.append(f"note: {s.note}")
     if not s.stragglers:
-        block.lines.append("No straggler: every rank's work per step is within 10% of the median rank's.")
+        compared = not s.note or "not compared" not in s.note and "one rank only" not in s.note
+        if compared:
+            block.lines.append("No straggler: every rank's work per step is within 10% of the median rank's.")
         return block
     block.table = [["rank", "host", "gpu", "slowdown", "slow steps", "kind", "cause", "saved/step", "last arrival"]]
     for x in s.stragglers[:TOP_ROWS]:

@@ -63,13 +63,14 @@ def test_h100_memory_stats_give_headroom_and_fragmentation(gpu_fixtures):
     assert not rank.near_oom
 
 
-def times_frame(busy_by_rank: dict[int, float], steps: int = 20) -> RankStepTimes:
+def times_frame(busy_by_rank: dict[int, float], steps: int = 20, peers: dict[int, int] | None = None) -> RankStepTimes:
     rows = []
     for step in range(steps):
         top = max(busy_by_rank.values())
         for rank, busy in busy_by_rank.items():
             rows.append({"rank": rank, "step": step, "data_wait_us": 1000.0, "compute_us": busy - 1000.0,
-                         "wait_us": top - busy, "busy_us": busy, "iteration_us": top + 500.0})
+                         "wait_us": top - busy, "busy_us": busy, "iteration_us": top + 500.0,
+                         "peers": (peers or {}).get(rank, 0)})
     return RankStepTimes(pd.DataFrame(rows), "steps.comm_wait_us")
 
 
@@ -88,3 +89,23 @@ def test_gpu_errors_become_a_high_severity_finding(gpu_fixtures):
     findings = telemetry_findings(report, StragglerReport())
     error = next(f for f in findings if f.kind == "gpu_error")
     assert error.severity == "high" and error.ranks == [0] and "79" in error.evidence[0]
+
+
+def test_pipeline_stages_are_compared_only_within_themselves():
+    """Stage 1 does twice the work by design; rank 2 is slow among the ranks of stage 0."""
+    busy = {rank: (100_000.0 if rank < 4 else 200_000.0) + rank for rank in range(8)}
+    busy[2] = 130_000.0
+    stages = {rank: rank // 4 for rank in range(8)}
+    info = pd.DataFrame({"host": [f"node{r}" for r in range(8)]}, index=range(8))
+    report = find_stragglers(times_frame(busy, peers=stages), info, throttled={}, last_arrival={})
+    assert [(s.rank, s.cause) for s in report.stragglers] == [(2, "compute")]
+    assert report.stragglers[0].slowdown == pytest.approx(130_000 / 100_002.0 - 1, rel=0.01)
+    everyone = find_stragglers(times_frame(busy), info, throttled={}, last_arrival={})
+    assert {s.rank for s in everyone.stragglers} == {4, 5, 6, 7}  # what comparing across stages would claim
+
+
+def test_pipeline_sample_with_one_rank_per_stage_names_no_straggler():
+    from tests.analysis.helpers import REPO, report_of
+
+    report = report_of(REPO / "sample_traces" / "pipeline")
+    assert report["stragglers"] == [] and "one rank per stage" in report["straggler_method"]["note"]
