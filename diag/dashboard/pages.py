@@ -41,11 +41,17 @@ class Page:
     def shown_id(self) -> str:
         return f"{self.key}-shown"
 
+    @property
+    def opened_id(self) -> str:
+        """A store inside the page: as an input of the page's callback, it fires the callback the moment the
+        page is inserted (inputs outside the page, like the interval, would wait for the next tick)."""
+        return f"{self.key}-opened"
+
     def layout(self):
         children = [html.H2(self.title), html.P(self.intro, className="intro") if self.intro else None]
         children += [html.Div(id=self.text_id(name), className="text-block") for name in self.texts]
         children += [dcc.Graph(id=self.graph_id(name), config={"displaylogo": False}, className="graph") for name in self.graphs]
-        children.append(dcc.Store(id=self.shown_id))
+        children += [dcc.Store(id=self.shown_id), dcc.Store(id=self.opened_id, data=0)]
         return html.Div([c for c in children if c is not None], className="page", id=f"page-{self.key}")
 
 
