@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic  # noqa: E402
 
 
-def run_analyze(trace_dir: Path, *args: str) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS (GB) and stdout of one ``diag analyze`` process."""
+def run_analyze(trace_dir: Path, *args: str) -> tuple[str, float, str]:
+    """"wall s (CPU s)", peak RSS (GB) and stdout of one ``diag analyze`` process. CPU time (user + system)
+    is given too because wall time on a shared machine depends on what else runs."""
     with tempfile.TemporaryFile() as out:
         start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", *args],
@@ -41,7 +42,8 @@ def run_analyze(trace_dir: Path, *args: str) -> tuple[float, float, str]:
         text = out.read().decode()
     if proc.returncode != 0:
         raise SystemExit(f"diag analyze failed with {proc.returncode}")
-    return wall_s, usage.ru_maxrss / 1e6, text  # ru_maxrss is in KiB on Linux
+    cpu_s = usage.ru_utime + usage.ru_stime
+    return f"{wall_s:.1f} s ({cpu_s:.1f} s)", usage.ru_maxrss / 1e6, text  # ru_maxrss is in KiB on Linux
 
 
 def check_planted(report: dict, plants: synthetic.Plants) -> list[str]:
@@ -92,13 +94,14 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
+    print("Times are wall (CPU user+system) per diag analyze process.")
     print("| ranks | collective rows | trace size | generate | first run | peak RSS | second run (cached report) | peak RSS | other --steps (cached tables) | peak RSS | planted problems |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for ranks in args.ranks:
         r = bench(ranks, args.steps, args.collectives_per_step, args.root)
         found = "all found" if not r["problems"] else "; ".join(r["problems"])
-        print(f"| {ranks} | {r['collective_rows']:,} | {r['trace_gb']:.2f} GB | {r['generate_s']:.1f} s | {r['first_s']:.1f} s | "
-              f"{r['first_gb']:.2f} GB | {r['second_s']:.1f} s | {r['second_gb']:.2f} GB | {r['other_steps_s']:.1f} s | "
+        print(f"| {ranks} | {r['collective_rows']:,} | {r['trace_gb']:.2f} GB | {r['generate_s']:.1f} s | {r['first_s']} | "
+              f"{r['first_gb']:.2f} GB | {r['second_s']} | {r['second_gb']:.2f} GB | {r['other_steps_s']} | "
               f"{r['other_steps_gb']:.2f} GB | {found} |", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
