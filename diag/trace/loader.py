@@ -7,7 +7,6 @@ rows appended since its last call; ``load()`` is one full read.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -130,11 +129,14 @@ def read_table_arrow(path: Path, table: Table, offset: int = 0) -> ArrowChunk:
     except OSError as exc:
         return ArrowChunk(None, offset, [Skipped(str(path), f"unreadable: {exc}")])
     end = data.rfind(b"\n") + 1  # a last line without newline is still being written
-    data = data[:end]
     skipped: list[Skipped] = []
+    start = 0
     if offset == 0:
-        marker, _, rest = data.partition(b"\n")
-        header, _, body = rest.partition(b"\n")
+        first = data.find(b"\n", 0, end)
+        header_start = end if first < 0 else first + 1
+        second = data.find(b"\n", header_start, end)
+        start = end if second < 0 else second + 1
+        marker, header = data[: end if first < 0 else first], data[header_start : end if second < 0 else second]
         parsed = parse_marker(marker.decode("utf-8", "replace"))
         if parsed is None:
             return _rejected(path, end, "not a diag trace file (no marker line)")
@@ -143,8 +145,7 @@ def read_table_arrow(path: Path, table: Table, offset: int = 0) -> ArrowChunk:
             return _rejected(path, end, f"schema version {version}, this diag reads {SCHEMA_VERSION}")
         if name != table.name or header.decode("utf-8", "replace").split(",") != table.column_names:
             return _rejected(path, end, f"header does not match table {table.name!r}")
-        data = body
-    arrow, bad = _parse_rows(data, table)
+    arrow, bad = _parse_rows(data, start, end, table)
     if bad:
         skipped.append(Skipped(str(path), "corrupt rows skipped", bad))
     return ArrowChunk(arrow, offset + end, skipped)
@@ -158,14 +159,16 @@ def _arrow_schema(table: Table) -> pa.Schema:
     return pa.schema([(c.name, _ARROW_TYPES[c.dtype]) for c in table.columns])
 
 
-def _parse_rows(data: bytes, table: Table) -> tuple[pa.Table | None, int]:
-    if not data.strip():
+def _parse_rows(data: bytes, start: int, end: int, table: Table) -> tuple[pa.Table | None, int]:
+    """Rows of ``data[start:end]``, parsed in place (a file's rows are not copied), and how many were lost."""
+    if end <= start or (end - start < 4096 and not data[start:end].strip()):
         return None, 0
-    lines = data.count(b"\n")
+    lines = data.count(b"\n", start, end)
+    rows = pa.py_buffer(memoryview(data)[start:end])
     try:
-        arrow = _parse_typed(data, table)
+        arrow = _parse_typed(rows, table)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        arrow = _parse_lenient(data, table)
+        arrow = _parse_lenient(rows, table)
     return arrow, lines - arrow.num_rows
 
 
@@ -192,15 +195,15 @@ def _drop_incomplete(arrow: pa.Table, table: Table) -> pa.Table:
     return arrow.filter(valid)
 
 
-def _parse_typed(data: bytes, table: Table) -> pa.Table:
+def _parse_typed(rows: pa.Buffer, table: Table) -> pa.Table:
     types = {c.name: _ARROW_TYPES[c.dtype] for c in table.columns}
-    return _drop_incomplete(pacsv.read_csv(io.BytesIO(data), *_csv_options(table, types)), table)
+    return _drop_incomplete(pacsv.read_csv(pa.BufferReader(rows), *_csv_options(table, types)), table)
 
 
-def _parse_lenient(data: bytes, table: Table) -> pa.Table:
+def _parse_lenient(rows: pa.Buffer, table: Table) -> pa.Table:
     """Slow path for files with garbage in a numeric field: parse as text, drop rows that do not convert."""
     types = {c.name: pa.string() for c in table.columns}
-    frame = pacsv.read_csv(io.BytesIO(data), *_csv_options(table, types)).to_pandas()
+    frame = pacsv.read_csv(pa.BufferReader(rows), *_csv_options(table, types)).to_pandas()
     for column in table.columns:
         if column.dtype != "category":
             frame[column.name] = pd.to_numeric(frame[column.name], errors="coerce")
