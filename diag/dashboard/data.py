@@ -251,7 +251,7 @@ def _concat(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
 
 
 def _record_instant_us(name: str, frame: pd.DataFrame) -> pd.Series | None:
-    if name in ("steps", "phases"):
+    if name in ("steps", "phases", "microbatches"):
         return frame["start_us"].astype("int64") + frame["duration_us"].astype("int64")
     if name == "collectives":
         return frame["start_us"].astype("int64")
@@ -439,11 +439,13 @@ def per_step_throughput(trace: Trace, times: pd.DataFrame | None) -> pd.DataFram
 
 def pipeline_degree(trace: Trace | None) -> int:
     """Pipeline-parallel degree from the manifests' layout (1 when not pipelined or unknown)."""
-    if trace is None or "parallel" not in trace.manifests:
+    if trace is None:
         return 1
-    for layout in trace.manifests["parallel"].dropna():
-        if isinstance(layout, dict) and layout.get("pp"):
-            return int(layout["pp"])
+    for key, field_name in (("pipeline", "stages"), ("parallel", "pp")):
+        if key in trace.manifests:
+            for layout in trace.manifests[key].dropna():
+                if isinstance(layout, dict) and layout.get(field_name):
+                    return int(layout[field_name])
     return 1
 
 

@@ -324,6 +324,19 @@ def gpu_summary_figure(gpus: list, selected_rank: int | None) -> go.Figure:
     return fig
 
 
+# -- pipeline -----------------------------------------------------------------------------------------------
+def bubble_figure(report) -> go.Figure:
+    """Per stage and step: busy time and idle time split into warm-up, steady and cool-down (a BubbleReport)."""
+    fig = _base("Pipeline stages: busy and idle per step", "stage", "ms per step")
+    stages = [f"stage {s.stage}" for s in report.per_stage]
+    for attr, label, color in (("busy_s", "busy", FLEET_COLOR), ("warmup_idle_s", "idle: warm-up", "#bbbbbb"), ("steady_idle_s", "idle: steady", STRAGGLER_COLOR), ("cooldown_idle_s", "idle: cool-down", "#888888")):
+        fig.add_bar(x=stages, y=_f32([1e3 * getattr(s, attr) for s in report.per_stage]), name=label, marker_color=color)
+    fig.update_layout(barmode="stack")
+    for s in report.per_stage:
+        fig.add_annotation(x=f"stage {s.stage}", y=1e3 * (s.busy_s + s.idle_s), text=f"{100 * s.bubble_fraction:.0f}% idle", showarrow=False, yshift=10)
+    return fig
+
+
 # -- shared -------------------------------------------------------------------------------------------------
 def _few_ranks_ticks(fig: go.Figure, n_ranks: int) -> None:
     if n_ranks <= 32:

@@ -284,14 +284,30 @@ def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
 
 # -- pipeline -----------------------------------------------------------------------------------------------
 def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
-    if snap.error:
-        return {"body": html.Div(f"Cannot draw this page: {snap.error}", className="missing")}
-    pp = d.pipeline_degree(snap.trace)
-    if pp <= 1:
-        text = "This run is not pipelined (no pipeline-parallel degree in the manifests) and has no pipeline records: there is no stage x time Gantt or bubble to show."
-    else:
-        text = f"The manifests give a pipeline-parallel degree of {pp}, but this version of diag records no pipeline stage records: no Gantt or bubble figure can be drawn from this trace."
-    return {"body": html.Div(text, className="missing", id="pipeline-none")}
+    page = PAGES["/pipeline"]
+    if snap.error or snap.trace is None:
+        return unavailable(page, snap.error or "the trace is still loading")
+    from diag.analysis.bubble import analyze_bubble
+    from diag.views.pipeline import gantt_figure
+
+    report = snap.memo("bubble", lambda: analyze_bubble(snap.trace))
+    if report is None:
+        pp = d.pipeline_degree(snap.trace)
+        why = "This run is not pipelined: it has no pipeline micro-batch records (microbatches.csv), so there is no stage x time Gantt or bubble to show."
+        if pp > 1:
+            why = f"The manifests give {pp} pipeline stages, but no rank recorded pipeline micro-batches (microbatches.csv): instrument the schedule with diag.instrument(schedule) to see its Gantt and bubbles."
+        out = unavailable(page, why)
+        out["body"] = html.Div(why, className="missing", id="pipeline-none")
+        return out
+    theory = f"{100 * report.theoretical_fraction:.0f}%" if report.theoretical_fraction is not None else "unknown for this schedule"
+    lines = [
+        f"{report.schedule or 'unknown schedule'}: {report.stages} stages x {report.virtual_stages} chunks, {report.microbatches} micro-batches, {report.steps_analysed} steps analysed",
+        f"Bubble: {100 * report.measured_fraction:.0f}% of the step measured, {theory} in theory ({report.theory})",
+        f"Slowest stage {report.slowest_stage}: {100 * report.slowest_stage_excess_fraction:+.0f}% busy vs the others, costs {_ms(report.slowest_stage_time_lost_per_step_s)} per step",
+        *report.notes,
+    ]
+    gantt = snap.memo("gantt", lambda: gantt_figure(snap.trace))
+    return {"body": html.Ul([html.Li(x) for x in lines], id="pipeline-summary"), "gantt": gantt, "bubbles": f.bubble_figure(report)}
 
 
 # -- triage -------------------------------------------------------------------------------------------------
@@ -334,7 +350,7 @@ PAGES: dict[str, Page] = {
         Page("/communication", "Communication", ("collectives", "bandwidth", "wait"), ("summary",), update_comms, "Collective durations and bandwidth by op and size, and how long each rank waits for its peers."),
         Page("/memory", "Memory", ("timeline", "per_rank"), ("summary",), update_memory, "Memory at the end of each step over all ranks, the selected rank's allocated and reserved, OOMs."),
         Page("/telemetry", "GPU telemetry", ("timeline", "gpus"), ("summary",), update_telemetry, "Utilisation, clocks, power, temperature and throttling of every GPU over time."),
-        Page("/pipeline", "Pipeline", (), ("body",), update_pipeline),
+        Page("/pipeline", "Pipeline", ("gantt", "bubbles"), ("body",), update_pipeline, "One step of the pipeline schedule per stage, and how long each stage idles in warm-up, steady state and cool-down."),
         Page("/triage", "Triage", (), ("body",), update_triage, "For a hung or dead job: the verdict of diag triage and the state of each rank."),
     )
 }

@@ -15,7 +15,7 @@ from diag.trace.writer import RankWriter
 browser_mod = pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e .[test])")
 from tests.dashboard import browser as b  # noqa: E402
 
-PAGE_GRAPHS = {"/": 4, "/stragglers": 4, "/communication": 3, "/memory": 2, "/telemetry": 2, "/pipeline": 0, "/triage": 0}
+PAGE_GRAPHS = {"/": 4, "/stragglers": 4, "/communication": 3, "/memory": 2, "/telemetry": 2, "/pipeline": 2, "/triage": 0}
 
 
 def make_app(trace_dir: Path, **kwargs):
@@ -91,8 +91,7 @@ def test_memory_telemetry_pipeline_and_triage_pages_show_their_problems(browser,
     assert f"Rank {planted['throttled']} " in b.text(browser, "telemetry-summary")
     gpus = b.figure(browser, "telemetry-gpus")["data"][0]
     assert gpus["x"][gpus["y"].index(min(gpus["y"]))] == planted["throttled"]  # lowest clock
-    browser.get(base + "/pipeline")
-    b.wait_for(browser, lambda d: b.text(d, "pipeline-none"), "the pipeline message")
+    b.open_page(browser, base + "/pipeline", 2)
     assert "not pipelined" in b.text(browser, "pipeline-none")
     browser.get(base + "/triage")
     b.wait_for(browser, lambda d: b.text(d, "triage-verdict") or b.text(d, "triage-none"), "the triage verdict")
@@ -119,6 +118,19 @@ def test_unknown_url_reaches_no_file(browser, synthetic_page):
     browser.get(base + "/..%2F..%2Fetc%2Fpasswd")
     b.wait_for(browser, lambda d: "No such page" in (b.text(d, "page") or ""), "the no-such-page message")
     assert "root:x:0:0" not in browser.page_source
+
+
+def test_pipeline_page_draws_the_gantt_and_names_the_slow_stage(browser, serve):
+    run = Path(__file__).resolve().parents[2] / "sample_traces" / "pipeline"  # real 4-rank 1F1B run, stage 2 slow
+    if not (run / "rank00000" / "microbatches.csv").exists():
+        pytest.skip(f"the pipeline sample run is not in {run}")
+    base = serve(make_app(run))
+    b.open_page(browser, base + "/pipeline", 2)
+    assert "Slowest stage 2" in b.text(browser, "pipeline-summary")
+    gantt = b.figure(browser, "pipeline-gantt")["data"]
+    assert {"forward", "backward"} <= {t["name"] for t in gantt}
+    busy = next(t for t in b.figure(browser, "pipeline-bubbles")["data"] if t["name"] == "busy")
+    assert busy["x"][busy["y"].index(max(busy["y"]))] == "stage 2"
 
 
 def _get(url: str, headers: dict | None = None) -> int:
