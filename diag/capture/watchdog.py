@@ -63,6 +63,7 @@ class Watchdog:
         self._signal_handled_us: dict[int, int] = {}  # signal -> when the main thread's handler ran
         self._signal_dumped_us: dict[int, int] = {}  # signal -> when its dump was written
         self._fatal_file = None
+        self._in_signal_handler = False  # a second SIGTERM must not cut the first one's dump short
         self._pid = os.getpid()  # a forked child (DataLoader worker) inherits the handlers, not the rank
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -285,8 +286,14 @@ class Watchdog:
     def _on_signal(self, signum, frame) -> None:
         """Main-thread handler: dump (unless the thread just did), then what the previous handler would do."""
         self._signal_handled_us[signum] = _now_us()
-        if self._in_owner_process():
-            self._record_signal(signum)
+        if self._in_signal_handler:
+            return  # a repeated signal interrupting our own handler: the outer call finishes the job
+        self._in_signal_handler = True
+        try:
+            if self._in_owner_process():
+                self._record_signal(signum)
+        finally:
+            self._in_signal_handler = False
         previous = self._previous_handlers.get(signum, signal.SIG_DFL)
         if callable(previous):
             previous(signum, frame)

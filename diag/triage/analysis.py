@@ -24,6 +24,7 @@ from diag.triage.sources import RankInfo, TriageInput, main_frames
 
 DEAD_MARGIN_INTERVALS = 3  # a heartbeat this many intervals older than the freshest one has stopped
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
+MAX_OTHER_HANGS = 5  # other groups' pending collectives listed as evidence
 LIBRARY_PARTS = (
     "site-packages/torch/",
     "/torch/distributed/",
@@ -73,9 +74,9 @@ def triage(data: TriageInput) -> Verdict:
     desync = _first_desync(ops)
     if desync is not None:
         return _desync_verdict(data, ops, desync, liveness)
-    hang = _oldest_hang(ops, members, data)
-    if hang is not None:
-        return _hang_verdict(data, ops, hang, liveness)
+    hangs = _hangs(ops, members, data)
+    if hangs:
+        return _hang_verdict(data, ops, hangs, liveness)
     vanished = sorted(r for r, state in liveness.items() if state == "vanished")
     if vanished:
         return _dead_without_hang(data, ops, vanished, liveness)
@@ -122,8 +123,9 @@ def _first_desync(ops: pd.DataFrame) -> tuple[str, int] | None:
     return str(pg), int(seq)
 
 
-def _oldest_hang(ops: pd.DataFrame, members: dict[str, list[int]], data: TriageInput) -> dict | None:
-    """The oldest collective pending on some rank, with the member ranks that never reached it."""
+def _hangs(ops: pd.DataFrame, members: dict[str, list[int]], data: TriageInput) -> list[dict]:
+    """Per group, the oldest collective pending on some rank, with the member ranks that never reached it;
+    those with missing ranks first, oldest first."""
     candidates = []
     for pg, group in ops.groupby("pg", observed=True):
         last_seq = group.groupby("rank")["seq"].max()
@@ -144,10 +146,10 @@ def _oldest_hang(ops: pd.DataFrame, members: dict[str, list[int]], data: TriageI
         missing = [r for r in members.get(str(pg), entered) if r not in set(entered) and last_seq.get(r, -1) < seq]
         start_us = float(at_seq["start_us"].min())
         candidates.append({"pg": str(pg), "seq": seq, "entered": entered, "missing": missing, "start_us": start_us})
-    if not candidates:
-        return None
-    hung = [c for c in candidates if c["missing"]] or candidates
-    return min(hung, key=lambda c: (c["start_us"] if c["start_us"] == c["start_us"] else float("inf"), c["pg"]))
+    return sorted(
+        candidates,
+        key=lambda c: (not c["missing"], c["start_us"] if c["start_us"] == c["start_us"] else float("inf"), c["pg"]),
+    )
 
 
 def _collective(ops: pd.DataFrame, pg: str, seq: int, ranks: list[int] | None = None) -> dict:
@@ -183,7 +185,7 @@ def _desync_verdict(data: TriageInput, ops: pd.DataFrame, key: tuple[str, int], 
         row = at_seq[at_seq["rank"] == side[0]].iloc[0]
         site = _call_site(data, ops, side[0], pg, seq) or "call site unknown"
         role = "expected" if sig == reference else "culprit"
-        evidence.append(f"  {role}: {_ranks_text(side)} called {row['op']} ({row['sizes']}, {row['dtype']}) at {site}")
+        evidence.append(f"  {role}: {_ranks_text(side)} called {row['op']} ({_payload(row)}) at {site}")
     if len(sides[reference]) == len(culprits):
         evidence.append(
             f"  (tie: {row_count_text(history, sides)}; the side issued less often before is named culprit)"
@@ -199,27 +201,76 @@ def row_count_text(history: pd.Series, sides: dict[str, list[int]]) -> str:
 # -- hangs: missing or dead ranks ----------------------------------------------------------------------------------
 
 
-def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hang: dict, liveness: dict) -> Verdict:
+def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liveness: dict) -> Verdict:
+    hang = hangs[0]
+    roots, links = _wait_chain(ops, _members(data), hang["missing"]) if hang["missing"] else ([], [])
+    # report the collective the culprits themselves never reached (the last link of a wait chain)
+    hang = next((h for h in hangs if h["missing"] and set(h["missing"]) <= set(roots)), hang)
+    others = [h for h in hangs if h is not hang and h["missing"]]
     pg, seq, missing = hang["pg"], hang["seq"], hang["missing"]
     ranks = _rank_reports(data, ops, liveness, focus=(pg, seq))
     collective = _collective(ops, pg, seq)
     waiting = hang["entered"]
     evidence = [
-        f"{_ranks_text(waiting)} entered {collective['op']} ({collective['sizes']}, {collective['dtype']}) "
+        f"{_ranks_text(waiting)} entered {collective['op']} ({_payload(collective)}) "
         f"at {_where(pg, seq)}"
         + (f" and never saw it complete; {_ranks_text(missing)} never reached it" if missing else "")
     ]
     if not missing:
         return _all_inside(data, ops, hang, ranks, liveness, evidence)
-    dead = [r for r in missing if _died_before(data.ranks[r], liveness.get(r), hang["start_us"])]
-    for rank in missing:
+    evidence += links
+    for other in others:
+        for rank in other["entered"]:
+            if rank in ranks and rank not in missing and ranks[rank].state != "dead":
+                ranks[rank].state = "waiting_in_collective"
+                where = f"in {_collective(ops, other['pg'], other['seq'])['op']} at {_where(other['pg'], other['seq'])}"
+                ranks[rank].detail = f"{where}; {ranks[rank].detail}" if ranks[rank].detail else where
+    for other in others[:MAX_OTHER_HANGS]:
+        evidence.append(
+            f"also pending: {_ranks_text(other['entered'])} at {_where(other['pg'], other['seq'])}, "
+            f"waiting for {_ranks_text(other['missing'])}"
+        )
+    dead = [r for r in roots if _died_before(data.ranks[r], liveness.get(r), hang["start_us"])]
+    for rank in sorted(set(missing) | set(roots)):
         _note_pending_elsewhere(ranks[rank], ops, rank, pg)
         evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
     evidence += _step_divergence(ops, pg, seq)
-    if dead and len(dead) == len(missing):
+    if dead and len(dead) == len(roots):
         return _verdict("dead_rank", dead, collective, ranks, evidence, data)
-    alive_first = [r for r in missing if r not in dead] + dead
+    alive_first = [r for r in roots if r not in dead] + dead
     return _verdict("missing_ranks", alive_first, collective, ranks, evidence, data)
+
+
+def _wait_chain(ops: pd.DataFrame, members: dict[str, list[int]], missing: list[int]) -> tuple[list[int], list[str]]:
+    """Follow missing ranks that are themselves waiting in another group's collective to the ranks at the
+    end of the chain (not waiting in any collective): those are the culprits. A cycle (ranks waiting on each
+    other across groups) makes every rank on it a culprit."""
+    pending = ops[~ops["completed"]].sort_values(["start_us", "seq"]).drop_duplicates("rank")
+    waits_in = {int(r["rank"]): (str(r["pg"]), int(r["seq"]), str(r["op"])) for _, r in pending.iterrows()}
+    last_seq = ops.groupby(["pg", "rank"])["seq"].max().to_dict()
+    keys = pending[["pg", "seq"]].drop_duplicates()
+    inside = ops.merge(keys, on=["pg", "seq"])  # only the collectives someone waits in, not the whole history
+    entered = set(zip(inside["pg"].astype(str), inside["seq"], inside["rank"], strict=True))
+    roots, links, seen, frontier = set(), [], set(), list(missing)
+    while frontier:
+        rank = frontier.pop()
+        if rank in seen:
+            continue
+        seen.add(rank)
+        if rank not in waits_in:
+            roots.add(rank)
+            continue
+        pg, seq, op = waits_in[rank]
+        absent = [r for r in members.get(pg, []) if (pg, seq, r) not in entered and last_seq.get((pg, r), -1) < seq]
+        if not absent:
+            roots.add(rank)  # its collective has everyone: it is not waiting for a rank
+            continue
+        links.append(f"rank {rank} is itself waiting in {op} at {_where(pg, seq)} for {_ranks_text(absent)}")
+        frontier.extend(absent)
+    if not roots:  # a cycle: nobody at the end of the chain
+        links.append(f"{_ranks_text(sorted(seen))} wait for each other across process groups (a deadlock)")
+        return sorted(set(missing)), links
+    return sorted(roots), links
 
 
 def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
@@ -484,6 +535,11 @@ def _first_int(*values) -> int | None:
         if value is not None and value == value:
             return int(value)
     return None
+
+
+def _payload(collective) -> str:
+    sizes, dtype = collective["sizes"], collective["dtype"]
+    return "no data" if str(sizes) in ("0 B", "-", "") and not dtype else f"{sizes}, {dtype}"
 
 
 def _where(pg: str, seq: int) -> str:

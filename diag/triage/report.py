@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diag.triage.analysis import RankReport, Verdict
+from diag.triage.analysis import RankReport, Verdict, _payload
 
 HEADLINES = {
     "missing_ranks": "HANG: {ranks} never reached a collective the others are waiting in",
@@ -21,9 +21,7 @@ def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
     lines = [HEADLINES[verdict.verdict].format(ranks=ranks_text)]
     if verdict.collective:
         c = verdict.collective
-        lines.append(
-            f"collective: {c['op']} seq {c['seq']} in process group {c['pg']} ({c['sizes']}, {c.get('dtype')})"
-        )
+        lines.append(f"collective: {c['op']} seq {c['seq']} in process group {c['pg']} ({_payload(c)})")
     lines.append("")
     lines.append("evidence:")
     lines += [f"  {line}" for line in verdict.evidence]

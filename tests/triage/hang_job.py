@@ -8,6 +8,8 @@ Run one process per rank (``run_job`` in conftest.py does): RANK, WORLD_SIZE, MA
   loader    rank 1's data loader blocks forever before step 3
   desync    at step 3 rank 1 calls all_gather where the others call all_reduce
   kill      rank 1 sleeps in step 3 (the test SIGKILLs it there)
+  chain     rank 2's data loader blocks before step 3; rank 1 first waits for rank 2 in a barrier of a side
+            group [1, 2]; rank 0 waits in the all_reduce for both: the culprit is rank 2, at the end of the chain
   slow      rank 1's forward takes 3 s in step 3 (longer than the hang threshold, shorter than the timeout)
 """
 
@@ -28,6 +30,7 @@ import diag
 STEPS = 6
 BAD_STEP = 3
 BAD_RANK = 1
+CHAIN_END_RANK = 2
 PG_TIMEOUT_S = float(os.environ.get("HANG_JOB_PG_TIMEOUT_S", "8"))
 SLOW_STEP_S = 3.0
 HANG_THRESHOLD_S = float(os.environ.get("HANG_JOB_THRESHOLD_S", "2"))
@@ -41,12 +44,15 @@ class Batches:
 
     def __iter__(self):
         for step in range(STEPS):
-            if self.scenario == "loader" and self.rank == BAD_RANK and step == BAD_STEP:
+            stuck_rank = {"loader": BAD_RANK, "chain": CHAIN_END_RANK}.get(self.scenario)
+            if self.rank == stuck_rank and step == BAD_STEP:
                 threading.Event().wait()  # a data loader worker that never answers
             yield torch.randn(8, 64)
 
 
-def sync_gradients(model, rank: int, step: int, scenario: str) -> None:
+def sync_gradients(model, rank: int, step: int, scenario: str, side_group=None) -> None:
+    if scenario == "chain" and rank == BAD_RANK and step == BAD_STEP:
+        dist.barrier(group=side_group)  # waits for rank 2, which is stuck in its data loader
     if scenario == "skip" and rank == BAD_RANK and step == BAD_STEP:
         return  # the bug: this rank skips its gradient sync in one step
     for param in model.parameters():
@@ -64,6 +70,7 @@ def main() -> None:
     scenario, trace_dir = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     rank = dist.get_rank()
+    side_group = dist.new_group([1, 2]) if scenario == "chain" else None  # every rank must create it
     diag.init(trace_dir, telemetry=False, hang_threshold_s=HANG_THRESHOLD_S, heartbeat_interval_s=0.5)
     model = torch.nn.Linear(64, 64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -78,7 +85,7 @@ def main() -> None:
                     time.sleep(SLOW_STEP_S)  # a slow rank, not a hung one
             model(batch).pow(2).mean().backward()
             with diag.phase("grad_sync"):
-                sync_gradients(model, rank, step, scenario)
+                sync_gradients(model, rank, step, scenario, side_group)
             optimizer.step()
             optimizer.zero_grad()
     diag.finish()

@@ -40,13 +40,18 @@ def run_scenario(scenario: str, out_dir: Path, world_size: int = WORLD_SIZE) -> 
 def _drive(scenario: str, procs: list[subprocess.Popen], trace_dir: Path) -> None:
     deadline = time.monotonic() + JOB_DEADLINE_S
     bad = procs[BAD_RANK]
+    first_stall = None
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         if scenario == "kill" and bad.poll() is None and (trace_dir / "ready_to_kill").exists():
             time.sleep(0.3)  # let it sit in the step a moment, as a real crash would hit a running rank
             bad.send_signal(signal.SIGKILL)
-        others_done = all(p.poll() is not None for i, p in enumerate(procs) if i != BAD_RANK)
-        if scenario == "loader" and others_done and bad.poll() is None and _has_stall_dump(trace_dir, BAD_RANK):
-            bad.send_signal(signal.SIGTERM)  # what a launcher does to the survivors of a failed job
+        if first_stall is None and any(_has_stall_dump(trace_dir, r) for r in range(len(procs))):
+            first_stall = time.monotonic()
+        if first_stall is not None and time.monotonic() > first_stall + PG_TIMEOUT_S + 3:
+            for proc in procs:  # past the timeout: what a launcher does to the survivors of a failed job
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            return
         time.sleep(0.2)
 
 
@@ -55,6 +60,9 @@ def _has_stall_dump(trace_dir: Path, rank: int) -> bool:
 
 
 def _end_all(procs: list[subprocess.Popen]) -> None:
+    grace_end = time.monotonic() + 10  # a rank just sent SIGTERM is writing its dump
+    while time.monotonic() < grace_end and any(p.poll() is None for p in procs):
+        time.sleep(0.1)
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()

@@ -73,6 +73,21 @@ def test_rank_stuck_in_its_data_loader_is_named_with_its_stack(runs):
     assert "SIGTERM" in "\n".join(verdict["evidence"])
 
 
+def test_culprit_is_the_rank_at_the_end_of_a_wait_chain(runs):
+    """Rank 0 waits in the all_reduce for ranks 1 and 2; rank 1 waits in a side-group barrier for rank 2;
+    rank 2 is stuck in its data loader."""
+    trace, _ = runs("chain")
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "missing_ranks"
+    assert verdict["culprit_ranks"] == [2]
+    assert verdict["collective"]["op"] == "barrier" and verdict["collective"]["pg"] != "0"  # the one rank 2 missed
+    assert verdict["ranks"]["1"]["state"] == "waiting_in_collective"  # in the barrier reported
+    assert verdict["ranks"]["0"]["state"] == "waiting_in_collective"  # in the all_reduce of group 0
+    assert verdict["ranks"]["2"]["state"] == "stuck_in_data_loader"
+    evidence = "\n".join(verdict["evidence"])
+    assert "rank 1 is itself waiting in barrier" in evidence or "also pending: rank 0 at seq" in evidence
+
+
 def test_rank_calling_all_gather_instead_of_all_reduce_is_the_desync_culprit(runs):
     trace, _ = runs("desync")
     verdict = diag_triage_json(trace)

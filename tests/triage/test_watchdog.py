@@ -90,3 +90,27 @@ def test_sigterm_in_a_forked_child_neither_dumps_nor_kills_the_parent(tmp_path):
     assert _dumps(trace / "rank00000") == []
     heartbeat = json.loads((trace / "rank00000" / "heartbeat.json").read_text())
     assert heartbeat["state"] == "finished"
+
+
+def test_sigterm_sent_twice_still_leaves_one_complete_dump(tmp_path):
+    """Launchers may repeat SIGTERM; the second must not cut the first one's dump short."""
+    trace = tmp_path / "trace"
+    proc = subprocess.Popen([sys.executable, str(JOB), "sleep", str(trace)], env=SINGLE_ENV)
+    try:
+        deadline = time.monotonic() + 60
+        while not (trace / "sleeping").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM
+    dumps = _dumps(trace / "rank00000")
+    assert [d["reason"] for d in dumps] == ["signal SIGTERM"]
+    assert dumps[0]["phase"] == "forward" and dumps[0]["step"] == 0
+    heartbeat = json.loads((trace / "rank00000" / "heartbeat.json").read_text())
+    assert heartbeat["exit"]["signal"] == "SIGTERM"

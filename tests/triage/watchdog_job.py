@@ -57,6 +57,13 @@ def fork_sigterm(trace_dir: str) -> None:
     print("child signal:", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None, flush=True)
 
 
+def sleep(trace_dir: str) -> None:
+    diag.init(trace_dir, telemetry=False, hang_threshold_s=30, heartbeat_interval_s=0.2)
+    with diag.step(), diag.phase("forward"):
+        (Path(trace_dir) / "sleeping").write_text(str(os.getpid()))
+        time.sleep(60)
+
+
 def broken_session(trace_dir: str) -> None:
     session = diag.init(trace_dir, telemetry=False, hang_threshold_s=30, heartbeat_interval_s=0.1)
 
@@ -78,5 +85,6 @@ if __name__ == "__main__":
         "blocked_sigterm": blocked_sigterm,
         "sigusr1": sigusr1,
         "fork_sigterm": fork_sigterm,
+        "sleep": sleep,
         "broken_session": broken_session,
     }[sys.argv[1]](sys.argv[2])
