@@ -24,6 +24,10 @@ from diag.triage.sources import RankInfo, TriageInput, main_frames
 
 DEAD_MARGIN_INTERVALS = 3  # a heartbeat this many intervals older than the freshest one has stopped
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
+NOTHING_TO_JUDGE = (
+    "nothing to judge: no collectives, heartbeats, hang dumps or Flight Recorder entries were found "
+    "(was diag.init run with watchdog=True?); this is no evidence that the job was healthy"
+)
 MAX_OTHER_HANGS = 5  # other groups' pending collectives listed as evidence
 LIBRARY_PARTS = (
     "site-packages/torch/",
@@ -328,6 +332,10 @@ def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness:
         slowest = _slowest_by_steps(data) or stalled[0]
         evidence.append(f"slowest rank by mean step time outside communication: {slowest}")
         return _verdict("slow", [slowest], None, ranks, evidence, data)
+    has_evidence = len(ops) or any(i.heartbeat or i.last_dump or i.fr_last for i in data.ranks.values())
+    if not has_evidence:
+        evidence = [NOTHING_TO_JUDGE]
+        return _verdict("no_problem", [], None, ranks, evidence, data)
     evidence = ["every collective seen completed on every rank that issued it"]
     evidence += [f"{n} {'rank' if n == 1 else 'ranks'} {state}" for state, n in _count_states(ranks).items()]
     return _verdict("no_problem", [], None, ranks, evidence, data)

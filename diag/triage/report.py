@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diag.triage.analysis import RankReport, Verdict, _payload
+from diag.triage.analysis import NOTHING_TO_JUDGE, RankReport, Verdict, _payload
 
 HEADLINES = {
     "missing_ranks": "HANG: {ranks} never reached a collective the others are waiting in",
@@ -18,7 +18,10 @@ STACK_FRAMES_SHOWN = 8
 def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
     culprits = verdict.culprit_ranks
     ranks_text = f"{'rank' if len(culprits) == 1 else 'ranks'} {', '.join(map(str, culprits))}" if culprits else "-"
-    lines = [HEADLINES[verdict.verdict].format(ranks=ranks_text)]
+    headline = HEADLINES[verdict.verdict].format(ranks=ranks_text)
+    if verdict.evidence[:1] == [NOTHING_TO_JUDGE]:
+        headline = "NOTHING TO JUDGE: the directory holds no collectives, heartbeats or dumps"
+    lines = [headline]
     if verdict.collective:
         c = verdict.collective
         lines.append(f"collective: {c['op']} seq {c['seq']} in process group {c['pg']} ({_payload(c)})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -184,3 +185,28 @@ def test_json_output_has_the_documented_keys(runs):
     assert set(verdict["collective"]) >= {"pg", "seq", "op", "sizes"}
     assert set(verdict["ranks"]["1"]) >= {"state", "last_step", "last_phase", "stack"}
     json.dumps(verdict)
+
+
+def test_corrupt_files_in_a_trace_are_reported_and_the_verdict_stands(runs, tmp_path):
+    trace, _ = runs("loader")
+    copy = tmp_path / "trace"
+    shutil.copytree(trace, copy)
+    (copy / "rank00000" / "fr_dump.pkl").write_bytes(pickle.dumps({"entries": [os.system]}))  # refers to code
+    (copy / "rank00002" / "fr_dump.pkl").write_bytes(b"\x80\x05 truncated")
+    verdict = diag_triage_json(copy)
+    assert verdict["verdict"] == "missing_ranks" and verdict["culprit_ranks"] == [BAD_RANK]
+    skipped = "\n".join(verdict["skipped"])
+    assert "rank00000/fr_dump.pkl: rejected pickle: refused to load posix.system" in skipped
+    assert "rank00002/fr_dump.pkl: corrupt pickle" in skipped
+
+
+def test_directory_with_nothing_usable_says_there_is_nothing_to_judge(tmp_path):
+    rank_dir = tmp_path / "rank00000"
+    rank_dir.mkdir()
+    (rank_dir / "collectives.csv").write_text("not,a,trace\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "diag", "triage", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("NOTHING TO JUDGE")
+    assert "collectives.csv: not a diag trace file" in result.stdout
