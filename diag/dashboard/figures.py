@@ -300,7 +300,7 @@ def telemetry_figure(bands: dict[str, pd.DataFrame], selected: pd.DataFrame, ran
         fig.add_scatter(x=x, y=_f32(band["median"]), line={"color": FLEET_COLOR}, name="median GPU", showlegend=i == 1, row=i, col=1)
         if len(selected) and column in selected:
             fig.add_scatter(x=_f32(selected["t_s"]), y=_f32(selected[column]), line={"color": SELECTED_COLOR}, name=f"rank {rank}'s GPU", showlegend=i == 1, row=i, col=1)
-    fig.update_layout(height=200 * len(TELEMETRY_PANELS), margin={"l": 60, "r": 20, "t": 40, "b": 40}, uirevision="keep", plot_bgcolor="white", title={"text": "GPU telemetry over time", "x": 0.01, "font": {"size": 14}}, legend={"orientation": "h", "y": 1.04})
+    fig.update_layout(height=200 * len(TELEMETRY_PANELS), margin={"l": 60, "r": 20, "t": 40, "b": 40}, uirevision="keep", plot_bgcolor="white", title={"text": "GPU telemetry over time", "x": 0.01, "font": {"size": 14}}, legend={"orientation": "h", "x": 0.35, "y": 1.06, "yanchor": "bottom"})
     fig.update_xaxes(**_AXIS)
     fig.update_yaxes(**_AXIS)
     fig.update_xaxes(title_text="s since the first sample", row=len(TELEMETRY_PANELS), col=1)

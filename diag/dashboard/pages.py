@@ -181,7 +181,7 @@ def update_stragglers(snap: d.Snapshot, rank: int | None) -> dict:
     window = times[times["step"].between(report.run.window.first_step or 0, report.run.window.last_step or 0)]
     compute = snap.memo("m_compute", lambda: d.rank_step_matrix(times, "compute_us"))
     wait = snap.memo("m_wait", lambda: d.rank_step_matrix(times, "wait_us"))
-    # colour range from the analysed window, so warm-up steps do not wash the straggler out
+    # colour range from the analysed window's rank medians, so warm-up steps and spikes do not wash it out
     zmax_compute = snap.memo("z_compute", lambda: _zmax_ms(window, "compute_us"))
     zmax_wait = snap.memo("z_wait", lambda: _zmax_ms(window, "wait_us"))
     quantiles = snap.memo("q_busy", lambda: d.per_rank_quantiles(window if len(window) else times, "busy_us"))
@@ -195,7 +195,13 @@ def update_stragglers(snap: d.Snapshot, rank: int | None) -> dict:
 
 
 def _zmax_ms(frame: pd.DataFrame, column: str) -> float | None:
-    return float(frame[column].max()) / 1e3 if len(frame) else None
+    """Top of a heatmap's colour scale: 10% above the highest rank median, so a persistent straggler is near
+    the top of the scale and the others below it, while spikes (and warm-up) saturate instead of flattening
+    everything else."""
+    if not len(frame):
+        return None
+    top_us = float(frame.groupby("rank")[column].median().max())
+    return 1.1 * top_us / 1e3 if top_us > 0 else None
 
 
 def _stragglers_text(report) -> html.Div:
@@ -268,7 +274,10 @@ def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
     if reason:
         return unavailable(PAGES["/telemetry"], reason)
     tel = snap.memo("tel", lambda: d.telemetry_frame(snap.trace))
-    bands = snap.memo("tel_bands", lambda: {c: d.fleet_band(tel, "t_s", c) for c, _ in f.TELEMETRY_PANELS})
+    # one window per sampling interval (about one sample of every GPU in each): finer windows would hold
+    # only some GPUs and the band would jump between them
+    windows = int(min(500, tel.groupby("rank").size().median())) if len(tel) else 1
+    bands = snap.memo("tel_bands", lambda: {c: d.fleet_band(tel, "t_s", c, max_points=windows) for c, _ in f.TELEMETRY_PANELS})
     report = snap.report.telemetry
     lines = [report.note] if report.note else []
     for g in [g for g in report.gpus if g.throttled or g.hot or g.ecc_uncorrected or g.xids][:10]:

@@ -58,9 +58,9 @@ def main() -> None:
             driver.find_element("id", f"nav-{key}").click()
             b.wait_for(driver, lambda d, key=key: d.find_elements("id", f"page-{key}"), f"page {key}")
             time.sleep(2.5)  # figures drawn and the selection applied
-            height = driver.execute_script("return document.body.scrollHeight")
-            driver.set_window_size(1280, max(900, height + 20))
-            time.sleep(0.5)
+            height = driver.execute_script("return document.documentElement.scrollHeight")
+            driver.set_window_size(1280, max(900, height + 150))  # the window's frame takes some of it
+            time.sleep(1.0)
             path = HERE / f"{args.prefix}{key}.png"
             driver.save_screenshot(str(path))
             driver.set_window_size(1280, 900)
