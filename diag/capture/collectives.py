@@ -131,6 +131,12 @@ class CollectiveRecorder:
         else:
             self._write(entry, duration_us)
 
+    def completed_untimed(self, token: int) -> None:
+        """Issued, but its completion cannot be observed: write it with an empty duration."""
+        entry = self._pending.pop(token, None)
+        if entry is not None:
+            self._write(entry, None)
+
     def abandon(self, token: int) -> None:
         """The call raised before anything was issued: forget it."""
         self._pending.pop(token, None)
@@ -392,11 +398,17 @@ def _finish(recorder: CollectiveRecorder, token: int, group, result, blocking: b
         recorder.issued(token, group)
         if blocking or result is None:
             recorder.completed(token)
-        else:
-            result.get_future().then(lambda _fut: _safely(recorder.completed, token))
+            return
     except Exception as exc:
         recorder.abandon(token)
-        warn_once("collective-finish", f"could not time a collective ({exc!r})")
+        warn_once("collective-finish", f"could not record a collective ({exc!r})")
+        return
+    try:
+        future = result.get_future()
+    except RuntimeError:  # gloo's isend/irecv works have no future: recorded, with no duration
+        recorder.completed_untimed(token)
+        return
+    future.then(lambda _fut: _safely(recorder.completed, token))
 
 
 def _safely(function, *args) -> None:

@@ -73,6 +73,10 @@ for batch in diag.wrap_loader(batches):
                 dist.recv(torch.zeros(3), src=peer)
                 dist.send(torch.ones(3), dst=peer)
                 explicit_ops += [("recv", 12, peer), ("send", 12, peer)]
+            works = [dist.isend(torch.ones(6), dst=peer), dist.irecv(torch.zeros(6), src=peer)]
+            for work in works:
+                work.wait()
+            explicit_ops += [("send", 24, peer), ("recv", 24, peer)]
             dist.barrier()
             explicit_ops.append(("barrier", 0, None))
 
