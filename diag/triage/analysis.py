@@ -265,6 +265,12 @@ def _wait_chain(ops: pd.DataFrame, members: dict[str, list[int]], missing: list[
             roots.add(rank)
             continue
         pg, seq, op = waits_in[rank]
+        if pg not in members:  # gloo dumps describe only the default group: who else belongs is unknown
+            links.append(
+                f"{_ranks_text([rank])} is itself waiting in {op} at {_where(pg, seq)}, whose members are unknown"
+            )
+            roots.add(rank)
+            continue
         absent = [r for r in members.get(pg, []) if (pg, seq, r) not in entered and last_seq.get((pg, r), -1) < seq]
         if not absent:
             roots.add(rank)  # its collective has everyone: it is not waiting for a rank
