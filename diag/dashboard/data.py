@@ -115,15 +115,15 @@ class LiveTrace:
                 self._tables[name] = new if old is None or old.empty else _concat(old, new)
             elif name not in self._tables:
                 self._tables[name] = new
-        for key, store in (("manifests", self._manifests), ("heartbeats", self._heartbeats)):
-            for record in data[key].to_dict("records") if len(data[key]) else []:
-                if store.get(int(record["rank"])) != record:
-                    store[int(record["rank"])] = record
-                    changed = True
-        for record in self._heartbeats.values():
-            rank, t_us = int(record["rank"]), record.get("time_us")
-            if isinstance(t_us, int | float) and not pd.isna(t_us):
-                self._last_record_us[rank] = max(self._last_record_us.get(rank, 0), int(t_us))
+        for record in _records(data["manifests"]):
+            if self._manifests.get(record["rank"]) != record:  # a new rank, or finished: re-analyse
+                self._manifests[record["rank"]] = record
+                changed = True
+        # heartbeats are rewritten by the watchdog thread even while training is stuck: they say the process
+        # lives (triage uses them), not that the rank makes progress, so they count neither as new data nor
+        # for staleness
+        for record in _records(data["heartbeats"]):
+            self._heartbeats[record["rank"]] = record
         if len(data["events"]):
             self._events.append(data["events"])
             changed = True
@@ -239,6 +239,19 @@ class LiveTrace:
                 self.refresh()
             except Exception:  # keep polling: a bad read now may be a good one later
                 traceback.print_exc()
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    """Rows as dicts without the NaNs a frame of differing JSON files fills in (NaN != NaN would make
+    every poll look like a change)."""
+    if frame.empty:
+        return []
+    out = []
+    for record in frame.to_dict("records"):
+        clean = {k: v for k, v in record.items() if not (isinstance(v, float) and np.isnan(v))}
+        clean["rank"] = int(clean["rank"])
+        out.append(clean)
+    return out
 
 
 def _concat(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:

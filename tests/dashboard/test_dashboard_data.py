@@ -126,3 +126,17 @@ def test_binding_beyond_loopback_is_detected():
 
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+
+
+def test_manifests_with_different_keys_and_fresh_heartbeats_are_not_new_data(tmp_path):
+    """Otherwise every poll would re-run the whole analysis of a large run that is not writing anything."""
+    for r in range(2):
+        w = RankWriter(tmp_path / f"rank{r:05d}")
+        w.write_manifest({**_manifest(r, False), **({"pipeline": None, "extra": 1} if r else {})})
+        _steps(w, range(3), 1.0)
+        w.write_heartbeat({"rank": r, "time_us": 1_795_000_010_000_000, "state": "running"})
+    live = d.LiveTrace(tmp_path, triage=False)
+    assert live.refresh()
+    for r in range(2):
+        RankWriter(tmp_path / f"rank{r:05d}").write_heartbeat({"rank": r, "time_us": 1_795_000_020_000_000, "state": "running"})
+    assert not live.refresh()
