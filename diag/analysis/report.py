@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from diag.analysis import findings as fnd
+from diag.analysis.bubble import BubbleReport, analyze_bubble, bubble_finding, gantt_rows
 from diag.analysis.comms import CommsReport, analyze_comms, collective_waits, wait_per_rank_step
 from diag.analysis.memory import MemoryReport, analyze_memory
 from diag.analysis.mfu import MfuReport, analyze_mfu
@@ -63,6 +64,8 @@ class Report:
     memory: MemoryReport
     telemetry: TelemetryReport
     timeline: Timeline
+    bubble: BubbleReport | None = None  # None for runs without pipeline parallelism
+    pipeline_timeline: list[dict] = field(default_factory=list)  # one step's actions per stage, for the Gantt
 
     def to_state(self) -> dict:
         """Everything in the Report, JSON-safe and structured like the dataclasses, for ``from_state``."""
@@ -88,6 +91,7 @@ class Report:
             "memory": _plain(self.memory),
             "telemetry": {"per_gpu": _plain(self.telemetry.gpus), "note": self.telemetry.note},
             "timeline": _plain(self.timeline),
+            "bubble": _plain(self.bubble.to_dict()) if self.bubble is not None else None,
         }
 
 
@@ -113,8 +117,13 @@ def analyze(trace: Trace, steps: str | tuple | None = None, peak_tflops: float |
     step_s = mfu.step_time_median_s
     found = fnd.straggler_findings(stragglers, times, step_s) + fnd.exposed_time_findings(comms, times, step_s)
     found += fnd.telemetry_findings(telemetry, stragglers) + fnd.memory_findings(memory) + fnd.mfu_findings(mfu)
+    bubble = analyze_bubble(trace, window.step_indices) if len(trace.microbatches) else None
+    if (finding := bubble_finding(bubble)) is not None:
+        found.append(fnd.Finding(**finding))
+    pipeline_timeline = gantt_rows(trace).to_dict("records") if bubble is not None else []
     run = _run_info(trace, window, ranks_info)
-    return Report(run, fnd.rank_findings(found), stragglers, mfu, comms, memory, telemetry, _timeline(times.frame, hosts))
+    timeline = _timeline(times.frame, hosts)
+    return Report(run, fnd.rank_findings(found), stragglers, mfu, comms, memory, telemetry, timeline, bubble, pipeline_timeline)
 
 
 def _ranks_info(trace: Trace) -> pd.DataFrame:

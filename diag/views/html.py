@@ -12,7 +12,8 @@ def render_html(report) -> str:
     import plotly.graph_objects as go  # only the HTML view needs plotly
 
     figures = [f for f in (_step_figure(go, report), _rank_figure(go, report), _mfu_figure(go, report),
-                           _comms_figure(go, report), _memory_figure(go, report), _telemetry_figure(go, report)) if f is not None]
+                           _comms_figure(go, report), _memory_figure(go, report), _telemetry_figure(go, report),
+                           _pipeline_figure(report)) if f is not None]
     parts = []
     for i, fig in enumerate(figures):
         fig.update_layout(height=380, margin={"l": 60, "r": 20, "t": 50, "b": 50})
@@ -41,6 +42,16 @@ def _section(block) -> str:
         rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in block.table[1:])
         out.append(f"<table><tr>{head}</tr>{rows}</table>")
     return "\n".join(out)
+
+
+def _pipeline_figure(report):
+    if not report.pipeline_timeline:
+        return None
+    import pandas as pd
+
+    from diag.views.pipeline import gantt_figure_from_rows
+
+    return gantt_figure_from_rows(pd.DataFrame(report.pipeline_timeline))
 
 
 def _step_figure(go, report):

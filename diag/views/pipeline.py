@@ -7,6 +7,7 @@ stages x chunks x micro-batches x 3 bars. The rows come from ``diag.analysis.bub
 
 from __future__ import annotations
 
+import pandas as pd
 import plotly.graph_objects as go
 
 from diag.analysis.bubble import gantt_rows
@@ -21,7 +22,11 @@ IDLE_COLOUR = "#e5e5e5"
 
 
 def gantt_figure(trace, step: int | None = None) -> go.Figure:
-    rows = gantt_rows(trace, step)
+    return gantt_figure_from_rows(gantt_rows(trace, step))
+
+
+def gantt_figure_from_rows(rows: pd.DataFrame) -> go.Figure:
+    """The timeline from ``gantt_rows`` (or a Report's ``pipeline_timeline`` as a DataFrame)."""
     figure = go.Figure()
     if rows.empty:
         figure.update_layout(title="Pipeline timeline: no micro-batches recorded")

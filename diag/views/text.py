@@ -18,7 +18,10 @@ class Block:
 
 
 def blocks(report) -> list[Block]:
-    return [_run(report), _findings(report), _stragglers(report), _mfu(report), _comms(report), _memory(report), _telemetry(report)]
+    out = [_run(report), _findings(report), _stragglers(report), _mfu(report), _comms(report), _memory(report), _telemetry(report)]
+    if report.bubble is not None:
+        out.append(_bubble(report))
+    return out
 
 
 def render_text(report) -> str:
@@ -218,3 +221,21 @@ def _telemetry(report) -> Block:
             ",".join(sorted(g.throttle_share)) or "-", errors,
         ])
     return block
+
+
+def _bubble(report) -> Block:
+    bubble = report.bubble
+    theory = "unknown" if bubble.theoretical_fraction is None else pct(bubble.theoretical_fraction)
+    lines = [
+        f"schedule {bubble.schedule or 'unknown'}: {bubble.stages} stages, {bubble.virtual_stages} chunk(s) per rank, "
+        f"{bubble.microbatches} micro-batches; {bubble.steps_analysed} steps analysed",
+        f"bubble: measured {pct(bubble.measured_fraction)} of a {ms(bubble.step_span_s)} step, theory {theory} ({bubble.theory})",
+        f"slowest stage {bubble.slowest_stage}: +{pct(bubble.slowest_stage_excess_fraction)} busy vs the others, "
+        f"costs {ms(bubble.slowest_stage_time_lost_per_step_s)}/step",
+        *bubble.notes,
+    ]
+    table = [["stage", "ranks", "busy", "idle", "bubble", "warm-up idle", "steady idle", "cool-down idle"]]
+    for stage in bubble.per_stage:
+        table.append([str(stage.stage), _ranks(stage.ranks), ms(stage.busy_s), ms(stage.idle_s),
+                      pct(stage.bubble_fraction), ms(stage.warmup_idle_s), ms(stage.steady_idle_s), ms(stage.cooldown_idle_s)])
+    return Block("Pipeline bubbles", lines, table)
