@@ -140,3 +140,67 @@ def test_manifests_with_different_keys_and_fresh_heartbeats_are_not_new_data(tmp
     for r in range(2):
         RankWriter(tmp_path / f"rank{r:05d}").write_heartbeat({"rank": r, "time_us": 1_795_000_020_000_000, "state": "running"})
     assert not live.refresh()
+
+
+def test_a_run_that_has_not_started_yet_is_picked_up_when_it_writes(tmp_path):
+    live = d.LiveTrace(tmp_path, triage=False)
+    live.refresh()
+    assert "no diag traces" in live.snapshot.error
+    w = RankWriter(tmp_path / "rank00000")
+    w.write_manifest(_manifest(0, False))
+    _steps(w, range(2), 1.0)
+    assert live.refresh()
+    assert live.snapshot.error is None and len(live.snapshot.trace.steps) == 2
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_command_beyond_loopback_warns_and_requires_its_token(tmp_path):
+    import os
+    import signal
+    import time
+    import urllib.error
+    import urllib.request
+
+    from tests.dashboard.conftest import REPO
+
+    port = _free_port()
+    env = {**os.environ, "DIAG_DASHBOARD_TOKEN": "tok-123"}
+    cmd = [sys.executable, "-m", "diag", "dashboard", str(REPO / "sample_traces" / "straggler"), "--host", "0.0.0.0", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines = []
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not any("Serving on" in x for x in lines):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+        output = "".join(lines)
+        assert "WARNING: binding 0.0.0.0" in output and "?token=tok-123" in output, output
+
+        def status(url: str) -> int:
+            for _ in range(50):
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as response:
+                        return response.status
+                except urllib.error.HTTPError as exc:
+                    return exc.code
+                except urllib.error.URLError:
+                    time.sleep(0.2)  # the server prints before it listens
+            raise AssertionError(f"no server at {url}")
+
+        assert status(f"http://127.0.0.1:{port}/") == 403
+        assert status(f"http://127.0.0.1:{port}/?token=tok-123") == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
