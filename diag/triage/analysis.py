@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from diag.triage.flight_recorder import is_library_file
 from diag.triage.sources import RankInfo, TriageInput, main_frames
 
 DEAD_MARGIN_INTERVALS = 3  # a heartbeat this many intervals older than the freshest one has stopped
@@ -29,22 +30,13 @@ NOTHING_TO_JUDGE = (
     "(was diag.init run with watchdog=True?); this is no evidence that the job was healthy"
 )
 MAX_OTHER_HANGS = 5  # other groups' pending collectives listed as evidence
-LIBRARY_PARTS = (
-    "site-packages/torch/",
-    "/torch/distributed/",
-    "/torch/nn/",
-    "/torch/utils/",
-    "/diag/",
-    "/threading.py",
-)
 DATA_LOADER_FUNCTIONS = ("__next__", "_next_data", "_get_data", "_try_get_data", "wrap_loader")
 BARRIER_FUNCTIONS = ("barrier", "monitored_barrier", "_store_based_barrier")
 
 
 @dataclass
 class RankReport:
-    state: str  # waiting_in_collective, stuck_in_data_loader, stuck_in_compute, stuck_in_collective,
-    # stuck_in_barrier, dead, finished, exited, running, no_data
+    state: str  # see docs/triage.md "Rank states"
     last_step: int | None = None
     last_phase: str | None = None
     stack: list[str] = field(default_factory=list)  # main thread, outermost first: "file:line in function"
@@ -498,7 +490,7 @@ def _describe(report: RankReport) -> str:
 
 def _user_frame(stack: list[str]) -> str:
     for entry in reversed(stack):
-        if not any(part in entry for part in LIBRARY_PARTS):
+        if not is_library_file(entry):
             return entry
     return stack[-1] if stack else ""
 

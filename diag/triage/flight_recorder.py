@@ -22,7 +22,15 @@ MAX_DUMP_BYTES = 2 << 30  # refuse to read more than this into memory
 TRAILING_RANK_RE = re.compile(r"^(.*?)(\d+)(\.pkl|\.pickle|\.json)?$")
 DEFAULT_PG = "0"  # c10d names the default process group "0"
 # Frames from these paths are the machinery under a call, not the call site a user wants to see.
-LIBRARY_PATH_PARTS = ("site-packages/torch/", "/torch/distributed/", "/torch/nn/", "/diag/capture/", "<frozen ")
+LIBRARY_PATH_PARTS = (
+    "site-packages/torch/",
+    "/torch/distributed/",
+    "/torch/nn/",
+    "/torch/utils/",
+    "/diag/capture/",
+    "<frozen ",
+    "/threading.py",
+)
 
 
 class DumpRejected(Exception):
@@ -85,12 +93,13 @@ class FREntry:
     def call_site(self) -> str:
         """The first frame outside torch: where user code issued the op."""
         for name, filename, line in self.frames:
-            if not _is_library_file(filename):
+            if not is_library_file(filename):
                 return f"{filename}:{line} in {name}"
         return ""
 
 
-def _is_library_file(filename: str) -> bool:
+def is_library_file(filename: str) -> bool:
+    """Frames the user did not write (torch, diag's wrappers, threading): skipped to find a call site."""
     return any(part in filename for part in LIBRARY_PATH_PARTS)
 
 
