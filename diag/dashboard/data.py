@@ -329,19 +329,15 @@ def _manifest_values(trace: Trace, key: str, ranks: list[int]) -> pd.Series:
 
 
 def step_times(trace: Trace, report) -> pd.DataFrame | None:
-    """Per (rank, step) compute and wait over every recorded step, with the same split the straggler
-    analysis uses (``rank_step_times``); waits come from collectives only when steps.csv has none."""
+    """Per (rank, step) compute and wait over every recorded step (the analysis keeps only its window), with
+    the straggler analysis's own split (``rank_step_times``, fed as ``analyze`` feeds it)."""
     from diag.analysis.comms import collective_waits, wait_per_rank_step
     from diag.analysis.stragglers import rank_step_times
 
-    steps = trace.steps
-    if steps.empty:
+    if trace.steps.empty:
         return None
-    coll_wait = None
-    if not steps["comm_wait_us"].any() and len(trace.collectives):
-        waits = collective_waits(trace.collectives)
-        coll_wait = wait_per_rank_step(waits) if waits is not None else None
-    return rank_step_times(steps, coll_wait).frame
+    waits = collective_waits(trace.collectives) if len(trace.collectives) else None
+    return rank_step_times(trace.steps, wait_per_rank_step(waits) if waits is not None else None).frame
 
 
 # -- aggregation for figures --------------------------------------------------------------------------------

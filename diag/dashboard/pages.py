@@ -299,7 +299,8 @@ def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
     from diag.analysis.bubble import analyze_bubble
     from diag.views.pipeline import gantt_figure
 
-    report = snap.memo("bubble", lambda: analyze_bubble(snap.trace))
+    # the Report carries the bubble report; without one (no steps yet) ask the bubble analysis directly
+    report = snap.memo("bubble", lambda: snap.report.bubble if snap.report is not None else analyze_bubble(snap.trace))
     if report is None:
         pp = d.pipeline_degree(snap.trace)
         why = "This run is not pipelined: it has no pipeline micro-batch records (microbatches.csv), so there is no stage x time Gantt or bubble to show."
