@@ -128,3 +128,19 @@ def test_non_dump_files_are_rejected_with_reasons(tmp_path):
         with pytest.raises(DumpRejected, match=reason):
             load_dump(tmp_path / name)
     assert read_dump_file(tmp_path / "json_2") == [1, 2]
+
+
+def test_real_nccl_dump_directory_is_triaged_without_torchs_analyser(gpu_fixtures, tmp_path):
+    """The H100 NCCL dump (842 completed entries), named as TORCH_NCCL_DEBUG_INFO_TEMP_FILE names dumps."""
+    (tmp_path / "nccl_trace_rank_0").write_bytes((gpu_fixtures / NCCL_PICKLE).read_bytes())
+    result = subprocess.run(
+        [sys.executable, "-m", "diag", "triage", str(tmp_path), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["verdict"] == "no_problem" and verdict["skipped"] == []
+    assert verdict["ranks"]["0"]["state"] == "all_collectives_done"
+    assert verdict["ranks"]["0"]["detail"].startswith("last collective issued: broadcast seq 842 in group 0")

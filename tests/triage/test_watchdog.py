@@ -10,9 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from diag.launch import start_ranks
 from tests.triage.jobs import _end_all
 
+pytestmark = pytest.mark.slow  # real processes, a few seconds each
 JOB = Path(__file__).with_name("watchdog_job.py")
 SINGLE_ENV = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
 
