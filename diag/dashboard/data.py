@@ -71,6 +71,11 @@ class LiveTrace:
         self.triage_enabled = triage
         self._reader = TraceReader(self.trace_dir)
         self._tables: dict[str, pd.DataFrame] = {}
+        self._pending: dict[str, list[pd.DataFrame]] = {}  # rows read since the last publication
+        self._dirty = False  # something was read that the published snapshot lacks
+        # When analysing takes long (a large run), publish at most every twice that: the poll thread keeps
+        # reading what is appended in between, and callbacks keep drawing the last snapshot.
+        self._next_publish_s = 0.0
         self._manifests: dict[int, dict] = {}
         self._heartbeats: dict[int, dict] = {}
         self._events: list[pd.DataFrame] = []
@@ -98,7 +103,8 @@ class LiveTrace:
         if not self._ranks:
             self._publish_error(f"no diag traces in {self.trace_dir}: expected rank00000/, rank00001/, ... sub-directories written by diag.init")
             return False
-        if changed or self.snapshot.trace is None:
+        self._dirty |= changed
+        if self._dirty and (self.snapshot.trace is None or time.monotonic() >= self._next_publish_s):
             self._publish()
             return True
         self._publish_states_only()
@@ -111,8 +117,7 @@ class LiveTrace:
             if len(new):
                 changed = True
                 self._note_records(name, new)
-                old = self._tables.get(name)
-                self._tables[name] = new if old is None or old.empty else _concat(old, new)
+                self._pending.setdefault(name, []).append(new)
             elif name not in self._tables:
                 self._tables[name] = new
         for record in _records(data["manifests"]):
@@ -145,6 +150,10 @@ class LiveTrace:
             self._last_record_us[int(rank)] = max(self._last_record_us.get(int(rank), 0), int(t_us))
 
     def _trace(self) -> Trace:
+        for name, parts in self._pending.items():  # appended once per publication, not once per poll
+            old = self._tables.get(name)
+            self._tables[name] = _concat([old, *parts] if old is not None and len(old) else parts)
+        self._pending.clear()
         events = pd.concat(self._events, ignore_index=True) if self._events else pd.DataFrame()
         data = {
             **self._tables,
@@ -158,6 +167,8 @@ class LiveTrace:
 
     # -- publishing ---------------------------------------------------------------------------------------
     def _publish(self) -> None:
+        started = time.monotonic()
+        self._dirty = False
         trace = self._trace()
         snap = Snapshot(version=0, trace_dir=self.trace_dir, trace=trace, loaded_at_s=time.time())
         snap.last_new_rows_s = self._last_new_rows_s
@@ -176,6 +187,8 @@ class LiveTrace:
         snap.triage, snap.triage_note = self._triage_result
         if self.prepare is not None:
             self.prepare(snap)
+        took_s = time.monotonic() - started
+        self._next_publish_s = time.monotonic() + (2 * took_s if took_s > 1.0 else 0.0)
         with self._lock:
             snap.version = self.snapshot.version + 1
             self.snapshot = snap
@@ -254,11 +267,14 @@ def _records(frame: pd.DataFrame) -> list[dict]:
     return out
 
 
-def _concat(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
-    """Append rows, keeping category columns categorical (concat of different categories gives object)."""
-    out = pd.concat([old, new], ignore_index=True)
-    for column in new.columns:
-        if isinstance(new[column].dtype, pd.CategoricalDtype) and not isinstance(out[column].dtype, pd.CategoricalDtype):
+def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """Rows of ``parts`` in order, keeping category columns categorical (concat of different categories
+    gives object)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = pd.concat(parts, ignore_index=True)
+    for column in parts[-1].columns:
+        if isinstance(parts[-1][column].dtype, pd.CategoricalDtype) and not isinstance(out[column].dtype, pd.CategoricalDtype):
             out[column] = out[column].astype("category")
     return out
 

@@ -204,3 +204,24 @@ def test_command_beyond_loopback_warns_and_requires_its_token(tmp_path):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_slow_analysis_publishes_less_often_but_loses_no_rows(tmp_path):
+    """A large run's analysis takes seconds: rows read in between wait for the next publication."""
+    import time
+
+    w = RankWriter(tmp_path / "rank00000")
+    w.write_manifest(_manifest(0, False))
+    _steps(w, range(3), 1.0)
+    live = d.LiveTrace(tmp_path, triage=False)
+    live.prepare = lambda snap: time.sleep(1.1)  # stands for an analysis that takes over a second
+    assert live.refresh()
+    _steps(w, range(3, 5), 1.0)
+    assert not live.refresh()  # read, but the next publication is 2 x 1.1 s away
+    assert len(live.snapshot.trace.steps) == 3
+    _steps(w, range(5, 7), 1.0)
+    live.refresh()
+    live._next_publish_s = 0.0  # that time has come
+    live.prepare = None
+    assert live.refresh()
+    assert live.snapshot.trace.steps["step"].tolist() == list(range(7))
