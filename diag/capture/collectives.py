@@ -63,6 +63,7 @@ class PendingCollective:
     start_ns: int  # perf_counter_ns, for the duration
     blocking: bool
     source: str
+    c10d_seq_before: int  # the group's c10d counter before the call: tells whether a failed call was issued
 
     def as_dict(self) -> dict:
         return {
@@ -91,10 +92,11 @@ class CollectiveRecorder:
     def begin(self, op: str, group, tensors, peer, blocking: bool, source: str) -> int:
         nbytes, dtype = _size_of(tensors)
         pg_name = self._pg_name(group)
+        c10d_seq = _sequence_number(group)
         entry = PendingCollective(
             step=self.session.current_step_or_none(),
             pg=pg_name,
-            seq=-1,
+            seq=self._expected_sequence_number(pg_name, op, c10d_seq),  # known while a blocking call hangs
             op=op,
             bytes=nbytes,
             dtype=dtype,
@@ -103,6 +105,7 @@ class CollectiveRecorder:
             start_ns=time.perf_counter_ns(),
             blocking=blocking,
             source=source,
+            c10d_seq_before=c10d_seq,
         )
         token = next(self._ids)
         self._pending[token] = entry
@@ -130,6 +133,16 @@ class CollectiveRecorder:
             self.device_times.host_done((entry.pg, entry.seq), entry, duration_us)
         else:
             self._write(entry, duration_us)
+
+    def failed(self, token: int, group) -> None:
+        """The call raised (a timeout, a closed peer, bad arguments). If the group's counter moved it was issued:
+        keep it, with no duration, so the trace shows what the rank was doing; otherwise forget it."""
+        entry = self._pending.get(token)
+        if entry is not None and _sequence_number(group) > entry.c10d_seq_before >= 0:
+            self.issued(token, group)
+            self.completed_untimed(token)
+        else:
+            self.abandon(token)
 
     def completed_untimed(self, token: int) -> None:
         """Issued, but its completion cannot be observed: write it with an empty duration."""
@@ -188,6 +201,14 @@ class CollectiveRecorder:
                 entry.source,
             ),
         )
+
+    def _expected_sequence_number(self, pg_name: str, op: str, c10d_seq: int) -> int:
+        """The number the op will get once issued (see ``_sequence_number``)."""
+        if op in ("send", "recv"):
+            return self._p2p_counts.get(pg_name, 0) + 1
+        if c10d_seq < 0:
+            return -1
+        return c10d_seq + 1 - (self._p2p_counts.get(pg_name, 0) if self._counts_p2p_in_seq.get(pg_name) else 0)
 
     def _sequence_number(self, entry: PendingCollective, group) -> int:
         """Number ops as Flight Recorder does: collectives by the group's collective counter, point-to-point
@@ -381,7 +402,7 @@ def _make_wrapper(name: str, original):
             result = original(*args, **kwargs)
         except BaseException:
             if token is not None:
-                recorder.abandon(token)
+                _safely(recorder.failed, token, group)
             raise
         finally:
             _local.depth -= 1

@@ -247,18 +247,20 @@ class Session:
     def step(self, index: int | None = None, samples: int | None = None, tokens: int | None = None):
         started = self._begin_step(index)
         counter = self._flop_counter() if started else None
+        completed = False
         try:
             if counter is None:
                 yield self
             else:
                 with counter:
                     yield self
+            completed = True
         except BaseException as exc:
             self._on_step_error(exc)
             raise
         finally:
             if started:
-                self._end_step(samples, tokens)
+                self._end_step(samples, tokens, completed)
             if counter is not None:
                 self._record_counted_flops(counter)
 
@@ -293,7 +295,9 @@ class Session:
             warn_once("step-begin", f"step timing failed ({exc!r})")
             return False
 
-    def _end_step(self, samples, tokens) -> None:
+    def _end_step(self, samples, tokens, completed: bool) -> None:
+        """Write the step's rows (a failed step's too: its time was spent). Only a completed step becomes
+        ``last_step``, which hang triage reads as the last step this rank finished."""
         try:
             step = self.current_step
             duration_us = (time.perf_counter_ns() - self._step_start_ns) / 1000
@@ -318,7 +322,9 @@ class Session:
         except Exception as exc:
             warn_once("step-end", f"step recording failed ({exc!r})")
         finally:
-            self.last_step, self.current_step, self.step_started_us = self.current_step, None, None
+            if completed:
+                self.last_step = self.current_step
+            self.current_step = self.step_started_us = None
             self._phase_us = {}
             self._data_wait_us = self._comm_wait_us = 0.0
             self.current_phase = None

@@ -152,7 +152,7 @@ class RankWriter:
         if not self.enabled:
             return
         path = self.rank_dir / name
-        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp = path.with_name(f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one per writing thread
         try:
             tmp.write_text(json.dumps(payload, indent=1, default=str))
             os.replace(tmp, path)

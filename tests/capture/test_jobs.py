@@ -171,3 +171,14 @@ def test_single_process_job_without_process_group(tmp_path):
     assert trace.ranks_found == [0] and trace.steps["step"].tolist() == [0, 1, 2]
     assert trace.collectives.empty
     assert trace.manifest(0)["clock_offset_us"] == 0.0
+
+
+def test_collective_that_fails_is_recorded_without_duration(tmp_path):
+    results = run_ranks([str(JOBS / "capture_job.py"), str(tmp_path), "failing", "1"], WORLD, timeout_s=120)
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    assert "all_reduce failed" in results[0].stdout
+    colls = diag.load(tmp_path).collectives
+    rank0 = colls[colls["rank"] == 0].sort_values("seq")
+    assert rank0["bytes"].tolist() == [16, 32]
+    assert rank0["duration_us"].notna().tolist() == [True, False]
+    assert rank0["seq"].diff().dropna().tolist() == [1]  # numbered like the one before it

@@ -18,7 +18,7 @@ from diag.capture.flight_recorder import own_dump
 trace_dir, mode, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 distributed = mode != "plain"
 if distributed:
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=10))
 rank = dist.get_rank() if distributed else 0
 world = dist.get_world_size() if distributed else 1
 torch.manual_seed(0)
@@ -38,6 +38,19 @@ elif mode == "fsdp":
     fully_shard(model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 diag.instrument(model, optimizer)
+
+if mode == "failing":  # rank 1 leaves; rank 0's next all_reduce fails: it must still be in rank 0's trace
+    dist.all_reduce(torch.ones(4))
+    if rank == 1:
+        diag.finish()
+        os._exit(0)
+    time.sleep(1)
+    try:
+        dist.all_reduce(torch.ones(8))
+    except RuntimeError as exc:
+        print("all_reduce failed:", type(exc).__name__, flush=True)
+    diag.finish()
+    sys.exit(0)
 
 explicit_ops = []
 batches = [torch.randn(16, 64) for _ in range(steps)]
