@@ -28,6 +28,7 @@ import time
 import traceback
 
 from diag._warn import warn_once
+from diag.capture.flight_recorder import dump_bytes
 
 HANG_DUMP_PREFIX = "hang_dump_"  # hang_dump_001.json, ...: one per stall or signal, numbered in order
 STACKS_PREFIX = "stacks_"  # the same stacks as text, for people
@@ -244,7 +245,7 @@ class Watchdog:
         if "torch" not in sys.modules:  # never import torch from here; without it there is no recorder
             return None, "torch not imported"
         try:
-            data = _flight_recorder_bytes()
+            data = dump_bytes()
         except Exception as exc:
             return None, repr(exc)[:300]
         if not data:
@@ -472,25 +473,6 @@ def _current_seq(pg_name) -> int:
     except Exception:
         pass
     return -1
-
-
-def _flight_recorder_bytes() -> bytes | None:
-    """The process's Flight Recorder dump: NCCL's when it has entries, else the generic (gloo) one."""
-    import torch
-
-    c10d = torch._C._distributed_c10d
-    best = None
-    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
-        dump = getattr(c10d, name, None)
-        if dump is None:
-            continue
-        try:
-            data = dump()
-        except Exception:
-            continue
-        if data and (best is None or len(data) > len(best)):
-            best = data
-    return best
 
 
 def _reset_to_default_in_c(signum: int) -> None:
