@@ -110,7 +110,7 @@ def analyze(trace: Trace, steps: str | tuple | None = None, peak_tflops: float |
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus}
     last_arrival = {r.rank: r.last_arrival_fraction for r in comms.per_rank} if waits is not None else {}
     stragglers = find_stragglers(times, ranks_info, throttled, last_arrival)
-    mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, _replicas(trace))
+    mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
     device_total = {int(r): int(t) for r, t in _device_totals(trace.telemetry)}
     memory = analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total)
 
@@ -158,7 +158,7 @@ def _pg_sizes(trace: Trace) -> dict[str, int]:
     return sizes
 
 
-def _replicas(trace: Trace) -> int:
+def ranks_sharing_tokens(trace: Trace) -> int:
     """Ranks that see the same tokens (tensor, pipeline and context parallel), to not count tokens twice."""
     if "parallel" not in trace.manifests:
         return 1

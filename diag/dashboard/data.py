@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from diag.trace.loader import Trace, TraceError, TraceReader, _assemble
+from diag.trace.loader import Trace, TraceError, TraceReader, assemble_trace
 from diag.trace.schema import TABLES
 
 STALE_AFTER_S = 30.0  # a rank whose newest record is this much older than the freshest rank's is stale
@@ -163,7 +163,7 @@ class LiveTrace:
             "skipped": list(self._skipped),
             "ranks": list(self._ranks),
         }
-        return _assemble(self.trace_dir, data)
+        return assemble_trace(self.trace_dir, data)
 
     # -- publishing ---------------------------------------------------------------------------------------
     def _publish(self) -> None:
@@ -448,13 +448,13 @@ def one_rank(frame: pd.DataFrame, rank: int | None, max_points: int = 1000) -> p
 def per_step_throughput(trace: Trace, times: pd.DataFrame | None) -> pd.DataFrame:
     """step, tokens_per_s and samples_per_s: the step's tokens over all ranks / the median rank's iteration
     (tokens are counted once per data-parallel replica, as the MFU analysis does)."""
-    from diag.analysis.report import _replicas  # the MFU analysis's rule for ranks that share tokens
+    from diag.analysis.report import ranks_sharing_tokens  # the MFU analysis's rule for ranks that share tokens
 
     steps = trace.steps
     if steps.empty or times is None:
         return pd.DataFrame(columns=["step", "tokens_per_s", "samples_per_s"])
     iteration_s = times.groupby("step")["iteration_us"].median() / 1e6
-    replicas = max(_replicas(trace), 1)
+    replicas = max(ranks_sharing_tokens(trace), 1)
     out = pd.DataFrame({"step": iteration_s.index})
     for column in ("tokens", "samples"):
         total = steps.groupby("step")[column].sum(min_count=1).astype("float64") / replicas

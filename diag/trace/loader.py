@@ -382,10 +382,11 @@ def load(path: str | Path, progress: bool = False) -> Trace:
     finally:
         if bar is not None:
             bar.close()
-    return _assemble(Path(path), data)
+    return assemble_trace(Path(path), data)
 
 
-def _assemble(path: Path, data: dict) -> Trace:
+def assemble_trace(path: Path, data: dict) -> Trace:
+    """A Trace from what ``TraceReader.poll`` read: keeps one run, finds missing ranks, lists what was skipped."""
     skipped: list[Skipped] = data["skipped"]
     manifests: pd.DataFrame = data["manifests"]
     ranks = data["ranks"]

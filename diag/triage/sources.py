@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from diag.trace.loader import Skipped, TraceError, TraceReader, _assemble, empty_table, find_rank_dirs
+from diag.trace.loader import Skipped, TraceError, TraceReader, assemble_trace, empty_table, find_rank_dirs
 from diag.trace.schema import TABLES
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 
@@ -136,7 +136,7 @@ def _load_tables(path: Path, tables: tuple[str, ...]):
     data = TraceReader(path, tables=tables).poll()
     for name, table in TABLES.items():
         data.setdefault(name, empty_table(table))
-    return _assemble(path, data)
+    return assemble_trace(path, data)
 
 
 def _records_by_rank(frame: pd.DataFrame) -> dict[int, dict]:
