@@ -1,8 +1,9 @@
 """Capture overhead, host cost per record, and bytes on disk.
 
-1. A 2-rank gloo DDP loop with steps of about 20 ms, run three ways side by side in the same processes,
-   in alternating blocks: plain, instrumented with diag's defaults, and under torch.profiler (CPU
-   activities, the usual way people profile). Median step time of each and the ratio to plain.
+1. A 2-rank gloo DDP loop with steps of about 20 ms, run four ways side by side in the same processes,
+   in alternating blocks: plain, instrumented with diag's defaults, the same without the DDP comm hook
+   (``ddp_buckets=False``), and under torch.profiler (CPU activities, the usual way people profile).
+   Median step time of each and the ratio to plain.
 2. Host cost of one step span (``with diag.step()``) and of recording one collective, in microseconds.
 3. Bytes on disk per step and per collective record.
 
@@ -21,6 +22,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+# diag_no_ddp_hook: diag.init(..., ddp_buckets=False); profiler: torch.profiler with CPU activities
+VARIANTS = ("plain", "diag", "diag_no_ddp_hook", "profiler")
 
 
 def make_ddp(hidden: int, seed: int):
@@ -57,16 +62,18 @@ def overhead_worker(args) -> None:
     rank = dist.get_rank()
     trace_dir = Path(args.trace_dir)
     diag.init(trace_dir, telemetry=False)
-    models = {name: make_ddp(args.hidden, 0) for name in ("plain", "diag", "profiler")}
+    models = {name: make_ddp(args.hidden, 0) for name in VARIANTS}
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in models.items()}
     diag.instrument(models["diag"], optimizers["diag"])
+    diag.session()._ddp_buckets = False  # the same session, instrumenting a model without the DDP hook
+    diag.instrument(models["diag_no_ddp_hook"], optimizers["diag_no_ddp_hook"])
     batch = (torch.randn(args.batch, args.hidden), torch.randn(args.batch, 1))
     times: dict[str, list[float]] = {name: [] for name in models}
     for name in models:  # warm-up, untimed
         for _ in range(3):
             train_step(models[name], optimizers[name], batch)
     for _ in range(args.blocks):
-        for name in ("plain", "diag", "profiler"):
+        for name in VARIANTS:
             model, optimizer = models[name], optimizers[name]
             dist.barrier()
             if name == "profiler":
@@ -74,7 +81,7 @@ def overhead_worker(args) -> None:
                 prof.__enter__()
             for _ in range(args.block_steps):
                 start = time.perf_counter()
-                if name == "diag":
+                if name.startswith("diag"):
                     with diag.step():
                         train_step(model, optimizer, batch)
                 else:
@@ -202,9 +209,9 @@ def main() -> None:
     result = run_overhead(args)
     medians = result["median_step_ms"]
     print(f"2-rank gloo DDP, {result['steps_each']} steps of each variant, interleaved in blocks of {args.block_steps}")
-    for name in ("plain", "diag", "profiler"):
+    for name in VARIANTS:
         print(
-            f"  {name:9s} median step {medians[name]:7.2f} ms   ratio to plain {medians[name] / medians['plain']:.4f}"
+            f"  {name:16s} median step {medians[name]:7.2f} ms   ratio to plain {medians[name] / medians['plain']:.4f}"
         )
     costs = host_costs()
     print(f"host cost of one step span:         {costs['step_span_us']:.2f} us (median)")

@@ -36,7 +36,9 @@ class Session:
     watchdog / hang_threshold_s / heartbeat_interval_s: hang dumps and heartbeats for ``diag triage``;
     flush_interval_s: how often records reach the disk (the most a SIGKILL loses); count_flops: when
     flops_per_step is not given, count the model FLOPs of step 1 (the second step) with
-    torch.utils.flop_counter.FlopCounterMode (that one step runs slower).
+    torch.utils.flop_counter.FlopCounterMode (that one step runs slower); ddp_buckets: time DDP's gradient
+    all-reduces through a DDP communication hook (DDP's Python hook path itself costs a few percent of a
+    step on small CPU models; without it the buckets are filled in from Flight Recorder at finish, untimed).
     """
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
@@ -61,6 +63,7 @@ class Session:
         heartbeat_interval_s: float = 5.0,
         flush_interval_s: float = 0.5,
         count_flops: bool = False,
+        ddp_buckets: bool = True,
         device=None,
     ):
         self.trace_dir = Path(trace_dir)
@@ -84,6 +87,7 @@ class Session:
         self._comm_wait_us = 0.0
         self._hooks: list = []
         self._count_flops = count_flops and not flops_per_step
+        self._ddp_buckets = ddp_buckets
 
         self.manifest = self._base_manifest(flops_per_step, peak_tflops, dtype, parallel)
         # Without a writable trace directory (already warned about) nothing else is worth starting, but the
@@ -380,7 +384,8 @@ class Session:
         for obj in objects:
             try:
                 if isinstance(obj, torch.nn.Module):
-                    if isinstance(obj, torch.nn.parallel.DistributedDataParallel) and self.recorder is not None:
+                    is_ddp = isinstance(obj, torch.nn.parallel.DistributedDataParallel)
+                    if is_ddp and self.recorder is not None and self._ddp_buckets:
                         collectives.install_ddp_hook(obj, lambda: collectives._active)
                     self._hooks.append(ModelHooks(self, obj))
                 elif isinstance(obj, torch.optim.Optimizer):
