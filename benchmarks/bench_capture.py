@@ -1,8 +1,9 @@
 """Capture overhead, host cost per record, and bytes on disk.
 
-1. A 2-rank gloo DDP loop with steps of about 20 ms, run four ways side by side in the same processes,
+1. A 2-rank gloo DDP loop with steps of about 20 ms, run five ways side by side in the same processes,
    in alternating blocks: plain, instrumented with diag's defaults, the same without the DDP comm hook
-   (``ddp_buckets=False``), and under torch.profiler (CPU activities, the usual way people profile).
+   (``ddp_buckets=False``), plain with a minimal Python DDP comm hook (no diag), and under torch.profiler
+   (CPU activities, the usual way people profile).
    Median step time of each and the ratio to plain.
 2. Host cost of one step span (``with diag.step()``) and of recording one collective, in microseconds.
 3. Bytes on disk per step and per collective record.
@@ -24,8 +25,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-# diag_no_ddp_hook: diag.init(..., ddp_buckets=False); profiler: torch.profiler with CPU activities
-VARIANTS = ("plain", "diag", "diag_no_ddp_hook", "profiler")
+# diag_no_ddp_hook: diag.init(..., ddp_buckets=False); python_ddp_hook: no diag, only a minimal Python DDP
+# communication hook (what DDP's Python hook path costs by itself); profiler: torch.profiler, CPU activities
+VARIANTS = ("plain", "diag", "diag_no_ddp_hook", "python_ddp_hook", "profiler")
+
+
+def minimal_ddp_hook(_state, bucket):
+    """DDP's default averaging all-reduce, written as a Python communication hook."""
+    import torch.distributed as dist
+
+    buffer = bucket.buffer().div_(dist.get_world_size())
+    return dist.group.WORLD.allreduce([buffer]).get_future().then(lambda fut: fut.value()[0])
 
 
 def make_ddp(hidden: int, seed: int):
@@ -67,6 +77,7 @@ def overhead_worker(args) -> None:
     diag.instrument(models["diag"], optimizers["diag"])
     diag.session()._ddp_buckets = False  # the same session, instrumenting a model without the DDP hook
     diag.instrument(models["diag_no_ddp_hook"], optimizers["diag_no_ddp_hook"])
+    models["python_ddp_hook"].register_comm_hook(None, minimal_ddp_hook)
     batch = (torch.randn(args.batch, args.hidden), torch.randn(args.batch, 1))
     times: dict[str, list[float]] = {name: [] for name in models}
     for name in models:  # warm-up, untimed
