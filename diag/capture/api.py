@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from contextlib import nullcontext
 
 from diag._warn import warn_once
@@ -18,10 +19,11 @@ def init(trace_dir, **options) -> Session | DisabledSession:
         finish()
     if "collectives" in options:
         options["collectives_enabled"] = options.pop("collectives")
+    unknown = set(options) - set(inspect.signature(Session.__init__).parameters)
+    if unknown:  # a misspelt option is the caller's bug: say so at once, before training starts
+        raise TypeError(f"diag.init got unknown options {sorted(unknown)}")
     try:
         _current = Session(trace_dir, **options)
-    except TypeError:
-        raise  # a wrong option name is the caller's bug: say so at once
     except Exception as exc:
         warn_once("init", f"capture could not start ({exc!r}); the job runs without it")
         _current = _DISABLED

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import diag
+from diag._warn import DiagWarning
 from diag.capture.identity import detect_identity
 
 
@@ -87,3 +88,18 @@ def test_no_gpu_means_telemetry_off_with_a_reason(tmp_path):
     status = diag.load(tmp_path).manifest(0)["capture"]
     assert status["telemetry"].startswith("off: no CUDA device") and status["device_time"].startswith("off")
     assert session.telemetry is None
+
+
+def test_misspelt_option_is_an_error_but_a_failing_init_is_a_warning(tmp_path, monkeypatch):
+    with pytest.raises(TypeError, match="flops_per_stpe"):
+        diag.init(tmp_path, flops_per_stpe=1.0)
+
+    def broken_identity():
+        raise RuntimeError("launcher environment unreadable")
+
+    monkeypatch.setattr("diag.capture.session.detect_identity", broken_identity)
+    with pytest.warns(DiagWarning, match="launcher environment unreadable"):
+        session = diag.init(tmp_path)
+    assert not session.enabled
+    with diag.step():  # the job runs on without capture
+        pass
