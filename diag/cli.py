@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "triage": "triage",
     "dashboard": "dashboard",
     "demo": "demo",
+    "export": "export",
 }
 
 
@@ -43,6 +44,7 @@ def main():
       diag analyze traces/run1         find what slows the job down
       diag triage traces/run1          explain a hang or NCCL timeout
       diag dashboard traces/run1       follow a run in the browser
+      diag export traces/run1 --perfetto run1.json   one timeline for ui.perfetto.dev
     """
 
 

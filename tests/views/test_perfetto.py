@@ -1,0 +1,60 @@
+"""``diag export --perfetto``: a real run's ranks on one aligned Chrome-trace timeline."""
+
+import json
+
+from click.testing import CliRunner
+
+import diag
+from diag.commands.export import command as export_command
+from diag.views.perfetto import write_chrome_trace
+from tests.conftest import REPO
+
+SAMPLE = REPO / "sample_traces" / "straggler"  # real 3-rank gloo DDP run
+
+
+def export(tmp_path, *args: str) -> list[dict]:
+    out = tmp_path / "run.json"
+    result = CliRunner().invoke(export_command, [str(SAMPLE), "--perfetto", str(out), *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text())["traceEvents"]
+
+
+def test_every_rank_step_and_collective_of_the_window_is_exported(tmp_path):
+    events = export(tmp_path, "--steps", "5:15")
+    trace = diag.load(SAMPLE)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(names) == trace.ranks_found and all(name.startswith(f"rank {r} (") for r, name in names.items())
+    steps = [e for e in events if e["ph"] == "X" and e["name"].startswith("step ")]
+    assert sorted({e["name"] for e in steps}) == sorted(f"step {s}" for s in range(5, 15))
+    assert len(steps) == 10 * len(trace.ranks_found)
+    window = trace.collectives[(trace.collectives["step"] >= 5) & (trace.collectives["step"] < 15)]
+    collectives = [e for e in events if e["ph"] == "X" and "#" in e["name"]]
+    assert len(collectives) == len(window)
+
+
+def test_clock_offsets_put_a_skewed_host_back_on_rank_0s_timeline(tmp_path):
+    """Rank 2's clock runs 5 s ahead (its rows and its measured offset both say so): the export is unchanged."""
+    original = diag.load(SAMPLE)
+    skewed = diag.load(SAMPLE)
+    shift_us = 5_000_000
+    for frame, column in (
+        (skewed.steps, "start_us"),
+        (skewed.phases, "start_us"),
+        (skewed.collectives, "start_us"),
+        (skewed.memory, "time_us"),
+    ):
+        frame.loc[frame["rank"] == 2, column] += shift_us
+    skewed.manifests.loc[skewed.manifests["rank"] == 2, "clock_offset_us"] += shift_us
+    write_chrome_trace(original, tmp_path / "original.json")
+    write_chrome_trace(skewed, tmp_path / "skewed.json")
+
+    def timeline(path):
+        events = json.loads(path.read_text())["traceEvents"]
+        return sorted((e["pid"], e["name"], round(e["ts"], 3)) for e in events if e["ph"] == "X")
+
+    assert timeline(tmp_path / "skewed.json") == timeline(tmp_path / "original.json")
+
+
+def test_ranks_filter(tmp_path):
+    events = export(tmp_path, "--ranks", "1", "--steps", "0:3")
+    assert {e["pid"] for e in events} == {1}
