@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-SAMPLE_RUN = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler"
+from diag.commands import sample_run
 
 
 def _nothing_usable(trace) -> bool:
@@ -54,10 +54,7 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
     from diag.views import render
 
     if trace_dir is None:
-        trace_dir = SAMPLE_RUN
-        if not trace_dir.is_dir():
-            raise click.ClickException(f"no TRACE_DIR given and the bundled sample run {trace_dir} is not there; give a trace directory")
-        click.echo(f"No TRACE_DIR given: analysing the bundled sample run {trace_dir}", err=True)
+        trace_dir = sample_run("analysing")
         no_cache = True  # small, and part of the installed package: write nothing next to it
     try:
         step_range = parse_step_range(steps)

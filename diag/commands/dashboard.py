@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-SAMPLE_RUN = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler"
+from diag.commands import sample_run
 
 
 def is_loopback(host: str) -> bool:
@@ -40,10 +40,7 @@ def command(trace_dir, host, port, token, refresh_s):
       diag dashboard                                (the bundled sample run)
     """
     if trace_dir is None:
-        trace_dir = SAMPLE_RUN
-        if not trace_dir.is_dir():
-            raise click.ClickException(f"no TRACE_DIR given and the bundled sample run {trace_dir} is not there; give a trace directory")
-        click.echo(f"No TRACE_DIR given: showing the bundled sample run {trace_dir}", err=True)
+        trace_dir = sample_run("showing")
     if not trace_dir.is_dir():
         raise click.ClickException(f"{trace_dir} is not a directory; give the trace directory diag.init wrote")
     if not is_loopback(host):
