@@ -171,7 +171,8 @@ class Session:
             return
         from diag.capture.clock import synchronise_clocks
 
-        recorder, collectives._active = collectives._active, None  # keep diag's own collectives out of the trace
+        recorder = collectives._active
+        collectives.activate(None)  # keep diag's own clock-sync collectives out of the trace
         try:
             sync = synchronise_clocks(self.device if _backend() == "nccl" else "cpu")
             self.manifest["clock_offset_us"] = sync.offset_us
@@ -180,7 +181,7 @@ class Session:
         except Exception as exc:
             warn_once("clock-sync", f"clock synchronisation failed ({exc!r}); cross-rank times are not aligned")
         finally:
-            collectives._active = recorder
+            collectives.activate(recorder)
 
     def _start_telemetry(self, enabled: bool, interval_s: float):
         if not enabled:

@@ -39,21 +39,26 @@ def reference_losses() -> list[float]:
     return train()
 
 
-def diag_warnings(caught) -> list[str]:
-    return [str(w.message) for w in caught if issubclass(w.category, DiagWarning)]
+def train_under_capture(trace_dir, settle_s: float = 0.0, before_training=None, **options):
+    """Run ``train()`` inside a diag session; returns (session, losses, diag's warning messages).
+    ``settle_s`` gives the writer thread time to meet a planted fault before finish."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        session = diag.init(trace_dir, telemetry=False, **options)
+        if before_training is not None:
+            before_training(session)
+        losses = train()
+        time.sleep(settle_s)
+        diag.finish()
+    return session, losses, [str(w.message) for w in caught if issubclass(w.category, DiagWarning)]
 
 
 def test_unwritable_trace_dir_warns_once_and_training_is_unchanged(tmp_path):
     expected = reference_losses()
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        diag.init(blocker / "traces", telemetry=False)
-        losses = train()
-        diag.finish()
+    _, losses, messages = train_under_capture(blocker / "traces")
     assert losses == expected
-    messages = diag_warnings(caught)
     assert len(messages) == 1 and "cannot write traces" in messages[0]
 
 
@@ -64,14 +69,8 @@ def test_full_disk_warns_once_and_training_is_unchanged(tmp_path):
     rank_dir = tmp_path / "rank00000"
     rank_dir.mkdir()
     (rank_dir / "steps.csv").symlink_to("/dev/full")  # every write there fails with ENOSPC
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        session = diag.init(tmp_path, telemetry=False, flush_interval_s=0.05)
-        losses = train()
-        time.sleep(0.2)
-        diag.finish()
+    session, losses, messages = train_under_capture(tmp_path, settle_s=0.2, flush_interval_s=0.05)
     assert losses == expected
-    messages = diag_warnings(caught)
     assert len(messages) == 1 and "No space left" in messages[0]
     assert not session.writer.enabled
 
@@ -83,32 +82,23 @@ def test_writer_thread_failure_warns_once_and_training_is_unchanged(tmp_path, mo
         raise RuntimeError("formatter bug")
 
     monkeypatch.setattr("diag.trace.writer.format_rows", broken_format)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        session = diag.init(tmp_path, telemetry=False, flush_interval_s=0.05)
-        losses = train()
-        time.sleep(0.3)  # let the writer thread hit the bug
-        diag.finish()
+    session, losses, messages = train_under_capture(tmp_path, settle_s=0.3, flush_interval_s=0.05)
     assert losses == expected
-    messages = diag_warnings(caught)
     assert len(messages) == 1 and "formatter bug" in messages[0]
     assert not session.writer.enabled
 
 
 def test_exception_inside_hooks_warns_and_training_is_unchanged(tmp_path, monkeypatch):
     expected = reference_losses()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        session = diag.init(tmp_path, telemetry=False)
 
-        def broken(*args):
-            raise ValueError("hook bug")
+    def broken(*args):
+        raise ValueError("hook bug")
 
+    def break_hooks(session):
         monkeypatch.setattr(session, "add_phase_time", broken)
-        losses = train()
-        diag.finish()
+
+    _, losses, messages = train_under_capture(tmp_path, before_training=break_hooks)
     assert losses == expected
-    messages = diag_warnings(caught)
     # one warning per failing hook, not one per call: forward, backward and optimizer
     assert len(messages) == 3 and all("hook bug" in m for m in messages)
     assert len(diag.load(tmp_path).steps) == 4  # steps are still recorded
