@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "dashboard": "dashboard",
     "demo": "demo",
     "export": "export",
+    "telemetry": "telemetry",
 }
 
 
