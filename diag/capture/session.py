@@ -80,6 +80,7 @@ class Session:
         self.current_phase: str | None = None
         self.step_started_us: int | None = None
         self._next_step = 0
+        self._open_step = False  # begin_step without end_step yet
         self._step_start_ns = 0
         self._step_device_event = None
         self._phase_us: dict[str, float] = {}
@@ -269,6 +270,31 @@ class Session:
             if counter is not None:
                 self._record_counted_flops(counter)
 
+    def begin_step(self, index: int | None = None) -> None:
+        """Open a step without a ``with`` block, for framework callbacks (Lightning, Hugging Face) whose step
+        starts and ends in two separate calls; ``end_step`` closes it. Phase time recorded outside any step
+        (an evaluation forward between two steps) is dropped rather than added to this step. ``count_flops``
+        does not apply: FLOP counting needs a block around the step."""
+        self._phase_us = {}
+        self._open_step = self._begin_step(index)
+
+    def end_step(self, samples: int | None = None, tokens: int | None = None, error: BaseException | None = None):
+        """Close the step ``begin_step`` opened; ``error``: the exception that ended it (recorded like one
+        escaping ``with diag.step()``, an OOM with the allocator summary)."""
+        if not self._open_step:
+            return
+        self._open_step = False
+        if error is not None:
+            self._on_step_error(error)
+        self._end_step(samples, tokens, completed=error is None)
+
+    def instrument_ddp_buckets(self, ddp_model) -> bool:
+        """Record a DDP model's gradient all-reduces (through its communication hook) without timing its
+        forward and backward: for framework callbacks that time those from the framework's own events."""
+        if self.recorder is None or not self._ddp_buckets:
+            return False
+        return collectives.install_ddp_hook(ddp_model, lambda: collectives._active)
+
     def _flop_counter(self):
         if not self._count_flops or self.current_step != self.COUNT_FLOPS_AT_STEP:
             return None
@@ -386,8 +412,8 @@ class Session:
             try:
                 if isinstance(obj, torch.nn.Module):
                     is_ddp = isinstance(obj, torch.nn.parallel.DistributedDataParallel)
-                    if is_ddp and self.recorder is not None and self._ddp_buckets:
-                        collectives.install_ddp_hook(obj, lambda: collectives._active)
+                    if is_ddp:
+                        self.instrument_ddp_buckets(obj)
                     self._hooks.append(ModelHooks(self, obj))
                 elif isinstance(obj, torch.optim.Optimizer):
                     self._hooks.append(OptimizerHooks(self, obj))
@@ -467,6 +493,12 @@ class DisabledSession:
     @contextmanager
     def phase(self, name):
         yield
+
+    def begin_step(self, index=None):
+        pass
+
+    def end_step(self, samples=None, tokens=None, error=None):
+        pass
 
     def instrument(self, *objects):
         pass
