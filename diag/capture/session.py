@@ -38,7 +38,9 @@ class Session:
     flops_per_step is not given, count the model FLOPs of step 1 (the second step) with
     torch.utils.flop_counter.FlopCounterMode (that one step runs slower); ddp_buckets: time DDP's gradient
     all-reduces through a DDP communication hook (DDP's Python hook path itself costs a few percent of a
-    step on small CPU models; without it the buckets are filled in from Flight Recorder at finish, untimed).
+    step on small CPU models; without it the buckets are filled in from Flight Recorder at finish, untimed);
+    prometheus_port / prometheus_addr: serve live Prometheus metrics on http://ADDR:PORT+local_rank/metrics
+    (docs/prometheus.md), updated from the rows as the writer flushes them, off the training thread.
     """
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
@@ -64,6 +66,8 @@ class Session:
         flush_interval_s: float = 0.5,
         count_flops: bool = False,
         ddp_buckets: bool = True,
+        prometheus_port: int | None = None,
+        prometheus_addr: str = "0.0.0.0",
         device=None,
     ):
         self.trace_dir = Path(trace_dir)
@@ -98,6 +102,7 @@ class Session:
         self.device_timer = self._make_device_timer()
         self.recorder = self._start_collectives(collectives_enabled and writing)
         self._sync_clocks(clock_sync)
+        self.metrics = self._start_metrics(prometheus_port if writing else None, prometheus_addr)
         self.telemetry = self._start_telemetry(telemetry and writing, telemetry_interval_s)
         self.watchdog = self._start_watchdog(watchdog and writing, hang_threshold_s, heartbeat_interval_s)
         self.manifest["capture"] = self.capture_status
@@ -183,6 +188,15 @@ class Session:
             warn_once("clock-sync", f"clock synchronisation failed ({exc!r}); cross-rank times are not aligned")
         finally:
             collectives.activate(recorder)
+
+    def _start_metrics(self, port: int | None, addr: str):
+        """After the clock sync: the run id it agrees on labels every metric."""
+        from diag.capture.prometheus import start_metrics
+
+        sink = start_metrics(port, addr, self.manifest, self.identity.local_rank)
+        self.writer.row_observer = sink.observe
+        self.capture_status["prometheus"] = sink.status
+        return sink
 
     def _start_telemetry(self, enabled: bool, interval_s: float):
         if not enabled:
@@ -458,7 +472,11 @@ class Session:
         self.manifest["finished"] = True
         self.manifest["end_time_us"] = time.time_ns() // 1000
         self.writer.write_manifest(self.manifest)
-        self.writer.close()
+        self.writer.close()  # its last flush still reaches the metrics
+        try:
+            self.metrics.close()
+        except Exception as exc:
+            warn_once("finish", f"error while finishing capture ({exc!r})")
 
     def _stop_watchdog(self):
         if self.watchdog is not None:

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from diag._warn import warn_once
@@ -29,6 +30,10 @@ def _format_value(value: Any) -> str:
     if type(value) is float:
         return "" if value != value else repr(round(value, 3))
     return str(value)
+
+
+def _ignore_rows(table: str, rows: list) -> None:
+    pass
 
 
 def format_rows(rows: list[tuple]) -> str:
@@ -50,6 +55,9 @@ class RankWriter:
         self._lock = threading.Lock()  # serialises flushes (writer thread, close, explicit flush)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Sees every batch of rows as it is flushed, on the flushing thread (the Prometheus sink); never on
+        # the training thread. It must not raise: the session's sinks catch their own errors.
+        self.row_observer: Callable[[str, list], None] = _ignore_rows
         try:
             self.rank_dir.mkdir(parents=True, exist_ok=True)
             probe = self.rank_dir / ".write-probe"
@@ -124,6 +132,7 @@ class RankWriter:
                 continue
             rows = buffer[:]  # list slicing and deletion are atomic under the GIL
             del buffer[: len(rows)]
+            self.row_observer(table, rows)
             if self.enabled:
                 self._write(table, TABLES[table].file_name, format_rows(rows), TABLES[table].header())
         if self._events:
