@@ -96,11 +96,19 @@ METRICS: tuple[MetricSpec, ...] = (
         "model FLOPs utilisation of the steps in the last flush: FLOPs / (step body + data wait) / peak",
     ),
     MetricSpec(
-        "diag_phase_seconds_total", "counter", "seconds", "host time in spans marked with diag.phase", (*RANK_LABELS, "phase")
+        "diag_phase_seconds_total",
+        "counter",
+        "seconds",
+        "host time in spans marked with diag.phase",
+        (*RANK_LABELS, "phase"),
     ),
     MetricSpec("diag_phases_total", "counter", "", "spans marked with diag.phase", (*RANK_LABELS, "phase")),
     MetricSpec(
-        "diag_collectives_total", "counter", "", "collective and point-to-point operations issued", (*RANK_LABELS, "op", "pg")
+        "diag_collectives_total",
+        "counter",
+        "",
+        "collective and point-to-point operations issued",
+        (*RANK_LABELS, "op", "pg"),
     ),
     MetricSpec(
         "diag_collective_seconds_total",
@@ -123,17 +131,32 @@ METRICS: tuple[MetricSpec, ...] = (
         "bytes this rank contributed to collectives (input tensor sizes)",
         (*RANK_LABELS, "op", "pg"),
     ),
-    MetricSpec("diag_memory_allocated_bytes", "gauge", "bytes", "CUDA caching allocator: allocated at the last step end"),
-    MetricSpec("diag_memory_allocated_peak_bytes", "gauge", "bytes", "CUDA caching allocator: peak allocated in the last step"),
-    MetricSpec("diag_memory_reserved_bytes", "gauge", "bytes", "CUDA caching allocator: reserved at the last step end"),
-    MetricSpec("diag_memory_reserved_peak_bytes", "gauge", "bytes", "CUDA caching allocator: peak reserved in the last step"),
     MetricSpec(
-        "diag_memory_fragmentation_ratio", "gauge", "ratio", "reserved but unallocated share of reserved memory at the last step end"
+        "diag_memory_allocated_bytes", "gauge", "bytes", "CUDA caching allocator: allocated at the last step end"
     ),
-    MetricSpec("diag_memory_rss_bytes", "gauge", "bytes", "resident set size of the rank's process at the last step end"),
-    MetricSpec("diag_memory_alloc_retries_total", "counter", "", "cudaMalloc retries after freeing the allocator cache"),
+    MetricSpec(
+        "diag_memory_allocated_peak_bytes", "gauge", "bytes", "CUDA caching allocator: peak allocated in the last step"
+    ),
+    MetricSpec("diag_memory_reserved_bytes", "gauge", "bytes", "CUDA caching allocator: reserved at the last step end"),
+    MetricSpec(
+        "diag_memory_reserved_peak_bytes", "gauge", "bytes", "CUDA caching allocator: peak reserved in the last step"
+    ),
+    MetricSpec(
+        "diag_memory_fragmentation_ratio",
+        "gauge",
+        "ratio",
+        "reserved but unallocated share of reserved memory at the last step end",
+    ),
+    MetricSpec(
+        "diag_memory_rss_bytes", "gauge", "bytes", "resident set size of the rank's process at the last step end"
+    ),
+    MetricSpec(
+        "diag_memory_alloc_retries_total", "counter", "", "cudaMalloc retries after freeing the allocator cache"
+    ),
     MetricSpec("diag_memory_ooms_total", "counter", "", "CUDA out-of-memory errors"),
-    _gpu("diag_gpu_utilization_ratio", "ratio", "GPU utilisation (time a kernel was running)", "DCGM_FI_DEV_GPU_UTIL (%)"),
+    _gpu(
+        "diag_gpu_utilization_ratio", "ratio", "GPU utilisation (time a kernel was running)", "DCGM_FI_DEV_GPU_UTIL (%)"
+    ),
     _gpu(
         "diag_gpu_memory_utilization_ratio", "ratio", "memory controller utilisation", "DCGM_FI_DEV_MEM_COPY_UTIL (%)"
     ),
@@ -205,7 +228,10 @@ def exported_sample_names() -> set[str]:
 
 def render_metric_table() -> str:
     """The metric table of docs/prometheus.md, generated from ``METRICS``."""
-    lines = ["| metric | type | unit | labels beyond run, rank, local_rank, host | meaning | DCGM exporter |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| metric | type | unit | labels beyond run, rank, local_rank, host | meaning | DCGM exporter |",
+        "|---|---|---|---|---|---|",
+    ]
     for spec in METRICS:
         extra = ", ".join(label for label in spec.labels if label not in RANK_LABELS) or ""
         field_name, _, note = (spec.dcgm or "").partition(" ")
@@ -231,9 +257,13 @@ class RankLabels:
 
     @classmethod
     def from_manifest(cls, manifest: dict) -> RankLabels:
-        def text(key):
+        def text(key):  # manifests read back through pandas carry NaN for null and floats for integers
             value = manifest.get(key)
-            return "" if value is None or value != value else str(value)
+            if not _present(value):
+                return ""
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            return str(value)
 
         return cls(
             run=text("run_id"),
@@ -309,7 +339,8 @@ class MetricsSource:
         iteration_s = 0.0
         counted = 0
         for row in rows:
-            step, start_us, duration_us, data_wait_us, forward_us, backward_us, optimizer_us, comm_us, device_us, samples, tokens = row
+            (step, start_us, duration_us, data_wait_us, forward_us, backward_us, optimizer_us, comm_us, device_us,
+             samples, tokens) = row  # fmt: skip
             seconds = duration_us / 1e6
             self.steps += 1
             index = bisect.bisect_left(STEP_BUCKETS_S, seconds)
@@ -445,8 +476,8 @@ class RowMetrics:
     def _family(spec: MetricSpec):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-        kind = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily}[spec.kind]
-        return kind(spec.name, spec.help, labels=spec.labels)
+        kinds = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily}
+        return kinds[spec.kind](spec.name, spec.help, labels=spec.labels)
 
 
 def _add_source(families: dict, source: MetricsSource) -> None:
@@ -496,7 +527,9 @@ def _add_source(families: dict, source: MetricsSource) -> None:
         if state.throttle is not None:
             families["diag_gpu_clock_throttle_reasons"].add_metric(gpu_labels, state.throttle)
             for bit, reason in THROTTLE_REASONS.items():
-                families["diag_gpu_clock_throttle_active"].add_metric([*gpu_labels, reason], int(bool(state.throttle & bit)))
+                families["diag_gpu_clock_throttle_active"].add_metric(
+                    [*gpu_labels, reason], int(bool(state.throttle & bit))
+                )
         for xid, count in state.xids.items():
             families["diag_gpu_xid_errors_total"].add_metric([*gpu_labels, str(xid)], count)
 
@@ -508,11 +541,12 @@ def _float_text(value: float) -> str:
 def peak_flops_of(manifest: dict) -> float | None:
     """Dense peak FLOP/s: the user's ``peak_tflops``, else the datasheet table for the device and dtype."""
     given = manifest.get("peak_tflops")
-    if given:
+    if _present(given) and given:
         return float(given) * 1e12
     from diag.analysis.peaks import lookup_peak_tflops
 
-    looked_up = lookup_peak_tflops(manifest.get("device_name"), manifest.get("dtype"))
+    name, dtype = manifest.get("device_name"), manifest.get("dtype")
+    looked_up = lookup_peak_tflops(name if isinstance(name, str) else None, dtype if isinstance(dtype, str) else None)
     return looked_up.tflops * 1e12 if looked_up.tflops else None
 
 
