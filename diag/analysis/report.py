@@ -18,6 +18,7 @@ import pandas as pd
 from diag.analysis import findings as fnd
 from diag.analysis.bubble import BubbleReport, analyze_bubble, bubble_finding, gantt_rows
 from diag.analysis.comms import CommsReport, analyze_comms, collective_waits, wait_per_rank_step
+from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
 from diag.analysis.memory import MemoryReport, analyze_memory
 from diag.analysis.mfu import MfuReport, analyze_mfu
 from diag.analysis.stragglers import StragglerReport, find_stragglers, rank_step_times
@@ -66,6 +67,7 @@ class Report:
     timeline: Timeline
     bubble: BubbleReport | None = None  # None for runs without pipeline parallelism
     pipeline_timeline: list[dict] = field(default_factory=list)  # one step's actions per stage, for the Gantt
+    gpu_time: GpuTimeReport | None = None  # torch.profiler (Kineto) imports only; None for diag's own traces
 
     def to_state(self) -> dict:
         """Everything in the Report, JSON-safe and structured like the dataclasses, for ``from_state``."""
@@ -92,6 +94,7 @@ class Report:
             "telemetry": {"per_gpu": _plain(self.telemetry.gpus), "note": self.telemetry.note},
             "timeline": _plain(self.timeline),
             "bubble": _plain(self.bubble.to_dict()) if self.bubble is not None else None,
+            "gpu_time": _plain(self.gpu_time) if self.gpu_time is not None else None,
         }
 
 
@@ -121,9 +124,13 @@ def analyze(trace: Trace, steps: str | tuple | None = None, peak_tflops: float |
     if (finding := bubble_finding(bubble)) is not None:
         found.append(fnd.Finding(**finding))
     pipeline_timeline = gantt_rows(trace).to_dict("records") if bubble is not None else []
+    gpu_time = analyze_gpu_time(trace.gpu_kernels, window.step_indices)
+    found += [fnd.Finding(**f) for f in gpu_time_findings(gpu_time, window.steps_analysed, step_s)]
     run = _run_info(trace, window, ranks_info)
     timeline = _timeline(times.frame, hosts)
-    return Report(run, fnd.rank_findings(found), stragglers, mfu, comms, memory, telemetry, timeline, bubble, pipeline_timeline)
+    return Report(
+        run, fnd.rank_findings(found), stragglers, mfu, comms, memory, telemetry, timeline, bubble, pipeline_timeline, gpu_time
+    )
 
 
 def _ranks_info(trace: Trace) -> pd.DataFrame:

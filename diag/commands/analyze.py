@@ -13,12 +13,17 @@ def _nothing_usable(trace) -> bool:
     return all(getattr(trace, name).empty for name in ("steps", "phases", "collectives", "memory", "telemetry"))
 
 
-def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step):
+def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step, kineto: bool = False):
     from diag.analysis.report import analyze
     from diag.trace.loader import TraceError, load
 
     try:
-        trace, how = cache.load(progress=True) if cache is not None else (load(trace_dir, progress=True), "loaded")
+        if kineto:
+            from diag.trace.kineto import load_kineto
+
+            trace, how = load_kineto(trace_dir), "loaded"
+        else:
+            trace, how = cache.load(progress=True) if cache is not None else (load(trace_dir, progress=True), "loaded")
     except TraceError as exc:
         raise click.ClickException(str(exc)) from exc
     if _nothing_usable(trace):
@@ -39,11 +44,14 @@ def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step):
 @click.option("--no-cache", is_flag=True, help="Do not read or write the cache in TRACE_DIR/.diag-cache (loaded tables and reports).")
 def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_cache):
     """Analyse a trace directory: stragglers, MFU, communication, memory and GPU telemetry,
-    with findings ranked by the time each one costs.
+    with findings ranked by the time each one costs. TRACE_DIR may also be a directory of
+    torch.profiler (Kineto) traces, one *.json or *.json.gz per rank: GPU time is then split
+    into compute, communication, memory copies and idle (see docs/kineto.md).
 
     \b
     Examples:
       diag analyze traces/run1
+      diag analyze profiler_traces/    (torch.profiler *.pt.trace.json files)
       diag analyze traces/run1 --steps 100:500 --format json > report.json
       diag analyze traces/run1 --html report.html --peak-tflops 989
       diag analyze                     (the bundled sample run)
@@ -60,8 +68,11 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
         step_range = parse_step_range(steps)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--steps") from exc
+    from diag.trace.kineto import is_kineto_dir
+
     report = None
-    cache = None if no_cache or not trace_dir.is_dir() else TraceCache(trace_dir)
+    kineto = is_kineto_dir(trace_dir)  # a directory of torch.profiler traces: read directly, not cached
+    cache = None if no_cache or kineto or not trace_dir.is_dir() else TraceCache(trace_dir)
     options = {"steps": steps, "peak_tflops": peak_tflops, "flops_per_step": flops_per_step}
     result_name = f"report-{options_fingerprint(**options)}"
     if cache is not None:
@@ -70,7 +81,7 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
             report = Report.from_state(state)
             click.echo(f"(report read from the cache in {trace_dir}/.diag-cache; use --no-cache to recompute)", err=True)
     if report is None:
-        report = _analyse(trace_dir, cache, step_range, peak_tflops, flops_per_step)
+        report = _analyse(trace_dir, cache, step_range, peak_tflops, flops_per_step, kineto)
         if cache is not None:
             cache.put_result(result_name, report.to_state())
     click.echo(render(report, fmt))

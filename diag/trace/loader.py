@@ -76,6 +76,10 @@ class Trace:
     ranks_found: list[int] = field(default_factory=list)
     ranks_missing: list[int] = field(default_factory=list)
     run_id: str | None = None
+    # torch.profiler (Kineto) imports only (diag.trace.kineto): every GPU activity with its device interval,
+    # kind and step; None for diag's own traces
+    gpu_kernels: pd.DataFrame | None = None
+    source: str = "diag"  # "diag" or "kineto"
 
     def manifest(self, rank: int) -> dict:
         rows = self.manifests[self.manifests["rank"] == rank]

@@ -13,7 +13,7 @@ def render_html(report) -> str:
 
     figures = [f for f in (_step_figure(go, report), _rank_figure(go, report), _mfu_figure(go, report),
                            _comms_figure(go, report), _memory_figure(go, report), _telemetry_figure(go, report),
-                           _pipeline_figure(report)) if f is not None]
+                           _pipeline_figure(report), _gpu_time_figure(go, report)) if f is not None]
     parts = []
     for i, fig in enumerate(figures):
         fig.update_layout(height=380, margin={"l": 60, "r": 20, "t": 50, "b": 50})
@@ -52,6 +52,19 @@ def _pipeline_figure(report):
     from diag.views.pipeline import gantt_figure_from_rows
 
     return gantt_figure_from_rows(pd.DataFrame(report.pipeline_timeline))
+
+
+def _gpu_time_figure(go, report):
+    g = getattr(report, "gpu_time", None)
+    if g is None or not g.per_rank:
+        return None
+    ranks = [f"rank {r.rank}" for r in g.per_rank]
+    fig = go.Figure()
+    for name, attr in (("compute", "compute_us"), ("exposed communication", "exposed_communication_us"),
+                       ("memory", "memory_us"), ("other", "other_us"), ("idle", "idle_us")):
+        fig.add_trace(go.Bar(x=ranks, y=[getattr(r, attr) / 1e3 for r in g.per_rank], name=name))
+    fig.update_layout(barmode="stack", title="GPU time per rank (torch.profiler trace)", yaxis_title="ms")
+    return fig
 
 
 def _step_figure(go, report):

@@ -21,6 +21,8 @@ def blocks(report) -> list[Block]:
     out = [_run(report), _findings(report), _stragglers(report), _mfu(report), _comms(report), _memory(report), _telemetry(report)]
     if report.bubble is not None:
         out.append(_bubble(report))
+    if getattr(report, "gpu_time", None) is not None:
+        out.append(_gpu_time(report))
     return out
 
 
@@ -239,3 +241,26 @@ def _bubble(report) -> Block:
         table.append([str(stage.stage), _ranks(stage.ranks), ms(stage.busy_s), ms(stage.idle_s),
                       pct(stage.bubble_fraction), ms(stage.warmup_idle_s), ms(stage.steady_idle_s), ms(stage.cooldown_idle_s)])
     return Block("Pipeline bubbles", lines, table)
+
+
+def _gpu_time(report) -> Block:
+    g = report.gpu_time
+    block = Block("GPU time (torch.profiler trace)")
+    if g.note:
+        block.lines.append(g.note)
+    if not g.per_rank:
+        return block
+    block.lines.append(
+        f"per rank, over the GPU activity launched in {len(g.steps)} step(s); {g.nccl_kernels} NCCL kernels. "
+        "Shares of the GPU span (first kernel start to last kernel end); definitions as Holistic Trace Analysis'"
+    )
+    ranks = sorted(g.per_rank, key=lambda r: -(r.exposed_communication_us + r.idle_us))
+    block.table = [["rank", "span", "compute", "exposed comm", "memory", "other", "idle", "comm overlapped"]]
+    for r in ranks[:TOP_ROWS]:
+        block.table.append([
+            str(r.rank), ms(r.span_us / 1e6), f"{r.compute_pct:.1f}%", f"{r.exposed_communication_pct:.1f}%", f"{r.memory_pct:.1f}%",
+            f"{100 * r.other_us / r.span_us if r.span_us else 0:.1f}%", f"{r.idle_pct:.1f}%", num(r.comm_comp_overlap_pct, "{:.1f}%"),
+        ])
+    if len(ranks) > TOP_ROWS:
+        block.lines.append(f"showing the {TOP_ROWS} ranks with the most exposed communication + idle time of {len(ranks)}")
+    return block

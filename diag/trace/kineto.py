@@ -1,0 +1,479 @@
+"""Read a directory of torch.profiler (Kineto) chrome traces, one JSON file per rank, into a diag ``Trace``.
+
+Each file is streamed (``ijson`` with its C backend; gzip or plain), so memory stays a small multiple of one
+rank's compact columns: no dict per event is kept, only numpy arrays and a symbol table of kernel names.
+Needs no torch. What becomes what:
+
+* ``steps``: one row per CPU ``ProfilerStep#N`` span (step = N; data wait, forward, backward and optimizer
+  are not known and are 0).
+* ``collectives``: one row per NCCL kernel (``ncclKernel_*`` and ``ncclDevKernel_*``: ``is_nccl_kernel``),
+  with its op, process group, bytes and dtype from the kernel's args where Kineto recorded them
+  (``Collective name``, ``In msg nelems``, ``dtype``, ``Process Group Name``), issued at its launch's time,
+  lasting its device duration; a CPU-only trace's gloo collectives come from the ``gloo:<op>`` annotations
+  of gloo's worker threads. ``seq`` numbers a group's collectives in launch order within each step
+  (``step * SEQ_PER_STEP + i``), so ranks whose profiling windows differ still match up.
+* ``gpu_kernels`` (only in Kineto traces): every GPU activity with a stream (kernels, memcpy, memset), its
+  device interval, kind (``kernel_kind``), and the step whose ``ProfilerStep`` had last started when it was
+  launched (matched through the CUDA runtime/driver call with the same ``correlation``).
+
+The rank comes from ``distributedInfo.rank``; without it a ``rank<N>`` in the file name is used and the
+report says so; without either the file is skipped, never silently called rank 0. A truncated or corrupt
+file is skipped with the reason; the others are still read.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from diag.trace.loader import Skipped, Trace, TraceError, empty_table
+from diag.trace.schema import TABLES
+
+# The one place that decides what an NCCL kernel is: older NCCL names them ncclKernel_<Op>_..., NCCL >= 2.19
+# ncclDevKernel_<Op>_... (HTA's r"^nccl.*Kernel" also matches both; a startswith("ncclKernel") would not).
+NCCL_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
+# Holistic Trace Analysis' definitions (hta/utils/utils.py), kept so that the two tools agree.
+MEMORY_KERNEL_RE = re.compile(r"^(?:Memcpy|Memset|dma)")
+NOT_COMPUTE_RE = re.compile(r"(^nccl.*Kernel)|(.*(Memcpy)|(Memset))|(.*Sync)")
+
+KINDS = ("compute", "communication", "memory", "other")  # gpu_kernels.kind categories
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
+SEQ_PER_STEP = 1_000_000
+SUFFIXES = (".json", ".json.gz")
+_STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
+_RANK_IN_NAME_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_HEAD_BYTES = 1 << 20  # "traceEvents" must appear this early for a file to count as a Kineto trace
+# Kineto's dtype names (c10 ScalarType) -> (torch name, bytes per element)
+_DTYPES = {
+    "Float": ("float32", 4), "Double": ("float64", 8), "Half": ("float16", 2), "BFloat16": ("bfloat16", 2),
+    "Int": ("int32", 4), "Long": ("int64", 8), "Short": ("int16", 2), "Char": ("int8", 1), "Byte": ("uint8", 1),
+    "Bool": ("bool", 1), "Float8_e4m3fn": ("float8_e4m3fn", 1), "Float8_e5m2": ("float8_e5m2", 1),
+}  # fmt: skip
+_NAME_DTYPES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "double": "float64", "int8_t": "int8",
+                "uint8_t": "uint8", "int32_t": "int32", "uint32_t": "uint32", "int64_t": "int64", "uint64_t": "uint64"}  # fmt: skip
+
+
+def is_nccl_kernel(name: str) -> bool:
+    return NCCL_KERNEL_RE.match(name) is not None
+
+
+def kernel_kind(name: str) -> str:
+    """compute, communication (NCCL), memory (memcpy, memset, dma) or other (names HTA counts as neither
+    computation nor the first two, such as ``...Sync`` kernels)."""
+    if is_nccl_kernel(name):
+        return "communication"
+    if MEMORY_KERNEL_RE.match(name):
+        return "memory"
+    if NOT_COMPUTE_RE.match(name):
+        return "other"
+    return "compute"
+
+
+def _open(path: Path):
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def kineto_files(root: Path) -> list[Path]:
+    """JSON files directly in ``root`` (or ``root`` itself) whose first MiB has a ``traceEvents`` key."""
+    candidates = (
+        [root] if root.is_file() else sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(SUFFIXES))
+    )
+    found = []
+    for path in candidates:
+        try:
+            with _open(path) as handle:
+                head = handle.read(_HEAD_BYTES)
+        except (OSError, EOFError, zlib.error):
+            head = b""
+            if path.name.endswith((".pt.trace.json", ".pt.trace.json.gz")):
+                found.append(path)  # named like one: let the loader say what is wrong with it
+            continue
+        if b'"traceEvents"' in head:
+            found.append(path)
+    return found
+
+
+def is_kineto_dir(root: Path) -> bool:
+    """A directory of Kineto traces rather than a diag trace directory (which has rankNNNNN/ directories)."""
+    from diag.trace.loader import find_rank_dirs
+
+    if not root.exists() or (root.is_dir() and find_rank_dirs(root)):
+        return False
+    return bool(kineto_files(root))
+
+
+@dataclass
+class RankEvents:
+    """The compact columns kept from one rank's file."""
+
+    path: Path
+    meta: dict
+    kernel_ts: array = field(default_factory=lambda: array("d"))
+    kernel_dur: array = field(default_factory=lambda: array("d"))
+    kernel_stream: array = field(default_factory=lambda: array("i"))
+    kernel_corr: array = field(default_factory=lambda: array("q"))
+    kernel_name: array = field(default_factory=lambda: array("i"))  # index into names
+    names: dict = field(default_factory=dict)  # kernel name -> id
+    launch_corr: array = field(default_factory=lambda: array("q"))
+    launch_ts: array = field(default_factory=lambda: array("d"))
+    steps: list = field(default_factory=list)  # (N, ts, dur)
+    nccl: list = field(default_factory=list)  # (kernel index, op, nelems, dtype, pg)
+    cpu_colls: list = field(default_factory=list)  # (op, ts, dur): gloo annotations
+
+
+def _read_metadata(handle) -> tuple[dict, bool]:
+    """Top-level keys before ``traceEvents`` (cheap: Kineto writes them first); True if traceEvents was found."""
+    import ijson
+
+    meta: dict = {}
+    key, builder = None, None
+    for prefix, event, value in ijson.parse(handle):
+        if prefix == "" and event in ("map_key", "end_map"):
+            if key is not None:
+                meta[key] = builder.value
+            if event == "end_map":
+                return meta, False
+            if value == "traceEvents":
+                return meta, True
+            key, builder = value, ijson.ObjectBuilder()
+        elif builder is not None:
+            builder.event(event, value)
+    return meta, False
+
+
+def read_rank_file(path: Path) -> RankEvents:
+    """Stream one Kineto file into compact columns. Raises ValueError with a reason when unusable."""
+    import ijson
+
+    try:
+        with _open(path) as handle:  # a cheap first read: Kineto writes the metadata before the events
+            meta, has_events = _read_metadata(handle)
+        if not has_events:
+            raise ValueError("no traceEvents: not a torch.profiler (Kineto) trace")
+        out = RankEvents(path, meta)
+        with _open(path) as handle:
+            _read_events(ijson.items(handle, "traceEvents.item", use_float=True), out)
+        if "distributedInfo" not in meta:  # written after the events by some producers
+            with _open(path) as handle:
+                for info in ijson.items(handle, "distributedInfo", use_float=True):
+                    meta["distributedInfo"] = info
+                    break
+    except (ijson.JSONError, ijson.IncompleteJSONError) as exc:
+        raise ValueError(f"corrupt or truncated JSON: {exc}") from exc
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise ValueError(f"corrupt or truncated gzip: {exc}") from exc
+    except OSError as exc:
+        raise ValueError(f"unreadable: {exc}") from exc
+    return out
+
+
+def _read_events(events, out: RankEvents) -> None:
+    """One pass over the events; per event only a few dict lookups, and appends to typed arrays."""
+    k_ts, k_dur, k_stream, k_corr, k_name = (
+        out.kernel_ts,
+        out.kernel_dur,
+        out.kernel_stream,
+        out.kernel_corr,
+        out.kernel_name,
+    )
+    l_corr, l_ts, names = out.launch_corr, out.launch_ts, out.names
+    for e in events:
+        cat = e.get("cat")
+        if cat in GPU_CATS:
+            args = e.get("args") or {}
+            try:
+                stream, corr = int(args["stream"]), int(args.get("correlation", -1))
+                ts, dur = float(e["ts"]), float(e["dur"])
+            except (KeyError, TypeError, ValueError):
+                continue  # HTA too ignores GPU events without a stream or a duration
+            if stream < 0 or corr < 0:
+                continue
+            name = e.get("name", "")
+            name_id = names.get(name)
+            if name_id is None:
+                name_id = names[name] = len(names)
+            if cat == "kernel" and is_nccl_kernel(name):
+                out.nccl.append(
+                    (
+                        len(k_ts),
+                        args.get("Collective name"),
+                        args.get("In msg nelems"),
+                        args.get("dtype"),
+                        args.get("Process Group Name"),
+                    )
+                )
+            k_ts.append(ts)
+            k_dur.append(dur)
+            k_stream.append(stream)
+            k_corr.append(corr)
+            k_name.append(name_id)
+        elif cat in LAUNCH_CATS:
+            args = e.get("args") or {}
+            corr = args.get("correlation")
+            if corr is not None and "ts" in e:
+                l_corr.append(int(corr))
+                l_ts.append(float(e["ts"]))
+        elif cat in ("user_annotation", "cpu_op") and e.get("ph") == "X":
+            name = e.get("name", "")
+            if name.startswith("ProfilerStep"):
+                match = _STEP_RE.match(name)
+                if match and "dur" in e:
+                    out.steps.append((int(match.group(1)), float(e["ts"]), float(e["dur"])))
+            elif name.startswith("gloo:") and "dur" in e:
+                out.cpu_colls.append((name[5:], float(e["ts"]), float(e["dur"])))
+
+
+def _rank_of(rank_events: RankEvents, notes: list[Skipped]) -> int | None:
+    info = rank_events.meta.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int | float):
+        return int(info["rank"])
+    match = _RANK_IN_NAME_RE.search(rank_events.path.name)
+    if match:
+        notes.append(
+            Skipped(
+                str(rank_events.path),
+                f"no distributedInfo.rank in the trace; rank {match.group(1)} taken from the file name",
+            )
+        )
+        return int(match.group(1))
+    return None
+
+
+def load_kineto(path: str | Path) -> Trace:
+    """Every rank's Kineto file in directory ``path`` as one Trace. Raises TraceError only when none is usable."""
+    root = Path(path)
+    if not root.exists():
+        raise TraceError(f"{root} does not exist")
+    files = kineto_files(root)
+    if not files:
+        raise TraceError(
+            f"no torch.profiler (Kineto) traces in {root}: expected *.json or *.json.gz files with traceEvents"
+        )
+    skipped: list[Skipped] = []
+    ranks: dict[int, dict] = {}
+    for file in files:
+        try:
+            rank_events = read_rank_file(file)
+        except ValueError as exc:
+            skipped.append(Skipped(str(file), f"{exc}; file skipped"))
+            continue
+        rank = _rank_of(rank_events, skipped)
+        if rank is None:
+            skipped.append(
+                Skipped(
+                    str(file),
+                    "no distributedInfo.rank and no rank<N> in the file name: which rank it is is unknown; file skipped",
+                )
+            )
+            continue
+        if rank in ranks:
+            skipped.append(Skipped(str(file), f"rank {rank} already read from {ranks[rank]['path']}; file skipped"))
+            continue
+        ranks[rank] = _rank_tables(rank, rank_events)
+        del rank_events  # only the compact tables stay
+    if not ranks:
+        reasons = "; ".join(str(s) for s in skipped[:5])
+        raise TraceError(f"no usable torch.profiler trace in {root}: {reasons}")
+    return _assemble(root, ranks, skipped)
+
+
+def _rank_tables(rank: int, ev: RankEvents) -> dict:
+    """Steps, collectives, GPU kernels and the manifest of one rank, as frames."""
+    meta = ev.meta
+    base_us = float(meta.get("baseTimeNanoseconds") or 0) / 1e3  # Kineto ts are microseconds after this
+    steps = sorted(ev.steps, key=lambda s: s[1])
+    step_no = np.array([s[0] for s in steps], dtype="int64")
+    step_ts = np.array([s[1] for s in steps], dtype="float64")
+    step_dur = np.array([s[2] for s in steps], dtype="float64")
+
+    def step_at(ts: np.ndarray) -> np.ndarray:
+        """The step whose ProfilerStep had last started at ``ts`` (-1 before the first; -2 for NaN)."""
+        idx = np.searchsorted(step_ts, ts, side="right") - 1
+        out = np.where(idx >= 0, step_no[np.clip(idx, 0, None)] if len(step_no) else -1, -1)
+        return np.where(np.isnan(ts), -2, out).astype("int64")
+
+    kernels = _kernel_frame(rank, ev, step_at)
+    steps_frame = _steps_frame(rank, step_no, step_ts, step_dur, base_us)
+    collectives = _collectives_frame(rank, ev, kernels, step_at, base_us)
+    return {
+        "path": str(ev.path),
+        "steps": steps_frame,
+        "collectives": collectives,
+        "kernels": kernels,
+        "manifest": _manifest(rank, meta, kernels),
+    }
+
+
+def _kernel_frame(rank: int, ev: RankEvents, step_at) -> pd.DataFrame:
+    ts = np.frombuffer(ev.kernel_ts, dtype="float64")
+    dur = np.frombuffer(ev.kernel_dur, dtype="float64")
+    corr = np.frombuffer(ev.kernel_corr, dtype="int64")
+    launch_corr = np.frombuffer(ev.launch_corr, dtype="int64")
+    launch_ts = np.frombuffer(ev.launch_ts, dtype="float64")
+    order = np.argsort(launch_corr, kind="stable")
+    launch_corr, launch_ts = launch_corr[order], launch_ts[order]
+    pos = np.searchsorted(launch_corr, corr)
+    found = pos < len(launch_corr)
+    found[found] = launch_corr[pos[found]] == corr[found]
+    launch = np.full(len(ts), np.nan)
+    launch[found] = launch_ts[pos[found]]
+    kinds_by_name = np.array([KINDS.index(kernel_kind(n)) for n in ev.names], dtype="int8")
+    name_ids = np.frombuffer(ev.kernel_name, dtype="int32")
+    kinds = kinds_by_name[name_ids] if len(name_ids) else np.zeros(0, dtype="int8")
+    return pd.DataFrame(
+        {
+            "rank": np.full(len(ts), rank, dtype="int32"),
+            "ts_us": ts,
+            "end_us": ts + dur,
+            "stream": np.frombuffer(ev.kernel_stream, dtype="int32").copy(),
+            "kind": pd.Categorical.from_codes(kinds, categories=list(KINDS)),
+            "launch_us": launch,
+            "step": step_at(launch),
+        }
+    )
+
+
+def _steps_frame(rank, step_no, step_ts, step_dur, base_us) -> pd.DataFrame:
+    frame = empty_table(TABLES["steps"])
+    n = len(step_no)
+    data = {"rank": np.full(n, rank, dtype="int32"), "step": step_no, "start_us": np.round(base_us + step_ts).astype("int64"),
+            "duration_us": np.round(step_dur).astype("int64")}  # fmt: skip
+    for name in ("data_wait_us", "forward_us", "backward_us", "optimizer_us", "comm_wait_us"):
+        data[name] = np.zeros(n, dtype="int64")
+    out = pd.DataFrame(data)
+    for column in frame.columns:
+        if column not in out:
+            out[column] = pd.Series([pd.NA] * n, dtype=frame[column].dtype)
+    return out[frame.columns].astype(_dtypes(frame))
+
+
+def _collectives_frame(rank: int, ev: RankEvents, kernels: pd.DataFrame, step_at, base_us: float) -> pd.DataFrame:
+    """NCCL kernels (GPU traces) or gloo annotations (CPU traces) as collectives rows."""
+    template = empty_table(TABLES["collectives"])
+    pgs = (ev.meta.get("distributedInfo") or {}).get("pg_config") or []
+    default_pg = str(pgs[0].get("pg_name", "0")) if len(pgs) == 1 and isinstance(pgs[0], dict) else "unknown"
+    if ev.nccl:
+        index = np.array([n[0] for n in ev.nccl], dtype="int64")
+        names = {v: k for k, v in ev.names.items()}
+        name_ids = np.frombuffer(ev.kernel_name, dtype="int32")[index]
+        ops, dtypes, nbytes, pg = [], [], [], []
+        for (_, op, nelems, dtype, pg_name), name_id in zip(ev.nccl, name_ids, strict=True):
+            kernel_name = names[int(name_id)]
+            ops.append(op or NCCL_KERNEL_RE.match(kernel_name).group(1))
+            dtype_name, size = _DTYPES.get(str(dtype), (None, 0))
+            dtype_name = dtype_name or _dtype_from_kernel_name(kernel_name)
+            dtypes.append(dtype_name or "unknown")
+            nbytes.append(int(nelems) * size if isinstance(nelems, int | float) and size else 0)
+            pg.append(str(pg_name) if pg_name is not None else default_pg)
+        start = kernels["launch_us"].to_numpy()[index]
+        issue = np.where(np.isnan(start), kernels["ts_us"].to_numpy()[index], start)
+        duration = (kernels["end_us"].to_numpy() - kernels["ts_us"].to_numpy())[index]
+        order_ts = kernels["ts_us"].to_numpy()[index]
+    elif ev.cpu_colls:
+        ops = [c[0] for c in ev.cpu_colls]
+        issue = np.array([c[1] for c in ev.cpu_colls], dtype="float64")
+        duration = np.array([c[2] for c in ev.cpu_colls], dtype="float64")
+        order_ts = issue
+        dtypes, nbytes, pg = ["unknown"] * len(ops), [0] * len(ops), [default_pg] * len(ops)
+    else:
+        return template
+    step = step_at(issue)
+    # seq: the i-th collective of a group within a step (launch order on the group's stream)
+    keys = pd.DataFrame({"pg": pg, "step": step, "order": order_ts}).sort_values(["pg", "step", "order"], kind="stable")
+    within = keys.groupby(["pg", "step"], sort=False).cumcount().sort_index().to_numpy()
+    seq = np.where(step >= 0, step * SEQ_PER_STEP + within, -1)
+    out = pd.DataFrame(
+        {
+            "rank": np.full(len(ops), rank, dtype="int32"),
+            "step": step,
+            "pg": pg,
+            "seq": seq,
+            "op": ops,
+            "bytes": np.asarray(nbytes, dtype="int64"),
+            "dtype": dtypes,
+            "peer": pd.array([pd.NA] * len(ops), dtype="Int64"),
+            "start_us": np.round(base_us + issue).astype("int64"),
+            "duration_us": duration,
+            "blocking": np.zeros(len(ops), dtype="int8"),
+            "source": "kineto",
+        }
+    )
+    return out[template.columns].astype(_dtypes(template))
+
+
+def _dtypes(template: pd.DataFrame) -> dict:
+    """The schema's dtypes, with plain "category" (an empty template's categories would turn values into NaN)."""
+    return {c: "category" if isinstance(t, pd.CategoricalDtype) else t for c, t in template.dtypes.items()}
+
+
+def _dtype_from_kernel_name(name: str) -> str | None:
+    head = name.split("(", 1)[0]
+    return _NAME_DTYPES.get(head.rsplit("_", 1)[-1])
+
+
+def _manifest(rank: int, meta: dict, kernels: pd.DataFrame) -> dict:
+    info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    devices = meta.get("deviceProperties") or []
+    device_name = devices[0].get("name") if devices and isinstance(devices[0], dict) else None
+    groups = {}
+    for pg in info.get("pg_config") or []:
+        if isinstance(pg, dict) and "pg_name" in pg:
+            groups[str(pg["pg_name"])] = {
+                "ranks": pg.get("ranks"),
+                "size": pg.get("pg_size"),
+                "backend": pg.get("backend_config"),
+                "desc": pg.get("pg_desc"),
+            }
+    return {
+        "rank": rank,
+        "world_size": info.get("world_size"),
+        "backend": info.get("backend"),
+        "host": meta.get("host_name"),
+        "device_name": device_name,
+        "nccl_version": info.get("nccl_version"),
+        "process_groups": groups or None,
+        "source": "kineto",
+        "trace_id": meta.get("trace_id"),
+    }
+
+
+def _assemble(root: Path, ranks: dict[int, dict], skipped: list[Skipped]) -> Trace:
+    order = sorted(ranks)
+
+    def concat(key: str, table: str) -> pd.DataFrame:
+        frames = [ranks[r][key] for r in order if len(ranks[r][key])]
+        if not frames:
+            return empty_table(TABLES[table])
+        return pd.concat(frames, ignore_index=True).astype(_dtypes(empty_table(TABLES[table])))
+
+    kernels = pd.concat([ranks[r]["kernels"] for r in order], ignore_index=True)
+    manifests = pd.DataFrame([ranks[r]["manifest"] for r in order])
+    sizes = manifests["world_size"].dropna()
+    world_size = int(sizes.max()) if len(sizes) else max(order) + 1
+    return Trace(
+        path=root,
+        steps=concat("steps", "steps"),
+        phases=empty_table(TABLES["phases"]),
+        collectives=concat("collectives", "collectives"),
+        memory=empty_table(TABLES["memory"]),
+        telemetry=empty_table(TABLES["telemetry"]),
+        microbatches=empty_table(TABLES["microbatches"]),
+        manifests=manifests,
+        events=pd.DataFrame(),
+        heartbeats=pd.DataFrame(),
+        skipped=skipped,
+        world_size=world_size,
+        ranks_found=order,
+        ranks_missing=sorted(set(range(world_size)) - set(order)),
+        run_id=None,
+        gpu_kernels=kernels,
+        source="kineto",
+    )
