@@ -29,6 +29,15 @@ def gpu_fixtures() -> Path:
     return path
 
 
+@pytest.fixture
+def hta_fixtures() -> Path:
+    """Real multi-GPU torch.profiler traces from Holistic Trace Analysis' test data (see its README.md)."""
+    path = Path(os.environ.get("DIAG_SHARED_FIXTURES", SHARED_FIXTURES)) / "hta-public"
+    if not path.is_dir():
+        pytest.skip(f"shared HTA trace fixtures not found at {path}")
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _fresh_warnings():
     from diag._warn import reset_for_tests

@@ -1,0 +1,199 @@
+"""diag analyze on torch.profiler (Kineto) traces: a real 2-rank gloo job profiled here, and real GPU traces
+(HTA's public NCCL traces, an H100 trace) compared with Holistic Trace Analysis."""
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from diag.analysis.gpu_time import analyze_gpu_time
+from diag.analysis.report import Report, analyze
+from diag.cli import main
+from diag.launch import run_ranks
+from diag.trace.kineto import is_kineto_dir, is_nccl_kernel, kernel_kind, load_kineto
+from tests.conftest import REPO
+
+JOB = REPO / "tests" / "kineto" / "profiler_job.py"
+SLOW_RANK = 1
+
+# Holistic Trace Analysis 0.5.0 on the same files (TraceAnalysis(trace_dir=...).get_temporal_breakdown() and
+# .get_comm_comp_overlap(), HTA_DISABLE_NS_ROUNDING=1 so that it keeps the recorded float timestamps), as
+# printed by `python benchmarks/bench_kineto.py --fixtures`, which recomputes them live.
+HTA = {
+    "hta-public/nccl_parser_config": {
+        "idle_pct": 77.23,
+        "compute_pct": 17.66,
+        "non_compute_pct": 5.10,
+        "overlap_pct": 14.76,
+    },
+    "hta-public/df_index_resolver": {
+        "idle_pct": 46.08,
+        "compute_pct": 35.55,
+        "non_compute_pct": 18.37,
+        "overlap_pct": 0.0,
+    },
+    "gpu-h100": {"idle_pct": 65.91, "compute_pct": 33.21, "non_compute_pct": 0.88, "overlap_pct": None},
+}
+TOLERANCE_PCT_POINTS = 0.1  # shares of the GPU span, in percentage points (docs/kineto.md)
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kineto_cpu")
+    results = run_ranks([str(JOB), str(out), str(SLOW_RANK)], 2, timeout_s=120)
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    truth = {r: json.loads((out / f"truth_rank{r}.json").read_text()) for r in range(2)}
+    for name in ("truth_rank0.json", "truth_rank1.json"):
+        shutil.move(out / name, out.parent / f"{out.name}_{name}")  # leave only the traces in the directory
+    return out, truth
+
+
+def _hta_window(trace) -> str:
+    """All steps but the last, as HTA analyses them (it drops the last ProfilerStep)."""
+    steps = np.sort(trace.steps["step"].unique())
+    return f"{steps[0]}:{steps[-1]}"
+
+
+def test_cpu_run_exports_rank_and_steps_match_the_job(cpu_run):
+    path, truth = cpu_run
+    for rank in range(2):
+        info = json.loads((path / f"rank{rank}.pt.trace.json").read_text())["distributedInfo"]
+        assert info["rank"] == rank and info["world_size"] == 2
+    assert is_kineto_dir(path)
+    trace = load_kineto(path)
+    assert trace.ranks_found == [0, 1] and trace.skipped == []
+    for rank in range(2):
+        mine = trace.steps[trace.steps["rank"] == rank].set_index("step")["duration_us"]
+        recorded = dict((int(n), us) for n, us in truth[rank]["steps"])
+        assert list(mine.index) == [2, 3, 4, 5, 6]  # schedule(wait=1, warmup=1, active=5)
+        for step, duration_us in mine.items():
+            # ProfilerStep#N spans from prof.step() to prof.step(); the job timed its body inside it
+            assert duration_us == pytest.approx(recorded[step], abs=1500), (rank, step)
+
+
+def test_cpu_run_report_names_the_slow_rank_from_gloo_collectives(cpu_run):
+    path, _ = cpu_run
+    result = CliRunner().invoke(main, ["analyze", str(path), "--format", "json", "--steps", "2:7"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["run"]["ranks_found"] == [0, 1] and report["run"]["window"]["steps_analysed"] == 5
+    ops = {c["op"]: c for c in report["comms"]["collectives"]}
+    assert ops["all_reduce"]["count"] == 10  # per step: DDP's bucket and the explicit all_reduce
+    assert report["straggler_method"]["wait_source"] == "collectives"
+    assert [s["rank"] for s in report["stragglers"]] == [SLOW_RANK]
+    assert report["gpu_time"]["per_rank"] == [] and "CPU-only" in report["gpu_time"]["note"]
+
+
+@pytest.mark.parametrize("name", list(HTA))
+def test_gpu_time_agrees_with_hta(name, hta_fixtures, gpu_fixtures):
+    path = (hta_fixtures.parent / name) if name.startswith("hta-public") else gpu_fixtures
+    trace = load_kineto(path)
+    report = analyze(trace, steps=_hta_window(trace))
+    (rank,) = report.gpu_time.per_rank
+    expected = HTA[name]
+    for key in ("idle_pct", "compute_pct", "non_compute_pct"):
+        assert getattr(rank, key) == pytest.approx(expected[key], abs=TOLERANCE_PCT_POINTS), key
+    if expected["overlap_pct"] is None:
+        assert rank.comm_comp_overlap_pct is None and rank.communication_us == 0
+    else:
+        assert rank.comm_comp_overlap_pct == pytest.approx(expected["overlap_pct"], abs=TOLERANCE_PCT_POINTS)
+    assert rank.idle_us + rank.compute_us + rank.non_compute_us == pytest.approx(rank.span_us)
+
+
+def test_gpu_time_agrees_with_hta_live(hta_fixtures):
+    pytest.importorskip("hta", reason="HolisticTraceAnalysis is not installed")
+    path = hta_fixtures / "nccl_parser_config"
+    code = (
+        "import json, sys; from hta.trace_analysis import TraceAnalysis; "
+        f"a = TraceAnalysis(trace_dir={str(path)!r}); "
+        "b = a.get_temporal_breakdown(visualize=False).iloc[0]; o = a.get_comm_comp_overlap(visualize=False).iloc[0]; "
+        "print(json.dumps([float(b['idle_time_pctg']), float(b['compute_time_pctg']), float(o['comp_comm_overlap_pctg'])]))"
+    )
+    env = {**os.environ, "HTA_DISABLE_NS_ROUNDING": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, timeout=120)
+    idle, compute, overlap = json.loads(out.stdout.strip().splitlines()[-1])
+    trace = load_kineto(path)
+    (rank,) = analyze(trace, steps=_hta_window(trace)).gpu_time.per_rank
+    assert rank.idle_pct == pytest.approx(idle, abs=TOLERANCE_PCT_POINTS)
+    assert rank.compute_pct == pytest.approx(compute, abs=TOLERANCE_PCT_POINTS)
+    assert rank.comm_comp_overlap_pct == pytest.approx(overlap, abs=TOLERANCE_PCT_POINTS)
+
+
+def test_nccl_kernels_of_both_name_styles_count_as_communication(hta_fixtures, tmp_path):
+    assert is_nccl_kernel("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)")
+    assert is_nccl_kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
+    assert kernel_kind("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(x)") == "communication"
+    assert kernel_kind("Memcpy DtoD (Device -> Device)") == "memory"
+    assert kernel_kind("void at::native::vectorized_elementwise_kernel<4>") == "compute"
+    old = hta_fixtures / "nccl_parser_config" / "nccl_data.json.gz"
+    renamed = tmp_path / "rank0.pt.trace.json.gz"  # the same real trace as NCCL >= 2.19 names its kernels
+    renamed.write_bytes(gzip.compress(gzip.decompress(old.read_bytes()).replace(b'"ncclKernel_', b'"ncclDevKernel_')))
+    reports = []
+    for path in (old.parent, tmp_path):
+        trace = load_kineto(path)
+        assert (trace.gpu_kernels["kind"] == "communication").sum() == 21  # 15 all_reduce + 6 broadcast
+        assert sorted(trace.collectives["op"].astype(str).unique()) == ["allreduce", "broadcast"]
+        reports.append(analyze(trace).gpu_time.per_rank[0])
+    assert reports[0] == reports[1]
+    trace = load_kineto(hta_fixtures / "df_index_resolver")
+    assert (trace.gpu_kernels["kind"] == "communication").sum() == 2020
+    assert len(trace.collectives) == 2020 and set(trace.collectives["op"].astype(str)) == {"AllReduce"}
+
+
+def test_bad_files_are_skipped_with_a_reason_and_the_rest_analysed(hta_fixtures, tmp_path):
+    good = hta_fixtures / "nccl_parser_config" / "nccl_data.json.gz"
+    shutil.copy(good, tmp_path / "good.pt.trace.json.gz")
+    data = good.read_bytes()
+    (tmp_path / "truncated.pt.trace.json.gz").write_bytes(data[: len(data) // 2])
+    plain = gzip.decompress(data)
+    (tmp_path / "cut.pt.trace.json").write_bytes(plain[: len(plain) // 3])
+    no_rank = json.loads(plain)
+    del no_rank["distributedInfo"]
+    (tmp_path / "anonymous.json").write_text(json.dumps(no_rank))
+    (tmp_path / "worker_rank1.json").write_text(json.dumps(no_rank))
+    (tmp_path / "notes.json").write_text('{"not": "a trace"}')
+    result = CliRunner().invoke(main, ["analyze", str(tmp_path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    reasons = {s["path"].rsplit("/", 1)[-1]: s["reason"] for s in report["run"]["skipped"]}
+    assert "gzip" in reasons["truncated.pt.trace.json.gz"] and "skipped" in reasons["truncated.pt.trace.json.gz"]
+    assert "truncated JSON" in reasons["cut.pt.trace.json"]
+    assert "no distributedInfo.rank" in reasons["anonymous.json"] and "file skipped" in reasons["anonymous.json"]
+    assert "rank 1 taken from the file name" in reasons["worker_rank1.json"]
+    assert "notes.json" not in reasons  # not a trace at all: not read
+    assert report["run"]["ranks_found"] == [0, 1]
+    assert [r["rank"] for r in report["gpu_time"]["per_rank"]] == [0, 1]
+
+
+def test_report_with_gpu_time_survives_the_cache_round_trip(hta_fixtures):
+    report = analyze(load_kineto(hta_fixtures / "nccl_parser_config"))
+    again = Report.from_state(json.loads(json.dumps(report.to_state())))
+    assert again.gpu_time == report.gpu_time and again.to_dict() == report.to_dict()
+    assert any(f.kind == "gpu_idle_time" for f in report.findings)
+    from diag.views import render
+    from diag.views.html import render_html
+
+    assert "GPU time (torch.profiler trace)" in render(again, "text")
+    assert "| 0 |" in render(again, "markdown")
+    assert "GPU time per rank" in render_html(again)
+
+
+def test_no_gpu_time_section_for_diag_traces():
+    assert analyze_gpu_time(None, np.arange(3)) is None
+
+
+def test_analyze_on_kineto_traces_never_imports_torch(hta_fixtures):
+    path = hta_fixtures / "nccl_parser_config"
+    code = (
+        "import sys; from click.testing import CliRunner; from diag.cli import main; "
+        f"r = CliRunner().invoke(main, ['analyze', {str(path)!r}, '--format', 'json']); "
+        "assert r.exit_code == 0, r.output; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "False"
