@@ -605,7 +605,9 @@ class PrometheusSink(MetricsSink):
         self.registry = new_registry(self.metrics)
         self.source = self.metrics.source(RankLabels.from_manifest(manifest))
         self._server = serve(self.registry, port, addr)
-        self.status = f"on: http://{addr}:{port}/metrics"
+        if self._server is not None:
+            self.port = self._server.server_port  # port 0: the one the system chose
+        self.status = f"on: http://{addr}:{self.port}/metrics"
 
     def observe(self, table: str, rows: list) -> None:
         try:
