@@ -8,6 +8,7 @@ is guarded: a failure inside diag is one warning, and the framework's training g
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 
@@ -116,10 +117,12 @@ class StepDriver:
 
     # -- data wait: time the training thread spends fetching the next batch ----------------------------------
     @guarded
-    def data_wait_begin(self) -> None:
+    def data_wait_begin(self, mark_phase: bool = True) -> None:
+        """Start (or restart) the wait; ``mark_phase``: show it to the watchdog as the current phase."""
         if self.session.enabled:
             self._data_wait_start_ns = time.perf_counter_ns()
-            self.session.set_phase("data_wait")
+            if mark_phase:
+                self.session.set_phase("data_wait")
 
     @guarded
     def data_wait_end(self) -> None:
@@ -142,10 +145,8 @@ class StepDriver:
         self.end_step(error)
         self._data_wait_start_ns = None
         for handle in self._handles:
-            try:
+            with contextlib.suppress(Exception):  # a model or optimizer already gone
                 handle.remove()
-            except Exception:
-                pass
         self._handles.clear()
         if self.owns_session:
             self.owns_session = False

@@ -81,6 +81,7 @@ class DiagCallbackMixin:
         profiler.start, profiler.stop = start_action, stop_action
         self._profiler = profiler
 
+    @guarded
     def _unwrap_profiler(self) -> None:
         profiler, self._profiler = self._profiler, None
         if profiler is not None:
@@ -134,10 +135,7 @@ class DiagCallbackMixin:
             self._finish()
 
     def _finish(self, error: BaseException | None = None) -> None:
-        try:
-            self._unwrap_profiler()
-        except Exception:
-            pass
+        self._unwrap_profiler()
         self._driver.finish(error)
 
 

@@ -1,0 +1,112 @@
+"""Hugging Face ``transformers.Trainer``: ``DiagTrainerCallback`` does what ``diag.init`` + ``diag.step`` do.
+
+    trainer = transformers.Trainer(..., callbacks=[DiagTrainerCallback("traces/run1", flops_per_step=...)])
+
+What one diag step is: one optimizer step, from ``on_step_begin`` to ``on_step_end``; with
+``gradient_accumulation_steps=k`` it spans k micro-batches (``on_substep_end`` between them), its index is
+``state.global_step`` when it began, its ``samples`` (and ``tokens``, from ``input_ids``) are summed over the
+micro-batches the model saw. Forward and backward are timed by hooks on the model (``diag.instrument``),
+the optimizer from ``on_pre_optimizer_step`` to ``on_optimizer_step``. Data wait: the Trainer fetches all of
+a step's micro-batches just before ``on_step_begin``, after its logging, evaluation and checkpointing, each of
+which ends with an event (``on_log``, ``on_evaluate``, ``on_save``); the wait is the time from the last such
+event (or ``on_step_end``, or the epoch's start) to ``on_step_begin``. DDP gradient buckets are recorded
+through a communication hook on the DDP wrapper, found at the model's first forward (the Trainer passes
+callbacks the unwrapped model only).
+
+The Trainer has no exception event: when training raises, the open step is not written; diag's watchdog
+records the uncaught exception (and a hang dump) at exit, and ``diag.finish()`` in your own ``except``
+closes the session.
+"""
+
+from __future__ import annotations
+
+from diag.integrations._driver import StepDriver, guarded, missing_framework
+
+try:
+    from transformers import TrainerCallback as _TrainerCallback
+except ImportError:
+    raise missing_framework("transformers", "huggingface") from None
+
+
+class DiagTrainerCallback(_TrainerCallback):
+    """A ``transformers.TrainerCallback`` capturing ``Trainer.train`` with diag;
+    ``DiagTrainerCallback(trace_dir, **init_options)`` with the options of ``diag.init``. The session starts
+    at ``on_train_begin`` (the Trainer has set up torch.distributed and wrapped the model by then, so ranks
+    come from torch.distributed) and finishes at ``on_train_end``; a session the user started with
+    ``diag.init`` is used and left open."""
+
+    def __init__(self, trace_dir, **init_options):
+        self._driver = StepDriver(trace_dir, init_options)
+        self._model = None
+        self._ddp_looked_up = False
+
+    # -- start ---------------------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._driver.start()
+        self._instrument(model)
+        self._driver.data_wait_begin(mark_phase=False)
+
+    @guarded
+    def _instrument(self, model) -> None:
+        session = self._driver.session
+        if not session.enabled or model is None or model is self._model:
+            return
+        self._model, self._ddp_looked_up = model, False
+        session.instrument(model)
+        self._driver.keep_handle(model.register_forward_pre_hook(self._before_forward, with_kwargs=True))
+
+    @guarded
+    def _before_forward(self, module, args, kwargs):
+        if not self._driver.step_open:
+            return None  # evaluation or prediction between steps
+        if not self._ddp_looked_up:
+            self._ddp_looked_up = True
+            self._instrument_ddp(module)
+        batch = kwargs or args
+        input_ids = kwargs.get("input_ids") if kwargs else None
+        self._driver.count_batch(batch, tokens=int(input_ids.numel()) if input_ids is not None else None)
+        return None
+
+    def _instrument_ddp(self, module) -> None:
+        """Called inside DDP's forward: DDP names itself the active module there (for torch.compile)."""
+        import torch
+
+        ddp_class = torch.nn.parallel.DistributedDataParallel
+        active = getattr(ddp_class, "_get_active_ddp_module", lambda: None)()
+        if isinstance(active, ddp_class) and active.module is module:
+            self._driver.session.instrument_ddp_buckets(active)
+
+    # -- between steps: the data wait ends at the step's start ------------------------------------------------
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self._driver.data_wait_begin(mark_phase=False)
+
+    def on_log(self, args, state, control, **kwargs):
+        if not self._driver.step_open:
+            self._driver.data_wait_begin(mark_phase=False)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if not self._driver.step_open:
+            self._driver.data_wait_begin(mark_phase=False)
+
+    def on_save(self, args, state, control, **kwargs):
+        if not self._driver.step_open:
+            self._driver.data_wait_begin(mark_phase=False)
+
+    # -- steps and phases ----------------------------------------------------------------------------------
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._driver.begin_step(state.global_step)
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._driver.begin_phase("optimizer")
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self._driver.end_phase("optimizer")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._driver.end_step()
+        self._driver.data_wait_begin(mark_phase=False)
+
+    # -- end -----------------------------------------------------------------------------------------------
+    def on_train_end(self, args, state, control, **kwargs):
+        self._driver.finish()
+        self._model = None
