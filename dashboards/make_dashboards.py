@@ -5,6 +5,7 @@ files are current and that every metric they query is one diag exports."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -368,11 +369,11 @@ def training_dashboard() -> dict:
     }
 
 
-def main() -> None:
-    path = HERE / "diag-training.json"
+def main(out_dir: Path = HERE) -> None:
+    path = out_dir / "diag-training.json"
     path.write_text(json.dumps(training_dashboard(), indent=2) + "\n")
     print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)

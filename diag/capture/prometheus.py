@@ -69,10 +69,10 @@ def _gpu(name, unit, help_text, dcgm, extra=()):
 
 
 METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("diag_rank_info", "gauge", "", "1 for every rank exported; its labels describe the rank", INFO_LABELS),
-    MetricSpec("diag_steps_total", "counter", "", "training steps recorded (completed or failed)"),
+    MetricSpec("diag_rank_info", "gauge", "1", "1 for every rank exported; its labels describe the rank", INFO_LABELS),
+    MetricSpec("diag_steps_total", "counter", "steps", "training steps recorded (completed or failed)"),
     MetricSpec("diag_step_duration_seconds", "histogram", "seconds", "host wall time of the step body"),
-    MetricSpec("diag_last_step_index", "gauge", "", "index of the last step recorded"),
+    MetricSpec("diag_last_step_index", "gauge", "step", "index of the last step recorded"),
     MetricSpec(
         "diag_last_step_end_timestamp_seconds", "gauge", "seconds", "Unix time the last recorded step ended (stalls)"
     ),
@@ -85,10 +85,10 @@ METRICS: tuple[MetricSpec, ...] = (
         (*RANK_LABELS, "part"),
     ),
     MetricSpec("diag_step_device_seconds_total", "counter", "seconds", "GPU time of steps from CUDA events"),
-    MetricSpec("diag_samples_total", "counter", "", "samples in recorded steps, when given to diag.step"),
-    MetricSpec("diag_tokens_total", "counter", "", "tokens in recorded steps, when given to diag.step"),
-    MetricSpec("diag_model_flops_total", "counter", "", "model FLOPs of recorded steps (flops_per_step x steps)"),
-    MetricSpec("diag_device_peak_flops", "gauge", "", "dense peak FLOP/s of the device for the training dtype"),
+    MetricSpec("diag_samples_total", "counter", "samples", "samples in recorded steps, when given to diag.step"),
+    MetricSpec("diag_tokens_total", "counter", "tokens", "tokens in recorded steps, when given to diag.step"),
+    MetricSpec("diag_model_flops_total", "counter", "FLOPs", "model FLOPs of recorded steps (flops_per_step x steps)"),
+    MetricSpec("diag_device_peak_flops", "gauge", "FLOP/s", "dense peak FLOP/s of the device for the training dtype"),
     MetricSpec(
         "diag_mfu_ratio",
         "gauge",
@@ -102,11 +102,11 @@ METRICS: tuple[MetricSpec, ...] = (
         "host time in spans marked with diag.phase",
         (*RANK_LABELS, "phase"),
     ),
-    MetricSpec("diag_phases_total", "counter", "", "spans marked with diag.phase", (*RANK_LABELS, "phase")),
+    MetricSpec("diag_phases_total", "counter", "spans", "spans marked with diag.phase", (*RANK_LABELS, "phase")),
     MetricSpec(
         "diag_collectives_total",
         "counter",
-        "",
+        "operations",
         "collective and point-to-point operations issued",
         (*RANK_LABELS, "op", "pg"),
     ),
@@ -151,9 +151,9 @@ METRICS: tuple[MetricSpec, ...] = (
         "diag_memory_rss_bytes", "gauge", "bytes", "resident set size of the rank's process at the last step end"
     ),
     MetricSpec(
-        "diag_memory_alloc_retries_total", "counter", "", "cudaMalloc retries after freeing the allocator cache"
+        "diag_memory_alloc_retries_total", "counter", "retries", "cudaMalloc retries after freeing the allocator cache"
     ),
-    MetricSpec("diag_memory_ooms_total", "counter", "", "CUDA out-of-memory errors"),
+    MetricSpec("diag_memory_ooms_total", "counter", "errors", "CUDA out-of-memory errors"),
     _gpu(
         "diag_gpu_utilization_ratio", "ratio", "GPU utilisation (time a kernel was running)", "DCGM_FI_DEV_GPU_UTIL (%)"
     ),
@@ -169,39 +169,42 @@ METRICS: tuple[MetricSpec, ...] = (
     _gpu("diag_gpu_sm_clock_max_hertz", "hertz", "maximum SM clock", "DCGM_FI_DEV_MAX_SM_CLOCK (MHz)"),
     _gpu(
         "diag_gpu_clock_throttle_reasons",
-        "",
+        "bitmask",
         "NVML clock-event (throttle) reason bitmask",
-        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (DCGM_FI_DEV_CLOCKS_EVENT_REASONS)",
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (newer DCGM: DCGM_FI_DEV_CLOCKS_EVENT_REASONS)",
     ),
     _gpu(
         "diag_gpu_clock_throttle_active",
-        "",
+        "0 or 1",
         "1 while the named clock-event reason is active, 0 otherwise",
-        "bits of DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS (one bit)",
         ("reason",),
     ),
     _gpu(
         "diag_gpu_pcie_tx_bytes_per_second",
-        "bytes",
+        "bytes/s",
         "PCIe transmit throughput (NVML's 20 ms sample)",
         "DCGM_FI_PROF_PCIE_TX_BYTES (DCGM_FI_DEV_PCIE_TX_THROUGHPUT, KB/s)",
     ),
     _gpu(
         "diag_gpu_pcie_rx_bytes_per_second",
-        "bytes",
+        "bytes/s",
         "PCIe receive throughput (NVML's 20 ms sample)",
         "DCGM_FI_PROF_PCIE_RX_BYTES (DCGM_FI_DEV_PCIE_RX_THROUGHPUT, KB/s)",
     ),
     replace(
         _gpu(
-            "diag_gpu_ecc_corrected_errors_total", "", "volatile corrected ECC errors", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"
+            "diag_gpu_ecc_corrected_errors_total",
+            "errors",
+            "volatile corrected ECC errors",
+            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
         ),
         kind="counter",
     ),
     replace(
         _gpu(
             "diag_gpu_ecc_uncorrected_errors_total",
-            "",
+            "errors",
             "volatile uncorrected ECC errors",
             "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
         ),
@@ -210,7 +213,7 @@ METRICS: tuple[MetricSpec, ...] = (
     replace(
         _gpu(
             "diag_gpu_xid_errors_total",
-            "",
+            "errors",
             "XID errors seen, by XID code",
             "DCGM_FI_DEV_XID_ERRORS (the last XID code, a gauge)",
             ("xid",),

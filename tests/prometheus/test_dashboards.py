@@ -1,0 +1,135 @@
+"""The Grafana dashboards query only what diag exports, the metric table of docs/prometheus.md is the one the
+code defines, and the exported names follow Prometheus conventions. The exported set is read from a live
+registry fed with real runs (the bundled sample traces, one with H100 telemetry), not from a list."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from diag.capture.nvml import decode_sample
+from diag.capture.prometheus import (
+    METRICS,
+    RankLabels,
+    RowMetrics,
+    exported_sample_names,
+    new_registry,
+    render_metric_table,
+)
+from diag.commands.telemetry import TraceFollower
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right"}
+
+
+@pytest.fixture(scope="module")
+def live_exposition() -> str:
+    """What a registry built by diag's code serves after folding two real runs, plus what neither recorded: an
+    XID, a throttle reason, tokens and a marked phase."""
+    metrics = RowMetrics()
+    for run in ("straggler", "straggler-h100"):
+        TraceFollower(REPO / "sample_traces" / run, metrics, host=None).poll()
+    gpu = metrics.source(RankLabels(run="r", rank="9", local_rank="0", host="h", gpu_uuid="GPU-1", gpu_model="m"))
+    reading = {"t_ns": 0, "util_gpu": 50, "clock_event_reasons": 4}
+    gpu.observe("telemetry", [decode_sample(reading, 0, xid=48)])
+    gpu.observe("phases", [(0, "compute", 0, 1000, None)])
+    gpu.observe("steps", [(0, 0, 2000, 0, 0, 0, 0, 0, None, 1, 128)])
+    return generate_latest(new_registry(metrics)).decode()
+
+
+def exposed_names(text: str) -> set[str]:
+    """Sample names Prometheus can store from an exposition: those of its samples, and for families that had
+    none yet, the names their type gives (counters' _total, histograms' _bucket, _sum and _count)."""
+    names = set()
+    for family in text_string_to_metric_families(text):
+        names |= {s.name for s in family.samples}
+        if not family.samples:
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+            names |= {family.name + suffix for suffix in suffixes}
+    return names
+
+
+def queried_metrics(expr: str) -> set[str]:
+    """Metric names a PromQL expression (or a Grafana label_values(...) query) selects."""
+    label_values = re.fullmatch(r"\s*label_values\((.*),\s*\w+\s*\)\s*", expr)
+    if label_values:
+        expr = label_values.group(1)
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # range selectors
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)  # label lists
+    names = set(re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b(?!\s*\()", expr))  # identifiers that are not calls
+    return names - PROMQL_WORDS
+
+
+def dashboard_queries(dashboard: dict) -> list[tuple[str, str]]:
+    queries = [(panel["title"], t["expr"]) for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            queries.append((f"${var['name']}", var["query"]["query"]))
+    return queries
+
+
+def test_metric_names_are_read_from_promql():
+    expr = 'sum by (op) (rate(diag_a_total{x=~"$y", part="b c"}[5m])) / ignoring(op) group_left sum(diag_b{le="1"})'
+    assert queried_metrics(expr) == {"diag_a_total", "diag_b"}
+    assert queried_metrics('label_values(diag_rank_info{run=~"$run"}, host)') == {"diag_rank_info"}
+    assert queried_metrics("time() - min(diag_c)") == {"diag_c"}
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_every_metric_a_dashboard_queries_is_exported(path, live_exposition):
+    exported = exposed_names(live_exposition)
+    dashboard = json.loads(path.read_text())
+    queries = dashboard_queries(dashboard)
+    assert len(queries) >= 20
+    for title, expr in queries:
+        names = queried_metrics(expr)
+        assert names, f"{title}: no metric in {expr}"
+        assert names <= exported, f"{title}: {sorted(names - exported)} not exported by diag"
+
+
+def test_live_registry_exports_exactly_the_documented_metrics(live_exposition):
+    assert exposed_names(live_exposition) == exported_sample_names()
+    families = {f.name: f for f in text_string_to_metric_families(live_exposition)}
+    empty = sorted(name for name, family in families.items() if not family.samples)
+    assert empty == []  # the two real runs and the XID reach every metric: each name above was really served
+
+
+def test_names_follow_prometheus_conventions(live_exposition):
+    units = ("_seconds", "_bytes", "_ratio", "_watts", "_celsius", "_hertz", "_flops", "_info", "_bytes_per_second")
+    for family in text_string_to_metric_families(live_exposition):
+        assert family.name.startswith("diag_")
+        if family.type == "counter":
+            assert all(s.name.endswith("_total") for s in family.samples)
+        if family.name.endswith("_ratio"):
+            assert all(0 <= s.value <= 1 for s in family.samples), family.name
+        if family.type in ("gauge", "histogram") and family.name.startswith(("diag_memory_", "diag_gpu_")):
+            unitless = {"diag_gpu_clock_throttle_reasons", "diag_gpu_clock_throttle_active"}
+            assert family.name.endswith(units) or family.name in unitless, family.name
+
+
+def test_gpu_metrics_name_their_dcgm_counterpart():
+    gpu = [spec for spec in METRICS if spec.name.startswith("diag_gpu_")]
+    assert len(gpu) >= 14 and all(spec.dcgm and "DCGM_FI_" in spec.dcgm for spec in gpu)
+    assert {"gpu", "uuid", "model", "host"} <= set(gpu[0].labels)
+
+
+def test_docs_metric_table_is_generated_from_the_code():
+    docs = (REPO / "docs" / "prometheus.md").read_text()
+    assert render_metric_table() in docs
+
+
+def test_dashboards_are_current(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(REPO / "dashboards" / "make_dashboards.py"), str(tmp_path)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    for path in DASHBOARDS:
+        assert json.loads((tmp_path / path.name).read_text()) == json.loads(path.read_text()), f"regenerate {path.name}"

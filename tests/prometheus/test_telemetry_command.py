@@ -1,0 +1,142 @@
+"""``diag telemetry``, the node agent, as a real process: its one line where there is no NVML, and the step,
+collective and memory metrics of a trace directory (the bundled sample run, a real 3-rank gloo job)."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import diag
+from diag.analysis.peaks import lookup_peak_tflops
+from diag.commands.telemetry import open_nvml
+from tests.prometheus.helpers import free_ports, samples, scrape, value, values, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+STRAGGLER = REPO / "sample_traces" / "straggler"
+H100_RUN = REPO / "sample_traces" / "straggler-h100"
+no_nvml = pytest.mark.skipif(open_nvml()[0] is not None, reason="this machine has NVML: the agent samples its GPUs")
+
+
+def start_agent(*args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "diag", "telemetry", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def scrape_when_up(agent, port, ready):
+    """Scrape until ``ready(text)``: the agent serves at once and reads the trace directory just after."""
+
+    def attempt():
+        assert agent.poll() is None, agent.communicate()[1]
+        try:
+            text = scrape(port, timeout_s=2)
+        except OSError:
+            return None
+        return text if ready(text) else None
+
+    return wait_until(attempt, 30, "the agent's metrics", interval_s=0.1)
+
+
+def stop(agent) -> str:
+    agent.send_signal(signal.SIGTERM)
+    _, stderr = agent.communicate(timeout=10)
+    assert agent.returncode == 0, stderr
+    return stderr
+
+
+@no_nvml
+def test_without_nvml_or_trace_dir_it_says_so_in_one_line_and_exits_1():
+    agent = start_agent("--prometheus-port", str(free_ports(1)))
+    stdout, stderr = agent.communicate(timeout=30)
+    assert agent.returncode == 1 and stdout == ""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "no GPU telemetry" in lines[0] and "NVML" in lines[0] and "TRACE_DIR" in lines[0]
+
+
+@no_nvml
+def test_exports_the_ranks_of_a_trace_directory(tmp_path):
+    port = free_ports(1)
+    agent = start_agent(
+        "--prometheus-port", str(port), "--bind", "127.0.0.1", "--interval", "0.2", "--all-hosts", str(STRAGGLER)
+    )
+    try:
+        text = scrape_when_up(agent, port, lambda t: len(values(t, "diag_steps_total")) == 3)
+    finally:
+        stderr = stop(agent)
+    assert "no GPU telemetry" in stderr.splitlines()[0]  # one line says NVML is missing, and it goes on
+    trace = diag.load(STRAGGLER)
+    for rank in trace.ranks_found:
+        steps = trace.steps[trace.steps["rank"] == rank]
+        labels = {"rank": str(rank), "run": trace.run_id, "host": trace.manifest(rank)["host"]}
+        assert value(text, "diag_steps_total", **labels) == len(steps)
+        assert value(text, "diag_step_duration_seconds_sum", **labels) == pytest.approx(
+            steps["duration_us"].sum() / 1e6
+        )
+        colls = trace.collectives[trace.collectives["rank"] == rank]
+        for (op, pg), group in colls.groupby([colls["op"].astype(str), colls["pg"].astype(str)]):
+            assert value(text, "diag_collectives_total", op=op, pg=pg, **labels) == len(group)
+            assert value(text, "diag_collective_bytes_total", op=op, pg=pg, **labels) == group["bytes"].sum()
+            timed = group["duration_us"].sum() / 1e6
+            assert value(text, "diag_collective_seconds_total", op=op, pg=pg, **labels) == pytest.approx(timed)
+        memory = trace.memory[trace.memory["rank"] == rank].sort_values("step")
+        assert value(text, "diag_memory_rss_bytes", **labels) == memory["rss_bytes"].iloc[-1]
+        assert value(text, "diag_model_flops_total", **labels) == trace.manifest(rank)["flops_per_step"] * len(steps)
+    # the planted compute straggler, rank 1, is the one that does not wait for the others in communication
+    comm_wait = {
+        s.labels["rank"]: s.value
+        for s in samples(text)
+        if s.name == "diag_step_breakdown_seconds_total" and s.labels["part"] == "comm_wait"
+    }
+    assert min(comm_wait, key=comm_wait.get) == "1"
+
+
+@no_nvml
+def test_gpu_telemetry_from_trace_files_and_mfu_from_the_datasheet_peak():
+    port = free_ports(1)
+    agent = start_agent(
+        "--prometheus-port", str(port), "--bind", "127.0.0.1", "--interval", "0.2", "--all-hosts", str(H100_RUN)
+    )
+    try:
+        text = scrape_when_up(agent, port, lambda t: len(values(t, "diag_gpu_power_limit_watts")) == 3)
+    finally:
+        stop(agent)
+    trace = diag.load(H100_RUN)
+    for rank in trace.ranks_found:
+        manifest = trace.manifest(rank)
+        telemetry = trace.telemetry[trace.telemetry["rank"] == rank].sort_values("time_us")
+        (power,) = [
+            s for s in samples(text) if s.name == "diag_gpu_power_usage_watts" and s.labels["rank"] == str(rank)
+        ]
+        assert power.value == pytest.approx(telemetry["power_w"].iloc[-1])
+        assert power.labels["model"] == manifest["device_name"] and power.labels["uuid"].endswith(manifest["gpu_uuid"])
+        peak = lookup_peak_tflops(manifest["device_name"], manifest["dtype"]).tflops * 1e12  # no peak given: datasheet
+        assert value(text, "diag_device_peak_flops", rank=str(rank)) == peak
+        steps = trace.steps[trace.steps["rank"] == rank]
+        iteration_s = (steps["duration_us"] + steps["data_wait_us"]).sum() / 1e6
+        mfu = manifest["flops_per_step"] * len(steps) / iteration_s / peak  # the agent read every step at once
+        assert value(text, "diag_mfu_ratio", rank=str(rank)) == pytest.approx(mfu)
+
+
+def test_only_this_hosts_ranks_by_default(tmp_path):
+    """A shared trace directory holds every node's ranks: each node's agent exports its own."""
+    import shutil
+
+    trace_dir = tmp_path / "run"
+    shutil.copytree(STRAGGLER, trace_dir)
+    from diag.capture.prometheus import RowMetrics
+    from diag.commands.telemetry import TraceFollower
+
+    metrics = RowMetrics()
+    follower = TraceFollower(trace_dir, metrics, host="not-" + diag.load(trace_dir).manifest(0)["host"])
+    follower.poll()
+    assert follower.sources == {} and "--all-hosts" in follower.problem
+    follower = TraceFollower(trace_dir, metrics, host=diag.load(trace_dir).manifest(0)["host"])
+    follower.poll()
+    assert sorted(follower.sources) == [0, 1, 2]
