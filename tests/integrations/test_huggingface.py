@@ -27,6 +27,7 @@ def ddp_run(tmp_path_factory):
     return trace_dir, diag.load(trace_dir), truths
 
 
+@pytest.mark.slow
 def test_ddp_one_step_per_optimizer_step_with_its_micro_batches(ddp_run):
     _, trace, truths = ddp_run
     assert trace.ranks_found == [0, 1] and trace.skipped == []
@@ -40,6 +41,7 @@ def test_ddp_one_step_per_optimizer_step_with_its_micro_batches(ddp_run):
         assert (steps["data_wait_us"] > 0).all()
 
 
+@pytest.mark.slow
 def test_ddp_gradient_buckets_recorded_once_per_step_with_all_gradients(ddp_run):
     _, trace, truths = ddp_run
     for rank in range(WORLD):
@@ -53,6 +55,7 @@ def test_ddp_gradient_buckets_recorded_once_per_step_with_all_gradients(ddp_run)
     assert_same_collectives_on_every_rank(trace, WORLD)
 
 
+@pytest.mark.slow
 def test_ddp_manifest_and_analyze(ddp_run):
     trace_dir, trace, truths = ddp_run
     for rank in range(WORLD):
