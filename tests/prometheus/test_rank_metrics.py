@@ -42,6 +42,7 @@ def live_job(tmp_path_factory):
     return scraped, truths, diag.load(trace_dir), port
 
 
+@pytest.mark.slow
 def test_each_rank_serves_on_base_port_plus_local_rank(live_job):
     scraped, truths, _, port = live_job
     for rank in range(WORLD):
@@ -49,6 +50,7 @@ def test_each_rank_serves_on_base_port_plus_local_rank(live_job):
         assert values(scraped[rank], "diag_steps_total") == [STEPS]  # one rank per endpoint
 
 
+@pytest.mark.slow
 def test_labels_name_run_rank_and_host(live_job):
     scraped, _, trace, _ = live_job
     for rank in range(WORLD):
@@ -67,6 +69,7 @@ def test_labels_name_run_rank_and_host(live_job):
             assert sample.labels["rank"] == str(rank) and sample.labels["run"] == trace.run_id
 
 
+@pytest.mark.slow
 def test_step_metrics_match_the_steps_the_job_ran(live_job):
     scraped, _, trace, _ = live_job
     for rank in range(WORLD):
@@ -88,6 +91,7 @@ def test_step_metrics_match_the_steps_the_job_ran(live_job):
         assert value(text, "diag_memory_rss_bytes") > 10 * 2**20
 
 
+@pytest.mark.slow
 def test_collective_metrics_match_the_job_and_its_trace(live_job):
     scraped, truths, trace, _ = live_job
     for rank in range(WORLD):
@@ -106,6 +110,7 @@ def test_collective_metrics_match_the_job_and_its_trace(live_job):
         assert sorted(values(text, "diag_collectives_total")) == sorted(by_op.size().tolist())
 
 
+@pytest.mark.slow
 def test_cpu_rank_exports_no_gpu_metrics(live_job):
     scraped, _, _, _ = live_job
     for text in scraped.values():
