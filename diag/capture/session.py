@@ -286,10 +286,8 @@ class Session:
 
     def begin_step(self, index: int | None = None) -> None:
         """Open a step without a ``with`` block, for framework callbacks (Lightning, Hugging Face) whose step
-        starts and ends in two separate calls; ``end_step`` closes it. Phase time recorded outside any step
-        (an evaluation forward between two steps) is dropped rather than added to this step. ``count_flops``
-        does not apply: FLOP counting needs a block around the step."""
-        self._phase_us = {}
+        starts and ends in two separate calls; ``end_step`` closes it. ``count_flops`` does not apply: FLOP
+        counting needs a block around the step."""
         self._open_step = self._begin_step(index)
 
     def end_step(self, samples: int | None = None, tokens: int | None = None, error: BaseException | None = None):
@@ -328,6 +326,8 @@ class Session:
             warn_once("flop-counter", f"cannot count FLOPs ({exc!r}); MFU needs flops_per_step")
 
     def _begin_step(self, index: int | None) -> bool:
+        # phase time recorded outside any step (an evaluation forward between two steps) is not this step's
+        self._phase_us = {}
         try:
             self.device_timer.poll()
             self.current_step = self._next_step if index is None else int(index)

@@ -47,9 +47,9 @@ class ReplayNvml:
     class NVMLError(Exception):
         pass
 
-    NVML_TEMPERATURE_GPU = NVML_CLOCK_SM = NVML_PCIE_UTIL_TX_BYTES = 0
-    NVML_PCIE_UTIL_RX_BYTES = NVML_MEMORY_ERROR_TYPE_CORRECTED = NVML_VOLATILE_ECC = 0
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    # pynvml's values of the constants diag passes
+    NVML_TEMPERATURE_GPU = NVML_PCIE_UTIL_TX_BYTES = NVML_MEMORY_ERROR_TYPE_CORRECTED = NVML_VOLATILE_ECC = 0
+    NVML_CLOCK_SM = NVML_PCIE_UTIL_RX_BYTES = NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 
     def __init__(self, samples, fail_after: int | None = None):
         self.samples = samples
@@ -86,7 +86,7 @@ class ReplayNvml:
         return self._current("clock_event_reasons")
 
     def nvmlDeviceGetPcieThroughput(self, handle, counter):
-        return self._current("pcie_tx_kbs" if counter == 0 else "pcie_rx_kbs")
+        return self._current("pcie_tx_kbs" if counter == self.NVML_PCIE_UTIL_TX_BYTES else "pcie_rx_kbs")
 
     def nvmlDeviceGetTotalEccErrors(self, handle, kind, counter):
         value = self._current("ecc_corrected_volatile" if kind == 0 else "ecc_uncorrected_volatile")

@@ -17,12 +17,6 @@ from tests.conftest import requires_gpu
 from tests.prometheus.helpers import free_ports, samples, scrape, value, values
 
 
-class ReplayH100(ReplayNvml):
-    """The capture tests' stand-in, with distinct PCIe counters (it gives both the value 0, so RX read TX)."""
-
-    NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
-
-
 @pytest.fixture
 def h100(gpu_fixtures):
     return read_nvml_fixture(gpu_fixtures)
@@ -36,7 +30,7 @@ def test_sampled_h100_readings_are_served_in_base_units_with_dcgm_like_labels(tm
     writer = RankWriter(tmp_path / "rank00003", flush_interval_s=0.02)
     writer.row_observer = sink.observe
     writer.start()
-    sampler = TelemetrySampler(writer, ReplayH100(readings), handle=None, gpu_index=5, interval_s=0.005)
+    sampler = TelemetrySampler(writer, ReplayNvml(readings), handle=None, gpu_index=5, interval_s=0.005)
     sampler.start()
     time.sleep(0.3)
     sampler.stop()
@@ -83,7 +77,7 @@ def test_throttle_bits_and_xids_become_labelled_series(h100):
     assert value(text, "diag_gpu_xid_errors_total", xid="79") == 2
 
 
-class ReplayNodeNvml(ReplayH100):
+class ReplayNodeNvml(ReplayNvml):
     """The recorded H100 as the one GPU of a node, for the node agent's enumeration calls."""
 
     def __init__(self, static, readings):
