@@ -29,12 +29,15 @@ import synthetic  # noqa: E402
 
 
 def run_analyze(trace_dir: Path, *args: str) -> tuple[str, float, str]:
-    """"wall s (CPU s)", peak RSS (GB) and stdout of one ``diag analyze`` process. CPU time (user + system)
+    """Wall s (CPU s), peak RSS (GB) and stdout of one ``diag analyze`` process. CPU time (user + system)
     is given too because wall time on a shared machine depends on what else runs."""
     with tempfile.TemporaryFile() as out:
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", *args],
-                                stdout=out, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", *args],
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         wall_s = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -79,9 +82,20 @@ def bench(ranks: int, steps: int, collectives: int, root: Path) -> dict:
         problems = check_planted(json.loads(text), plants)
         if second_text != text:
             problems.append("the cached report differs from the first")
-        return {"ranks": ranks, "steps": steps, "collective_rows": ranks * steps * collectives, "trace_gb": size_gb,
-                "generate_s": generate_s, "first_s": first_s, "first_gb": first_gb, "second_s": second_s,
-                "second_gb": second_gb, "other_steps_s": other_s, "other_steps_gb": other_gb, "problems": problems}
+        return {
+            "ranks": ranks,
+            "steps": steps,
+            "collective_rows": ranks * steps * collectives,
+            "trace_gb": size_gb,
+            "generate_s": generate_s,
+            "first_s": first_s,
+            "first_gb": first_gb,
+            "second_s": second_s,
+            "second_gb": second_gb,
+            "other_steps_s": other_s,
+            "other_steps_gb": other_gb,
+            "problems": problems,
+        }
     finally:
         shutil.rmtree(trace_dir, ignore_errors=True)
 
@@ -95,14 +109,19 @@ def main() -> None:
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
     print("Times are wall (CPU user+system) per diag analyze process.")
-    print("| ranks | collective rows | trace size | generate | first run | peak RSS | second run (cached report) | peak RSS | other --steps (cached tables) | peak RSS | planted problems |")
+    print(
+        "| ranks | collective rows | trace size | generate | first run | peak RSS | second run (cached report) | peak RSS | other --steps (cached tables) | peak RSS | planted problems |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for ranks in args.ranks:
         r = bench(ranks, args.steps, args.collectives_per_step, args.root)
         found = "all found" if not r["problems"] else "; ".join(r["problems"])
-        print(f"| {ranks} | {r['collective_rows']:,} | {r['trace_gb']:.2f} GB | {r['generate_s']:.1f} s | {r['first_s']} | "
-              f"{r['first_gb']:.2f} GB | {r['second_s']} | {r['second_gb']:.2f} GB | {r['other_steps_s']} | "
-              f"{r['other_steps_gb']:.2f} GB | {found} |", flush=True)
+        print(
+            f"| {ranks} | {r['collective_rows']:,} | {r['trace_gb']:.2f} GB | {r['generate_s']:.1f} s | {r['first_s']} | "
+            f"{r['first_gb']:.2f} GB | {r['second_s']} | {r['second_gb']:.2f} GB | {r['other_steps_s']} | "
+            f"{r['other_steps_gb']:.2f} GB | {found} |",
+            flush=True,
+        )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -86,13 +86,21 @@ def _outputs(output: str):
 def largest_figure_bytes(response: dict | None) -> int:
     if not response:
         return 0
-    sizes = [len(json.dumps(v["figure"])) for v in response.get("response", {}).values() if isinstance(v, dict) and "figure" in v]
+    sizes = [
+        len(json.dumps(v["figure"]))
+        for v in response.get("response", {}).values()
+        if isinstance(v, dict) and "figure" in v
+    ]
     return max(sizes, default=0)
 
 
 def page_callbacks(client: DashClient, pages, rank, label: str, results: list) -> None:
     for page in pages.values():
-        t, size, resp = client.call(f"{page.shown_id}.data", {f"{page.opened_id}.data": 0, "tick.n_intervals": 1, "selected-rank.data": rank}, {f"{page.shown_id}.data": None})
+        t, size, resp = client.call(
+            f"{page.shown_id}.data",
+            {f"{page.opened_id}.data": 0, "tick.n_intervals": 1, "selected-rank.data": rank},
+            {f"{page.shown_id}.data": None},
+        )
         results.append((f"{label}{page.title}", t, size, largest_figure_bytes(resp)))
 
 
@@ -103,7 +111,11 @@ def first_page_http(app) -> float:
         assert client.get(url).status_code == 200
     dash_client = DashClient(app)
     dash_client.call("page.children", {"url.pathname": "/"}, changed="url.pathname")
-    dash_client.call("overview-shown.data", {"overview-opened.data": 0, "tick.n_intervals": None, "selected-rank.data": None}, {"overview-shown.data": None})
+    dash_client.call(
+        "overview-shown.data",
+        {"overview-opened.data": 0, "tick.n_intervals": None, "selected-rank.data": None},
+        {"overview-shown.data": None},
+    )
     return time.perf_counter() - started
 
 
@@ -189,7 +201,9 @@ def main() -> None:
     print(f"server load (read + analyse, not a target): {time.perf_counter() - started:.1f} s")
     started = time.perf_counter()
     live.wait_for_triage(600)
-    print(f"triage verdict (own thread, not a target): {time.perf_counter() - started:.1f} s more, verdict {(live.snapshot.triage or {}).get('verdict')}")
+    print(
+        f"triage verdict (own thread, not a target): {time.perf_counter() - started:.1f} s more, verdict {(live.snapshot.triage or {}).get('verdict')}"
+    )
     snap = live.snapshot
     ranks, steps = len(snap.trace.ranks_found), snap.trace.steps["step"].nunique()
     app = create_app(args.trace_dir, live=live)
@@ -202,7 +216,9 @@ def main() -> None:
     graph_inputs = [{"id": {"kind": "graph", "name": "stragglers-compute"}, "property": "clickData", "value": heatmap}]
     dep = client.find("selected-rank.data")
     all_key = _key(dep["inputs"][0])
-    t, size, resp = client.call("selected-rank.data", {all_key: graph_inputs}, changed='{"kind":"graph","name":"stragglers-compute"}.clickData')
+    t, size, resp = client.call(
+        "selected-rank.data", {all_key: graph_inputs}, changed='{"kind":"graph","name":"stragglers-compute"}.clickData'
+    )
     selected = resp["response"]["selected-rank"]["data"]
     results.append(("select rank by click", t, size, 0))
     page_callbacks(client, PAGES, selected, f"rank {selected} selected: ", results)
@@ -210,22 +226,34 @@ def main() -> None:
     results.append(("status line", t, size, 0))
     first_browser = first_page_browser(app)
 
-    print(f"\n{ranks} ranks x {steps} steps; planted compute straggler: rank {planted['compute_straggler']}, selected by the click: rank {selected}")
+    print(
+        f"\n{ranks} ranks x {steps} steps; planted compute straggler: rank {planted['compute_straggler']}, selected by the click: rank {selected}"
+    )
     print(f"{'callback':<52} {'time s':>7} {'response KiB':>13} {'largest figure KiB':>19}")
     for name, t, size, fig in results:
         print(f"{name:<52} {t:7.3f} {size / 1024:13.0f} {fig / 1024:19.0f}")
     worst_t = max(r[1] for r in results)
     worst_fig = max(r[3] for r in results)
-    print(f"\nslowest callback: {worst_t:.3f} s (target <= {CALLBACK_LIMIT_S} s): {'OK' if worst_t <= CALLBACK_LIMIT_S else 'OVER'}")
-    print(f"largest figure: {worst_fig / 2**20:.2f} MiB (target <= 2 MiB): {'OK' if worst_fig <= FIGURE_LIMIT_BYTES else 'OVER'}")
-    print(f"first page ready over HTTP (index, layout, dependencies, router, overview): {first_http:.3f} s (target <= {FIRST_PAGE_LIMIT_S} s)")
+    print(
+        f"\nslowest callback: {worst_t:.3f} s (target <= {CALLBACK_LIMIT_S} s): {'OK' if worst_t <= CALLBACK_LIMIT_S else 'OVER'}"
+    )
+    print(
+        f"largest figure: {worst_fig / 2**20:.2f} MiB (target <= 2 MiB): {'OK' if worst_fig <= FIGURE_LIMIT_BYTES else 'OVER'}"
+    )
+    print(
+        f"first page ready over HTTP (index, layout, dependencies, router, overview): {first_http:.3f} s (target <= {FIRST_PAGE_LIMIT_S} s)"
+    )
     if first_browser is None:
         print("first page ready in a browser: not measured (chromium/chromedriver not installed)")
     else:
         cold, warm = first_browser
-        print(f"first page ready in headless Chromium, until all overview figures are drawn (target <= {FIRST_PAGE_LIMIT_S} s), {BROWSER_RUNS} fresh browsers:")
+        print(
+            f"first page ready in headless Chromium, until all overview figures are drawn (target <= {FIRST_PAGE_LIMIT_S} s), {BROWSER_RUNS} fresh browsers:"
+        )
         print(f"  empty browser cache: median {statistics.median(cold):.3f} s ({', '.join(f'{t:.2f}' for t in cold)})")
-        print(f"  scripts cached (reload): median {statistics.median(warm):.3f} s ({', '.join(f'{t:.2f}' for t in warm)})")
+        print(
+            f"  scripts cached (reload): median {statistics.median(warm):.3f} s ({', '.join(f'{t:.2f}' for t in warm)})"
+        )
     print(f"machine load average while measuring (1 min): {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     live.stop()
 

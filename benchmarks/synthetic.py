@@ -67,7 +67,9 @@ class Plants:
         return cls(ranks * 3 // 8, ranks * 5 // 8 + 1, ranks - 2, ranks // 8 + 1, ranks // 4 + 3, spikes)
 
 
-def generate(out: str | Path, ranks: int, steps: int, collectives_per_step: int = 20, plants: Plants | None = None, seed: int = 0) -> Plants:
+def generate(
+    out: str | Path, ranks: int, steps: int, collectives_per_step: int = 20, plants: Plants | None = None, seed: int = 0
+) -> Plants:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plants = plants if plants is not None else Plants.for_world(ranks, steps)
@@ -76,7 +78,19 @@ def generate(out: str | Path, ranks: int, steps: int, collectives_per_step: int 
     iteration_us = busy_us.max(axis=0)  # every rank's iteration lasts as long as the slowest's
     step_start_us = START_US + np.concatenate([[0], np.cumsum(iteration_us[:-1] + collectives_per_step * TRANSFER_US)])
     for rank in range(ranks):
-        _write_rank(out / rank_dir_name(rank), rank, ranks, steps, collectives_per_step, plants, rng, busy_us, data_us, iteration_us, step_start_us)
+        _write_rank(
+            out / rank_dir_name(rank),
+            rank,
+            ranks,
+            steps,
+            collectives_per_step,
+            plants,
+            rng,
+            busy_us,
+            data_us,
+            iteration_us,
+            step_start_us,
+        )
     (out / "planted.json").write_text(json.dumps(asdict(plants), indent=1))
     return plants
 
@@ -97,7 +111,9 @@ def _busy_matrix(ranks: int, steps: int, plants: Plants, rng) -> tuple[np.ndarra
     return (compute + data).astype("int64"), data.astype("int64")
 
 
-def _write_rank(rank_dir: Path, rank, ranks, steps, n_coll, plants: Plants, rng, busy_us, data_us, iteration_us, step_start_us):
+def _write_rank(
+    rank_dir: Path, rank, ranks, steps, n_coll, plants: Plants, rng, busy_us, data_us, iteration_us, step_start_us
+):
     rank_dir.mkdir(parents=True, exist_ok=True)
     offset_us = int(rng.integers(-5_000, 5_000)) if rank else 0
     step = np.arange(steps, dtype="int64")
@@ -111,37 +127,86 @@ def _write_rank(rank_dir: Path, rank, ranks, steps, n_coll, plants: Plants, rng,
     forward = (compute * 0.32).astype("int64")
     backward = (compute * 0.6).astype("int64")
     optimizer = compute - forward - backward
-    _write_table(rank_dir, STEPS, {
-        "step": step, "start_us": start, "duration_us": compute + comm_wait, "data_wait_us": data_us[rank],
-        "forward_us": forward, "backward_us": backward, "optimizer_us": optimizer, "comm_wait_us": comm_wait,
-        "device_us": np.full(steps, np.nan), "samples": np.full(steps, 8), "tokens": np.full(steps, TOKENS_PER_STEP),
-    })
+    _write_table(
+        rank_dir,
+        STEPS,
+        {
+            "step": step,
+            "start_us": start,
+            "duration_us": compute + comm_wait,
+            "data_wait_us": data_us[rank],
+            "forward_us": forward,
+            "backward_us": backward,
+            "optimizer_us": optimizer,
+            "comm_wait_us": comm_wait,
+            "device_us": np.full(steps, np.nan),
+            "samples": np.full(steps, 8),
+            "tokens": np.full(steps, TOKENS_PER_STEP),
+        },
+    )
     coll_start = start[:, None] + forward[:, None] + np.cumsum(coll_dur, axis=1) - coll_dur
     sizes = np.full(n_coll, BUCKET_BYTES, dtype="int64")
     sizes[-1] = 3 * 2**20  # DDP's last bucket is smaller
     n = steps * n_coll
-    _write_table(rank_dir, COLLECTIVES, {
-        "step": np.repeat(step, n_coll), "pg": _const("0", n), "seq": np.arange(n, dtype="int64") + 1,
-        "op": _const("allreduce", n), "bytes": np.tile(sizes, steps), "dtype": _const("bfloat16", n),
-        "peer": np.full(n, np.nan), "start_us": coll_start.ravel(), "duration_us": coll_dur.ravel().astype("float64"),
-        "blocking": np.zeros(n, dtype="int8"), "source": _const("ddp", n),
-    })
+    _write_table(
+        rank_dir,
+        COLLECTIVES,
+        {
+            "step": np.repeat(step, n_coll),
+            "pg": _const("0", n),
+            "seq": np.arange(n, dtype="int64") + 1,
+            "op": _const("allreduce", n),
+            "bytes": np.tile(sizes, steps),
+            "dtype": _const("bfloat16", n),
+            "peer": np.full(n, np.nan),
+            "start_us": coll_start.ravel(),
+            "duration_us": coll_dur.ravel().astype("float64"),
+            "blocking": np.zeros(n, dtype="int8"),
+            "source": _const("ddp", n),
+        },
+    )
     allocated = np.full(steps, 30 * 2**30, dtype="int64") + rng.integers(0, 2**20, size=steps)
     if rank == plants.leak:
         allocated += step * plants.leak_bytes_per_step
-    _write_table(rank_dir, MEMORY, {
-        "step": step, "time_us": start + compute, "allocated_bytes": allocated, "allocated_peak_bytes": allocated + 20 * 2**30,
-        "reserved_bytes": allocated + 22 * 2**30, "reserved_peak_bytes": allocated + 22 * 2**30,
-        "alloc_retries": np.zeros(steps, dtype="int64"), "ooms": np.zeros(steps, dtype="int64"), "rss_bytes": np.full(steps, 12 * 2**30),
-    })
+    _write_table(
+        rank_dir,
+        MEMORY,
+        {
+            "step": step,
+            "time_us": start + compute,
+            "allocated_bytes": allocated,
+            "allocated_peak_bytes": allocated + 20 * 2**30,
+            "reserved_bytes": allocated + 22 * 2**30,
+            "reserved_peak_bytes": allocated + 22 * 2**30,
+            "alloc_retries": np.zeros(steps, dtype="int64"),
+            "ooms": np.zeros(steps, dtype="int64"),
+            "rss_bytes": np.full(steps, 12 * 2**30),
+        },
+    )
     _write_telemetry(rank_dir, rank, plants, rng, start[::TELEMETRY_EVERY_STEPS])
     manifest = {
-        "schema_version": SCHEMA_VERSION, "run_id": "synthetic", "rank": rank, "local_rank": rank % 8,
-        "world_size": ranks, "local_world_size": min(8, ranks), "host": f"node{rank // 8:04d}", "pid": 1000 + rank,
-        "launcher": "torchrun", "backend": "nccl", "device": f"cuda:{rank % 8}", "device_name": "NVIDIA H100 80GB HBM3",
-        "gpu_index": rank % 8, "parallel": {"dp": ranks}, "flops_per_step": FLOPS_PER_STEP, "flops_source": "user",
-        "peak_tflops": None, "dtype": "bfloat16", "clock_offset_us": offset_us, "clock_sync_error_us": 50,
-        "start_time_us": START_US + offset_us, "process_groups": {"0": {"ranks": "all", "size": ranks, "backend": "nccl"}},
+        "schema_version": SCHEMA_VERSION,
+        "run_id": "synthetic",
+        "rank": rank,
+        "local_rank": rank % 8,
+        "world_size": ranks,
+        "local_world_size": min(8, ranks),
+        "host": f"node{rank // 8:04d}",
+        "pid": 1000 + rank,
+        "launcher": "torchrun",
+        "backend": "nccl",
+        "device": f"cuda:{rank % 8}",
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "gpu_index": rank % 8,
+        "parallel": {"dp": ranks},
+        "flops_per_step": FLOPS_PER_STEP,
+        "flops_source": "user",
+        "peak_tflops": None,
+        "dtype": "bfloat16",
+        "clock_offset_us": offset_us,
+        "clock_sync_error_us": 50,
+        "start_time_us": START_US + offset_us,
+        "process_groups": {"0": {"ranks": "all", "size": ranks, "backend": "nccl"}},
         "finished": True,
     }
     (rank_dir / MANIFEST_FILE).write_text(json.dumps(manifest))
@@ -152,14 +217,29 @@ def _write_telemetry(rank_dir: Path, rank: int, plants: Plants, rng, times_us: n
     throttled = rank == plants.throttled
     clock = np.where(throttled, 1380.0, 1980.0) - rng.integers(0, 30, size=n)
     reasons = np.full(n, 0x40 | 0x20 if throttled else 0, dtype="int64")
-    _write_table(rank_dir, TELEMETRY, {
-        "time_us": times_us, "gpu": np.full(n, rank % 8), "util_pct": np.full(n, 97.0), "mem_util_pct": np.full(n, 45.0),
-        "mem_used_bytes": np.full(n, 60 * 2**30), "mem_total_bytes": np.full(n, 85_520_809_984),
-        "power_w": 640.0 + rng.normal(0, 10, n), "power_limit_w": np.full(n, 700.0),
-        "temp_c": np.full(n, 91.0 if throttled else 62.0), "sm_clock_mhz": clock, "sm_clock_max_mhz": np.full(n, 1980.0),
-        "throttle_reasons": reasons, "pcie_tx_kbps": np.full(n, 900.0), "pcie_rx_kbps": np.full(n, 500.0),
-        "ecc_corrected": np.zeros(n, dtype="int64"), "ecc_uncorrected": np.zeros(n, dtype="int64"), "xid": np.full(n, np.nan),
-    })
+    _write_table(
+        rank_dir,
+        TELEMETRY,
+        {
+            "time_us": times_us,
+            "gpu": np.full(n, rank % 8),
+            "util_pct": np.full(n, 97.0),
+            "mem_util_pct": np.full(n, 45.0),
+            "mem_used_bytes": np.full(n, 60 * 2**30),
+            "mem_total_bytes": np.full(n, 85_520_809_984),
+            "power_w": 640.0 + rng.normal(0, 10, n),
+            "power_limit_w": np.full(n, 700.0),
+            "temp_c": np.full(n, 91.0 if throttled else 62.0),
+            "sm_clock_mhz": clock,
+            "sm_clock_max_mhz": np.full(n, 1980.0),
+            "throttle_reasons": reasons,
+            "pcie_tx_kbps": np.full(n, 900.0),
+            "pcie_rx_kbps": np.full(n, 500.0),
+            "ecc_corrected": np.zeros(n, dtype="int64"),
+            "ecc_uncorrected": np.zeros(n, dtype="int64"),
+            "xid": np.full(n, np.nan),
+        },
+    )
 
 
 def _const(value: str, n: int) -> pa.DictionaryArray:
@@ -177,7 +257,11 @@ def _write_table(rank_dir: Path, table: Table, columns: dict) -> None:
         else:
             arrays.append(pa.array(value, mask=np.isnan(value) if value.dtype.kind == "f" else None))
     buffer = io.BytesIO()
-    pacsv.write_csv(pa.table(arrays, names=table.column_names), buffer, pacsv.WriteOptions(include_header=False, quoting_style="none"))
+    pacsv.write_csv(
+        pa.table(arrays, names=table.column_names),
+        buffer,
+        pacsv.WriteOptions(include_header=False, quoting_style="none"),
+    )
     with open(rank_dir / table.file_name, "wb") as handle:
         handle.write(table.header().encode())
         handle.write(buffer.getvalue())

@@ -46,6 +46,8 @@ def main():
       diag triage traces/run1          explain a hang or NCCL timeout
       diag dashboard traces/run1       follow a run in the browser
       diag export traces/run1 --perfetto run1.json   one timeline for ui.perfetto.dev
+      diag analyze profiler_traces/    torch.profiler (Kineto) traces of every rank
+      diag telemetry --prometheus-port 9401   Prometheus node agent (NVML, live traces)
     """
 
 

@@ -295,7 +295,10 @@ def wait_per_rank_step(waits: CollectiveWaits) -> pd.Series:
     np.maximum.at(async_max, cell[~waits.blocking], waits.wait_us[~waits.blocking])
     seen = np.bincount(cell, minlength=n_ranks * n_steps) > 0
     index = pd.MultiIndex.from_arrays(
-        [np.arange(n_ranks * n_steps)[seen] // n_steps + rank_lo, np.arange(n_ranks * n_steps)[seen] % n_steps + step_lo],
+        [
+            np.arange(n_ranks * n_steps)[seen] // n_steps + rank_lo,
+            np.arange(n_ranks * n_steps)[seen] % n_steps + step_lo,
+        ],
         names=["rank", "step"],
     )
     return pd.Series((blocking_sum + async_max)[seen], index=index)

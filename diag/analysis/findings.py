@@ -75,7 +75,9 @@ def straggler_findings(report: StragglerReport, times: RankStepTimes, step_s: fl
         saved_us = joint_saving_us(times, fixed)
         finding = _straggler_finding("straggler", group, saved_us - saved_before_us, report.steps, step_s, cause)
         if len(causes) > 1:
-            finding.evidence.append(f"fixing every persistent straggler would save {all_us / max(report.steps, 1) / 1e3:.1f} ms/step; this one is credited what it adds once the slower ones are fixed")
+            finding.evidence.append(
+                f"fixing every persistent straggler would save {all_us / max(report.steps, 1) / 1e3:.1f} ms/step; this one is credited what it adds once the slower ones are fixed"
+            )
         out.append(finding)
         saved_before_us = saved_us
     transient = [s for s in report.stragglers if not s.persistent]
@@ -91,7 +93,10 @@ def _straggler_finding(kind, group: list[Straggler], lost_us: float, steps: int,
     who = _ranks_text(ranks)
     if kind == "straggler":
         worst = max(group, key=lambda s: s.slowdown)
-        title = f"{who[0].upper()}{who[1:]} {'is a' if len(ranks) == 1 else 'are'} persistent straggler{'s' * (len(ranks) > 1)} ({cause}): " f"{100 * worst.slowdown:+.0f}% work, costs the job {per_step * 1e3:.1f} ms/step"
+        title = (
+            f"{who[0].upper()}{who[1:]} {'is a' if len(ranks) == 1 else 'are'} persistent straggler{'s' * (len(ranks) > 1)} ({cause}): "
+            f"{100 * worst.slowdown:+.0f}% work, costs the job {per_step * 1e3:.1f} ms/step"
+        )
         advice = ADVICE[cause]
     else:
         title = f"Occasional slow steps on {who} (transient spikes) cost {per_step * 1e3:.1f} ms/step on average"
@@ -118,7 +123,9 @@ def exposed_time_findings(comms: CommsReport, times: RankStepTimes, step_s: floa
     if comms.exposed_comm_per_step_s and step_s and comms.exposed_comm_per_step_s >= EXPOSED_SHARE_MIN * step_s:
         per_step = comms.exposed_comm_per_step_s
         top = comms.collectives[:3]
-        evidence = [f"even the least-blocked rank waits {per_step * 1e3:.1f} ms/step in collectives ({100 * per_step / step_s:.0f}% of the step)"]
+        evidence = [
+            f"even the least-blocked rank waits {per_step * 1e3:.1f} ms/step in collectives ({100 * per_step / step_s:.0f}% of the step)"
+        ]
         evidence += [
             f"{c.op} on {c.pg} ({c.size_bucket}): {c.count} calls, {c.total_time_s:.2f} s in all, busbw {c.busbw_gbps or 0:.3g} GB/s"
             for c in top
@@ -148,7 +155,9 @@ def exposed_time_findings(comms: CommsReport, times: RankStepTimes, step_s: floa
                     [],
                     per_step * steps,
                     per_step,
-                    [f"the rank waiting least for data still waits {per_step * 1e3:.1f} ms in a median step ({100 * per_step / step_s:.0f}% of it)"],
+                    [
+                        f"the rank waiting least for data still waits {per_step * 1e3:.1f} ms in a median step ({100 * per_step / step_s:.0f}% of it)"
+                    ],
                     ADVICE["data"],
                 )
             )
@@ -166,26 +175,74 @@ def telemetry_findings(tel: TelemetryReport, stragglers: StragglerReport) -> lis
             for g in throttled[:10]
         ]
         note = " (its time cost is counted in the straggler finding)" if explained & {g.rank for g in throttled} else ""
-        out.append(_gpu_finding("gpu_throttle", "medium", f"{len(throttled)} GPU(s) throttled{note}", throttled, evidence, ADVICE["throttle"]))
+        out.append(
+            _gpu_finding(
+                "gpu_throttle",
+                "medium",
+                f"{len(throttled)} GPU(s) throttled{note}",
+                throttled,
+                evidence,
+                ADVICE["throttle"],
+            )
+        )
     errors = [g for g in tel.gpus if g.ecc_uncorrected or g.xids]
     if errors:
-        evidence = [f"rank {g.rank} ({g.host}:{g.gpu}): uncorrected ECC +{g.ecc_uncorrected}, XID {g.xids}" for g in errors[:10]]
-        out.append(_gpu_finding("gpu_error", "high", f"{len(errors)} GPU(s) reported errors", errors, evidence, "Drain these GPUs/nodes and report them: uncorrected ECC errors and XIDs precede crashes and silent corruption."))
+        evidence = [
+            f"rank {g.rank} ({g.host}:{g.gpu}): uncorrected ECC +{g.ecc_uncorrected}, XID {g.xids}" for g in errors[:10]
+        ]
+        out.append(
+            _gpu_finding(
+                "gpu_error",
+                "high",
+                f"{len(errors)} GPU(s) reported errors",
+                errors,
+                evidence,
+                "Drain these GPUs/nodes and report them: uncorrected ECC errors and XIDs precede crashes and silent corruption.",
+            )
+        )
     hot = [g for g in tel.gpus if g.hot and not g.throttled]
     if hot:
         evidence = [f"rank {g.rank} ({g.host}:{g.gpu}): max {g.temp_max_c:.0f} C" for g in hot[:10]]
-        out.append(_gpu_finding("gpu_hot", "low", f"{len(hot)} GPU(s) run hot", hot, evidence, "Check airflow and cooling before they throttle."))
+        out.append(
+            _gpu_finding(
+                "gpu_hot",
+                "low",
+                f"{len(hot)} GPU(s) run hot",
+                hot,
+                evidence,
+                "Check airflow and cooling before they throttle.",
+            )
+        )
     busy = [g for g in tel.gpus if g.util_mean_pct is not None and g.util_mean_pct >= 50]
     idle = [g for g in tel.gpus if g.idle] if busy else []
     if idle:
         evidence = [f"rank {g.rank} ({g.host}:{g.gpu}): utilisation {g.util_mean_pct:.0f}%" for g in idle[:10]]
-        out.append(_gpu_finding("gpu_idle", "medium", f"{len(idle)} GPU(s) mostly idle while others are busy", idle, evidence, "These GPUs wait on something else (data, CPU, peers); check their ranks' straggler and data-wait figures."))
+        out.append(
+            _gpu_finding(
+                "gpu_idle",
+                "medium",
+                f"{len(idle)} GPU(s) mostly idle while others are busy",
+                idle,
+                evidence,
+                "These GPUs wait on something else (data, CPU, peers); check their ranks' straggler and data-wait figures.",
+            )
+        )
     return out
 
 
 def _gpu_finding(kind, severity, title, gpus, evidence, advice) -> Finding:
-    return Finding(kind, severity, title, [g.rank for g in gpus], 0.0, 0.0, evidence, advice,
-                   hosts=sorted({g.host for g in gpus if g.host}), gpus=[f"{g.host}:{g.gpu}" for g in gpus])
+    return Finding(
+        kind,
+        severity,
+        title,
+        [g.rank for g in gpus],
+        0.0,
+        0.0,
+        evidence,
+        advice,
+        hosts=sorted({g.host for g in gpus if g.host}),
+        gpus=[f"{g.host}:{g.gpu}" for g in gpus],
+    )
 
 
 def memory_findings(mem: MemoryReport) -> list[Finding]:
@@ -198,32 +255,88 @@ def memory_findings(mem: MemoryReport) -> list[Finding]:
             for r in leaks[:10]
         ]
         soon = any(r.steps_to_oom is not None and r.steps_to_oom < 100_000 for r in leaks)
-        out.append(Finding("memory_leak", "high" if soon else "medium", f"Memory grows steadily on {_ranks_text([r.rank for r in leaks])} (leak suspected)",
-                           [r.rank for r in leaks], 0.0, 0.0, evidence,
-                           "Look for tensors kept across steps (losses appended without .item(), caches, hooks holding graphs); torch.cuda.memory._record_memory_history shows who allocates."))
+        out.append(
+            Finding(
+                "memory_leak",
+                "high" if soon else "medium",
+                f"Memory grows steadily on {_ranks_text([r.rank for r in leaks])} (leak suspected)",
+                [r.rank for r in leaks],
+                0.0,
+                0.0,
+                evidence,
+                "Look for tensors kept across steps (losses appended without .item(), caches, hooks holding graphs); torch.cuda.memory._record_memory_history shows who allocates.",
+            )
+        )
     near = [r for r in mem.per_rank if r.near_oom]
     if near:
-        evidence = [f"rank {r.rank}: peak reserved {r.peak_reserved_bytes / 2**30:.1f} GiB of {r.device_total_bytes / 2**30:.1f} GiB ({r.headroom_pct:.0f}% free)" for r in near[:10]]
-        out.append(Finding("memory_headroom", "medium", f"{len(near)} rank(s) close to out-of-memory", [r.rank for r in near], 0.0, 0.0, evidence,
-                           "Reduce micro-batch or activation memory (activation checkpointing), or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."))
+        evidence = [
+            f"rank {r.rank}: peak reserved {r.peak_reserved_bytes / 2**30:.1f} GiB of {r.device_total_bytes / 2**30:.1f} GiB ({r.headroom_pct:.0f}% free)"
+            for r in near[:10]
+        ]
+        out.append(
+            Finding(
+                "memory_headroom",
+                "medium",
+                f"{len(near)} rank(s) close to out-of-memory",
+                [r.rank for r in near],
+                0.0,
+                0.0,
+                evidence,
+                "Reduce micro-batch or activation memory (activation checkpointing), or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+            )
+        )
     retries = [r for r in mem.per_rank if r.alloc_retries]
     if retries:
-        evidence = [f"rank {r.rank}: {r.alloc_retries} cudaMalloc retries, fragmentation {r.fragmentation_pct or 0:.0f}%" for r in retries[:10]]
-        out.append(Finding("allocator_retries", "medium", f"The caching allocator had to free its cache and retry on {len(retries)} rank(s)", [r.rank for r in retries], 0.0, 0.0, evidence,
-                           "Each retry synchronises the device; use expandable_segments:True or lower peak memory."))
+        evidence = [
+            f"rank {r.rank}: {r.alloc_retries} cudaMalloc retries, fragmentation {r.fragmentation_pct or 0:.0f}%"
+            for r in retries[:10]
+        ]
+        out.append(
+            Finding(
+                "allocator_retries",
+                "medium",
+                f"The caching allocator had to free its cache and retry on {len(retries)} rank(s)",
+                [r.rank for r in retries],
+                0.0,
+                0.0,
+                evidence,
+                "Each retry synchronises the device; use expandable_segments:True or lower peak memory.",
+            )
+        )
     ooms = [r for r in mem.per_rank if r.ooms]
     if ooms:
-        out.append(Finding("oom", "high", f"Out-of-memory errors on {_ranks_text([r.rank for r in ooms])}", [r.rank for r in ooms], 0.0, 0.0,
-                           [f"rank {r.rank}: {r.ooms} OOMs" for r in ooms[:10]], "See the rank's events.jsonl and memory summary for what held the memory."))
+        out.append(
+            Finding(
+                "oom",
+                "high",
+                f"Out-of-memory errors on {_ranks_text([r.rank for r in ooms])}",
+                [r.rank for r in ooms],
+                0.0,
+                0.0,
+                [f"rank {r.rank}: {r.ooms} OOMs" for r in ooms[:10]],
+                "See the rank's events.jsonl and memory summary for what held the memory.",
+            )
+        )
     return out
 
 
 def mfu_findings(mfu: MfuReport) -> list[Finding]:
     if mfu.median is None or mfu.median >= LOW_MFU:
         return []
-    return [Finding("low_mfu", "low", f"Model FLOPs utilisation is {100 * mfu.median:.0f}% of the {mfu.device or 'device'} peak", [], 0.0, 0.0,
-                    [f"{mfu.tflops_per_gpu:.1f} TFLOP/s per GPU achieved; peak from {mfu.peak_source}; FLOPs from {mfu.flops_source}"],
-                    "Once the findings above are fixed: larger micro-batches, fused kernels, torch.compile, bf16.")]
+    return [
+        Finding(
+            "low_mfu",
+            "low",
+            f"Model FLOPs utilisation is {100 * mfu.median:.0f}% of the {mfu.device or 'device'} peak",
+            [],
+            0.0,
+            0.0,
+            [
+                f"{mfu.tflops_per_gpu:.1f} TFLOP/s per GPU achieved; peak from {mfu.peak_source}; FLOPs from {mfu.flops_source}"
+            ],
+            "Once the findings above are fixed: larger micro-batches, fused kernels, torch.compile, bf16.",
+        )
+    ]
 
 
 def _ranks_text(ranks: list[int], limit: int = 6) -> str:

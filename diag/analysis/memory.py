@@ -107,7 +107,9 @@ def analyze_memory(mem_w: pd.DataFrame, device_total: dict[int, int]) -> MemoryR
 
 def _growth(mem_w: pd.DataFrame, metric: str) -> dict[int, tuple[float, float]]:
     """Per rank least-squares slope (bytes per step) and r² of ``metric`` against the step, vectorised."""
-    frame = pd.DataFrame({"rank": mem_w["rank"], "x": mem_w["step"].astype("float64"), "y": mem_w[metric].astype("float64")}).dropna()
+    frame = pd.DataFrame(
+        {"rank": mem_w["rank"], "x": mem_w["step"].astype("float64"), "y": mem_w[metric].astype("float64")}
+    ).dropna()
     if frame.empty:
         return {}
     frame["x"] -= frame.groupby("rank")["x"].transform("mean")
@@ -130,4 +132,3 @@ def _int(value) -> int | None:
 
 def _float(value) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
-

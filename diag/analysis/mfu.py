@@ -15,7 +15,9 @@ import pandas as pd
 from diag.analysis.peaks import lookup_peak_tflops
 
 
-def transformer_flops_per_step(n_params: float, tokens: float, n_layers: int | None = None, seq_len: int | None = None, d_model: int | None = None) -> float:
+def transformer_flops_per_step(
+    n_params: float, tokens: float, n_layers: int | None = None, seq_len: int | None = None, d_model: int | None = None
+) -> float:
     """6·N·tokens (forward + backward of the weights) plus the attention term 12·L·s·d·tokens when the shape
     is known (PaLM paper, appendix B). ``tokens`` are this rank's tokens in one step."""
     flops = 6.0 * n_params * tokens
@@ -52,7 +54,12 @@ class MfuReport:
 
 
 def analyze_mfu(
-    times: pd.DataFrame, manifests: pd.DataFrame, steps_w: pd.DataFrame, flops_override: float | None, peak_override: float | None, replicas: int
+    times: pd.DataFrame,
+    manifests: pd.DataFrame,
+    steps_w: pd.DataFrame,
+    flops_override: float | None,
+    peak_override: float | None,
+    replicas: int,
 ) -> MfuReport:
     """``times``: rank, step, iteration_us. ``replicas``: ranks sharing one batch (tp·pp·cp) for throughput."""
     report = MfuReport()
@@ -123,7 +130,10 @@ def _peaks(ranks: list[int], manifests: pd.DataFrame, override: float | None):
     given = pd.to_numeric(_manifest_column(manifests, ranks, "peak_tflops"), errors="coerce")
     if given.notna().all():
         return given, "manifest", device, dtype, ""
-    looked_up = [lookup_peak_tflops(n if isinstance(n, str) else None, d if isinstance(d, str) else None) for n, d in zip(names, dtypes, strict=True)]
+    looked_up = [
+        lookup_peak_tflops(n if isinstance(n, str) else None, d if isinstance(d, str) else None)
+        for n, d in zip(names, dtypes, strict=True)
+    ]
     values = pd.Series([lk.tflops for lk in looked_up], index=ranks, dtype="float64")
     values = given.fillna(values)
     if values.isna().any():

@@ -51,7 +51,9 @@ class RunInfo:
 class Timeline:
     """Series the views draw: per step across ranks, and per rank across steps (medians, in ms)."""
 
-    per_step: list[dict] = field(default_factory=list)  # step, iteration_median_ms, iteration_max_ms, busy_median_ms, busy_max_ms, slowest_rank
+    per_step: list[dict] = field(
+        default_factory=list
+    )  # step, iteration_median_ms, iteration_max_ms, busy_median_ms, busy_max_ms, slowest_rank
     per_rank: list[dict] = field(default_factory=list)  # rank, host, busy_ms, compute_ms, data_wait_ms, comm_wait_ms
 
 
@@ -87,7 +89,11 @@ class Report:
             "run": run,
             "findings": _plain(self.findings),
             "stragglers": _plain(self.stragglers.stragglers),
-            "straggler_method": {"wait_source": self.stragglers.wait_source, "steps": self.stragglers.steps, "note": self.stragglers.note},
+            "straggler_method": {
+                "wait_source": self.stragglers.wait_source,
+                "steps": self.stragglers.steps,
+                "note": self.stragglers.note,
+            },
             "mfu": _plain(self.mfu),
             "comms": _plain(self.comms),
             "memory": _plain(self.memory),
@@ -98,7 +104,12 @@ class Report:
         }
 
 
-def analyze(trace: Trace, steps: str | tuple | None = None, peak_tflops: float | None = None, flops_per_step: float | None = None) -> Report:
+def analyze(
+    trace: Trace,
+    steps: str | tuple | None = None,
+    peak_tflops: float | None = None,
+    flops_per_step: float | None = None,
+) -> Report:
     step_range = parse_step_range(steps) if isinstance(steps, str) else steps
     window = choose_window(trace.steps, step_range)
     steps_w = select(trace.steps, window)
@@ -129,7 +140,17 @@ def analyze(trace: Trace, steps: str | tuple | None = None, peak_tflops: float |
     run = _run_info(trace, window, ranks_info)
     timeline = _timeline(times.frame, hosts)
     return Report(
-        run, fnd.rank_findings(found), stragglers, mfu, comms, memory, telemetry, timeline, bubble, pipeline_timeline, gpu_time
+        run,
+        fnd.rank_findings(found),
+        stragglers,
+        mfu,
+        comms,
+        memory,
+        telemetry,
+        timeline,
+        bubble,
+        pipeline_timeline,
+        gpu_time,
     )
 
 
@@ -201,7 +222,9 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame) -> Run
     skipped = [{"path": s.path, "reason": s.reason, "lines": s.lines} for s in trace.skipped]
     notes = list(window.notes)
     if trace.ranks_missing:
-        notes.append(f"{len(trace.ranks_missing)} of {trace.world_size} ranks have no traces; the report covers the others")
+        notes.append(
+            f"{len(trace.ranks_missing)} of {trace.world_size} ranks have no traces; the report covers the others"
+        )
     return RunInfo(
         path=str(trace.path),
         run_id=None if trace.run_id is None else str(trace.run_id),

@@ -124,7 +124,10 @@ def find_stragglers(
     f["spike"] = excess > SPIKE_FRACTION * f["median_busy_us"]
     saved = _saved_per_rank_step(f)
     per_rank = f.groupby("rank").agg(
-        busy_median_us=("busy_us", "median"), slow_fraction=("slow", "mean"), spikes=("spike", "sum"), peers=("peers", "first")
+        busy_median_us=("busy_us", "median"),
+        slow_fraction=("slow", "mean"),
+        spikes=("spike", "sum"),
+        peers=("peers", "first"),
     )
     per_rank["saved_us"] = saved.reindex(per_rank.index, fill_value=0.0)
     peers_busy_us = per_rank.groupby("peers")["busy_median_us"].transform("median")
@@ -171,7 +174,9 @@ def joint_saving_us(times: RankStepTimes, ranks: list[int]) -> float:
         times.step_median_busy_us = f.groupby(["peers", "step"])["busy_us"].median()
         times.step_max_busy_us = f.groupby(["peers", "step"])["busy_us"].max()
     median, slowest = times.step_median_busy_us, times.step_max_busy_us
-    others = f[~f["rank"].isin(ranks)].groupby(["peers", "step"])["busy_us"].max().reindex(slowest.index, fill_value=0.0)
+    others = (
+        f[~f["rank"].isin(ranks)].groupby(["peers", "step"])["busy_us"].max().reindex(slowest.index, fill_value=0.0)
+    )
     return float((slowest - np.maximum(others, median)).clip(lower=0).sum())
 
 
@@ -192,7 +197,9 @@ def _saved_per_rank_step(f: pd.DataFrame) -> pd.Series:
     return pd.Series(saved, index=rank[top]).groupby(level=0).sum()
 
 
-def _assign_causes(stragglers: list[Straggler], ranks_info: pd.DataFrame, throttled: dict[int, float], persistent: set) -> None:
+def _assign_causes(
+    stragglers: list[Straggler], ranks_info: pd.DataFrame, throttled: dict[int, float], persistent: set
+) -> None:
     slow_hosts = _hosts_all_slow(stragglers, ranks_info, persistent)
     for s in stragglers:
         excess = max(s.excess_data_wait_ms, 0) + max(s.excess_compute_ms, 0)
@@ -216,7 +223,9 @@ def _assign_causes(stragglers: list[Straggler], ranks_info: pd.DataFrame, thrott
         if s.last_arrival_fraction is not None:
             s.evidence.append(f"arrived last at {100 * s.last_arrival_fraction:.0f}% of its collectives")
         what = "of the steps" if s.persistent else "(spikes only)"
-        s.evidence.append(f"slow in {100 * s.steps_slow_fraction:.0f}% {what}; median work {100 * s.slowdown:+.0f}% vs median rank")
+        s.evidence.append(
+            f"slow in {100 * s.steps_slow_fraction:.0f}% {what}; median work {100 * s.slowdown:+.0f}% vs median rank"
+        )
 
 
 def _hosts_all_slow(stragglers: list[Straggler], ranks_info: pd.DataFrame, persistent: set) -> set[str]:

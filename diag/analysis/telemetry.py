@@ -13,7 +13,13 @@ import pandas as pd
 
 from diag.trace.schema import THROTTLE_REASONS
 
-SLOWING_REASONS = {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+SLOWING_REASONS = {
+    "sw_power_cap",
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+}
 THROTTLED_SHARE = 0.2  # a GPU throttled in this share of its samples is called throttled
 HOT_C = 85.0  # sustained temperature where H100/A100 start thermal slowdown (~87-90 C): a warning sign
 IDLE_UTIL_PCT = 20.0

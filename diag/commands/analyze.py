@@ -36,12 +36,34 @@ def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step, ki
 
 @click.command("analyze")
 @click.argument("trace_dir", required=False, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True, help="Output format on stdout.")
-@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML report with figures.")
-@click.option("--steps", "steps", metavar="A:B", help="Analyse steps A <= step < B (default: all complete steps after warm-up).")
-@click.option("--peak-tflops", type=float, help="Dense peak TFLOP/s per GPU for MFU (overrides the manifest and the datasheet table).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "markdown", "json"]),
+    default="text",
+    show_default=True,
+    help="Output format on stdout.",
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write a self-contained HTML report with figures.",
+)
+@click.option(
+    "--steps", "steps", metavar="A:B", help="Analyse steps A <= step < B (default: all complete steps after warm-up)."
+)
+@click.option(
+    "--peak-tflops",
+    type=float,
+    help="Dense peak TFLOP/s per GPU for MFU (overrides the manifest and the datasheet table).",
+)
 @click.option("--flops-per-step", type=float, help="Model FLOPs of one step on one rank (overrides the manifest).")
-@click.option("--no-cache", is_flag=True, help="Do not read or write the cache in TRACE_DIR/.diag-cache (loaded tables and reports).")
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Do not read or write the cache in TRACE_DIR/.diag-cache (loaded tables and reports).",
+)
 def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_cache):
     """Analyse a trace directory: stragglers, MFU, communication, memory and GPU telemetry,
     with findings ranked by the time each one costs. TRACE_DIR may also be a directory of
@@ -79,7 +101,9 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
         state = cache.get_result(result_name)
         if state is not None:
             report = Report.from_state(state)
-            click.echo(f"(report read from the cache in {trace_dir}/.diag-cache; use --no-cache to recompute)", err=True)
+            click.echo(
+                f"(report read from the cache in {trace_dir}/.diag-cache; use --no-cache to recompute)", err=True
+            )
     if report is None:
         report = _analyse(trace_dir, cache, step_range, peak_tflops, flops_per_step, kineto)
         if cache is not None:

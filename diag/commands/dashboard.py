@@ -24,10 +24,21 @@ def is_loopback(host: str) -> bool:
 
 @click.command("dashboard")
 @click.argument("trace_dir", required=False, type=click.Path(path_type=Path, file_okay=False))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind. Anything but loopback exposes the traces: a token is then required.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind. Anything but loopback exposes the traces: a token is then required.",
+)
 @click.option("--port", default=8050, show_default=True, type=int)
-@click.option("--token", envvar="DIAG_DASHBOARD_TOKEN", help="Secret every request must carry (env DIAG_DASHBOARD_TOKEN). Generated when binding beyond loopback without one.")
-@click.option("--refresh-s", default=3.0, show_default=True, type=float, help="How often pages re-read what the run appended.")
+@click.option(
+    "--token",
+    envvar="DIAG_DASHBOARD_TOKEN",
+    help="Secret every request must carry (env DIAG_DASHBOARD_TOKEN). Generated when binding beyond loopback without one.",
+)
+@click.option(
+    "--refresh-s", default=3.0, show_default=True, type=float, help="How often pages re-read what the run appended."
+)
 def command(trace_dir, host, port, token, refresh_s):
     """Serve a live dashboard of TRACE_DIR: findings, stragglers, communication, memory, GPU telemetry,
     pipeline and triage pages, updated while the job writes.
@@ -46,7 +57,10 @@ def command(trace_dir, host, port, token, refresh_s):
     if not is_loopback(host):
         if not token:
             token = secrets.token_urlsafe(18)
-        click.echo(f"WARNING: binding {host}: anyone who can reach this port can read the traces; requests need the token.", err=True)
+        click.echo(
+            f"WARNING: binding {host}: anyone who can reach this port can read the traces; requests need the token.",
+            err=True,
+        )
     from diag.dashboard.app import create_app
     from diag.dashboard.data import LiveTrace
 

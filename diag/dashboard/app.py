@@ -38,7 +38,9 @@ body { font-family: system-ui, sans-serif; margin: 0; color: #222; }
 """
 
 
-def create_app(trace_dir: str | Path, token: str | None = None, refresh_ms: int = REFRESH_MS, live: LiveTrace | None = None) -> dash.Dash:
+def create_app(
+    trace_dir: str | Path, token: str | None = None, refresh_ms: int = REFRESH_MS, live: LiveTrace | None = None
+) -> dash.Dash:
     """The Dash app over ``trace_dir``. Loads the trace once (``live`` may be given already loaded) and starts
     the background poller; ``app.live`` is the ``LiveTrace``."""
     if live is None:
@@ -71,7 +73,19 @@ def _layout(refresh_ms: int):
                 [
                     html.Span("diag dashboard", className="title"),
                     *links,
-                    html.Span(["rank ", dcc.Input(id="rank-input", type="number", min=0, debounce=True, placeholder="select", style={"width": "80px"})]),
+                    html.Span(
+                        [
+                            "rank ",
+                            dcc.Input(
+                                id="rank-input",
+                                type="number",
+                                min=0,
+                                debounce=True,
+                                placeholder="select",
+                                style={"width": "80px"},
+                            ),
+                        ]
+                    ),
                 ],
                 className="header",
             ),
@@ -132,7 +146,13 @@ def _register_page(app: dash.Dash, live: LiveTrace, page: Page) -> None:
     outputs += [Output(page.text_id(t), "children") for t in page.texts]
     outputs.append(Output(page.shown_id, "data"))
 
-    @app.callback(outputs, Input(page.opened_id, "data"), Input("tick", "n_intervals"), Input("selected-rank", "data"), State(page.shown_id, "data"))
+    @app.callback(
+        outputs,
+        Input(page.opened_id, "data"),
+        Input("tick", "n_intervals"),
+        Input("selected-rank", "data"),
+        State(page.shown_id, "data"),
+    )
     def update(_opened, _tick, rank, shown):
         snap = live.snapshot
         key = [snap.version, rank]

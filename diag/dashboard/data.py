@@ -61,7 +61,13 @@ class LiveTrace:
     """Incremental view of one trace directory. ``refresh()`` reads what was appended and publishes a new
     ``Snapshot`` when anything changed; ``start()`` runs it every ``poll_interval_s`` on a daemon thread."""
 
-    def __init__(self, trace_dir: str | Path, poll_interval_s: float = POLL_INTERVAL_S, stale_after_s: float = STALE_AFTER_S, triage: bool = True):
+    def __init__(
+        self,
+        trace_dir: str | Path,
+        poll_interval_s: float = POLL_INTERVAL_S,
+        stale_after_s: float = STALE_AFTER_S,
+        triage: bool = True,
+    ):
         self.trace_dir = Path(trace_dir)
         # called with each new snapshot before it is published, on the poll thread: the app fills the
         # snapshot's memo with the figures' aggregations there, so that callbacks only draw
@@ -101,7 +107,9 @@ class LiveTrace:
             return False
         changed = self._absorb(data)
         if not self._ranks:
-            self._publish_error(f"no diag traces in {self.trace_dir}: expected rank00000/, rank00001/, ... sub-directories written by diag.init")
+            self._publish_error(
+                f"no diag traces in {self.trace_dir}: expected rank00000/, rank00001/, ... sub-directories written by diag.init"
+            )
             return False
         self._dirty |= changed
         if self._dirty and (self.snapshot.trace is None or time.monotonic() >= self._next_publish_s):
@@ -207,7 +215,9 @@ class LiveTrace:
     def _publish_error(self, message: str) -> None:
         if self.snapshot.error != message:
             with self._lock:
-                self.snapshot = Snapshot(self.snapshot.version + 1, self.trace_dir, error=message, loaded_at_s=time.time(), run_state="error")
+                self.snapshot = Snapshot(
+                    self.snapshot.version + 1, self.trace_dir, error=message, loaded_at_s=time.time(), run_state="error"
+                )
 
     def _replace(self, **changes) -> None:
         """Publish a copy of the current snapshot with ``changes`` and a new version. The data is the same, so
@@ -274,7 +284,9 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
         return parts[0]
     out = pd.concat(parts, ignore_index=True)
     for column in parts[-1].columns:
-        if isinstance(parts[-1][column].dtype, pd.CategoricalDtype) and not isinstance(out[column].dtype, pd.CategoricalDtype):
+        if isinstance(parts[-1][column].dtype, pd.CategoricalDtype) and not isinstance(
+            out[column].dtype, pd.CategoricalDtype
+        ):
             out[column] = out[column].astype("category")
     return out
 
@@ -322,7 +334,9 @@ def rank_states(trace: Trace, last_record_us: dict[int, int], stale_after_s: flo
             states.append(STALE)
         else:
             states.append(LIVE)
-    return pd.DataFrame({"rank": ranks, "state": states, "last_record_us": last.to_numpy(), "behind_s": behind_s.to_numpy()})
+    return pd.DataFrame(
+        {"rank": ranks, "state": states, "last_record_us": last.to_numpy(), "behind_s": behind_s.to_numpy()}
+    )
 
 
 def _true(value) -> bool:
@@ -505,5 +519,7 @@ def telemetry_frame(trace: Trace) -> pd.DataFrame:
     aligned = tel["time_us"].to_numpy(dtype="float64") - offsets.reindex(tel["rank"]).to_numpy()
     mask = sum(bit for bit, name in THROTTLE_REASONS.items() if name in SLOWING_REASONS)
     bits = tel["throttle_reasons"].fillna(0).to_numpy(dtype="int64")
-    out = tel[["rank", "gpu", "util_pct", "sm_clock_mhz", "power_w", "temp_c"]].astype({c: "float64" for c in ("util_pct", "sm_clock_mhz", "power_w", "temp_c")})
+    out = tel[["rank", "gpu", "util_pct", "sm_clock_mhz", "power_w", "temp_c"]].astype(
+        {c: "float64" for c in ("util_pct", "sm_clock_mhz", "power_w", "temp_c")}
+    )
     return out.assign(t_s=(aligned - aligned.min()) / 1e6, throttled=((bits & mask) != 0).astype("float64"))

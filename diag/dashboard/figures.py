@@ -64,10 +64,19 @@ def step_time_figure(per_step: pd.DataFrame, selected: pd.DataFrame) -> go.Figur
     if per_step.empty:
         return message_figure("Step time", "no complete steps yet")
     fig = _base("Step time", "step", "ms")
-    fig.add_scatter(x=per_step["step"].to_numpy(), y=_f32(per_step["iteration_median_ms"]), name="median rank", line={"color": FLEET_COLOR})
     fig.add_scatter(
-        x=per_step["step"].to_numpy(), y=_f32(per_step["iteration_max_ms"]), name="slowest rank", line={"color": STRAGGLER_COLOR},
-        customdata=_ranks(per_step["slowest_rank"].to_numpy()), hovertemplate="step %{x}: %{y:.1f} ms (rank %{customdata})<extra></extra>",
+        x=per_step["step"].to_numpy(),
+        y=_f32(per_step["iteration_median_ms"]),
+        name="median rank",
+        line={"color": FLEET_COLOR},
+    )
+    fig.add_scatter(
+        x=per_step["step"].to_numpy(),
+        y=_f32(per_step["iteration_max_ms"]),
+        name="slowest rank",
+        line={"color": STRAGGLER_COLOR},
+        customdata=_ranks(per_step["slowest_rank"].to_numpy()),
+        hovertemplate="step %{x}: %{y:.1f} ms (rank %{customdata})<extra></extra>",
     )
     _add_selected_line(fig, selected, "step", "iteration_us", 1e-3)
     return fig
@@ -77,7 +86,9 @@ def mfu_figure(per_step: pd.DataFrame, reason: str | None) -> go.Figure:
     if per_step.empty:
         return message_figure("MFU", f"MFU unknown: {reason}" if reason else "MFU unknown")
     fig = _base("MFU per step", "step", "MFU %")
-    fig.add_scatter(x=per_step["step"].to_numpy(), y=_f32(100 * per_step["mfu"]), name="MFU", line={"color": FLEET_COLOR})
+    fig.add_scatter(
+        x=per_step["step"].to_numpy(), y=_f32(100 * per_step["mfu"]), name="MFU", line={"color": FLEET_COLOR}
+    )
     return fig
 
 
@@ -109,21 +120,39 @@ def rank_state_figure(states: pd.DataFrame, selected_rank: int | None) -> go.Fig
     title = "Ranks: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in order if counts.get(s, 0))
     fig = _base(title, "", "", height_px=HEIGHT_PX)
     fig.add_heatmap(
-        z=code.reshape(rows, cols), customdata=_ranks(rank.reshape(rows, cols)), zmin=0, zmax=len(order), colorscale=colorscale,
-        showscale=False, xgap=1, ygap=1, hovertemplate="rank %{customdata}<extra></extra>",
+        z=code.reshape(rows, cols),
+        customdata=_ranks(rank.reshape(rows, cols)),
+        zmin=0,
+        zmax=len(order),
+        colorscale=colorscale,
+        showscale=False,
+        xgap=1,
+        ygap=1,
+        hovertemplate="rank %{customdata}<extra></extra>",
     )
     if selected_rank is not None and selected_rank in set(states["rank"]):
         i = int(np.flatnonzero(states["rank"].to_numpy() == selected_rank)[0])
-        fig.add_shape(type="rect", x0=i % cols - 0.5, x1=i % cols + 0.5, y0=i // cols - 0.5, y1=i // cols + 0.5, line={"color": "black", "width": 3})
+        fig.add_shape(
+            type="rect",
+            x0=i % cols - 0.5,
+            x1=i % cols + 0.5,
+            y0=i // cols - 0.5,
+            y1=i // cols + 0.5,
+            line={"color": "black", "width": 3},
+        )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed")
     for state in order:  # legend entries for the colours
-        fig.add_scatter(x=[None], y=[None], mode="markers", marker={"color": STATE_COLORS[state], "symbol": "square"}, name=state)
+        fig.add_scatter(
+            x=[None], y=[None], mode="markers", marker={"color": STATE_COLORS[state], "symbol": "square"}, name=state
+        )
     return fig
 
 
 # -- stragglers ---------------------------------------------------------------------------------------------
-def heatmap_figure(matrix: Matrix, title: str, stragglers: list, selected_rank: int | None, zmax_ms: float | None = None) -> dict:
+def heatmap_figure(
+    matrix: Matrix, title: str, stragglers: list, selected_rank: int | None, zmax_ms: float | None = None
+) -> dict:
     """Rank group x step window, each cell the largest value (ms) in it. Straggler rows are labelled.
 
     Returned as a plain dict: the per-cell ranks (customdata) are added after plotly's validation, which
@@ -132,16 +161,31 @@ def heatmap_figure(matrix: Matrix, title: str, stragglers: list, selected_rank: 
     grouped = len(matrix.row_first_rank) and (matrix.row_last_rank != matrix.row_first_rank).any()
     windowed = len(matrix.col_first_step) and (matrix.col_last_step != matrix.col_first_step).any()
     what = "ranks %{y}.. " if grouped else "rank %{y} "
-    fig = _base(title + (" (max per rank group and step window)" if grouped or windowed else ""), "step", "rank", height_px=420)
+    fig = _base(
+        title + (" (max per rank group and step window)" if grouped or windowed else ""), "step", "rank", height_px=420
+    )
     fig.add_heatmap(
-        z=_f32(z_ms), x=matrix.col_first_step, y=matrix.row_first_rank, colorscale="Viridis",
-        zmin=0, zmax=zmax_ms, colorbar={"title": "ms", "x": 1.16},
+        z=_f32(z_ms),
+        x=matrix.col_first_step,
+        y=matrix.row_first_rank,
+        colorscale="Viridis",
+        zmin=0,
+        zmax=zmax_ms,
+        colorbar={"title": "ms", "x": 1.16},
         hovertemplate=what + "step %{x}: %{z:.1f} ms (rank %{customdata})<extra></extra>",
     )
     for s in stragglers:
         y = _row_of(matrix, s.rank)
         if y is not None:
-            fig.add_annotation(x=1.005, xref="paper", xanchor="left", y=y, text=f"◀ rank {s.rank} ({s.cause})", showarrow=False, font={"color": STRAGGLER_COLOR, "size": 11})
+            fig.add_annotation(
+                x=1.005,
+                xref="paper",
+                xanchor="left",
+                y=y,
+                text=f"◀ rank {s.rank} ({s.cause})",
+                showarrow=False,
+                font={"color": STRAGGLER_COLOR, "size": 11},
+            )
     y = _row_of(matrix, selected_rank)
     if y is not None:
         fig.add_hline(y=y, line={"color": SELECTED_COLOR, "width": 1, "dash": "dot"})
@@ -160,7 +204,9 @@ def _row_of(matrix: Matrix, rank: int | None):
     return None if not len(inside) else matrix.row_first_rank[inside[0]]
 
 
-def rank_distribution_figure(q: pd.DataFrame, title: str, straggler_ranks: set[int], selected_rank: int | None) -> go.Figure:
+def rank_distribution_figure(
+    q: pd.DataFrame, title: str, straggler_ranks: set[int], selected_rank: int | None
+) -> go.Figure:
     """Each rank's median over its steps, with whiskers from its 5th to its 95th percentile."""
     if q.empty:
         return message_figure(title, "no steps recorded")
@@ -168,9 +214,19 @@ def rank_distribution_figure(q: pd.DataFrame, title: str, straggler_ranks: set[i
     p50 = q["p50"].to_numpy() / 1e3
     colors = np.where(q["rank"].isin(straggler_ranks), STRAGGLER_COLOR, FLEET_COLOR)
     fig.add_scatter(
-        x=q["rank"].to_numpy(), y=_f32(p50), mode="markers", name="median (p5..p95)", customdata=_ranks(q["rank"].to_numpy()),
+        x=q["rank"].to_numpy(),
+        y=_f32(p50),
+        mode="markers",
+        name="median (p5..p95)",
+        customdata=_ranks(q["rank"].to_numpy()),
         marker={"color": colors, "size": 6 if len(q) < 200 else 4},
-        error_y={"type": "data", "array": _f32(q["p95"] / 1e3 - p50), "arrayminus": _f32(p50 - q["p5"] / 1e3), "thickness": 1, "width": 0},
+        error_y={
+            "type": "data",
+            "array": _f32(q["p95"] / 1e3 - p50),
+            "arrayminus": _f32(p50 - q["p5"] / 1e3),
+            "thickness": 1,
+            "width": 0,
+        },
         hovertemplate="rank %{x}: median %{y:.1f} ms<extra></extra>",
     )
     _add_selected_marker(fig, q.rename(columns={"p50": "value"}).assign(value=p50), selected_rank)
@@ -183,14 +239,26 @@ def rank_vs_median_figure(median: pd.DataFrame, mine: pd.DataFrame, rank: int | 
     indexed by step)."""
     title = "Selected rank vs the median rank"
     if rank is None:
-        return message_figure(title, "click a rank in any figure (or type one above) to compare it with the median rank")
+        return message_figure(
+            title, "click a rank in any figure (or type one above) to compare it with the median rank"
+        )
     if mine.empty:
         return message_figure(title, f"rank {rank} recorded no steps")
     fig = _base(f"Rank {rank} vs the median rank", "step", "ms")
     mine = mine.sort_values("step")
     for column, label, dash in (("compute_us", "compute", None), ("wait_us", "wait", "dot")):
-        fig.add_scatter(x=median.index.to_numpy(), y=_f32(median[column] / 1e3), name=f"median {label}", line={"color": FLEET_COLOR, "dash": dash})
-        fig.add_scatter(x=mine["step"].to_numpy(), y=_f32(mine[column] / 1e3), name=f"rank {rank} {label}", line={"color": SELECTED_COLOR, "dash": dash})
+        fig.add_scatter(
+            x=median.index.to_numpy(),
+            y=_f32(median[column] / 1e3),
+            name=f"median {label}",
+            line={"color": FLEET_COLOR, "dash": dash},
+        )
+        fig.add_scatter(
+            x=mine["step"].to_numpy(),
+            y=_f32(mine[column] / 1e3),
+            name=f"rank {rank} {label}",
+            line={"color": SELECTED_COLOR, "dash": dash},
+        )
     return fig
 
 
@@ -213,8 +281,12 @@ def bandwidth_figure(collectives: list) -> go.Figure:
     if not with_bw:
         return message_figure("Bandwidth", "no collective with a measurable transfer time")
     fig = _base("Bus bandwidth by op and size (nccl-tests busbw)", "", "GB/s")
-    fig.add_bar(x=[f"{c.op} {c.size_bucket} pg{c.pg}" for c in with_bw], y=_f32([c.busbw_gbps for c in with_bw]), name="busbw")
-    fig.add_bar(x=[f"{c.op} {c.size_bucket} pg{c.pg}" for c in with_bw], y=_f32([c.algbw_gbps for c in with_bw]), name="algbw")
+    fig.add_bar(
+        x=[f"{c.op} {c.size_bucket} pg{c.pg}" for c in with_bw], y=_f32([c.busbw_gbps for c in with_bw]), name="busbw"
+    )
+    fig.add_bar(
+        x=[f"{c.op} {c.size_bucket} pg{c.pg}" for c in with_bw], y=_f32([c.algbw_gbps for c in with_bw]), name="algbw"
+    )
     fig.update_layout(barmode="group")
     return fig
 
@@ -223,13 +295,30 @@ def comm_wait_figure(per_rank: list, selected_rank: int | None) -> go.Figure:
     """Per rank: share of its step time waiting for peers in collectives, and blocked in communication."""
     if not per_rank:
         return message_figure("Wait per rank", "no steps recorded")
-    frame = pd.DataFrame([{"rank": r.rank, "wait": r.wait_share_pct, "blocked": r.blocked_share_pct, "last": r.last_arrival_fraction} for r in per_rank])
+    frame = pd.DataFrame(
+        [
+            {"rank": r.rank, "wait": r.wait_share_pct, "blocked": r.blocked_share_pct, "last": r.last_arrival_fraction}
+            for r in per_rank
+        ]
+    )
     fig = _base("Communication wait per rank", "rank", "% of step time")
     small = len(frame) < 200
-    fig.add_scatter(x=frame["rank"].to_numpy(), y=_f32(frame["blocked"]), mode="markers", name="blocked in communication", customdata=_ranks(frame["rank"].to_numpy()), marker={"size": 6 if small else 3})
     fig.add_scatter(
-        x=frame["rank"].to_numpy(), y=_f32(frame["wait"]), mode="markers", name="waiting for the last rank", customdata=_ranks(frame["rank"].to_numpy()),
-        marker={"size": 6 if small else 3}, text=[f"arrived last at {100 * v:.0f}%" for v in frame["last"]],
+        x=frame["rank"].to_numpy(),
+        y=_f32(frame["blocked"]),
+        mode="markers",
+        name="blocked in communication",
+        customdata=_ranks(frame["rank"].to_numpy()),
+        marker={"size": 6 if small else 3},
+    )
+    fig.add_scatter(
+        x=frame["rank"].to_numpy(),
+        y=_f32(frame["wait"]),
+        mode="markers",
+        name="waiting for the last rank",
+        customdata=_ranks(frame["rank"].to_numpy()),
+        marker={"size": 6 if small else 3},
+        text=[f"arrived last at {100 * v:.0f}%" for v in frame["last"]],
         hovertemplate="rank %{x}: %{y:.1f}% waiting, %{text}<extra></extra>",
     )
     _add_selected_marker(fig, frame.rename(columns={"blocked": "value"}), selected_rank)
@@ -238,26 +327,55 @@ def comm_wait_figure(per_rank: list, selected_rank: int | None) -> go.Figure:
 
 
 # -- memory -------------------------------------------------------------------------------------------------
-def memory_figure(band: pd.DataFrame, metric: str, selected: pd.DataFrame, reserved_selected: pd.DataFrame, ooms: pd.DataFrame) -> go.Figure:
+def memory_figure(
+    band: pd.DataFrame, metric: str, selected: pd.DataFrame, reserved_selected: pd.DataFrame, ooms: pd.DataFrame
+) -> go.Figure:
     """Memory in use at each step's end: the fleet's min..max band and median, the selected rank's
     allocated and reserved, and OOM markers."""
-    title = "CUDA memory allocated" if metric == "allocated_bytes" else "Process memory (RSS; no CUDA allocator on this run)"
+    title = (
+        "CUDA memory allocated"
+        if metric == "allocated_bytes"
+        else "Process memory (RSS; no CUDA allocator on this run)"
+    )
     if band.empty:
         return message_figure(title, "no memory readings recorded")
     fig = _base(title, "step", "GiB")
     gib = 2.0**30
     x = band["x"].to_numpy()
-    fig.add_scatter(x=x, y=_f32(band["max"] / gib), name="max over ranks", line={"width": 0}, showlegend=False, hoverinfo="skip")
-    fig.add_scatter(x=x, y=_f32(band["min"] / gib), name="min..max over ranks", fill="tonexty", line={"width": 0}, fillcolor="rgba(31,119,180,0.2)")
+    fig.add_scatter(
+        x=x, y=_f32(band["max"] / gib), name="max over ranks", line={"width": 0}, showlegend=False, hoverinfo="skip"
+    )
+    fig.add_scatter(
+        x=x,
+        y=_f32(band["min"] / gib),
+        name="min..max over ranks",
+        fill="tonexty",
+        line={"width": 0},
+        fillcolor="rgba(31,119,180,0.2)",
+    )
     fig.add_scatter(x=x, y=_f32(band["median"] / gib), name="median rank", line={"color": FLEET_COLOR})
     if len(selected):
         rank = int(selected["rank"].iloc[0])
-        fig.add_scatter(x=selected["step"].to_numpy(), y=_f32(selected[metric] / gib), name=f"rank {rank}", line={"color": SELECTED_COLOR})
+        fig.add_scatter(
+            x=selected["step"].to_numpy(),
+            y=_f32(selected[metric] / gib),
+            name=f"rank {rank}",
+            line={"color": SELECTED_COLOR},
+        )
         if len(reserved_selected) and reserved_selected["reserved_bytes"].notna().any():
-            fig.add_scatter(x=reserved_selected["step"].to_numpy(), y=_f32(reserved_selected["reserved_bytes"].astype("float64") / gib), name=f"rank {rank} reserved", line={"color": SELECTED_COLOR, "dash": "dot"})
-    for step in sorted(set(ooms["step"])) [:50]:
+            fig.add_scatter(
+                x=reserved_selected["step"].to_numpy(),
+                y=_f32(reserved_selected["reserved_bytes"].astype("float64") / gib),
+                name=f"rank {rank} reserved",
+                line={"color": SELECTED_COLOR, "dash": "dot"},
+            )
+    for step in sorted(set(ooms["step"]))[:50]:
         ranks = ooms.loc[ooms["step"] == step, "rank"].tolist()
-        fig.add_vline(x=step, line={"color": "black", "dash": "dash"}, annotation_text=f"OOM rank {ranks[0]}" + (f" +{len(ranks) - 1}" if len(ranks) > 1 else ""))
+        fig.add_vline(
+            x=step,
+            line={"color": "black", "dash": "dash"},
+            annotation_text=f"OOM rank {ranks[0]}" + (f" +{len(ranks) - 1}" if len(ranks) > 1 else ""),
+        )
     return fig
 
 
@@ -265,42 +383,117 @@ def memory_per_rank_figure(per_rank: list, selected_rank: int | None) -> go.Figu
     """Per rank: fragmentation (reserved but unallocated), headroom before OOM, and suspected leaks."""
     if not per_rank:
         return message_figure("Memory per rank", "no memory readings recorded")
-    frame = pd.DataFrame([{"rank": r.rank, "frag": r.fragmentation_pct, "headroom": r.headroom_pct, "leak": r.leak_suspected, "growth": r.growth_bytes_per_step} for r in per_rank])
+    frame = pd.DataFrame(
+        [
+            {
+                "rank": r.rank,
+                "frag": r.fragmentation_pct,
+                "headroom": r.headroom_pct,
+                "leak": r.leak_suspected,
+                "growth": r.growth_bytes_per_step,
+            }
+            for r in per_rank
+        ]
+    )
     fig = _base("Memory per rank", "rank", "%")
     small = len(frame) < 200
     if frame["frag"].notna().any():
-        fig.add_scatter(x=frame["rank"].to_numpy(), y=_f32(frame["frag"]), mode="markers", name="fragmentation %", customdata=_ranks(frame["rank"].to_numpy()), marker={"size": 6 if small else 3})
+        fig.add_scatter(
+            x=frame["rank"].to_numpy(),
+            y=_f32(frame["frag"]),
+            mode="markers",
+            name="fragmentation %",
+            customdata=_ranks(frame["rank"].to_numpy()),
+            marker={"size": 6 if small else 3},
+        )
     if frame["headroom"].notna().any():
-        fig.add_scatter(x=frame["rank"].to_numpy(), y=_f32(frame["headroom"]), mode="markers", name="headroom before OOM %", customdata=_ranks(frame["rank"].to_numpy()), marker={"size": 6 if small else 3})
+        fig.add_scatter(
+            x=frame["rank"].to_numpy(),
+            y=_f32(frame["headroom"]),
+            mode="markers",
+            name="headroom before OOM %",
+            customdata=_ranks(frame["rank"].to_numpy()),
+            marker={"size": 6 if small else 3},
+        )
     leaks = frame[frame["leak"]]
     if len(leaks):
-        fig.add_scatter(x=leaks["rank"].to_numpy(), y=np.zeros(len(leaks), dtype="float32"), mode="markers+text", name="leak suspected", text=[f"leak rank {r}" for r in leaks["rank"]], textposition="top center", customdata=_ranks(leaks["rank"].to_numpy()), marker={"color": STRAGGLER_COLOR, "size": 10, "symbol": "triangle-up"})
+        fig.add_scatter(
+            x=leaks["rank"].to_numpy(),
+            y=np.zeros(len(leaks), dtype="float32"),
+            mode="markers+text",
+            name="leak suspected",
+            text=[f"leak rank {r}" for r in leaks["rank"]],
+            textposition="top center",
+            customdata=_ranks(leaks["rank"].to_numpy()),
+            marker={"color": STRAGGLER_COLOR, "size": 10, "symbol": "triangle-up"},
+        )
     if len(fig.data) == 0:
-        return message_figure("Memory per rank", "no CUDA allocator statistics on this run (CPU): fragmentation and headroom unknown")
+        return message_figure(
+            "Memory per rank", "no CUDA allocator statistics on this run (CPU): fragmentation and headroom unknown"
+        )
     _few_ranks_ticks(fig, len(frame))
     return fig
 
 
 # -- telemetry ----------------------------------------------------------------------------------------------
-TELEMETRY_PANELS = (("util_pct", "utilisation %"), ("sm_clock_mhz", "SM clock MHz"), ("power_w", "power W"), ("temp_c", "temperature °C"), ("throttled", "throttled (0/1)"))
+TELEMETRY_PANELS = (
+    ("util_pct", "utilisation %"),
+    ("sm_clock_mhz", "SM clock MHz"),
+    ("power_w", "power W"),
+    ("temp_c", "temperature °C"),
+    ("throttled", "throttled (0/1)"),
+)
 
 
 def telemetry_figure(bands: dict[str, pd.DataFrame], selected: pd.DataFrame, rank: int | None) -> go.Figure:
     """One panel per metric over time (s since the first sample): fleet band, median, and the selected GPU."""
     if all(b.empty for b in bands.values()):
         return message_figure("GPU telemetry", "no GPU telemetry (CPU run, or NVML unavailable)")
-    fig = make_subplots(rows=len(TELEMETRY_PANELS), cols=1, shared_xaxes=True, subplot_titles=[t for _, t in TELEMETRY_PANELS], vertical_spacing=0.04)
+    fig = make_subplots(
+        rows=len(TELEMETRY_PANELS),
+        cols=1,
+        shared_xaxes=True,
+        subplot_titles=[t for _, t in TELEMETRY_PANELS],
+        vertical_spacing=0.04,
+    )
     for i, (column, _) in enumerate(TELEMETRY_PANELS, start=1):
         band = bands[column]
         if band.empty:
             continue
         x = _f32(band["x"])
         fig.add_scatter(x=x, y=_f32(band["max"]), line={"width": 0}, showlegend=False, hoverinfo="skip", row=i, col=1)
-        fig.add_scatter(x=x, y=_f32(band["min"]), fill="tonexty", line={"width": 0}, fillcolor="rgba(31,119,180,0.2)", name="min..max over GPUs", showlegend=i == 1, row=i, col=1)
-        fig.add_scatter(x=x, y=_f32(band["median"]), line={"color": FLEET_COLOR}, name="median GPU", showlegend=i == 1, row=i, col=1)
+        fig.add_scatter(
+            x=x,
+            y=_f32(band["min"]),
+            fill="tonexty",
+            line={"width": 0},
+            fillcolor="rgba(31,119,180,0.2)",
+            name="min..max over GPUs",
+            showlegend=i == 1,
+            row=i,
+            col=1,
+        )
+        fig.add_scatter(
+            x=x, y=_f32(band["median"]), line={"color": FLEET_COLOR}, name="median GPU", showlegend=i == 1, row=i, col=1
+        )
         if len(selected) and column in selected:
-            fig.add_scatter(x=_f32(selected["t_s"]), y=_f32(selected[column]), line={"color": SELECTED_COLOR}, name=f"rank {rank}'s GPU", showlegend=i == 1, row=i, col=1)
-    fig.update_layout(height=200 * len(TELEMETRY_PANELS), margin={"l": 60, "r": 20, "t": 40, "b": 40}, uirevision="keep", plot_bgcolor="white", title={"text": "GPU telemetry over time", "x": 0.01, "font": {"size": 14}}, legend={"orientation": "h", "x": 0.35, "y": 1.06, "yanchor": "bottom"})
+            fig.add_scatter(
+                x=_f32(selected["t_s"]),
+                y=_f32(selected[column]),
+                line={"color": SELECTED_COLOR},
+                name=f"rank {rank}'s GPU",
+                showlegend=i == 1,
+                row=i,
+                col=1,
+            )
+    fig.update_layout(
+        height=200 * len(TELEMETRY_PANELS),
+        margin={"l": 60, "r": 20, "t": 40, "b": 40},
+        uirevision="keep",
+        plot_bgcolor="white",
+        title={"text": "GPU telemetry over time", "x": 0.01, "font": {"size": 14}},
+        legend={"orientation": "h", "x": 0.35, "y": 1.06, "yanchor": "bottom"},
+    )
     fig.update_xaxes(**_AXIS)
     fig.update_yaxes(**_AXIS)
     fig.update_xaxes(title_text="s since the first sample", row=len(TELEMETRY_PANELS), col=1)
@@ -311,12 +504,33 @@ def gpu_summary_figure(gpus: list, selected_rank: int | None) -> go.Figure:
     """Per GPU: mean SM clock as a share of its max; throttled GPUs in orange with their reasons."""
     if not gpus:
         return message_figure("GPUs", "no GPU telemetry (CPU run, or NVML unavailable)")
-    frame = pd.DataFrame([{"rank": g.rank, "value": g.sm_clock_vs_max_pct, "temp": g.temp_max_c, "throttled": g.throttled, "reasons": ", ".join(sorted(g.throttle_share)) or "none"} for g in gpus])
+    frame = pd.DataFrame(
+        [
+            {
+                "rank": g.rank,
+                "value": g.sm_clock_vs_max_pct,
+                "temp": g.temp_max_c,
+                "throttled": g.throttled,
+                "reasons": ", ".join(sorted(g.throttle_share)) or "none",
+            }
+            for g in gpus
+        ]
+    )
     fig = _base("SM clock vs max per GPU (orange: throttled)", "rank", "% of max SM clock")
     fig.add_scatter(
-        x=frame["rank"].to_numpy(), y=_f32(frame["value"]), mode="markers", name="GPUs", customdata=_ranks(frame["rank"].to_numpy()),
-        marker={"color": np.where(frame["throttled"], STRAGGLER_COLOR, FLEET_COLOR), "size": 6 if len(frame) < 200 else 4},
-        text=[f"max {t:.0f} °C, reasons: {r}" if t == t and t is not None else f"reasons: {r}" for t, r in zip(frame["temp"], frame["reasons"], strict=True)],
+        x=frame["rank"].to_numpy(),
+        y=_f32(frame["value"]),
+        mode="markers",
+        name="GPUs",
+        customdata=_ranks(frame["rank"].to_numpy()),
+        marker={
+            "color": np.where(frame["throttled"], STRAGGLER_COLOR, FLEET_COLOR),
+            "size": 6 if len(frame) < 200 else 4,
+        },
+        text=[
+            f"max {t:.0f} °C, reasons: {r}" if t == t and t is not None else f"reasons: {r}"
+            for t, r in zip(frame["temp"], frame["reasons"], strict=True)
+        ],
         hovertemplate="rank %{x}: %{y:.0f}% of max clock, %{text}<extra></extra>",
     )
     _add_selected_marker(fig, frame, selected_rank)
@@ -329,11 +543,24 @@ def bubble_figure(report) -> go.Figure:
     """Per stage and step: busy time and idle time split into warm-up, steady and cool-down (a BubbleReport)."""
     fig = _base("Pipeline stages: busy and idle per step", "stage", "ms per step")
     stages = [f"stage {s.stage}" for s in report.per_stage]
-    for attr, label, color in (("busy_s", "busy", FLEET_COLOR), ("warmup_idle_s", "idle: warm-up", "#bbbbbb"), ("steady_idle_s", "idle: steady", STRAGGLER_COLOR), ("cooldown_idle_s", "idle: cool-down", "#888888")):
-        fig.add_bar(x=stages, y=_f32([1e3 * getattr(s, attr) for s in report.per_stage]), name=label, marker_color=color)
+    for attr, label, color in (
+        ("busy_s", "busy", FLEET_COLOR),
+        ("warmup_idle_s", "idle: warm-up", "#bbbbbb"),
+        ("steady_idle_s", "idle: steady", STRAGGLER_COLOR),
+        ("cooldown_idle_s", "idle: cool-down", "#888888"),
+    ):
+        fig.add_bar(
+            x=stages, y=_f32([1e3 * getattr(s, attr) for s in report.per_stage]), name=label, marker_color=color
+        )
     fig.update_layout(barmode="stack")
     for s in report.per_stage:
-        fig.add_annotation(x=f"stage {s.stage}", y=1e3 * (s.busy_s + s.idle_s), text=f"{100 * s.bubble_fraction:.0f}% idle", showarrow=False, yshift=10)
+        fig.add_annotation(
+            x=f"stage {s.stage}",
+            y=1e3 * (s.busy_s + s.idle_s),
+            text=f"{100 * s.bubble_fraction:.0f}% idle",
+            showarrow=False,
+            yshift=10,
+        )
     return fig
 
 
@@ -348,10 +575,22 @@ def _add_selected_marker(fig: go.Figure, frame: pd.DataFrame, rank: int | None) 
         return
     row = frame[frame["rank"] == rank]
     if len(row) and pd.notna(row["value"].iloc[0]):
-        fig.add_scatter(x=[rank], y=[float(row["value"].iloc[0])], mode="markers", name=f"rank {rank} (selected)", customdata=[rank], marker={"color": SELECTED_COLOR, "size": 14, "symbol": "circle-open", "line": {"width": 3}})
+        fig.add_scatter(
+            x=[rank],
+            y=[float(row["value"].iloc[0])],
+            mode="markers",
+            name=f"rank {rank} (selected)",
+            customdata=[rank],
+            marker={"color": SELECTED_COLOR, "size": 14, "symbol": "circle-open", "line": {"width": 3}},
+        )
 
 
 def _add_selected_line(fig: go.Figure, selected: pd.DataFrame, x: str, column: str, scale: float) -> None:
     if len(selected):
         rank = int(selected["rank"].iloc[0])
-        fig.add_scatter(x=selected[x].to_numpy(), y=_f32(selected[column] * scale), name=f"rank {rank}", line={"color": SELECTED_COLOR, "width": 1})
+        fig.add_scatter(
+            x=selected[x].to_numpy(),
+            y=_f32(selected[column] * scale),
+            name=f"rank {rank}",
+            line={"color": SELECTED_COLOR, "width": 1},
+        )

@@ -50,7 +50,9 @@ class Page:
     def layout(self):
         children = [html.H2(self.title), html.P(self.intro, className="intro") if self.intro else None]
         children += [html.Div(id=self.text_id(name), className="text-block") for name in self.texts]
-        children += [dcc.Graph(id=self.graph_id(name), config={"displaylogo": False}, className="graph") for name in self.graphs]
+        children += [
+            dcc.Graph(id=self.graph_id(name), config={"displaylogo": False}, className="graph") for name in self.graphs
+        ]
         children += [dcc.Store(id=self.shown_id), dcc.Store(id=self.opened_id, data=0)]
         return html.Div([c for c in children if c is not None], className="page", id=f"page-{self.key}")
 
@@ -77,7 +79,10 @@ def _pct(value) -> str:
 
 def _table(header: list[str], rows: list[list], cls: str = "table") -> html.Table:
     return html.Table(
-        [html.Thead(html.Tr([html.Th(h) for h in header])), html.Tbody([html.Tr([html.Td(str(c)) for c in row]) for row in rows])],
+        [
+            html.Thead(html.Tr([html.Th(h) for h in header])),
+            html.Tbody([html.Tr([html.Td(str(c)) for c in row]) for row in rows]),
+        ],
         className=cls,
     )
 
@@ -131,19 +136,43 @@ def _summary(snap: d.Snapshot) -> html.Div:
         ("steps analysed", f"{w.steps_analysed} (steps {w.first_step}..{w.last_step} of {w.steps_recorded} recorded)"),
         ("step time (median)", _ms(mfu.step_time_median_s)),
         ("MFU", _pct(mfu.median) if mfu.median is not None else f"unknown ({mfu.reason})"),
-        ("throughput", f"{mfu.tokens_per_s:,.0f} tokens/s" if mfu.tokens_per_s else f"{mfu.samples_per_s:,.1f} samples/s" if mfu.samples_per_s else "-"),
+        (
+            "throughput",
+            f"{mfu.tokens_per_s:,.0f} tokens/s"
+            if mfu.tokens_per_s
+            else f"{mfu.samples_per_s:,.1f} samples/s"
+            if mfu.samples_per_s
+            else "-",
+        ),
     ]
-    return html.Div([html.Div([html.Span(k, className="card-key"), html.Span(v, className="card-value")], className="card") for k, v in items], className="cards")
+    return html.Div(
+        [
+            html.Div([html.Span(k, className="card-key"), html.Span(v, className="card-value")], className="card")
+            for k, v in items
+        ],
+        className="cards",
+    )
 
 
 def _findings(findings: list) -> html.Div:
     if not findings:
         return html.Div("No findings: nothing in this run costs measurable time.", id="findings-none")
     rows = [
-        [x.severity, x.title, ", ".join(map(str, x.ranks[:8])) + (" ..." if len(x.ranks) > 8 else ""), f"{1e3 * x.time_lost_per_step_s:.1f} ms", x.advice[:160]]
+        [
+            x.severity,
+            x.title,
+            ", ".join(map(str, x.ranks[:8])) + (" ..." if len(x.ranks) > 8 else ""),
+            f"{1e3 * x.time_lost_per_step_s:.1f} ms",
+            x.advice[:160],
+        ]
         for x in findings[:MAX_FINDINGS_SHOWN]
     ]
-    return html.Div([html.H3("Findings, by time lost"), _table(["severity", "finding", "ranks", "lost per step", "advice"], rows, "table findings")])
+    return html.Div(
+        [
+            html.H3("Findings, by time lost"),
+            _table(["severity", "finding", "ranks", "lost per step", "advice"], rows, "table findings"),
+        ]
+    )
 
 
 def _problems(snap: d.Snapshot) -> html.Div:
@@ -156,7 +185,9 @@ def _problems(snap: d.Snapshot) -> html.Div:
     trace = snap.trace
     if trace is not None:
         if trace.ranks_missing:
-            lines.append(f"{len(trace.ranks_missing)} ranks have no trace directory: {_ranks_text(trace.ranks_missing)}")
+            lines.append(
+                f"{len(trace.ranks_missing)} ranks have no trace directory: {_ranks_text(trace.ranks_missing)}"
+            )
         lines += [str(s) for s in trace.skipped[:20]]
         if len(trace.skipped) > 20:
             lines.append(f"... {len(trace.skipped) - 20} more files or rows skipped")
@@ -164,11 +195,15 @@ def _problems(snap: d.Snapshot) -> html.Div:
         lines += snap.report.run.notes
     if not lines:
         return html.Div()
-    return html.Div([html.H3("What is missing or was left out"), html.Ul([html.Li(x) for x in lines])], className="problems")
+    return html.Div(
+        [html.H3("What is missing or was left out"), html.Ul([html.Li(x) for x in lines])], className="problems"
+    )
 
 
 def _ranks_text(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks[:MAX_RANKS_LISTED])) + (f", ... ({len(ranks)} in all)" if len(ranks) > MAX_RANKS_LISTED else "")
+    return ", ".join(map(str, ranks[:MAX_RANKS_LISTED])) + (
+        f", ... ({len(ranks)} in all)" if len(ranks) > MAX_RANKS_LISTED else ""
+    )
 
 
 # -- stragglers ---------------------------------------------------------------------------------------------
@@ -188,9 +223,17 @@ def update_stragglers(snap: d.Snapshot, rank: int | None) -> dict:
     return {
         "named": _stragglers_text(report),
         "compute": f.heatmap_figure(compute, "Compute time per rank and step", stragglers, rank, zmax_compute),
-        "wait": f.heatmap_figure(wait, "Wait time (blocked in communication) per rank and step", stragglers, rank, zmax_wait),
-        "distribution": f.rank_distribution_figure(quantiles, "Work per step (data wait + compute), per rank", _straggler_ranks(snap), rank),
-        "rank": f.rank_vs_median_figure(snap.memo("median_by_step", lambda: times.groupby("step")[["compute_us", "wait_us"]].median()), d.one_rank(times, rank), rank),
+        "wait": f.heatmap_figure(
+            wait, "Wait time (blocked in communication) per rank and step", stragglers, rank, zmax_wait
+        ),
+        "distribution": f.rank_distribution_figure(
+            quantiles, "Work per step (data wait + compute), per rank", _straggler_ranks(snap), rank
+        ),
+        "rank": f.rank_vs_median_figure(
+            snap.memo("median_by_step", lambda: times.groupby("step")[["compute_us", "wait_us"]].median()),
+            d.one_rank(times, rank),
+            rank,
+        ),
     }
 
 
@@ -211,10 +254,18 @@ def _stragglers_text(report) -> html.Div:
         return html.Div(f"No straggler found in {sr.steps} steps{note}.", id="stragglers-none")
     items = []
     for s in sr.stragglers:
-        where = ", ".join(x for x in (f"host {s.host}" if s.host else "", f"GPU {s.gpu}" if s.gpu is not None else "") if x)
+        where = ", ".join(
+            x for x in (f"host {s.host}" if s.host else "", f"GPU {s.gpu}" if s.gpu is not None else "") if x
+        )
         kind = "persistent" if s.persistent else "transient"
         head = f"Rank {s.rank}{f' ({where})' if where else ''}: {kind} straggler, cause: {s.cause}; {100 * s.slowdown:+.0f}% work vs the median rank, costs {_ms(s.time_saved_per_step_s)} per step"
-        items.append(html.Li([html.B(head), html.Ul([html.Li(e) for e in s.evidence])], className=f"straggler straggler-{s.cause}", id=f"straggler-{s.rank}"))
+        items.append(
+            html.Li(
+                [html.B(head), html.Ul([html.Li(e) for e in s.evidence])],
+                className=f"straggler straggler-{s.cause}",
+                id=f"straggler-{s.rank}",
+            )
+        )
     return html.Div([html.H3("Stragglers"), html.Ul(items)])
 
 
@@ -226,13 +277,17 @@ def update_comms(snap: d.Snapshot, rank: int | None) -> dict:
     comms = snap.report.comms
     lines = []
     if comms.exposed_comm_per_step_s is not None:
-        lines.append(f"Exposed communication (least any rank was blocked, median step): {_ms(comms.exposed_comm_per_step_s)} per step")
+        lines.append(
+            f"Exposed communication (least any rank was blocked, median step): {_ms(comms.exposed_comm_per_step_s)} per step"
+        )
     if comms.note:
         lines.append(comms.note)
     if rank is not None:
         mine = next((r for r in comms.per_rank if r.rank == rank), None)
         if mine is not None:
-            lines.append(f"Rank {rank}: waits for peers {mine.wait_share_pct:.1f}% of its step time, blocked in communication {mine.blocked_share_pct:.1f}%, arrived last at {100 * mine.last_arrival_fraction:.0f}% of its collectives")
+            lines.append(
+                f"Rank {rank}: waits for peers {mine.wait_share_pct:.1f}% of its step time, blocked in communication {mine.blocked_share_pct:.1f}%, arrived last at {100 * mine.last_arrival_fraction:.0f}% of its collectives"
+            )
     return {
         "summary": html.Ul([html.Li(x) for x in lines]),
         "collectives": f.collectives_figure(comms.collectives[:30]),
@@ -256,7 +311,9 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
         lines.append(report.note)
     leaks = [r for r in report.per_rank if r.leak_suspected]
     for r in leaks[:10]:
-        lines.append(f"Rank {r.rank}: memory grows {r.growth_bytes_per_step / 2**20:.1f} MiB per step (r² {r.growth_r2:.2f}): leak suspected")
+        lines.append(
+            f"Rank {r.rank}: memory grows {r.growth_bytes_per_step / 2**20:.1f} MiB per step (r² {r.growth_r2:.2f}): leak suspected"
+        )
     if report.closest_to_oom:
         lines.append(f"Closest to OOM: ranks {', '.join(map(str, report.closest_to_oom))}")
     if len(ooms):
@@ -277,13 +334,18 @@ def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
     # one window per sampling interval (about one sample of every GPU in each): finer windows would hold
     # only some GPUs and the band would jump between them
     windows = int(min(500, tel.groupby("rank").size().median())) if len(tel) else 1
-    bands = snap.memo("tel_bands", lambda: {c: d.fleet_band(tel, "t_s", c, max_points=windows) for c, _ in f.TELEMETRY_PANELS})
+    bands = snap.memo(
+        "tel_bands", lambda: {c: d.fleet_band(tel, "t_s", c, max_points=windows) for c, _ in f.TELEMETRY_PANELS}
+    )
     report = snap.report.telemetry
     lines = [report.note] if report.note else []
     for g in [g for g in report.gpus if g.throttled or g.hot or g.ecc_uncorrected or g.xids][:10]:
         what = [x for x, on in (("throttled", g.throttled), ("hot", g.hot)) if on]
         reasons = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(g.throttle_share.items()))
-        lines.append(f"Rank {g.rank} (host {g.host}, GPU {g.gpu}): {' and '.join(what) or 'errors'}; max {g.temp_max_c} °C; reasons: {reasons or 'none'}" + (f"; XIDs {g.xids}" if g.xids else ""))
+        lines.append(
+            f"Rank {g.rank} (host {g.host}, GPU {g.gpu}): {' and '.join(what) or 'errors'}; max {g.temp_max_c} °C; reasons: {reasons or 'none'}"
+            + (f"; XIDs {g.xids}" if g.xids else "")
+        )
     return {
         "summary": html.Ul([html.Li(x) for x in lines]) if lines else html.Div("No GPU throttled, hot or with errors."),
         "timeline": f.telemetry_figure(bands, d.one_rank(tel, rank, 2000), rank),
@@ -309,7 +371,11 @@ def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
         out = unavailable(page, why)
         out["body"] = html.Div(why, className="missing", id="pipeline-none")
         return out
-    theory = f"{100 * report.theoretical_fraction:.0f}%" if report.theoretical_fraction is not None else "unknown for this schedule"
+    theory = (
+        f"{100 * report.theoretical_fraction:.0f}%"
+        if report.theoretical_fraction is not None
+        else "unknown for this schedule"
+    )
     lines = [
         f"{report.schedule or 'unknown schedule'}: {report.stages} stages x {report.virtual_stages} chunks, {report.microbatches} micro-batches, {report.steps_analysed} steps analysed",
         f"Bubble: {100 * report.measured_fraction:.0f}% of the step measured, {theory} in theory ({report.theory})",
@@ -317,7 +383,11 @@ def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
         *report.notes,
     ]
     gantt = snap.memo("gantt", lambda: gantt_figure(snap.trace))
-    return {"body": html.Ul([html.Li(x) for x in lines], id="pipeline-summary"), "gantt": gantt, "bubbles": f.bubble_figure(report)}
+    return {
+        "body": html.Ul([html.Li(x) for x in lines], id="pipeline-summary"),
+        "gantt": gantt,
+        "bubbles": f.bubble_figure(report),
+    }
 
 
 # -- triage -------------------------------------------------------------------------------------------------
@@ -335,7 +405,17 @@ def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
     for r, info in ranks.items():
         example.setdefault(info.get("state"), int(r))
     shown = sorted(set(shown) | set(example.values()))[:MAX_RANKS_LISTED]
-    rows = [[r, ranks[str(r)].get("state"), ranks[str(r)].get("last_step"), ranks[str(r)].get("last_phase") or "", ranks[str(r)].get("detail", "")[:200], "culprit" if r in culprits else ""] for r in shown]
+    rows = [
+        [
+            r,
+            ranks[str(r)].get("state"),
+            ranks[str(r)].get("last_step"),
+            ranks[str(r)].get("last_phase") or "",
+            ranks[str(r)].get("detail", "")[:200],
+            "culprit" if r in culprits else "",
+        ]
+        for r in shown
+    ]
     coll = verdict.get("collective")
     body = [
         html.H3(f"Verdict: {verdict['verdict']}", id="triage-verdict"),
@@ -355,13 +435,62 @@ def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
 PAGES: dict[str, Page] = {
     p.path: p
     for p in (
-        Page("/", "Overview", ("steps", "mfu", "throughput", "ranks"), ("summary", "problems", "findings"), update_overview, "Findings ranked by the time they cost, step time and MFU over steps, and which ranks are live."),
-        Page("/stragglers", "Stragglers", ("compute", "wait", "distribution", "rank"), ("named",), update_stragglers, "Compute and wait time of every rank in every step. Click a cell or a point to select that rank on every page."),
-        Page("/communication", "Communication", ("collectives", "bandwidth", "wait"), ("summary",), update_comms, "Collective durations and bandwidth by op and size, and how long each rank waits for its peers."),
-        Page("/memory", "Memory", ("timeline", "per_rank"), ("summary",), update_memory, "Memory at the end of each step over all ranks, the selected rank's allocated and reserved, OOMs."),
-        Page("/telemetry", "GPU telemetry", ("timeline", "gpus"), ("summary",), update_telemetry, "Utilisation, clocks, power, temperature and throttling of every GPU over time."),
-        Page("/pipeline", "Pipeline", ("gantt", "bubbles"), ("body",), update_pipeline, "One step of the pipeline schedule per stage, and how long each stage idles in warm-up, steady state and cool-down."),
-        Page("/triage", "Triage", (), ("body",), update_triage, "For a hung or dead job: the verdict of diag triage and the state of each rank."),
+        Page(
+            "/",
+            "Overview",
+            ("steps", "mfu", "throughput", "ranks"),
+            ("summary", "problems", "findings"),
+            update_overview,
+            "Findings ranked by the time they cost, step time and MFU over steps, and which ranks are live.",
+        ),
+        Page(
+            "/stragglers",
+            "Stragglers",
+            ("compute", "wait", "distribution", "rank"),
+            ("named",),
+            update_stragglers,
+            "Compute and wait time of every rank in every step. Click a cell or a point to select that rank on every page.",
+        ),
+        Page(
+            "/communication",
+            "Communication",
+            ("collectives", "bandwidth", "wait"),
+            ("summary",),
+            update_comms,
+            "Collective durations and bandwidth by op and size, and how long each rank waits for its peers.",
+        ),
+        Page(
+            "/memory",
+            "Memory",
+            ("timeline", "per_rank"),
+            ("summary",),
+            update_memory,
+            "Memory at the end of each step over all ranks, the selected rank's allocated and reserved, OOMs.",
+        ),
+        Page(
+            "/telemetry",
+            "GPU telemetry",
+            ("timeline", "gpus"),
+            ("summary",),
+            update_telemetry,
+            "Utilisation, clocks, power, temperature and throttling of every GPU over time.",
+        ),
+        Page(
+            "/pipeline",
+            "Pipeline",
+            ("gantt", "bubbles"),
+            ("body",),
+            update_pipeline,
+            "One step of the pipeline schedule per stage, and how long each stage idles in warm-up, steady state and cool-down.",
+        ),
+        Page(
+            "/triage",
+            "Triage",
+            (),
+            ("body",),
+            update_triage,
+            "For a hung or dead job: the verdict of diag triage and the state of each rank.",
+        ),
     )
 }
 

@@ -218,7 +218,11 @@ def _parse_lenient(rows: pa.Buffer, table: Table) -> pa.Table:
         if column.dtype == "category":
             arrays.append(pa.array(values.astype(object).where(values.notna(), None), pa.string()).dictionary_encode())
         else:
-            arrays.append(pa.array(values.to_numpy(dtype="float64"), mask=values.isna().to_numpy()).cast(_ARROW_TYPES[column.dtype]))
+            arrays.append(
+                pa.array(values.to_numpy(dtype="float64"), mask=values.isna().to_numpy()).cast(
+                    _ARROW_TYPES[column.dtype]
+                )
+            )
     return pa.Table.from_arrays(arrays, schema=_arrow_schema(table))
 
 
@@ -401,7 +405,10 @@ def assemble_trace(path: Path, data: dict) -> Trace:
             run_id = counts.index[0]  # keep the run with the most ranks here; say which were left out
             others = manifests[manifests["run_id"] != run_id]["rank"].tolist()
             skipped.append(
-                Skipped(str(path), f"ranks {others} belong to other runs ({', '.join(map(str, counts.index[1:]))}); left out")
+                Skipped(
+                    str(path),
+                    f"ranks {others} belong to other runs ({', '.join(map(str, counts.index[1:]))}); left out",
+                )
             )
             data = _drop_ranks(data, set(others))
             manifests = data["manifests"]

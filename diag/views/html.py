@@ -11,9 +11,20 @@ from diag.views.text import blocks
 def render_html(report) -> str:
     import plotly.graph_objects as go  # only the HTML view needs plotly
 
-    figures = [f for f in (_step_figure(go, report), _rank_figure(go, report), _mfu_figure(go, report),
-                           _comms_figure(go, report), _memory_figure(go, report), _telemetry_figure(go, report),
-                           _pipeline_figure(report), _gpu_time_figure(go, report)) if f is not None]
+    figures = [
+        f
+        for f in (
+            _step_figure(go, report),
+            _rank_figure(go, report),
+            _mfu_figure(go, report),
+            _comms_figure(go, report),
+            _memory_figure(go, report),
+            _telemetry_figure(go, report),
+            _pipeline_figure(report),
+            _gpu_time_figure(go, report),
+        )
+        if f is not None
+    ]
     parts = []
     for i, fig in enumerate(figures):
         fig.update_layout(height=380, margin={"l": 60, "r": 20, "t": 50, "b": 50})
@@ -28,7 +39,7 @@ pre{{white-space:pre-wrap}}</style></head>
 <body><h1>{title}</h1>
 {sections}
 <h2>Figures</h2>
-{''.join(parts) if parts else '<p>No data to plot.</p>'}
+{"".join(parts) if parts else "<p>No data to plot.</p>"}
 </body></html>
 """
 
@@ -60,8 +71,13 @@ def _gpu_time_figure(go, report):
         return None
     ranks = [f"rank {r.rank}" for r in g.per_rank]
     fig = go.Figure()
-    for name, attr in (("compute", "compute_us"), ("exposed communication", "exposed_communication_us"),
-                       ("memory", "memory_us"), ("other", "other_us"), ("idle", "idle_us")):
+    for name, attr in (
+        ("compute", "compute_us"),
+        ("exposed communication", "exposed_communication_us"),
+        ("memory", "memory_us"),
+        ("other", "other_us"),
+        ("idle", "idle_us"),
+    ):
         fig.add_trace(go.Bar(x=ranks, y=[getattr(r, attr) / 1e3 for r in g.per_rank], name=name))
     fig.update_layout(barmode="stack", title="GPU time per rank (torch.profiler trace)", yaxis_title="ms")
     return fig
@@ -75,8 +91,14 @@ def _step_figure(go, report):
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=x, y=[s["iteration_median_ms"] for s in steps], name="iteration (median rank)"))
     fig.add_trace(go.Scatter(x=x, y=[s["busy_median_ms"] for s in steps], name="work, median rank"))
-    fig.add_trace(go.Scatter(x=x, y=[s["busy_max_ms"] for s in steps], name="work, slowest rank",
-                             text=[f"rank {s['slowest_rank']}" for s in steps]))
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=[s["busy_max_ms"] for s in steps],
+            name="work, slowest rank",
+            text=[f"rank {s['slowest_rank']}" for s in steps],
+        )
+    )
     fig.update_layout(title="Step time and work per step", xaxis_title="step", yaxis_title="ms")
     return fig
 
@@ -87,9 +109,18 @@ def _rank_figure(go, report):
         return None
     x = [r["rank"] for r in ranks]
     fig = go.Figure()
-    for key, name in (("compute_ms", "compute"), ("data_wait_ms", "data wait"), ("comm_wait_ms", "blocked in communication")):
+    for key, name in (
+        ("compute_ms", "compute"),
+        ("data_wait_ms", "data wait"),
+        ("comm_wait_ms", "blocked in communication"),
+    ):
         fig.add_trace(go.Bar(x=x, y=[r[key] for r in ranks], name=name))
-    fig.update_layout(barmode="stack", title="Median step per rank: compute, data wait, communication", xaxis_title="rank", yaxis_title="ms")
+    fig.update_layout(
+        barmode="stack",
+        title="Median step per rank: compute, data wait, communication",
+        xaxis_title="rank",
+        yaxis_title="ms",
+    )
     return fig
 
 
@@ -118,9 +149,18 @@ def _memory_figure(go, report):
     ranks = report.memory.per_rank
     if not ranks:
         return None
-    fig = go.Figure(go.Bar(x=[r.rank for r in ranks], y=[(r.growth_bytes_per_step or 0) / 2**20 for r in ranks],
-                           marker_color=["crimson" if r.leak_suspected else "steelblue" for r in ranks]))
-    fig.update_layout(title=f"Memory growth per step ({ranks[0].metric}); red: leak suspected", xaxis_title="rank", yaxis_title="MiB/step")
+    fig = go.Figure(
+        go.Bar(
+            x=[r.rank for r in ranks],
+            y=[(r.growth_bytes_per_step or 0) / 2**20 for r in ranks],
+            marker_color=["crimson" if r.leak_suspected else "steelblue" for r in ranks],
+        )
+    )
+    fig.update_layout(
+        title=f"Memory growth per step ({ranks[0].metric}); red: leak suspected",
+        xaxis_title="rank",
+        yaxis_title="MiB/step",
+    )
     return fig
 
 
@@ -128,7 +168,12 @@ def _telemetry_figure(go, report):
     gpus = report.telemetry.gpus
     if not gpus:
         return None
-    fig = go.Figure(go.Bar(x=[g.rank for g in gpus], y=[g.sm_clock_vs_max_pct for g in gpus],
-                           marker_color=["crimson" if g.throttled else "steelblue" for g in gpus]))
+    fig = go.Figure(
+        go.Bar(
+            x=[g.rank for g in gpus],
+            y=[g.sm_clock_vs_max_pct for g in gpus],
+            marker_color=["crimson" if g.throttled else "steelblue" for g in gpus],
+        )
+    )
     fig.update_layout(title="SM clock vs max per GPU (by rank); red: throttled", xaxis_title="rank", yaxis_title="%")
     return fig

@@ -18,7 +18,15 @@ class Block:
 
 
 def blocks(report) -> list[Block]:
-    out = [_run(report), _findings(report), _stragglers(report), _mfu(report), _comms(report), _memory(report), _telemetry(report)]
+    out = [
+        _run(report),
+        _findings(report),
+        _stragglers(report),
+        _mfu(report),
+        _comms(report),
+        _memory(report),
+        _telemetry(report),
+    ]
     if report.bubble is not None:
         out.append(_bubble(report))
     if getattr(report, "gpu_time", None) is not None:
@@ -95,11 +103,16 @@ def _run(report) -> Block:
     if w.first_step is None:
         block.lines.append(f"steps: {run.steps} recorded, none analysable")
     else:
-        block.lines.append(f"steps: {run.steps} recorded; analysed {w.steps_analysed} (steps {w.first_step}..{w.last_step})")
+        block.lines.append(
+            f"steps: {run.steps} recorded; analysed {w.steps_analysed} (steps {w.first_step}..{w.last_step})"
+        )
     block.lines.extend(f"note: {n}" for n in run.notes)
     if run.skipped_total:
         block.lines.append(f"skipped ({run.skipped_total}):")
-        block.lines.extend(f"  - {s['path']}: {s['reason']}" + (f" ({s['lines']} lines)" if s["lines"] else "") for s in run.skipped[:TOP_ROWS])
+        block.lines.extend(
+            f"  - {s['path']}: {s['reason']}" + (f" ({s['lines']} lines)" if s["lines"] else "")
+            for s in run.skipped[:TOP_ROWS]
+        )
         if run.skipped_total > TOP_ROWS:
             block.lines.append(f"  ... {run.skipped_total - TOP_ROWS} more (see --format json)")
     return block
@@ -110,7 +123,9 @@ def _findings(report) -> Block:
     if not report.findings:
         block.lines.append("No problems found in the analysed window.")
     for i, f in enumerate(report.findings, 1):
-        cost = f"{ms(f.time_lost_per_step_s)}/step, {f.time_lost_s:.1f} s in all" if f.time_lost_s else "no time lost yet"
+        cost = (
+            f"{ms(f.time_lost_per_step_s)}/step, {f.time_lost_s:.1f} s in all" if f.time_lost_s else "no time lost yet"
+        )
         block.lines.append(f"{i}. [{f.severity}] {f.title}  ({cost})")
         where = [f"ranks {_ranks(f.ranks)}"] if f.ranks else []
         where += [f"hosts {', '.join(f.hosts[:4])}"] if f.hosts else []
@@ -135,10 +150,19 @@ def _stragglers(report) -> Block:
         return block
     block.table = [["rank", "host", "gpu", "slowdown", "slow steps", "kind", "cause", "saved/step", "last arrival"]]
     for x in s.stragglers[:TOP_ROWS]:
-        block.table.append([
-            str(x.rank), x.host or "-", num(x.gpu, "{}"), pct(x.slowdown), pct(x.steps_slow_fraction),
-            "persistent" if x.persistent else "transient", x.cause, ms(x.time_saved_per_step_s), pct(x.last_arrival_fraction),
-        ])
+        block.table.append(
+            [
+                str(x.rank),
+                x.host or "-",
+                num(x.gpu, "{}"),
+                pct(x.slowdown),
+                pct(x.steps_slow_fraction),
+                "persistent" if x.persistent else "transient",
+                x.cause,
+                ms(x.time_saved_per_step_s),
+                pct(x.last_arrival_fraction),
+            ]
+        )
     return block
 
 
@@ -149,7 +173,9 @@ def _mfu(report) -> Block:
     if m.reason:
         block.lines.append(f"MFU unknown: {m.reason}")
     else:
-        block.lines.append(f"MFU: median {pct(m.median)}, mean {pct(m.mean)}, overall {pct(m.overall)}; {num(m.tflops_per_gpu)} TFLOP/s per GPU")
+        block.lines.append(
+            f"MFU: median {pct(m.median)}, mean {pct(m.mean)}, overall {pct(m.overall)}; {num(m.tflops_per_gpu)} TFLOP/s per GPU"
+        )
         block.lines.append(f"FLOPs from {m.flops_source}; peak from {m.peak_source}")
     if m.tokens_per_s is not None:
         block.lines.append(f"throughput: {m.tokens_per_s:,.0f} tokens/s")
@@ -162,21 +188,40 @@ def _comms(report) -> Block:
     c = report.comms
     block = Block("Communication")
     if c.exposed_comm_per_step_s is not None:
-        block.lines.append(f"exposed communication (the least-blocked rank, median step): {ms(c.exposed_comm_per_step_s)}")
+        block.lines.append(
+            f"exposed communication (the least-blocked rank, median step): {ms(c.exposed_comm_per_step_s)}"
+        )
     if c.note:
         block.lines.append(c.note)
     if c.collectives:
-        block.table = [["op", "pg", "size", "count", "p50", "p99", "transfer p50", "algbw GB/s", "busbw GB/s", "wait s", "total s"]]
+        block.table = [
+            ["op", "pg", "size", "count", "p50", "p99", "transfer p50", "algbw GB/s", "busbw GB/s", "wait s", "total s"]
+        ]
         for x in c.collectives[:TOP_ROWS]:
-            block.table.append([
-                x.op, x.pg, x.size_bucket, str(x.count), f"{x.duration_p50_us / 1e3:.2f} ms", f"{x.duration_p99_us / 1e3:.2f} ms",
-                f"{x.transfer_p50_us / 1e3:.2f} ms", num(x.algbw_gbps, "{:.3g}"), num(x.busbw_gbps, "{:.3g}"), f"{x.wait_total_s:.1f}", f"{x.total_time_s:.1f}",
-            ])
+            block.table.append(
+                [
+                    x.op,
+                    x.pg,
+                    x.size_bucket,
+                    str(x.count),
+                    f"{x.duration_p50_us / 1e3:.2f} ms",
+                    f"{x.duration_p99_us / 1e3:.2f} ms",
+                    f"{x.transfer_p50_us / 1e3:.2f} ms",
+                    num(x.algbw_gbps, "{:.3g}"),
+                    num(x.busbw_gbps, "{:.3g}"),
+                    f"{x.wait_total_s:.1f}",
+                    f"{x.total_time_s:.1f}",
+                ]
+            )
     if c.per_rank:
         worst = sorted(c.per_rank, key=lambda r: r.wait_share_pct, reverse=True)[:3]
         least = sorted(c.per_rank, key=lambda r: r.wait_share_pct)[:3]
-        block.lines.append("waiting for peers, share of step time: most " + ", ".join(f"rank {r.rank} {r.wait_share_pct:.1f}%" for r in worst)
-                           + "; least " + ", ".join(f"rank {r.rank} {r.wait_share_pct:.1f}%" for r in least))
+        block.lines.append(
+            "waiting for peers, share of step time: most "
+            + ", ".join(f"rank {r.rank} {r.wait_share_pct:.1f}%" for r in worst)
+            + "; least "
+            + ", ".join(f"rank {r.rank} {r.wait_share_pct:.1f}%" for r in least)
+        )
     return block
 
 
@@ -192,14 +237,27 @@ def _memory(report) -> Block:
     rows = flagged + [r for r in closest if r not in flagged]
     if not rows:
         rows = sorted(m.per_rank, key=lambda r: r.growth_bytes_per_step or 0, reverse=True)[:3]
-    block.lines.append(f"{len(m.per_rank)} ranks; metric for growth: {m.per_rank[0].metric}; showing flagged and closest to OOM")
-    block.table = [["rank", "peak alloc", "peak reserved", "headroom", "frag", "retries", "OOMs", "growth/step", "leak?"]]
+    block.lines.append(
+        f"{len(m.per_rank)} ranks; metric for growth: {m.per_rank[0].metric}; showing flagged and closest to OOM"
+    )
+    block.table = [
+        ["rank", "peak alloc", "peak reserved", "headroom", "frag", "retries", "OOMs", "growth/step", "leak?"]
+    ]
     for r in rows[:TOP_ROWS]:
         growth = "-" if r.growth_bytes_per_step is None else f"{r.growth_bytes_per_step / 2**20:+.2f} MiB"
-        block.table.append([
-            str(r.rank), gib(r.peak_allocated_bytes), gib(r.peak_reserved_bytes), num(r.headroom_pct, "{:.0f}%"),
-            num(r.fragmentation_pct, "{:.0f}%"), num(r.alloc_retries, "{}"), num(r.ooms, "{}"), growth, "yes" if r.leak_suspected else "no",
-        ])
+        block.table.append(
+            [
+                str(r.rank),
+                gib(r.peak_allocated_bytes),
+                gib(r.peak_reserved_bytes),
+                num(r.headroom_pct, "{:.0f}%"),
+                num(r.fragmentation_pct, "{:.0f}%"),
+                num(r.alloc_retries, "{}"),
+                num(r.ooms, "{}"),
+                growth,
+                "yes" if r.leak_suspected else "no",
+            ]
+        )
     return block
 
 
@@ -214,14 +272,24 @@ def _telemetry(report) -> Block:
     pairs = len({(g.host, g.gpu) for g in t.gpus})
     block.lines.append(f"{pairs} GPU(s) used by {len(t.gpus)} rank(s); {len(flagged)} flagged")
     rows = flagged or t.gpus[:3]
-    block.table = [["rank", "host:gpu", "util", "SM clock/max", "power/limit", "temp max", "throttled", "reasons", "errors"]]
+    block.table = [
+        ["rank", "host:gpu", "util", "SM clock/max", "power/limit", "temp max", "throttled", "reasons", "errors"]
+    ]
     for g in rows[:TOP_ROWS]:
         errors = f"ECC {g.ecc_uncorrected} XID {g.xids}" if g.ecc_uncorrected or g.xids else "-"
-        block.table.append([
-            str(g.rank), f"{g.host}:{g.gpu}", num(g.util_mean_pct, "{:.0f}%"), num(g.sm_clock_vs_max_pct, "{:.0f}%"),
-            num(g.power_vs_limit_pct, "{:.0f}%"), num(g.temp_max_c, "{:.0f} C"), f"{100 * g.throttled_share:.0f}%",
-            ",".join(sorted(g.throttle_share)) or "-", errors,
-        ])
+        block.table.append(
+            [
+                str(g.rank),
+                f"{g.host}:{g.gpu}",
+                num(g.util_mean_pct, "{:.0f}%"),
+                num(g.sm_clock_vs_max_pct, "{:.0f}%"),
+                num(g.power_vs_limit_pct, "{:.0f}%"),
+                num(g.temp_max_c, "{:.0f} C"),
+                f"{100 * g.throttled_share:.0f}%",
+                ",".join(sorted(g.throttle_share)) or "-",
+                errors,
+            ]
+        )
     return block
 
 
@@ -238,8 +306,18 @@ def _bubble(report) -> Block:
     ]
     table = [["stage", "ranks", "busy", "idle", "bubble", "warm-up idle", "steady idle", "cool-down idle"]]
     for stage in bubble.per_stage:
-        table.append([str(stage.stage), _ranks(stage.ranks), ms(stage.busy_s), ms(stage.idle_s),
-                      pct(stage.bubble_fraction), ms(stage.warmup_idle_s), ms(stage.steady_idle_s), ms(stage.cooldown_idle_s)])
+        table.append(
+            [
+                str(stage.stage),
+                _ranks(stage.ranks),
+                ms(stage.busy_s),
+                ms(stage.idle_s),
+                pct(stage.bubble_fraction),
+                ms(stage.warmup_idle_s),
+                ms(stage.steady_idle_s),
+                ms(stage.cooldown_idle_s),
+            ]
+        )
     return Block("Pipeline bubbles", lines, table)
 
 
@@ -257,10 +335,20 @@ def _gpu_time(report) -> Block:
     ranks = sorted(g.per_rank, key=lambda r: -(r.exposed_communication_us + r.idle_us))
     block.table = [["rank", "span", "compute", "exposed comm", "memory", "other", "idle", "comm overlapped"]]
     for r in ranks[:TOP_ROWS]:
-        block.table.append([
-            str(r.rank), ms(r.span_us / 1e6), f"{r.compute_pct:.1f}%", f"{r.exposed_communication_pct:.1f}%", f"{r.memory_pct:.1f}%",
-            f"{100 * r.other_us / r.span_us if r.span_us else 0:.1f}%", f"{r.idle_pct:.1f}%", num(r.comm_comp_overlap_pct, "{:.1f}%"),
-        ])
+        block.table.append(
+            [
+                str(r.rank),
+                ms(r.span_us / 1e6),
+                f"{r.compute_pct:.1f}%",
+                f"{r.exposed_communication_pct:.1f}%",
+                f"{r.memory_pct:.1f}%",
+                f"{100 * r.other_us / r.span_us if r.span_us else 0:.1f}%",
+                f"{r.idle_pct:.1f}%",
+                num(r.comm_comp_overlap_pct, "{:.1f}%"),
+            ]
+        )
     if len(ranks) > TOP_ROWS:
-        block.lines.append(f"showing the {TOP_ROWS} ranks with the most exposed communication + idle time of {len(ranks)}")
+        block.lines.append(
+            f"showing the {TOP_ROWS} ranks with the most exposed communication + idle time of {len(ranks)}"
+        )
     return block

@@ -51,7 +51,9 @@ def test_two_runs_mixed_keeps_the_larger_run_and_says_so(tmp_path):
     assert report["run"]["run_id"] == "synthetic"
     assert 14 not in report["run"]["ranks_found"] and 15 not in report["run"]["ranks_found"]
     assert any("other runs" in s["reason"] for s in report["run"]["skipped"])
-    assert [s["rank"] for s in report["stragglers"] if s["cause"] == "compute" and s["persistent"]] == [plants.compute_straggler]
+    assert [s["rank"] for s in report["stragglers"] if s["cause"] == "compute" and s["persistent"]] == [
+        plants.compute_straggler
+    ]
 
 
 def test_missing_ranks_are_reported_and_the_rest_analysed(tmp_path):
@@ -74,7 +76,9 @@ def test_truncated_and_corrupt_files_are_skipped_with_reasons(tmp_path):
     (tmp_path / "rank00008" / "manifest.json").write_text("{not json")
     (tmp_path / "rank00009" / "memory.csv").write_bytes(b"\x00\xff binary junk\n")
     report = cli_json(tmp_path)
-    reasons = {(s["path"].split("/")[-2] + "/" + s["path"].split("/")[-1]): s["reason"] for s in report["run"]["skipped"]}
+    reasons = {
+        (s["path"].split("/")[-2] + "/" + s["path"].split("/")[-1]): s["reason"] for s in report["run"]["skipped"]
+    }
     assert "corrupt rows" in reasons["rank00003/collectives.csv"]
     assert "unreadable JSON" in reasons["rank00008/manifest.json"]
     assert "no marker line" in reasons["rank00009/memory.csv"]

@@ -20,7 +20,12 @@ EXTRA_MS = 40
 
 def run_job(tmp_path_factory, mode: str, slow_rank: int, env: dict | None = None):
     trace_dir = tmp_path_factory.mktemp(f"real-{mode}")
-    results = run_ranks([str(JOB), "job", str(trace_dir), str(STEPS), str(slow_rank), mode, str(EXTRA_MS)], WORLD, env=env, timeout_s=240)
+    results = run_ranks(
+        [str(JOB), "job", str(trace_dir), str(STEPS), str(slow_rank), mode, str(EXTRA_MS)],
+        WORLD,
+        env=env,
+        timeout_s=240,
+    )
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
     return cli_json(trace_dir)

@@ -32,7 +32,11 @@ def planted(tmp_path_factory):
 def test_compute_data_and_throttle_stragglers_are_named_with_their_cause(planted):
     _, plants, report = planted
     persistent = {s["rank"]: s["cause"] for s in report["stragglers"] if s["persistent"]}
-    assert persistent == {plants.compute_straggler: "compute", plants.data_straggler: "data", plants.throttled: "throttle"}
+    assert persistent == {
+        plants.compute_straggler: "compute",
+        plants.data_straggler: "data",
+        plants.throttled: "throttle",
+    }
 
 
 def test_transient_spikes_are_not_called_persistent(planted):
@@ -56,7 +60,16 @@ def test_findings_are_sorted_by_time_lost_and_complete(planted):
     lost = [f["time_lost_s"] for f in report["findings"]]
     assert lost == sorted(lost, reverse=True)
     for finding in report["findings"]:
-        assert set(finding) >= {"kind", "severity", "title", "ranks", "time_lost_s", "time_lost_per_step_s", "evidence", "advice"}
+        assert set(finding) >= {
+            "kind",
+            "severity",
+            "title",
+            "ranks",
+            "time_lost_s",
+            "time_lost_per_step_s",
+            "evidence",
+            "advice",
+        }
     total_saved = sum(f["time_lost_per_step_s"] for f in findings_of(report, "straggler"))
     busy = pd.DataFrame(report["timeline"]["per_rank"])["busy_ms"]
     assert total_saved * 1e3 == pytest.approx(busy.max() - busy.nsmallest(len(busy) - 3).max(), rel=0.2)
@@ -110,8 +123,18 @@ def test_collective_wait_and_bandwidth_follow_nccl_tests_conventions():
     rows = []
     for seq, durations in ((1, [900.0, 700.0, 800.0, 100.0]), (2, [300.0, 250.0, 260.0, 200.0])):
         for rank, d in enumerate(durations):
-            rows.append({"rank": rank, "step": 0, "pg": "0", "seq": seq, "op": "allreduce", "bytes": 8_000_000, "blocking": 1,
-                         "duration_us": d})
+            rows.append(
+                {
+                    "rank": rank,
+                    "step": 0,
+                    "pg": "0",
+                    "seq": seq,
+                    "op": "allreduce",
+                    "bytes": 8_000_000,
+                    "blocking": 1,
+                    "duration_us": d,
+                }
+            )
     coll = pd.DataFrame(rows).astype({"pg": "category", "op": "category", "duration_us": "Float64"})
     waits = collective_waits(coll)
     assert waits.wait_us.tolist() == [800, 600, 700, 0, 100, 50, 60, 0]
@@ -166,7 +189,7 @@ def test_views_render_every_section_and_html_is_self_contained(planted):
     for heading in ("Findings", "Stragglers", "MFU", "Communication", "Memory", "GPU telemetry"):
         assert heading in text and f"## {heading}" in markdown
     assert f"Rank {plants.compute_straggler} is a persistent straggler (compute)" in text
-    assert "<script src=\"http" not in html and "plotly.js" in html.lower()
+    assert '<script src="http' not in html and "plotly.js" in html.lower()
     assert html.count("plotly-graph-div") >= 5
     json.dumps(report.to_dict(), allow_nan=False)
 
@@ -178,15 +201,34 @@ def test_analyze_command_never_imports_torch(planted):
         f"r = CliRunner().invoke(main, ['analyze', {str(path)!r}, '--format', 'json', '--no-cache', '--html', {str(path / 'r.html')!r}]); "
         "assert r.exit_code == 0, r.output; print('torch' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env={**os.environ}, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env={**os.environ}, check=True
+    )
     assert out.stdout.strip() == "False"
 
 
 def test_instances_are_matched_across_ranks_whatever_the_row_order():
     rng = np.random.default_rng(1)
-    rows = [{"rank": r, "step": s // 3, "pg": pg, "seq": s, "op": "allreduce", "bytes": 64, "blocking": 0, "duration_us": float(10 + r)}
-            for pg in ("0", "7") for s in range(1, 40) for r in range(3)]
-    coll = pd.DataFrame(rows).sample(frac=1.0, random_state=rng.integers(1 << 30)).astype({"pg": "category", "op": "category", "duration_us": "Float64"})
+    rows = [
+        {
+            "rank": r,
+            "step": s // 3,
+            "pg": pg,
+            "seq": s,
+            "op": "allreduce",
+            "bytes": 64,
+            "blocking": 0,
+            "duration_us": float(10 + r),
+        }
+        for pg in ("0", "7")
+        for s in range(1, 40)
+        for r in range(3)
+    ]
+    coll = (
+        pd.DataFrame(rows)
+        .sample(frac=1.0, random_state=rng.integers(1 << 30))
+        .astype({"pg": "category", "op": "category", "duration_us": "Float64"})
+    )
     waits = collective_waits(coll)
     assert len(waits.instances) == 78
     assert np.array_equal(waits.wait_us, coll["rank"].to_numpy(dtype=float))
@@ -222,15 +264,21 @@ def test_straggler_found_from_collectives_when_the_host_never_blocks(tmp_path):
     report = report_of(tmp_path)
     assert report["straggler_method"]["wait_source"] == "collectives"
     persistent = {s["rank"]: s["cause"] for s in report["stragglers"] if s["persistent"]}
-    assert persistent == {plants.compute_straggler: "compute", plants.data_straggler: "data", plants.throttled: "throttle"}
+    assert persistent == {
+        plants.compute_straggler: "compute",
+        plants.data_straggler: "data",
+        plants.throttled: "throttle",
+    }
 
 
 def test_point_to_point_ops_are_not_matched_across_ranks():
     """send/recv are numbered per rank; two pairs using the same numbers are different transfers, and an
     all_reduce with the same seq in the same group is a different op."""
     rows = [
-        {"rank": 0, "op": "send", "seq": 1, "duration_us": 50.0}, {"rank": 1, "op": "recv", "seq": 1, "duration_us": 900.0},
-        {"rank": 2, "op": "send", "seq": 1, "duration_us": 70.0}, {"rank": 3, "op": "recv", "seq": 1, "duration_us": 800.0},
+        {"rank": 0, "op": "send", "seq": 1, "duration_us": 50.0},
+        {"rank": 1, "op": "recv", "seq": 1, "duration_us": 900.0},
+        {"rank": 2, "op": "send", "seq": 1, "duration_us": 70.0},
+        {"rank": 3, "op": "recv", "seq": 1, "duration_us": 800.0},
         *({"rank": r, "op": "allreduce", "seq": 1, "duration_us": 100.0 + r} for r in range(4)),
     ]
     coll = pd.DataFrame([{**r, "step": 0, "pg": "0", "bytes": 64, "blocking": 1} for r in rows])

@@ -19,12 +19,25 @@ def nvml_rows(path) -> pd.DataFrame:
     """The recorded NVML readings as telemetry.csv rows (NVML reports mW; the schema's unit is W)."""
     lines = [json.loads(line) for line in path.read_text().splitlines()[1:]]
     rows = [
-        {"time_us": r["t_ns"] // 1000, "gpu": 0, "util_pct": r["util_gpu"], "mem_util_pct": r["util_mem"],
-         "mem_used_bytes": r["mem_used"], "mem_total_bytes": r["mem_total"], "power_w": r["power_mw"] / 1000,
-         "power_limit_w": r["power_limit_mw"] / 1000, "temp_c": r["temp_c"], "sm_clock_mhz": r["sm_clock_mhz"],
-         "sm_clock_max_mhz": r["sm_clock_max_mhz"], "throttle_reasons": r["clock_event_reasons"],
-         "pcie_tx_kbps": r["pcie_tx_kbs"], "pcie_rx_kbps": r["pcie_rx_kbs"], "ecc_corrected": r["ecc_corrected_volatile"],
-         "ecc_uncorrected": r["ecc_uncorrected_volatile"], "xid": None}
+        {
+            "time_us": r["t_ns"] // 1000,
+            "gpu": 0,
+            "util_pct": r["util_gpu"],
+            "mem_util_pct": r["util_mem"],
+            "mem_used_bytes": r["mem_used"],
+            "mem_total_bytes": r["mem_total"],
+            "power_w": r["power_mw"] / 1000,
+            "power_limit_w": r["power_limit_mw"] / 1000,
+            "temp_c": r["temp_c"],
+            "sm_clock_mhz": r["sm_clock_mhz"],
+            "sm_clock_max_mhz": r["sm_clock_max_mhz"],
+            "throttle_reasons": r["clock_event_reasons"],
+            "pcie_tx_kbps": r["pcie_tx_kbs"],
+            "pcie_rx_kbps": r["pcie_rx_kbs"],
+            "ecc_corrected": r["ecc_corrected_volatile"],
+            "ecc_uncorrected": r["ecc_uncorrected_volatile"],
+            "xid": None,
+        }
         for r in lines
     ]
     frame = pd.DataFrame(rows).astype(TELEMETRY.dtypes)
@@ -47,10 +60,18 @@ def test_h100_memory_stats_give_headroom_and_fragmentation(gpu_fixtures):
     run = json.loads((gpu_fixtures / "cuda_run_h100.json").read_text())
     total = json.loads((gpu_fixtures / "nvml_samples_h100.jsonl").read_text().splitlines()[1])["mem_total"]
     rows = [
-        {"rank": 0, "step": m["step"], "time_us": m["step"], "allocated_bytes": m["allocated_bytes.all.current"],
-         "allocated_peak_bytes": m["allocated_bytes.all.peak"], "reserved_bytes": m["reserved_bytes.all.current"],
-         "reserved_peak_bytes": m["reserved_bytes.all.peak"], "alloc_retries": m["num_alloc_retries"],
-         "ooms": m["num_ooms"], "rss_bytes": 0}
+        {
+            "rank": 0,
+            "step": m["step"],
+            "time_us": m["step"],
+            "allocated_bytes": m["allocated_bytes.all.current"],
+            "allocated_peak_bytes": m["allocated_bytes.all.peak"],
+            "reserved_bytes": m["reserved_bytes.all.current"],
+            "reserved_peak_bytes": m["reserved_bytes.all.peak"],
+            "alloc_retries": m["num_alloc_retries"],
+            "ooms": m["num_ooms"],
+            "rss_bytes": 0,
+        }
         for m in run["memory_steps"]
     ]
     mem = pd.DataFrame(rows).astype({"rank": "int32", **MEMORY.dtypes})
@@ -68,15 +89,26 @@ def times_frame(busy_by_rank: dict[int, float], steps: int = 20, peers: dict[int
     for step in range(steps):
         top = max(busy_by_rank.values())
         for rank, busy in busy_by_rank.items():
-            rows.append({"rank": rank, "step": step, "data_wait_us": 1000.0, "compute_us": busy - 1000.0,
-                         "wait_us": top - busy, "busy_us": busy, "iteration_us": top + 500.0,
-                         "peers": (peers or {}).get(rank, 0)})
+            rows.append(
+                {
+                    "rank": rank,
+                    "step": step,
+                    "data_wait_us": 1000.0,
+                    "compute_us": busy - 1000.0,
+                    "wait_us": top - busy,
+                    "busy_us": busy,
+                    "iteration_us": top + 500.0,
+                    "peers": (peers or {}).get(rank, 0),
+                }
+            )
     return RankStepTimes(pd.DataFrame(rows), "steps.comm_wait_us")
 
 
 def test_every_rank_of_a_slow_host_is_called_a_host_straggler():
     busy = {rank: 100_000.0 * (1.3 if 4 <= rank < 8 else 1.0) + rank for rank in range(16)}
-    info = pd.DataFrame({"host": [f"node{r // 4}" for r in range(16)], "local_rank": [r % 4 for r in range(16)]}, index=range(16))
+    info = pd.DataFrame(
+        {"host": [f"node{r // 4}" for r in range(16)], "local_rank": [r % 4 for r in range(16)]}, index=range(16)
+    )
     report = find_stragglers(times_frame(busy), info, throttled={}, last_arrival={})
     assert {s.rank: s.cause for s in report.stragglers} == {4: "host", 5: "host", 6: "host", 7: "host"}
 

@@ -14,17 +14,23 @@ def graph_dom_id(name: str) -> str:
 
 
 def wait_for(driver, condition, what: str, timeout_s: float = WAIT_S):
-    return WebDriverWait(driver, timeout_s, poll_frequency=0.1).until(lambda d: condition(d), message=f"timed out waiting for {what}")
+    return WebDriverWait(driver, timeout_s, poll_frequency=0.1).until(
+        lambda d: condition(d), message=f"timed out waiting for {what}"
+    )
 
 
 def open_page(driver, url: str, graphs: int) -> None:
     """Open ``url`` and wait until the page shows ``graphs`` drawn figures."""
     driver.get(url)
-    wait_for(driver, lambda d: drawn_graphs(d) >= graphs and graphs_with_data(d) >= graphs, f"{graphs} figures at {url}")
+    wait_for(
+        driver, lambda d: drawn_graphs(d) >= graphs and graphs_with_data(d) >= graphs, f"{graphs} figures at {url}"
+    )
 
 
 def drawn_graphs(driver) -> int:
-    return driver.execute_script("return [...document.querySelectorAll('#page .js-plotly-plot')].filter(e => e.querySelector('.main-svg')).length")
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#page .js-plotly-plot')].filter(e => e.querySelector('.main-svg')).length"
+    )
 
 
 def graphs_with_data(driver) -> int:
@@ -52,7 +58,9 @@ def figure(driver, name: str) -> dict:
 
 
 def text(driver, element_id: str) -> str:
-    return driver.execute_script("const e = document.getElementById(arguments[0]); return e ? e.innerText : null", element_id)
+    return driver.execute_script(
+        "const e = document.getElementById(arguments[0]); return e ? e.innerText : null", element_id
+    )
 
 
 def status(driver) -> str:
@@ -70,5 +78,7 @@ def click_point(driver, name: str, x, y) -> None:
     return [xa._offset + xa.l2p(arguments[1]) - box.width / 2, ya._offset + ya.l2p(arguments[2]) - box.height / 2];
     """
     dx, dy = driver.execute_script(script, graph_dom_id(name), x, y)
-    target = driver.find_element("css selector", f'[id="{graph_dom_id(name).replace(chr(34), chr(92) + chr(34))}"] .js-plotly-plot')
+    target = driver.find_element(
+        "css selector", f'[id="{graph_dom_id(name).replace(chr(34), chr(92) + chr(34))}"] .js-plotly-plot'
+    )
     ActionChains(driver).move_to_element_with_offset(target, int(dx), int(dy)).pause(0.3).click().perform()

@@ -33,7 +33,9 @@ def synthetic_run(tmp_path_factory) -> tuple[Path, dict]:
 @pytest.fixture(scope="session")
 def browser():
     if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("headless browser tests need chromium and chromedriver (Debian: apt install chromium chromium-driver)")
+        pytest.skip(
+            "headless browser tests need chromium and chromedriver (Debian: apt install chromium chromium-driver)"
+        )
     pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e .[test])")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

@@ -15,14 +15,24 @@ from diag.trace.writer import RankWriter
 browser_mod = pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e .[test])")
 from tests.dashboard import browser as b  # noqa: E402
 
-PAGE_GRAPHS = {"/": 4, "/stragglers": 4, "/communication": 3, "/memory": 2, "/telemetry": 2, "/pipeline": 2, "/triage": 0}
+PAGE_GRAPHS = {
+    "/": 4,
+    "/stragglers": 4,
+    "/communication": 3,
+    "/memory": 2,
+    "/telemetry": 2,
+    "/pipeline": 2,
+    "/triage": 0,
+}
 
 
 def make_app(trace_dir: Path, **kwargs):
     from diag.dashboard.app import create_app
     from diag.dashboard.data import LiveTrace
 
-    live = LiveTrace(trace_dir, poll_interval_s=kwargs.pop("poll_s", 0.3), stale_after_s=kwargs.pop("stale_after_s", 30.0))
+    live = LiveTrace(
+        trace_dir, poll_interval_s=kwargs.pop("poll_s", 0.3), stale_after_s=kwargs.pop("stale_after_s", 30.0)
+    )
     live.refresh()
     live.wait_for_triage()
     return create_app(trace_dir, live=live, refresh_ms=kwargs.pop("refresh_ms", 500), **kwargs)
@@ -105,12 +115,20 @@ def test_clicking_a_rank_selects_it_on_the_other_pages(browser, synthetic_page):
     dist = b.figure(browser, "stragglers-distribution")["data"][0]
     b.click_point(browser, "stragglers-distribution", slow, dist["y"][dist["x"].index(slow)])
     b.wait_for(browser, lambda d: f"selected rank: {slow}" in b.status(d), "the click to select the rank")
-    b.wait_for(browser, lambda d: (b.figure(d, "stragglers-rank") or {}).get("title") == f"Rank {slow} vs the median rank", "the rank's own figure")
+    b.wait_for(
+        browser,
+        lambda d: (b.figure(d, "stragglers-rank") or {}).get("title") == f"Rank {slow} vs the median rank",
+        "the rank's own figure",
+    )
     b.click_point(browser, "stragglers-compute", 30, data_slow)  # a heatmap cell: its rank is the one selected
     b.wait_for(browser, lambda d: f"selected rank: {data_slow}" in b.status(d), "the heatmap click")
     browser.find_element("id", "nav-memory").click()  # client-side navigation keeps the selection
     b.wait_for(browser, lambda d: b.drawn_graphs(d) >= 2, "the memory page")
-    b.wait_for(browser, lambda d: f"rank {data_slow}" in [t["name"] for t in (b.figure(d, "memory-timeline") or {"data": []})["data"]], "the selected rank on the memory page")
+    b.wait_for(
+        browser,
+        lambda d: f"rank {data_slow}" in [t["name"] for t in (b.figure(d, "memory-timeline") or {"data": []})["data"]],
+        "the selected rank on the memory page",
+    )
 
 
 def test_unknown_url_reaches_no_file(browser, synthetic_page):
@@ -181,13 +199,37 @@ START_US = 1_795_000_000_000_000
 
 
 def _manifest(rank: int, finished: bool = False) -> dict:
-    return {"schema_version": 1, "run_id": "live", "rank": rank, "world_size": 3, "host": "h", "device_name": "cpu", "clock_offset_us": 0, "finished": finished}
+    return {
+        "schema_version": 1,
+        "run_id": "live",
+        "rank": rank,
+        "world_size": 3,
+        "host": "h",
+        "device_name": "cpu",
+        "clock_offset_us": 0,
+        "finished": finished,
+    }
 
 
 def _write_steps(writer: RankWriter, steps: range, step_s: float, compute_us: int) -> None:
     for step in steps:
         start = START_US + int(step * step_s * 1e6)
-        writer.append("steps", (step, start, compute_us + 5_000, 100, compute_us // 3, compute_us // 2, compute_us // 6, 5_000, None, 8, None))
+        writer.append(
+            "steps",
+            (
+                step,
+                start,
+                compute_us + 5_000,
+                100,
+                compute_us // 3,
+                compute_us // 2,
+                compute_us // 6,
+                5_000,
+                None,
+                8,
+                None,
+            ),
+        )
         writer.append("memory", (step, start + compute_us, None, None, None, None, None, None, 2**30 + step * 2**20))
     writer.flush()
 
@@ -206,7 +248,11 @@ def test_live_run_new_records_appear_stale_rank_marked_then_finished(browser, tm
         _write_steps(writers[rank], range(5, 10), 10.0, 50_000)
     b.wait_for(browser, lambda d: "last step 9" in b.status(d), "steps appended while the page is open")
     b.wait_for(browser, lambda d: "stale ranks: 2" in b.status(d), "rank 2 marked stale")
-    b.wait_for(browser, lambda d: b.figure(d, "overview-ranks")["title"] == "Ranks: 2 live, 1 stale", "the stale rank in the ranks figure")
+    b.wait_for(
+        browser,
+        lambda d: b.figure(d, "overview-ranks")["title"] == "Ranks: 2 live, 1 stale",
+        "the stale rank in the ranks figure",
+    )
 
     for rank, writer in writers.items():
         writer.write_manifest(_manifest(rank, finished=True))

@@ -47,12 +47,21 @@ def test_fleet_band_bounds_points_and_keeps_extremes():
 
 
 def _manifest(rank: int, finished: bool) -> dict:
-    return {"schema_version": 1, "run_id": "r", "rank": rank, "world_size": 3, "clock_offset_us": 0, "finished": finished}
+    return {
+        "schema_version": 1,
+        "run_id": "r",
+        "rank": rank,
+        "world_size": 3,
+        "clock_offset_us": 0,
+        "finished": finished,
+    }
 
 
 def _steps(writer: RankWriter, steps: range, step_s: float) -> None:
     for s in steps:
-        writer.append("steps", (s, 1_795_000_000_000_000 + int(s * step_s * 1e6), 1000, 10, 300, 500, 100, 50, None, 8, None))
+        writer.append(
+            "steps", (s, 1_795_000_000_000_000 + int(s * step_s * 1e6), 1000, 10, 300, 500, 100, 50, None, 8, None)
+        )
     writer.flush()
 
 
@@ -138,7 +147,9 @@ def test_manifests_with_different_keys_and_fresh_heartbeats_are_not_new_data(tmp
     live = d.LiveTrace(tmp_path, triage=False)
     assert live.refresh()
     for r in range(2):
-        RankWriter(tmp_path / f"rank{r:05d}").write_heartbeat({"rank": r, "time_us": 1_795_000_020_000_000, "state": "running"})
+        RankWriter(tmp_path / f"rank{r:05d}").write_heartbeat(
+            {"rank": r, "time_us": 1_795_000_020_000_000, "state": "running"}
+        )
     assert not live.refresh()
 
 
@@ -172,7 +183,17 @@ def test_command_beyond_loopback_warns_and_requires_its_token(tmp_path):
 
     port = _free_port()
     env = {**os.environ, "DIAG_DASHBOARD_TOKEN": "tok-123"}
-    cmd = [sys.executable, "-m", "diag", "dashboard", str(REPO / "sample_traces" / "straggler"), "--host", "0.0.0.0", "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "diag",
+        "dashboard",
+        str(REPO / "sample_traces" / "straggler"),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         lines = []
