@@ -1,10 +1,13 @@
 """Capture overhead, host cost per record, and bytes on disk.
 
-1. A 2-rank gloo DDP loop with steps of about 20 ms, run five ways side by side in the same processes,
-   in alternating blocks: plain, instrumented with diag's defaults, the same without the DDP comm hook
-   (``ddp_buckets=False``), plain with a minimal Python DDP comm hook (no diag), and under torch.profiler
+1. A 2-rank gloo DDP loop with steps of about 20 ms, run six ways side by side in the same processes (one
+   core per rank), in blocks whose order is shuffled anew each block: plain, plain again (an A/A comparison:
+   its ratio to the first shows what this machine can resolve), instrumented with diag's defaults (on gloo:
+   DDP's buckets from Flight Recorder), diag with every bucket timed by a DDP comm hook
+   (``ddp_buckets="hook"``), plain with a minimal Python DDP comm hook (no diag), and under torch.profiler
    (CPU activities, the usual way people profile).
-   Median step time of each and the ratio to plain.
+   Median step time of each and its ratio to plain; and the median over blocks of each block's median
+   against the plain block of the same round, which drift in the machine's speed does not bias.
 2. Host cost of one step span (``with diag.step()``) and of recording one collective, in microseconds.
 3. Bytes on disk per step and per collective record.
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -25,9 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-# diag_no_ddp_hook: diag.init(..., ddp_buckets=False); python_ddp_hook: no diag, only a minimal Python DDP
+# diag_ddp_hook: diag.init(..., ddp_buckets="hook"); python_ddp_hook: no diag, only a minimal Python DDP
 # communication hook (what DDP's Python hook path costs by itself); profiler: torch.profiler, CPU activities
-VARIANTS = ("plain", "diag", "diag_no_ddp_hook", "python_ddp_hook", "profiler")
+VARIANTS = ("plain", "plain_again", "diag", "diag_ddp_hook", "python_ddp_hook", "profiler")
 
 
 def minimal_ddp_hook(_state, bucket):
@@ -63,6 +67,24 @@ def train_step(model, optimizer, batch):
     optimizer.zero_grad(set_to_none=True)
 
 
+def build_variants(args, session, seed: int):
+    """A fresh model and optimizer per variant, built in a shuffled order. Each model's memory placement
+    (page alignment, huge pages) changes its speed by a few percent on its own; rebuilding every round and
+    shuffling who is built first averages that out instead of charging it to one variant."""
+    import torch
+
+    names = list(VARIANTS)
+    random.Random(seed).shuffle(names)  # the same on every rank: building DDP models is collective
+    models = {name: make_ddp(args.hidden, 0) for name in names}
+    optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in models.items()}
+    session._ddp_buckets = "auto"  # the default: Flight Recorder on gloo
+    session.instrument(models["diag"], optimizers["diag"])
+    session._ddp_buckets = "hook"  # the same session, instrumenting a model with the DDP hook
+    session.instrument(models["diag_ddp_hook"], optimizers["diag_ddp_hook"])
+    models["python_ddp_hook"].register_comm_hook(None, minimal_ddp_hook)
+    return models, optimizers
+
+
 def overhead_worker(args) -> None:
     import torch
     import torch.distributed as dist
@@ -72,21 +94,22 @@ def overhead_worker(args) -> None:
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= dist.get_world_size():  # one core per rank, as launchers pin ranks: less scheduler noise
+        os.sched_setaffinity(0, {cores[rank]})
     trace_dir = Path(args.trace_dir)
-    diag.init(trace_dir, telemetry=False)
-    models = {name: make_ddp(args.hidden, 0) for name in VARIANTS}
-    optimizers = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in models.items()}
-    diag.instrument(models["diag"], optimizers["diag"])
-    diag.session()._ddp_buckets = False  # the same session, instrumenting a model without the DDP hook
-    diag.instrument(models["diag_no_ddp_hook"], optimizers["diag_no_ddp_hook"])
-    models["python_ddp_hook"].register_comm_hook(None, minimal_ddp_hook)
+    session = diag.init(trace_dir, telemetry=False)
     batch = (torch.randn(args.batch, args.hidden), torch.randn(args.batch, 1))
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for name in models:  # warm-up, untimed
-        for _ in range(3):
-            train_step(models[name], optimizers[name], batch)
-    for _ in range(args.blocks):
-        for name in VARIANTS:
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    order = list(VARIANTS)
+    for block in range(args.blocks):
+        if block % args.rebuild_every == 0:
+            models, optimizers = build_variants(args, session, seed=block)
+            for name in VARIANTS:  # warm-up, untimed
+                for _ in range(3):
+                    train_step(models[name], optimizers[name], batch)
+        random.Random(block).shuffle(order)  # the same order on every rank: their collectives must match
+        for name in order:
             model, optimizer = models[name], optimizers[name]
             dist.barrier()
             if name == "profiler":
@@ -102,8 +125,13 @@ def overhead_worker(args) -> None:
                 times[name].append(time.perf_counter() - start)
             if name == "profiler":
                 prof.__exit__(None, None, None)
+    follower = session.recorder.flight_recorder
+    reads_before_finish, read_s_before_finish = follower.reads, follower.read_s
     diag.finish()
     if rank == 0:
+        # Flight Recorder is read when most of its ring is new, whichever variant issued those
+        # collectives (all issue the same number per step): the reading time is charged per step below.
+        times["_flight_recorder"] = {"reads": reads_before_finish, "read_s": read_s_before_finish}
         (trace_dir / "times.json").write_text(json.dumps(times))
     dist.destroy_process_group()
 
@@ -125,14 +153,37 @@ def run_overhead(args) -> dict:
             str(args.hidden),
             "--batch",
             str(args.batch),
+            "--rebuild-every",
+            str(args.rebuild_every),
         ]
         for result in run_ranks(argv, 2, timeout_s=900):
             if result.returncode != 0:
                 raise SystemExit(f"rank {result.rank} failed:\n{result.stderr[-3000:]}")
         times = json.loads((Path(tmp) / "times.json").read_text())
+        flight_recorder = times.pop("_flight_recorder")
         disk = bytes_on_disk(Path(tmp))
     medians = {name: statistics.median(values) * 1000 for name, values in times.items()}
-    return {"median_step_ms": medians, "steps_each": len(times["plain"]), "disk": disk}
+    # every variant's step issues the same collectives, each costing the same share of the reads
+    fr_per_step_ms = flight_recorder["read_s"] * 1000 / sum(len(values) for values in times.values())
+    return {
+        "median_step_ms": medians,
+        "flight_recorder": {**flight_recorder, "per_diag_step_ms": fr_per_step_ms},
+        "paired_ratio": paired_ratios(times, args.block_steps),
+        "steps_each": len(times["plain"]),
+        "disk": disk,
+    }
+
+
+def paired_ratios(times: dict[str, list[float]], block_steps: int) -> dict[str, float]:
+    """Median over rounds of (the variant's median step in the round) / (plain's median step in the round)."""
+
+    def block_medians(values):
+        return [statistics.median(values[i : i + block_steps]) for i in range(0, len(values), block_steps)]
+
+    plain = block_medians(times["plain"])
+    return {
+        name: statistics.median(v / p for v, p in zip(block_medians(values), plain)) for name, values in times.items()
+    }
 
 
 def bytes_on_disk(trace_dir: Path) -> dict:
@@ -215,17 +266,26 @@ def main() -> None:
     parser.add_argument("--block-steps", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=900)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rebuild-every", type=int, default=5, help="blocks between fresh models for every variant")
     args = parser.parse_args()
     if args.worker:
         overhead_worker(args)
         return
     result = run_overhead(args)
     medians = result["median_step_ms"]
+    paired = result["paired_ratio"]
     print(f"2-rank gloo DDP, {result['steps_each']} steps of each variant, interleaved in blocks of {args.block_steps}")
     for name in VARIANTS:
         print(
             f"  {name:16s} median step {medians[name]:7.2f} ms   ratio to plain {medians[name] / medians['plain']:.4f}"
+            f"   median of per-round ratios {paired[name]:.4f}"
         )
+    fr = result["flight_recorder"]
+    charged = (medians["diag"] + fr["per_diag_step_ms"]) / medians["plain"]
+    print(
+        f"  Flight Recorder reads: {fr['reads']}, {fr['read_s'] * 1000:.1f} ms in all, {fr['per_diag_step_ms'] * 1000:.1f} us "
+        f"per step's collectives; diag's ratio with that added (an upper bound: a sixth of it is already in): {charged:.4f}"
+    )
     costs = host_costs()
     print(f"host cost of one step span:         {costs['step_span_us']:.2f} us (median)")
     print(f"host cost of recording a collective: {costs['collective_record_us']:.2f} us (median)")

@@ -167,7 +167,7 @@ def _aligned_rows(trace) -> pd.DataFrame:
     rows = mb[mb["action"].astype(str).isin(COMPUTE_ACTIONS)]
     if rows.empty:
         return pd.DataFrame()
-    offsets = _clock_offsets_us(trace)
+    offsets = trace.clock_offsets_us()
     start = rows["start_us"].astype("float64") - rows["rank"].map(offsets).fillna(0.0).astype("float64")
     return pd.DataFrame(
         {
@@ -183,14 +183,6 @@ def _aligned_rows(trace) -> pd.DataFrame:
             "has_device_time": rows["device_us"].notna().to_numpy(),
         }
     )
-
-
-def _clock_offsets_us(trace) -> dict[int, float]:
-    manifests = trace.manifests
-    if manifests is None or manifests.empty or "clock_offset_us" not in manifests:
-        return {}
-    offsets = pd.to_numeric(manifests["clock_offset_us"], errors="coerce").fillna(0.0)
-    return dict(zip(manifests["rank"].astype(int), offsets.astype(float)))
 
 
 def _select_steps(rows: pd.DataFrame, window_steps, notes: list[str]) -> pd.DataFrame:

@@ -88,22 +88,31 @@ class CollectiveWaits:
 
     rank: np.ndarray  # int32
     step: np.ndarray  # int64
-    duration_us: np.ndarray  # float64
-    wait_us: np.ndarray  # duration minus the instance's shortest duration
-    is_last: np.ndarray  # bool: this rank arrived last (shortest duration) at an instance of >1 ranks
+    duration_us: np.ndarray  # float64; NaN where only the issue time is known
+    wait_us: np.ndarray  # duration minus the instance's shortest duration, or latest issue minus own issue
+    is_last: np.ndarray  # bool: this rank arrived last (shortest duration, or latest issue) at an instance of >1 ranks
     blocking: np.ndarray  # bool: the caller waited in the call (async_op=False)
     instance: np.ndarray  # int64 index into ``instances``
-    instances: pd.DataFrame  # pg, seq, op, bytes_max, transfer_us (min duration), ranks
+    instances: pd.DataFrame  # pg, seq, op, bytes_max, transfer_us (min duration; NaN if untimed), ranks
 
     def __len__(self) -> int:
         return len(self.wait_us)
 
 
-def collective_waits(coll: pd.DataFrame, mask: np.ndarray | None = None) -> CollectiveWaits | None:
-    """Wait of every completed collective row (``mask`` selects rows, e.g. the window): its duration minus the
-    shortest duration of the same (pg, seq)."""
+def collective_waits(
+    coll: pd.DataFrame, mask: np.ndarray | None = None, clock_offsets_us: dict[int, float] | None = None
+) -> CollectiveWaits | None:
+    """Wait of every collective row (``mask`` selects rows, e.g. the window) for the last rank to arrive.
+
+    Timed rows: the row's duration minus the shortest duration of the same (pg, seq), the transfer once
+    everyone was there. Asynchronous rows without a duration (DDP's buckets read from gloo's Flight Recorder):
+    the latest issue time of the same (pg, seq) minus the row's own, on rank 0's clock (``clock_offsets_us``).
+    """
     duration = coll["duration_us"].to_numpy(dtype="float64", na_value=np.nan)
-    keep = ~np.isnan(duration) if mask is None else (np.asarray(mask) & ~np.isnan(duration))
+    timed_all = ~np.isnan(duration)
+    untimed_async = ~timed_all & (coll["blocking"].to_numpy(dtype="int8") == 0)
+    usable = timed_all | untimed_async
+    keep = usable if mask is None else (np.asarray(mask) & usable)
     if not keep.any():
         return None
     everything = bool(keep.all())
@@ -112,11 +121,13 @@ def collective_waits(coll: pd.DataFrame, mask: np.ndarray | None = None) -> Coll
         return values if everything else values[keep]
 
     duration = column(duration)
+    timed = column(timed_all)
     pg = coll["pg"].astype("category")
     op = coll["op"].astype("category")
     pg_codes = column(pg.cat.codes.to_numpy()).astype("int64")
     op_codes = column(op.cat.codes.to_numpy())
     seq = column(coll["seq"].to_numpy(dtype="int64"))
+    rank = column(coll["rank"].to_numpy(dtype="int32"))
     # Point-to-point ops are numbered per rank (Flight Recorder's p2p counter), so the same number on two
     # ranks need not be the same transfer; like ops of unknown seq (-1) they are not matched across ranks.
     p2p_codes = [i for i, name in enumerate(op.cat.categories) if canonical_op(name) in ("send", "recv")]
@@ -134,13 +145,23 @@ def collective_waits(coll: pd.DataFrame, mask: np.ndarray | None = None) -> Coll
     inst_seq = np.zeros(n_inst, dtype="int64")
     inst_seq[instance] = seq
     transfer_us = np.full(n_inst, np.inf)
-    np.minimum.at(transfer_us, instance, duration)
+    np.minimum.at(transfer_us, instance[timed], duration[timed])
+    transfer_us[np.isinf(transfer_us)] = np.nan  # no rank timed it
     bytes_max = np.zeros(n_inst, dtype="int64")
     np.maximum.at(bytes_max, instance, column(coll["bytes"].to_numpy(dtype="int64")))
     inst_op = np.zeros(n_inst, dtype="int64")
     inst_op[instance] = op_codes  # any row's op: all ranks issue the same one
     ranks = np.bincount(instance, minlength=n_inst)
     wait_us = duration - transfer_us[instance]
+    is_last = timed & (wait_us == 0)
+    if not timed.all():
+        offsets = clock_offsets_us or {}
+        start = column(coll["start_us"].to_numpy(dtype="float64", na_value=np.nan))
+        start = start - pd.Series(rank).map(offsets).fillna(0.0).to_numpy()
+        latest = np.full(n_inst, -np.inf)
+        np.maximum.at(latest, instance[~timed], start[~timed])
+        wait_us[~timed] = latest[instance[~timed]] - start[~timed]
+        is_last[~timed] = wait_us[~timed] == 0
     instances = pd.DataFrame(
         {
             "pg": np.asarray(pg.cat.categories, dtype=object)[inst_pg],
@@ -152,11 +173,11 @@ def collective_waits(coll: pd.DataFrame, mask: np.ndarray | None = None) -> Coll
         }
     )
     return CollectiveWaits(
-        rank=column(coll["rank"].to_numpy(dtype="int32")),
+        rank=rank,
         step=column(coll["step"].to_numpy(dtype="int64")),
         duration_us=duration,
-        wait_us=wait_us,
-        is_last=(wait_us == 0) & (ranks[instance] > 1),
+        wait_us=np.nan_to_num(wait_us, nan=0.0),
+        is_last=is_last & (ranks[instance] > 1),
         blocking=column(coll["blocking"].to_numpy(dtype="int8")) != 0,
         instance=instance,
         instances=instances,
@@ -235,16 +256,26 @@ def analyze_comms(waits: CollectiveWaits | None, steps_w: pd.DataFrame, pg_sizes
         report.note = "no completed collectives recorded in the window"
         return report
     report.collectives = _per_op(waits, pg_sizes)
+    if not report.collectives:
+        report.note = (
+            "no collective in the window has a duration (DDP's buckets read from gloo's Flight Recorder carry "
+            "issue times only): waits for peers come from issue times"
+        )
     return report
 
 
 def _per_op(waits: CollectiveWaits, pg_sizes: dict[str, int]) -> list[CollectiveStats]:
-    inst = waits.instances.copy()
+    """Durations and bandwidths per op, group and size, over the timed instances."""
+    inst = waits.instances[waits.instances["transfer_us"].notna()].copy()
+    if inst.empty:
+        return []
     inst["op_name"] = inst["op"].astype(str).map(canonical_op)
     inst["bucket"] = size_bucket(inst["bytes_max"].to_numpy())
     inst["pg"] = inst["pg"].astype(str)
     inst["group"] = inst.groupby(["op_name", "pg", "bucket"], sort=False).ngroup().to_numpy()
-    row_group = inst["group"].to_numpy()[waits.instance]
+    row_group = np.full(len(waits.instances), -1)
+    row_group[inst.index.to_numpy()] = inst["group"].to_numpy()
+    row_group = row_group[waits.instance]
     stats = []
     for group, members in inst.groupby("group", sort=False):
         rows = row_group == group

@@ -117,7 +117,8 @@ def analyze(
     hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
 
     coll = trace.collectives
-    waits = collective_waits(coll, in_window(coll["step"], window).to_numpy()) if len(coll) else None
+    in_steps = in_window(coll["step"], window).to_numpy()
+    waits = collective_waits(coll, in_steps, trace.clock_offsets_us()) if len(coll) else None
     times = rank_step_times(steps_w, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
     telemetry = analyze_telemetry(_telemetry_in_window(trace.telemetry, steps_w), hosts)

@@ -1,9 +1,12 @@
 """Records every collective and point-to-point operation a rank issues.
 
-Two sources together cover what a training job issues:
+Three sources together cover what a training job issues:
 * wrappers of the ``torch.distributed`` functions (explicit calls, FSDP2's all-gathers and reduce-scatters,
   send/recv), installed once per process and recording only while a session is active;
-* a DDP communication hook for DDP's gradient buckets, which the C++ reducer would otherwise issue unseen.
+* for DDP's gradient buckets, which the C++ reducer issues unseen, either a DDP communication hook that times
+  each bucket (``ddp_buckets="hook"``), or, cheaper, DDP's built-in path with the buckets read from Flight
+  Recorder and the step's exposed communication timed from its last gradient (``"flight_recorder"``);
+* Flight Recorder (``flight_recorder.py``) for whatever else torch issues from C++.
 
 Each record carries the c10d sequence number of its group (the number Flight Recorder and NCCL's watchdog
 report), so records line up across ranks and with Flight Recorder dumps. Durations are issue to
@@ -22,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 from diag._warn import warn_once
+from diag.capture.flight_recorder import FlightRecorderFollower
 
 # op name -> (name of the parameter holding what this rank sends, reported op name)
 _OPS: dict[str, tuple[str, str]] = {
@@ -83,6 +87,7 @@ class CollectiveRecorder:
         self._counts_p2p_in_seq: dict[str, bool] = {}  # does the group's c10d counter include p2p ops?
         self.seen_seqs: dict[str, set[int]] = {}  # recent collective seqs per group, to fill gaps at finish
         self.device_times = DeviceDurationJoin(self._write)
+        self.flight_recorder = FlightRecorderFollower(self, session.step_spans, session.open_step)
         self._device_timed: set[str] = set()  # NCCL groups whose durations come from the completion hook
         # per step: latest issue and latest completion of asynchronous ops, for their exposed wait
         self._async_last_issue_ns = 0
@@ -91,7 +96,7 @@ class CollectiveRecorder:
     # -- issuing ----------------------------------------------------------------------------------------
     def begin(self, op: str, group, tensors, peer, blocking: bool, source: str) -> int:
         nbytes, dtype = _size_of(tensors)
-        pg_name = self._pg_name(group)
+        pg_name = self.group_name(group)
         c10d_seq = _sequence_number(group)
         entry = PendingCollective(
             step=self.session.current_step_or_none(),
@@ -172,18 +177,6 @@ class CollectiveRecorder:
             if entry is not None:
                 self._write(entry, None)
 
-    def fill_gaps_from_flight_recorder(self, since_ns: int) -> int:
-        """Write the collectives Flight Recorder saw since ``since_ns`` and the wrappers did not."""
-        from diag.capture.flight_recorder import missed_rows, own_dump
-
-        dump = own_dump()
-        if not dump:
-            return 0
-        rows = missed_rows(dump, self.seen_seqs, since_ns)
-        for row in rows:
-            self.session.writer.append("collectives", row)
-        return len(rows)
-
     def _write(self, entry: PendingCollective, duration_us: float | None) -> None:
         self.session.writer.append(
             "collectives",
@@ -225,7 +218,8 @@ class CollectiveRecorder:
             self.seen_seqs[entry.pg] = {s for s in seen if s > seq - 20_000}
         return seq
 
-    def _pg_name(self, group) -> str:
+    def group_name(self, group) -> str:
+        """The trace's name of a process group, registering it in the manifest the first time."""
         key = id(group)
         name = self._pg_names.get(key)
         if name is None:
@@ -447,6 +441,50 @@ def _default_group():
 
 
 # -- DDP gradient buckets -----------------------------------------------------------------------------------
+
+
+class LastGradientWait:
+    """The exposed communication of a DDP backward when no hook times DDP's buckets: from the moment the step's
+    last gradient is accumulated (DDP launches its last bucket then) until autograd finishes, which is after
+    DDP's end-of-backward callback has waited for every bucket. A rank that waits here for its peers is not
+    the slow one. Which parameter's gradient comes last is learnt in the first backward; afterwards one hook,
+    on that parameter, is all that runs."""
+
+    def __init__(self, ddp_model, add_wait):
+        import torch
+
+        self._add_wait = add_wait
+        self._engine = torch.autograd.Variable._execution_engine
+        self._last_ns = 0
+        self._last_param_id: int | None = None
+        self._queued = False
+        params = [p for p in ddp_model.parameters() if p.requires_grad]
+        self._handles = {id(p): p.register_post_accumulate_grad_hook(self._on_gradient) for p in params}
+
+    def _on_gradient(self, param) -> None:
+        try:
+            self._last_ns = time.perf_counter_ns()
+            self._last_param_id = id(param)
+            if not self._queued:
+                self._queued = True  # a callback that queues another runs after DDP's own end-of-backward one
+                self._engine.queue_callback(lambda: self._engine.queue_callback(self._after_backward))
+        except Exception as exc:
+            warn_once("ddp-exposed-wait", f"cannot time DDP's exposed communication ({exc!r})")
+
+    def _after_backward(self) -> None:
+        try:
+            self._queued = False
+            self._add_wait((time.perf_counter_ns() - self._last_ns) / 1000)
+            if len(self._handles) > 1 and self._last_param_id in self._handles:
+                for key in [k for k in self._handles if k != self._last_param_id]:
+                    self._handles.pop(key).remove()
+        except Exception as exc:
+            warn_once("ddp-exposed-wait", f"cannot time DDP's exposed communication ({exc!r})")
+
+    def remove(self) -> None:
+        for handle in self._handles.values():
+            handle.remove()
+        self._handles.clear()
 
 
 def install_ddp_hook(ddp_model, recorder_getter) -> bool:

@@ -1,14 +1,21 @@
-"""Fill the gaps of the Python-side recorder from PyTorch's Flight Recorder at finish.
+"""The collectives only PyTorch's Flight Recorder sees, written into the trace.
 
-Some collectives are issued from C++ where no Python wrapper sees them (DDP's constructor broadcasts its
-parameters and verifies their shapes). Flight Recorder's ring buffer sees every collective of a process
-group; at finish the entries issued after ``diag.init`` that the recorder missed are written with source
-``fr``. The ring buffer holds only the most recent entries (TORCH_FR_BUFFER_SIZE), so older gaps stay gaps.
+Some collectives are issued from C++ where no Python wrapper sees them: DDP's gradient buckets when DDP keeps
+its built-in path (diag's default on gloo, see ``Session``), DDP's constructor broadcasting its parameters.
+Flight Recorder's ring buffer sees every collective of a process group, with its sequence number, sizes,
+dtype and issue time (on gloo, no completion time). ``FlightRecorderFollower`` reads it on its own thread while
+the job runs, and once more at finish, and writes the entries the Python-side recorder did not.
 """
 
 from __future__ import annotations
 
+import bisect
+import os
 import pickle
+import threading
+import time
+
+from diag._warn import warn_once
 
 _ELEMENT_BYTES = {
     "Float": 4,
@@ -40,7 +47,7 @@ _DTYPE_NAMES = {
 }
 
 
-def dump_bytes() -> bytes | None:
+def dump_bytes(stack_traces: bool = True) -> bytes | None:
     """This process's Flight Recorder dump as torch gives it (a pickle). NCCL groups record in NCCL's
     recorder on older torch, the others in the generic one: take whichever holds more."""
     import torch
@@ -52,7 +59,7 @@ def dump_bytes() -> bytes | None:
         if dump is None:
             continue
         try:
-            data = dump()
+            data = dump() if stack_traces else _dump_without_stacks(dump)
         except Exception:  # e.g. NCCL's recorder on a build without NCCL
             continue
         if data and (best is None or len(data) > len(best)):
@@ -60,41 +67,203 @@ def dump_bytes() -> bytes | None:
     return best
 
 
-def own_dump() -> dict | None:
+def _dump_without_stacks(dump) -> bytes:
+    try:
+        return dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    except TypeError:  # a torch whose dump takes no options
+        return dump()
+
+
+def own_dump(stack_traces: bool = True) -> dict | None:
     """This process's Flight Recorder entries. It is our own memory, not a file, so plain unpickling is safe."""
-    data = dump_bytes()
+    data = dump_bytes(stack_traces)
     return pickle.loads(data) if data else None
 
 
-def missed_rows(dump: dict, seen: dict[str, set[int]], since_ns: int) -> list[tuple]:
-    """``collectives`` rows for the dump's collectives issued since ``since_ns`` whose (pg, seq) is unseen."""
-    rows = []
-    for entry in dump.get("entries", []):
-        if entry.get("is_p2p") or (entry.get("time_created_ns") or 0) < since_ns:
-            continue
-        pg = str(entry.get("process_group", ("",))[0])
-        seq = int(entry.get("collective_seq_id", -1))
-        if seq in seen.get(pg, ()):
-            continue
-        dtypes = entry.get("input_dtypes") or []
-        numel = sum(_numel(size) for size in entry.get("input_sizes") or [])
-        duration_ms = entry.get("duration_ms")
-        rows.append(
-            (
-                -1,
-                pg,
-                seq,
-                str(entry.get("profiling_name", "")).split(":")[-1],
-                numel * _ELEMENT_BYTES.get(dtypes[0], 0) if dtypes else 0,
-                _DTYPE_NAMES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else "",
-                None,
-                entry["time_created_ns"] // 1000,
-                None if duration_ms is None else round(float(duration_ms) * 1000, 1),
-                0,
-                "fr",
+class StepSpans:
+    """Wall-clock spans of recent steps, to tell which step a Flight Recorder entry was issued in."""
+
+    KEPT = 50_000  # far more than the steps between two reads of the ring buffer
+
+    def __init__(self):
+        self._starts: list[int] = []
+        self._spans: list[tuple[int, int, int]] = []  # (start_ns, end_ns, step), in start order
+        self._lock = threading.Lock()
+
+    def add(self, start_ns: int, end_ns: int, step: int) -> None:
+        with self._lock:
+            self._starts.append(start_ns)
+            self._spans.append((start_ns, end_ns, step))
+            if len(self._spans) > 2 * self.KEPT:
+                del self._starts[: self.KEPT], self._spans[: self.KEPT]
+
+    def step_at(self, wall_ns: int, open_step: tuple[int, int] | None = None) -> int:
+        """The step whose span holds ``wall_ns``, else -1; ``open_step``: (start_ns, step) of a step not ended."""
+        if open_step is not None and wall_ns >= open_step[0]:
+            return open_step[1]
+        with self._lock:
+            i = bisect.bisect_right(self._starts, wall_ns) - 1
+            if i >= 0:
+                start_ns, end_ns, step = self._spans[i]
+                if wall_ns <= end_ns:
+                    return step
+        return -1
+
+
+class FlightRecorderFollower:
+    """Writes the Flight Recorder entries the Python-side recorder did not see, while the job runs.
+
+    The ring buffer keeps the last TORCH_FR_BUFFER_SIZE entries (2000 by default), shared by every process
+    group, and a dump decodes all of them, about 14 us per entry. So it is not read every step: a thread checks
+    the groups' sequence counters every ``CHECK_INTERVAL_S`` and reads the ring once ``READ_AT_FILL`` of it is
+    new (about 19 us of dump per collective, whatever the ring's size), or every ``MAX_INTERVAL_S``; finish
+    reads it once more. With the default ring, only a job issuing more than about 2000 collectives a second
+    overtakes it (a warning says so; raise TORCH_FR_BUFFER_SIZE then). Entries younger than ``SETTLE_NS`` wait for the next read: a Python wrapper marks its
+    collective as seen just after issuing it."""
+
+    CHECK_INTERVAL_S = 0.25
+    READ_AT_FILL = 0.75
+    MAX_INTERVAL_S = 30.0
+    SETTLE_NS = 100_000_000
+
+    def __init__(self, recorder, steps: StepSpans, open_step):
+        self.recorder = recorder
+        self.steps = steps
+        self._open_step = open_step  # () -> (start_ns, step) of the step in progress, or None
+        self.since_ns = time.time_ns()
+        self.ddp_groups: dict[str, object] = {}  # pg name -> group whose DDP buckets come from here
+        self._done: dict[str, int] = {}  # per group, the highest seq written or found already recorded
+        self._ring_size = _ring_size_from_environment()
+        self._issued_at_read = 0
+        self._read_at = time.monotonic()
+        self.reads = 0
+        self.read_s = 0.0  # thread time spent reading: what following costs (docs/benchmarks.md)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def follow_ddp(self, pg_name: str, group) -> None:
+        """Take DDP's buckets in this group from Flight Recorder, and read it while the job runs."""
+        self.ddp_groups[pg_name] = group
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="diag-flight-recorder", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> int:
+        """At finish: stop the thread and write everything still unwritten. Returns the rows written."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        return self.read(final=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.CHECK_INTERVAL_S):
+            try:
+                issued = self._issued_in_all_groups()
+                new = issued - self._issued_at_read
+                due = new >= self.READ_AT_FILL * self._ring_size
+                if due or (new > 0 and time.monotonic() - self._read_at >= self.MAX_INTERVAL_S):
+                    self._issued_at_read = issued
+                    self.read(final=False)
+            except Exception as exc:
+                warn_once("flight-recorder-follow", f"stopped reading Flight Recorder while running ({exc!r})")
+                return
+
+    def _issued_in_all_groups(self) -> int:
+        """Operations issued so far in every process group: they all share the ring."""
+        from diag.capture.collectives import _sequence_number
+
+        try:
+            from torch.distributed.distributed_c10d import _world
+
+            groups = list(_world.pg_map)
+        except Exception:  # a torch without that registry: the followed groups only
+            groups = list(self.ddp_groups.values())
+        return sum(max(_sequence_number(group), 0) for group in groups)
+
+    def read(self, final: bool) -> int:
+        with self._lock:
+            started = time.thread_time()
+            self._read_at = time.monotonic()
+            dump = own_dump(stack_traces=False)
+            rows = []
+            if dump:
+                entries = dump.get("entries", [])
+                self._ring_size = max(self._ring_size, len(entries))
+                until_ns = None if final else time.time_ns() - self.SETTLE_NS
+                rows = self._rows(entries, until_ns)
+                for row in rows:
+                    self.recorder.session.writer.append("collectives", row)
+            self.reads += 1
+            self.read_s += time.thread_time() - started
+            return len(rows)
+
+    def _rows(self, entries: list[dict], until_ns: int | None) -> list[tuple]:
+        seen = self.recorder.seen_seqs
+        open_step = self._open_step()
+        fresh = [e for e in entries if not e.get("is_p2p") and (e.get("time_created_ns") or 0) >= self.since_ns]
+        fresh.sort(key=lambda e: e.get("record_id", 0))  # issue order
+        self._warn_if_overwritten(fresh)
+        rows = []
+        for entry in fresh:
+            pg = str(entry.get("process_group", ("",))[0])
+            seq = int(entry.get("collective_seq_id", -1))
+            done = self._done.setdefault(pg, seq - 1)  # a group's first sighting: nothing before it to write
+            if seq <= done or (until_ns is not None and entry["time_created_ns"] >= until_ns):
+                continue
+            self._done[pg] = seq
+            if seq in seen.get(pg, ()):
+                continue
+            op = str(entry.get("profiling_name", "")).split(":")[-1]
+            step = self.steps.step_at(entry["time_created_ns"], open_step)
+            ddp_bucket = pg in self.ddp_groups and op == "all_reduce" and step >= 0
+            rows.append(_row(entry, pg, seq, op, step, "ddp" if ddp_bucket else "fr"))
+        return rows
+
+    def _warn_if_overwritten(self, fresh: list[dict]) -> None:
+        """The ring wrapped between two reads: a group's oldest entry is past the next one to account for."""
+        oldest: dict[str, int] = {}
+        for entry in fresh:
+            oldest.setdefault(str(entry.get("process_group", ("",))[0]), int(entry.get("collective_seq_id", -1)))
+        lost = sum(max(0, oldest[pg] - done - 1) for pg, done in self._done.items() if pg in oldest)
+        if lost:
+            warn_once(
+                "flight-recorder-overwritten",
+                f"Flight Recorder's ring buffer wrapped before diag read it: about {lost} collectives issued from "
+                "C++ are not in the trace; raise TORCH_FR_BUFFER_SIZE (2000 by default)",
             )
-        )
-    return rows
+
+
+def _ring_size_from_environment() -> int:
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        try:
+            size = int(os.environ.get(name, "0"))
+        except ValueError:
+            continue
+        if size > 0:
+            return size
+    return 2000  # torch's default
+
+
+def _row(entry: dict, pg: str, seq: int, op: str, step: int, source: str) -> tuple:
+    """A ``collectives`` row for a Flight Recorder entry. Its duration is known only where Flight Recorder
+    timed it (NCCL with TORCH_NCCL_ENABLE_TIMING=1)."""
+    dtypes = entry.get("input_dtypes") or []
+    numel = sum(_numel(size) for size in entry.get("input_sizes") or [])
+    duration_ms = entry.get("duration_ms")
+    return (
+        step,
+        pg,
+        seq,
+        op,
+        numel * _ELEMENT_BYTES.get(dtypes[0], 0) if dtypes else 0,
+        _DTYPE_NAMES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else "",
+        None,
+        entry["time_created_ns"] // 1000,
+        None if duration_ms is None else round(float(duration_ms) * 1000, 1),
+        0,
+        source,
+    )
 
 
 def _numel(size) -> int:

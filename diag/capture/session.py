@@ -15,6 +15,7 @@ from pathlib import Path
 
 from diag._warn import warn_once
 from diag.capture import collectives
+from diag.capture.flight_recorder import StepSpans
 from diag.capture.identity import RankIdentity, detect_identity
 from diag.capture.memory import MemorySampler, is_out_of_memory
 from diag.trace.schema import SCHEMA_VERSION, rank_dir_name
@@ -22,6 +23,7 @@ from diag.trace.writer import RankWriter
 
 log = logging.getLogger("diag")
 
+DDP_BUCKET_MODES = ("auto", "hook", "flight_recorder", True, False)
 _STEP_COLUMNS_DEVICE = 8  # index of device_us in a steps row
 _PHASE_COLUMNS_DEVICE = 4  # index of device_us in a phases row
 
@@ -36,9 +38,12 @@ class Session:
     watchdog / hang_threshold_s / heartbeat_interval_s: hang dumps and heartbeats for ``diag triage``;
     flush_interval_s: how often records reach the disk (the most a SIGKILL loses); count_flops: when
     flops_per_step is not given, count the model FLOPs of step 1 (the second step) with
-    torch.utils.flop_counter.FlopCounterMode (that one step runs slower); ddp_buckets: time DDP's gradient
-    all-reduces through a DDP communication hook (DDP's Python hook path itself costs a few percent of a
-    step on small CPU models; without it the buckets are filled in from Flight Recorder at finish, untimed);
+    torch.utils.flop_counter.FlopCounterMode (that one step runs slower); ddp_buckets: how DDP's gradient
+    all-reduces are recorded: "hook" times each through a DDP communication hook (DDP's Python hook path
+    costs a few percent of a step where the CPU computes, see docs/benchmarks.md); "flight_recorder" keeps
+    DDP's built-in path and reads the buckets from Flight Recorder (issue time, size, no duration) with the
+    step's exposed communication timed from its last gradient; "auto" (default): "hook" on NCCL, where the
+    host runs ahead of the GPU, "flight_recorder" elsewhere; False: not recorded;
     prometheus_port / prometheus_addr: serve live Prometheus metrics on http://ADDR:PORT+local_rank/metrics
     (docs/prometheus.md), updated from the rows as the writer flushes them, off the training thread.
     """
@@ -65,7 +70,7 @@ class Session:
         heartbeat_interval_s: float = 5.0,
         flush_interval_s: float = 0.5,
         count_flops: bool = False,
-        ddp_buckets: bool = True,
+        ddp_buckets: bool | str = "auto",
         prometheus_port: int | None = None,
         prometheus_addr: str = "0.0.0.0",
         device=None,
@@ -92,7 +97,10 @@ class Session:
         self._comm_wait_us = 0.0
         self._hooks: list = []
         self._count_flops = count_flops and not flops_per_step
-        self._ddp_buckets = ddp_buckets
+        if ddp_buckets not in DDP_BUCKET_MODES:
+            raise ValueError(f"ddp_buckets must be one of {DDP_BUCKET_MODES}, not {ddp_buckets!r}")
+        self._ddp_buckets = "hook" if ddp_buckets is True else ddp_buckets
+        self.step_spans = StepSpans()
 
         self.manifest = self._base_manifest(flops_per_step, peak_tflops, dtype, parallel)
         # Without a writable trace directory (already warned about) nothing else is worth starting, but the
@@ -109,6 +117,8 @@ class Session:
         self.writer.write_manifest(self.manifest)
         self.writer.start()
         self._start_ns = time.time_ns()  # after diag's own clock-sync collectives
+        if self.recorder is not None:
+            self.recorder.flight_recorder.since_ns = self._start_ns
 
     # -- setup ----------------------------------------------------------------------------------------------
     def _base_manifest(self, flops_per_step, peak_tflops, dtype, parallel) -> dict:
@@ -301,11 +311,27 @@ class Session:
         self._end_step(samples, tokens, completed=error is None)
 
     def instrument_ddp_buckets(self, ddp_model) -> bool:
-        """Record a DDP model's gradient all-reduces (through its communication hook) without timing its
-        forward and backward: for framework callbacks that time those from the framework's own events."""
+        """Record a DDP model's gradient all-reduces (the ``ddp_buckets`` option says how) without timing its
+        forward and backward: ``instrument`` calls it, and framework callbacks that time those from the
+        framework's own events."""
         if self.recorder is None or not self._ddp_buckets:
             return False
-        return collectives.install_ddp_hook(ddp_model, lambda: collectives._active)
+        group = ddp_model.process_group
+        mode = self._ddp_buckets
+        if mode == "auto":
+            mode = "hook" if collectives._backend_of(group) == "nccl" else "flight_recorder"
+        if mode == "hook" and collectives.install_ddp_hook(ddp_model, lambda: collectives._active):
+            self.capture_status["ddp_buckets"] = "hook: each bucket timed"
+            return True
+        self.recorder.flight_recorder.follow_ddp(self.recorder.group_name(group), group)
+        self._hooks.append(collectives.LastGradientWait(ddp_model, self.add_comm_wait))
+        self.capture_status["ddp_buckets"] = "flight_recorder: buckets untimed, exposed wait per step"
+        return True
+
+    def open_step(self) -> tuple[int, int] | None:
+        """(wall-clock start in ns, index) of the step in progress, or None."""
+        step, started_us = self.current_step, self.step_started_us
+        return None if step is None or started_us is None else (started_us * 1000, step)
 
     def _flop_counter(self):
         if not self._count_flops or self.current_step != self.COUNT_FLOPS_AT_STEP:
@@ -362,6 +388,7 @@ class Session:
                 tokens,
             ]
             self.device_timer.stop(self._step_device_event, "steps", row, _STEP_COLUMNS_DEVICE)
+            self.step_spans.add(self.step_started_us * 1000, time.time_ns(), step)
             if self.memory is not None:
                 self.writer.append("memory", self.memory.sample(step))
         except Exception as exc:
@@ -495,7 +522,7 @@ class Session:
                 collectives.activate(None)
             self.recorder.flush_pending()
             if _backend() is not None:
-                self.recorder.fill_gaps_from_flight_recorder(self._start_ns)
+                self.recorder.flight_recorder.stop()
 
 
 class DisabledSession:

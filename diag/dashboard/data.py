@@ -366,7 +366,7 @@ def step_times(trace: Trace, report) -> pd.DataFrame | None:
 
     if trace.steps.empty:
         return None
-    waits = collective_waits(trace.collectives) if len(trace.collectives) else None
+    waits = collective_waits(trace.collectives, None, trace.clock_offsets_us()) if len(trace.collectives) else None
     return rank_step_times(trace.steps, wait_per_rank_step(waits) if waits is not None else None).frame
 
 

@@ -85,6 +85,15 @@ class Trace:
         rows = self.manifests[self.manifests["rank"] == rank]
         return {} if rows.empty else {k: v for k, v in rows.iloc[0].items() if not _is_missing(v)}
 
+    def clock_offsets_us(self) -> dict[int, float]:
+        """Each rank's clock minus rank 0's, measured at init (manifest ``clock_offset_us``); subtract it from a
+        rank's wall-clock times to put them on rank 0's clock. Ranks without a measurement are absent."""
+        if self.manifests is None or self.manifests.empty or "clock_offset_us" not in self.manifests:
+            return {}
+        offsets = pd.to_numeric(self.manifests["clock_offset_us"], errors="coerce")
+        known = offsets.notna()
+        return dict(zip(self.manifests["rank"][known].astype(int), offsets[known].astype(float)))
+
 
 def _is_missing(value) -> bool:
     try:

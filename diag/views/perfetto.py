@@ -36,20 +36,13 @@ def write_chrome_trace(trace, path: Path, steps: tuple[int, int] | None = None, 
 
 
 def _events(trace, steps, ranks) -> Iterator[dict]:
-    offsets = _clock_offsets_us(trace)
+    offsets = trace.clock_offsets_us()
     wanted = set(ranks) if ranks is not None else set(trace.ranks_found)
     yield from _metadata(trace, wanted)
     for name, frame in (("steps", trace.steps), ("phases", trace.phases), ("pipeline", trace.microbatches)):
         yield from _spans(name, _select(frame, steps, wanted), offsets)
     yield from _collectives(_select(trace.collectives, steps, wanted), offsets)
     yield from _telemetry(trace.telemetry[trace.telemetry["rank"].isin(wanted)], _window_us(trace, steps), offsets)
-
-
-def _clock_offsets_us(trace) -> dict[int, float]:
-    if trace.manifests.empty or "clock_offset_us" not in trace.manifests:
-        return {}
-    frame = trace.manifests[["rank", "clock_offset_us"]].dropna()
-    return {int(r): float(o) for r, o in zip(frame["rank"], frame["clock_offset_us"])}
 
 
 def _select(frame: pd.DataFrame, steps, ranks: set[int]) -> pd.DataFrame:

@@ -285,3 +285,28 @@ def test_point_to_point_ops_are_not_matched_across_ranks():
     waits = collective_waits(coll.astype({"pg": "category", "op": "category", "duration_us": "Float64"}))
     assert waits.wait_us.tolist() == [0, 0, 0, 0, 0, 1, 2, 3]
     assert len(waits.instances) == 5 and sorted(waits.instances["ranks"]) == [1, 1, 1, 1, 4]
+
+
+def test_untimed_buckets_wait_for_the_latest_issue_on_rank_0s_clock():
+    """DDP buckets read from gloo's Flight Recorder have issue times and no durations: the wait is the latest
+    issue of the same (pg, seq) minus the row's own, once each rank's clock offset is taken out."""
+    rank1_ahead_us = 500.0  # rank 1's clock reads 500 us more than rank 0's
+    rows = [
+        {"rank": 0, "seq": 1, "start_us": 1_000},
+        {"rank": 1, "seq": 1, "start_us": 1_000 + 500 + 300},  # issues 300 us after rank 0
+        {"rank": 0, "seq": 2, "start_us": 5_000},
+        {"rank": 1, "seq": 2, "start_us": 5_000 + 500 - 200},  # 200 us before rank 0
+    ]
+    coll = pd.DataFrame(
+        [{**r, "step": 0, "pg": "0", "op": "all_reduce", "bytes": 64, "blocking": 0, "duration_us": None} for r in rows]
+    ).astype({"pg": "category", "op": "category", "duration_us": "Float64"})
+    waits = collective_waits(coll, None, {0: 0.0, 1: rank1_ahead_us})
+    assert waits.wait_us.tolist() == [300, 0, 0, 200]
+    assert waits.is_last.tolist() == [False, True, True, False]
+    # without the offsets rank 1 would seem to arrive last both times
+    assert collective_waits(coll).is_last.tolist() == [False, True, False, True]
+    steps = pd.DataFrame(
+        {"rank": [0, 1], "step": [0, 0], "comm_wait_us": [300, 200], "data_wait_us": 0, "duration_us": 9000}
+    )
+    report = analyze_comms(waits, steps, {"0": 2})
+    assert report.collectives == [] and "issue times" in report.note

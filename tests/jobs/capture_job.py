@@ -1,7 +1,7 @@
 """A real training job for the capture tests. Each rank also writes what it really did, as seen by an
 independent source (PyTorch's Flight Recorder and the model itself), to ``TRACE_DIR/truth/rankN.json``.
 
-usage: capture_job.py TRACE_DIR MODE STEPS   (MODE: plain, ddp, fsdp, explicit)
+usage: capture_job.py TRACE_DIR MODE STEPS   (MODE: plain, ddp, ddp_hook, fsdp, explicit)
 """
 
 import json
@@ -25,9 +25,11 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
 param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
-session = diag.init(trace_dir, telemetry=False, flops_per_step=1e9)
+session = diag.init(
+    trace_dir, telemetry=False, flops_per_step=1e9, ddp_buckets="hook" if mode == "ddp_hook" else "auto"
+)
 init_done_ns = time.time_ns()
-if mode == "ddp":
+if mode in ("ddp", "ddp_hook"):
     model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
 elif mode == "fsdp":
     from torch.distributed.fsdp import fully_shard
