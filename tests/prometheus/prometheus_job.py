@@ -29,6 +29,7 @@ session = diag.init(
     prometheus_port=port,
     prometheus_addr="127.0.0.1",
     flush_interval_s=0.1,
+    ddp_buckets="hook",  # every bucket reaches the metrics as it completes (from Flight Recorder they lag)
 )
 model = torch.nn.parallel.DistributedDataParallel(model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
