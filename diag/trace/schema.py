@@ -104,10 +104,16 @@ COLLECTIVES = Table(
             "duration_us",
             "Float64",
             "issue to completion as the host saw it; on NCCL with TORCH_NCCL_ENABLE_TIMING=1 the collective's "
-            "device (CUDA event) duration; empty if completion was never seen",
+            "device (CUDA event) duration; empty if completion was never seen or not observable (DDP buckets "
+            "read from gloo's Flight Recorder)",
         ),
         Column("blocking", "int8", "1 if the caller waited for it in the call (async_op=False)"),
-        Column("source", "category", "who issued it: py (torch.distributed call), ddp (DDP bucket)"),
+        Column(
+            "source",
+            "category",
+            "who issued it: py (torch.distributed call), ddp (DDP gradient bucket, timed by diag's comm hook or read "
+            "from Flight Recorder), fr (issued from C++, read from Flight Recorder)",
+        ),
     ),
 )
 
