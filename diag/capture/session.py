@@ -116,9 +116,6 @@ class Session:
         self.manifest["capture"] = self.capture_status
         self.writer.write_manifest(self.manifest)
         self.writer.start()
-        self._start_ns = time.time_ns()  # after diag's own clock-sync collectives
-        if self.recorder is not None:
-            self.recorder.flight_recorder.since_ns = self._start_ns
 
     # -- setup ----------------------------------------------------------------------------------------------
     def _base_manifest(self, flops_per_step, peak_tflops, dtype, parallel) -> dict:
@@ -187,17 +184,14 @@ class Session:
             return
         from diag.capture.clock import synchronise_clocks
 
-        recorder = collectives._active
-        collectives.activate(None)  # keep diag's own clock-sync collectives out of the trace
         try:
-            sync = synchronise_clocks(self.device if _backend() == "nccl" else "cpu")
+            store = dist.distributed_c10d._get_default_store()
+            sync = synchronise_clocks(store, self.rank, self.world_size, self.identity.host)
             self.manifest["clock_offset_us"] = sync.offset_us
             self.manifest["clock_sync_error_us"] = sync.error_us
             self.manifest["run_id"] = self.manifest["run_id"] or sync.run_id
         except Exception as exc:
             warn_once("clock-sync", f"clock synchronisation failed ({exc!r}); cross-rank times are not aligned")
-        finally:
-            collectives.activate(recorder)
 
     def _start_metrics(self, port: int | None, addr: str):
         """After the clock sync: the run id it agrees on labels every metric."""

@@ -213,7 +213,7 @@ MANIFEST_KEYS: dict[str, str] = {
     "peak_tflops": "peak dense TFLOP/s of the device for `dtype`, as given by the user",
     "dtype": "training compute dtype (bfloat16, float16, float32, ...)",
     "clock_offset_us": "this rank's wall clock minus rank 0's, measured at init",
-    "clock_sync_error_us": "uncertainty of clock_offset_us (spread of the measurements)",
+    "clock_sync_error_us": "the true offset is within clock_offset_us +- this (half the shortest round trip to rank 0)",
     "start_time_us": "wall-clock instant diag.init ran",
     "process_groups": "{pg name: {ranks, size, backend, desc}} for groups diag saw",
     "capture": "what is being captured and what is off, with reasons",
