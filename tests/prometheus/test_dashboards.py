@@ -1,4 +1,5 @@
-"""The Grafana dashboards query only what diag exports, the metric table of docs/prometheus.md is the one the
+"""The Grafana dashboards query only what diag exports (the fleet one every GPU of a node, claimed by a rank or
+not), the metric table of docs/prometheus.md is the one the
 code defines, and the exported names follow Prometheus conventions. The exported set is read from a live
 registry fed with real runs (the bundled sample traces, one with H100 telemetry), not from a list."""
 
@@ -22,9 +23,11 @@ from diag.capture.prometheus import (
     render_metric_table,
 )
 from diag.commands.telemetry import TraceFollower
+from diag.trace.schema import THROTTLE_REASONS
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+FLEET = REPO / "dashboards" / "diag-gpu-fleet.json"
 PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right"}
 
 
@@ -63,6 +66,7 @@ def queried_metrics(expr: str) -> set[str]:
     expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings
     expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
     expr = re.sub(r"\[[^\]]*\]", "", expr)  # range selectors
+    expr = re.sub(r"\$\{?\w+\}?", "", expr)  # Grafana variables elsewhere (offset $__range)
     expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)  # label lists
     names = set(re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b(?!\s*\()", expr))  # identifiers that are not calls
     return names - PROMQL_WORDS
@@ -81,6 +85,7 @@ def test_metric_names_are_read_from_promql():
     assert queried_metrics(expr) == {"diag_a_total", "diag_b"}
     assert queried_metrics('label_values(diag_rank_info{run=~"$run"}, host)') == {"diag_rank_info"}
     assert queried_metrics("time() - min(diag_c)") == {"diag_c"}
+    assert queried_metrics('max by (gpu) (diag_d{gpu=~"$gpu"} offset $__range) or vector(0)') == {"diag_d"}
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
@@ -93,6 +98,57 @@ def test_every_metric_a_dashboard_queries_is_exported(path, live_exposition):
         names = queried_metrics(expr)
         assert names, f"{title}: no metric in {expr}"
         assert names <= exported, f"{title}: {sorted(names - exported)} not exported by diag"
+
+
+def selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric, label matchers) of every series a PromQL expression selects."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', lambda m: m.group(0).replace("{", "(").replace("}", ")"), expr)
+    return [(m.group(1), m.group(2) or "") for m in re.finditer(r"\b(diag_\w+)\s*(?:\{([^}]*)\})?", expr)]
+
+
+def test_fleet_dashboard_shows_every_gpu_of_the_selected_hosts():
+    """The operator's view: every series is filtered by the host and gpu variables and by nothing that a rank
+    sets (a GPU no rank has claimed has empty run and rank labels), and every query is one per GPU."""
+    dashboard = json.loads(FLEET.read_text())
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource", "host", "gpu"]
+    panels = [panel for panel in dashboard["panels"] if panel["type"] != "row"]
+    assert len(panels) >= 15
+    for title, expr in dashboard_queries(dashboard):
+        found = selectors(expr)
+        assert found, f"{title}: {expr}"
+        for metric, matchers in found:
+            assert metric.startswith("diag_gpu_"), f"{title}: {metric} is not NVML telemetry of the node agent"
+            labels = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", matchers))
+            assert not labels & {"run", "rank", "local_rank"}, f"{title}: {metric}{{{matchers}}} hides unclaimed GPUs"
+            if not title.startswith("$"):
+                assert 'host=~"$host"' in matchers and 'gpu=~"$gpu"' in matchers, f"{title}: {metric}{{{matchers}}}"
+                # the node agent's and the rank's series of a GPU, before and after a rank claims it, are one
+                assert "max by (host, gpu" in expr, f"{title}: {expr}"
+
+
+def test_fleet_attention_table_is_one_row_per_gpu():
+    """Instant table queries aggregated by host and gpu (the labels Grafana's merge joins them on), and each
+    renamed column is one of those queries."""
+    dashboard = json.loads(FLEET.read_text())
+    (table,) = [panel for panel in dashboard["panels"] if panel["title"] == "GPUs needing attention"]
+    assert all(t["instant"] and not t["range"] and t["format"] == "table" for t in table["targets"])
+    assert all(re.match(r"(count|max|sum) by \(host, gpu[,)]", t["expr"].lstrip("(")) for t in table["targets"])
+    merge, organize = table["transformations"]
+    assert merge["id"] == "merge"
+    renamed = organize["options"]["renameByName"]
+    assert sorted(renamed) == sorted(f"Value #{t['refId']}" for t in table["targets"])
+    assert {o["matcher"]["options"] for o in table["fieldConfig"]["overrides"]} == set(renamed.values())
+    assert table["options"]["sortBy"][0]["displayName"] in renamed.values()
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_throttle_reasons_queried_are_the_ones_exported(path):
+    """A misspelt reason matches no series and reads as "not throttled"."""
+    matched = []
+    for _, expr in dashboard_queries(json.loads(path.read_text())):
+        for value in re.findall(r'reason\s*(?:=~|!~|!=|=)\s*"([^"]*)"', expr):
+            matched += value.split("|")
+    assert matched and set(matched) <= set(THROTTLE_REASONS.values()), sorted(set(matched))
 
 
 def test_live_registry_exports_exactly_the_documented_metrics(live_exposition):
@@ -131,5 +187,7 @@ def test_dashboards_are_current(tmp_path):
         [sys.executable, str(REPO / "dashboards" / "make_dashboards.py"), str(tmp_path)], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [p.name for p in DASHBOARDS]
+    assert FLEET in DASHBOARDS
     for path in DASHBOARDS:
         assert json.loads((tmp_path / path.name).read_text()) == json.loads(path.read_text()), f"regenerate {path.name}"
