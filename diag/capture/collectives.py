@@ -445,36 +445,37 @@ def _default_group():
 
 class LastGradientWait:
     """The exposed communication of a DDP backward when no hook times DDP's buckets: from the moment the step's
-    last gradient is accumulated (DDP launches its last bucket then) until autograd finishes, which is after
-    DDP's end-of-backward callback has waited for every bucket. A rank that waits here for its peers is not
-    the slow one. Which parameter's gradient comes last is learnt in the first backward; afterwards one hook,
-    on that parameter, is all that runs."""
+    last gradient is accumulated (DDP launches its last bucket then) until the backward call returns, which is
+    after DDP's end-of-backward callback has waited for every bucket. A rank that waits here for its peers is
+    not the slow one. Which parameter's gradient comes last is learnt in the first backward; afterwards one
+    hook, on that parameter, is all that runs inside the backward."""
 
     def __init__(self, ddp_model, add_wait):
-        import torch
+        from diag.capture.hooks import listen_to_backward
 
         self._add_wait = add_wait
-        self._engine = torch.autograd.Variable._execution_engine
         self._last_ns = 0
         self._last_param_id: int | None = None
-        self._queued = False
         params = [p for p in ddp_model.parameters() if p.requires_grad]
         self._handles = {id(p): p.register_post_accumulate_grad_hook(self._on_gradient) for p in params}
+        listen_to_backward(self)
 
     def _on_gradient(self, param) -> None:
         try:
             self._last_ns = time.perf_counter_ns()
             self._last_param_id = id(param)
-            if not self._queued:
-                self._queued = True  # a callback that queues another runs after DDP's own end-of-backward one
-                self._engine.queue_callback(lambda: self._engine.queue_callback(self._after_backward))
         except Exception as exc:
             warn_once("ddp-exposed-wait", f"cannot time DDP's exposed communication ({exc!r})")
 
-    def _after_backward(self) -> None:
+    def on_backward_start(self, _start_ns: int) -> None:
+        pass
+
+    def on_backward_end(self, start_ns: int, end_ns: int) -> None:
         try:
-            self._queued = False
-            self._add_wait((time.perf_counter_ns() - self._last_ns) / 1000)
+            if self._last_ns < start_ns:  # no gradient of this model in that backward
+                return
+            self._add_wait((end_ns - self._last_ns) / 1000)
+            self._last_ns = 0
             if len(self._handles) > 1 and self._last_param_id in self._handles:
                 for key in [k for k in self._handles if k != self._last_param_id]:
                     self._handles.pop(key).remove()
@@ -482,6 +483,9 @@ class LastGradientWait:
             warn_once("ddp-exposed-wait", f"cannot time DDP's exposed communication ({exc!r})")
 
     def remove(self) -> None:
+        from diag.capture.hooks import stop_listening_to_backward
+
+        stop_listening_to_backward(self)
         for handle in self._handles.values():
             handle.remove()
         self._handles.clear()

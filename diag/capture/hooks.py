@@ -1,14 +1,18 @@
 """Forward, backward and optimizer timing through hooks, with no edits to the user's modules.
 
 * forward: forward pre-hook and hook of the outermost instrumented module (nested calls are not recounted);
-* backward: starts when the gradient of the model's output arrives (a tensor hook on the outputs) and ends
-  when autograd finishes. The end is marked by a callback queued on the autograd engine that queues a
-  second one, so it runs after DDP's own end-of-backward callback (which waits for the gradient buckets);
+* backward: every ``torch.autograd.backward`` call (``Tensor.backward`` makes one) while a model is
+  instrumented, timed by a wrapper around it. The call returns once the engine has run its end-of-backward
+  callbacks, DDP's wait for its gradient buckets among them. A tensor hook on the model's output and callbacks
+  queued on the engine measured the same and cost ~45 us a step: every call from the engine into Python
+  does (docs/benchmarks.md); the wrapper is one Python frame;
 * optimizer: the optimizer's step pre- and post-hooks.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 
 from diag._warn import warn_once
@@ -28,11 +32,75 @@ def _guarded(method):
     return guarded
 
 
-def _output_tensors(output):
-    import torch
-    from torch.utils._pytree import tree_leaves
+# -- backward passes ------------------------------------------------------------------------------------------
+# Listeners have on_backward_start(start_ns) and on_backward_end(start_ns, end_ns) (perf_counter_ns). The
+# wrapper is installed once per process and stays; without listeners it only passes the call on.
+_backward_listeners: list = []
+_backward_depth = threading.local()  # a backward inside a backward (double backward) is the outer one's
 
-    return [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+def listen_to_backward(listener) -> None:
+    _install_backward_wrapper()
+    if listener not in _backward_listeners:
+        _backward_listeners.append(listener)
+
+
+def stop_listening_to_backward(listener) -> None:
+    if listener in _backward_listeners:
+        _backward_listeners.remove(listener)
+
+
+def _install_backward_wrapper() -> None:
+    import torch.autograd
+
+    original = torch.autograd.backward
+    if getattr(original, "__diag_wrapped__", False):
+        return
+
+    @functools.wraps(original)
+    def backward(*args, **kwargs):
+        listeners = tuple(_backward_listeners)
+        if not listeners or getattr(_backward_depth, "value", 0):
+            return original(*args, **kwargs)
+        start_ns = time.perf_counter_ns()
+        _notify(listeners, "on_backward_start", start_ns)
+        _backward_depth.value = 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _backward_depth.value = 0
+            _notify(listeners, "on_backward_end", start_ns, time.perf_counter_ns())
+
+    backward.__diag_wrapped__ = True
+    torch.autograd.backward = backward
+
+
+def _notify(listeners, method: str, *args) -> None:
+    for listener in listeners:
+        try:
+            getattr(listener, method)(*args)
+        except Exception as exc:  # never into the user's backward
+            warn_once(f"backward-{method}", f"{method} failed ({exc!r}); backward timing is missing")
+
+
+class BackwardHooks:
+    """The session's backward phase: one per session, however many models are instrumented."""
+
+    def __init__(self, session):
+        self.session = session
+        listen_to_backward(self)
+
+    @_guarded
+    def on_backward_start(self, _start_ns):
+        self.session.set_phase("backward")
+
+    @_guarded
+    def on_backward_end(self, start_ns, end_ns):
+        self.session.set_phase(None)
+        self.session.add_phase_time("backward", (end_ns - start_ns) / 1000)
+
+    def remove(self):
+        stop_listening_to_backward(self)
 
 
 class ModelHooks:
@@ -40,7 +108,6 @@ class ModelHooks:
         self.session = session
         self.module = module
         self._forward_start_ns: int | None = None
-        self._backward_start_ns: int | None = None
         self.handles = [
             module.register_forward_pre_hook(self._before_forward),
             module.register_forward_hook(self._after_forward),
@@ -53,31 +120,11 @@ class ModelHooks:
             self.session.set_phase("forward")
 
     @_guarded
-    def _after_forward(self, _module, _inputs, output):
-        end_ns = time.perf_counter_ns()
-        tensors = _output_tensors(output)
-        if tensors:
-            tensors[0].register_hook(self._on_output_grad)
+    def _after_forward(self, _module, _inputs, _output):
         if self._forward_start_ns is not None:
             start_ns, self._forward_start_ns = self._forward_start_ns, None
             self.session.set_phase(None)
-            self.session.add_phase_time("forward", (end_ns - start_ns) / 1000)
-
-    @_guarded
-    def _on_output_grad(self, _grad):
-        import torch
-
-        self._backward_start_ns = time.perf_counter_ns()
-        self.session.set_phase("backward")
-        engine = torch.autograd.Variable._execution_engine
-        engine.queue_callback(lambda: engine.queue_callback(self._after_backward))
-
-    @_guarded
-    def _after_backward(self):
-        if self._backward_start_ns is not None:
-            self.session.add_phase_time("backward", (time.perf_counter_ns() - self._backward_start_ns) / 1000)
-            self._backward_start_ns = None
-            self.session.set_phase(None)
+            self.session.add_phase_time("forward", (time.perf_counter_ns() - start_ns) / 1000)
 
     def remove(self):
         for handle in self.handles:

@@ -26,10 +26,18 @@ def rss_bytes() -> int:
 
 
 class MemorySampler:
-    """Reads memory at the end of each step; on CUDA resets the peaks so each row's peak is its step's."""
+    """Reads memory at the end of each step; on CUDA resets the peaks so each row's peak is its step's.
+
+    RSS is read at most every ``RSS_INTERVAL_NS`` and a row carries the latest reading: it moves slowly, and
+    the read is a system call, which on kernels with page-table isolation flushes the TLB and cost ~20 us of
+    a 3.5 ms CPU step in refills (docs/benchmarks.md), four times the rest of a step span."""
+
+    RSS_INTERVAL_NS = 100_000_000
 
     def __init__(self, device):
         self.cuda_device = device if getattr(device, "type", None) == "cuda" else None
+        self._rss = 0
+        self._rss_read_ns = -self.RSS_INTERVAL_NS
 
     def sample(self, step: int) -> tuple:
         stats = {}
@@ -38,7 +46,10 @@ class MemorySampler:
 
             stats = _allocator_stats(torch, self.cuda_device)
             torch.cuda.reset_peak_memory_stats(self.cuda_device)
-        return memory_row(step, time.time_ns() // 1000, stats, rss_bytes())
+        now_ns = time.monotonic_ns()
+        if now_ns - self._rss_read_ns >= self.RSS_INTERVAL_NS:
+            self._rss, self._rss_read_ns = rss_bytes(), now_ns
+        return memory_row(step, time.time_ns() // 1000, stats, self._rss)
 
     def summary(self) -> str | None:
         """The allocator's full memory_summary(), written when a step runs out of memory."""

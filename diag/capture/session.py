@@ -441,7 +441,7 @@ class Session:
         import torch
 
         from diag.capture import pipeline
-        from diag.capture.hooks import ModelHooks, OptimizerHooks
+        from diag.capture.hooks import BackwardHooks, ModelHooks, OptimizerHooks
 
         for obj in objects:
             try:
@@ -450,6 +450,8 @@ class Session:
                     if is_ddp:
                         self.instrument_ddp_buckets(obj)
                     self._hooks.append(ModelHooks(self, obj))
+                    if not any(isinstance(h, BackwardHooks) for h in self._hooks):
+                        self._hooks.append(BackwardHooks(self))
                 elif isinstance(obj, torch.optim.Optimizer):
                     self._hooks.append(OptimizerHooks(self, obj))
                 elif pipeline.is_pipeline_schedule(obj):

@@ -129,7 +129,7 @@ MEMORY = Table(
         Column("reserved_peak_bytes", "Int64", "CUDA: peak reserved during the step"),
         Column("alloc_retries", "Int64", "CUDA: cumulative cudaMalloc retries after freeing the cache"),
         Column("ooms", "Int64", "CUDA: cumulative out-of-memory errors"),
-        Column("rss_bytes", "int64", "resident set size of the process"),
+        Column("rss_bytes", "int64", "resident set size of the process (read at most every 0.1 s: the latest reading)"),
     ),
 )
 

@@ -103,3 +103,58 @@ def test_misspelt_option_is_an_error_but_a_failing_init_is_a_warning(tmp_path, m
     assert not session.enabled
     with diag.step():  # the job runs on without capture
         pass
+
+
+def _two_model_steps(tmp_path, steps: int = 6):
+    """A generator and a critic trained together, both instrumented; returns the recorded steps and the
+    backward calls' own wall times, measured around them."""
+    import time
+
+    torch.manual_seed(0)
+    generator, critic = torch.nn.Linear(512, 512), torch.nn.Linear(512, 1)
+    optimizer = torch.optim.SGD([*generator.parameters(), *critic.parameters()], lr=1e-3)
+    diag.init(tmp_path, telemetry=False)
+    diag.instrument(generator, critic, optimizer)
+    measured_us = []
+    for _ in range(steps):
+        with diag.step():
+            loss = critic(generator(torch.randn(512, 512))).pow(2).mean()
+            started = time.perf_counter_ns()
+            loss.backward()
+            measured_us.append((time.perf_counter_ns() - started) / 1000)
+            optimizer.step()
+            optimizer.zero_grad()
+    diag.finish()
+    return diag.load(tmp_path).steps, measured_us
+
+
+def test_backward_is_timed_once_however_many_models_are_instrumented(tmp_path):
+    steps, measured_us = _two_model_steps(tmp_path)
+    recorded_us = steps["backward_us"].to_numpy()
+    # the recorded span lies inside the measured one; timed once per model it would be about twice as long
+    assert (recorded_us <= [m + 1 for m in measured_us]).all()
+    assert (recorded_us >= [0.8 * m for m in measured_us]).all(), (recorded_us, measured_us)
+
+
+def test_backward_outside_capture_and_after_finish_records_nothing(tmp_path):
+    _two_model_steps(tmp_path / "run", steps=2)
+    model = torch.nn.Linear(4, 1)
+    model(torch.randn(2, 4)).sum().backward()  # the wrapper stays installed, with nobody listening
+    assert model.weight.grad is not None
+    diag.init(tmp_path / "second", telemetry=False)  # a session that instrumented no model
+    with diag.step():
+        model(torch.randn(2, 4)).sum().backward()
+    diag.finish()
+    assert diag.load(tmp_path / "second").steps["backward_us"].fillna(0).tolist() == [0]
+
+
+def test_error_inside_backward_propagates_and_the_phase_is_closed(tmp_path):
+    model = torch.nn.Linear(4, 1)
+    session = diag.init(tmp_path, telemetry=False)
+    diag.instrument(model)
+    loss = model(torch.randn(2, 4)).sum()
+    loss.backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"), diag.step():
+        loss.backward()
+    assert session.current_phase is None
+    diag.finish()
