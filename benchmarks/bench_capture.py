@@ -8,7 +8,8 @@
    (CPU activities, the usual way people profile).
    Median step time of each and its ratio to plain; and the median over blocks of each block's median
    against the plain block of the same round, which drift in the machine's speed does not bias.
-2. Host cost of one step span (``with diag.step()``) and of recording one collective, in microseconds.
+2. Host cost of one step span (``with diag.step()``) and of recording one collective, in microseconds, and
+   what diag adds to a real step, measured step by step in one process (``cost_in_a_real_step``).
 3. Bytes on disk per step and per collective record.
 
 usage: python benchmarks/bench_capture.py [--blocks 12] [--block-steps 10]
@@ -238,8 +239,57 @@ def host_costs(iterations: int = 20000) -> dict:
         span_ns = timed(span_once, iterations)
         record_ns = timed(lambda: recorded_no_op(tensor, group=group), iterations)
         diag.finish()
+        in_step_us, a_a_us = cost_in_a_real_step(Path(tmp))
     dist.destroy_process_group()
-    return {"step_span_us": (span_ns - empty_ns) / 1000, "collective_record_us": (record_ns - empty_ns) / 1000}
+    return {
+        "step_span_us": (span_ns - empty_ns) / 1000,
+        "collective_record_us": (record_ns - empty_ns) / 1000,
+        "in_real_step_us": in_step_us,
+        "a_a_us": a_a_us,
+    }
+
+
+def cost_in_a_real_step(tmp: Path, rebuilds: int = 8, steps: int = 800, hidden: int = 900) -> tuple[float, float]:
+    """What diag adds to one real step, in microseconds: a one-rank DDP model stepped inside ``diag.step()``
+    with its forward, backward, optimizer and DDP buckets instrumented, alternating step by step with the
+    same model plain. Step by step in one process the machine's drift cancels, which a 2-rank run cannot
+    resolve below about 1%. Fresh pairs of models (built in alternating order: placement alone moves speed)
+    and a fresh session per pair, median over pairs of the difference of medians; the same with two plain
+    models is the A/A figure. The plain model's backward passes through diag's wrapper too (it wraps
+    torch.autograd.backward for the process), so the one frame that costs is not in the figure."""
+    import torch
+
+    import diag
+
+    batch = (torch.randn(64, hidden), torch.randn(64, 1))
+
+    def difference(instrument: bool, pair: int) -> float:
+        models = [make_ddp(hidden, 0), make_ddp(hidden, 0)]
+        plain, other = models if pair % 2 else models[::-1]
+        optimizers = {id(m): torch.optim.SGD(m.parameters(), lr=1e-3) for m in models}
+        if instrument:
+            diag.init(tmp / f"real-step-{pair}", telemetry=False)
+            diag.instrument(other, optimizers[id(other)])
+        times = {id(m): [] for m in models}
+        for _ in range(10):  # warm-up
+            for model in models:
+                train_step(model, optimizers[id(model)], batch)
+        for _ in range(steps):
+            for model in (plain, other):
+                start = time.perf_counter_ns()
+                if instrument and model is other:
+                    with diag.step():
+                        train_step(model, optimizers[id(model)], batch)
+                else:
+                    train_step(model, optimizers[id(model)], batch)
+                times[id(model)].append(time.perf_counter_ns() - start)
+        if instrument:
+            diag.finish()
+        return (statistics.median(times[id(other)]) - statistics.median(times[id(plain)])) / 1000
+
+    a_a = statistics.median(difference(False, pair) for pair in range(rebuilds))
+    with_diag = statistics.median(difference(True, pair) for pair in range(rebuilds))
+    return with_diag, a_a
 
 
 def span_once() -> None:
@@ -289,6 +339,10 @@ def main() -> None:
     costs = host_costs()
     print(f"host cost of one step span:         {costs['step_span_us']:.2f} us (median)")
     print(f"host cost of recording a collective: {costs['collective_record_us']:.2f} us (median)")
+    print(
+        f"diag's cost in a real step (one-rank DDP, step by step against plain): {costs['in_real_step_us']:.1f} us "
+        f"(A/A: {costs['a_a_us']:.1f} us)"
+    )
     disk = result["disk"]
     print(
         f"bytes on disk: {disk['bytes_per_step_row']:.0f} per step row, {disk['bytes_per_collective_row']:.0f} per "
