@@ -369,16 +369,16 @@ def training_dashboard() -> dict:
         "timeseries",
         "ECC errors and XIDs",
         [
-            target(
-                f"sum by (host, gpu) (increase(diag_gpu_ecc_corrected_errors_total{{{GPUS}}}{RATE}))",
-                "ECC corrected {{host}} gpu {{gpu}}",
+            # growth, not increase(): a GPU's first XID creates its series, and increase() does not count it
+            *(
+                target(
+                    f"{growth(f'diag_gpu_ecc_{kind}_errors_total', '$__interval', selector=GPUS)} > 0",
+                    f"ECC {kind} {{{{host}}}} gpu {{{{gpu}}}}",
+                )
+                for kind in ("corrected", "uncorrected")
             ),
             target(
-                f"sum by (host, gpu) (increase(diag_gpu_ecc_uncorrected_errors_total{{{GPUS}}}{RATE}))",
-                "ECC uncorrected {{host}} gpu {{gpu}}",
-            ),
-            target(
-                f"sum by (host, gpu, xid) (increase(diag_gpu_xid_errors_total{{{GPUS}}}{RATE}))",
+                f"{growth('diag_gpu_xid_errors_total', '$__interval', f'{GPU}, xid', selector=GPUS)} > 0",
                 "XID {{xid}} {{host}} gpu {{gpu}}",
             ),
         ],
@@ -398,11 +398,11 @@ def training_dashboard() -> dict:
     )
 
 
-def per_gpu(metric: str, matchers: str = "", by: str = GPU, offset: str = "") -> str:
+def per_gpu(metric: str, matchers: str = "", by: str = GPU, offset: str = "", selector: str = FLEET) -> str:
     """One series per GPU (and per the other labels in `by`): a GPU's series from the node agent and from the
     rank that uses it, and the agent's series from before and after a rank claimed it (its run and rank labels
     change then), are one."""
-    selector = ", ".join(m for m in (FLEET, matchers) if m)
+    selector = ", ".join(m for m in (selector, matchers) if m)
     return f"max by ({by}) ({metric}{{{selector}}}{offset})"
 
 
@@ -410,12 +410,12 @@ def share(metric: str, of: str) -> str:
     return f"{per_gpu(metric)} / {per_gpu(of)}"
 
 
-def growth(counter: str, window: str, by: str = GPU) -> str:
+def growth(counter: str, window: str, by: str = GPU, selector: str = FLEET) -> str:
     """How much a counter grew over the window: its value now less its value a window ago, or all of it where it
     had none then or has since been reset (agent restarted). increase() misses a GPU's first XID: that XID creates
     the series, and increase() counts only what comes after a series' first sample."""
-    now = per_gpu(counter, by=by)
-    return f"(({now} - {per_gpu(counter, by=by, offset=f' offset {window}')}) >= 0 or {now})"
+    now = per_gpu(counter, by=by, selector=selector)
+    return f"(({now} - {per_gpu(counter, by=by, offset=f' offset {window}', selector=selector)}) >= 0 or {now})"
 
 
 def or_zero(expr: str) -> str:
