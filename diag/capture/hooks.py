@@ -36,7 +36,29 @@ def _guarded(method):
 # Listeners have on_backward_start(start_ns) and on_backward_end(start_ns, end_ns) (perf_counter_ns). The
 # wrapper is installed once per process and stays; without listeners it only passes the call on.
 _backward_listeners: list = []
-_backward_depth = threading.local()  # a backward inside a backward (double backward) is the outer one's
+
+
+class _Nesting:
+    """Backward calls in progress in any thread. One that starts inside another is the outer one's time: a
+    double backward, or reentrant activation checkpointing, which runs its backward on the engine's device
+    threads on a GPU (so a per-thread count would miss it)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running = 0
+
+    def enter(self) -> bool:
+        """True for the outermost call."""
+        with self._lock:
+            self._running += 1
+            return self._running == 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._running -= 1
+
+
+_nesting = _Nesting()
 
 
 def listen_to_backward(listener) -> None:
@@ -60,16 +82,20 @@ def _install_backward_wrapper() -> None:
     @functools.wraps(original)
     def backward(*args, **kwargs):
         listeners = tuple(_backward_listeners)
-        if not listeners or getattr(_backward_depth, "value", 0):
+        if not listeners:
             return original(*args, **kwargs)
-        start_ns = time.perf_counter_ns()
-        _notify(listeners, "on_backward_start", start_ns)
-        _backward_depth.value = 1
+        outermost = _nesting.enter()
         try:
-            return original(*args, **kwargs)
+            if not outermost:
+                return original(*args, **kwargs)
+            start_ns = time.perf_counter_ns()
+            _notify(listeners, "on_backward_start", start_ns)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _notify(listeners, "on_backward_end", start_ns, time.perf_counter_ns())
         finally:
-            _backward_depth.value = 0
-            _notify(listeners, "on_backward_end", start_ns, time.perf_counter_ns())
+            _nesting.leave()
 
     backward.__diag_wrapped__ = True
     torch.autograd.backward = backward
