@@ -226,13 +226,20 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame) -> Run
         notes.append(
             f"{len(trace.ranks_missing)} of {trace.world_size} ranks have no traces; the report covers the others"
         )
+    without_steps = sorted(int(r) for r in set(trace.ranks_found) - with_steps)
+    if without_steps and with_steps:
+        shown = ", ".join(map(str, without_steps[:10])) + (" ..." if len(without_steps) > 10 else "")
+        notes.append(
+            f"{'ranks' if len(without_steps) > 1 else 'rank'} {shown} recorded no step: killed before their first "
+            "write, or stuck before their first step (diag triage tells which)"
+        )
     return RunInfo(
         path=str(trace.path),
         run_id=None if trace.run_id is None else str(trace.run_id),
         world_size=trace.world_size,
         ranks_found=list(map(int, trace.ranks_found)),
         ranks_missing=list(map(int, trace.ranks_missing)),
-        ranks_without_steps=sorted(int(r) for r in set(trace.ranks_found) - with_steps),
+        ranks_without_steps=without_steps,
         hosts=int(ranks_info["host"].nunique()) if "host" in ranks_info else 0,
         device_name=str(names.iloc[0]) if len(names) else None,
         steps=int(trace.steps["step"].nunique()) if len(trace.steps) else 0,

@@ -66,6 +66,17 @@ def test_missing_ranks_are_reported_and_the_rest_analysed(tmp_path):
     assert plants.compute_straggler in findings_of(report, "straggler")[0]["ranks"]
 
 
+def test_rank_killed_before_its_first_write_is_named_and_the_rest_analysed(tmp_path):
+    plants = make_trace(tmp_path)
+    for table in (tmp_path / "rank00008").glob("*.csv"):  # only the manifest written at init remains
+        table.unlink()
+    (tmp_path / "rank00009" / "steps.csv").write_bytes(b"")  # created, never flushed
+    report = cli_json(tmp_path)
+    assert report["run"]["ranks_without_steps"] == [8, 9] and report["run"]["ranks_missing"] == []
+    assert any(n.startswith("ranks 8, 9 recorded no step") for n in report["run"]["notes"]), report["run"]["notes"]
+    assert plants.compute_straggler in findings_of(report, "straggler")[0]["ranks"]
+
+
 def test_truncated_and_corrupt_files_are_skipped_with_reasons(tmp_path):
     plants = make_trace(tmp_path)
     steps_csv = tmp_path / "rank00002" / "steps.csv"
