@@ -36,6 +36,8 @@ def _sync_rank(rank: int, port: int, results, absent_rank: int | None, timeout_s
         sync = synchronise_clocks(store, rank, len(HOSTS), host, timeout_s=timeout_s, clock_us=skewed_clock)
     except Exception as exc:
         results.put((rank, f"raised {type(exc).__name__}"))
+        if rank == 0:  # rank 0 hosts the store: keep it up while the others time out on their own
+            time.sleep(3)
         return
     store.add("done", 1)
     if rank == 0:  # once everyone is done, see what was left in the store
