@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from diag.capture.clock import synchronise_clocks
+from diag.launch import free_port
 
 
 def barrier_all_gather(rounds: int = 5) -> tuple[float, float]:
@@ -64,9 +65,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--own-host", action="store_true", help="ranks report the real host name")
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from datetime import timedelta
 
 import pytest
 import torch.multiprocessing as mp
 
+from diag.launch import free_port
+
 # rank -> (host, its clock minus the true time in us): two ranks share rank 0's host, two share host b
 HOSTS = ["a", "a", "b", "b", "c"]
 SKEW_US = {"a": 0, "b": 5_000_000, "c": -2_500_000}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sync_rank(rank: int, port: int, results, absent_rank: int | None, timeout_s: float) -> None:
@@ -56,7 +51,7 @@ def _sync_rank(rank: int, port: int, results, absent_rank: int | None, timeout_s
 def _run(absent_rank: int | None = None, timeout_s: float = 60.0) -> dict:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_sync_rank, args=(r, port, results, absent_rank, timeout_s)) for r in range(len(HOSTS))]
     for p in procs:
         p.start()
