@@ -1,6 +1,6 @@
-"""The Grafana dashboards query only what diag exports (the fleet one every GPU of a node, claimed by a rank or
-not), the metric table of docs/prometheus.md is the one the
-code defines, and the exported names follow Prometheus conventions. The exported set is read from a live
+"""The Grafana dashboards query only what diag exports (the fleet one: every GPU of a node, claimed by a rank
+or not), the metric table of docs/prometheus.md is the one the code defines, and the exported names follow
+Prometheus conventions. The exported set is read from a live
 registry fed with real runs (the bundled sample traces, one with H100 telemetry), not from a list."""
 
 import json
