@@ -1,7 +1,7 @@
 """The Grafana dashboards query only what diag exports (the fleet one: every GPU of a node, claimed by a rank
 or not), the metric table of docs/prometheus.md is the one the code defines, and the exported names follow
-Prometheus conventions. The exported set is read from a live
-registry fed with real runs (the bundled sample traces, one with H100 telemetry), not from a list."""
+Prometheus conventions. The exported set is read from a live registry fed with real runs (the bundled sample
+traces, one with H100 telemetry), not from a list."""
 
 import json
 import re
