@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,27 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic  # noqa: E402
+from measured import run_measured  # noqa: E402
 
 
 def run_analyze(trace_dir: Path, *args: str) -> tuple[str, float, str]:
-    """Wall s (CPU s), peak RSS (GB) and stdout of one ``diag analyze`` process. CPU time (user + system)
-    is given too because wall time on a shared machine depends on what else runs."""
-    with tempfile.TemporaryFile() as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", *args],
-            stdout=out,
-            stderr=subprocess.DEVNULL,
-        )
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall_s = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        text = out.read().decode()
-    if proc.returncode != 0:
-        raise SystemExit(f"diag analyze failed with {proc.returncode}")
-    cpu_s = usage.ru_utime + usage.ru_stime
-    return f"{wall_s:.1f} s ({cpu_s:.1f} s)", usage.ru_maxrss / 1e6, text  # ru_maxrss is in KiB on Linux
+    """Wall s (CPU s), peak RSS (GB) and stdout of one ``diag analyze`` process."""
+    run = run_measured([sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", *args])
+    return f"{run.wall_s:.1f} s ({run.cpu_s:.1f} s)", run.peak_rss_gb, run.stdout
 
 
 def check_planted(report: dict, plants: synthetic.Plants) -> list[str]:

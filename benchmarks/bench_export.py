@@ -16,40 +16,30 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic  # noqa: E402
+from measured import run_measured  # noqa: E402
 
 
 def run_export(trace_dir: Path, out: Path, *args: str) -> dict:
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "diag", "export", str(trace_dir), "--perfetto", str(out), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    stderr = proc.stderr.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall_s = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"diag export failed:\n{stderr[-2000:]}")
-    events = int(re.search(r"(\d+) events from", stderr).group(1))
+    run = run_measured([sys.executable, "-m", "diag", "export", str(trace_dir), "--perfetto", str(out), *args])
+    events = int(re.search(r"(\d+) events from", run.stderr).group(1))
     parsed = parsed_event_count(out)
     assert parsed == events, (parsed, events)
     return {
-        "wall_s": wall_s,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_rss_gb": usage.ru_maxrss / 1e6,  # KiB on Linux
+        "wall_s": run.wall_s,
+        "cpu_s": run.cpu_s,
+        "peak_rss_gb": run.peak_rss_gb,
         "file_mb": out.stat().st_size / 1e6,
         "events": events,
     }
 
 
 def parsed_event_count(path: Path) -> int:
-    """Parse the whole file as Perfetto would, in a child process: a child forked from a parent that holds a
-    large parsed document starts with the parent's pages, and its peak RSS would count them."""
+    """Parse the whole file as Perfetto would, in a child process, so that this process stays small (see
+    measured.py)."""
     check = "import json, sys; print(len(json.load(open(sys.argv[1]))['traceEvents']))"
     return int(subprocess.run([sys.executable, "-c", check, str(path)], capture_output=True, check=True).stdout)
 

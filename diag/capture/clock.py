@@ -87,20 +87,18 @@ def _serve(store, keys: _Keys, my_host: str, world_size: int, rounds: int, timeo
     host_keys = [keys.host(r) for r in peers]
     store.wait(host_keys, timeout)
     hosts = [h.decode() for h in store.multi_get(host_keys)] if peers else []
-    leaders: dict[str, int] = {}
-    plans = []
+    leaders: dict[str, int] = {}  # host -> the rank that measures for it
+    others: dict[str, str] = {}  # plan key -> plan of a rank that does not measure
     for rank, host in zip(peers, hosts):
         if host == my_host:
-            plans.append(f"{run_id} zero")
+            others[keys.plan(rank)] = f"{run_id} zero"
         elif host in leaders:
-            plans.append(f"{run_id} follow {leaders[host]}")
+            others[keys.plan(rank)] = f"{run_id} follow {leaders[host]}"
         else:
             leaders[host] = rank
-            plans.append(f"{run_id} measure")
-    # followers learn their plan at once; each leader's plan is its signal that rank 0 now listens to it
-    followers = [(keys.plan(r), p) for r, p in zip(peers, plans) if not p.endswith("measure")]
-    if followers:
-        store.multi_set([k for k, _ in followers], [p for _, p in followers])
+    # the others learn their plan at once; each leader's plan is its signal that rank 0 now listens to it
+    if others:
+        store.multi_set(list(others), list(others.values()))
     for rank in leaders.values():
         store.set(keys.plan(rank), f"{run_id} measure")
         for round_ in range(rounds):

@@ -34,7 +34,7 @@ class Session:
     flops_per_step: model FLOPs of one step on this rank (for MFU); peak_tflops: the device's peak for
     ``dtype``; dtype: training compute dtype; parallel: layout, e.g. {"dp": 8, "tp": 4, "pp": 2};
     telemetry / telemetry_interval_s: NVML sampling; collectives: record collectives; memory: per-step
-    memory; clock_sync: measure clock offsets at init (a collective: every rank must call diag.init);
+    memory; clock_sync: measure clock offsets at init (through the rendezvous store: every rank must call diag.init);
     watchdog / hang_threshold_s / heartbeat_interval_s: hang dumps and heartbeats for ``diag triage``;
     flush_interval_s: how often records reach the disk (the most a SIGKILL loses); count_flops: when
     flops_per_step is not given, count the model FLOPs of step 1 (the second step) with
