@@ -127,7 +127,12 @@ def exposed_time_findings(comms: CommsReport, times: RankStepTimes, step_s: floa
             f"even the least-blocked rank waits {per_step * 1e3:.1f} ms/step in collectives ({100 * per_step / step_s:.0f}% of the step)"
         ]
         evidence += [
-            f"{c.op} on {c.pg} ({c.size_bucket}): {c.count} calls, {c.total_time_s:.2f} s in all, busbw {c.busbw_gbps or 0:.3g} GB/s"
+            f"{c.op} on {c.pg} ({c.size_bucket}): {c.count} calls, "
+            + (
+                f"{c.total_time_s:.2f} s in all, busbw {c.busbw_gbps or 0:.3g} GB/s"
+                if c.total_time_s is not None
+                else f"untimed (issue times only), {c.wait_total_s:.2f} s waiting for peers"
+            )
             for c in top
         ]
         out.append(

@@ -80,6 +80,19 @@ def gib(nbytes) -> str:
     return "-" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
 
 
+def _us_ms(us) -> str:
+    """Collective durations are often well under a millisecond: two decimals."""
+    return "-" if us is None else f"{us / 1e3:.2f} ms"
+
+
+def _bytes(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024:
+            return f"{nbytes:.0f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} TiB"
+
+
 def num(value, fmt="{:.1f}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -195,7 +208,20 @@ def _comms(report) -> Block:
         block.lines.append(c.note)
     if c.collectives:
         block.table = [
-            ["op", "pg", "size", "count", "p50", "p99", "transfer p50", "algbw GB/s", "busbw GB/s", "wait s", "total s"]
+            [
+                "op",
+                "pg",
+                "size",
+                "count",
+                "bytes",
+                "p50",
+                "p99",
+                "transfer p50",
+                "algbw GB/s",
+                "busbw GB/s",
+                "wait s",
+                "total s",
+            ]
         ]
         for x in c.collectives[:TOP_ROWS]:
             block.table.append(
@@ -203,16 +229,21 @@ def _comms(report) -> Block:
                     x.op,
                     x.pg,
                     x.size_bucket,
-                    str(x.count),
-                    f"{x.duration_p50_us / 1e3:.2f} ms",
-                    f"{x.duration_p99_us / 1e3:.2f} ms",
-                    f"{x.transfer_p50_us / 1e3:.2f} ms",
+                    str(x.count) + ("" if x.timed_count == x.count else f" ({x.timed_count} timed)"),
+                    _bytes(x.bytes_total),
+                    _us_ms(x.duration_p50_us),
+                    _us_ms(x.duration_p99_us),
+                    _us_ms(x.transfer_p50_us),
                     num(x.algbw_gbps, "{:.3g}"),
                     num(x.busbw_gbps, "{:.3g}"),
-                    f"{x.wait_total_s:.1f}",
-                    f"{x.total_time_s:.1f}",
+                    f"{x.wait_total_s:.1f}" + ("*" if x.wait_from != "durations" else ""),
+                    num(x.total_time_s),
                 ]
             )
+        if any(x.wait_from != "durations" for x in c.collectives[:TOP_ROWS]):
+            block.lines.append("* waits (partly) from issue times: no duration recorded")
+        if len(c.collectives) > TOP_ROWS:
+            block.lines.append(f"{len(c.collectives) - TOP_ROWS} more rows in --format json")
     if c.per_rank:
         worst = sorted(c.per_rank, key=lambda r: r.wait_share_pct, reverse=True)[:3]
         least = sorted(c.per_rank, key=lambda r: r.wait_share_pct)[:3]

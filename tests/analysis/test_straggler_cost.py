@@ -5,40 +5,21 @@ average, which halved the cost before it was compared with the other ranks only.
 
 from __future__ import annotations
 
-import json
-import statistics
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
 
 from diag.analysis.stragglers import RankStepTimes, find_stragglers, joint_saving_us, others_median
-from diag.launch import run_ranks
-from tests.analysis.helpers import cli_json, findings_of
+from tests.analysis.helpers import findings_of, run_planted_job
 
-JOB = Path(__file__).with_name("straggler_job.py")
 EXTRA_MS = 40
-STEPS = 20
-SKIP_STEPS = 3  # the job's own step times, like diag's window, leave the warm-up out
 SLOW_RANK = 1
-
-
-def run_job(trace_dir: Path, world: int, mode: str) -> tuple[float, dict]:
-    """(median step time in s as the job measured it, diag's report)."""
-    results = run_ranks(
-        [str(JOB), str(trace_dir), str(STEPS), str(SLOW_RANK), mode, str(EXTRA_MS)], world, timeout_s=400
-    )
-    for result in results:
-        assert result.returncode == 0, result.stderr[-3000:]
-    step_s = json.loads(results[0].stdout.strip().splitlines()[-1])["step_s"]
-    return statistics.median(step_s[SKIP_STEPS:]), cli_json(trace_dir)
 
 
 @pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(8, marks=pytest.mark.slow)])
 def test_straggler_cost_matches_the_measured_slowdown(tmp_path, world):
-    baseline_s, baseline = run_job(tmp_path / "baseline", world, "none")
-    planted_s, report = run_job(tmp_path / "planted", world, "sleep")
+    baseline_s, baseline = run_planted_job(tmp_path / "baseline", world, "none", SLOW_RANK, EXTRA_MS)
+    planted_s, report = run_planted_job(tmp_path / "planted", world, "sleep", SLOW_RANK, EXTRA_MS)
     measured_s = planted_s - baseline_s
     assert measured_s > 0.5 * EXTRA_MS / 1e3, (planted_s, baseline_s)  # the sleep did slow the job down
 
