@@ -53,8 +53,14 @@ def severity_for(lost_per_step_s: float, step_s: float | None) -> str:
     return "high" if share >= 0.10 else "medium" if share >= 0.03 else "low"
 
 
+FIRST_KINDS = ("crash", "step_error")  # a run that failed: nothing else matters before that is fixed
+
+
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    return sorted(findings, key=lambda f: (-round(f.time_lost_s, 6), SEVERITY_ORDER[f.severity], f.kind))
+    return sorted(
+        findings,
+        key=lambda f: (f.kind not in FIRST_KINDS, -round(f.time_lost_s, 6), SEVERITY_ORDER[f.severity], f.kind),
+    )
 
 
 def straggler_findings(report: StragglerReport, times: RankStepTimes, step_s: float | None) -> list[Finding]:

@@ -7,7 +7,8 @@ blocked in communication. Only durations measured on one host are used: no cross
 Every comparison is with the *other* ranks (their median, leaving the rank itself out): with two ranks the
 median of both is their average, and a rank compared with it looks half as slow as it is. A rank is *slow in
 a step* when its busy time exceeds the other ranks' median by more than ``SLOW_FRACTION`` of that median. It
-is a *persistent* straggler when slow in at least ``PERSISTENT_FRACTION`` of the steps and its median busy
+is a *persistent* straggler when slow in at least ``PERSISTENT_FRACTION`` of the steps (and in at least
+``MIN_PERSISTENT_STEPS``) and its median busy
 time is ``SLOWDOWN_MIN`` above the other ranks'; otherwise occasional large spikes (GC, checkpointing) make it
 a *transient* one. What it costs is what the step would shrink if it worked like the others: the step lasts
 as long as its busiest rank, so down to the next busiest.
@@ -22,6 +23,8 @@ import pandas as pd
 
 SLOW_FRACTION = 0.10
 PERSISTENT_FRACTION = 0.5
+MIN_PERSISTENT_STEPS = 3  # fewer slow steps than this (a run that failed early) are no evidence of a pattern
+MIN_STEPS = 3  # with fewer steps in the window (warm-up included) no rank is named a straggler
 SLOWDOWN_MIN = 0.10
 SPIKE_FRACTION = 0.5  # a transient spike must add at least this share of the others' median busy time
 TRANSIENT_MIN_LOST_FRACTION = 0.01  # report transient stragglers costing at least this share of the run
@@ -63,6 +66,7 @@ class StragglerReport:
     wait_source: str = "none"
     steps: int = 0
     note: str | None = None
+    compared: bool = True  # False: ranks were not compared at all (one rank, too few steps, one rank per stage)
 
 
 def rank_step_times(
@@ -107,9 +111,15 @@ def find_stragglers(
     report = StragglerReport(wait_source=times.wait_source, steps=int(f["step"].nunique()))
     if f["rank"].nunique() < 2:
         report.note = "one rank only: nothing to compare it with"
+        report.compared = False
+        return report
+    if report.steps < MIN_STEPS:
+        report.note = f"only {report.steps} step(s) analysed: too few to tell a straggler from warm-up or noise"
+        report.compared = False
         return report
     if f.groupby("peers")["rank"].nunique().max() < 2:
         report.note = "pipeline parallel with one rank per stage: stages do different work, so ranks are not compared (see the pipeline bubble report)"
+        report.compared = False
         return report
     if f["peers"].nunique() > 1:
         report.note = "pipeline parallel: each rank is compared with the ranks of its own stage"
@@ -128,6 +138,7 @@ def find_stragglers(
     per_rank = f.groupby("rank").agg(
         busy_median_us=("busy_us", "median"),
         slow_fraction=("slow", "mean"),
+        slow_steps=("slow", "sum"),
         spikes=("spike", "sum"),
         peers=("peers", "first"),
     )
@@ -138,7 +149,11 @@ def find_stragglers(
     )
     n_steps = report.steps
     total_time_us = float(f.groupby("step")["iteration_us"].max().sum())
-    persistent = per_rank[(per_rank["slow_fraction"] >= PERSISTENT_FRACTION) & (per_rank["slowdown"] >= SLOWDOWN_MIN)]
+    persistent = per_rank[
+        (per_rank["slow_fraction"] >= PERSISTENT_FRACTION)
+        & (per_rank["slow_steps"] >= MIN_PERSISTENT_STEPS)
+        & (per_rank["slowdown"] >= SLOWDOWN_MIN)
+    ]
     transient = per_rank[
         (per_rank["spikes"] > 0)
         & ~per_rank.index.isin(persistent.index)

@@ -157,8 +157,7 @@ def _stragglers(report) -> Block:
     if s.note:
         block.lines.append(f"note: {s.note}")
     if not s.stragglers:
-        compared = not s.note or "not compared" not in s.note and "one rank only" not in s.note
-        if compared:
+        if s.compared:
             block.lines.append("No straggler: every rank's work per step is within 10% of the other ranks' median.")
         return block
     block.table = [["rank", "host", "gpu", "slowdown", "slow steps", "kind", "cause", "saved/step", "last arrival"]]
