@@ -46,6 +46,8 @@ class RunInfo:
     skipped: list[dict] = field(default_factory=list)  # {path, reason, lines}
     skipped_total: int = 0
     notes: list[str] = field(default_factory=list)
+    launcher: str | None = None  # process launcher from the manifests: torchrun, slurm, mpi, pmi, none
+    job: dict | None = None  # {scheduler, job_id, job_name, restarts} from the manifests, when a launcher named one
     step_errors: list[dict] = field(default_factory=list)  # {rank, step, kind, error, time_us}, earliest first
     rank_exits: list[dict] = field(default_factory=list)  # {rank, how, error, last_step}: ranks that ended abnormally
 
@@ -253,9 +255,21 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failur
         skipped=skipped[:MAX_SKIPPED_LISTED],
         skipped_total=len(skipped),
         notes=notes,
+        launcher=_first_value(trace.manifests, "launcher"),
+        job=_first_value(trace.manifests, "job"),
         step_errors=[dataclasses.asdict(f) for f in failures.step_errors[:MAX_SKIPPED_LISTED]],
         rank_exits=[dataclasses.asdict(e) for e in failures.exits],
     )
+
+
+def _first_value(manifests: pd.DataFrame, key: str):
+    """The lowest rank's value of a manifest key that every rank of a run shares (launcher, job)."""
+    if key not in manifests or "rank" not in manifests:
+        return None
+    for value in manifests.sort_values("rank")[key]:
+        if isinstance(value, dict) or (isinstance(value, str) and value):
+            return value
+    return None
 
 
 def _timeline(times: pd.DataFrame, hosts: dict) -> Timeline:

@@ -108,6 +108,8 @@ def _run(report) -> Block:
     run, w = report.run, report.run.window
     block = Block("Run")
     block.lines.append(f"trace: {run.path}  run_id: {run.run_id or '-'}  device: {run.device_name or '-'}")
+    if getattr(run, "launcher", None) or getattr(run, "job", None):
+        block.lines.append(f"launcher: {run.launcher or '-'}  job: {_job(run.job)}")
     block.lines.append(
         f"ranks: {len(run.ranks_found)} found of world size {run.world_size}"
         + (f"; missing: {_ranks(run.ranks_missing)}" if run.ranks_missing else "")
@@ -129,6 +131,18 @@ def _run(report) -> Block:
         if run.skipped_total > TOP_ROWS:
             block.lines.append(f"  ... {run.skipped_total - TOP_ROWS} more (see --format json)")
     return block
+
+
+def _job(job: dict | None) -> str:
+    if not job:
+        return "-"
+    text = f"{job.get('scheduler')} {job.get('job_id')}"
+    if job.get("job_name") and job.get("job_name") != job.get("job_id"):
+        text += f" ({job['job_name']})"
+    restarts = job.get("restarts") or {}
+    if restarts:
+        text += ", " + ", ".join(f"{what.replace('_', ' ')} {n}" for what, n in restarts.items())
+    return text
 
 
 def _findings(report) -> Block:
