@@ -256,7 +256,7 @@ def analyze_comms(waits: CollectiveWaits | None, steps_w: pd.DataFrame, pg_sizes
         least_blocked = steps_w.groupby("step")["comm_wait_us"].min()
         report.exposed_comm_per_step_s = float(least_blocked.median()) / 1e6
     if waits is None:
-        report.note = "no completed collectives recorded in the window"
+        report.note = "no collectives recorded in the window"
         return report
     report.collectives = _per_op(waits, pg_sizes)
     untimed = sum(c.count - c.timed_count for c in report.collectives)

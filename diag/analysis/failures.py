@@ -15,6 +15,8 @@ import pandas as pd
 
 ERROR_KINDS = ("step_error", "oom")  # and any event kind ending in "_error" (e.g. a collective that raised)
 ABNORMAL_EXITS = ("exception", "terminated", "exited_without_finish")
+# exiting without diag.finish and without an error may be a sys.exit or a forgotten finish: a note, not a crash
+QUIET_EXIT = "exited_without_finish"
 MAX_LISTED = 200
 TITLE_ERROR_CHARS = 160
 
@@ -45,6 +47,19 @@ class FailureReport:
     @property
     def first(self) -> StepFailure | None:
         return self.step_errors[0] if self.step_errors else None
+
+    @property
+    def crashed(self) -> list[RankExit]:
+        return [e for e in self.exits if e.how != QUIET_EXIT or e.error]
+
+    def notes(self) -> list[str]:
+        quiet = [e.rank for e in self.exits if e.how == QUIET_EXIT and not e.error]
+        if not quiet:
+            return []
+        return [
+            f"{'ranks' if len(quiet) > 1 else 'rank'} {_ranks(quiet)} exited without diag.finish() and without an "
+            "error (sys.exit, or diag.finish() not called): their last rows may be missing"
+        ]
 
 
 def find_failures(
@@ -98,16 +113,17 @@ def _abnormal_exits(heartbeats: pd.DataFrame, manifests: pd.DataFrame, errors: l
 
 def failure_findings(report: FailureReport) -> list[dict]:
     """One finding for the run's failures: the first error named, the ranks that ended, the failed steps."""
-    if not report.step_errors and not report.exits:
+    crashed = report.crashed
+    if not report.step_errors and not crashed:
         return []
     first = report.first
-    ended = [e.rank for e in report.exits]
+    ended = [e.rank for e in crashed]
     if first is not None:
         where = f"in step {first.step}" if first.step is not None else "outside any step"
         verb = "crashed" if first.rank in ended else "failed"
         title = f"Rank {first.rank} {verb} {where}: {_short(first.error)}"
     else:
-        exit_ = report.exits[0]
+        exit_ = crashed[0]
         title = f"Rank {exit_.rank} ended abnormally ({exit_.how}): {_short(exit_.error or '')}".rstrip(": ")
     evidence = []
     if ended:
@@ -117,7 +133,7 @@ def failure_findings(report: FailureReport) -> list[dict]:
         evidence.append(f"then rank {failure.rank} in {where}: {_short(failure.error)}")
     if len(report.step_errors) > 6:
         evidence.append(f"... {len(report.step_errors) - 6} more errors (see --format json, run.step_errors)")
-    for exit_ in report.exits:
+    for exit_ in crashed:
         if exit_.error and not any(f.rank == exit_.rank for f in report.step_errors):
             evidence.append(f"rank {exit_.rank} ended ({exit_.how}): {_short(exit_.error)}")
     if report.failed_steps:

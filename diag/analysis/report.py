@@ -234,6 +234,7 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failur
         notes.append(
             f"{len(trace.ranks_missing)} of {trace.world_size} ranks have no traces; the report covers the others"
         )
+    notes += failures.notes()
     without_steps = sorted(int(r) for r in set(trace.ranks_found) - with_steps)
     if without_steps and with_steps:
         shown = ", ".join(map(str, without_steps[:10])) + (" ..." if len(without_steps) > 10 else "")

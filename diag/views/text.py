@@ -108,7 +108,7 @@ def _run(report) -> Block:
     run, w = report.run, report.run.window
     block = Block("Run")
     block.lines.append(f"trace: {run.path}  run_id: {run.run_id or '-'}  device: {run.device_name or '-'}")
-    if getattr(run, "launcher", None) or getattr(run, "job", None):
+    if run.launcher or run.job:
         block.lines.append(f"launcher: {run.launcher or '-'}  job: {_job(run.job)}")
     block.lines.append(
         f"ranks: {len(run.ranks_found)} found of world size {run.world_size}"

@@ -98,3 +98,17 @@ def test_errors_a_rank_survived_are_step_errors_not_a_crash():
 
 def test_a_clean_run_has_no_failure_finding():
     assert failure_findings(find_failures(pd.DataFrame(), pd.DataFrame(), pd.DataFrame())) == []
+
+
+def test_exit_without_finish_and_without_error_is_a_note_not_a_crash():
+    heartbeats = pd.DataFrame([{"rank": 0, "last_step": 99, "exit": {"how": "exited_without_finish"}}])
+    failures = find_failures(pd.DataFrame(), heartbeats, pd.DataFrame({"rank": [0], "finished": [False]}))
+    assert [(e.rank, e.how) for e in failures.exits] == [(0, "exited_without_finish")]
+    assert failure_findings(failures) == []
+    assert "exited without diag.finish()" in failures.notes()[0]
+
+
+def test_sigterm_without_step_error_is_a_crash():
+    heartbeats = pd.DataFrame([{"rank": 3, "last_step": 41, "exit": {"how": "terminated", "signal": "SIGTERM"}}])
+    (finding,) = failure_findings(find_failures(pd.DataFrame(), heartbeats, pd.DataFrame()))
+    assert finding["kind"] == "crash" and finding["title"] == "Rank 3 ended abnormally (terminated)"
