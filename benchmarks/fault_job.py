@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 import diag
 
-STEPS = 14
+STEPS = int(os.environ.get("FAULT_STEPS", "14"))
 COMPUTE_S = 0.02
 STRAGGLE_S = 0.04  # a persistent straggler's extra time per step: twice the others' compute
 SPIKE_S = 0.3  # an intermittent straggler's extra time, every SPIKE_EVERY steps
@@ -52,6 +52,7 @@ FAULTS = (
     "desync_dtype",  # float64 where the others use float32
     "desync_size",  # 13 elements where the others all-reduce 12
     "cross_group",  # the bad rank and its partner enter two side groups in opposite orders
+    "preempted",  # a healthy job whose every rank gets SIGTERM mid-run (the driver), as on preemption
 )
 
 
@@ -200,6 +201,10 @@ def main() -> None:
                     sync_gradients(model, rank, step, trace_dir, side_groups)
             optimizer.step()
             optimizer.zero_grad()
+            if KIND == "preempted" and step >= BAD_STEP:
+                if step == BAD_STEP and rank == BAD_RANK:
+                    mark(trace_dir, "ready")
+                time.sleep(0.2)  # still training, healthy, when the SIGTERM comes
             if KIND == "barrier_hang" and step == BAD_STEP:
                 if rank == BAD_RANK:
                     mark(trace_dir, "fault_at.json")

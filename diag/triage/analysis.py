@@ -2,13 +2,24 @@
 
 Collectives line up across ranks by (process group, sequence number): c10d numbers every collective of a
 group in issue order on every rank. Then, in order of precedence:
-* desync: at one (pg, seq) ranks issued different collectives (op, bytes, dtype). The culprits are the
+Before judging, what is known to have returned is marked so: a rank that reached ``diag.finish`` returned from
+every collective it issued, and a collective issued before one the same rank completed in the same group
+returned too (a group runs its collectives in order), even where nothing timed it (gloo's DDP buckets read
+from Flight Recorder carry no completion).
+* desync: at one (pg, seq) ranks issued different collectives (op, bytes, dtype, and the tensors' shapes
+  where every rank's record has them: an all_reduce of 4x3 against 3x4 moves equal bytes). The culprits are the
   minority; on a tie, the side whose collective the group issued least often before; on a tie again,
   the side without the lowest rank. Never the order files were read in.
 * dead_rank / missing_ranks: the oldest collective still pending that some members never reached. If every
   missing rank's process is gone (heartbeat stopped with no exit record, or it ended before the others
   started waiting), the verdict is dead_rank; otherwise missing_ranks, with where each missing rank was.
 * dead_rank without a pending collective: a rank vanished while others went on.
+* deadlock: the missing ranks wait for each other in collectives of other groups (a cycle, e.g. two ranks
+  entering two groups' collectives in opposite orders); every rank on the cycle is a culprit.
+* missing_ranks also when every member entered the pending collective but some entered only after another
+  member had already given up on it (its collective timed out): when the timeout fired they were absent.
+* collective_hang: every member entered the pending collective in time and none completed it (a network or
+  NCCL-level hang): no rank is missing; each rank's entry time and the group's backend are given.
 * slow: nothing hung, but a watchdog stall was seen, or all members are inside one collective; the
   slowest rank named.
 * no_problem.
@@ -45,7 +56,7 @@ class RankReport:
 
 @dataclass
 class Verdict:
-    verdict: str  # missing_ranks, desync, dead_rank, slow, no_problem
+    verdict: str  # missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, no_problem
     culprit_ranks: list[int]
     collective: dict | None  # {pg, seq, op, sizes}
     ranks: dict[int, RankReport]
@@ -64,9 +75,9 @@ class Verdict:
 
 
 def triage(data: TriageInput) -> Verdict:
-    ops = _drop_stale_pending(_with_signature(data.ops))
-    members = _members(data)
     liveness = _liveness(data)
+    ops = _mark_known_returned(_drop_stale_pending(_with_signature(data.ops)), liveness)
+    members = _members(data)
     desync = _first_desync(ops)
     if desync is not None:
         return _desync_verdict(data, ops, desync, liveness)
@@ -83,11 +94,31 @@ def triage(data: TriageInput) -> Verdict:
 
 
 def _with_signature(ops: pd.DataFrame) -> pd.DataFrame:
+    """What must match across ranks at one (pg, seq): op, bytes and dtype, plus the shapes where every rank's
+    record of that collective has them (Flight Recorder's input and output sizes); a rank whose record lacks
+    shapes never makes a desync by that alone."""
     ops = ops.copy()
-    ops["signature"] = ops["op"].astype(str) + "|" + ops["bytes"].astype(str) + "|" + ops["dtype"].astype(str)
     ops["rank"] = ops["rank"].astype("int64")
     ops["seq"] = ops["seq"].astype("int64")
     ops["completed"] = ops["completed"].astype(bool)
+    base = ops["op"].astype(str) + "|" + ops["bytes"].astype(str) + "|" + ops["dtype"].astype(str)
+    shape = ops["shape"].fillna("").astype(str) if "shape" in ops else pd.Series("", index=ops.index)
+    every_rank_has_shape = shape.ne("").groupby([ops["pg"], ops["seq"]]).transform("all")
+    ops["signature"] = base.where(~every_rank_has_shape, base + "|" + shape)
+    return ops
+
+
+def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str]) -> pd.DataFrame:
+    """Rows nothing timed but that certainly returned: the rank finished (diag.finish runs after every
+    collective it issued returned), or it completed a later collective of the same group (in order)."""
+    if ops.empty or ops["completed"].all():
+        return ops
+    finished = [r for r, state in liveness.items() if state == "finished"]
+    done_seq = ops[ops["completed"]].groupby(["rank", "pg"])["seq"].max().rename("_done_seq")
+    marked = ops.join(done_seq, on=["rank", "pg"])
+    returned = marked["rank"].isin(finished) | (marked["seq"] < marked["_done_seq"].fillna(-1))
+    ops = ops.copy()
+    ops.loc[returned.to_numpy(), "completed"] = True
     return ops
 
 
@@ -181,7 +212,8 @@ def _desync_verdict(data: TriageInput, ops: pd.DataFrame, key: tuple[str, int], 
         row = at_seq[at_seq["rank"] == side[0]].iloc[0]
         site = _call_site(data, ops, side[0], pg, seq) or "call site unknown"
         role = "expected" if sig == reference else "culprit"
-        evidence.append(f"  {role}: {_ranks_text(side)} called {row['op']} ({_payload(row)}) at {site}")
+        shape = f", shapes {row['shape']}" if sig.count("|") > 2 and row.get("shape") else ""
+        evidence.append(f"  {role}: {_ranks_text(side)} called {row['op']} ({_payload(row)}{shape}) at {site}")
     if len(sides[reference]) == len(culprits):
         evidence.append(
             f"  (tie: {row_count_text(history, sides)}; the side issued less often before is named culprit)"
@@ -199,7 +231,7 @@ def row_count_text(history: pd.Series, sides: dict[str, list[int]]) -> str:
 
 def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liveness: dict) -> Verdict:
     hang = hangs[0]
-    roots, links = _wait_chain(ops, _members(data), hang["missing"]) if hang["missing"] else ([], [])
+    roots, links, cycle = _wait_chain(ops, _members(data), hang["missing"]) if hang["missing"] else ([], [], False)
     # report the collective the culprits themselves never reached (the last link of a wait chain)
     hang = next((h for h in hangs if h["missing"] and set(h["missing"]) <= set(roots)), hang)
     others = [h for h in hangs if h is not hang and h["missing"]]
@@ -233,14 +265,18 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
     evidence += _step_divergence(ops, pg, seq)
     if dead and len(dead) == len(roots):
         return _verdict("dead_rank", dead, collective, ranks, evidence, data)
+    if cycle:
+        return _verdict("deadlock", roots, collective, ranks, evidence, data)
     alive_first = [r for r in roots if r not in dead] + dead
     return _verdict("missing_ranks", alive_first, collective, ranks, evidence, data)
 
 
-def _wait_chain(ops: pd.DataFrame, members: dict[str, list[int]], missing: list[int]) -> tuple[list[int], list[str]]:
+def _wait_chain(
+    ops: pd.DataFrame, members: dict[str, list[int]], missing: list[int]
+) -> tuple[list[int], list[str], bool]:
     """Follow missing ranks that are themselves waiting in another group's collective to the ranks at the
     end of the chain (not waiting in any collective): those are the culprits. A cycle (ranks waiting on each
-    other across groups) makes every rank on it a culprit."""
+    other across groups) makes every rank on it a culprit, and is said (the third value)."""
     pending = ops[~ops["completed"]].sort_values(["start_us", "seq"]).drop_duplicates("rank")
     waits_in = {int(r["rank"]): (str(r["pg"]), int(r["seq"]), str(r["op"])) for _, r in pending.iterrows()}
     last_seq = ops.groupby(["pg", "rank"])["seq"].max().to_dict()
@@ -271,13 +307,48 @@ def _wait_chain(ops: pd.DataFrame, members: dict[str, list[int]], missing: list[
         frontier.extend(absent)
     if not roots:  # a cycle: nobody at the end of the chain
         links.append(f"{_ranks_text(sorted(seen))} wait for each other across process groups (a deadlock)")
-        return sorted(set(missing)), links
-    return sorted(roots), links
+        return sorted(set(missing)), links, True
+    return sorted(roots), links, False
 
 
 def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
-    """Every member entered the pending collective: it is in flight (or the transport is stuck)."""
+    """Every member entered the pending collective: late after the others gave up (missing when the timeout
+    fired), all stuck inside it (the transport), or in flight (slow)."""
     at_seq = ops[(ops["pg"] == hang["pg"]) & (ops["seq"] == hang["seq"])]
+    entry_us = at_seq.groupby("rank")["start_us"].min()
+    gave_up = {r: t for r in entry_us.index if (t := _gave_up_us(data.ranks.get(int(r)))) is not None}
+    late = _entered_after_others_gave_up(entry_us, gave_up)
+    collective = _collective(ops, hang["pg"], hang["seq"])
+    if late:
+        first_out = min(gave_up, key=gave_up.get)
+        reason = str((_exit_record(data.ranks[first_out]) or {}).get("error") or "an error")[:200]
+        evidence[0] = (
+            f"{_ranks_text([r for r in entry_us.index if r not in late])} entered {collective['op']} "
+            f"({_payload(collective)}) at {_where(hang['pg'], hang['seq'])} and gave up on it; "
+            f"{_ranks_text(late)} entered only after that"
+        )
+        evidence.append(f"rank {first_out} gave up at {_clock(gave_up[first_out])}: {reason}")
+        for rank in late:
+            stall = (data.ranks[rank].stall_dump or {}) if rank in data.ranks else {}
+            where = f"; earlier its watchdog saw: {stall.get('reason')}" if stall.get("reason") else ""
+            ranks[rank] = _late_report(ranks.get(rank), data.ranks.get(rank))
+            evidence.append(
+                f"rank {rank} entered at {_clock(entry_us[rank])}, {(entry_us[rank] - gave_up[first_out]) / 1e6:.1f} s "
+                f"after rank {first_out} gave up: it was not there when the timeout fired{where}"
+            )
+        return _verdict("missing_ranks", late, collective, ranks, evidence, data)
+    members = _members(data).get(hang["pg"], sorted(entry_us.index))
+    stuck = [r for r in members if r in gave_up or _stalled_in(data.ranks.get(r), hang["pg"], hang["seq"])]
+    if len(stuck) == len(members) and not at_seq["completed"].any():
+        evidence[0] += "; every member entered it in time and none completed it: no rank is missing"
+        for rank in sorted(entry_us.index):
+            evidence.append(f"rank {rank} entered at {_clock(entry_us[rank])}")
+        backends = sorted({str(b) for i in data.ranks.values() if (b := getattr(i, "backend", None))})
+        evidence.append(
+            f"transport: backend {', '.join(backends) or 'unknown'}; a hang with every rank inside one collective "
+            "is below PyTorch (network, NCCL): check NCCL_DEBUG=INFO logs and the links between these ranks' hosts"
+        )
+        return _verdict("collective_hang", [], collective, ranks, evidence, data)
     last = at_seq.sort_values(["start_us", "rank"]).iloc[-1]
     slowest = int(last["rank"])
     evidence.append(
@@ -285,6 +356,41 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
         "after the first: the others waited for it"
     )
     return _verdict("slow", [slowest], _collective(ops, hang["pg"], hang["seq"]), ranks, evidence, data)
+
+
+def _gave_up_us(info: RankInfo | None) -> float | None:
+    """When a rank's process raised out of the job (a collective's timeout, a closed connection), if it did."""
+    record = _exit_record(info) if info is not None else None
+    if record and record.get("how") == "exception" and record.get("time_us"):
+        return float(record["time_us"])
+    return None
+
+
+def _entered_after_others_gave_up(entry_us: pd.Series, gave_up: dict) -> list[int]:
+    late = []
+    for rank, entered in entry_us.items():
+        others = [t for other, t in gave_up.items() if other != rank]
+        if others and entered == entered and entered > min(others):
+            late.append(int(rank))
+    return late
+
+
+def _stalled_in(info: RankInfo | None, pg: str, seq: int) -> bool:
+    """Its watchdog dumped a stall while this collective was pending on it."""
+    pending = ((info.stall_dump or {}).get("pending") or []) if info is not None else []
+    return any(str(p.get("pg")) == str(pg) and int(p.get("seq", -1)) == seq for p in pending if isinstance(p, dict))
+
+
+def _late_report(report: RankReport | None, info: RankInfo | None) -> RankReport:
+    """A rank that arrived after the timeout: where it was while the others waited, from its stall dump."""
+    stall = (info.stall_dump or {}) if info is not None else {}
+    frames = main_frames(stall) if stall else []
+    state = _classify(frames, stall.get("phase")) if stall else "arrived_late"
+    state = "arrived_late" if state == "unknown" else state
+    detail = _exit_detail(info) if info is not None else ""
+    stack = [f"{f.get('file')}:{f.get('line')} in {f.get('name')}" for f in frames]
+    last_step = report.last_step if report is not None else None
+    return RankReport(state, last_step, stall.get("phase"), stack or (report.stack if report else []), detail)
 
 
 def _note_pending_elsewhere(report: RankReport, ops: pd.DataFrame, rank: int, pg: str) -> None:
@@ -321,12 +427,9 @@ def _dead_without_hang(data: TriageInput, ops: pd.DataFrame, vanished: list[int]
 
 def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness: dict) -> Verdict:
     ranks = _rank_reports(data, ops, liveness, focus=None)
-    stalled = sorted(r for r, info in data.ranks.items() if info.stall_dump is not None)
+    stalled = sorted(r for r, info in data.ranks.items() if info.stalls)
     if stalled:
-        evidence = [
-            f"rank {r}: watchdog saw a stall ({data.ranks[r].stall_dump.get('reason')}) that later cleared"
-            for r in stalled
-        ]
+        evidence = [f"rank {r}: watchdog saw a stall ({data.ranks[r].stalls[0]}) that later cleared" for r in stalled]
         slowest = _slowest_by_steps(data) or stalled[0]
         evidence.append(f"slowest rank by mean step time outside communication: {slowest}")
         return _verdict("slow", [slowest], None, ranks, evidence, data)
@@ -335,6 +438,12 @@ def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness:
         evidence = [NOTHING_TO_JUDGE]
         return _verdict("no_problem", [], None, ranks, evidence, data)
     evidence = ["every collective seen completed on every rank that issued it"]
+    signalled = sorted(r for r, info in data.ranks.items() if (_exit_record(info) or {}).get("how") == "terminated")
+    if signalled:
+        evidence.append(
+            f"{_ranks_text(signalled)} ended by a signal while nothing was pending or stalled: a healthy job "
+            "stopped from outside (preemption, the launcher, a user), not a hang"
+        )
     evidence += [f"{n} {'rank' if n == 1 else 'ranks'} {state}" for state, n in _count_states(ranks).items()]
     return _verdict("no_problem", [], None, ranks, evidence, data)
 
@@ -412,9 +521,12 @@ def _rank_report(info: RankInfo, alive: str | None, entered_focus: bool, has_foc
         return _fr_rank_report(info.fr_last, entered_focus, has_focus)
     if alive == "vanished":
         return RankReport("dead", last_step, phase, stack, _death_detail(info))
-    state = "waiting_in_collective" if entered_focus else where
-    if not entered_focus and (alive == "finished" or (alive == "exited" and info.stall_dump is None)):
+    state = "waiting_in_collective" if entered_focus and alive != "finished" else where
+    if alive == "finished" or (not entered_focus and alive == "exited" and info.stall_dump is None):
         state = alive  # a finished rank's old stall is history; an exit not seen stuck says nothing of where
+    elif not has_focus and alive == "exited" and not info.stalls:
+        # nothing pending and never stalled: the dump at the signal shows where it was, not that it was stuck
+        state = "terminated" if (_exit_record(info) or {}).get("how") == "terminated" else "exited"
     detail = _exit_detail(info)
     return RankReport(state, last_step, phase, stack, detail)
 

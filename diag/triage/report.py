@@ -6,6 +6,8 @@ from diag.triage.analysis import NOTHING_TO_JUDGE, RankReport, Verdict, _payload
 
 HEADLINES = {
     "missing_ranks": "HANG: {ranks} never reached a collective the others are waiting in",
+    "deadlock": "DEADLOCK: {ranks} wait for each other in collectives of different process groups",
+    "collective_hang": "HANG INSIDE A COLLECTIVE: every member entered it and none completed it (network or NCCL level)",
     "desync": "DESYNC: {ranks} issued a different collective than the others at the same sequence number",
     "dead_rank": "DEAD RANK: the process of {ranks} is gone",
     "slow": "SLOW, NOT HUNG: every rank is progressing; slowest: {ranks}",

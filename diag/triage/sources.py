@@ -33,8 +33,10 @@ OPS_COLUMNS = [
     "step",
     "call_site",
     "source",
+    "shape",  # input and output shapes where Flight Recorder recorded them ("" where unknown)
 ]
 HANG_DUMP_RE = re.compile(r"^hang_dump_(\d+)\.json$")
+MAX_DUMPS_READ = 20  # the newest hang dumps read per rank (each holds every thread's stack)
 FR_FILE_IN_RANK_DIR = "fr_dump.pkl"
 FATAL_STACKS_FILE = "fatal_stacks.txt"
 # element sizes of Flight Recorder dtype names, to compare its entries with diag's byte counts
@@ -64,11 +66,13 @@ class RankInfo:
     host: str | None = None
     pid: int | None = None
     stall_dump: dict | None = None  # the watchdog's latest dump written because of a stall or a signal
+    stalls: list[str] = field(default_factory=list)  # reasons of its dumps written for a stall (not a signal)
     last_dump: dict | None = None  # the latest dump of any kind
     dumps: int = 0
     fatal_stacks: str | None = None  # faulthandler's output on a fatal signal
     fr_last: dict | None = None  # last Flight Recorder entry of the rank, for FR-only input
     has_data: bool = True
+    backend: str | None = None  # the default group's backend (nccl, gloo), from the manifest or a dump
 
 
 @dataclass
@@ -151,16 +155,19 @@ def _rank_info(rank: int, rank_dir: Path, manifest: dict, heartbeat: dict | None
     info = RankInfo(rank, heartbeat=heartbeat)
     info.finished = bool(manifest.get("finished", False))
     info.host, info.pid = manifest.get("host"), manifest.get("pid")
+    info.backend = str(manifest["backend"]) if manifest.get("backend") else None
     dumps = sorted((int(m.group(1)), p) for p in rank_dir.iterdir() if (m := HANG_DUMP_RE.match(p.name)))
     info.dumps = len(dumps)
-    for _number, dump_path in reversed(dumps):
+    for _number, dump_path in reversed(dumps[-MAX_DUMPS_READ:]):
         dump = _read_json(dump_path)
         if dump is None:
             continue
+        reason = str(dump.get("reason", ""))
         info.last_dump = info.last_dump or dump
-        if str(dump.get("reason", "")).startswith(("stall", "signal")) and _main_frames(dump):
+        if reason.startswith("stall"):
+            info.stalls.append(reason)
+        if info.stall_dump is None and reason.startswith(("stall", "signal")) and _main_frames(dump):
             info.stall_dump = dump
-            break
     fatal = rank_dir / FATAL_STACKS_FILE
     if fatal.exists() and fatal.stat().st_size:
         info.fatal_stacks = fatal.read_text(errors="replace")[:20000]
@@ -185,6 +192,7 @@ def _diag_ops(collectives: pd.DataFrame) -> pd.DataFrame:
             "step": frame["step"].astype("int64"),
             "call_site": "",
             "source": "diag",
+            "shape": "",
         }
     )
 
@@ -214,6 +222,7 @@ def _add_pending_from_dumps(ops: pd.DataFrame, ranks: dict[int, RankInfo]) -> pd
                         "step": int(p.get("step", -1) if p.get("step") is not None else -1),
                         "call_site": "",
                         "source": "diag-dump",
+                        "shape": "",
                     }
                 )
     if not rows:
@@ -242,10 +251,11 @@ def _merge_fr(ops: pd.DataFrame, fr_frames: list[pd.DataFrame]) -> pd.DataFrame:
     beyond = beyond.drop(columns="diag_last_seq")
     beyond.loc[known.to_numpy(), "completed"] = False
     beyond.loc[known.to_numpy(), "source"] = "flight_recorder (never returned)"
-    sites = fr.set_index(["rank", "pg", "seq"])["call_site"]
+    by_key = fr.set_index(["rank", "pg", "seq"])
     keys = pd.MultiIndex.from_frame(ops[["rank", "pg", "seq"]])
     ops = ops.copy()
-    ops["call_site"] = sites.reindex(keys).fillna("").to_numpy()
+    ops["call_site"] = by_key["call_site"].reindex(keys).fillna("").to_numpy()
+    ops["shape"] = by_key["shape"].reindex(keys).fillna("").to_numpy()  # diag records bytes, FR the shapes
     return pd.concat([ops, beyond[~beyond["completed"]]], ignore_index=True)
 
 
@@ -291,7 +301,10 @@ def read_fr_dir(path: Path) -> TriageInput:
                 pg_ranks.setdefault(name, members)
     world_size = max([max(dumps) + 1, *(max(m) + 1 for m in pg_ranks.values() if m)])
     pg_ranks.setdefault("0", list(range(world_size)))
-    ranks = {r: RankInfo(r, fr_last=_last_entry(d)) for r, d in dumps.items()}
+    ranks = {
+        r: RankInfo(r, fr_last=_last_entry(d), backend=d.entries[0].backend if d.entries else None)
+        for r, d in dumps.items()
+    }
     for rank in range(world_size):
         ranks.setdefault(rank, RankInfo(rank, has_data=False))
     frames = [fr_ops_frame(d) for d in dumps.values()]
@@ -331,6 +344,7 @@ def fr_ops_frame(dump: FRDump) -> pd.DataFrame:
                 -1,
                 e.call_site,
                 "flight_recorder",
+                f"{sizes_text(e.input_sizes)} -> {sizes_text(e.output_sizes)}",
             )
         )
     frame = pd.DataFrame(rows, columns=OPS_COLUMNS)

@@ -1,0 +1,70 @@
+"""Real 4-rank gloo jobs that fail the ways issue 14 found triage calling wrong, judged by ``diag triage``
+as a user would (the jobs are the fault-injection suite's: benchmarks/fault_job.py)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.triage.jobs import diag_triage_json
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import faults  # noqa: E402
+
+pytestmark = pytest.mark.slow
+SAMPLE_RUN = REPO / "sample_traces" / "straggler"
+
+
+def _run(tmp_path: Path, fault: str, rank: int = 3, step: int = 3, model: str = "manual") -> dict:
+    case = faults.Case(fault, rank=rank, step=step, model=model, ranks=4)
+    faults.run_case(case, tmp_path)
+    return diag_triage_json(tmp_path / "trace")
+
+
+def test_rank_arriving_after_the_others_timed_out_is_missing_not_slow(tmp_path):
+    verdict = _run(tmp_path, "late")
+    assert verdict["verdict"] == "missing_ranks" and verdict["culprit_ranks"] == [3]
+    assert verdict["collective"]["op"] == "all_reduce"
+    evidence = "\n".join(verdict["evidence"])
+    assert "entered only after that" in evidence and "Timed out" in evidence
+    late = verdict["ranks"]["3"]
+    assert late["state"] == "stuck_in_compute" and late["last_phase"] == "forward"  # where it was, from its stall
+    for rank in ("0", "1", "2", "3"):  # every rank raised: none "finished normally"
+        assert "finished normally" not in verdict["ranks"][rank]["detail"]
+        assert "exited with RuntimeError" in verdict["ranks"][rank]["detail"]
+
+
+def test_frozen_rank_continued_after_the_timeout_is_missing(tmp_path):
+    verdict = _run(tmp_path, "frozen", rank=1)
+    assert verdict["verdict"] == "missing_ranks" and verdict["culprit_ranks"] == [1]
+    assert any("entered only after that" in line for line in verdict["evidence"])
+
+
+def test_shape_mismatch_with_equal_bytes_is_a_desync(tmp_path):
+    verdict = _run(tmp_path, "desync_shape", rank=2)
+    assert verdict["verdict"] == "desync" and verdict["culprit_ranks"] == [2]
+    evidence = "\n".join(verdict["evidence"])
+    assert "shapes 4x3 -> 4x3" in evidence and "shapes 3x4 -> 3x4" in evidence
+    assert "(48 B, float32" in evidence  # equal bytes: only the shapes tell
+
+
+def test_cross_group_deadlock_names_both_ranks(tmp_path):
+    verdict = _run(tmp_path, "cross_group", rank=0)
+    assert verdict["verdict"] == "deadlock" and verdict["culprit_ranks"] == [0, 1]
+    assert any("wait for each other across process groups" in line for line in verdict["evidence"])
+    assert {verdict["ranks"]["0"]["state"], verdict["ranks"]["1"]["state"]} == {"stuck_in_barrier"}
+
+
+def test_healthy_job_preempted_by_sigterm_is_not_a_hang(tmp_path):
+    verdict = _run(tmp_path, "preempted", rank=1, model="ddp")
+    assert verdict["verdict"] == "no_problem" and verdict["culprit_ranks"] == []
+    assert {r["state"] for r in verdict["ranks"].values()} == {"terminated"}
+    assert any("stopped from outside" in line for line in verdict["evidence"])
+
+
+def test_bundled_healthy_run_is_no_problem():
+    """gloo DDP buckets read from Flight Recorder carry no completion: they must not look pending."""
+    verdict = diag_triage_json(SAMPLE_RUN)
+    assert verdict["verdict"] == "no_problem" and verdict["culprit_ranks"] == []
+    assert {r["state"] for r in verdict["ranks"].values()} == {"finished"}
