@@ -53,7 +53,6 @@ def test_cross_group_deadlock_names_both_ranks(tmp_path):
     verdict = _run(tmp_path, "cross_group", rank=0)
     assert verdict["verdict"] == "deadlock" and verdict["culprit_ranks"] == [0, 1]
     assert any("wait for each other across process groups" in line for line in verdict["evidence"])
-    assert {verdict["ranks"]["0"]["state"], verdict["ranks"]["1"]["state"]} == {"stuck_in_barrier"}
 
 
 def test_healthy_job_preempted_by_sigterm_is_not_a_hang(tmp_path):
