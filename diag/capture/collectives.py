@@ -87,7 +87,9 @@ class CollectiveRecorder:
         self._counts_p2p_in_seq: dict[str, bool] = {}  # does the group's c10d counter include p2p ops?
         self.seen_seqs: dict[str, set[int]] = {}  # recent collective seqs per group, to fill gaps at finish
         self.device_times = DeviceDurationJoin(self._write)
-        self.flight_recorder = FlightRecorderFollower(self, session.step_spans, session.open_step)
+        self.flight_recorder = FlightRecorderFollower(
+            self, session.step_spans, session.open_step, max(1.0, session.writer.flush_interval_s)
+        )
         self._device_timed: set[str] = set()  # NCCL groups whose durations come from the completion hook
         # per step: latest issue and latest completion of asynchronous ops, for their exposed wait
         self._async_last_issue_ns = 0
@@ -359,7 +361,35 @@ def install_wrappers() -> None:
             setattr(c10d, name, wrapper)
             if getattr(dist, name, None) is original:
                 setattr(dist, name, wrapper)
+        _install_functional_wait()
         _installed = True
+
+
+def _install_functional_wait() -> None:
+    """Time the host's waits on functional collectives (DTensor, tensor parallel): issued from C++, they
+    reach the trace through Flight Recorder, but their waits happen in ``wait_tensor``, which
+    ``AsyncCollectiveTensor`` looks up in its module at each wait. The waited time is the step's exposed
+    communication (``comm_wait_us``), as for a blocking ``dist.all_reduce``. Two clock reads per wait."""
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except Exception:  # a torch without functional collectives
+        return
+    original = getattr(funcol, "wait_tensor", None)
+    if original is None or getattr(original, "__diag_wrapped__", False):
+        return
+
+    @functools.wraps(original)
+    def wait_tensor(tensor):
+        recorder = _active
+        if recorder is None:
+            return original(tensor)
+        start_ns = time.perf_counter_ns()
+        result = original(tensor)
+        _safely(recorder.session.add_comm_wait, (time.perf_counter_ns() - start_ns) / 1000)
+        return result
+
+    wait_tensor.__diag_wrapped__ = True
+    funcol.wait_tensor = wait_tensor
 
 
 def _make_wrapper(name: str, original):

@@ -215,7 +215,10 @@ MANIFEST_KEYS: dict[str, str] = {
     "clock_offset_us": "this rank's wall clock minus rank 0's, measured at init",
     "clock_sync_error_us": "the true offset is within clock_offset_us +- this (half the shortest round trip to rank 0)",
     "start_time_us": "wall-clock instant diag.init ran",
-    "process_groups": "{pg name: {ranks, size, backend, desc}} for groups diag saw",
+    "process_groups": "{pg name: {ranks, size, backend, desc, mesh_dim}} for every process group of the run "
+    "(mesh_dim: the DeviceMesh dimension it is, e.g. tp, when a mesh was found on an instrumented module)",
+    "device_mesh": "{shape, dim_names, groups: {dim name: pg name}} of the DeviceMesh of an instrumented "
+    "module's DTensor parameters (tensor parallel, FSDP2), else absent",
     "capture": "what is being captured and what is off, with reasons",
     "pipeline": "pipeline layout when pipelined: {schedule, stages, virtual_stages, microbatches, stage}",
     "finished": "true once diag.finish() ran (rewritten at finish)",
