@@ -179,6 +179,8 @@ class RankWriter:
             tmp.write_text(json.dumps(payload, indent=1, default=str))
             os.replace(tmp, path)
         except OSError as exc:
+            with contextlib.suppress(OSError):  # a full disk: no temp file left behind
+                tmp.unlink()
             self._disable(f"cannot write {path} ({exc}); capture is off for this rank")
 
     def _drop_overflow(self, table: str) -> None:
