@@ -16,6 +16,7 @@ from Flight Recorder (TORCH_NCCL_ENABLE_TIMING=1) instead.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
@@ -418,7 +419,7 @@ def _make_wrapper(name: str, original):
             if is_p2p:
                 peer = argument(args, kwargs, "dst") if "dst" in positions else argument(args, kwargs, "src")
             tensors = argument(args, kwargs, input_param) if input_param else None
-            token = recorder.begin(op, group, tensors, peer, blocking, "py")
+            token = recorder.begin(op, group, tensors, peer, blocking, getattr(_local, "source", "py"))
         except Exception as exc:
             warn_once("collective-record", f"could not record a {name} ({exc!r}); it runs unrecorded")
         _local.depth = getattr(_local, "depth", 0) + 1
@@ -521,7 +522,7 @@ class LastGradientWait:
         self._handles.clear()
 
 
-def install_ddp_hook(ddp_model, recorder_getter) -> bool:
+def install_ddp_hook(ddp_model, recorder_getter, on_user_hook=None) -> bool:
     """Register a communication hook on a DDP model that does DDP's own averaging all-reduce and records it.
     Returns False (and DDP keeps its built-in path) if the model already has a hook.
 
@@ -547,7 +548,11 @@ def install_ddp_hook(ddp_model, recorder_getter) -> bool:
         buffer.div_(group_size)
         return group.allreduce([buffer])
 
+    user = {}  # the user's own hook once registered: {"hook": ..., "state": ...}
+
     def hook(_state, bucket):
+        if user:
+            return _call_user_hook(user["hook"], user["state"], bucket)
         buffer = bucket.buffer()
         recorder = recorder_getter()
         token = None
@@ -569,7 +574,56 @@ def install_ddp_hook(ddp_model, recorder_getter) -> bool:
 
     try:
         ddp_model.register_comm_hook(None, hook)
+        _take_over_hook_registration(ddp_model, user, on_user_hook)
         return True
     except RuntimeError as exc:
         warn_once("ddp-hook", f"DDP already has a communication hook ({exc}); its buckets are not recorded")
         return False
+
+
+def _call_user_hook(user_hook, state, bucket):
+    """Run the user's communication hook (PowerSGD, fp16/bf16 compression) in diag's place, unchanged: the
+    collectives it issues through torch.distributed are recorded by the wrappers, labelled ``ddp``, with
+    their real sizes and dtypes (a compressed bucket is half the bytes), each with its own sequence number."""
+    previous = getattr(_local, "source", None)
+    _local.source = "ddp"
+    try:
+        return user_hook(state, bucket)
+    finally:
+        if previous is None:
+            del _local.source
+        else:
+            _local.source = previous
+
+
+def _take_over_hook_registration(ddp_model, user: dict, on_user_hook) -> None:
+    """DDP accepts one communication hook and diag's is registered: a user's later
+    ``register_comm_hook`` / ``_register_builtin_comm_hook`` would raise "can only be called once". On this
+    model, they record the user's hook instead, which diag's hook then calls in its place (DDP's checks and
+    its once-only rule kept)."""
+    import torch.distributed as dist
+
+    def register_comm_hook(state, hook):
+        if user:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+        ddp_model._check_comm_hook(hook)
+        with contextlib.suppress(Exception):  # DDP's usage logging only
+            ddp_model.logger._set_comm_hook_name(hook.__qualname__)
+        ddp_model._comm_hooks.append((hook, state))
+        user.update(hook=hook, state=state)
+        if on_user_hook is not None:
+            _safely(on_user_hook)
+
+    def register_builtin_comm_hook(comm_hook_type):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        builtin = {
+            dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+            dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+        }.get(comm_hook_type)
+        if builtin is None:
+            raise RuntimeError(f"unknown built-in communication hook {comm_hook_type}")
+        register_comm_hook(ddp_model.process_group, builtin)
+
+    ddp_model.register_comm_hook = register_comm_hook
+    ddp_model._register_builtin_comm_hook = register_builtin_comm_hook

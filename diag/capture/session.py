@@ -365,13 +365,24 @@ class Session:
         mode = self._ddp_buckets
         if mode == "auto":
             mode = "hook" if collectives._backend_of(group) == "nccl" else "flight_recorder"
-        if mode == "hook" and collectives.install_ddp_hook(ddp_model, lambda: collectives._active):
+        if mode == "hook" and collectives.install_ddp_hook(
+            ddp_model, lambda: collectives._active, lambda: self._on_user_comm_hook(group)
+        ):
             self.capture_status["ddp_buckets"] = "hook: each bucket timed"
             return True
         self.recorder.flight_recorder.follow_ddp(self.recorder.group_name(group), group)
         self._hooks.append(collectives.LastGradientWait(ddp_model, self.add_comm_wait))
         self.capture_status["ddp_buckets"] = "flight_recorder: buckets untimed, exposed wait per step"
         return True
+
+    def _on_user_comm_hook(self, group) -> None:
+        """The user registered their own DDP communication hook, which now runs in diag's: what it issues
+        through torch.distributed is recorded as it goes; what it issues on the group directly comes from
+        Flight Recorder."""
+        self.recorder.flight_recorder.follow_ddp(self.recorder.group_name(group), group)
+        self.capture_status["ddp_buckets"] = "hook: the user's communication hook, its collectives recorded"
+        self.manifest["capture"] = self.capture_status
+        self.writer.write_manifest(self.manifest)
 
     def open_step(self) -> tuple[int, int] | None:
         """(wall-clock start in ns, index) of the step in progress, or None."""
