@@ -6,6 +6,8 @@ A trace directory holds one sub-directory per rank, ``rank00007/``, with:
 * one CSV file per table below (``steps.csv``, ``collectives.csv``, ...). Each starts with a marker line
   ``#diag-trace schema=1 table=NAME`` and a header line; rows are only ever appended, so a file can be read
   while it is written. A last line without its newline is a row still being written and is ignored.
+  A text field holding a comma or a double quote is quoted (RFC 4180: ``"a,b"``, inner quotes doubled); a line
+  break in one is written as the two characters ``\\n`` (``\\r``), so every row is one line.
 * ``events.jsonl``: rare, free-form records (OOMs, warnings, watchdog dumps), one JSON object per line.
 
 Times are wall-clock microseconds since the Unix epoch on the rank's own clock (``*_us`` columns that are
