@@ -577,7 +577,11 @@ def install_ddp_hook(ddp_model, recorder_getter, on_user_hook=None) -> bool:
         _take_over_hook_registration(ddp_model, user, on_user_hook)
         return True
     except RuntimeError as exc:
-        warn_once("ddp-hook", f"DDP already has a communication hook ({exc}); its buckets are not recorded")
+        warn_once(
+            "ddp-hook",
+            f"DDP already has a communication hook ({exc}); its collectives are recorded as issued, not timed "
+            "per bucket (register it after diag.instrument to have diag time around it)",
+        )
         return False
 
 

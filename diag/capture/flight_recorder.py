@@ -118,8 +118,9 @@ class FlightRecorderFollower:
     shared by every process group, and a dump decodes all of them, about 14 us per entry, on this thread. A
     thread checks the groups' sequence counters every ``CHECK_INTERVAL_S`` and reads the ring when something is
     new and ``read_interval_s`` (1 s) has passed, or at once when ``READ_AT_FILL`` of the ring is new (checking
-    more often when collectives come faster than a quarter ring per check); a SIGTERM and finish read it once more. So a SIGKILL loses about ``read_interval_s`` + ``flush_interval_s`` of these
-    rows. A ring overtaken between two reads is one warning with the count lost (raise TORCH_FR_BUFFER_SIZE).
+    more often when collectives come faster than a quarter ring per check); a SIGTERM and finish read it once
+    more. So a SIGKILL loses about ``read_interval_s`` + ``flush_interval_s`` of these rows. A ring overtaken
+    between two reads is one warning with the count lost (raise TORCH_FR_BUFFER_SIZE).
     Entries younger than ``SETTLE_NS`` wait for the next read: a Python wrapper marks its collective as seen
     just after issuing it."""
 
@@ -268,8 +269,9 @@ class FlightRecorderFollower:
         if lost:
             warn_once(
                 "flight-recorder-overwritten",
-                f"Flight Recorder's ring buffer wrapped before diag read it: {lost} collectives were lost from it; those issued from "
-                "C++ (DDP buckets, DTensor) are not in the trace; raise TORCH_FR_BUFFER_SIZE (2000 by default)",
+                f"Flight Recorder's ring buffer wrapped before diag read it: {lost} collectives were lost from it; "
+                "those issued from C++ (DDP buckets, DTensor) are not in the trace; raise TORCH_FR_BUFFER_SIZE "
+                "(2000 by default)",
             )
 
 

@@ -244,6 +244,8 @@ class Watchdog:
     def _write_flight_recorder(self) -> tuple[str | None, str | None]:
         if "torch" not in sys.modules:  # never import torch from here; without it there is no recorder
             return None, "torch not imported"
+        if not self.session.writer.enabled:  # already warned about: no file of capture's is written any more
+            return None, "trace writer off"
         try:
             data = dump_bytes()
         except Exception as exc:
