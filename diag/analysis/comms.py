@@ -105,14 +105,14 @@ def collective_waits(
     """Wait of every collective row (``mask`` selects rows, e.g. the window) for the last rank to arrive.
 
     Timed rows: the row's duration minus the shortest duration of the same (pg, seq), the transfer once
-    everyone was there. Asynchronous rows without a duration (DDP's buckets read from gloo's Flight Recorder):
-    the latest issue time of the same (pg, seq) minus the row's own, on rank 0's clock (``clock_offsets_us``).
+    everyone was there. Rows without a duration (DDP's buckets read from gloo's Flight Recorder, functional
+    collectives, a collective whose completion was never seen): the latest issue time of the same (pg, seq)
+    minus the row's own, on rank 0's clock (``clock_offsets_us``). Every row is kept: a collective without a
+    duration still happened, moved its bytes and made ranks wait.
     """
     duration = coll["duration_us"].to_numpy(dtype="float64", na_value=np.nan)
     timed_all = ~np.isnan(duration)
-    untimed_async = ~timed_all & (coll["blocking"].to_numpy(dtype="int8") == 0)
-    usable = timed_all | untimed_async
-    keep = usable if mask is None else (np.asarray(mask) & usable)
+    keep = np.ones(len(coll), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
     if not keep.any():
         return None
     everything = bool(keep.all())
@@ -217,20 +217,23 @@ class CollectiveStats:
     rows: int  # per-rank records
     bytes_total: int  # summed over instances, per rank's input (bytes one rank contributes)
     bytes_median: int
-    duration_p50_us: float  # per-rank durations (issue to completion: includes waiting for peers)
-    duration_p99_us: float
-    transfer_p50_us: float  # shortest duration per instance: the transfer once everyone arrived
-    transfer_p99_us: float
+    timed_count: int  # instances with a duration on at least one rank; the others are known by issue time
+    duration_p50_us: float | None  # per-rank durations (issue to completion: includes waiting for peers)
+    duration_p99_us: float | None
+    transfer_p50_us: float | None  # shortest duration per instance: the transfer once everyone arrived
+    transfer_p99_us: float | None
     algbw_gbps: float | None  # at transfer_p50_us
     busbw_gbps: float | None
-    wait_total_s: float  # time ranks spent waiting for the last rank in these collectives
-    total_time_s: float  # summed per-rank durations
+    wait_total_s: float  # time ranks spent waiting for the last rank in these collectives, summed over rows
+    wait_from: str  # "durations", "issue times" or "durations and issue times"
+    total_time_s: float | None  # summed per-rank durations of the timed rows; None when none is timed
 
 
 @dataclass
 class RankCommWait:
     rank: int
-    wait_for_peers_s: float  # in collectives, beyond the transfer: waiting for the last rank to arrive
+    wait_for_peers_s: float  # in collectives, beyond the transfer: waiting for the last rank (per step: blocking
+    # waits added, overlapping asynchronous ones counted once, at most the step)
     blocked_in_comm_s: float  # steps.csv comm_wait_us: host time blocked in synchronous collectives
     step_time_s: float  # data wait + step body over the window
     wait_share_pct: float  # wait_for_peers_s / step_time_s
@@ -253,40 +256,40 @@ def analyze_comms(waits: CollectiveWaits | None, steps_w: pd.DataFrame, pg_sizes
         least_blocked = steps_w.groupby("step")["comm_wait_us"].min()
         report.exposed_comm_per_step_s = float(least_blocked.median()) / 1e6
     if waits is None:
-        report.note = "no completed collectives recorded in the window"
+        report.note = "no collectives recorded in the window"
         return report
     report.collectives = _per_op(waits, pg_sizes)
-    if not report.collectives:
+    untimed = sum(c.count - c.timed_count for c in report.collectives)
+    if untimed:
+        total = sum(c.count for c in report.collectives)
         report.note = (
-            "no collective in the window has a duration (DDP's buckets read from gloo's Flight Recorder carry "
-            "issue times only): waits for peers come from issue times"
+            f"{untimed} of {total} collectives in the window have no duration (DDP's buckets and functional "
+            "collectives read from Flight Recorder carry issue times only): their waits for peers come from issue "
+            "times, and they have no bandwidth"
         )
     return report
 
 
 def _per_op(waits: CollectiveWaits, pg_sizes: dict[str, int]) -> list[CollectiveStats]:
-    """Durations and bandwidths per op, group and size, over the timed instances."""
-    inst = waits.instances[waits.instances["transfer_us"].notna()].copy()
-    if inst.empty:
-        return []
+    """Every collective per op, group and size; durations and bandwidths over the timed instances."""
+    inst = waits.instances.copy()
     inst["op_name"] = inst["op"].astype(str).map(canonical_op)
     inst["bucket"] = size_bucket(inst["bytes_max"].to_numpy())
     inst["pg"] = inst["pg"].astype(str)
     inst["group"] = inst.groupby(["op_name", "pg", "bucket"], sort=False).ngroup().to_numpy()
-    row_group = np.full(len(waits.instances), -1)
-    row_group[inst.index.to_numpy()] = inst["group"].to_numpy()
-    row_group = row_group[waits.instance]
+    row_group = inst["group"].to_numpy()[waits.instance]
+    timed_row = ~np.isnan(waits.duration_us)
     stats = []
     for group, members in inst.groupby("group", sort=False):
         rows = row_group == group
-        d = waits.duration_us[rows]
-        d50, d99 = np.percentile(d, [50, 99])
+        d = waits.duration_us[rows & timed_row]
         op, pg, bucket = members["op_name"].iloc[0], str(members["pg"].iloc[0]), int(members["bucket"].iloc[0])
         n = pg_sizes.get(pg) or int(members["ranks"].max())
-        transfer = members["transfer_us"].to_numpy()
-        t50 = float(np.percentile(transfer, 50))
+        transfer = members["transfer_us"].dropna().to_numpy()
+        t50 = float(np.percentile(transfer, 50)) if len(transfer) else None
         b50 = float(np.median(members["bytes_max"]))
-        algbw = algbw_size_bytes(op, b50, n) / t50 / 1e3 if t50 > 0 else None  # bytes/us = MB/s
+        algbw = algbw_size_bytes(op, b50, n) / t50 / 1e3 if t50 else None  # bytes/us = MB/s
+        timed_rows, all_rows = int(len(d)), int(rows.sum())
         stats.append(
             CollectiveStats(
                 op=op,
@@ -295,20 +298,29 @@ def _per_op(waits: CollectiveWaits, pg_sizes: dict[str, int]) -> list[Collective
                 size_bucket_min_bytes=bucket,
                 pg_size=n,
                 count=len(members),
-                rows=int(rows.sum()),
+                rows=all_rows,
                 bytes_total=int(members["bytes_max"].sum()),
                 bytes_median=int(b50),
-                duration_p50_us=float(d50),
-                duration_p99_us=float(d99),
+                timed_count=len(transfer),
+                duration_p50_us=float(np.percentile(d, 50)) if len(d) else None,
+                duration_p99_us=float(np.percentile(d, 99)) if len(d) else None,
                 transfer_p50_us=t50,
-                transfer_p99_us=float(np.percentile(transfer, 99)),
+                transfer_p99_us=float(np.percentile(transfer, 99)) if len(transfer) else None,
                 algbw_gbps=algbw,
                 busbw_gbps=algbw * busbw_factor(op, n) if algbw is not None else None,
                 wait_total_s=float(waits.wait_us[rows].sum()) / 1e6,
-                total_time_s=float(d.sum()) / 1e6,
+                wait_from=_wait_from(timed_rows, all_rows),
+                total_time_s=float(d.sum()) / 1e6 if len(d) else None,
             )
         )
-    return sorted(stats, key=lambda s: s.total_time_s, reverse=True)
+    # what costs most first; collectives known only by issue time by the waits they caused, then their bytes
+    return sorted(stats, key=lambda s: (s.total_time_s or 0.0, s.wait_total_s, s.bytes_total), reverse=True)
+
+
+def _wait_from(timed_rows: int, all_rows: int) -> str:
+    if timed_rows == all_rows:
+        return "durations"
+    return "issue times" if timed_rows == 0 else "durations and issue times"
 
 
 def wait_per_rank_step(waits: CollectiveWaits) -> pd.Series:
@@ -336,30 +348,36 @@ def wait_per_rank_step(waits: CollectiveWaits) -> pd.Series:
 
 
 def _per_rank(waits: CollectiveWaits | None, steps_w: pd.DataFrame) -> list[RankCommWait]:
+    """Each rank's waits for its peers over the window, as a share of its step time.
+
+    Per step, the waits of overlapping asynchronous collectives (DDP buckets) are counted once, not summed
+    (summing them gave shares above 100%), and a step's wait is never more than the rank's iteration in it."""
     if not len(steps_w):
         return []
-    step_time = (steps_w["data_wait_us"] + steps_w["duration_us"]).groupby(steps_w["rank"]).sum()
+    iteration = (steps_w["data_wait_us"] + steps_w["duration_us"]).astype("float64")
+    iteration.index = pd.MultiIndex.from_arrays([steps_w["rank"], steps_w["step"]], names=["rank", "step"])
+    step_time = iteration.groupby(level="rank").sum()
     blocked = steps_w["comm_wait_us"].groupby(steps_w["rank"]).sum().reindex(step_time.index, fill_value=0)
-    wait = np.zeros(len(step_time))
+    wait = pd.Series(0.0, index=step_time.index)
     last = np.zeros(len(step_time))
     if waits is not None:
+        per_step = wait_per_rank_step(waits).reindex(iteration.index, fill_value=0.0)
+        wait = np.minimum(per_step, iteration).groupby(level="rank").sum().reindex(step_time.index, fill_value=0.0)
         size = int(max(waits.rank.max(), step_time.index.max())) + 1
-        wait_all = np.bincount(waits.rank, weights=waits.wait_us, minlength=size)
         last_all = np.bincount(waits.rank, weights=waits.is_last, minlength=size)
         rows_all = np.bincount(waits.rank, minlength=size)
         idx = step_time.index.to_numpy()
-        wait = wait_all[idx]
         last = np.divide(last_all[idx], rows_all[idx], out=np.zeros(len(idx)), where=rows_all[idx] > 0)
     out = []
     for i, (rank, total_us) in enumerate(step_time.items()):
-        total_us = float(total_us)
+        total_us, wait_us = float(total_us), float(wait[rank])
         out.append(
             RankCommWait(
                 rank=int(rank),
-                wait_for_peers_s=float(wait[i]) / 1e6,
+                wait_for_peers_s=wait_us / 1e6,
                 blocked_in_comm_s=float(blocked[rank]) / 1e6,
                 step_time_s=total_us / 1e6,
-                wait_share_pct=100 * float(wait[i]) / total_us if total_us else 0.0,
+                wait_share_pct=100 * wait_us / total_us if total_us else 0.0,
                 blocked_share_pct=100 * float(blocked[rank]) / total_us if total_us else 0.0,
                 last_arrival_fraction=float(last[i]),
             )

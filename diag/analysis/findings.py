@@ -53,8 +53,14 @@ def severity_for(lost_per_step_s: float, step_s: float | None) -> str:
     return "high" if share >= 0.10 else "medium" if share >= 0.03 else "low"
 
 
+FIRST_KINDS = ("crash", "step_error")  # a run that failed: nothing else matters before that is fixed
+
+
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    return sorted(findings, key=lambda f: (-round(f.time_lost_s, 6), SEVERITY_ORDER[f.severity], f.kind))
+    return sorted(
+        findings,
+        key=lambda f: (f.kind not in FIRST_KINDS, -round(f.time_lost_s, 6), SEVERITY_ORDER[f.severity], f.kind),
+    )
 
 
 def straggler_findings(report: StragglerReport, times: RankStepTimes, step_s: float | None) -> list[Finding]:
@@ -127,7 +133,12 @@ def exposed_time_findings(comms: CommsReport, times: RankStepTimes, step_s: floa
             f"even the least-blocked rank waits {per_step * 1e3:.1f} ms/step in collectives ({100 * per_step / step_s:.0f}% of the step)"
         ]
         evidence += [
-            f"{c.op} on {c.pg} ({c.size_bucket}): {c.count} calls, {c.total_time_s:.2f} s in all, busbw {c.busbw_gbps or 0:.3g} GB/s"
+            f"{c.op} on {c.pg} ({c.size_bucket}): {c.count} calls, "
+            + (
+                f"{c.total_time_s:.2f} s in all, busbw {c.busbw_gbps or 0:.3g} GB/s"
+                if c.total_time_s is not None
+                else f"untimed (issue times only), {c.wait_total_s:.2f} s waiting for peers"
+            )
             for c in top
         ]
         out.append(

@@ -18,6 +18,7 @@ import pandas as pd
 from diag.analysis import findings as fnd
 from diag.analysis.bubble import BubbleReport, analyze_bubble, bubble_finding, gantt_rows
 from diag.analysis.comms import CommsReport, analyze_comms, collective_waits, wait_per_rank_step
+from diag.analysis.failures import FailureReport, failure_findings, find_failures
 from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
 from diag.analysis.memory import MemoryReport, analyze_memory
 from diag.analysis.mfu import MfuReport, analyze_mfu
@@ -45,6 +46,10 @@ class RunInfo:
     skipped: list[dict] = field(default_factory=list)  # {path, reason, lines}
     skipped_total: int = 0
     notes: list[str] = field(default_factory=list)
+    launcher: str | None = None  # process launcher from the manifests: torchrun, slurm, mpi, pmi, none
+    job: dict | None = None  # {scheduler, job_id, job_name, restarts} from the manifests, when a launcher named one
+    step_errors: list[dict] = field(default_factory=list)  # {rank, step, kind, error, time_us}, earliest first
+    rank_exits: list[dict] = field(default_factory=list)  # {rank, how, error, last_step}: ranks that ended abnormally
 
 
 @dataclass
@@ -93,6 +98,7 @@ class Report:
                 "wait_source": self.stragglers.wait_source,
                 "steps": self.stragglers.steps,
                 "note": self.stragglers.note,
+                "compared": self.stragglers.compared,
             },
             "mfu": _plain(self.mfu),
             "comms": _plain(self.comms),
@@ -111,7 +117,8 @@ def analyze(
     flops_per_step: float | None = None,
 ) -> Report:
     step_range = parse_step_range(steps) if isinstance(steps, str) else steps
-    window = choose_window(trace.steps, step_range)
+    failures = find_failures(trace.events, trace.heartbeats, trace.manifests, trace.clock_offsets_us())
+    window = choose_window(trace.steps, step_range, failures.failed_steps)
     steps_w = select(trace.steps, window)
     ranks_info = _ranks_info(trace)
     hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
@@ -130,7 +137,8 @@ def analyze(
     memory = analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total)
 
     step_s = mfu.step_time_median_s
-    found = fnd.straggler_findings(stragglers, times, step_s) + fnd.exposed_time_findings(comms, times, step_s)
+    found = [fnd.Finding(**f) for f in failure_findings(failures)]
+    found += fnd.straggler_findings(stragglers, times, step_s) + fnd.exposed_time_findings(comms, times, step_s)
     found += fnd.telemetry_findings(telemetry, stragglers) + fnd.memory_findings(memory) + fnd.mfu_findings(mfu)
     bubble = analyze_bubble(trace, window.step_indices) if len(trace.microbatches) else None
     if (finding := bubble_finding(bubble)) is not None:
@@ -138,7 +146,7 @@ def analyze(
     pipeline_timeline = gantt_rows(trace).to_dict("records") if bubble is not None else []
     gpu_time = analyze_gpu_time(trace.gpu_kernels, window.step_indices)
     found += [fnd.Finding(**f) for f in gpu_time_findings(gpu_time, window.steps_analysed, step_s)]
-    run = _run_info(trace, window, ranks_info)
+    run = _run_info(trace, window, ranks_info, failures)
     timeline = _timeline(times.frame, hosts)
     return Report(
         run,
@@ -217,7 +225,7 @@ def _device_totals(tel: pd.DataFrame):
     return list(totals.items())
 
 
-def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame) -> RunInfo:
+def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failures: FailureReport) -> RunInfo:
     with_steps = set(trace.steps["rank"].unique()) if len(trace.steps) else set()
     names = trace.manifests["device_name"].dropna() if "device_name" in trace.manifests else []
     skipped = [{"path": s.path, "reason": s.reason, "lines": s.lines} for s in trace.skipped]
@@ -226,6 +234,7 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame) -> Run
         notes.append(
             f"{len(trace.ranks_missing)} of {trace.world_size} ranks have no traces; the report covers the others"
         )
+    notes += failures.notes()
     without_steps = sorted(int(r) for r in set(trace.ranks_found) - with_steps)
     if without_steps and with_steps:
         shown = ", ".join(map(str, without_steps[:10])) + (" ..." if len(without_steps) > 10 else "")
@@ -247,7 +256,21 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame) -> Run
         skipped=skipped[:MAX_SKIPPED_LISTED],
         skipped_total=len(skipped),
         notes=notes,
+        launcher=_first_value(trace.manifests, "launcher"),
+        job=_first_value(trace.manifests, "job"),
+        step_errors=[dataclasses.asdict(f) for f in failures.step_errors[:MAX_SKIPPED_LISTED]],
+        rank_exits=[dataclasses.asdict(e) for e in failures.exits],
     )
+
+
+def _first_value(manifests: pd.DataFrame, key: str):
+    """The lowest rank's value of a manifest key that every rank of a run shares (launcher, job)."""
+    if key not in manifests or "rank" not in manifests:
+        return None
+    for value in manifests.sort_values("rank")[key]:
+        if isinstance(value, dict) or (isinstance(value, str) and value):
+            return value
+    return None
 
 
 def _timeline(times: pd.DataFrame, hosts: dict) -> Timeline:

@@ -4,10 +4,14 @@ In synchronous training every rank's iteration lasts as long as the slowest rank
 in collectives. So a rank's *busy* time per step is its data wait plus its step body minus the time it was
 blocked in communication. Only durations measured on one host are used: no cross-host clock comparison.
 
-A rank is *slow in a step* when its busy time exceeds the step's median busy time by more than
-``SLOW_FRACTION`` of that median. It is a *persistent* straggler when slow in at least
-``PERSISTENT_FRACTION`` of the steps and its median busy time is ``SLOWDOWN_MIN`` above the median rank's;
-otherwise occasional large spikes (GC, checkpointing) make it a *transient* one.
+Every comparison is with the *other* ranks (their median, leaving the rank itself out): with two ranks the
+median of both is their average, and a rank compared with it looks half as slow as it is. A rank is *slow in
+a step* when its busy time exceeds the other ranks' median by more than ``SLOW_FRACTION`` of that median. It
+is a *persistent* straggler when slow in at least ``PERSISTENT_FRACTION`` of the steps (and in at least
+``MIN_PERSISTENT_STEPS``) and its median busy
+time is ``SLOWDOWN_MIN`` above the other ranks'; otherwise occasional large spikes (GC, checkpointing) make it
+a *transient* one. What it costs is what the step would shrink if it worked like the others: the step lasts
+as long as its busiest rank, so down to the next busiest.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import pandas as pd
 
 SLOW_FRACTION = 0.10
 PERSISTENT_FRACTION = 0.5
+MIN_PERSISTENT_STEPS = 3  # fewer slow steps than this (a run that failed early) are no evidence of a pattern
+MIN_STEPS = 3  # with fewer steps in the window (warm-up included) no rank is named a straggler
 SLOWDOWN_MIN = 0.10
-SPIKE_FRACTION = 0.5  # a transient spike must add at least this share of the median busy time
+SPIKE_FRACTION = 0.5  # a transient spike must add at least this share of the others' median busy time
 TRANSIENT_MIN_LOST_FRACTION = 0.01  # report transient stragglers costing at least this share of the run
 CAUSE_SHARE = 0.5  # a component explaining this share of a rank's excess is named as the cause
 MAX_TRANSIENT = 20
@@ -42,13 +48,13 @@ class Straggler:
     host: str | None
     local_rank: int | None
     gpu: int | None
-    slowdown: float  # median busy time / median rank's median busy time - 1
+    slowdown: float  # median busy time / the other ranks' median busy time - 1
     steps_slow_fraction: float
     persistent: bool
     cause: str  # compute, data, host, communication, throttle, unknown
-    time_saved_per_step_s: float  # if this rank alone ran at the median speed
+    time_saved_per_step_s: float  # if this rank alone worked like the others (down to the next busiest rank)
     time_lost_s: float  # the same, summed over the window
-    excess_data_wait_ms: float  # median over its slow steps, against the step's median rank
+    excess_data_wait_ms: float  # median over its slow steps, against the median of the step's other ranks
     excess_compute_ms: float
     last_arrival_fraction: float | None  # share of its collectives where it arrived last
     evidence: list[str] = field(default_factory=list)
@@ -60,6 +66,7 @@ class StragglerReport:
     wait_source: str = "none"
     steps: int = 0
     note: str | None = None
+    compared: bool = True  # False: ranks were not compared at all (one rank, too few steps, one rank per stage)
 
 
 def rank_step_times(
@@ -104,37 +111,49 @@ def find_stragglers(
     report = StragglerReport(wait_source=times.wait_source, steps=int(f["step"].nunique()))
     if f["rank"].nunique() < 2:
         report.note = "one rank only: nothing to compare it with"
+        report.compared = False
+        return report
+    if report.steps < MIN_STEPS:
+        report.note = f"only {report.steps} step(s) analysed: too few to tell a straggler from warm-up or noise"
+        report.compared = False
         return report
     if f.groupby("peers")["rank"].nunique().max() < 2:
         report.note = "pipeline parallel with one rank per stage: stages do different work, so ranks are not compared (see the pipeline bubble report)"
+        report.compared = False
         return report
     if f["peers"].nunique() > 1:
         report.note = "pipeline parallel: each rank is compared with the ranks of its own stage"
     if times.wait_source == "none":
         report.note = "no communication wait recorded: stragglers can only show in their data wait"
-    by_step = f.groupby(["peers", "step"])
+    cell = f.groupby(["peers", "step"], sort=False).ngroup().to_numpy()
     f = f.assign(
-        median_busy_us=by_step["busy_us"].transform("median"),
-        median_iteration_us=by_step["iteration_us"].transform("median"),
-        median_data_us=by_step["data_wait_us"].transform("median"),
-        median_compute_us=by_step["compute_us"].transform("median"),
+        others_busy_us=others_median(f["busy_us"].to_numpy(dtype="float64"), cell),
+        others_data_us=others_median(f["data_wait_us"].to_numpy(dtype="float64"), cell),
+        others_compute_us=others_median(f["compute_us"].to_numpy(dtype="float64"), cell),
     )
-    excess = f["busy_us"] - f["median_busy_us"]
-    f["slow"] = excess > SLOW_FRACTION * f["median_busy_us"]
-    f["spike"] = excess > SPIKE_FRACTION * f["median_busy_us"]
+    excess = f["busy_us"] - f["others_busy_us"]
+    f["slow"] = excess > SLOW_FRACTION * f["others_busy_us"]
+    f["spike"] = excess > SPIKE_FRACTION * f["others_busy_us"]
     saved = _saved_per_rank_step(f)
     per_rank = f.groupby("rank").agg(
         busy_median_us=("busy_us", "median"),
         slow_fraction=("slow", "mean"),
+        slow_steps=("slow", "sum"),
         spikes=("spike", "sum"),
         peers=("peers", "first"),
     )
     per_rank["saved_us"] = saved.reindex(per_rank.index, fill_value=0.0)
-    peers_busy_us = per_rank.groupby("peers")["busy_median_us"].transform("median")
-    per_rank["slowdown"] = (per_rank["busy_median_us"] / peers_busy_us.where(peers_busy_us > 0) - 1).fillna(0.0)
+    others_busy = others_median(per_rank["busy_median_us"].to_numpy(dtype="float64"), per_rank["peers"].to_numpy())
+    per_rank["slowdown"] = np.nan_to_num(
+        per_rank["busy_median_us"].to_numpy() / np.where(others_busy > 0, others_busy, np.nan) - 1, nan=0.0
+    )
     n_steps = report.steps
     total_time_us = float(f.groupby("step")["iteration_us"].max().sum())
-    persistent = per_rank[(per_rank["slow_fraction"] >= PERSISTENT_FRACTION) & (per_rank["slowdown"] >= SLOWDOWN_MIN)]
+    persistent = per_rank[
+        (per_rank["slow_fraction"] >= PERSISTENT_FRACTION)
+        & (per_rank["slow_steps"] >= MIN_PERSISTENT_STEPS)
+        & (per_rank["slowdown"] >= SLOWDOWN_MIN)
+    ]
     transient = per_rank[
         (per_rank["spikes"] > 0)
         & ~per_rank.index.isin(persistent.index)
@@ -143,8 +162,8 @@ def find_stragglers(
     persistent_ranks = set(persistent.index)
     for rank, row in pd.concat([persistent, transient]).iterrows():
         mine = f[(f["rank"] == rank) & (f["slow"] if rank in persistent_ranks else f["spike"])]
-        excess_data = float((mine["data_wait_us"] - mine["median_data_us"]).median())
-        excess_compute = float((mine["compute_us"] - mine["median_compute_us"]).median())
+        excess_data = float((mine["data_wait_us"] - mine["others_data_us"]).median())
+        excess_compute = float((mine["compute_us"] - mine["others_compute_us"]).median())
         info = ranks_info.loc[rank] if rank in ranks_info.index else None
         straggler = Straggler(
             rank=int(rank),
@@ -167,33 +186,59 @@ def find_stragglers(
     return report
 
 
+def others_median(values: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """For each element, the median of the *other* elements of its cell (NaN when it is alone in it).
+
+    Sorted once per cell: leaving out the element at sorted position p, the k-th remaining value is the
+    k-th sorted one when k < p, else the (k+1)-th."""
+    values = np.asarray(values, dtype="float64")
+    if not len(values):
+        return values.copy()
+    order = np.lexsort((values, cells))
+    v, c = values[order], np.asarray(cells)[order]
+    starts = np.r_[0, np.flatnonzero(c[1:] != c[:-1]) + 1]
+    sizes = np.diff(np.r_[starts, len(v)])
+    start, n = np.repeat(starts, sizes), np.repeat(sizes, sizes)
+    position = np.arange(len(v)) - start
+    remaining = n - 1
+
+    def kth_remaining(k: np.ndarray) -> np.ndarray:
+        k = np.clip(k, 0, None)
+        return v[np.minimum(start + k + (k >= position), len(v) - 1)]
+
+    lower, upper = kth_remaining((remaining - 1) // 2), kth_remaining(remaining // 2)
+    out = np.empty(len(v))
+    out[order] = np.where(remaining > 0, (lower + upper) / 2, np.nan)
+    return out
+
+
 def joint_saving_us(times: RankStepTimes, ranks: list[int]) -> float:
-    """Time the window would lose less if all of ``ranks`` worked at their step's median busy time."""
+    """Time the window would lose less if all of ``ranks`` worked like the other ranks of their step.
+
+    The step then lasts as long as the busiest of the others; where ``ranks`` are all the ranks of a step,
+    nothing is left to compare them with, and the step's median is what they could reach."""
     f = times.frame
     if times.step_median_busy_us is None:
         times.step_median_busy_us = f.groupby(["peers", "step"])["busy_us"].median()
         times.step_max_busy_us = f.groupby(["peers", "step"])["busy_us"].max()
     median, slowest = times.step_median_busy_us, times.step_max_busy_us
-    others = (
-        f[~f["rank"].isin(ranks)].groupby(["peers", "step"])["busy_us"].max().reindex(slowest.index, fill_value=0.0)
-    )
-    return float((slowest - np.maximum(others, median)).clip(lower=0).sum())
+    others = f[~f["rank"].isin(ranks)].groupby(["peers", "step"])["busy_us"].max().reindex(slowest.index)
+    return float((slowest - others.fillna(median)).clip(lower=0).sum())
 
 
 def _saved_per_rank_step(f: pd.DataFrame) -> pd.Series:
-    """Per rank, summed over steps: what the step would shrink if that rank alone had the median busy time.
+    """Per rank, summed over steps: what the step would shrink if that rank alone worked like the others.
 
-    Only the slowest rank of a step can shorten it, down to the second slowest (or the median)."""
+    Only the busiest rank of a step can shorten it, and only down to the next busiest: that rank's busy time
+    is at least the others' median, which is what the busiest would come down to."""
     busy, step, peers = f["busy_us"].to_numpy(), f["step"].to_numpy(), f["peers"].to_numpy()
     order = np.lexsort((-busy, step, peers))
-    busy, step, peers = busy[order], step[order], peers[order]
-    rank, median = f["rank"].to_numpy()[order], f["median_busy_us"].to_numpy()[order]
+    busy, step, peers, rank = busy[order], step[order], peers[order], f["rank"].to_numpy()[order]
     new_cell = np.r_[True, (step[1:] != step[:-1]) | (peers[1:] != peers[:-1])]
-    top = np.flatnonzero(new_cell)  # the slowest rank of each step (among its peers)
+    top = np.flatnonzero(new_cell)  # the busiest rank of each step (among its peers)
     nxt = np.minimum(top + 1, len(step) - 1)
     has_second = (top + 1 < len(step)) & ~new_cell[nxt]
-    runner_up = np.where(has_second, busy[nxt], 0.0)
-    saved = np.clip(busy[top] - np.maximum(runner_up, median[top]), 0, None)
+    saved = np.where(has_second, np.clip(busy[top] - busy[nxt], 0, None), 0.0)
     return pd.Series(saved, index=rank[top]).groupby(level=0).sum()
 
 
@@ -208,7 +253,9 @@ def _assign_causes(
             s.cause = "unknown"
         elif s.excess_data_wait_ms >= CAUSE_SHARE * excess:
             s.cause = "data"
-            s.evidence.append(f"waits {s.excess_data_wait_ms:.1f} ms longer than the median rank for its batch")
+            s.evidence.append(
+                f"waits {s.excess_data_wait_ms:.1f} ms longer than the other ranks (their median) for its batch"
+            )
         elif share >= 0.2:
             s.cause = "throttle"
             s.evidence.append(f"its GPU's clocks were throttled in {100 * share:.0f}% of telemetry samples")
@@ -217,14 +264,16 @@ def _assign_causes(
             s.evidence.append(f"every rank on host {s.host} is slow")
         elif s.excess_compute_ms >= CAUSE_SHARE * excess:
             s.cause = "compute"
-            s.evidence.append(f"its step body computes {s.excess_compute_ms:.1f} ms longer than the median rank")
+            s.evidence.append(
+                f"its step body computes {s.excess_compute_ms:.1f} ms longer than the other ranks (their median)"
+            )
         if s.excess_compute_ms > 0 and s.cause != "compute":
-            s.evidence.append(f"compute {s.excess_compute_ms:.1f} ms above the median rank")
+            s.evidence.append(f"compute {s.excess_compute_ms:.1f} ms above the other ranks' median")
         if s.last_arrival_fraction is not None:
             s.evidence.append(f"arrived last at {100 * s.last_arrival_fraction:.0f}% of its collectives")
         what = "of the steps" if s.persistent else "(spikes only)"
         s.evidence.append(
-            f"slow in {100 * s.steps_slow_fraction:.0f}% {what}; median work {100 * s.slowdown:+.0f}% vs median rank"
+            f"slow in {100 * s.steps_slow_fraction:.0f}% {what}; median work {100 * s.slowdown:+.0f}% vs the other ranks"
         )
 
 

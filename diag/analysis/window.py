@@ -1,7 +1,8 @@
 """Which steps to analyse: steps every rank finished, without the warm-up (or the user's ``--steps A:B``).
 
 A step only some ranks recorded is one still being written or one a rank never reached (crash, hang); its
-timings are not comparable across ranks, so it is left out and listed. Warm-up steps (compilation, allocator
+timings are not comparable across ranks, so it is left out and listed. So is a step in which a rank raised:
+its time is how long the rank took to fail. Warm-up steps (compilation, allocator
 growth, NCCL communicator setup) are slower than the steady state and would bias every average.
 """
 
@@ -24,6 +25,7 @@ class StepWindow:
     steps_recorded: int  # distinct step indices seen on any rank
     warmup_steps_excluded: list[int] = field(default_factory=list)
     incomplete_steps_excluded: list[int] = field(default_factory=list)  # steps some ranks never finished
+    failed_steps_excluded: list[int] = field(default_factory=list)  # steps in which a rank raised
     ranks_short: list[int] = field(default_factory=list)  # ranks that lack some of the recorded steps
     user_range: str | None = None  # "A:B" when the user chose the window
     notes: list[str] = field(default_factory=list)
@@ -48,12 +50,18 @@ def iteration_us(steps: pd.DataFrame) -> pd.Series:
     return steps["data_wait_us"].astype("int64") + steps["duration_us"].astype("int64")
 
 
-def choose_window(steps: pd.DataFrame, step_range: tuple[int | None, int | None] | None = None) -> StepWindow:
+def choose_window(
+    steps: pd.DataFrame,
+    step_range: tuple[int | None, int | None] | None = None,
+    failed_steps: list[int] | None = None,
+) -> StepWindow:
     if steps.empty:
         return StepWindow(None, None, 0, 0, notes=["no steps recorded"])
     ranks_per_step = steps.groupby("step", sort=True)["rank"].nunique()
     n_ranks = steps["rank"].nunique()
     complete = ranks_per_step.index[ranks_per_step.to_numpy() == n_ranks].to_numpy()
+    failed = np.intersect1d(ranks_per_step.index.to_numpy(), np.asarray(failed_steps or [], dtype="int64"))
+    complete = np.setdiff1d(complete, failed)
     incomplete = ranks_per_step.index[ranks_per_step.to_numpy() < n_ranks].to_numpy()
     window = StepWindow(None, None, 0, len(ranks_per_step), incomplete_steps_excluded=_short_list(incomplete))
     if len(incomplete):
@@ -62,6 +70,11 @@ def choose_window(steps: pd.DataFrame, step_range: tuple[int | None, int | None]
         window.notes.append(
             f"{len(incomplete)} steps not finished by every rank were left out "
             f"(ranks {_short_text(window.ranks_short)} lack some)"
+        )
+    if len(failed):
+        window.failed_steps_excluded = _short_list(failed)
+        window.notes.append(
+            f"{len(failed)} steps in which a rank raised were left out (steps {_short_text(window.failed_steps_excluded)})"
         )
     if step_range is not None:
         start, stop = step_range

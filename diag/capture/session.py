@@ -149,7 +149,7 @@ class Session:
         cuda = self.device if self.device.type == "cuda" else None
         return {
             "schema_version": SCHEMA_VERSION,
-            "run_id": os.environ.get("DIAG_RUN_ID"),
+            "run_id": os.environ.get("DIAG_RUN_ID") or (ident.job.run_id if ident.job else None),
             "rank": ident.rank,
             "local_rank": ident.local_rank,
             "world_size": ident.world_size,
@@ -157,6 +157,7 @@ class Session:
             "host": ident.host,
             "pid": ident.pid,
             "launcher": ident.launcher,
+            "job": ident.job.to_manifest() if ident.job else None,
             "backend": _backend(),
             "device": str(self.device),
             "device_name": torch.cuda.get_device_name(cuda) if cuda is not None else platform.processor() or "cpu",

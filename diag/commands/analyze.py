@@ -78,7 +78,7 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
       diag analyze traces/run1 --html report.html --peak-tflops 989
       diag analyze                     (the bundled sample run)
     """
-    from diag.analysis.report import Report, options_fingerprint
+    from diag.analysis.report import options_fingerprint
     from diag.analysis.window import parse_step_range
     from diag.trace.cache import TraceCache
     from diag.views import render
@@ -98,9 +98,8 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
     options = {"steps": steps, "peak_tflops": peak_tflops, "flops_per_step": flops_per_step}
     result_name = f"report-{options_fingerprint(**options)}"
     if cache is not None:
-        state = cache.get_result(result_name)
-        if state is not None:
-            report = Report.from_state(state)
+        report = _cached_report(cache, result_name)
+        if report is not None:
             click.echo(
                 f"(report read from the cache in {trace_dir}/.diag-cache; use --no-cache to recompute)", err=True
             )
@@ -117,3 +116,17 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
         except OSError as exc:
             raise click.ClickException(f"cannot write {html_path}: {exc}") from exc
         click.echo(f"HTML report written to {html_path}", err=True)
+
+
+def _cached_report(cache, result_name: str):
+    """The report stored in the cache, or None when there is none or it does not rebuild (damaged, from
+    another version): then it is computed again, since a bad cache is never a reason to fail."""
+    from diag.analysis.report import Report
+
+    state = cache.get_result(result_name)
+    if state is None:
+        return None
+    try:
+        return Report.from_state(state)
+    except Exception:
+        return None

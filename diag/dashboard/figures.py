@@ -265,8 +265,9 @@ def rank_vs_median_figure(median: pd.DataFrame, mine: pd.DataFrame, rank: int | 
 # -- communication ------------------------------------------------------------------------------------------
 def collectives_figure(collectives: list) -> go.Figure:
     """Duration (p50 and p99 over ranks) and transfer time per op, process group and size bucket."""
+    collectives = [c for c in collectives if c.duration_p50_us is not None]  # the others have issue times only
     if not collectives:
-        return message_figure("Collectives", "no completed collectives recorded")
+        return message_figure("Collectives", "no collective with a recorded duration")
     labels = [f"{c.op} {c.size_bucket} pg{c.pg}" for c in collectives]
     fig = _base("Collective duration by op and size", "", "µs")
     fig.add_bar(x=labels, y=_f32([c.transfer_p50_us for c in collectives]), name="transfer p50 (last arrival)")

@@ -258,7 +258,7 @@ def _stragglers_text(report) -> html.Div:
             x for x in (f"host {s.host}" if s.host else "", f"GPU {s.gpu}" if s.gpu is not None else "") if x
         )
         kind = "persistent" if s.persistent else "transient"
-        head = f"Rank {s.rank}{f' ({where})' if where else ''}: {kind} straggler, cause: {s.cause}; {100 * s.slowdown:+.0f}% work vs the median rank, costs {_ms(s.time_saved_per_step_s)} per step"
+        head = f"Rank {s.rank}{f' ({where})' if where else ''}: {kind} straggler, cause: {s.cause}; {100 * s.slowdown:+.0f}% work vs the other ranks, costs {_ms(s.time_saved_per_step_s)} per step"
         items.append(
             html.Li(
                 [html.B(head), html.Ul([html.Li(e) for e in s.evidence])],

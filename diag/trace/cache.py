@@ -3,9 +3,16 @@
 The cache lives in ``TRACE_DIR/.diag-cache/<key>/`` where the key hashes the name, size and modification time
 of every file in every rank directory: any change (a run still being written, a rank added, a file edited)
 gives a new key, and the stale entry is removed when the new one is written. Results computed from a
-trace (an analysis report for given options) are kept in the same entry, so they go stale with it. When the trace directory is
-read-only the cache goes to the system temp directory instead; if that fails too, there is no cache and the
-trace is simply loaded. A cache that cannot be read is ignored and rebuilt: it is never a reason to fail.
+trace (an analysis report for given options) are kept in the same entry, so they go stale with it. When the
+trace directory is not writable the cache goes to the user's own cache directory (``$XDG_CACHE_HOME/diag`` or
+``~/.cache/diag``); if that fails too, there is no cache and the trace is simply loaded. A cache that cannot be
+read is ignored and rebuilt: it is never a reason to fail.
+
+Nothing in a cache is trusted that another user could have put there: a cache directory is used only when it
+is a real directory (never a symbolic link) owned by the user running diag, and it is made private (0700);
+a stale entry is removed only when it is such a directory with a cache key's name, and what is read back is
+checked before use (anything odd is a cache miss). So a link or a report planted by someone else, next to
+the traces or in the user's cache, is neither followed, deleted through, nor served.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -27,6 +36,8 @@ from diag.trace.schema import TABLES, Table
 CACHE_DIR = ".diag-cache"
 CACHE_FORMAT = 2  # bump when what is stored changes
 _META = "meta.json"
+_ENTRY_NAME_RE = re.compile(r"^\.?[0-9a-f]{32}(-[A-Za-z0-9_]+)?$")  # a signature, or a half-written entry
+_META_KEYS = ("manifests", "events", "heartbeats", "skipped", "world_size", "ranks_found", "ranks_missing", "run_id")
 
 
 def signature(path: Path) -> str:
@@ -44,10 +55,46 @@ def signature(path: Path) -> str:
     return digest.hexdigest()
 
 
+def user_cache_dir() -> Path | None:
+    """The user's own cache directory for diag (XDG), or None when neither XDG_CACHE_HOME nor HOME is set.
+    Never a shared, predictable path such as the system temp directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or (
+        os.path.join(os.environ["HOME"], ".cache") if os.environ.get("HOME") else None
+    )
+    return Path(base) / "diag" if base and os.path.isabs(base) else None
+
+
 def cache_roots(path: Path) -> list[Path]:
-    """Where a cache for ``path`` may live: next to the traces, else in the temp directory."""
+    """Where a cache for ``path`` may live: next to the traces, else in the user's own cache directory."""
     key = hashlib.blake2b(str(path.resolve()).encode(), digest_size=8).hexdigest()
-    return [path / CACHE_DIR, Path(tempfile.gettempdir()) / "diag-cache" / key]
+    user = user_cache_dir()
+    return [path / CACHE_DIR] + ([user / "traces" / key] if user is not None else [])
+
+
+def private_dir(path: Path, create: bool) -> bool:
+    """Whether ``path`` is a directory diag may trust: a real directory (not a link) owned by this user, made
+    0700. With ``create``, missing directories are made (0700) first. Checked on an O_NOFOLLOW handle, so the
+    path cannot be swapped for a link between the check and the chmod."""
+    if create:
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:  # missing, a link, or not a directory
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            return False
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            os.fchmod(fd, 0o700)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 class TraceCache:
@@ -61,8 +108,8 @@ class TraceCache:
 
     def load(self, progress: bool = False) -> tuple[Trace, str]:
         """The trace, from the cache when there; how: "cache", "loaded+cached" or "loaded"."""
-        for root in self.roots:
-            trace = _read(root / self.key, self.path)
+        for entry in self._trusted_entries():
+            trace = _read(entry, self.path)
             if trace is not None:
                 return trace, "cache"
         trace = load(self.path, progress=progress)
@@ -71,20 +118,26 @@ class TraceCache:
                 return trace, "loaded+cached"
         return trace, "loaded"
 
-    def get_result(self, name: str) -> dict | None:
+    def _trusted_entries(self):
+        """This trace's cache entries that diag may read: in a trusted root, themselves trusted."""
         for root in self.roots:
+            if private_dir(root, create=False) and private_dir(root / self.key, create=False):
+                yield root / self.key
+
+    def get_result(self, name: str) -> dict | None:
+        """A stored result, or None: missing, unreadable, not a JSON object, or in an untrusted place."""
+        for entry in self._trusted_entries():
             try:
-                return json.loads((root / self.key / f"{name}.json").read_text())
-            except (OSError, ValueError):
+                payload = json.loads(_read_regular_file(entry / f"{name}.json"))
+            except (OSError, ValueError, RecursionError):
                 continue
+            if isinstance(payload, dict) and payload:
+                return payload
         return None
 
     def put_result(self, name: str, payload: dict) -> bool:
         text = json.dumps(payload, default=_json_default)
-        for root in self.roots:
-            entry = root / self.key
-            if not entry.is_dir():
-                continue  # only next to a cached trace, so stale results go when the trace entry is replaced
+        for entry in self._trusted_entries():  # only next to a cached trace, so stale results go with it
             try:
                 tmp = entry / f".{name}.json.tmp"
                 tmp.write_text(text)
@@ -103,15 +156,38 @@ def load_cached(path: str | Path, progress: bool = False, cache: bool = True) ->
     return TraceCache(path).load(progress=progress)
 
 
-def _read(entry: Path, path: Path) -> Trace | None:
-    meta_path = entry / _META
-    if not meta_path.exists():
-        return None
+def _read_regular_file(path: Path) -> str:
+    """A file's text, refusing links, FIFOs and devices (which could block or never end)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
-        meta = json.loads(meta_path.read_text())
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(fd, "r", encoding="utf-8", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
+
+
+def _valid_meta(meta) -> bool:
+    if not isinstance(meta, dict) or any(key not in meta for key in _META_KEYS):
+        return False
+    lists = ("manifests", "events", "heartbeats", "skipped", "ranks_found", "ranks_missing")
+    return all(isinstance(meta[key], list) for key in lists) and isinstance(meta["world_size"], int | None)
+
+
+def _read(entry: Path, path: Path) -> Trace | None:
+    """The cached trace of ``entry``, or None for anything missing, unreadable or malformed (rebuilt then)."""
+    try:
+        meta = json.loads(_read_regular_file(entry / _META))
+        if not _valid_meta(meta):
+            return None
         tables = {name: _read_table(entry / f"{name}.arrow", TABLES[name]) for name in TABLES}
-    except (OSError, ValueError, pa.ArrowException):
+        return _trace_from(meta, tables, path)
+    except Exception:  # a bad cache is never a reason to fail: whatever it raises, the trace is loaded anew
         return None
+
+
+def _trace_from(meta: dict, tables: dict, path: Path) -> Trace:
     return Trace(
         path=path,
         **tables,
@@ -129,6 +205,8 @@ def _read(entry: Path, path: Path) -> Trace | None:
 def _read_table(path: Path, table: Table) -> pd.DataFrame:
     """Column by column, straight to the schema's dtypes: much faster than ``Table.to_pandas`` on tens of
     millions of rows, which rebuilds pandas' metadata and consolidates blocks."""
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise OSError(f"{path} is not a regular file")
     arrow = feather.read_table(path, memory_map=False)
     dtypes = {"rank": "int32", **table.dtypes}
     columns = {}
@@ -145,8 +223,9 @@ def _read_table(path: Path, table: Table) -> pd.DataFrame:
 
 
 def _write(root: Path, key: str, trace: Trace) -> bool:
+    if not private_dir(root, create=True):
+        return False
     try:
-        root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
     except OSError:
         return False
@@ -169,15 +248,29 @@ def _write(root: Path, key: str, trace: Trace) -> bool:
         os.replace(tmp, root / key)
     except (OSError, ValueError, TypeError, pa.ArrowException):
         shutil.rmtree(tmp, ignore_errors=True)
-        return (root / key).is_dir()  # another process may have written the same entry first
+        return private_dir(root / key, create=False)  # another process may have written the same entry first
     _remove_stale(root, keep=key)
     return True
 
 
 def _remove_stale(root: Path, keep: str) -> None:
-    for entry in root.iterdir():
-        if entry.name != keep:
-            shutil.rmtree(entry, ignore_errors=True)
+    """Remove the other entries of ``root``: only real directories of this user with a cache entry's name.
+    A link is never followed or deleted through, and nothing else in the directory is touched.
+    (``shutil.rmtree`` does not follow links inside the tree: ``rmtree.avoids_symlink_attacks`` on Linux.)"""
+    uid = os.geteuid()
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name == keep or not _ENTRY_NAME_RE.match(entry.name):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == uid:
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _json_default(value):
@@ -188,4 +281,4 @@ def _json_default(value):
     return str(value)
 
 
-__all__ = ["TraceCache", "load_cached", "signature", "cache_roots", "TraceError"]
+__all__ = ["TraceCache", "load_cached", "signature", "cache_roots", "user_cache_dir", "TraceError"]

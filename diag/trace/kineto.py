@@ -231,7 +231,9 @@ def _read_events(events, out: RankEvents) -> None:
                 out.cpu_colls.append((name[5:], float(e["ts"]), float(e["dur"])))
 
 
-def _rank_of(rank_events: RankEvents, notes: list[Skipped]) -> int | None:
+def _rank_of(rank_events: RankEvents, notes: list[Skipped], only_file: bool) -> int | None:
+    """The rank from distributedInfo, else from a rank<N> in the file name; the only file of a directory is rank 0
+    (the usual single-GPU profile has no distributedInfo); None where several files leave it unknown."""
     info = rank_events.meta.get("distributedInfo")
     if isinstance(info, dict) and isinstance(info.get("rank"), int | float):
         return int(info["rank"])
@@ -244,6 +246,15 @@ def _rank_of(rank_events: RankEvents, notes: list[Skipped]) -> int | None:
             )
         )
         return int(match.group(1))
+    if only_file:
+        notes.append(
+            Skipped(
+                str(rank_events.path),
+                "no distributedInfo.rank and no rank<N> in the file name: the only trace in the directory, "
+                "analysed as rank 0 of a single-process run",
+            )
+        )
+        return 0
     return None
 
 
@@ -265,7 +276,7 @@ def load_kineto(path: str | Path) -> Trace:
         except ValueError as exc:
             skipped.append(Skipped(str(file), f"{exc}; file skipped"))
             continue
-        rank = _rank_of(rank_events, skipped)
+        rank = _rank_of(rank_events, skipped, only_file=len(files) == 1)
         if rank is None:
             skipped.append(
                 Skipped(

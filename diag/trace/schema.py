@@ -192,14 +192,15 @@ THROTTLE_REASONS: dict[int, str] = {
 # Keys of manifest.json. Values may be null when unknown.
 MANIFEST_KEYS: dict[str, str] = {
     "schema_version": "SCHEMA_VERSION of the writer",
-    "run_id": "identifier shared by all ranks of one run (launcher's job id, or chosen by rank 0)",
+    "run_id": "identifier shared by all ranks of one run: DIAG_RUN_ID if set, else the job's id with its restart counts (`job`), else chosen by rank 0",
     "rank": "global rank",
     "local_rank": "rank on this host",
     "world_size": "number of ranks",
     "local_world_size": "ranks on this host",
     "host": "host name",
     "pid": "process id",
-    "launcher": "torchrun, slurm, mpi or none",
+    "launcher": "the process launcher whose variables gave the ranks: torchrun, slurm, mpi, pmi or none",
+    "job": "{scheduler, job_id, job_name, restarts} of the job: scheduler slurm (SLURM_JOB_ID, SLURM_JOB_NAME), kubernetes (JOBSET_NAME of a JobSet or Kubeflow TrainJob, or the Kubeflow PyTorchJob name from MASTER_ADDR `<job>-master-0` / PET_RDZV_ENDPOINT `<job>-worker-0`) or torchelastic (TORCHELASTIC_RUN_ID); restarts {slurm_requeue: SLURM_RESTART_COUNT, jobset_restart: JOBSET_RESTART_ATTEMPT, torchelastic_restart: TORCHELASTIC_RESTART_COUNT} when > 0, which add `-requeueN`, `-attemptN`, `-restartN` to run_id; null when no launcher names a job",
     "backend": "default process group backend (nccl, gloo, ...)",
     "device": "torch device string of this rank (cuda:3, cpu)",
     "device_name": "GPU product name, or the CPU model",

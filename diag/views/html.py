@@ -139,7 +139,13 @@ def _comms_figure(go, report):
         return None
     labels = [f"{c.op} {c.pg} {c.size_bucket}" for c in colls]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=labels, y=[c.total_time_s - c.wait_total_s for c in colls], name="transfer"))
+    fig.add_trace(
+        go.Bar(
+            x=labels,
+            y=[max(c.total_time_s - c.wait_total_s, 0) if c.total_time_s is not None else 0 for c in colls],
+            name="transfer",
+        )
+    )
     fig.add_trace(go.Bar(x=labels, y=[c.wait_total_s for c in colls], name="waiting for peers"))
     fig.update_layout(barmode="stack", title="Time in collectives (summed over ranks)", yaxis_title="s")
     return fig

@@ -80,6 +80,19 @@ def gib(nbytes) -> str:
     return "-" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
 
 
+def _us_ms(us) -> str:
+    """Collective durations are often well under a millisecond: two decimals."""
+    return "-" if us is None else f"{us / 1e3:.2f} ms"
+
+
+def _bytes(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024:
+            return f"{nbytes:.0f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} TiB"
+
+
 def num(value, fmt="{:.1f}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -95,6 +108,8 @@ def _run(report) -> Block:
     run, w = report.run, report.run.window
     block = Block("Run")
     block.lines.append(f"trace: {run.path}  run_id: {run.run_id or '-'}  device: {run.device_name or '-'}")
+    if run.launcher or run.job:
+        block.lines.append(f"launcher: {run.launcher or '-'}  job: {_job(run.job)}")
     block.lines.append(
         f"ranks: {len(run.ranks_found)} found of world size {run.world_size}"
         + (f"; missing: {_ranks(run.ranks_missing)}" if run.ranks_missing else "")
@@ -116,6 +131,18 @@ def _run(report) -> Block:
         if run.skipped_total > TOP_ROWS:
             block.lines.append(f"  ... {run.skipped_total - TOP_ROWS} more (see --format json)")
     return block
+
+
+def _job(job: dict | None) -> str:
+    if not job:
+        return "-"
+    text = f"{job.get('scheduler')} {job.get('job_id')}"
+    if job.get("job_name") and job.get("job_name") != job.get("job_id"):
+        text += f" ({job['job_name']})"
+    restarts = job.get("restarts") or {}
+    if restarts:
+        text += ", " + ", ".join(f"{what.replace('_', ' ')} {n}" for what, n in restarts.items())
+    return text
 
 
 def _findings(report) -> Block:
@@ -144,9 +171,8 @@ def _stragglers(report) -> Block:
     if s.note:
         block.lines.append(f"note: {s.note}")
     if not s.stragglers:
-        compared = not s.note or "not compared" not in s.note and "one rank only" not in s.note
-        if compared:
-            block.lines.append("No straggler: every rank's work per step is within 10% of the median rank's.")
+        if s.compared:
+            block.lines.append("No straggler: every rank's work per step is within 10% of the other ranks' median.")
         return block
     block.table = [["rank", "host", "gpu", "slowdown", "slow steps", "kind", "cause", "saved/step", "last arrival"]]
     for x in s.stragglers[:TOP_ROWS]:
@@ -195,7 +221,20 @@ def _comms(report) -> Block:
         block.lines.append(c.note)
     if c.collectives:
         block.table = [
-            ["op", "pg", "size", "count", "p50", "p99", "transfer p50", "algbw GB/s", "busbw GB/s", "wait s", "total s"]
+            [
+                "op",
+                "pg",
+                "size",
+                "count",
+                "bytes",
+                "p50",
+                "p99",
+                "transfer p50",
+                "algbw GB/s",
+                "busbw GB/s",
+                "wait s",
+                "total s",
+            ]
         ]
         for x in c.collectives[:TOP_ROWS]:
             block.table.append(
@@ -203,16 +242,21 @@ def _comms(report) -> Block:
                     x.op,
                     x.pg,
                     x.size_bucket,
-                    str(x.count),
-                    f"{x.duration_p50_us / 1e3:.2f} ms",
-                    f"{x.duration_p99_us / 1e3:.2f} ms",
-                    f"{x.transfer_p50_us / 1e3:.2f} ms",
+                    str(x.count) + ("" if x.timed_count == x.count else f" ({x.timed_count} timed)"),
+                    _bytes(x.bytes_total),
+                    _us_ms(x.duration_p50_us),
+                    _us_ms(x.duration_p99_us),
+                    _us_ms(x.transfer_p50_us),
                     num(x.algbw_gbps, "{:.3g}"),
                     num(x.busbw_gbps, "{:.3g}"),
-                    f"{x.wait_total_s:.1f}",
-                    f"{x.total_time_s:.1f}",
+                    f"{x.wait_total_s:.1f}" + ("*" if x.wait_from != "durations" else ""),
+                    num(x.total_time_s),
                 ]
             )
+        if any(x.wait_from != "durations" for x in c.collectives[:TOP_ROWS]):
+            block.lines.append("* waits (partly) from issue times: no duration recorded")
+        if len(c.collectives) > TOP_ROWS:
+            block.lines.append(f"{len(c.collectives) - TOP_ROWS} more rows in --format json")
     if c.per_rank:
         worst = sorted(c.per_rank, key=lambda r: r.wait_share_pct, reverse=True)[:3]
         least = sorted(c.per_rank, key=lambda r: r.wait_share_pct)[:3]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 
 from diag.analysis.report import analyze
 from diag.cli import main
+from diag.launch import run_ranks
 from diag.trace.loader import load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,3 +53,20 @@ def kinds(report: dict) -> list[str]:
 
 def findings_of(report: dict, kind: str) -> list[dict]:
     return [f for f in report["findings"] if f["kind"] == kind]
+
+
+PLANTED_JOB = Path(__file__).with_name("straggler_job.py")
+PLANTED_JOB_STEPS = 20
+PLANTED_JOB_WARMUP = 3  # the job's own step times, like diag's window, leave the warm-up out
+
+
+def run_planted_job(
+    trace_dir: Path, world: int, mode: str, slow_rank: int, extra_ms: float, bucket_cap_mb: float = 25.0
+) -> tuple[float, dict]:
+    """Run straggler_job.py to its end: (median step time in s as the job measured it, diag's JSON report)."""
+    argv = [str(PLANTED_JOB), str(trace_dir), str(PLANTED_JOB_STEPS), str(slow_rank), mode, str(extra_ms)]
+    results = run_ranks([*argv, str(bucket_cap_mb)], world, timeout_s=400)
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    step_s = json.loads(results[0].stdout.strip().splitlines()[-1])["step_s"]
+    return statistics.median(step_s[PLANTED_JOB_WARMUP:]), cli_json(trace_dir)

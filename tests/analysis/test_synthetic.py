@@ -309,4 +309,8 @@ def test_untimed_buckets_wait_for_the_latest_issue_on_rank_0s_clock():
         {"rank": [0, 1], "step": [0, 0], "comm_wait_us": [300, 200], "data_wait_us": 0, "duration_us": 9000}
     )
     report = analyze_comms(waits, steps, {"0": 2})
-    assert report.collectives == [] and "issue times" in report.note
+    # untimed, they are still in the table: counted, with their waits from issue times and no bandwidth
+    (row,) = report.collectives
+    assert (row.op, row.count, row.rows, row.timed_count, row.busbw_gbps) == ("all_reduce", 2, 4, 0, None)
+    assert row.wait_total_s == pytest.approx(500e-6) and row.wait_from == "issue times"
+    assert "issue times" in report.note

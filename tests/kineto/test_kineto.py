@@ -171,6 +171,22 @@ def test_bad_files_are_skipped_with_a_reason_and_the_rest_analysed(hta_fixtures,
     assert [r["rank"] for r in report["gpu_time"]["per_rank"]] == [0, 1]
 
 
+def test_a_lone_trace_without_rank_is_analysed_as_rank_0_and_said_so(hta_fixtures, tmp_path):
+    """The usual single-GPU profile (an AMD ROCm trace, say) has no distributedInfo: one file is one rank."""
+    plain = gzip.decompress((hta_fixtures / "nccl_parser_config" / "nccl_data.json.gz").read_bytes())
+    no_rank = json.loads(plain)
+    del no_rank["distributedInfo"]
+    (tmp_path / "profile.json").write_text(json.dumps(no_rank))
+    result = CliRunner().invoke(main, ["analyze", str(tmp_path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["run"]["ranks_found"] == [0]
+    (note,) = [s["reason"] for s in report["run"]["skipped"] if s["path"].endswith("profile.json")]
+    assert "analysed as rank 0" in note
+    text = CliRunner().invoke(main, ["analyze", str(tmp_path), "--no-cache"])
+    assert text.exit_code == 0 and "analysed as rank 0" in text.output, text.output
+
+
 def test_report_with_gpu_time_survives_the_cache_round_trip(hta_fixtures):
     report = analyze(load_kineto(hta_fixtures / "nccl_parser_config"))
     again = Report.from_state(json.loads(json.dumps(report.to_state())))

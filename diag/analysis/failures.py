@@ -1,0 +1,185 @@
+"""Failures: steps that raised and ranks that ended abnormally, from what capture records.
+
+Capture writes a ``step_error`` (or ``oom``) event when an exception leaves ``diag.step()``, still writes the
+failed step's timings (its time was spent), and the watchdog's heartbeat keeps how the process ended
+(``exit``: exception with its message, SIGTERM, exit without ``diag.finish``). A failed step's timings say how
+long a rank took to fail, not how fast it works: the window leaves such steps out, so they never make a
+straggler, and the failures themselves become the run's first finding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+ERROR_KINDS = ("step_error", "oom")  # and any event kind ending in "_error" (e.g. a collective that raised)
+ABNORMAL_EXITS = ("exception", "terminated", "exited_without_finish")
+# exiting without diag.finish and without an error may be a sys.exit or a forgotten finish: a note, not a crash
+QUIET_EXIT = "exited_without_finish"
+MAX_LISTED = 200
+TITLE_ERROR_CHARS = 160
+
+
+@dataclass
+class StepFailure:
+    rank: int
+    step: int | None  # None: raised outside any step
+    kind: str  # step_error, oom, or the event's own *_error kind
+    error: str  # the exception as capture recorded it
+    time_us: float | None  # on rank 0's clock
+
+
+@dataclass
+class RankExit:
+    rank: int
+    how: str  # exception, terminated, exited_without_finish, stopped_after_error
+    error: str | None
+    last_step: int | None  # last step this rank finished
+
+
+@dataclass
+class FailureReport:
+    step_errors: list[StepFailure] = field(default_factory=list)  # earliest first
+    exits: list[RankExit] = field(default_factory=list)  # ranks that ended abnormally
+    failed_steps: list[int] = field(default_factory=list)  # steps in which any rank raised
+
+    @property
+    def first(self) -> StepFailure | None:
+        return self.step_errors[0] if self.step_errors else None
+
+    @property
+    def crashed(self) -> list[RankExit]:
+        return [e for e in self.exits if e.how != QUIET_EXIT or e.error]
+
+    def notes(self) -> list[str]:
+        quiet = [e.rank for e in self.exits if e.how == QUIET_EXIT and not e.error]
+        if not quiet:
+            return []
+        return [
+            f"{'ranks' if len(quiet) > 1 else 'rank'} {_ranks(quiet)} exited without diag.finish() and without an "
+            "error (sys.exit, or diag.finish() not called): their last rows may be missing"
+        ]
+
+
+def find_failures(
+    events: pd.DataFrame,
+    heartbeats: pd.DataFrame,
+    manifests: pd.DataFrame,
+    clock_offsets_us: dict[int, float] | None = None,
+) -> FailureReport:
+    report = FailureReport(step_errors=_step_errors(events, clock_offsets_us or {}))
+    report.failed_steps = sorted({f.step for f in report.step_errors if f.step is not None})
+    report.exits = _abnormal_exits(heartbeats, manifests, report.step_errors)
+    return report
+
+
+def _step_errors(events: pd.DataFrame, offsets: dict[int, float]) -> list[StepFailure]:
+    if events.empty or "kind" not in events:
+        return []
+    kind = events["kind"].astype(str)
+    errors = events[kind.isin(ERROR_KINDS) | kind.str.endswith("_error")]
+    out = []
+    for row in errors.to_dict("records"):
+        rank = int(row["rank"])
+        text = _text(row.get("error")) or _text(row.get("message")) or row["kind"]
+        time_us = row.get("time_us")
+        time_us = None if _missing(time_us) else float(time_us) - offsets.get(rank, 0.0)
+        step = row.get("step")
+        out.append(StepFailure(rank, None if _missing(step) else int(step), str(row["kind"]), text, time_us))
+    # the earliest failure is usually the cause; the others' errors (a peer's closed connection) follow it
+    return sorted(out, key=lambda f: (f.time_us is None, f.time_us or 0.0, f.rank))
+
+
+def _abnormal_exits(heartbeats: pd.DataFrame, manifests: pd.DataFrame, errors: list[StepFailure]) -> list[RankExit]:
+    exits: dict[int, RankExit] = {}
+    if not heartbeats.empty and "exit" in heartbeats:
+        for row in heartbeats.to_dict("records"):
+            record = row.get("exit")
+            if isinstance(record, dict) and record.get("how") in ABNORMAL_EXITS:
+                last = row.get("last_step")
+                rank = int(row["rank"])
+                exits[rank] = RankExit(rank, str(record["how"]), _text(record.get("error")), _int_or_none(last))
+    # without the watchdog: a rank whose last recorded step raised and that never reached diag.finish
+    finished = _finished_ranks(manifests)
+    last_error: dict[int, StepFailure] = {}
+    for failure in errors:
+        last_error[failure.rank] = failure
+    for rank, failure in last_error.items():
+        if rank not in exits and rank not in finished and failure.step is not None:
+            exits[rank] = RankExit(rank, "stopped_after_error", failure.error, failure.step - 1)
+    return [exits[r] for r in sorted(exits)]
+
+
+def failure_findings(report: FailureReport) -> list[dict]:
+    """One finding for the run's failures: the first error named, the ranks that ended, the failed steps."""
+    crashed = report.crashed
+    if not report.step_errors and not crashed:
+        return []
+    first = report.first
+    ended = [e.rank for e in crashed]
+    if first is not None:
+        where = f"in step {first.step}" if first.step is not None else "outside any step"
+        verb = "crashed" if first.rank in ended else "failed"
+        title = f"Rank {first.rank} {verb} {where}: {_short(first.error)}"
+    else:
+        exit_ = crashed[0]
+        title = f"Rank {exit_.rank} ended abnormally ({exit_.how}): {_short(exit_.error or '')}".rstrip(": ")
+    evidence = []
+    if ended:
+        evidence.append(f"ranks that ended without finishing: {_ranks(ended)}")
+    for failure in report.step_errors[1:6]:
+        where = f"step {failure.step}" if failure.step is not None else "outside any step"
+        evidence.append(f"then rank {failure.rank} in {where}: {_short(failure.error)}")
+    if len(report.step_errors) > 6:
+        evidence.append(f"... {len(report.step_errors) - 6} more errors (see --format json, run.step_errors)")
+    for exit_ in crashed:
+        if exit_.error and not any(f.rank == exit_.rank for f in report.step_errors):
+            evidence.append(f"rank {exit_.rank} ended ({exit_.how}): {_short(exit_.error)}")
+    if report.failed_steps:
+        evidence.append(
+            f"failed steps left out of every other analysis: {_ranks(report.failed_steps)} "
+            "(a failed step's time is how long it took to fail)"
+        )
+    return [
+        {
+            "kind": "crash" if ended else "step_error",
+            "severity": "high",
+            "title": title,
+            "ranks": sorted({f.rank for f in report.step_errors} | set(ended)),
+            "time_lost_s": 0.0,
+            "time_lost_per_step_s": 0.0,
+            "evidence": evidence,
+            "advice": "Fix the first error: the others usually follow from it (a peer's closed connection or "
+            "timeout). diag triage shows each rank's stacks and pending collectives at the end.",
+        }
+    ]
+
+
+def _finished_ranks(manifests: pd.DataFrame) -> set[int]:
+    if manifests.empty or "finished" not in manifests or "rank" not in manifests:
+        return set()
+    done = manifests["finished"].map(lambda v: v is True)
+    return {int(r) for r in manifests.loc[done, "rank"]}
+
+
+def _text(value) -> str | None:
+    return None if _missing(value) else str(value)
+
+
+def _missing(value) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and value != value)
+
+
+def _int_or_none(value) -> int | None:
+    return None if _missing(value) else int(value)
+
+
+def _short(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= TITLE_ERROR_CHARS else text[: TITLE_ERROR_CHARS - 3] + "..."
+
+
+def _ranks(values: list[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (f" and {len(values) - limit} more" if len(values) > limit else "")

@@ -1,0 +1,114 @@
+"""A crashed run is reported as a crash, with the exception, and its failed steps never make a straggler.
+
+The real case: FSDP1 with CPUOffload on CPU-only torch failed in step 0 and `diag analyze` said "[high] Rank 0
+is a persistent straggler (compute) +72%" without a word about the crash. Here a real 3-rank gloo DDP job
+raises in rank 1's forward at step 2; the other ranks then fail in the gradient all-reduce."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from diag.analysis.failures import failure_findings, find_failures
+from diag.launch import run_ranks
+from tests.analysis.helpers import PLANTED_JOB, cli_json, run_cli
+
+FAIL_AT_STEP = 2  # straggler_job.py's FAIL_AT_STEP
+WORLD = 3
+
+
+@pytest.fixture(scope="module")
+def crashed_run(tmp_path_factory):
+    trace_dir = tmp_path_factory.mktemp("crashed")
+    results = run_ranks([str(PLANTED_JOB), str(trace_dir), "10", "1", "raise", "0"], WORLD, timeout_s=300)
+    assert all(r.returncode not in (0, None) for r in results)  # every rank ended with an error, none hung
+    assert "planted failure" in results[1].stderr
+    return trace_dir
+
+
+def test_crash_is_the_first_finding_with_its_exception(crashed_run):
+    report = cli_json(crashed_run)
+    top = report["findings"][0]
+    assert top["kind"] == "crash" and top["severity"] == "high"
+    assert top["title"].startswith(f"Rank 1 crashed in step {FAIL_AT_STEP}: RuntimeError")
+    assert "planted failure: CPUOffload needs a CUDA device" in top["title"]
+    assert top["ranks"] == [0, 1, 2]
+    # the others' errors follow it, and say why (the crashed peer closed its connection)
+    assert any(e.startswith("then rank 0 in step 2") and "Connection closed" in e for e in top["evidence"])
+    first = report["run"]["step_errors"][0]
+    assert (first["rank"], first["step"], first["kind"]) == (1, FAIL_AT_STEP, "step_error")
+    assert {e["rank"]: e["how"] for e in report["run"]["rank_exits"]} == {
+        0: "exception",
+        1: "exception",
+        2: "exception",
+    }
+    assert "planted failure" in report["run"]["rank_exits"][1]["error"]
+
+
+def test_failed_step_is_left_out_and_makes_no_straggler(crashed_run):
+    report = cli_json(crashed_run)
+    window = report["run"]["window"]
+    assert window["failed_steps_excluded"] == [FAIL_AT_STEP]
+    assert window["last_step"] < FAIL_AT_STEP
+    assert not [f for f in report["findings"] if f["kind"] in ("straggler", "transient_straggler")]
+    assert report["stragglers"] == [] and report["straggler_method"]["compared"] is False
+
+
+def test_text_report_names_the_crash(crashed_run):
+    result = run_cli(crashed_run, "--no-cache")
+    assert result.exit_code == 0, result.output
+    assert "1. [high] Rank 1 crashed in step 2: RuntimeError" in result.stdout
+    assert "steps in which a rank raised were left out" in result.stdout
+
+
+def _events(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows)
+
+
+def test_step_error_without_watchdog_or_exit_record_still_counts():
+    """watchdog=False: no heartbeat; the rank's last step raised and it never ran diag.finish."""
+    events = _events(
+        [
+            {"rank": 0, "time_us": 2_000, "kind": "oom", "step": 7, "message": "CUDA out of memory. Tried to allocate"},
+            {"rank": 1, "time_us": 1_000, "kind": "watchdog_dump", "step": None},
+        ]
+    )
+    manifests = pd.DataFrame({"rank": [0, 1], "finished": [False, True]})
+    failures = find_failures(events, pd.DataFrame(), manifests)
+    assert failures.failed_steps == [7]
+    assert [(e.rank, e.how, e.last_step) for e in failures.exits] == [(0, "stopped_after_error", 6)]
+    (finding,) = failure_findings(failures)
+    assert finding["kind"] == "crash" and "out of memory" in finding["title"]
+
+
+def test_errors_a_rank_survived_are_step_errors_not_a_crash():
+    """The user caught the exception and went on (e.g. skipped a bad batch): the steps failed, the run did not."""
+    events = _events(
+        [
+            {"rank": 2, "time_us": 5_000, "kind": "step_error", "step": 4, "error": "ValueError('bad batch')"},
+            {"rank": 2, "time_us": 9_000, "kind": "collective_error", "step": 9, "error": "RuntimeError('timeout')"},
+        ]
+    )
+    manifests = pd.DataFrame({"rank": [0, 1, 2], "finished": [True, True, True]})
+    failures = find_failures(events, pd.DataFrame(), manifests)
+    assert failures.failed_steps == [4, 9] and failures.exits == []
+    (finding,) = failure_findings(failures)
+    assert finding["kind"] == "step_error" and finding["title"] == "Rank 2 failed in step 4: ValueError('bad batch')"
+
+
+def test_a_clean_run_has_no_failure_finding():
+    assert failure_findings(find_failures(pd.DataFrame(), pd.DataFrame(), pd.DataFrame())) == []
+
+
+def test_exit_without_finish_and_without_error_is_a_note_not_a_crash():
+    heartbeats = pd.DataFrame([{"rank": 0, "last_step": 99, "exit": {"how": "exited_without_finish"}}])
+    failures = find_failures(pd.DataFrame(), heartbeats, pd.DataFrame({"rank": [0], "finished": [False]}))
+    assert [(e.rank, e.how) for e in failures.exits] == [(0, "exited_without_finish")]
+    assert failure_findings(failures) == []
+    assert "exited without diag.finish()" in failures.notes()[0]
+
+
+def test_sigterm_without_step_error_is_a_crash():
+    heartbeats = pd.DataFrame([{"rank": 3, "last_step": 41, "exit": {"how": "terminated", "signal": "SIGTERM"}}])
+    (finding,) = failure_findings(find_failures(pd.DataFrame(), heartbeats, pd.DataFrame()))
+    assert finding["kind"] == "crash" and finding["title"] == "Rank 3 ended abnormally (terminated)"
