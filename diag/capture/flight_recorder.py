@@ -117,9 +117,10 @@ class FlightRecorderFollower:
     anything issued from C++). The ring buffer keeps the last TORCH_FR_BUFFER_SIZE entries (2000 by default),
     shared by every process group, and a dump decodes all of them, about 14 us per entry, on this thread. A
     thread checks the groups' sequence counters every ``CHECK_INTERVAL_S`` and reads the ring when something is
-    new and ``read_interval_s`` (1 s) has passed, or at once when ``READ_AT_FILL`` of the ring is new (checking
-    more often when collectives come faster than a quarter ring per check); a SIGTERM and finish read it once
-    more. So a SIGKILL loses about ``read_interval_s`` + ``flush_interval_s`` of these rows. A ring overtaken
+    new and ``read_interval_s`` (1 s; longer where one read costs over ``MAX_READ_SHARE`` of it) has passed, or
+    at once when ``READ_AT_FILL`` of the ring is new (checking more often when collectives come faster than a
+    quarter ring per check); a SIGTERM and finish read it once more. So a SIGKILL loses about
+    ``read_interval_s`` + ``flush_interval_s`` of these rows. A ring overtaken
     between two reads is one warning with the count lost (raise TORCH_FR_BUFFER_SIZE).
     Entries younger than ``SETTLE_NS`` wait for the next read: a Python wrapper marks its collective as seen
     just after issuing it."""
@@ -127,6 +128,7 @@ class FlightRecorderFollower:
     CHECK_INTERVAL_S = 0.25
     MIN_CHECK_INTERVAL_S = 0.005
     READ_AT_FILL = 0.5
+    MAX_READ_SHARE = 0.05  # of the time between two time-based reads, spent reading
     SETTLE_NS = 100_000_000
 
     def __init__(self, recorder, steps: StepSpans, open_step, read_interval_s: float = 1.0):
@@ -143,6 +145,7 @@ class FlightRecorderFollower:
         self._issued_at_read = 0
         self._read_at = time.monotonic()
         self.reads = 0
+        self._last_read_s = 0.0
         self.entries_lost = 0  # collectives the ring dropped before a read (warned about once)
         self.read_s = 0.0  # thread time spent reading: what following costs (docs/benchmarks.md)
         self._lock = threading.Lock()
@@ -179,12 +182,17 @@ class FlightRecorderFollower:
                 checked_at, issued_at_check = now, issued
                 new = issued - self._issued_at_read
                 due = new >= self.READ_AT_FILL * self._ring_size
-                if due or (new > 0 and now - self._read_at >= self.read_interval_s):
+                if due or (new > 0 and now - self._read_at >= self._time_based_interval_s()):
                     self._issued_at_read = issued
                     self.read(final=False)
             except Exception as exc:
                 warn_once("flight-recorder-follow", f"stopped reading Flight Recorder while running ({exc!r})")
                 return
+
+    def _time_based_interval_s(self) -> float:
+        """``read_interval_s``, longer where one read costs more than MAX_READ_SHARE of it (a ring of tens of
+        thousands of entries): a whole-ring dump holds the GIL the training thread needs."""
+        return max(self.read_interval_s, self._last_read_s / self.MAX_READ_SHARE)
 
     def _next_wait_s(self, issued_per_s: float) -> float:
         """Check often enough that a quarter of the ring at most fills between two checks: a job issuing
@@ -234,7 +242,8 @@ class FlightRecorderFollower:
                 for row in rows:
                     self.recorder.session.writer.append("collectives", row)
             self.reads += 1
-            self.read_s += time.thread_time() - started
+            self._last_read_s = time.thread_time() - started
+            self.read_s += self._last_read_s
             return len(rows)
 
     def _rows(self, entries: list[dict], until_ns: int | None) -> list[tuple]:
