@@ -172,6 +172,12 @@ class CollectiveRecorder:
     def pending(self) -> list[dict]:
         return [e.as_dict() for e in list(self._pending.values())]
 
+    def unsequenced_since_ns(self) -> int | None:
+        """Wall-clock start (ns) of the oldest blocking collective still in progress: it is marked seen only when
+        it returns, so Flight Recorder entries from then on may be one it will record itself."""
+        starts = [e.start_us for e in list(self._pending.values()) if e.blocking]
+        return min(starts) * 1000 if starts else None
+
     def flush_pending(self) -> None:
         """At finish: ops that never completed are written with an empty duration."""
         self.device_times.drain()

@@ -237,7 +237,7 @@ class FlightRecorderFollower:
             if dump:
                 entries = dump.get("entries", [])
                 self._ring_size = max(self._ring_size, len(entries))
-                until_ns = None if final else time.time_ns() - self.SETTLE_NS
+                until_ns = None if final else self._settled_until_ns()
                 rows = self._rows(entries, until_ns)
                 for row in rows:
                     self.recorder.session.writer.append("collectives", row)
@@ -245,6 +245,13 @@ class FlightRecorderFollower:
             self._last_read_s = time.thread_time() - started
             self.read_s += self._last_read_s
             return len(rows)
+
+    def _settled_until_ns(self) -> int:
+        """Entries issued before this are the follower's to write: older than SETTLE_NS, and older than any
+        blocking Python-side collective still in progress (a slow first all_reduce waiting for a late rank)."""
+        until_ns = time.time_ns() - self.SETTLE_NS
+        unsequenced_ns = self.recorder.unsequenced_since_ns()
+        return until_ns if unsequenced_ns is None else min(until_ns, unsequenced_ns - 1_000_000)
 
     def _rows(self, entries: list[dict], until_ns: int | None) -> list[tuple]:
         seen = self.recorder.seen_seqs
