@@ -6,7 +6,7 @@ import inspect
 from contextlib import nullcontext
 
 from diag._warn import warn_once
-from diag.capture.session import DisabledSession, Session
+from diag.capture.session import DisabledSession, Session, validate_options
 
 _DISABLED = DisabledSession()
 _current: Session | DisabledSession = _DISABLED
@@ -22,6 +22,7 @@ def init(trace_dir, **options) -> Session | DisabledSession:
     unknown = set(options) - set(inspect.signature(Session.__init__).parameters)
     if unknown:  # a misspelt option is the caller's bug: say so at once, before training starts
         raise TypeError(f"diag.init got unknown options {sorted(unknown)}")
+    validate_options(**options)  # a plainly wrong value is a ValueError now, not capture silently hurting
     try:
         _current = Session(trace_dir, **options)
     except Exception as exc:

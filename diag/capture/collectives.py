@@ -16,6 +16,7 @@ from Flight Recorder (TORCH_NCCL_ENABLE_TIMING=1) instead.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
@@ -87,7 +88,9 @@ class CollectiveRecorder:
         self._counts_p2p_in_seq: dict[str, bool] = {}  # does the group's c10d counter include p2p ops?
         self.seen_seqs: dict[str, set[int]] = {}  # recent collective seqs per group, to fill gaps at finish
         self.device_times = DeviceDurationJoin(self._write)
-        self.flight_recorder = FlightRecorderFollower(self, session.step_spans, session.open_step)
+        self.flight_recorder = FlightRecorderFollower(
+            self, session.step_spans, session.open_step, max(1.0, session.writer.flush_interval_s)
+        )
         self._device_timed: set[str] = set()  # NCCL groups whose durations come from the completion hook
         # per step: latest issue and latest completion of asynchronous ops, for their exposed wait
         self._async_last_issue_ns = 0
@@ -168,6 +171,12 @@ class CollectiveRecorder:
 
     def pending(self) -> list[dict]:
         return [e.as_dict() for e in list(self._pending.values())]
+
+    def unsequenced_since_ns(self) -> int | None:
+        """Wall-clock start (ns) of the oldest blocking collective still in progress: it is marked seen only when
+        it returns, so Flight Recorder entries from then on may be one it will record itself."""
+        starts = [e.start_us for e in list(self._pending.values()) if e.blocking]
+        return min(starts) * 1000 if starts else None
 
     def flush_pending(self) -> None:
         """At finish: ops that never completed are written with an empty duration."""
@@ -359,7 +368,35 @@ def install_wrappers() -> None:
             setattr(c10d, name, wrapper)
             if getattr(dist, name, None) is original:
                 setattr(dist, name, wrapper)
+        _install_functional_wait()
         _installed = True
+
+
+def _install_functional_wait() -> None:
+    """Time the host's waits on functional collectives (DTensor, tensor parallel): issued from C++, they
+    reach the trace through Flight Recorder, but their waits happen in ``wait_tensor``, which
+    ``AsyncCollectiveTensor`` looks up in its module at each wait. The waited time is the step's exposed
+    communication (``comm_wait_us``), as for a blocking ``dist.all_reduce``. Two clock reads per wait."""
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except Exception:  # a torch without functional collectives
+        return
+    original = getattr(funcol, "wait_tensor", None)
+    if original is None or getattr(original, "__diag_wrapped__", False):
+        return
+
+    @functools.wraps(original)
+    def wait_tensor(tensor):
+        recorder = _active
+        if recorder is None:
+            return original(tensor)
+        start_ns = time.perf_counter_ns()
+        result = original(tensor)
+        _safely(recorder.session.add_comm_wait, (time.perf_counter_ns() - start_ns) / 1000)
+        return result
+
+    wait_tensor.__diag_wrapped__ = True
+    funcol.wait_tensor = wait_tensor
 
 
 def _make_wrapper(name: str, original):
@@ -388,7 +425,7 @@ def _make_wrapper(name: str, original):
             if is_p2p:
                 peer = argument(args, kwargs, "dst") if "dst" in positions else argument(args, kwargs, "src")
             tensors = argument(args, kwargs, input_param) if input_param else None
-            token = recorder.begin(op, group, tensors, peer, blocking, "py")
+            token = recorder.begin(op, group, tensors, peer, blocking, getattr(_local, "source", "py"))
         except Exception as exc:
             warn_once("collective-record", f"could not record a {name} ({exc!r}); it runs unrecorded")
         _local.depth = getattr(_local, "depth", 0) + 1
@@ -491,7 +528,7 @@ class LastGradientWait:
         self._handles.clear()
 
 
-def install_ddp_hook(ddp_model, recorder_getter) -> bool:
+def install_ddp_hook(ddp_model, recorder_getter, on_user_hook=None) -> bool:
     """Register a communication hook on a DDP model that does DDP's own averaging all-reduce and records it.
     Returns False (and DDP keeps its built-in path) if the model already has a hook.
 
@@ -517,7 +554,11 @@ def install_ddp_hook(ddp_model, recorder_getter) -> bool:
         buffer.div_(group_size)
         return group.allreduce([buffer])
 
+    user = {}  # the user's own hook once registered: {"hook": ..., "state": ...}
+
     def hook(_state, bucket):
+        if user:
+            return _call_user_hook(user["hook"], user["state"], bucket)
         buffer = bucket.buffer()
         recorder = recorder_getter()
         token = None
@@ -539,7 +580,60 @@ def install_ddp_hook(ddp_model, recorder_getter) -> bool:
 
     try:
         ddp_model.register_comm_hook(None, hook)
+        _take_over_hook_registration(ddp_model, user, on_user_hook)
         return True
     except RuntimeError as exc:
-        warn_once("ddp-hook", f"DDP already has a communication hook ({exc}); its buckets are not recorded")
+        warn_once(
+            "ddp-hook",
+            f"DDP already has a communication hook ({exc}); its collectives are recorded as issued, not timed "
+            "per bucket (register it after diag.instrument to have diag time around it)",
+        )
         return False
+
+
+def _call_user_hook(user_hook, state, bucket):
+    """Run the user's communication hook (PowerSGD, fp16/bf16 compression) in diag's place, unchanged: the
+    collectives it issues through torch.distributed are recorded by the wrappers, labelled ``ddp``, with
+    their real sizes and dtypes (a compressed bucket is half the bytes), each with its own sequence number."""
+    previous = getattr(_local, "source", None)
+    _local.source = "ddp"
+    try:
+        return user_hook(state, bucket)
+    finally:
+        if previous is None:
+            del _local.source
+        else:
+            _local.source = previous
+
+
+def _take_over_hook_registration(ddp_model, user: dict, on_user_hook) -> None:
+    """DDP accepts one communication hook and diag's is registered: a user's later
+    ``register_comm_hook`` / ``_register_builtin_comm_hook`` would raise "can only be called once". On this
+    model, they record the user's hook instead, which diag's hook then calls in its place (DDP's checks and
+    its once-only rule kept)."""
+    import torch.distributed as dist
+
+    def register_comm_hook(state, hook):
+        if user:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+        ddp_model._check_comm_hook(hook)
+        with contextlib.suppress(Exception):  # DDP's usage logging only
+            ddp_model.logger._set_comm_hook_name(hook.__qualname__)
+        ddp_model._comm_hooks.append((hook, state))
+        user.update(hook=hook, state=state)
+        if on_user_hook is not None:
+            _safely(on_user_hook)
+
+    def register_builtin_comm_hook(comm_hook_type):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        builtin = {
+            dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+            dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+        }.get(comm_hook_type)
+        if builtin is None:
+            raise RuntimeError(f"unknown built-in communication hook {comm_hook_type}")
+        register_comm_hook(ddp_model.process_group, builtin)
+
+    ddp_model.register_comm_hook = register_comm_hook
+    ddp_model._register_builtin_comm_hook = register_builtin_comm_hook

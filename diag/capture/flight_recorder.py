@@ -113,20 +113,25 @@ class StepSpans:
 class FlightRecorderFollower:
     """Writes the Flight Recorder entries the Python-side recorder did not see, while the job runs.
 
-    The ring buffer keeps the last TORCH_FR_BUFFER_SIZE entries (2000 by default), shared by every process
-    group, and a dump decodes all of them, about 14 us per entry. So it is not read every step: a thread checks
-    the groups' sequence counters every ``CHECK_INTERVAL_S`` and reads the ring once ``READ_AT_FILL`` of it is
-    new (about 19 us of dump per collective, whatever the ring's size), or every ``MAX_INTERVAL_S``; finish
-    reads it once more. With the default ring, only a job issuing more than about 2000 collectives a second
-    overtakes it (a warning says so; raise TORCH_FR_BUFFER_SIZE then). Entries younger than ``SETTLE_NS`` wait for the next read: a Python wrapper marks its
-    collective as seen just after issuing it."""
+    Started at ``diag.init`` whatever the parallelism (DDP's C++ buckets, DTensor and functional collectives,
+    anything issued from C++). The ring buffer keeps the last TORCH_FR_BUFFER_SIZE entries (2000 by default),
+    shared by every process group, and a dump decodes all of them, about 14 us per entry, on this thread. A
+    thread checks the groups' sequence counters every ``CHECK_INTERVAL_S`` and reads the ring when something is
+    new and ``read_interval_s`` (1 s; longer where one read costs over ``MAX_READ_SHARE`` of it) has passed, or
+    at once when ``READ_AT_FILL`` of the ring is new (checking more often when collectives come faster than a
+    quarter ring per check); a SIGTERM and finish read it once more. So a SIGKILL loses about
+    ``read_interval_s`` + ``flush_interval_s`` of these rows. A ring overtaken
+    between two reads is one warning with the count lost (raise TORCH_FR_BUFFER_SIZE).
+    Entries younger than ``SETTLE_NS`` wait for the next read: a Python wrapper marks its collective as seen
+    just after issuing it."""
 
     CHECK_INTERVAL_S = 0.25
-    READ_AT_FILL = 0.75
-    MAX_INTERVAL_S = 30.0
+    MIN_CHECK_INTERVAL_S = 0.005
+    READ_AT_FILL = 0.5
+    MAX_READ_SHARE = 0.05  # of the time between two time-based reads, spent reading
     SETTLE_NS = 100_000_000
 
-    def __init__(self, recorder, steps: StepSpans, open_step):
+    def __init__(self, recorder, steps: StepSpans, open_step, read_interval_s: float = 1.0):
         self.recorder = recorder
         self.steps = steps
         self._open_step = open_step  # () -> (start_ns, step) of the step in progress, or None
@@ -134,20 +139,23 @@ class FlightRecorderFollower:
         self.ddp_groups: dict[str, object] = {}  # pg name -> group whose DDP buckets come from here
         self._done: dict[str, int] = {}  # per group, the highest seq written or found already recorded
         self._ring_size = _ring_size_from_environment()
+        # at most this long between a collective and its row reaching the writer (then flush_interval_s to
+        # the disk): what a SIGKILL loses. Reads only when something is new, on this thread, not training's.
+        self.read_interval_s = max(float(read_interval_s), self.CHECK_INTERVAL_S)
         self._issued_at_read = 0
         self._read_at = time.monotonic()
         self.reads = 0
+        self._last_read_s = 0.0
+        self.entries_lost = 0  # collectives the ring dropped before a read (warned about once)
         self.read_s = 0.0  # thread time spent reading: what following costs (docs/benchmarks.md)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def follow_ddp(self, pg_name: str, group) -> None:
-        """Take DDP's buckets in this group from Flight Recorder, and read it while the job runs."""
+        """Take DDP's buckets in this group from Flight Recorder (labelled ``ddp``)."""
         self.ddp_groups[pg_name] = group
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="diag-flight-recorder", daemon=True)
-            self._thread.start()
+        self.start()
 
     def stop(self) -> int:
         """At finish: stop the thread and write everything still unwritten. Returns the rows written."""
@@ -156,18 +164,57 @@ class FlightRecorderFollower:
             self._thread.join(timeout=5)
         return self.read(final=True)
 
+    def start(self) -> None:
+        """Follow the ring while the job runs, whatever the parallelism: DDP's buckets, DTensor's and the
+        functional collectives' ops and anything else issued from C++ are only seen here."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="diag-flight-recorder", daemon=True)
+            self._thread.start()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.CHECK_INTERVAL_S):
+        self._safely_note_baseline()
+        wait_s, checked_at, issued_at_check = self.CHECK_INTERVAL_S, time.monotonic(), 0
+        while not self._stop.wait(wait_s):
             try:
                 issued = self._issued_in_all_groups()
+                now = time.monotonic()
+                wait_s = self._next_wait_s((issued - issued_at_check) / max(now - checked_at, 1e-3))
+                checked_at, issued_at_check = now, issued
                 new = issued - self._issued_at_read
                 due = new >= self.READ_AT_FILL * self._ring_size
-                if due or (new > 0 and time.monotonic() - self._read_at >= self.MAX_INTERVAL_S):
+                if due or (new > 0 and now - self._read_at >= self._time_based_interval_s()):
                     self._issued_at_read = issued
                     self.read(final=False)
             except Exception as exc:
                 warn_once("flight-recorder-follow", f"stopped reading Flight Recorder while running ({exc!r})")
                 return
+
+    def _time_based_interval_s(self) -> float:
+        """``read_interval_s``, longer where one read costs more than MAX_READ_SHARE of it (a ring of tens of
+        thousands of entries): a whole-ring dump holds the GIL the training thread needs."""
+        return max(self.read_interval_s, self._last_read_s / self.MAX_READ_SHARE)
+
+    def _next_wait_s(self, issued_per_s: float) -> float:
+        """Check often enough that a quarter of the ring at most fills between two checks: a job issuing
+        collectives faster than CHECK_INTERVAL_S allows (a small ring, tensor parallel's many small ops) is
+        read before the ring overtakes it. The counters are cheap; the reads stay one per half ring."""
+        if issued_per_s <= 0:
+            return self.CHECK_INTERVAL_S
+        return min(self.CHECK_INTERVAL_S, max(self.MIN_CHECK_INTERVAL_S, 0.25 * self._ring_size / issued_per_s))
+
+    def _safely_note_baseline(self) -> None:
+        """Each group's last collective issued before diag started: the next one is the first to account for,
+        so a ring that overtook the first read is seen as such (not taken for a group's first sighting)."""
+        try:
+            dump = own_dump(stack_traces=False) or {}
+            with self._lock:
+                for entry in dump.get("entries", []):
+                    if entry.get("is_p2p") or (entry.get("time_created_ns") or 0) >= self.since_ns:
+                        continue
+                    pg = str(entry.get("process_group", ("",))[0])
+                    self._done[pg] = max(self._done.get(pg, 0), int(entry.get("collective_seq_id", -1)))
+        except Exception as exc:
+            warn_once("flight-recorder-follow", f"cannot read Flight Recorder ({exc!r}); C++ collectives may be lost")
 
     def _issued_in_all_groups(self) -> int:
         """Operations issued so far in every process group: they all share the ring."""
@@ -190,13 +237,21 @@ class FlightRecorderFollower:
             if dump:
                 entries = dump.get("entries", [])
                 self._ring_size = max(self._ring_size, len(entries))
-                until_ns = None if final else time.time_ns() - self.SETTLE_NS
+                until_ns = None if final else self._settled_until_ns()
                 rows = self._rows(entries, until_ns)
                 for row in rows:
                     self.recorder.session.writer.append("collectives", row)
             self.reads += 1
-            self.read_s += time.thread_time() - started
+            self._last_read_s = time.thread_time() - started
+            self.read_s += self._last_read_s
             return len(rows)
+
+    def _settled_until_ns(self) -> int:
+        """Entries issued before this are the follower's to write: older than SETTLE_NS, and older than any
+        blocking Python-side collective still in progress (a slow first all_reduce waiting for a late rank)."""
+        until_ns = time.time_ns() - self.SETTLE_NS
+        unsequenced_ns = self.recorder.unsequenced_since_ns()
+        return until_ns if unsequenced_ns is None else min(until_ns, unsequenced_ns - 1_000_000)
 
     def _rows(self, entries: list[dict], until_ns: int | None) -> list[tuple]:
         seen = self.recorder.seen_seqs
@@ -208,7 +263,7 @@ class FlightRecorderFollower:
         for entry in fresh:
             pg = str(entry.get("process_group", ("",))[0])
             seq = int(entry.get("collective_seq_id", -1))
-            done = self._done.setdefault(pg, seq - 1)  # a group's first sighting: nothing before it to write
+            done = self._done.setdefault(pg, 0)  # a group with no collective before diag starts at seq 1
             if seq <= done or (until_ns is not None and entry["time_created_ns"] >= until_ns):
                 continue
             self._done[pg] = seq
@@ -225,12 +280,14 @@ class FlightRecorderFollower:
         oldest: dict[str, int] = {}
         for entry in fresh:
             oldest.setdefault(str(entry.get("process_group", ("",))[0]), int(entry.get("collective_seq_id", -1)))
-        lost = sum(max(0, oldest[pg] - done - 1) for pg, done in self._done.items() if pg in oldest)
+        lost = sum(max(0, first_seq - self._done.get(pg, 0) - 1) for pg, first_seq in oldest.items())
+        self.entries_lost += lost
         if lost:
             warn_once(
                 "flight-recorder-overwritten",
-                f"Flight Recorder's ring buffer wrapped before diag read it: about {lost} collectives issued from "
-                "C++ are not in the trace; raise TORCH_FR_BUFFER_SIZE (2000 by default)",
+                f"Flight Recorder's ring buffer wrapped before diag read it: {lost} collectives were lost from it; "
+                "those issued from C++ (DDP buckets, DTensor) are not in the trace; raise TORCH_FR_BUFFER_SIZE "
+                "(2000 by default)",
             )
 
 

@@ -136,7 +136,8 @@ class ModelHooks:
         self._forward_start_ns: int | None = None
         self.handles = [
             module.register_forward_pre_hook(self._before_forward),
-            module.register_forward_hook(self._after_forward),
+            # always_call: a forward that raised still ends here, or its start would inflate the next forward
+            module.register_forward_hook(self._after_forward, always_call=True),
         ]
 
     @_guarded

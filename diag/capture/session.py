@@ -7,6 +7,7 @@ diag is one warning and the training loop goes on untouched. The user's own exce
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
 import time
@@ -24,6 +25,11 @@ from diag.trace.writer import RankWriter
 log = logging.getLogger("diag")
 
 DDP_BUCKET_MODES = ("auto", "hook", "flight_recorder", True, False)
+# Below this, a background thread (writer, sampler) wakes so often that it takes the GIL from training:
+# flush_interval_s=0 made a job 230x slower. 10 ms is already 100 flushes a second.
+MIN_INTERVAL_S = 0.01
+_FLAGS = ("telemetry", "collectives_enabled", "memory", "clock_sync", "watchdog", "count_flops")
+_INTERVALS = ("telemetry_interval_s", "heartbeat_interval_s", "flush_interval_s")
 _STEP_COLUMNS_DEVICE = 8  # index of device_us in a steps row
 _PHASE_COLUMNS_DEVICE = 4  # index of device_us in a phases row
 
@@ -75,6 +81,25 @@ class Session:
         prometheus_addr: str = "0.0.0.0",
         device=None,
     ):
+        validate_options(
+            flops_per_step=flops_per_step,
+            peak_tflops=peak_tflops,
+            dtype=dtype,
+            parallel=parallel,
+            telemetry=telemetry,
+            telemetry_interval_s=telemetry_interval_s,
+            collectives_enabled=collectives_enabled,
+            memory=memory,
+            clock_sync=clock_sync,
+            watchdog=watchdog,
+            hang_threshold_s=hang_threshold_s,
+            heartbeat_interval_s=heartbeat_interval_s,
+            flush_interval_s=flush_interval_s,
+            count_flops=count_flops,
+            ddp_buckets=ddp_buckets,
+            prometheus_port=prometheus_port,
+            prometheus_addr=prometheus_addr,
+        )
         self.trace_dir = Path(trace_dir)
         self.identity: RankIdentity = detect_identity()
         self.rank = self.identity.rank
@@ -96,9 +121,8 @@ class Session:
         self._data_wait_us = 0.0
         self._comm_wait_us = 0.0
         self._hooks: list = []
+        self._meshes: list = []  # DeviceMeshes found on instrumented modules
         self._count_flops = count_flops and not flops_per_step
-        if ddp_buckets not in DDP_BUCKET_MODES:
-            raise ValueError(f"ddp_buckets must be one of {DDP_BUCKET_MODES}, not {ddp_buckets!r}")
         self._ddp_buckets = "hook" if ddp_buckets is True else ddp_buckets
         self.step_spans = StepSpans()
 
@@ -175,7 +199,8 @@ class Session:
         recorder = collectives.CollectiveRecorder(self)
         collectives.install_wrappers()
         collectives.activate(recorder)
-        self.capture_status["collectives"] = "on: torch.distributed calls; DDP buckets once instrumented"
+        recorder.flight_recorder.start()  # C++-issued collectives (DDP buckets, DTensor) from the first step
+        self.capture_status["collectives"] = "on: torch.distributed calls; C++-issued ones from Flight Recorder"
         return recorder
 
     def _sync_clocks(self, enabled: bool) -> None:
@@ -253,19 +278,45 @@ class Session:
     def register_process_group(self, group) -> str:
         """Name a process group and describe it in the manifest the first time it is seen."""
         try:
-            import torch.distributed as dist
-
             name = str(group.group_name)
-            self.manifest["process_groups"][name] = {
-                "ranks": dist.get_process_group_ranks(group),
-                "size": group.size(),
-                "backend": str(dist.get_backend(group)),
-                "desc": getattr(group, "group_desc", None),
-            }
-            self.writer.write_manifest(self.manifest)
+            if name not in self.manifest["process_groups"]:
+                self.manifest["process_groups"][name] = _describe_group(group)
+                self.writer.write_manifest(self.manifest)
             return name
         except Exception:
             return "unknown"
+
+    def describe_process_groups(self) -> None:
+        """Every process group torch knows (DTensor's and DeviceMesh's too, which no Python wrapper sees),
+        with the mesh dimension each one is, into the manifest. At instrument and at finish: off the steps."""
+        try:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                return
+            groups = self.manifest["process_groups"]
+            for group, name in list(dist.distributed_c10d._world.pg_names.items()):
+                groups.setdefault(str(name), _describe_group(group))
+            for mesh in self._meshes:
+                names = list(mesh.mesh_dim_names or [f"dim{i}" for i in range(mesh.ndim)])
+                for dim, dim_name in enumerate(names):
+                    group = mesh.get_group(dim)
+                    groups.setdefault(str(group.group_name), _describe_group(group))["mesh_dim"] = dim_name
+                self.manifest["device_mesh"] = {
+                    "shape": list(mesh.shape),
+                    "dim_names": names,
+                    "groups": {n: str(mesh.get_group(d).group_name) for d, n in enumerate(names)},
+                }
+            self.writer.write_manifest(self.manifest)
+        except Exception as exc:
+            warn_once("process-groups", f"cannot describe the process groups ({exc!r})")
+
+    def note_device_mesh(self, module) -> None:
+        """The DeviceMesh of a module's DTensor parameters (tensor parallel, FSDP2): torch keeps no registry."""
+        for param in module.parameters():
+            mesh = getattr(param, "device_mesh", None)
+            if mesh is not None and all(mesh is not known for known in self._meshes):
+                self._meshes.append(mesh)
 
     # -- steps and phases -------------------------------------------------------------------------------------
     @contextmanager
@@ -315,13 +366,24 @@ class Session:
         mode = self._ddp_buckets
         if mode == "auto":
             mode = "hook" if collectives._backend_of(group) == "nccl" else "flight_recorder"
-        if mode == "hook" and collectives.install_ddp_hook(ddp_model, lambda: collectives._active):
+        if mode == "hook" and collectives.install_ddp_hook(
+            ddp_model, lambda: collectives._active, lambda: self._on_user_comm_hook(group)
+        ):
             self.capture_status["ddp_buckets"] = "hook: each bucket timed"
             return True
         self.recorder.flight_recorder.follow_ddp(self.recorder.group_name(group), group)
         self._hooks.append(collectives.LastGradientWait(ddp_model, self.add_comm_wait))
         self.capture_status["ddp_buckets"] = "flight_recorder: buckets untimed, exposed wait per step"
         return True
+
+    def _on_user_comm_hook(self, group) -> None:
+        """The user registered their own DDP communication hook, which now runs in diag's: what it issues
+        through torch.distributed is recorded as it goes; what it issues on the group directly comes from
+        Flight Recorder."""
+        self.recorder.flight_recorder.follow_ddp(self.recorder.group_name(group), group)
+        self.capture_status["ddp_buckets"] = "hook: the user's communication hook, its collectives recorded"
+        self.manifest["capture"] = self.capture_status
+        self.writer.write_manifest(self.manifest)
 
     def open_step(self) -> tuple[int, int] | None:
         """(wall-clock start in ns, index) of the step in progress, or None."""
@@ -450,6 +512,8 @@ class Session:
                     is_ddp = isinstance(obj, torch.nn.parallel.DistributedDataParallel)
                     if is_ddp:
                         self.instrument_ddp_buckets(obj)
+                    self.note_device_mesh(obj)
+                    self.describe_process_groups()
                     self._hooks.append(ModelHooks(self, obj))
                     if not any(isinstance(h, BackwardHooks) for h in self._hooks):
                         self._hooks.append(BackwardHooks(self))
@@ -493,6 +557,7 @@ class Session:
         for hooks in self._hooks:
             hooks.remove()
         self._hooks.clear()
+        self.describe_process_groups()
         self.manifest["finished"] = True
         self.manifest["end_time_us"] = time.time_ns() // 1000
         self.writer.write_manifest(self.manifest)
@@ -520,6 +585,59 @@ class Session:
             self.recorder.flush_pending()
             if _backend() is not None:
                 self.recorder.flight_recorder.stop()
+
+
+def validate_options(**options) -> None:
+    """Raise one ValueError naming every plainly wrong option value (given to ``diag.init`` or ``Session``).
+
+    The project's convention: a wrong argument is the caller's bug and is said at once, at init, before
+    training starts (as an unknown option is a TypeError); capture never raises into the training loop after
+    that. Options not given keep their defaults and are not checked."""
+    problems = []
+    for name in _FLAGS:
+        if name in options and not isinstance(options[name], bool):
+            problems.append(f"{name} must be True or False, not {options[name]!r}")
+    for name in _INTERVALS:
+        if name in options and not _is_number_at_least(options[name], MIN_INTERVAL_S):
+            problems.append(f"{name} must be a number of seconds >= {MIN_INTERVAL_S}, not {options[name]!r}")
+    if "hang_threshold_s" in options and not _is_number_at_least(options["hang_threshold_s"], MIN_INTERVAL_S):
+        problems.append(
+            f"hang_threshold_s must be a number of seconds >= {MIN_INTERVAL_S}, not {options['hang_threshold_s']!r}"
+        )
+    for name in ("flops_per_step", "peak_tflops"):
+        value = options.get(name)
+        if value is not None and not (_is_number_at_least(value, 0.0) and value > 0):
+            problems.append(f"{name} must be a positive number or None, not {value!r}")
+    if options.get("dtype") is not None and not isinstance(options["dtype"], str):
+        problems.append(f"dtype must be a string such as 'bf16' or None, not {options['dtype']!r}")
+    parallel = options.get("parallel")
+    if parallel is not None and not (
+        isinstance(parallel, dict)
+        and all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0 for k, v in parallel.items()
+        )
+    ):
+        problems.append(
+            f"parallel must map dimension names to positive sizes, e.g. {{'dp': 8, 'tp': 4}}, not {parallel!r}"
+        )
+    if "ddp_buckets" in options and not any(
+        options["ddp_buckets"] == mode and type(options["ddp_buckets"]) is type(mode) for mode in DDP_BUCKET_MODES
+    ):
+        problems.append(f"ddp_buckets must be one of {DDP_BUCKET_MODES}, not {options['ddp_buckets']!r}")
+    port = options.get("prometheus_port")
+    if port is not None and not (isinstance(port, int) and not isinstance(port, bool) and 0 <= port <= 65535):
+        problems.append(f"prometheus_port must be a port number 0-65535 or None, not {port!r}")
+    if "prometheus_addr" in options and not isinstance(options["prometheus_addr"], str):
+        problems.append(f"prometheus_addr must be an address string, not {options['prometheus_addr']!r}")
+    if problems:
+        raise ValueError("diag.init: " + "; ".join(problems))
+
+
+def _is_number_at_least(value, minimum: float) -> bool:
+    """A real, finite number (not a bool) no smaller than ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and value >= minimum
 
 
 class DisabledSession:
@@ -553,6 +671,17 @@ class DisabledSession:
 
     def finish(self):
         pass
+
+
+def _describe_group(group) -> dict:
+    import torch.distributed as dist
+
+    return {
+        "ranks": dist.get_process_group_ranks(group),
+        "size": group.size(),
+        "backend": str(dist.get_backend(group)),
+        "desc": getattr(group, "group_desc", None),
+    }
 
 
 def _current_device():

@@ -244,6 +244,8 @@ class Watchdog:
     def _write_flight_recorder(self) -> tuple[str | None, str | None]:
         if "torch" not in sys.modules:  # never import torch from here; without it there is no recorder
             return None, "torch not imported"
+        if not self.session.writer.enabled:  # already warned about: no file of capture's is written any more
+            return None, "trace writer off"
         try:
             data = dump_bytes()
         except Exception as exc:
@@ -252,8 +254,13 @@ class Watchdog:
             return None, "Flight Recorder is off (set TORCH_FR_BUFFER_SIZE, e.g. 2000)"
         path = self.session.writer.rank_dir / FR_DUMP_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as exc:  # a full disk: leave no half-written temp file behind, and dump the rest
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            return None, repr(exc)[:300]
         return FR_DUMP_FILE, None
 
     # -- signals and exits ---------------------------------------------------------------------------------------
@@ -306,6 +313,8 @@ class Watchdog:
         self._record_signal(signum)
         if signum != signal.SIGTERM or self._previous_handlers.get(signum) != signal.SIG_DFL:
             return
+        if signal.getsignal(signum) != self._on_signal:
+            return  # a handler installed after diag's owns the signal now (checkpoint, then exit): never end it
         deadline = time.monotonic() + SIGTERM_GRACE_S
         while time.monotonic() < deadline:  # the main thread may still run the handler (and chain) itself
             if signum in self._signal_handled_us:
@@ -322,8 +331,17 @@ class Watchdog:
             if now_us - self._signal_dumped_us.get(signum, 0) < 1_000_000:
                 return
             self._signal_dumped_us[signum] = now_us
+        if signum == signal.SIGTERM:  # the process may end any moment now: the records first
+            self._safely("flush", self._flush_records)
         self.dump(f"signal {signal.Signals(signum).name}")
         self._safely("heartbeat", self._write_heartbeat, "running")
+
+    def _flush_records(self) -> None:
+        """Everything capture holds to the disk: Flight Recorder's unread entries, then the writer's buffers."""
+        recorder = getattr(self.session, "recorder", None)
+        if recorder is not None and "torch" in sys.modules:
+            recorder.flight_recorder.read(final=False)
+        self.session.writer.flush()
 
     def _die_by(self, signum: int) -> None:
         self._safely("flush", self.session.writer.flush)

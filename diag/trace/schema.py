@@ -6,6 +6,8 @@ A trace directory holds one sub-directory per rank, ``rank00007/``, with:
 * one CSV file per table below (``steps.csv``, ``collectives.csv``, ...). Each starts with a marker line
   ``#diag-trace schema=1 table=NAME`` and a header line; rows are only ever appended, so a file can be read
   while it is written. A last line without its newline is a row still being written and is ignored.
+  A text field holding a comma or a double quote is quoted (RFC 4180: ``"a,b"``, inner quotes doubled); a line
+  break in one is written as the two characters ``\\n`` (``\\r``), so every row is one line.
 * ``events.jsonl``: rare, free-form records (OOMs, warnings, watchdog dumps), one JSON object per line.
 
 Times are wall-clock microseconds since the Unix epoch on the rank's own clock (``*_us`` columns that are
@@ -216,7 +218,10 @@ MANIFEST_KEYS: dict[str, str] = {
     "clock_offset_us": "this rank's wall clock minus rank 0's, measured at init",
     "clock_sync_error_us": "the true offset is within clock_offset_us +- this (half the shortest round trip to rank 0)",
     "start_time_us": "wall-clock instant diag.init ran",
-    "process_groups": "{pg name: {ranks, size, backend, desc}} for groups diag saw",
+    "process_groups": "{pg name: {ranks, size, backend, desc, mesh_dim}} for every process group of the run "
+    "(mesh_dim: the DeviceMesh dimension it is, e.g. tp, when a mesh was found on an instrumented module)",
+    "device_mesh": "{shape, dim_names, groups: {dim name: pg name}} of the DeviceMesh of an instrumented "
+    "module's DTensor parameters (tensor parallel, FSDP2), else absent",
     "capture": "what is being captured and what is off, with reasons",
     "pipeline": "pipeline layout when pipelined: {schedule, stages, virtual_stages, microbatches, stage}",
     "finished": "true once diag.finish() ran (rewritten at finish)",

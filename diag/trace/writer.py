@@ -24,12 +24,25 @@ from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, TABLES
 MAX_BUFFERED_ROWS = 500_000
 
 
+_LINE_BREAKS = str.maketrans({"\n": "\\n", "\r": "\\r"})
+
+
 def _format_value(value: Any) -> str:
     if value is None:
         return ""
     if type(value) is float:
         return "" if value != value else repr(round(value, 3))
-    return str(value)
+    text = str(value)
+    if type(value) is str and ("," in text or '"' in text or "\n" in text or "\r" in text):
+        return _quote(text)
+    return text
+
+
+def _quote(text: str) -> str:
+    """A name from the user (phase, op, group) as one CSV field: quoted, so a comma or quote cannot forge a
+    column or a row. Line breaks are written as the two characters backslash-n / backslash-r: the loader
+    reads one row per line (that keeps its parsing parallel and its resumable offsets simple)."""
+    return '"' + text.translate(_LINE_BREAKS).replace('"', '""') + '"'
 
 
 def _ignore_rows(table: str, rows: list) -> None:
@@ -166,6 +179,8 @@ class RankWriter:
             tmp.write_text(json.dumps(payload, indent=1, default=str))
             os.replace(tmp, path)
         except OSError as exc:
+            with contextlib.suppress(OSError):  # a full disk: no temp file left behind
+                tmp.unlink()
             self._disable(f"cannot write {path} ({exc}); capture is off for this rank")
 
     def _drop_overflow(self, table: str) -> None:
