@@ -128,7 +128,7 @@ class FlightRecorderFollower:
     CHECK_INTERVAL_S = 0.25
     MIN_CHECK_INTERVAL_S = 0.005
     READ_AT_FILL = 0.5
-    MAX_READ_SHARE = 0.05  # of the time between two time-based reads, spent reading
+    MAX_READ_SHARE = 0.02  # of the time between two time-based reads, spent reading (and holding the GIL)
     SETTLE_NS = 100_000_000
 
     def __init__(self, recorder, steps: StepSpans, open_step, read_interval_s: float = 1.0):
