@@ -45,6 +45,13 @@ def is_accelerated_optimizer(obj) -> bool:
 
 def instrument_framework(session, obj) -> bool:
     """Instrument ``obj`` if it is a framework wrapper this module knows; False if it is not one."""
+    from diag.capture import megatron
+
+    if megatron.is_megatron_schedules(obj):
+        hooks_ = megatron.instrument(session, obj)
+        if hooks_ is not None:
+            session._hooks.append(hooks_)
+        return True
     if is_accelerated_optimizer(obj):
         session.instrument(obj.optimizer)
         return True
