@@ -76,11 +76,25 @@ def _instrument_deepspeed_engine(session, engine) -> None:
     if optimizer is not None and is_deepspeed_optimizer(optimizer):
         # engine.step calls optimizer.step: mark it timed so that instrumenting it too does not count twice
         session._hooks.append(_MethodWrap(optimizer, "step", _Passthrough()))
+    accumulation_steps = _call_or_none(engine, "gradient_accumulation_steps")
+    if accumulation_steps and accumulation_steps > 1:
+        warn_once(
+            "deepspeed-accumulation",
+            f"DeepSpeed accumulates gradients over {accumulation_steps} micro-steps: diag's step is the user's "
+            "diag.step(); open it around the micro-steps of one accumulation boundary to get one step per update",
+        )
     if getattr(engine, "pipeline_parallelism", False) or _class_path(engine).endswith("PipelineEngine"):
         warn_once(
             "deepspeed-pipeline",
             "diag times DeepSpeed's PipelineEngine.train_batch as a whole; its per-microbatch stages are not hooked",
         )
+
+
+def _call_or_none(obj, name: str):
+    try:
+        return getattr(obj, name)()
+    except Exception:
+        return None
 
 
 class _BackwardPhase:
