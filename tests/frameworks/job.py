@@ -113,7 +113,54 @@ def fr_collectives_per_step() -> list[int]:
     return [sum(start <= t <= end for t in created_ns) for start, end in WINDOWS_NS]
 
 
+def run_fsdp1(args, model, rank):
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    strategy = ShardingStrategy.FULL_SHARD if args.framework == "fsdp1-full" else ShardingStrategy.SHARD_GRAD_OP
+    policy = ModuleWrapPolicy({torch.nn.Linear})  # one FSDP unit per Linear
+    # device_id cpu: FSDP1 otherwise insists on an accelerator
+    model = FullyShardedDataParallel(
+        model, sharding_strategy=strategy, auto_wrap_policy=policy, device_id=torch.device("cpu")
+    )
+    return train_plain(model, torch.optim.AdamW(model.parameters(), lr=1e-3), args, rank)
+
+
+def run_fsdp2(args, model, rank):
+    """fully_shard per Linear, activation checkpointing on the hidden layers, 2 micro-batches accumulated a step."""
+    from torch.distributed._composable import checkpoint
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.layers:
+        if isinstance(layer, torch.nn.Linear):
+            checkpoint(layer)
+            fully_shard(layer)
+    fully_shard(model)
+    return train_plain(model, torch.optim.AdamW(model.parameters(), lr=1e-3), args, rank, accumulate=2)
+
+
+def train_plain(model, optimizer, args, rank, accumulate: int = 1):
+    diag.instrument(model, optimizer)
+    step_times_s = []
+    data = list(batches(args.steps * accumulate, rank))
+    for i in range(args.steps):
+        start = time.perf_counter()
+        WINDOWS_NS.append([time.time_ns(), None])
+        with diag.step(samples=8 * accumulate):
+            for x, y in data[i * accumulate : (i + 1) * accumulate]:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        WINDOWS_NS[-1][1] = time.time_ns()
+        step_times_s.append(time.perf_counter() - start)
+    return step_times_s
+
+
 RUNNERS = {
+    "ddp-4": run_ddp,
+    "fsdp1-full": run_fsdp1,
+    "fsdp1-grad-op": run_fsdp1,
+    "fsdp2": run_fsdp2,
     "ddp": run_ddp,
     "deepspeed-zero1": run_deepspeed,
     "deepspeed-zero2": run_deepspeed,

@@ -1,11 +1,11 @@
-"""The framework matrix: for each framework, a real 2-rank gloo job (tests/frameworks/job.py) run twice, as a
+"""The framework matrix: for each framework, a real 2-rank (DDP also 4-rank) gloo job (tests/frameworks/job.py) run twice, as a
 baseline and with rank 1 planted 40 ms slower in its forward, adopted as docs/frameworks.md says. Each row
 checks the steps, the collectives per step against the rank's own Flight Recorder, non-zero forward, backward
 and optimizer time that cover the step, and the straggler's rank, cause and cost (within 25% of the slowdown
 measured between the two runs).
 
 One row per framework runs by default; the others are marked ``slow`` (each DeepSpeed job takes ~1.5 min on a
-loaded 2-core machine, most of it importing and initialising DeepSpeed).
+loaded 2-core machine, most of it importing and initialising DeepSpeed; the others ~10 s).
 """
 
 import json
@@ -22,7 +22,11 @@ WORLD, STEPS, SLOW_RANK, SLOW_MS = 2, 10, 1, 40.0
 WARMUP = 2  # first steps: lazy initialisation (DeepSpeed's and the allocator's), left out of the medians
 
 ROWS = [
-    pytest.param("ddp", marks=pytest.mark.slow),
+    pytest.param("ddp"),
+    pytest.param("ddp-4", marks=pytest.mark.slow),
+    pytest.param("fsdp1-full"),
+    pytest.param("fsdp1-grad-op", marks=pytest.mark.slow),
+    pytest.param("fsdp2"),  # activation checkpointing, 2 micro-batches accumulated a step
     pytest.param("deepspeed-zero1"),
     pytest.param("deepspeed-zero2", marks=pytest.mark.slow),
     pytest.param("deepspeed-zero3", marks=pytest.mark.slow),
@@ -30,6 +34,11 @@ ROWS = [
 ]
 NEEDS = {"deepspeed-zero1": "deepspeed", "deepspeed-zero2": "deepspeed", "deepspeed-zero3": "deepspeed"}
 NEEDS["accelerate"] = "accelerate"
+WORLDS = {"ddp-4": 4}  # ranks per row; 2 otherwise
+
+
+def world_of(framework: str) -> int:
+    return WORLDS.get(framework, WORLD)
 
 
 def run(trace_dir, framework: str, slow_ms: float) -> dict[int, dict]:
@@ -37,14 +46,14 @@ def run(trace_dir, framework: str, slow_ms: float) -> dict[int, dict]:
     args += ["--slow-rank", str(SLOW_RANK), "--slow-ms", str(slow_ms)]
     results = run_ranks(
         args,
-        WORLD,
+        world_of(framework),
         env={"TORCHELASTIC_RUN_ID": "diag-matrix", "DS_ACCELERATOR": "cpu", "TORCH_FR_BUFFER_SIZE": "4000"},
         timeout_s=400,
     )
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
         assert "diag.instrument does not know" not in result.stderr and "could not instrument" not in result.stderr
-    return {r: json.loads((trace_dir / "truth" / f"rank{r}.json").read_text()) for r in range(WORLD)}
+    return {r: json.loads((trace_dir / "truth" / f"rank{r}.json").read_text()) for r in range(world_of(framework))}
 
 
 @pytest.fixture(scope="module", params=ROWS)
@@ -67,8 +76,8 @@ def measured_slowdown_s(base_truths, slow_truths) -> float:
 def test_steps_and_phases_cover_the_step(row):
     framework, _, (slow_dir, truths) = row
     trace = diag.load(slow_dir)
-    assert trace.ranks_found == list(range(WORLD))
-    for rank in range(WORLD):
+    assert trace.ranks_found == list(range(world_of(framework)))
+    for rank in range(world_of(framework)):
         steps = rank_steps(trace, rank)
         assert steps["step"].tolist() == list(range(truths[rank]["steps"]))
         for phase in ("forward_us", "backward_us", "optimizer_us"):
@@ -83,7 +92,7 @@ def test_steps_and_phases_cover_the_step(row):
 def test_collectives_per_step_match_flight_recorder(row):
     framework, _, (slow_dir, truths) = row
     trace = diag.load(slow_dir)
-    for rank in range(WORLD):
+    for rank in range(world_of(framework)):
         colls = trace.collectives[trace.collectives["rank"] == rank]
         ours = colls[colls["step"] >= 0].groupby("step").size().reindex(range(STEPS), fill_value=0).tolist()
         assert ours == truths[rank]["fr_collectives_per_step"], (framework, rank)
