@@ -18,6 +18,7 @@ import diag
 from diag.capture.flight_recorder import own_dump
 
 HIDDEN = 64
+RESTORED = {}  # framework -> whether diag.finish() put its objects back as they were
 WINDOWS_NS = []  # [start, end] of each step, time.time_ns(), to place Flight Recorder's entries in steps
 
 
@@ -66,6 +67,8 @@ def run_deepspeed(args, model, rank):
             engine.step()
         WINDOWS_NS[-1][1] = time.time_ns()
         step_times_s.append(time.perf_counter() - start)
+    diag.finish()  # diag's wrappers leave the engine: its methods are the class's again
+    RESTORED["deepspeed"] = not ({"backward", "step"} & set(vars(engine))) and "step" not in vars(optimizer)
     return step_times_s
 
 
@@ -190,6 +193,7 @@ def main():
         "step_times_s": step_times_s,
         "world_size": dist.get_world_size(),
         "fr_collectives_per_step": fr_collectives_per_step(),
+        "restored": RESTORED,
     }
     os.makedirs(os.path.join(args.trace_dir, "truth"), exist_ok=True)
     with open(os.path.join(args.trace_dir, "truth", f"rank{rank}.json"), "w") as f:

@@ -89,6 +89,13 @@ def test_steps_and_phases_cover_the_step(row):
         assert (inner[WARMUP:] / steps["duration_us"][WARMUP:]).median() > 0.8, (framework, rank)
 
 
+def test_deepspeed_engine_restored_at_finish(row):
+    framework, _, (_, truths) = row
+    if not framework.startswith("deepspeed"):
+        pytest.skip("DeepSpeed rows only")
+    assert all(truth["restored"]["deepspeed"] for truth in truths.values())
+
+
 def test_collectives_per_step_match_flight_recorder(row):
     framework, _, (slow_dir, truths) = row
     trace = diag.load(slow_dir)
