@@ -504,10 +504,13 @@ class Session:
         import torch
 
         from diag.capture import pipeline
+        from diag.capture.frameworks import instrument_framework
         from diag.capture.hooks import BackwardHooks, ModelHooks, OptimizerHooks
 
         for obj in objects:
             try:
+                if instrument_framework(self, obj):  # DeepSpeed, Accelerate: before their torch base classes
+                    continue
                 if isinstance(obj, torch.nn.Module):
                     is_ddp = isinstance(obj, torch.nn.parallel.DistributedDataParallel)
                     if is_ddp:

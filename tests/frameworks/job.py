@@ -1,0 +1,205 @@
+"""One rank of a small real training job of the framework named by --framework, adopted exactly as
+docs/frameworks.md says, with an optional planted slow rank (a sleep in its forward). Writes what it did
+(steps, step times it measured itself, parameter bytes) to TRACE_DIR/truth/rankN.json.
+
+usage: job.py TRACE_DIR --framework NAME --steps N [--slow-rank R --slow-ms MS]
+Ranks are started with torchrun's variables (diag.launch.run_ranks); gloo on CPU.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import diag
+from diag.capture.flight_recorder import own_dump
+
+HIDDEN = 64
+RESTORED = {}  # framework -> whether diag.finish() put its objects back as they were
+WINDOWS_NS = []  # [start, end] of each step, time.time_ns(), to place Flight Recorder's entries in steps
+
+
+class Net(torch.nn.Module):
+    def __init__(self, slow_s: float):
+        super().__init__()
+        self.layers = torch.nn.Sequential(
+            torch.nn.Linear(HIDDEN, HIDDEN),
+            torch.nn.ReLU(),
+            torch.nn.Linear(HIDDEN, HIDDEN),
+            torch.nn.Linear(HIDDEN, 1),
+        )
+        self.slow_s = slow_s
+
+    def forward(self, x):
+        if self.slow_s:
+            time.sleep(self.slow_s)  # the planted straggler: compute in this rank's forward
+        return self.layers(x)
+
+
+def batches(steps: int, rank: int):
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        x = torch.randn(8, HIDDEN, generator=generator)
+        yield x, x.sum(dim=1, keepdim=True)
+
+
+def run_deepspeed(args, model, rank):
+    import deepspeed
+
+    config = {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": int(args.framework[-1])},
+    }
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    diag.instrument(engine, optimizer)
+    step_times_s = []
+    for x, y in diag.wrap_loader(batches(args.steps, rank)):
+        start = time.perf_counter()
+        WINDOWS_NS.append([time.time_ns(), None])
+        with diag.step(samples=len(x)):
+            loss = torch.nn.functional.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+        WINDOWS_NS[-1][1] = time.time_ns()
+        step_times_s.append(time.perf_counter() - start)
+    diag.finish()  # diag's wrappers leave the engine: its methods are the class's again
+    RESTORED["deepspeed"] = not ({"backward", "step"} & set(vars(engine))) and "step" not in vars(optimizer)
+    return step_times_s
+
+
+def run_accelerate(args, model, rank):
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    diag.instrument(model, optimizer)
+    step_times_s = []
+    for x, y in diag.wrap_loader(batches(args.steps, rank)):
+        start = time.perf_counter()
+        WINDOWS_NS.append([time.time_ns(), None])
+        with diag.step(samples=len(x)):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        WINDOWS_NS[-1][1] = time.time_ns()
+        step_times_s.append(time.perf_counter() - start)
+    return step_times_s
+
+
+def run_ddp(args, model, rank):
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    diag.instrument(model, optimizer)
+    step_times_s = []
+    for x, y in diag.wrap_loader(batches(args.steps, rank)):
+        start = time.perf_counter()
+        WINDOWS_NS.append([time.time_ns(), None])
+        with diag.step(samples=len(x)):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        WINDOWS_NS[-1][1] = time.time_ns()
+        step_times_s.append(time.perf_counter() - start)
+    return step_times_s
+
+
+def fr_collectives_per_step() -> list[int]:
+    """Flight Recorder's collectives (our own process's ring: trusted) issued inside each step's window."""
+    entries = (own_dump(stack_traces=False) or {}).get("entries", [])
+    created_ns = [e["time_created_ns"] for e in entries if not e["is_p2p"]]
+    return [sum(start <= t <= end for t in created_ns) for start, end in WINDOWS_NS]
+
+
+def run_fsdp1(args, model, rank):
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    strategy = ShardingStrategy.FULL_SHARD if args.framework == "fsdp1-full" else ShardingStrategy.SHARD_GRAD_OP
+    policy = ModuleWrapPolicy({torch.nn.Linear})  # one FSDP unit per Linear
+    # device_id cpu: FSDP1 otherwise insists on an accelerator
+    model = FullyShardedDataParallel(
+        model, sharding_strategy=strategy, auto_wrap_policy=policy, device_id=torch.device("cpu")
+    )
+    return train_plain(model, torch.optim.AdamW(model.parameters(), lr=1e-3), args, rank)
+
+
+def run_fsdp2(args, model, rank):
+    """fully_shard per Linear, activation checkpointing on the hidden layers, 2 micro-batches accumulated a step."""
+    from torch.distributed._composable import checkpoint
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.layers:
+        if isinstance(layer, torch.nn.Linear):
+            checkpoint(layer)
+            fully_shard(layer)
+    fully_shard(model)
+    return train_plain(model, torch.optim.AdamW(model.parameters(), lr=1e-3), args, rank, accumulate=2)
+
+
+def train_plain(model, optimizer, args, rank, accumulate: int = 1):
+    diag.instrument(model, optimizer)
+    step_times_s = []
+    data = list(batches(args.steps * accumulate, rank))
+    for i in range(args.steps):
+        start = time.perf_counter()
+        WINDOWS_NS.append([time.time_ns(), None])
+        with diag.step(samples=8 * accumulate):
+            for x, y in data[i * accumulate : (i + 1) * accumulate]:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        WINDOWS_NS[-1][1] = time.time_ns()
+        step_times_s.append(time.perf_counter() - start)
+    return step_times_s
+
+
+RUNNERS = {
+    "ddp-4": run_ddp,
+    "fsdp1-full": run_fsdp1,
+    "fsdp1-grad-op": run_fsdp1,
+    "fsdp2": run_fsdp2,
+    "ddp": run_ddp,
+    "deepspeed-zero1": run_deepspeed,
+    "deepspeed-zero2": run_deepspeed,
+    "deepspeed-zero3": run_deepspeed,
+    "accelerate": run_accelerate,
+}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("trace_dir")
+    parser.add_argument("--framework", choices=sorted(RUNNERS), required=True)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--slow-ms", type=float, default=0.0)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = Net(args.slow_ms / 1000 if rank == args.slow_rank else 0.0)
+    diag.init(args.trace_dir, telemetry=False)
+    step_times_s = RUNNERS[args.framework](args, model, rank)
+    diag.finish()
+    truth = {
+        "steps": len(step_times_s),
+        "step_times_s": step_times_s,
+        "world_size": dist.get_world_size(),
+        "fr_collectives_per_step": fr_collectives_per_step(),
+        "restored": RESTORED,
+    }
+    os.makedirs(os.path.join(args.trace_dir, "truth"), exist_ok=True)
+    with open(os.path.join(args.trace_dir, "truth", f"rank{rank}.json"), "w") as f:
+        json.dump(truth, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
