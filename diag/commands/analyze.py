@@ -13,6 +13,21 @@ def _nothing_usable(trace) -> bool:
     return all(getattr(trace, name).empty for name in ("steps", "phases", "collectives", "memory", "telemetry"))
 
 
+def _report_from_cache(state: dict):
+    """The cached report, or None when it is of another version or shape (a damaged or planted entry): recompute."""
+    from diag.analysis.report import REPORT_VERSION, Report
+    from diag.views import render
+
+    if state.get("report_version", REPORT_VERSION) != REPORT_VERSION or not isinstance(state.get("run"), dict):
+        return None
+    try:
+        report = Report.from_state(state)
+        render(report, "json")  # a report that cannot be rendered is no report
+    except Exception:  # noqa: BLE001 - whatever a bad cache entry raises, the answer is to recompute
+        return None
+    return report
+
+
 def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step, kineto: bool = False):
     from diag.analysis.report import analyze
     from diag.trace.loader import TraceError, load
@@ -78,7 +93,7 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
       diag analyze traces/run1 --html report.html --peak-tflops 989
       diag analyze                     (the bundled sample run)
     """
-    from diag.analysis.report import Report, options_fingerprint
+    from diag.analysis.report import options_fingerprint
     from diag.analysis.window import parse_step_range
     from diag.trace.cache import TraceCache
     from diag.views import render
@@ -100,7 +115,8 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
     if cache is not None:
         state = cache.get_result(result_name)
         if state is not None:
-            report = Report.from_state(state)
+            report = _report_from_cache(state)
+        if report is not None:
             click.echo(
                 f"(report read from the cache in {trace_dir}/.diag-cache; use --no-cache to recompute)", err=True
             )
