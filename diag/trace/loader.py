@@ -177,18 +177,52 @@ def _parse_rows(data: bytes, start: int, end: int, table: Table) -> tuple[pa.Tab
     if end <= start or (end - start < 4096 and not data[start:end].strip()):
         return None, 0
     lines = data.count(b"\n", start, end)
+    if not data.isascii() and not _is_utf8(memoryview(data)[start:end]):
+        # pyarrow's bad-row handler cannot even decode such a row (it prints a traceback with the bytes)
+        arrow = _parse_lenient(data[start:end], table)
+        return arrow, lines - arrow.num_rows
     rows = pa.py_buffer(memoryview(data)[start:end])
     try:
-        arrow = _parse_typed(rows, table)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        arrow = _parse_lenient(rows, table)
+        arrow = _finite_floats(_parse_typed(rows, table), table)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        # garbage somewhere (text in a number, 1.5 or inf or 20 digits in an integer, non-UTF-8, binary junk):
+        # the slow path checks line by line and keeps only the rows that are entirely sane
+        arrow = _parse_lenient(data[start:end], table)
     return arrow, lines - arrow.num_rows
+
+
+def _is_utf8(data: memoryview) -> bool:
+    try:
+        str(data, "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _finite_floats(arrow: pa.Table, table: Table) -> pa.Table:
+    """inf and nan in a float column become null (unknown), not numbers that poison every mean."""
+    for i, column in enumerate(table.columns):
+        if column.dtype != "Float64":
+            continue
+        values = arrow.column(i)
+        finite = pc.is_finite(values)
+        if pc.all(pc.or_kleene(finite, pc.is_null(values))).as_py() is False:
+            arrow = arrow.set_column(i, column.name, pc.if_else(finite, values, pa.scalar(None, pa.float64())))
+    return arrow
+
+
+_INT_RANGES = {"int64": (-(2**63) + 1024, 2**63 - 1024), "Int64": (-(2**63) + 1024, 2**63 - 1024), "int8": (-128, 127)}
 
 
 def _csv_options(table: Table, types: dict):
     bad_rows = []
     read = pacsv.ReadOptions(column_names=table.column_names, use_threads=True, block_size=1 << 22)
-    parse = pacsv.ParseOptions(invalid_row_handler=lambda row: bad_rows.append(row) or "skip", newlines_in_values=False)
+    parse = pacsv.ParseOptions(
+        invalid_row_handler=lambda row: bad_rows.append(row) or "skip",
+        newlines_in_values=False,
+        quote_char=False,  # the writer never quotes: a stray '"' must not swallow the rows after it
+        double_quote=False,
+    )
     convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True, quoted_strings_can_be_null=True)
     return read, parse, convert
 
@@ -213,13 +247,23 @@ def _parse_typed(rows: pa.Buffer, table: Table) -> pa.Table:
     return _drop_incomplete(pacsv.read_csv(pa.BufferReader(rows), *_csv_options(table, types)), table)
 
 
-def _parse_lenient(rows: pa.Buffer, table: Table) -> pa.Table:
-    """Slow path for files with garbage in a numeric field: parse as text, drop rows that do not convert."""
-    types = {c.name: pa.string() for c in table.columns}
-    frame = pacsv.read_csv(pa.BufferReader(rows), *_csv_options(table, types)).to_pandas()
+def _parse_lenient(data: bytes, table: Table) -> pa.Table:
+    """Slow path for a damaged file, line by line: a row is kept only if it is valid UTF-8 with the right number
+    of fields and every number converts to its column's type (integers integral and in range, floats finite;
+    a bad optional value becomes null). Everything else is counted as lost by the caller, never fatal."""
+    names = table.column_names
+    good = []
+    for line in data.split(b"\n"):
+        try:
+            fields = line.decode("utf-8").rstrip("\r").split(",")
+        except UnicodeDecodeError:
+            continue
+        if len(fields) == len(names):
+            good.append([f if f else None for f in fields])
+    frame = pd.DataFrame(good, columns=names, dtype=object)
     for column in table.columns:
         if column.dtype != "category":
-            frame[column.name] = pd.to_numeric(frame[column.name], errors="coerce")
+            frame[column.name] = _sane_numbers(frame[column.name], column.dtype)
     frame = frame.dropna(subset=_required(table))
     arrays = []
     for column in table.columns:
@@ -233,6 +277,16 @@ def _parse_lenient(rows: pa.Buffer, table: Table) -> pa.Table:
                 )
             )
     return pa.Table.from_arrays(arrays, schema=_arrow_schema(table))
+
+
+def _sane_numbers(values: pd.Series, dtype: str) -> pd.Series:
+    """Numbers as float64 with NaN for anything that does not fit ``dtype`` (text, inf, 1.5 in an int, 20 digits)."""
+    numbers = pd.to_numeric(values, errors="coerce").astype("float64")
+    sane = np.isfinite(numbers)
+    if dtype in _INT_RANGES:
+        low, high = _INT_RANGES[dtype]
+        sane &= (numbers == np.floor(numbers)) & (numbers >= low) & (numbers <= high)
+    return numbers.where(sane)
 
 
 def to_frame(parts: list[pa.Table], table: Table, rank_column: bool = False) -> pd.DataFrame:
