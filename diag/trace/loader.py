@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,72 @@ _ARROW_TYPES = {
 
 class TraceError(Exception):
     """Nothing in the directory can be analysed; the message says why and what was expected."""
+
+
+# Limits on what is read from input (docs/reliability.md): a small JSON file that is huge or deeply nested is
+# not one diag wrote, and reading it whole would only exhaust memory or the stack.
+MAX_JSON_FILE_BYTES = 16 << 20  # manifest.json, heartbeat.json, hang dumps
+MAX_JSON_DEPTH = 64
+MAX_RANK = 1 << 20  # a rank number (directory name, manifest, world_size) above this is not a real job
+
+
+class NotRegularFile(OSError):
+    """A FIFO, device, socket or directory where a file was expected: never opened for reading in full."""
+
+
+def read_file_bytes(path: str | Path, offset: int = 0, max_bytes: int | None = None) -> bytes:
+    """The bytes of the regular file ``path`` from ``offset``. Opened non-blocking, so a FIFO planted under the
+    name cannot hang the reader, and checked with fstat before anything is read: FIFOs, /dev/zero and other
+    non-regular files raise NotRegularFile, files over ``max_bytes`` raise OSError(EFBIG)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+        if max_bytes is not None and info.st_size - offset > max_bytes:
+            raise OSError(27, f"{info.st_size} bytes, more than the {max_bytes} diag reads from such a file", str(path))
+        with os.fdopen(fd, "rb", closefd=True) as handle:
+            fd = -1
+            handle.seek(offset)
+            return handle.read() if max_bytes is None else handle.read(max_bytes + 1)[:max_bytes]
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def json_depth_ok(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the brackets of a JSON text nest at most ``max_depth`` deep (strings ignored), checked before
+    ``json.loads``: deep nesting would raise RecursionError or take the stack with it."""
+    if isinstance(text, str):
+        text = text.encode("utf-8", "surrogatepass")
+    if text.count(b"[") + text.count(b"{") <= max_depth:
+        return True
+    depth, in_string, escaped = 0, False, False
+    for byte in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > max_depth:
+                return False
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return True
+
+
+def load_json_limited(path: str | Path, max_bytes: int = MAX_JSON_FILE_BYTES):
+    """json.loads of a small regular file, with the size and nesting limits. Raises OSError or ValueError."""
+    data = read_file_bytes(path, max_bytes=max_bytes)
+    if not json_depth_ok(data):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return json.loads(data)
 
 
 @dataclass
@@ -136,9 +203,7 @@ def read_table_arrow(path: Path, table: Table, offset: int = 0) -> ArrowChunk:
     """Like ``read_table_file`` but leaves the rows in Arrow: converting thousands of small files to pandas one
     by one costs more than parsing them, so ``TraceReader`` converts each table once, after concatenating."""
     try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
+        data = read_file_bytes(path, offset)
     except OSError as exc:
         return ArrowChunk(None, offset, [Skipped(str(path), f"unreadable: {exc}")])
     end = data.rfind(b"\n") + 1  # a last line without newline is still being written
@@ -305,10 +370,10 @@ def to_frame(parts: list[pa.Table], table: Table, rank_column: bool = False) -> 
 
 def _read_json(path: Path, skipped: list[Skipped]) -> dict | None:
     try:
-        value = json.loads(path.read_text())
+        value = load_json_limited(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         skipped.append(Skipped(str(path), f"unreadable JSON: {exc}"))
         return None
     if not isinstance(value, dict):
@@ -319,33 +384,50 @@ def _read_json(path: Path, skipped: list[Skipped]) -> dict | None:
 
 def _read_events(path: Path, offset: int, skipped: list[Skipped]) -> tuple[list[dict], int]:
     try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
-    except OSError:
+        data = read_file_bytes(path, offset)
+    except FileNotFoundError:
+        return [], offset
+    except OSError as exc:
+        skipped.append(Skipped(str(path), f"unreadable: {exc}"))
         return [], offset
     end = data.rfind(b"\n") + 1
     events, bad = [], 0
     for line in data[:end].splitlines():
         try:
+            if not json_depth_ok(line):
+                raise ValueError("nested too deep")
             event = json.loads(line)
             if isinstance(event, dict):
                 events.append(event)
             else:
                 bad += 1
-        except ValueError:
+        except (ValueError, RecursionError):
             bad += 1
     if bad:
         skipped.append(Skipped(str(path), "corrupt events skipped", bad))
     return events, offset + end
 
 
-def find_rank_dirs(root: Path) -> dict[int, Path]:
-    ranks = {}
-    for child in root.iterdir() if root.is_dir() else ():
+def find_rank_dirs(root: Path, skipped: list[Skipped] | None = None) -> dict[int, Path]:
+    """``rankN`` sub-directories by rank. Two spellings of one rank (rank00001 and rank1) keep the canonical
+    five-digit one; a rank above MAX_RANK is not a real job's; both are named in ``skipped`` when given."""
+    ranks: dict[int, Path] = {}
+    notes: list[Skipped] = []
+    for child in sorted(root.iterdir()) if root.is_dir() else ():
         match = RANK_DIR_RE.match(child.name)
-        if match and child.is_dir():
-            ranks[int(match.group(1))] = child
+        if not match or not child.is_dir():
+            continue
+        rank = int(match.group(1)) if len(match.group(1)) < 19 else MAX_RANK + 1
+        if rank > MAX_RANK:
+            notes.append(Skipped(str(child), f"rank number above {MAX_RANK}: not read"))
+            continue
+        if rank in ranks:
+            keep, drop = sorted([ranks[rank], child], key=lambda p: (p.name != f"rank{rank:05d}", p.name))
+            notes.append(Skipped(str(drop), f"a second directory for rank {rank} (besides {keep.name}): not read"))
+            child = keep
+        ranks[rank] = child
+    if skipped is not None:
+        skipped.extend(notes)
     return dict(sorted(ranks.items()))
 
 
@@ -357,13 +439,18 @@ class TraceReader:
         self.tables = tables
         self._offsets: dict[Path, int] = {}
         self._rejected: set[Path] = set()
+        self._dir_notes: list[Skipped] = []
+        self._noted: set[str] = set()
 
     def rank_dirs(self) -> dict[int, Path]:
         if not self.path.exists():
             raise TraceError(f"{self.path} does not exist")
         if not self.path.is_dir():
             raise TraceError(f"{self.path} is not a directory; give the trace directory diag.init wrote")
-        return find_rank_dirs(self.path)
+        skipped: list[Skipped] = []
+        found = find_rank_dirs(self.path, skipped)
+        self._dir_notes = skipped
+        return found
 
     def poll(self, progress=None) -> dict:
         """New rows per table, plus manifests, heartbeats, events and what was skipped in this read.
@@ -371,7 +458,8 @@ class TraceReader:
         Ranks are read by a few threads (pyarrow parses without holding the GIL); rows stay in Arrow until
         each table is converted to pandas once."""
         rank_dirs = self.rank_dirs()
-        skipped: list[Skipped] = []
+        skipped: list[Skipped] = [s for s in self._dir_notes if s.path not in self._noted]
+        self._noted.update(s.path for s in skipped)  # said once, not at every poll of a live view
         chunks: dict[str, list[pa.Table]] = {name: [] for name in self.tables}
         manifests, heartbeats, events = [], [], []
         with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
@@ -422,9 +510,14 @@ class TraceReader:
             return None
         offset = self._offsets.get(path, 0)
         try:
-            if path.stat().st_size <= offset:
-                return None
+            info = path.stat()
         except OSError:
+            return None
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or /dev/zero under a table's name: never read
+            self._rejected.add(path)
+            skipped.append(Skipped(str(path), "not a regular file: not read"))
+            return None
+        if info.st_size <= offset:
             return None
         chunk = read_table_arrow(path, table, offset)
         skipped.extend(chunk.skipped)
@@ -478,11 +571,7 @@ def assemble_trace(path: Path, data: dict) -> Trace:
             ranks = [r for r in ranks if r not in set(others)]
         elif len(counts) == 1:
             run_id = counts.index[0]
-    world_size = None
-    if not manifests.empty and "world_size" in manifests:
-        sizes = manifests["world_size"].dropna()
-        world_size = int(sizes.max()) if len(sizes) else None
-    world_size = world_size or (max(ranks) + 1 if ranks else None)
+    world_size = _world_size(manifests, ranks, skipped, path)
     without_manifest = sorted(set(ranks) - set(manifests.get("rank", [])))
     if without_manifest:
         skipped.append(Skipped(str(path), f"ranks {without_manifest} have no manifest.json; their rows are kept"))
@@ -504,6 +593,25 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         ranks_missing=missing,
         run_id=run_id,
     )
+
+
+def _world_size(manifests: pd.DataFrame, ranks: list[int], skipped: list[Skipped], path: Path) -> int | None:
+    """The manifests' world size when it is a plausible one (a whole number from 1 to MAX_RANK, at least the
+    highest rank present + 1); otherwise the one implied by the ranks present, and the odd value is named."""
+    implied = max(ranks) + 1 if ranks else None
+    if manifests.empty or "world_size" not in manifests:
+        return implied
+    raw = manifests["world_size"].dropna()
+    sizes = pd.to_numeric(raw, errors="coerce")
+    sane = sizes[(sizes >= 1) & (sizes <= MAX_RANK) & (sizes == sizes.round())]
+    if len(sane) < len(raw):
+        odd = sorted({str(v) for v in raw[~raw.index.isin(sane.index)]})[:5]
+        skipped.append(Skipped(str(path), f"implausible world_size in manifests ({', '.join(odd)}): ignored"))
+    world_size = int(sane.max()) if len(sane) else None
+    if world_size is not None and implied is not None and world_size < implied:
+        skipped.append(Skipped(str(path), f"world_size {world_size} but rank {implied - 1} present: using {implied}"))
+        world_size = implied
+    return world_size or implied
 
 
 def _drop_ranks(data: dict, ranks: set[int]) -> dict:
