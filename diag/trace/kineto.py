@@ -24,7 +24,9 @@ file is skipped with the reason; the others are still read.
 from __future__ import annotations
 
 import gzip
+import os
 import re
+import stat
 import zlib
 from array import array
 from dataclasses import dataclass, field
@@ -78,7 +80,14 @@ def kernel_kind(name: str) -> str:
 
 
 def _open(path: Path):
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+    """A regular file only: a FIFO or device named like a trace must not hang or exhaust the reader."""
+    from diag.trace.loader import NotRegularFile
+
+    handle = open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")  # noqa: SIM115 - returned to the caller
+    if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+        handle.close()
+        raise NotRegularFile(f"{path} is not a regular file")
+    return gzip.open(handle, "rb") if path.name.endswith(".gz") else handle
 
 
 def kineto_files(root: Path) -> list[Path]:
@@ -129,17 +138,34 @@ class RankEvents:
     cpu_colls: list = field(default_factory=list)  # (op, ts, dur): gloo annotations
 
 
+MAX_METADATA_DEPTH = 64  # nesting of one top-level metadata value; real traces have a handful of levels
+MAX_METADATA_EVENTS = 1_000_000  # parser events in the metadata before traceEvents
+
+
 def _read_metadata(handle) -> tuple[dict, bool]:
-    """Top-level keys before ``traceEvents`` (cheap: Kineto writes them first); True if traceEvents was found."""
+    """Top-level keys before ``traceEvents`` (cheap: Kineto writes them first); True if traceEvents was found.
+
+    ``basic_parse`` and a depth count, not ``parse``: ``parse`` gives every event its full prefix, which for
+    100 KB of nested metadata is quadratic (6 GB). Metadata nested too deep or too large is refused."""
     import ijson
 
     meta: dict = {}
-    key, builder = None, None
-    for prefix, event, value in ijson.parse(handle):
-        if prefix == "" and event in ("map_key", "end_map"):
+    key, builder, depth = None, None, 0
+    for seen, (event, value) in enumerate(ijson.basic_parse(handle), start=1):
+        if seen > MAX_METADATA_EVENTS:
+            raise ValueError(f"more than {MAX_METADATA_EVENTS} JSON values before traceEvents: not a Kineto trace")
+        if event in ("start_map", "start_array"):
+            depth += 1
+            if depth > MAX_METADATA_DEPTH:
+                raise ValueError(f"metadata nested deeper than {MAX_METADATA_DEPTH} levels")
+        elif event in ("end_map", "end_array"):
+            depth -= 1
+        top_key = event == "map_key" and depth == 1
+        if top_key or (event == "end_map" and depth == 0):
             if key is not None:
                 meta[key] = builder.value
-            if event == "end_map":
+                key, builder = None, None
+            if not top_key:
                 return meta, False
             if value == "traceEvents":
                 return meta, True
