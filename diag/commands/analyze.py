@@ -70,10 +70,14 @@ def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step, ki
 )
 @click.option(
     "--peak-tflops",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     help="Dense peak TFLOP/s per GPU for MFU (overrides the manifest and the datasheet table).",
 )
-@click.option("--flops-per-step", type=float, help="Model FLOPs of one step on one rank (overrides the manifest).")
+@click.option(
+    "--flops-per-step",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Model FLOPs of one step on one rank (overrides the manifest).",
+)
 @click.option(
     "--no-cache",
     is_flag=True,

@@ -149,6 +149,8 @@ class Trace:
     source: str = "diag"  # "diag" or "kineto"
 
     def manifest(self, rank: int) -> dict:
+        if self.manifests is None or "rank" not in self.manifests:
+            return {}  # no rank wrote a manifest
         rows = self.manifests[self.manifests["rank"] == rank]
         return {} if rows.empty else {k: v for k, v in rows.iloc[0].items() if not _is_missing(v)}
 
@@ -571,6 +573,8 @@ def assemble_trace(path: Path, data: dict) -> Trace:
             ranks = [r for r in ranks if r not in set(others)]
         elif len(counts) == 1:
             run_id = counts.index[0]
+    data = _latest_run_only(_drop_insane_durations(data, skipped, path), skipped, path)
+    manifests = _sane_manifests(manifests, skipped, path)
     world_size = _world_size(manifests, ranks, skipped, path)
     without_manifest = sorted(set(ranks) - set(manifests.get("rank", [])))
     if without_manifest:
@@ -593,6 +597,116 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         ranks_missing=missing,
         run_id=run_id,
     )
+
+
+MAX_DURATION_US = 7 * 24 * 3600 * 1_000_000  # a step, span or collective longer than a week is a damaged row
+
+
+def _drop_insane_durations(data: dict, skipped: list[Skipped], path: Path) -> dict:
+    """Rows with a negative duration, or one over MAX_DURATION_US (typically start and duration swapped: "costs
+    the job 1795514172969.3 ms/step"), are dropped and counted; an unfinished collective (null) is kept."""
+    out = dict(data)
+    for name in TABLES:
+        frame = data.get(name)
+        if frame is None or frame.empty or "duration_us" not in frame:
+            continue
+        duration = frame["duration_us"]
+        bad = ((duration < 0) | (duration > MAX_DURATION_US)).fillna(False).astype(bool).to_numpy()
+        if bad.any():
+            out[name] = frame[~bad].reset_index(drop=True)
+            skipped.append(
+                Skipped(
+                    str(path),
+                    f"{name}: rows with a negative duration or one over 7 days (start and duration swapped?) dropped",
+                    int(bad.sum()),
+                )
+            )
+    return out
+
+
+def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
+    """A job run twice into the same directory appends a second run to each file: step numbers go back to 0
+    (and throughput would double). Keep the latest run of each such rank: rows at or after the end of the
+    earlier run's last step. If the second run's clock is behind the first (time going backwards), the
+    runs cannot be told apart by time: only the steps table is cut, by position, and that is said."""
+    steps = data["steps"]
+    if steps.empty:
+        return data
+    cuts: dict[int, float] = {}
+    positional: dict[int, int] = {}
+    for rank, group in steps.groupby("rank", sort=False):
+        numbers = group["step"].to_numpy()
+        back = np.flatnonzero(numbers[1:] <= numbers[:-1])
+        if not len(back):
+            continue
+        first = int(back[-1]) + 1
+        previous_end = float(group["start_us"].iloc[first - 1] + group["duration_us"].iloc[first - 1])
+        if float(group["start_us"].iloc[first]) >= previous_end:
+            cuts[int(rank)] = previous_end
+        else:
+            positional[int(rank)] = int(group.index[first])
+    if not cuts and not positional:
+        return data
+    out = dict(data)
+    dropped = 0
+    for name in TABLES:
+        frame = out[name]
+        column = "start_us" if "start_us" in frame else "time_us" if "time_us" in frame else None
+        if frame.empty or column is None:
+            continue
+        limit = frame["rank"].map(cuts).to_numpy(dtype="float64", na_value=np.nan)
+        early = frame[column].to_numpy(dtype="float64", na_value=np.nan) < limit
+        if name == "steps":
+            first_kept = frame["rank"].map(positional).to_numpy(dtype="float64", na_value=np.nan)
+            early |= frame.index.to_numpy() < first_kept
+        if early.any():
+            dropped += int(early.sum())
+            out[name] = frame[~early].reset_index(drop=True)
+    ranks = sorted({*cuts, *positional})
+    how = "" if not positional else f" (ranks {sorted(positional)}: clock went backwards, only steps separated)"
+    skipped.append(
+        Skipped(
+            str(path),
+            f"ranks {ranks[:10]}{'...' if len(ranks) > 10 else ''}: step numbers start again (a second run appended "
+            f"to the same files?): only the latest run is analysed, rows of the earlier run left out{how}",
+            dropped,
+        )
+    )
+    return out
+
+
+# manifest values that divide or scale results: a zero, negative, non-finite or non-numeric one is dropped
+# (the analysis then falls back as if it were absent) and named, instead of a ZeroDivisionError or a wrong MFU
+POSITIVE_MANIFEST_FIELDS = ("peak_tflops", "flops_per_step", "tokens_per_step", "samples_per_step")
+
+
+def _sane_manifests(manifests: pd.DataFrame, skipped: list[Skipped], path: Path) -> pd.DataFrame:
+    if manifests.empty:
+        return manifests
+    manifests = manifests.copy()
+    for name in POSITIVE_MANIFEST_FIELDS:
+        if name not in manifests:
+            continue
+        raw = manifests[name]
+        numbers = pd.to_numeric(raw.where(raw.map(lambda v: not isinstance(v, bool))), errors="coerce")
+        bad = raw.notna() & ~(np.isfinite(numbers.astype("float64")) & (numbers > 0))
+        if bad.any():
+            odd = sorted({str(v)[:30] for v in raw[bad]})[:5]
+            skipped.append(Skipped(str(path), f"manifest {name} {', '.join(odd)} is not a positive number: ignored"))
+            manifests[name] = numbers.where(~bad)
+    if "schema_version" in manifests:
+        versions = pd.to_numeric(manifests["schema_version"], errors="coerce")
+        newer = versions > SCHEMA_VERSION
+        if newer.any():
+            ranks = manifests.loc[newer, "rank"].tolist() if "rank" in manifests else []
+            skipped.append(
+                Skipped(
+                    str(path),
+                    f"ranks {ranks[:10]} wrote manifest schema_version {int(versions[newer].max())}, newer than "
+                    f"this diag ({SCHEMA_VERSION}): read as version {SCHEMA_VERSION}, fields it does not know are ignored",
+                )
+            )
+    return manifests
 
 
 def _world_size(manifests: pd.DataFrame, ranks: list[int], skipped: list[Skipped], path: Path) -> int | None:
