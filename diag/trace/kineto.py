@@ -212,49 +212,53 @@ def _read_events(events, out: RankEvents) -> None:
     )
     l_corr, l_ts, names = out.launch_corr, out.launch_ts, out.names
     for e in events:
-        cat = e.get("cat")
-        if cat in GPU_CATS:
-            args = e.get("args") or {}
-            try:
-                stream, corr = int(args["stream"]), int(args.get("correlation", -1))
-                ts, dur = float(e["ts"]), float(e["dur"])
-            except (KeyError, TypeError, ValueError):
-                continue  # HTA too ignores GPU events without a stream or a duration
-            if stream < 0 or corr < 0:
-                continue
-            name = e.get("name", "")
-            name_id = names.get(name)
-            if name_id is None:
-                name_id = names[name] = len(names)
-            if cat == "kernel" and is_nccl_kernel(name):
-                out.nccl.append(
-                    (
-                        len(k_ts),
-                        args.get("Collective name"),
-                        args.get("In msg nelems"),
-                        args.get("dtype"),
-                        args.get("Process Group Name"),
+        try:  # free in CPython 3.11+ when nothing is raised
+            cat = e.get("cat")
+            if cat in GPU_CATS:
+                args = e.get("args") or {}
+                try:
+                    stream, corr = int(args["stream"]), int(args.get("correlation", -1))
+                    ts, dur = float(e["ts"]), float(e["dur"])
+                except (KeyError, TypeError, ValueError):
+                    continue  # HTA too ignores GPU events without a stream or a duration
+                if stream < 0 or corr < 0:
+                    continue
+                name = e.get("name", "")
+                name_id = names.get(name)
+                if name_id is None:
+                    name_id = names[name] = len(names)
+                if cat == "kernel" and is_nccl_kernel(name):
+                    out.nccl.append(
+                        (
+                            len(k_ts),
+                            args.get("Collective name"),
+                            args.get("In msg nelems"),
+                            args.get("dtype"),
+                            args.get("Process Group Name"),
+                        )
                     )
-                )
-            k_ts.append(ts)
-            k_dur.append(dur)
-            k_stream.append(stream)
-            k_corr.append(corr)
-            k_name.append(name_id)
-        elif cat in LAUNCH_CATS:
-            args = e.get("args") or {}
-            corr = args.get("correlation")
-            if corr is not None and "ts" in e:
-                l_corr.append(int(corr))
-                l_ts.append(float(e["ts"]))
-        elif cat in ("user_annotation", "cpu_op") and e.get("ph") == "X":
-            name = e.get("name", "")
-            if name.startswith("ProfilerStep"):
-                match = _STEP_RE.match(name)
-                if match and "dur" in e:
-                    out.steps.append((int(match.group(1)), float(e["ts"]), float(e["dur"])))
-            elif name.startswith("gloo:") and "dur" in e:
-                out.cpu_colls.append((name[5:], float(e["ts"]), float(e["dur"])))
+                k_ts.append(ts)
+                k_dur.append(dur)
+                k_stream.append(stream)
+                k_corr.append(corr)
+                k_name.append(name_id)
+            elif cat in LAUNCH_CATS:
+                args = e.get("args") or {}
+                corr = args.get("correlation")
+                if corr is not None and "ts" in e:
+                    l_corr.append(int(corr))
+                    l_ts.append(float(e["ts"]))
+            elif cat in ("user_annotation", "cpu_op") and e.get("ph") == "X":
+                name = e.get("name", "")
+                if name.startswith("ProfilerStep"):
+                    match = _STEP_RE.match(name)
+                    if match and "dur" in e:
+                        out.steps.append((int(match.group(1)), float(e["ts"]), float(e["dur"])))
+                elif name.startswith("gloo:") and "dur" in e:
+                    out.cpu_colls.append((name[5:], float(e["ts"]), float(e["dur"])))
+
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+            continue  # an event of odd types (a number, a list for a duration, a non-string name): not usable
 
 
 def _rank_of(rank_events: RankEvents, notes: list[Skipped]) -> int | None:

@@ -223,7 +223,7 @@ def run_case(case_dir: Path, work: Path) -> dict:
             "exit_code": result.exit_code,
             "crashed": crashed,
             "traceback": "".join(traceback.format_exception(result.exception))[-2000:] if crashed else "",
-            "output": (result.stdout + result.stderr)[-4000:],
+            "output": (result.stdout + result.stderr)[:200_000],
         }
     results["dashboard"] = _in_process("dashboard", lambda: _dashboard(case_dir))
     results["telemetry"] = _in_process("telemetry", lambda: _telemetry(case_dir))
