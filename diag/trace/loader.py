@@ -691,7 +691,7 @@ def _sane_manifests(manifests: pd.DataFrame, skipped: list[Skipped], path: Path)
         numbers = pd.to_numeric(raw.where(raw.map(lambda v: not isinstance(v, bool))), errors="coerce")
         bad = raw.notna() & ~(np.isfinite(numbers.astype("float64")) & (numbers > 0))
         if bad.any():
-            odd = sorted({str(v)[:30] for v in raw[bad]})[:5]
+            odd = sorted({_short(v) for v in raw[bad]})[:5]
             skipped.append(Skipped(str(path), f"manifest {name} {', '.join(odd)} is not a positive number: ignored"))
             manifests[name] = numbers.where(~bad)
     if "schema_version" in manifests:
@@ -707,6 +707,13 @@ def _sane_manifests(manifests: pd.DataFrame, skipped: list[Skipped], path: Path)
                 )
             )
     return manifests
+
+
+def _short(value) -> str:
+    """A value for a note: 0.0 (a column with gaps is float) as 0, and never more than 30 characters."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)[:30]
 
 
 def _world_size(manifests: pd.DataFrame, ranks: list[int], skipped: list[Skipped], path: Path) -> int | None:
