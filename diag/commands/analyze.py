@@ -13,6 +13,21 @@ def _nothing_usable(trace) -> bool:
     return all(getattr(trace, name).empty for name in ("steps", "phases", "collectives", "memory", "telemetry"))
 
 
+def _report_from_cache(state: dict):
+    """The cached report, or None when it is of another version or shape (a damaged or planted entry): recompute."""
+    from diag.analysis.report import REPORT_VERSION, Report
+    from diag.views import render
+
+    if state.get("report_version", REPORT_VERSION) != REPORT_VERSION or not isinstance(state.get("run"), dict):
+        return None
+    try:
+        report = Report.from_state(state)
+        render(report, "json")  # a report that cannot be rendered is no report
+    except Exception:  # noqa: BLE001 - whatever a bad cache entry raises, the answer is to recompute
+        return None
+    return report
+
+
 def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step, kineto: bool = False):
     from diag.analysis.report import analyze
     from diag.trace.loader import TraceError, load
@@ -55,10 +70,14 @@ def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step, ki
 )
 @click.option(
     "--peak-tflops",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     help="Dense peak TFLOP/s per GPU for MFU (overrides the manifest and the datasheet table).",
 )
-@click.option("--flops-per-step", type=float, help="Model FLOPs of one step on one rank (overrides the manifest).")
+@click.option(
+    "--flops-per-step",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Model FLOPs of one step on one rank (overrides the manifest).",
+)
 @click.option(
     "--no-cache",
     is_flag=True,
@@ -98,7 +117,9 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
     options = {"steps": steps, "peak_tflops": peak_tflops, "flops_per_step": flops_per_step}
     result_name = f"report-{options_fingerprint(**options)}"
     if cache is not None:
-        report = _cached_report(cache, result_name)
+        state = cache.get_result(result_name)
+        if state is not None:
+            report = _report_from_cache(state)
         if report is not None:
             click.echo(
                 f"(report read from the cache in {trace_dir}/.diag-cache; use --no-cache to recompute)", err=True
@@ -116,17 +137,3 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
         except OSError as exc:
             raise click.ClickException(f"cannot write {html_path}: {exc}") from exc
         click.echo(f"HTML report written to {html_path}", err=True)
-
-
-def _cached_report(cache, result_name: str):
-    """The report stored in the cache, or None when there is none or it does not rebuild (damaged, from
-    another version): then it is computed again, since a bad cache is never a reason to fail."""
-    from diag.analysis.report import Report
-
-    state = cache.get_result(result_name)
-    if state is None:
-        return None
-    try:
-        return Report.from_state(state)
-    except Exception:
-        return None

@@ -30,7 +30,7 @@ def is_loopback(host: str) -> bool:
     show_default=True,
     help="Address to bind. Anything but loopback exposes the traces: a token is then required.",
 )
-@click.option("--port", default=8050, show_default=True, type=int)
+@click.option("--port", default=8050, show_default=True, type=click.IntRange(1, 65535))
 @click.option(
     "--token",
     envvar="DIAG_DASHBOARD_TOKEN",
@@ -71,6 +71,10 @@ def command(trace_dir, host, port, token, refresh_s):
     loaded = f"{len(snap.trace.ranks_found)} ranks" if snap.trace is not None else f"nothing usable yet ({snap.error})"
     click.echo(f"Loaded {trace_dir}: {loaded} in {time.perf_counter() - started:.1f} s", err=True)
     app = create_app(trace_dir, token=token, refresh_ms=int(refresh_s * 1000), live=live)
+    if is_loopback(host):
+        from diag.dashboard.app import require_local_host_header
+
+        require_local_host_header(app.server, port)
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = f"http://{shown_host}:{port}/" + (f"?token={token}" if token else "")
     click.echo(f"Serving on {url}  (Ctrl-C to stop)", err=True)

@@ -193,6 +193,23 @@ def _status_text(live: LiveTrace, rank: int | None) -> str:
     return " · ".join(parts)
 
 
+LOCAL_HOST_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def require_local_host_header(server, port: int) -> None:
+    """Bound to loopback without a token, the only protection is that requests come from this machine; a web
+    page on another site can still reach 127.0.0.1 through a DNS name it rebinds to it (DNS rebinding). Such
+    requests carry that name in the Host header: accept only localhost, 127.0.0.1 and [::1] (with the port)."""
+    allowed = {name for host in LOCAL_HOST_NAMES for name in (host, f"{host}:{port}")}
+
+    @server.before_request
+    def _check_host():
+        from flask import abort, request
+
+        if request.host.lower() not in allowed:
+            abort(403, description="Host header not allowed: open the dashboard as http://127.0.0.1:PORT/")
+
+
 def _require_token(server, token: str) -> None:
     """Every request must carry ``token``: as ``?token=`` (then remembered in a cookie), a cookie or a header."""
     from flask import abort, request

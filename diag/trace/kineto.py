@@ -24,7 +24,9 @@ file is skipped with the reason; the others are still read.
 from __future__ import annotations
 
 import gzip
+import os
 import re
+import stat
 import zlib
 from array import array
 from dataclasses import dataclass, field
@@ -78,7 +80,14 @@ def kernel_kind(name: str) -> str:
 
 
 def _open(path: Path):
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+    """A regular file only: a FIFO or device named like a trace must not hang or exhaust the reader."""
+    from diag.trace.loader import NotRegularFile
+
+    handle = open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")  # noqa: SIM115 - returned to the caller
+    if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+        handle.close()
+        raise NotRegularFile(f"{path} is not a regular file")
+    return gzip.open(handle, "rb") if path.name.endswith(".gz") else handle
 
 
 def kineto_files(root: Path) -> list[Path]:
@@ -129,17 +138,34 @@ class RankEvents:
     cpu_colls: list = field(default_factory=list)  # (op, ts, dur): gloo annotations
 
 
+MAX_METADATA_DEPTH = 64  # nesting of one top-level metadata value; real traces have a handful of levels
+MAX_METADATA_EVENTS = 1_000_000  # parser events in the metadata before traceEvents
+
+
 def _read_metadata(handle) -> tuple[dict, bool]:
-    """Top-level keys before ``traceEvents`` (cheap: Kineto writes them first); True if traceEvents was found."""
+    """Top-level keys before ``traceEvents`` (cheap: Kineto writes them first); True if traceEvents was found.
+
+    ``basic_parse`` and a depth count, not ``parse``: ``parse`` gives every event its full prefix, which for
+    100 KB of nested metadata is quadratic (6 GB). Metadata nested too deep or too large is refused."""
     import ijson
 
     meta: dict = {}
-    key, builder = None, None
-    for prefix, event, value in ijson.parse(handle):
-        if prefix == "" and event in ("map_key", "end_map"):
+    key, builder, depth = None, None, 0
+    for seen, (event, value) in enumerate(ijson.basic_parse(handle), start=1):
+        if seen > MAX_METADATA_EVENTS:
+            raise ValueError(f"more than {MAX_METADATA_EVENTS} JSON values before traceEvents: not a Kineto trace")
+        if event in ("start_map", "start_array"):
+            depth += 1
+            if depth > MAX_METADATA_DEPTH:
+                raise ValueError(f"metadata nested deeper than {MAX_METADATA_DEPTH} levels")
+        elif event in ("end_map", "end_array"):
+            depth -= 1
+        top_key = event == "map_key" and depth == 1
+        if top_key or (event == "end_map" and depth == 0):
             if key is not None:
                 meta[key] = builder.value
-            if event == "end_map":
+                key, builder = None, None
+            if not top_key:
                 return meta, False
             if value == "traceEvents":
                 return meta, True
@@ -186,49 +212,53 @@ def _read_events(events, out: RankEvents) -> None:
     )
     l_corr, l_ts, names = out.launch_corr, out.launch_ts, out.names
     for e in events:
-        cat = e.get("cat")
-        if cat in GPU_CATS:
-            args = e.get("args") or {}
-            try:
-                stream, corr = int(args["stream"]), int(args.get("correlation", -1))
-                ts, dur = float(e["ts"]), float(e["dur"])
-            except (KeyError, TypeError, ValueError):
-                continue  # HTA too ignores GPU events without a stream or a duration
-            if stream < 0 or corr < 0:
-                continue
-            name = e.get("name", "")
-            name_id = names.get(name)
-            if name_id is None:
-                name_id = names[name] = len(names)
-            if cat == "kernel" and is_nccl_kernel(name):
-                out.nccl.append(
-                    (
-                        len(k_ts),
-                        args.get("Collective name"),
-                        args.get("In msg nelems"),
-                        args.get("dtype"),
-                        args.get("Process Group Name"),
+        try:  # free in CPython 3.11+ when nothing is raised
+            cat = e.get("cat")
+            if cat in GPU_CATS:
+                args = e.get("args") or {}
+                try:
+                    stream, corr = int(args["stream"]), int(args.get("correlation", -1))
+                    ts, dur = float(e["ts"]), float(e["dur"])
+                except (KeyError, TypeError, ValueError):
+                    continue  # HTA too ignores GPU events without a stream or a duration
+                if stream < 0 or corr < 0:
+                    continue
+                name = e.get("name", "")
+                name_id = names.get(name)
+                if name_id is None:
+                    name_id = names[name] = len(names)
+                if cat == "kernel" and is_nccl_kernel(name):
+                    out.nccl.append(
+                        (
+                            len(k_ts),
+                            args.get("Collective name"),
+                            args.get("In msg nelems"),
+                            args.get("dtype"),
+                            args.get("Process Group Name"),
+                        )
                     )
-                )
-            k_ts.append(ts)
-            k_dur.append(dur)
-            k_stream.append(stream)
-            k_corr.append(corr)
-            k_name.append(name_id)
-        elif cat in LAUNCH_CATS:
-            args = e.get("args") or {}
-            corr = args.get("correlation")
-            if corr is not None and "ts" in e:
-                l_corr.append(int(corr))
-                l_ts.append(float(e["ts"]))
-        elif cat in ("user_annotation", "cpu_op") and e.get("ph") == "X":
-            name = e.get("name", "")
-            if name.startswith("ProfilerStep"):
-                match = _STEP_RE.match(name)
-                if match and "dur" in e:
-                    out.steps.append((int(match.group(1)), float(e["ts"]), float(e["dur"])))
-            elif name.startswith("gloo:") and "dur" in e:
-                out.cpu_colls.append((name[5:], float(e["ts"]), float(e["dur"])))
+                k_ts.append(ts)
+                k_dur.append(dur)
+                k_stream.append(stream)
+                k_corr.append(corr)
+                k_name.append(name_id)
+            elif cat in LAUNCH_CATS:
+                args = e.get("args") or {}
+                corr = args.get("correlation")
+                if corr is not None and "ts" in e:
+                    l_corr.append(int(corr))
+                    l_ts.append(float(e["ts"]))
+            elif cat in ("user_annotation", "cpu_op") and e.get("ph") == "X":
+                name = e.get("name", "")
+                if name.startswith("ProfilerStep"):
+                    match = _STEP_RE.match(name)
+                    if match and "dur" in e:
+                        out.steps.append((int(match.group(1)), float(e["ts"]), float(e["dur"])))
+                elif name.startswith("gloo:") and "dur" in e:
+                    out.cpu_colls.append((name[5:], float(e["ts"]), float(e["dur"])))
+
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+            continue  # an event of odd types (a number, a list for a duration, a non-string name): not usable
 
 
 def _rank_of(rank_events: RankEvents, notes: list[Skipped], only_file: bool) -> int | None:

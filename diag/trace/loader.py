@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,72 @@ _ARROW_TYPES = {
 
 class TraceError(Exception):
     """Nothing in the directory can be analysed; the message says why and what was expected."""
+
+
+# Limits on what is read from input (docs/reliability.md): a small JSON file that is huge or deeply nested is
+# not one diag wrote, and reading it whole would only exhaust memory or the stack.
+MAX_JSON_FILE_BYTES = 16 << 20  # manifest.json, heartbeat.json, hang dumps
+MAX_JSON_DEPTH = 64
+MAX_RANK = 1 << 20  # a rank number (directory name, manifest, world_size) above this is not a real job
+
+
+class NotRegularFile(OSError):
+    """A FIFO, device, socket or directory where a file was expected: never opened for reading in full."""
+
+
+def read_file_bytes(path: str | Path, offset: int = 0, max_bytes: int | None = None) -> bytes:
+    """The bytes of the regular file ``path`` from ``offset``. Opened non-blocking, so a FIFO planted under the
+    name cannot hang the reader, and checked with fstat before anything is read: FIFOs, /dev/zero and other
+    non-regular files raise NotRegularFile, files over ``max_bytes`` raise OSError(EFBIG)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+        if max_bytes is not None and info.st_size - offset > max_bytes:
+            raise OSError(27, f"{info.st_size} bytes, more than the {max_bytes} diag reads from such a file", str(path))
+        with os.fdopen(fd, "rb", closefd=True) as handle:
+            fd = -1
+            handle.seek(offset)
+            return handle.read() if max_bytes is None else handle.read(max_bytes + 1)[:max_bytes]
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def json_depth_ok(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the brackets of a JSON text nest at most ``max_depth`` deep (strings ignored), checked before
+    ``json.loads``: deep nesting would raise RecursionError or take the stack with it."""
+    if isinstance(text, str):
+        text = text.encode("utf-8", "surrogatepass")
+    if text.count(b"[") + text.count(b"{") <= max_depth:
+        return True
+    depth, in_string, escaped = 0, False, False
+    for byte in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > max_depth:
+                return False
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return True
+
+
+def load_json_limited(path: str | Path, max_bytes: int = MAX_JSON_FILE_BYTES):
+    """json.loads of a small regular file, with the size and nesting limits. Raises OSError or ValueError."""
+    data = read_file_bytes(path, max_bytes=max_bytes)
+    if not json_depth_ok(data):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return json.loads(data)
 
 
 @dataclass
@@ -82,6 +149,8 @@ class Trace:
     source: str = "diag"  # "diag" or "kineto"
 
     def manifest(self, rank: int) -> dict:
+        if self.manifests is None or "rank" not in self.manifests:
+            return {}  # no rank wrote a manifest
         rows = self.manifests[self.manifests["rank"] == rank]
         return {} if rows.empty else {k: v for k, v in rows.iloc[0].items() if not _is_missing(v)}
 
@@ -136,9 +205,7 @@ def read_table_arrow(path: Path, table: Table, offset: int = 0) -> ArrowChunk:
     """Like ``read_table_file`` but leaves the rows in Arrow: converting thousands of small files to pandas one
     by one costs more than parsing them, so ``TraceReader`` converts each table once, after concatenating."""
     try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
+        data = read_file_bytes(path, offset)
     except OSError as exc:
         return ArrowChunk(None, offset, [Skipped(str(path), f"unreadable: {exc}")])
     end = data.rfind(b"\n") + 1  # a last line without newline is still being written
@@ -177,18 +244,55 @@ def _parse_rows(data: bytes, start: int, end: int, table: Table) -> tuple[pa.Tab
     if end <= start or (end - start < 4096 and not data[start:end].strip()):
         return None, 0
     lines = data.count(b"\n", start, end)
+    if not data.isascii() and not _is_utf8(memoryview(data)[start:end]):
+        # pyarrow's bad-row handler cannot even decode such a row (it prints a traceback with the bytes)
+        arrow = _parse_lenient(data[start:end], table)
+        return arrow, lines - arrow.num_rows
     rows = pa.py_buffer(memoryview(data)[start:end])
     try:
-        arrow = _parse_typed(rows, table)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        arrow = _parse_lenient(rows, table)
+        arrow = _finite_floats(_parse_typed(rows, table), table)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        # garbage somewhere (text in a number, 1.5 or inf or 20 digits in an integer, non-UTF-8, binary junk):
+        # the slow path checks line by line and keeps only the rows that are entirely sane
+        try:
+            arrow = _parse_lenient_arrow(rows, table)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            arrow = _parse_lenient(data[start:end], table)
     return arrow, lines - arrow.num_rows
+
+
+def _is_utf8(data: memoryview) -> bool:
+    try:
+        str(data, "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _finite_floats(arrow: pa.Table, table: Table) -> pa.Table:
+    """inf and nan in a float column become null (unknown), not numbers that poison every mean."""
+    for i, column in enumerate(table.columns):
+        if column.dtype != "Float64":
+            continue
+        values = arrow.column(i)
+        finite = pc.is_finite(values)
+        if pc.all(pc.or_kleene(finite, pc.is_null(values))).as_py() is False:
+            arrow = arrow.set_column(i, column.name, pc.if_else(finite, values, pa.scalar(None, pa.float64())))
+    return arrow
+
+
+_INT_RANGES = {"int64": (-(2**63) + 1024, 2**63 - 1024), "Int64": (-(2**63) + 1024, 2**63 - 1024), "int8": (-128, 127)}
 
 
 def _csv_options(table: Table, types: dict):
     bad_rows = []
     read = pacsv.ReadOptions(column_names=table.column_names, use_threads=True, block_size=1 << 22)
-    parse = pacsv.ParseOptions(invalid_row_handler=lambda row: bad_rows.append(row) or "skip", newlines_in_values=False)
+    parse = pacsv.ParseOptions(
+        invalid_row_handler=lambda row: bad_rows.append(row) or "skip",
+        newlines_in_values=False,
+        quote_char=False,  # the writer never quotes: a stray '"' must not swallow the rows after it
+        double_quote=False,
+    )
     convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True, quoted_strings_can_be_null=True)
     return read, parse, convert
 
@@ -213,14 +317,66 @@ def _parse_typed(rows: pa.Buffer, table: Table) -> pa.Table:
     return _drop_incomplete(pacsv.read_csv(pa.BufferReader(rows), *_csv_options(table, types)), table)
 
 
-def _parse_lenient(rows: pa.Buffer, table: Table) -> pa.Table:
-    """Slow path for files with garbage in a numeric field: parse as text, drop rows that do not convert."""
+_NUMBER_PATTERNS = {
+    "int64": r"^-?[0-9]{1,18}$",  # 18 digits always fit int64
+    "Int64": r"^-?[0-9]{1,18}$",
+    "int8": r"^-?[0-9]{1,3}$",
+    "Float64": r"^-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$",  # finite: no inf or nan
+}
+
+
+def _parse_lenient_arrow(rows: pa.Buffer, table: Table) -> pa.Table:
+    """Middle path (valid UTF-8, a bad value somewhere): pyarrow reads every column as text, rows whose numbers
+    do not match their column's pattern are dropped, the rest cast, all in pyarrow's C++ (a 2M-row file with
+    one bad row costs seconds, not minutes)."""
     types = {c.name: pa.string() for c in table.columns}
-    frame = pacsv.read_csv(pa.BufferReader(rows), *_csv_options(table, types)).to_pandas()
+    arrow = pacsv.read_csv(pa.BufferReader(rows), *_csv_options(table, types))
+    keep = pa.array(np.ones(arrow.num_rows, dtype=bool))
+    for column in table.columns:
+        if column.dtype == "category":
+            continue
+        matches = pc.match_substring_regex(arrow.column(column.name), _NUMBER_PATTERNS[column.dtype])
+        keep = pc.and_(keep, matches.fill_null(column.dtype not in ("int64", "int8")))
+    arrow = arrow.filter(keep)
+    arrays = []
+    for column in table.columns:
+        values = arrow.column(column.name)
+        if column.dtype == "category":
+            arrays.append(values.dictionary_encode())
+        elif column.dtype == "int8":
+            wide = pc.cast(values, pa.int64())
+            arrays.append(wide)
+        else:
+            arrays.append(pc.cast(values, _ARROW_TYPES[column.dtype]))
+    wide = pa.Table.from_arrays(arrays, names=table.column_names)
+    for column in table.columns:
+        if column.dtype == "int8":
+            values = wide.column(column.name)
+            wide = wide.filter(pc.and_(pc.greater_equal(values, -128), pc.less_equal(values, 127)))
+    return wide.cast(_arrow_schema(table))
+
+
+def _parse_lenient(data: bytes, table: Table) -> pa.Table:
+    """Slow path for a damaged file, line by line: a row is kept only if it is valid UTF-8 with the right number
+    of fields and every number converts to its column's type (integers integral and in range, floats finite;
+    a bad optional value becomes null). Everything else is counted as lost by the caller, never fatal."""
+    names = table.column_names
+    good = []
+    for line in data.split(b"\n"):
+        try:
+            fields = line.decode("utf-8").rstrip("\r").split(",")
+        except UnicodeDecodeError:
+            continue
+        if len(fields) == len(names):
+            good.append([f if f else None for f in fields])
+    frame = pd.DataFrame(good, columns=names, dtype=object)
     for column in table.columns:
         if column.dtype != "category":
-            frame[column.name] = pd.to_numeric(frame[column.name], errors="coerce")
-    frame = frame.dropna(subset=_required(table))
+            frame[column.name] = _sane_numbers(frame[column.name], column.dtype)
+    return _to_arrow(frame.dropna(subset=_required(table)), table)
+
+
+def _to_arrow(frame: pd.DataFrame, table: Table) -> pa.Table:
     arrays = []
     for column in table.columns:
         values = frame[column.name]
@@ -233,6 +389,16 @@ def _parse_lenient(rows: pa.Buffer, table: Table) -> pa.Table:
                 )
             )
     return pa.Table.from_arrays(arrays, schema=_arrow_schema(table))
+
+
+def _sane_numbers(values: pd.Series, dtype: str) -> pd.Series:
+    """Numbers as float64 with NaN for anything that does not fit ``dtype`` (text, inf, 1.5 in an int, 20 digits)."""
+    numbers = pd.to_numeric(values, errors="coerce").astype("float64")
+    sane = np.isfinite(numbers)
+    if dtype in _INT_RANGES:
+        low, high = _INT_RANGES[dtype]
+        sane &= (numbers == np.floor(numbers)) & (numbers >= low) & (numbers <= high)
+    return numbers.where(sane)
 
 
 def to_frame(parts: list[pa.Table], table: Table, rank_column: bool = False) -> pd.DataFrame:
@@ -251,10 +417,10 @@ def to_frame(parts: list[pa.Table], table: Table, rank_column: bool = False) -> 
 
 def _read_json(path: Path, skipped: list[Skipped]) -> dict | None:
     try:
-        value = json.loads(path.read_text())
+        value = load_json_limited(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         skipped.append(Skipped(str(path), f"unreadable JSON: {exc}"))
         return None
     if not isinstance(value, dict):
@@ -265,33 +431,50 @@ def _read_json(path: Path, skipped: list[Skipped]) -> dict | None:
 
 def _read_events(path: Path, offset: int, skipped: list[Skipped]) -> tuple[list[dict], int]:
     try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
-    except OSError:
+        data = read_file_bytes(path, offset)
+    except FileNotFoundError:
+        return [], offset
+    except OSError as exc:
+        skipped.append(Skipped(str(path), f"unreadable: {exc}"))
         return [], offset
     end = data.rfind(b"\n") + 1
     events, bad = [], 0
     for line in data[:end].splitlines():
         try:
+            if not json_depth_ok(line):
+                raise ValueError("nested too deep")
             event = json.loads(line)
             if isinstance(event, dict):
                 events.append(event)
             else:
                 bad += 1
-        except ValueError:
+        except (ValueError, RecursionError):
             bad += 1
     if bad:
         skipped.append(Skipped(str(path), "corrupt events skipped", bad))
     return events, offset + end
 
 
-def find_rank_dirs(root: Path) -> dict[int, Path]:
-    ranks = {}
-    for child in root.iterdir() if root.is_dir() else ():
+def find_rank_dirs(root: Path, skipped: list[Skipped] | None = None) -> dict[int, Path]:
+    """``rankN`` sub-directories by rank. Two spellings of one rank (rank00001 and rank1) keep the canonical
+    five-digit one; a rank above MAX_RANK is not a real job's; both are named in ``skipped`` when given."""
+    ranks: dict[int, Path] = {}
+    notes: list[Skipped] = []
+    for child in sorted(root.iterdir()) if root.is_dir() else ():
         match = RANK_DIR_RE.match(child.name)
-        if match and child.is_dir():
-            ranks[int(match.group(1))] = child
+        if not match or not child.is_dir():
+            continue
+        rank = int(match.group(1)) if len(match.group(1)) < 19 else MAX_RANK + 1
+        if rank > MAX_RANK:
+            notes.append(Skipped(str(child), f"rank number above {MAX_RANK}: not read"))
+            continue
+        if rank in ranks:
+            keep, drop = sorted([ranks[rank], child], key=lambda p: (p.name != f"rank{rank:05d}", p.name))
+            notes.append(Skipped(str(drop), f"a second directory for rank {rank} (besides {keep.name}): not read"))
+            child = keep
+        ranks[rank] = child
+    if skipped is not None:
+        skipped.extend(notes)
     return dict(sorted(ranks.items()))
 
 
@@ -303,13 +486,18 @@ class TraceReader:
         self.tables = tables
         self._offsets: dict[Path, int] = {}
         self._rejected: set[Path] = set()
+        self._dir_notes: list[Skipped] = []
+        self._noted: set[str] = set()
 
     def rank_dirs(self) -> dict[int, Path]:
         if not self.path.exists():
             raise TraceError(f"{self.path} does not exist")
         if not self.path.is_dir():
             raise TraceError(f"{self.path} is not a directory; give the trace directory diag.init wrote")
-        return find_rank_dirs(self.path)
+        skipped: list[Skipped] = []
+        found = find_rank_dirs(self.path, skipped)
+        self._dir_notes = skipped
+        return found
 
     def poll(self, progress=None) -> dict:
         """New rows per table, plus manifests, heartbeats, events and what was skipped in this read.
@@ -317,7 +505,8 @@ class TraceReader:
         Ranks are read by a few threads (pyarrow parses without holding the GIL); rows stay in Arrow until
         each table is converted to pandas once."""
         rank_dirs = self.rank_dirs()
-        skipped: list[Skipped] = []
+        skipped: list[Skipped] = [s for s in self._dir_notes if s.path not in self._noted]
+        self._noted.update(s.path for s in skipped)  # said once, not at every poll of a live view
         chunks: dict[str, list[pa.Table]] = {name: [] for name in self.tables}
         manifests, heartbeats, events = [], [], []
         with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
@@ -368,9 +557,14 @@ class TraceReader:
             return None
         offset = self._offsets.get(path, 0)
         try:
-            if path.stat().st_size <= offset:
-                return None
+            info = path.stat()
         except OSError:
+            return None
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or /dev/zero under a table's name: never read
+            self._rejected.add(path)
+            skipped.append(Skipped(str(path), "not a regular file: not read"))
+            return None
+        if info.st_size <= offset:
             return None
         chunk = read_table_arrow(path, table, offset)
         skipped.extend(chunk.skipped)
@@ -424,11 +618,9 @@ def assemble_trace(path: Path, data: dict) -> Trace:
             ranks = [r for r in ranks if r not in set(others)]
         elif len(counts) == 1:
             run_id = counts.index[0]
-    world_size = None
-    if not manifests.empty and "world_size" in manifests:
-        sizes = manifests["world_size"].dropna()
-        world_size = int(sizes.max()) if len(sizes) else None
-    world_size = world_size or (max(ranks) + 1 if ranks else None)
+    data = _latest_run_only(_drop_insane_durations(data, skipped, path), skipped, path)
+    manifests = _sane_manifests(manifests, skipped, path)
+    world_size = _world_size(manifests, ranks, skipped, path)
     without_manifest = sorted(set(ranks) - set(manifests.get("rank", [])))
     if without_manifest:
         skipped.append(Skipped(str(path), f"ranks {without_manifest} have no manifest.json; their rows are kept"))
@@ -450,6 +642,142 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         ranks_missing=missing,
         run_id=run_id,
     )
+
+
+MAX_DURATION_US = 7 * 24 * 3600 * 1_000_000  # a step, span or collective longer than a week is a damaged row
+
+
+def _drop_insane_durations(data: dict, skipped: list[Skipped], path: Path) -> dict:
+    """Rows with a negative duration, or one over MAX_DURATION_US (typically start and duration swapped: "costs
+    the job 1795514172969.3 ms/step"), are dropped and counted; an unfinished collective (null) is kept."""
+    out = dict(data)
+    for name in TABLES:
+        frame = data.get(name)
+        if frame is None or frame.empty or "duration_us" not in frame:
+            continue
+        duration = frame["duration_us"]
+        bad = ((duration < 0) | (duration > MAX_DURATION_US)).fillna(False).astype(bool).to_numpy()
+        if bad.any():
+            out[name] = frame[~bad].reset_index(drop=True)
+            skipped.append(
+                Skipped(
+                    str(path),
+                    f"{name}: rows with a negative duration or one over 7 days (start and duration swapped?) dropped",
+                    int(bad.sum()),
+                )
+            )
+    return out
+
+
+def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
+    """A job run twice into the same directory appends a second run to each file: step numbers go back to 0
+    (and throughput would double). Keep the latest run of each such rank: rows at or after the end of the
+    earlier run's last step. If the second run's clock is behind the first (time going backwards), the
+    runs cannot be told apart by time: only the steps table is cut, by position, and that is said."""
+    steps = data["steps"]
+    if steps.empty:
+        return data
+    cuts: dict[int, float] = {}
+    positional: dict[int, int] = {}
+    for rank, group in steps.groupby("rank", sort=False):
+        numbers = group["step"].to_numpy()
+        back = np.flatnonzero(numbers[1:] <= numbers[:-1])
+        if not len(back):
+            continue
+        first = int(back[-1]) + 1
+        previous_end = float(group["start_us"].iloc[first - 1] + group["duration_us"].iloc[first - 1])
+        if float(group["start_us"].iloc[first]) >= previous_end:
+            cuts[int(rank)] = previous_end
+        else:
+            positional[int(rank)] = int(group.index[first])
+    if not cuts and not positional:
+        return data
+    out = dict(data)
+    dropped = 0
+    for name in TABLES:
+        frame = out[name]
+        column = "start_us" if "start_us" in frame else "time_us" if "time_us" in frame else None
+        if frame.empty or column is None:
+            continue
+        limit = frame["rank"].map(cuts).to_numpy(dtype="float64", na_value=np.nan)
+        early = frame[column].to_numpy(dtype="float64", na_value=np.nan) < limit
+        if name == "steps":
+            first_kept = frame["rank"].map(positional).to_numpy(dtype="float64", na_value=np.nan)
+            early |= frame.index.to_numpy() < first_kept
+        if early.any():
+            dropped += int(early.sum())
+            out[name] = frame[~early].reset_index(drop=True)
+    ranks = sorted({*cuts, *positional})
+    how = "" if not positional else f" (ranks {sorted(positional)}: clock went backwards, only steps separated)"
+    skipped.append(
+        Skipped(
+            str(path),
+            f"ranks {ranks[:10]}{'...' if len(ranks) > 10 else ''}: step numbers start again (a second run appended "
+            f"to the same files?): only the latest run is analysed, rows of the earlier run left out{how}",
+            dropped,
+        )
+    )
+    return out
+
+
+# manifest values that divide or scale results: a zero, negative, non-finite or non-numeric one is dropped
+# (the analysis then falls back as if it were absent) and named, instead of a ZeroDivisionError or a wrong MFU
+POSITIVE_MANIFEST_FIELDS = ("peak_tflops", "flops_per_step", "tokens_per_step", "samples_per_step")
+
+
+def _sane_manifests(manifests: pd.DataFrame, skipped: list[Skipped], path: Path) -> pd.DataFrame:
+    if manifests.empty:
+        return manifests
+    manifests = manifests.copy()
+    for name in POSITIVE_MANIFEST_FIELDS:
+        if name not in manifests:
+            continue
+        raw = manifests[name]
+        numbers = pd.to_numeric(raw.where(raw.map(lambda v: not isinstance(v, bool))), errors="coerce")
+        bad = raw.notna() & ~(np.isfinite(numbers.astype("float64")) & (numbers > 0))
+        if bad.any():
+            odd = sorted({_short(v) for v in raw[bad]})[:5]
+            skipped.append(Skipped(str(path), f"manifest {name} {', '.join(odd)} is not a positive number: ignored"))
+            manifests[name] = numbers.where(~bad)
+    if "schema_version" in manifests:
+        versions = pd.to_numeric(manifests["schema_version"], errors="coerce")
+        newer = versions > SCHEMA_VERSION
+        if newer.any():
+            ranks = manifests.loc[newer, "rank"].tolist() if "rank" in manifests else []
+            skipped.append(
+                Skipped(
+                    str(path),
+                    f"ranks {ranks[:10]} wrote manifest schema_version {int(versions[newer].max())}, newer than "
+                    f"this diag ({SCHEMA_VERSION}): read as version {SCHEMA_VERSION}, fields it does not know are ignored",
+                )
+            )
+    return manifests
+
+
+def _short(value) -> str:
+    """A value for a note: 0.0 (a column with gaps is float) as 0, and never more than 30 characters."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)[:30]
+
+
+def _world_size(manifests: pd.DataFrame, ranks: list[int], skipped: list[Skipped], path: Path) -> int | None:
+    """The manifests' world size when it is a plausible one (a whole number from 1 to MAX_RANK, at least the
+    highest rank present + 1); otherwise the one implied by the ranks present, and the odd value is named."""
+    implied = max(ranks) + 1 if ranks else None
+    if manifests.empty or "world_size" not in manifests:
+        return implied
+    raw = manifests["world_size"].dropna()
+    sizes = pd.to_numeric(raw, errors="coerce")
+    sane = sizes[(sizes >= 1) & (sizes <= MAX_RANK) & (sizes == sizes.round())]
+    if len(sane) < len(raw):
+        odd = sorted({str(v) for v in raw[~raw.index.isin(sane.index)]})[:5]
+        skipped.append(Skipped(str(path), f"implausible world_size in manifests ({', '.join(odd)}): ignored"))
+    world_size = int(sane.max()) if len(sane) else None
+    if world_size is not None and implied is not None and world_size < implied:
+        skipped.append(Skipped(str(path), f"world_size {world_size} but rank {implied - 1} present: using {implied}"))
+        world_size = implied
+    return world_size or implied
 
 
 def _drop_ranks(data: dict, ranks: set[int]) -> dict:

@@ -18,7 +18,13 @@ from typing import Any
 
 # Types a Flight Recorder dump is made of; anything else means the file is not a dump (or is hostile).
 PLAIN_TYPES = (dict, list, tuple, set, frozenset, str, bytes, int, float, bool, type(None))
-MAX_DUMP_BYTES = 2 << 30  # refuse to read more than this into memory
+MAX_DUMP_BYTES = 512 << 20  # refuse to read more than this into memory (real dumps: tens of MB)
+# Bounds on the shape of what a dump may unpickle to, so that a crafted file (a list containing itself, a
+# memo graph referencing one container millions of times, 100000 levels of nesting) is refused in bounded time
+# instead of hanging triage: real dumps are a few levels deep and at most a few million values.
+MAX_DUMP_DEPTH = 32
+MAX_RANK = 1 << 20  # as diag.trace.loader.MAX_RANK: pg_config members above it are not real ranks
+MAX_DUMP_NODES = 20_000_000
 TRAILING_RANK_RE = re.compile(r"^(.*?)(\d+)(\.pkl|\.pickle|\.json)?$")
 DEFAULT_PG = "0"  # c10d names the default process group "0"
 # Frames from these paths are the machinery under a call, not the call site a user wants to see.
@@ -58,16 +64,37 @@ def restricted_loads(data: bytes) -> Any:
 
 
 def _check_plain(value: Any) -> None:
-    stack = [value]
+    """Plain data only, no cycles, at most MAX_DUMP_DEPTH deep and MAX_DUMP_NODES visits: an iterative DFS that
+    tracks the containers on the current path (a cycle) and those already checked (a shared one is not walked
+    twice, so a memo graph costs what its file costs)."""
+    on_path: set[int] = set()
+    checked: set[int] = set()
+    visits = 0
+    stack: list[tuple[Any, int, bool]] = [(value, 0, False)]
     while stack:
-        item = stack.pop()
+        item, depth, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(item))
+            checked.add(id(item))
+            continue
+        visits += 1
+        if visits > MAX_DUMP_NODES:
+            raise Refused(f"more than {MAX_DUMP_NODES} values: not a Flight Recorder dump")
         if not isinstance(item, PLAIN_TYPES):
             raise Refused(f"unexpected {type(item).__name__} in dump")
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            stack.extend(item)
+        if not isinstance(item, (dict, list, tuple, set, frozenset)):
+            continue
+        key = id(item)
+        if key in on_path:
+            raise Refused("a container that contains itself (a cycle): not a Flight Recorder dump")
+        if key in checked:
+            continue
+        if depth >= MAX_DUMP_DEPTH:
+            raise Refused(f"nested deeper than {MAX_DUMP_DEPTH} levels: not a Flight Recorder dump")
+        on_path.add(key)
+        stack.append((item, depth, True))
+        children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+        stack.extend((child, depth + 1, False) for child in children)
 
 
 @dataclass(frozen=True)
@@ -117,20 +144,23 @@ class FRDump:
 def read_dump_file(path: str | Path) -> Any:
     """Parse a dump file (pickle or JSON) into plain Python data. Raises DumpRejected."""
     path = Path(path)
+    from diag.trace.loader import read_file_bytes  # regular files only: a FIFO must not hang triage
+
     try:
-        size_bytes = path.stat().st_size
-        if size_bytes > MAX_DUMP_BYTES:
-            raise DumpRejected(f"{size_bytes} bytes is larger than any Flight Recorder dump diag expects")
-        data = path.read_bytes()
+        data = read_file_bytes(path, max_bytes=MAX_DUMP_BYTES)
     except OSError as exc:
         raise DumpRejected(f"unreadable: {exc}") from exc
     if not data:
         raise DumpRejected("empty file")
     if data[:1] in (b"{", b"[") or data.lstrip()[:1] == b"{":
         try:
-            return json.loads(data)
-        except ValueError as exc:
-            raise DumpRejected(f"not valid JSON: {exc}") from exc
+            value = json.loads(data)
+            _check_plain(value)
+            return value
+        except (ValueError, RecursionError) as exc:
+            raise DumpRejected(f"not valid JSON: {type(exc).__name__}: {exc}") from exc
+        except Refused as exc:
+            raise DumpRejected(f"rejected JSON: {exc}") from exc
     if data[:1] != b"\x80":
         raise DumpRejected("neither a pickle nor JSON")
     try:
@@ -245,7 +275,15 @@ def _rank_list(value: Any) -> list[int]:
         except ValueError:
             return []
     return (
-        [int(r) for r in value if isinstance(r, (int, str)) and str(r).lstrip("-").isdigit()]
+        [
+            int(r)
+            for r in value
+            if isinstance(r, (int, str))
+            and len(str(r)) < 20
+            and str(r).isascii()
+            and str(r).isdigit()
+            and int(r) <= MAX_RANK
+        ]
         if isinstance(value, (list, tuple))
         else []
     )
@@ -254,7 +292,7 @@ def _rank_list(value: Any) -> list[int]:
 def _int(value: Any, default):
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # None, text, nan, inf, more digits than int() takes
         return default
 
 

@@ -9,14 +9,24 @@ dumps. No torch.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from diag.trace.loader import Skipped, TraceError, TraceReader, assemble_trace, empty_table, find_rank_dirs
+from diag.trace.loader import (
+    MAX_RANK,
+    Skipped,
+    TraceError,
+    TraceReader,
+    assemble_trace,
+    empty_table,
+    find_rank_dirs,
+    load_json_limited,
+    read_file_bytes,
+)
 from diag.trace.schema import TABLES
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 
@@ -169,8 +179,8 @@ def _rank_info(rank: int, rank_dir: Path, manifest: dict, heartbeat: dict | None
         if info.stall_dump is None and reason.startswith(("stall", "signal")) and _main_frames(dump):
             info.stall_dump = dump
     fatal = rank_dir / FATAL_STACKS_FILE
-    if fatal.exists() and fatal.stat().st_size:
-        info.fatal_stacks = fatal.read_text(errors="replace")[:20000]
+    with contextlib.suppress(OSError):  # absent, or a FIFO/device planted under the name
+        info.fatal_stacks = read_file_bytes(fatal)[:20000].decode("utf-8", "replace") or None
     return info
 
 
@@ -259,6 +269,17 @@ def _merge_fr(ops: pd.DataFrame, fr_frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat([ops, beyond[~beyond["completed"]]], ignore_index=True)
 
 
+def _rank_or_none(value) -> int | None:
+    """A rank from a manifest: a whole number from 0 to MAX_RANK, else None (never a 10**10-long range)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        rank = int(value) if not isinstance(value, str) or len(value) < 20 else -1
+    except (ValueError, OverflowError):
+        return None
+    return rank if 0 <= rank <= MAX_RANK else None
+
+
 def _pg_ranks_from_manifests(trace, world_size: int) -> dict[str, list[int]]:
     groups: dict[str, list[int]] = {}
     if "process_groups" in trace.manifests:
@@ -266,7 +287,8 @@ def _pg_ranks_from_manifests(trace, world_size: int) -> dict[str, list[int]]:
             if isinstance(value, dict):
                 for name, spec in value.items():
                     if isinstance(spec, dict) and isinstance(spec.get("ranks"), list):
-                        groups.setdefault(str(name), [int(r) for r in spec["ranks"]])
+                        members = [_rank_or_none(r) for r in spec["ranks"]]
+                        groups.setdefault(str(name), [r for r in members if r is not None])
     groups.setdefault("0", list(range(world_size)))
     return groups
 
@@ -282,6 +304,9 @@ def read_fr_dir(path: Path) -> TriageInput:
             dump = load_dump(file)
         except DumpRejected as exc:
             skipped.append(Skipped(str(file), str(exc)))
+            continue
+        if not 0 <= dump.rank <= MAX_RANK:
+            skipped.append(Skipped(str(file), f"rank {dump.rank} is above {MAX_RANK}: not a real job's"))
             continue
         if dump.rank in dumps:
             skipped.append(Skipped(str(file), f"a second dump for rank {dump.rank} (kept {dumps[dump.rank].path})"))
@@ -385,9 +410,9 @@ def main_frames(dump: dict | None) -> list[dict]:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        value = json.loads(path.read_text())
+        value = load_json_limited(path)
         return value if isinstance(value, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 

@@ -9,6 +9,7 @@ event by event: a large run never has to fit in memory as JSON.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,10 +30,25 @@ def write_chrome_trace(trace, path: Path, steps: tuple[int, int] | None = None, 
     with open(path, "w") as out:
         out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
         for event in _events(trace, steps, ranks):
-            out.write((",\n" if count else "") + json.dumps(event, separators=(",", ":")))
+            try:
+                text = json.dumps(event, separators=(",", ":"), allow_nan=False)
+            except ValueError:  # inf/nan from a damaged row: JSON has no Infinity, and Perfetto rejects the file
+                text = json.dumps(_finite(event), separators=(",", ":"), allow_nan=False)
+            out.write((",\n" if count else "") + text)
             count += 1
         out.write("\n]}\n")
     return count
+
+
+def _finite(value):
+    """``value`` with every non-finite float replaced by null."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _events(trace, steps, ranks) -> Iterator[dict]:

@@ -127,7 +127,10 @@ def test_a_cache_entry_of_another_user_is_neither_read_nor_deleted(run_dir):
     assert "PLANTED" in report_file.read_text()  # not deleted nor rewritten either: it is not ours
 
 
-@pytest.mark.parametrize("damage", ["{}", "[]", "null", '{"report_version": 99}', "\x00\x01 not json"])
+@pytest.mark.parametrize(
+    "damage",
+    ["{}", "[]", "null", '{"report_version": 99}', "\x00\x01 not json", '{"run": 5}', '{"run": {"world_size": "x"}}'],
+)
 def test_a_damaged_report_in_the_cache_is_recomputed(run_dir, damage):
     first = _analyze_json(run_dir)
     (report_file,) = (run_dir / trace_cache.CACHE_DIR).glob("*/report-*.json")

@@ -108,3 +108,57 @@ def test_nothing_to_analyse_is_a_clear_error(tmp_path):
         load(tmp_path)
     with pytest.raises(TraceError, match="not a directory"):
         load(tmp_path / "notes.txt")
+
+
+@pytest.mark.parametrize(
+    "bad_row",
+    [
+        b"0.5,1,2,3,4,5,6,7,,32,\n",  # a float in an integer column
+        b"inf,1,2,3,4,5,6,7,,32,\n",
+        b"123456789012345678901,1,2,3,4,5,6,7,,32,\n",  # 21 digits: beyond int64
+        b"1,\xff\xfe\x00junk,2,3\n",  # non-UTF-8 and binary
+        b'1,"2,3,4\n',  # a stray quote
+        b"7,1,nan,3,4,5,6,7,,32,\n",
+    ],
+)
+def test_corrupt_row_is_skipped_and_counted_never_fatal(tmp_path, bad_row):
+    write_rank(tmp_path, 0, 3, world_size=1)
+    path = tmp_path / "rank00000" / "steps.csv"
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    path.write_bytes(b"\n".join(lines[:3]) + b"\n" + bad_row + b"\n".join(lines[3:]))
+    trace = load(tmp_path)
+    assert trace.steps["step"].tolist() == [0, 1, 2]
+    (skip,) = [s for s in trace.skipped if "corrupt rows" in s.reason]
+    assert skip.lines == 1 and skip.path.endswith("steps.csv")
+
+
+def test_non_utf8_category_and_inf_float(tmp_path):
+    write_rank(tmp_path, 0, 3, world_size=1)
+    path = tmp_path / "rank00000" / "collectives.csv"
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b"all_reduce", b"all_\xffreduce", 1).replace(b",55.5,", b",inf,", 1))
+    trace = load(tmp_path)
+    assert len(trace.collectives) == 2 and trace.collectives["duration_us"].notna().all()
+    assert any(s.lines == 1 for s in trace.skipped if s.path.endswith("collectives.csv"))
+
+
+def test_inf_in_float_column_becomes_null_on_the_fast_path(tmp_path):
+    write_rank(tmp_path, 0, 2, world_size=1)
+    path = tmp_path / "rank00000" / "collectives.csv"
+    path.write_bytes(path.read_bytes().replace(b",55.5,", b",inf,", 1))
+    trace = load(tmp_path)
+    assert trace.collectives["duration_us"].isna().sum() == 1 and len(trace.collectives) == 2
+
+
+def test_poll_survives_a_bad_row_appended_live(tmp_path):
+    write_rank(tmp_path, 0, 2, world_size=1)
+    reader = TraceReader(tmp_path)
+    assert len(reader.poll()["steps"]) == 2
+    with open(tmp_path / "rank00000" / "steps.csv", "ab") as f:
+        f.write(b"2.5,\xff,inf,1,2,3\n" + b"3,1000,20,1,2,3,4,5,,32,\n")
+    polled = reader.poll()
+    assert polled["steps"]["step"].tolist() == [3] and any(s.lines == 1 for s in polled["skipped"])
+    with open(tmp_path / "rank00000" / "steps.csv", "ab") as f:
+        f.write(b"4,1000,20,1,2,3,4,5,,32,\n")
+    assert reader.poll()["steps"]["step"].tolist() == [4]  # the poller goes on after the bad row

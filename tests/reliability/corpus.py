@@ -1,0 +1,275 @@
+"""The corruption corpus: cases built programmatically from the real sample run (sample_traces/straggler) by
+applying each class of damage, and a runner that puts one case through every command.
+
+``build_cases()`` names every case; ``make_case(name, dest)`` builds one. Classes: every table x column kind
+x mutation (a value that does not fit its column), file-level damage (truncation, binary junk, empty, wrong
+header, a FIFO or /dev/zero under a file's name), manifests with odd types and insane values, deep and huge
+JSON, rank directories with absurd numbers or two spellings, a second run appended, swapped start/duration,
+hostile Flight Recorder pickles (cycles, deep nesting, code that would touch a sentinel file) and damaged
+Kineto traces. ``python -m tests.reliability.corpus CASE_DIR`` runs every command on a case and prints a
+JSON summary (used by test_corpus.py in a subprocess under a memory limit and a timeout).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler"
+SENTINEL_NAME = "PICKLE_RAN_CODE"
+TABLE_COLUMNS = {  # (table file, column index) of each kind, in the sample's three tables
+    "steps.csv": {"int": 0, "int_time": 1, "int_nullable": 9},
+    "collectives.csv": {"int": 0, "category": 3, "float": 8},
+    "memory.csv": {"int": 0},
+}
+MUTATIONS = {
+    "float": b"1.5",
+    "inf": b"inf",
+    "nan": b"nan",
+    "digits20": b"123456789012345678901",
+    "text": b"abc",
+    "nonutf8": b"\xff\xfe\x00",
+    "empty": b"",
+    "negative": b"-5",
+    "quote": b'"x',
+}
+
+
+def _mutate_cell(rank_dir: Path, file_name: str, column: int, value: bytes) -> None:
+    path = rank_dir / file_name
+    lines = path.read_bytes().split(b"\n")
+    row = min(len(lines) - 2, 6)
+    fields = lines[row].split(b",")
+    if column < len(fields):
+        fields[column] = value
+    lines[row] = b",".join(fields)
+    path.write_bytes(b"\n".join(lines))
+
+
+def _replace_with_fifo(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+
+def _replace_with_link(path: Path, target: str) -> None:
+    path.unlink(missing_ok=True)
+    os.symlink(target, path)
+
+
+def _edit_manifest(run: Path, **changes) -> None:
+    path = run / "rank00000" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest.update(changes)
+    path.write_text(json.dumps(manifest))
+
+
+class _Exploit:
+    def __init__(self, sentinel: Path):
+        self.sentinel = sentinel
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.sentinel}",))
+
+
+def _second_run(run: Path) -> None:
+    for rank_dir in sorted(run.glob("rank*")):
+        lines = (rank_dir / "steps.csv").read_text().splitlines()[2:]
+        with open(rank_dir / "steps.csv", "a") as f:
+            for line in lines:
+                fields = line.split(",")
+                fields[1] = str(int(fields[1]) + 10**9)
+                f.write(",".join(fields) + "\n")
+
+
+def _swap_start_duration(run: Path) -> None:
+    path = run / "rank00001" / "steps.csv"
+    lines = path.read_text().splitlines()
+    for i in range(4, 8):
+        fields = lines[i].split(",")
+        fields[1], fields[2] = fields[2], fields[1]
+        lines[i] = ",".join(fields)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _kineto(run: Path, body: bytes) -> None:
+    """Replace the case by a Kineto directory (no rank directories) holding one damaged trace."""
+    for child in run.iterdir():
+        shutil.rmtree(child)
+    (run / "rank0.pt.trace.json").write_bytes(body)
+
+
+_FILE_CASES: dict[str, Callable[[Path], None]] = {
+    "truncated_mid_line": lambda r: (r / "rank00000/steps.csv").write_bytes(
+        (r / "rank00000/steps.csv").read_bytes()[:-37]
+    ),
+    "binary_junk_mid_file": lambda r: (r / "rank00000/collectives.csv").write_bytes(
+        (lambda d: d[: len(d) // 2] + os.urandom(4096) + d[len(d) // 2 :])(
+            (r / "rank00000/collectives.csv").read_bytes()
+        )
+    ),
+    "random_bytes_file": lambda r: (r / "rank00001/steps.csv").write_bytes(os.urandom(65536)),
+    "empty_file": lambda r: (r / "rank00001/steps.csv").write_bytes(b""),
+    "wrong_header": lambda r: (r / "rank00002/steps.csv").write_text(
+        "#diag-trace schema=1 table=steps\na,b,c\n1,2,3\n"
+    ),
+    "newer_table_schema": lambda r: (r / "rank00002/steps.csv").write_text("#diag-trace schema=9 table=steps\n"),
+    "fifo_steps": lambda r: _replace_with_fifo(r / "rank00000/steps.csv"),
+    "fifo_manifest": lambda r: _replace_with_fifo(r / "rank00000/manifest.json"),
+    "fifo_heartbeat": lambda r: _replace_with_fifo(r / "rank00000/heartbeat.json"),
+    "fifo_events": lambda r: _replace_with_fifo(r / "rank00000/events.jsonl"),
+    "fifo_fr_dump": lambda r: _replace_with_fifo(r / "rank00000/fr_dump.pkl"),
+    "dev_zero_steps": lambda r: _replace_with_link(r / "rank00000/steps.csv", "/dev/zero"),
+    "dev_zero_manifest": lambda r: _replace_with_link(r / "rank00000/manifest.json", "/dev/zero"),
+    "manifest_deep": lambda r: (r / "rank00000/manifest.json").write_text("[" * 200_000 + "]" * 200_000),
+    "manifest_huge": lambda r: (r / "rank00000/manifest.json").write_text('{"x": "' + "a" * (20 << 20) + '"}'),
+    "manifest_not_object": lambda r: (r / "rank00000/manifest.json").write_text("[1, 2]"),
+    "manifest_binary": lambda r: (r / "rank00000/manifest.json").write_bytes(os.urandom(512)),
+    "manifest_world_size_text": lambda r: _edit_manifest(r, world_size="x"),
+    "manifest_world_size_huge": lambda r: _edit_manifest(r, world_size=1e10),
+    "manifest_world_size_negative": lambda r: _edit_manifest(r, world_size=-5),
+    "manifest_peak_zero": lambda r: _edit_manifest(r, peak_tflops=0),
+    "manifest_odd_types": lambda r: _edit_manifest(
+        r, host=["a"], run_id={"x": 1}, device_name=5, dtype=None, clock_offset_us="x", process_groups=[1]
+    ),
+    "manifest_pg_huge_rank": lambda r: _edit_manifest(r, process_groups={"0": {"ranks": [0, 99999999999]}}),
+    "manifest_newer_schema": lambda r: _edit_manifest(r, schema_version=99),
+    "heartbeat_odd": lambda r: (r / "rank00000/heartbeat.json").write_text(
+        '{"step": "x", "time_us": [1], "pid": 1e400}'
+    ),
+    "events_junk": lambda r: (r / "rank00000/events.jsonl").write_bytes(
+        b'{"kind": "x"}\n' + os.urandom(300) + b"\n" + b"[" * 100000 + b"\n"
+    ),
+    "hang_dump_deep": lambda r: (r / "rank00000/hang_dump_1.json").write_text("{" + '"a":{' * 50000 + "}" * 50001),
+    "rank_dir_huge_number": lambda r: shutil.copytree(r / "rank00002", r / "rank99999999999"),
+    "rank_dir_two_spellings": lambda r: shutil.copytree(r / "rank00001", r / "rank1"),
+    "rank_dir_is_file": lambda r: (r / "rank00005").write_text("x"),
+    "second_run_appended": _second_run,
+    "swapped_start_duration": _swap_start_duration,
+    "pickle_self_list": lambda r: (r / "rank00000/fr_dump.pkl").write_bytes(b"\x80\x02]q\x00h\x00a."),
+    "pickle_self_dict": lambda r: (r / "rank00000/fr_dump.pkl").write_bytes(
+        b"\x80\x02}q\x00X\x01\x00\x00\x00kq\x01h\x00s."
+    ),
+    "pickle_deep": lambda r: (r / "rank00000/fr_dump.pkl").write_bytes(
+        b"\x80\x02" + b"]" * 100000 + b"a" * 99999 + b"."
+    ),
+    "pickle_tiny": lambda r: (r / "rank00000/fr_dump.pkl").write_bytes(b"\x80"),
+    "pickle_code": lambda r: (r / "rank00000/fr_dump.pkl").write_bytes(
+        pickle.dumps({"entries": [_Exploit(r / SENTINEL_NAME)]}, protocol=2)
+    ),
+    "kineto_deep_metadata": lambda r: _kineto(
+        r, b'{"deviceProperties": ' + b"[" * 100000 + b"]" * 100000 + b', "traceEvents": []}'
+    ),
+    "kineto_truncated": lambda r: _kineto(r, b'{"traceEvents": [{"ph": "X", "cat": "kernel", "na'),
+    "kineto_odd_types": lambda r: _kineto(
+        r,
+        b'{"distributedInfo": {"rank": "x"}, "traceEvents": [{"ph": "X", "cat": "kernel", "ts": "a", "dur": [1],'
+        b' "args": {"stream": "s"}}, 5, null, {"cat": "user_annotation", "ph": "X", "name": "ProfilerStep#x"}]}',
+    ),
+}
+
+
+def build_cases() -> list[str]:
+    """Every case name: the table x column kind x mutation grid, then the file-level cases."""
+    grid = [
+        f"cell:{file_name}:{kind}:{mutation}"
+        for file_name, kinds in TABLE_COLUMNS.items()
+        for kind in kinds
+        for mutation in MUTATIONS
+    ]
+    return grid + list(_FILE_CASES)
+
+
+def make_case(name: str, dest: Path) -> Path:
+    """A copy of the sample run at ``dest`` with the damage ``name`` applied; returns ``dest``."""
+    shutil.copytree(SAMPLE, dest)
+    if name.startswith("cell:"):
+        _, file_name, kind, mutation = name.split(":")
+        for rank_dir in (dest / "rank00000", dest / "rank00001"):
+            _mutate_cell(rank_dir, file_name, TABLE_COLUMNS[file_name][kind], MUTATIONS[mutation])
+    else:
+        _FILE_CASES[name](dest)
+    return dest
+
+
+def run_case(case_dir: Path, work: Path) -> dict:
+    """Every command on ``case_dir``, in this process (the caller limits memory and time). Per command: the
+    exit code, whether it ended in an exception other than a clean click error, and what it printed."""
+    import traceback
+
+    from click.testing import CliRunner
+
+    from diag.cli import main
+
+    results = {}
+    runner = CliRunner()
+    commands = {
+        "analyze_text": ["analyze", str(case_dir), "--no-cache"],
+        "analyze_json": ["analyze", str(case_dir), "--no-cache", "--format", "json"],
+        "analyze_markdown": ["analyze", str(case_dir), "--no-cache", "--format", "markdown"],
+        "analyze_html": ["analyze", str(case_dir), "--html", str(work / "report.html")],  # with the cache
+        "analyze_cached": ["analyze", str(case_dir), "--format", "json"],  # served from the cache just written
+        "triage": ["triage", str(case_dir)],
+        "export": ["export", str(case_dir), "--perfetto", str(work / "trace.json")],
+    }
+    for name, args in commands.items():
+        result = runner.invoke(main, args)
+        crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
+        results[name] = {
+            "exit_code": result.exit_code,
+            "crashed": crashed,
+            "traceback": "".join(traceback.format_exception(result.exception))[-2000:] if crashed else "",
+            "output": (result.stdout + result.stderr)[:200_000],
+        }
+    results["dashboard"] = _in_process("dashboard", lambda: _dashboard(case_dir))
+    results["telemetry"] = _in_process("telemetry", lambda: _telemetry(case_dir))
+    return results
+
+
+def _in_process(name: str, action) -> dict:
+    import traceback
+
+    try:
+        return {"exit_code": 0, "crashed": False, "traceback": "", "output": str(action())[-4000:]}
+    except Exception as exc:  # noqa: BLE001 - the corpus reports any crash as a failure
+        return {
+            "exit_code": 1,
+            "crashed": True,
+            "traceback": "".join(traceback.format_exception(exc))[-2000:],
+            "output": "",
+        }
+
+
+def _dashboard(case_dir: Path) -> str:
+    """Start-up load, then a live poll after a corrupt row is appended to a running trace."""
+    from diag.dashboard.data import LiveTrace
+
+    live = LiveTrace(case_dir, poll_interval_s=0.1, triage=False)
+    live.refresh()
+    first = live.snapshot
+    steps = case_dir / "rank00000" / "steps.csv"
+    if steps.is_file() and not steps.is_symlink():
+        with open(steps, "ab") as f:
+            f.write(b"9.5,\xff,inf\n")
+    live.refresh()
+    return f"error={first.error} analysis_error={first.analysis_error} then={live.snapshot.error}"
+
+
+def _telemetry(case_dir: Path) -> str:
+    from diag.capture.prometheus import RowMetrics
+    from diag.commands.telemetry import TraceFollower
+
+    metrics = RowMetrics()
+    follower = TraceFollower(case_dir, metrics, host=None)
+    follower.poll()
+    follower.poll()
+    return f"metrics={sum(1 for _ in metrics.collect())} problem={follower.problem}"
+
+
+if __name__ == "__main__":
+    case, work_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    print(json.dumps(run_case(case, work_dir)))
