@@ -20,6 +20,8 @@ from Flight Recorder carry no completion).
   member had already given up on it (its collective timed out): when the timeout fired they were absent.
 * collective_hang: every member entered the pending collective in time and none completed it (a network or
   NCCL-level hang): no rank is missing; each rank's entry time and the group's backend are given.
+* no_problem when every rank was ended by a signal with no stall seen before (a preempted healthy job), even
+  if some were inside a collective the first-stopped ranks never reached.
 * slow: nothing hung, but a watchdog stall was seen, or all members are inside one collective; the
   slowest rank named.
 * no_problem.
@@ -82,6 +84,8 @@ def triage(data: TriageInput) -> Verdict:
     if desync is not None:
         return _desync_verdict(data, ops, desync, liveness)
     hangs = _hangs(ops, members, data)
+    if hangs and _stopped_from_outside(data):
+        return _stopped_verdict(data, ops, hangs, liveness)
     if hangs:
         return _hang_verdict(data, ops, hangs, liveness)
     vanished = sorted(r for r, state in liveness.items() if state == "vanished")
@@ -356,6 +360,30 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
         "after the first: the others waited for it"
     )
     return _verdict("slow", [slowest], _collective(ops, hang["pg"], hang["seq"]), ranks, evidence, data)
+
+
+def _stopped_from_outside(data: TriageInput) -> bool:
+    """Every rank was ended by a signal and none had stalled before: a healthy job stopped from outside
+    (preemption, the launcher, a user). The signals reach the ranks a little apart, so some are caught inside
+    a collective that the first-stopped ranks never reached: that is not a hang."""
+    with_data = [info for info in data.ranks.values() if info.has_data]
+    return bool(with_data) and all(
+        (_exit_record(info) or {}).get("how") == "terminated" and not info.stalls for info in with_data
+    )
+
+
+def _stopped_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liveness: dict) -> Verdict:
+    ranks = _rank_reports(data, ops, liveness, focus=None)
+    first = hangs[0]
+    signalled = sorted(r for r, info in data.ranks.items() if info.has_data)
+    evidence = [
+        f"{_ranks_text(signalled)} ended by a signal with no stall seen before it: a healthy job stopped from "
+        "outside (preemption, the launcher, a user), not a hang",
+        f"at the signal, {_ranks_text(first['entered'])} were inside "
+        f"{_collective(ops, first['pg'], first['seq'])['op']} at {_where(first['pg'], first['seq'])}, which the "
+        "ranks stopped first never reached",
+    ]
+    return _verdict("no_problem", [], None, ranks, evidence, data)
 
 
 def _gave_up_us(info: RankInfo | None) -> float | None:
