@@ -49,9 +49,9 @@ class Fault:
     kind: str
     tool: str  # "analyze" or "triage": which command a user would reach for
     expected: str  # the verdict (triage) or the finding kind[:cause] (analyze) that is right
-    also_right: tuple[str, ...] = ()  # other verdicts that are as true (said why where used)
     models: tuple[str, ...] = ("manual",)
     culprit_is_pair: bool = False  # cross-group deadlock: the bad rank and its partner
+    also_right: tuple[str, ...] = ()  # other verdicts that are as true (said why where used)
 
 
 FAULTS = {
@@ -61,7 +61,7 @@ FAULTS = {
         Fault("compute", "analyze", "straggler:compute", ("ddp", "fsdp2", "manual")),
         Fault("data", "analyze", "straggler:data", ("ddp", "fsdp2", "manual")),
         # spikes every few steps: diag's name for that is a transient straggler
-        Fault("intermittent", "analyze", "transient_straggler", ("ddp", "manual"), also_right=("straggler",)),
+        Fault("intermittent", "analyze", "transient_straggler", models=("ddp", "manual"), also_right=("straggler",)),
         Fault("slow_comm", "analyze", "straggler", also_right=("transient_straggler",)),
         Fault("memory", "analyze", "memory_leak", ("ddp", "manual")),
         Fault("exception", "analyze", "crash", ("ddp", "manual")),
