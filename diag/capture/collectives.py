@@ -142,15 +142,33 @@ class CollectiveRecorder:
         else:
             self._write(entry, duration_us)
 
-    def failed(self, token: int, group) -> None:
+    def failed(self, token: int, group, error: BaseException | None = None) -> None:
         """The call raised (a timeout, a closed peer, bad arguments). If the group's counter moved it was issued:
-        keep it, with no duration, so the trace shows what the rank was doing; otherwise forget it."""
+        keep it, with no duration, so the trace shows what the rank was doing, and record the error with its time
+        (a ``collective_error`` event): when the others timed out tells who had not arrived. Otherwise forget it."""
         entry = self._pending.get(token)
         if entry is not None and _sequence_number(group) > entry.c10d_seq_before >= 0:
             self.issued(token, group)
             self.completed_untimed(token)
+            if error is not None:
+                self._record_error(entry, error)
         else:
             self.abandon(token)
+
+    def _record_error(self, entry: PendingCollective, error: BaseException) -> None:
+        writer = self.session.writer
+        writer.event(
+            "collective_error",
+            rank=self.session.rank,
+            step=entry.step,
+            op=entry.op,
+            pg=entry.pg,
+            seq=entry.seq,
+            peer=entry.peer,
+            start_us=entry.start_us,
+            error=f"{type(error).__name__}: {error}"[:2000],
+        )
+        writer.flush()  # rare, and the process often ends next: the record must reach the disk
 
     def completed_untimed(self, token: int) -> None:
         """Issued, but its completion cannot be observed: write it with an empty duration."""
@@ -431,9 +449,9 @@ def _make_wrapper(name: str, original):
         _local.depth = getattr(_local, "depth", 0) + 1
         try:
             result = original(*args, **kwargs)
-        except BaseException:
+        except BaseException as exc:
             if token is not None:
-                _safely(recorder.failed, token, group)
+                _safely(recorder.failed, token, group, exc)
             raise
         finally:
             _local.depth -= 1

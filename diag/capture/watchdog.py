@@ -35,6 +35,7 @@ STACKS_PREFIX = "stacks_"  # the same stacks as text, for people
 FR_DUMP_FILE = "fr_dump.pkl"  # latest Flight Recorder dump; pickle: load only with diag.triage.flight_recorder
 FATAL_STACKS_FILE = "fatal_stacks.txt"  # faulthandler output on SIGSEGV, SIGABRT, ...
 MAX_PENDING_IN_HEARTBEAT = 8
+GAP_INTERVALS = 3  # a tick this many intervals late means the process was frozen
 SIGTERM_GRACE_S = 2.0  # time the main thread gets to run the Python handler before the watchdog ends the process
 
 
@@ -97,6 +98,7 @@ class Watchdog:
         while not self._stop.is_set():
             for signum in self._wait_for_tick():
                 self._safely("signal", self._on_signal_in_thread, signum)
+            self._safely("gap", self._note_gap, _now_us())  # even when stopping: a frozen rank may finish at once
             if self._stop.is_set():
                 return
             try:
@@ -130,6 +132,13 @@ class Watchdog:
             self._stall_key = stall[0]
             self.dump(f"stall: {stall[1]}", pending)
         self._write_heartbeat("stalled" if stall else "running", pending)
+
+    def _note_gap(self, now_us: int) -> None:
+        """A tick far later than its interval: the whole process was frozen (SIGSTOP, a debugger, the host
+        stalled) and its heartbeat looked stale meanwhile; triage tells that from a rank busy computing."""
+        last_us, self._last_tick_us = getattr(self, "_last_tick_us", 0), now_us
+        if last_us and now_us - last_us > max(1e6, GAP_INTERVALS * self.heartbeat_interval_s * 1e6):
+            self.session.writer.event("heartbeat_gap", start_us=last_us, end_us=now_us)
 
     def _note_progress(self, pending: list[dict], now_us: int) -> None:
         session = self.session

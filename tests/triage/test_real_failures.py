@@ -1,6 +1,7 @@
 """Real 4-rank gloo jobs that fail the ways issue 14 found triage calling wrong, judged by ``diag triage``
 as a user would (the jobs are the fault-injection suite's: benchmarks/fault_job.py)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -30,6 +31,17 @@ def test_rank_arriving_after_the_others_timed_out_is_missing_not_slow(tmp_path):
     assert "entered only after that" in evidence and "Timed out" in evidence
     late = verdict["ranks"]["3"]
     assert late["state"] == "stuck_in_compute" and late["last_phase"] == "forward"  # where it was, from its stall
+    # capture recorded each collective that raised, with its error and when it was entered and raised
+    errors = [
+        json.loads(line)
+        for path in (tmp_path / "trace").glob("rank*/events.jsonl")
+        for line in path.read_text().splitlines()
+        if '"collective_error"' in line
+    ]
+    assert {e["rank"] for e in errors} == {0, 1, 2, 3}
+    assert all(e["op"] == "all_reduce" and e["error"] and e["time_us"] >= e["start_us"] for e in errors)
+    late_entry = next(e["start_us"] for e in errors if e["rank"] == 3)
+    assert late_entry > max(e["time_us"] for e in errors if e["rank"] != 3)  # it entered after they gave up
     for rank in ("0", "1", "2", "3"):  # every rank raised: none "finished normally"
         assert "finished normally" not in verdict["ranks"][rank]["detail"]
         assert "exited with RuntimeError" in verdict["ranks"][rank]["detail"]
