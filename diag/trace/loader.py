@@ -7,6 +7,7 @@ rows appended since its last call; ``load()`` is one full read.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -244,6 +245,11 @@ def _parse_rows(data: bytes, start: int, end: int, table: Table) -> tuple[pa.Tab
     if end <= start or (end - start < 4096 and not data[start:end].strip()):
         return None, 0
     lines = data.count(b"\n", start, end)
+    if data.find(b'"', start, end) >= 0:
+        # quoted names (a comma or quote in a phase name): a line with an unbalanced quote is corrupt, and would
+        # make the CSV parser swallow the rows after it; the writer never breaks a line inside a value
+        data = _without_unbalanced_quotes(data[start:end])
+        start, end = 0, len(data)
     if not data.isascii() and not _is_utf8(memoryview(data)[start:end]):
         # pyarrow's bad-row handler cannot even decode such a row (it prints a traceback with the bytes)
         arrow = _parse_lenient(data[start:end], table)
@@ -259,6 +265,12 @@ def _parse_rows(data: bytes, start: int, end: int, table: Table) -> tuple[pa.Tab
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
             arrow = _parse_lenient(data[start:end], table)
     return arrow, lines - arrow.num_rows
+
+
+def _without_unbalanced_quotes(rows: bytes) -> bytes:
+    """The lines of ``rows`` whose '"' are balanced (an even count); the caller counts the others as lost."""
+    kept = [line for line in rows.split(b"\n") if line.count(b'"') % 2 == 0]
+    return b"\n".join(kept)
 
 
 def _is_utf8(data: memoryview) -> bool:
@@ -289,9 +301,11 @@ def _csv_options(table: Table, types: dict):
     read = pacsv.ReadOptions(column_names=table.column_names, use_threads=True, block_size=1 << 22)
     parse = pacsv.ParseOptions(
         invalid_row_handler=lambda row: bad_rows.append(row) or "skip",
+        # the writer quotes names holding a comma or quote, and never writes a line break inside a value (it
+        # escapes it), so a quoted field cannot span lines: a stray '"' spoils its own row only, skipped
         newlines_in_values=False,
-        quote_char=False,  # the writer never quotes: a stray '"' must not swallow the rows after it
-        double_quote=False,
+        quote_char='"',
+        double_quote=True,
     )
     convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True, quoted_strings_can_be_null=True)
     return read, parse, convert
@@ -364,8 +378,8 @@ def _parse_lenient(data: bytes, table: Table) -> pa.Table:
     good = []
     for line in data.split(b"\n"):
         try:
-            fields = line.decode("utf-8").rstrip("\r").split(",")
-        except UnicodeDecodeError:
+            fields = next(csv.reader([line.decode("utf-8").rstrip("\r")]), [])
+        except (UnicodeDecodeError, csv.Error):
             continue
         if len(fields) == len(names):
             good.append([f if f else None for f in fields])
