@@ -10,6 +10,7 @@ dumps. No torch.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,8 +162,31 @@ def _records_by_rank(frame: pd.DataFrame) -> dict[int, dict]:
     }
 
 
+_HEARTBEAT_NUMBERS = ("time_us", "interval_s", "threshold_s", "step", "last_step", "step_started_us")
+
+
+def _sane_heartbeat(heartbeat) -> dict | None:
+    """The heartbeat with every field triage does arithmetic on a finite number (a damaged or hand-edited file
+    may hold a list or text there): other values are dropped, as unknown, never fatal."""
+    if not isinstance(heartbeat, dict):
+        return None
+    clean = {k: v for k, v in heartbeat.items() if k not in _HEARTBEAT_NUMBERS or _finite_number(v)}
+    record = clean.get("exit")
+    if record is not None and not isinstance(record, dict):
+        clean.pop("exit")
+    elif isinstance(record, dict) and "time_us" in record and not _finite_number(record["time_us"]):
+        clean["exit"] = {k: v for k, v in record.items() if k != "time_us"}
+    if not isinstance(clean.get("pending"), list):
+        clean.pop("pending", None)
+    return clean
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _rank_info(rank: int, rank_dir: Path, manifest: dict, heartbeat: dict | None) -> RankInfo:
-    info = RankInfo(rank, heartbeat=heartbeat)
+    info = RankInfo(rank, heartbeat=_sane_heartbeat(heartbeat))
     info.finished = bool(manifest.get("finished", False))
     info.host, info.pid = manifest.get("host"), manifest.get("pid")
     info.backend = str(manifest["backend"]) if manifest.get("backend") else None

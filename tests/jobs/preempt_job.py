@@ -34,8 +34,19 @@ def on_sigterm(signum, frame):
 
 if install_handler:
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def every_rank_stops() -> bool:
+    """Stop when any rank was signalled, all at the same step, as preemption-aware loops do (Lightning, torchtitan):
+    the signal reaches the ranks a little apart, and a rank that stopped alone would leave the others inside
+    DDP's all_reduce ("Connection closed by peer")."""
+    flag = torch.tensor([1.0 if preempted else 0.0])
+    dist.all_reduce(flag)
+    return bool(flag.item())
+
+
 step = 0
-while not preempted:
+while not every_rank_stops():
     with diag.step():
         model(torch.randn(8, 64)).square().mean().backward()
         optimizer.step()
