@@ -110,8 +110,12 @@ def test_straggler_rank_cause_and_cost(row):
     framework, (_, base_truths), (slow_dir, slow_truths) = row
     report = analyze_json(slow_dir)
     stragglers = report["stragglers"]
-    assert [s["rank"] for s in stragglers] == [SLOW_RANK], (framework, stragglers)
-    straggler = stragglers[0]
+    persistent = [s for s in stragglers if s["persistent"]]
+    assert [s["rank"] for s in persistent] == [SLOW_RANK], (framework, stragglers)
+    # a rank descheduled for a moment on a loaded machine is a transient straggler: true, but nothing like the plant
+    others = [s for s in stragglers if not s["persistent"]]
+    assert all(s["time_saved_per_step_s"] < 0.25 * SLOW_MS / 1000 for s in others), (framework, others)
+    straggler = persistent[0]
     assert straggler["cause"] == "compute"
     slowdown_s = measured_slowdown_s(base_truths, slow_truths)
     assert slowdown_s > 0.5 * SLOW_MS / 1000  # the plant really slowed the job
