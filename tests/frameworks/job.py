@@ -57,16 +57,13 @@ def run_deepspeed(args, model, rank):
     }
     engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     diag.instrument(engine, optimizer)
-    step_times_s = []
-    for x, y in diag.wrap_loader(batches(args.steps, rank)):
-        start = time.perf_counter()
-        WINDOWS_NS.append([time.time_ns(), None])
-        with diag.step(samples=len(x)):
-            loss = torch.nn.functional.mse_loss(engine(x), y)
-            engine.backward(loss)
-            engine.step()
-        WINDOWS_NS[-1][1] = time.time_ns()
-        step_times_s.append(time.perf_counter() - start)
+
+    def train_step(batch):
+        x, y = batch
+        engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+        engine.step()
+
+    step_times_s = timed_steps(diag.wrap_loader(batches(args.steps, rank)), train_step)
     diag.finish()  # diag's wrappers leave the engine: its methods are the class's again
     RESTORED["deepspeed"] = not ({"backward", "step"} & set(vars(engine))) and "step" not in vars(optimizer)
     return step_times_s
@@ -78,35 +75,28 @@ def run_accelerate(args, model, rank):
     accelerator = Accelerator(cpu=True)
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     diag.instrument(model, optimizer)
-    step_times_s = []
-    for x, y in diag.wrap_loader(batches(args.steps, rank)):
-        start = time.perf_counter()
-        WINDOWS_NS.append([time.time_ns(), None])
-        with diag.step(samples=len(x)):
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-        WINDOWS_NS[-1][1] = time.time_ns()
-        step_times_s.append(time.perf_counter() - start)
-    return step_times_s
+
+    def train_step(batch):
+        x, y = batch
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return timed_steps(diag.wrap_loader(batches(args.steps, rank)), train_step)
 
 
 def run_ddp(args, model, rank):
     model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     diag.instrument(model, optimizer)
-    step_times_s = []
-    for x, y in diag.wrap_loader(batches(args.steps, rank)):
-        start = time.perf_counter()
-        WINDOWS_NS.append([time.time_ns(), None])
-        with diag.step(samples=len(x)):
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-        WINDOWS_NS[-1][1] = time.time_ns()
-        step_times_s.append(time.perf_counter() - start)
-    return step_times_s
+
+    def train_step(batch):
+        x, y = batch
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return timed_steps(diag.wrap_loader(batches(args.steps, rank)), train_step)
 
 
 def fr_collectives_per_step() -> list[int]:
@@ -144,16 +134,27 @@ def run_fsdp2(args, model, rank):
 
 def train_plain(model, optimizer, args, rank, accumulate: int = 1):
     diag.instrument(model, optimizer)
-    step_times_s = []
     data = list(batches(args.steps * accumulate, rank))
-    for i in range(args.steps):
+    micro_batches = [data[i * accumulate : (i + 1) * accumulate] for i in range(args.steps)]
+
+    def train_step(micro):
+        for x, y in micro:
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return timed_steps(micro_batches, train_step, samples=lambda micro: sum(len(x) for x, _ in micro))
+
+
+def timed_steps(batches_, train_step, samples=lambda batch: len(batch[0])) -> list[float]:
+    """``train_step(batch)`` inside ``diag.step`` for each batch: the job's own step times (the truth diag's
+    straggler cost is checked against) and each step's wall-clock window (for Flight Recorder's collectives)."""
+    step_times_s = []
+    for batch in batches_:
         start = time.perf_counter()
         WINDOWS_NS.append([time.time_ns(), None])
-        with diag.step(samples=8 * accumulate):
-            for x, y in data[i * accumulate : (i + 1) * accumulate]:
-                torch.nn.functional.mse_loss(model(x), y).backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        with diag.step(samples=samples(batch)):
+            train_step(batch)
         WINDOWS_NS[-1][1] = time.time_ns()
         step_times_s.append(time.perf_counter() - start)
     return step_times_s
