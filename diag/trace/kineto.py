@@ -53,6 +53,7 @@ SUFFIXES = (".json", ".json.gz")
 _STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
 _RANK_IN_NAME_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _HEAD_BYTES = 1 << 20  # "traceEvents" must appear this early for a file to count as a Kineto trace
+MAX_NAME_CHARS = 64 << 10  # a kernel name kept longer than this is cut (real ones are at most a few KB)
 # Kineto's dtype names (c10 ScalarType) -> (torch name, bytes per element)
 _DTYPES = {
     "Float": ("float32", 4), "Double": ("float64", 8), "Half": ("float16", 2), "BFloat16": ("bfloat16", 2),
@@ -88,6 +89,35 @@ def _open(path: Path):
         handle.close()
         raise NotRegularFile(f"{path} is not a regular file")
     return gzip.open(handle, "rb") if path.name.endswith(".gz") else handle
+
+
+class _TokenSizedReader:
+    """Hands the JSON parser bigger reads while it is inside one long token, so a huge string costs linear time.
+
+    yajl re-scans a token that spans reads from its start on every read: one string of S bytes read in B-byte
+    pieces costs about S^2 / B (ijson's 64 KiB reads: a 20 MB string 0.9 s, a 300 MB one over 300 s). Real
+    traces have short tokens, and small reads are what parse them fastest, so a read grows (x4, up to 64 MiB)
+    only while the previous one held no unescaped double quote, i.e. could not have ended a string; the next
+    read holding one goes back to the base size. A quote after an escaped backslash counts as escaped: that
+    only ever grows a read, which costs memory, never correctness."""
+
+    BASE_BYTES = 64 << 10
+    MAX_BYTES = 64 << 20
+    _REAL_QUOTE = re.compile(rb'(?<!\\)"')
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._size = self.BASE_BYTES
+
+    def read(self, n: int = -1) -> bytes:
+        if n == 0:
+            return self._raw.read(0)
+        data = self._raw.read(self._size)
+        if self._REAL_QUOTE.search(data):
+            self._size = self.BASE_BYTES
+        else:
+            self._size = min(self._size * 4, self.MAX_BYTES)
+        return data
 
 
 def kineto_files(root: Path) -> list[Path]:
@@ -151,7 +181,7 @@ def _read_metadata(handle) -> tuple[dict, bool]:
 
     meta: dict = {}
     key, builder, depth = None, None, 0
-    for seen, (event, value) in enumerate(ijson.basic_parse(handle), start=1):
+    for seen, (event, value) in enumerate(ijson.basic_parse(_TokenSizedReader(handle)), start=1):
         if seen > MAX_METADATA_EVENTS:
             raise ValueError(f"more than {MAX_METADATA_EVENTS} JSON values before traceEvents: not a Kineto trace")
         if event in ("start_map", "start_array"):
@@ -186,10 +216,10 @@ def read_rank_file(path: Path) -> RankEvents:
             raise ValueError("no traceEvents: not a torch.profiler (Kineto) trace")
         out = RankEvents(path, meta)
         with _open(path) as handle:
-            _read_events(ijson.items(handle, "traceEvents.item", use_float=True), out)
+            _read_events(ijson.items(_TokenSizedReader(handle), "traceEvents.item", use_float=True), out)
         if "distributedInfo" not in meta:  # written after the events by some producers
             with _open(path) as handle:
-                for info in ijson.items(handle, "distributedInfo", use_float=True):
+                for info in ijson.items(_TokenSizedReader(handle), "distributedInfo", use_float=True):
                     meta["distributedInfo"] = info
                     break
     except (ijson.JSONError, ijson.IncompleteJSONError) as exc:
@@ -224,6 +254,8 @@ def _read_events(events, out: RankEvents) -> None:
                 if stream < 0 or corr < 0:
                     continue
                 name = e.get("name", "")
+                if len(name) > MAX_NAME_CHARS:
+                    name = name[:MAX_NAME_CHARS]
                 name_id = names.get(name)
                 if name_id is None:
                     name_id = names[name] = len(names)

@@ -288,6 +288,7 @@ def _wait_chain(
     inside = ops.merge(keys, on=["pg", "seq"])  # only the collectives someone waits in, not the whole history
     entered = set(zip(inside["pg"].astype(str), inside["seq"], inside["rank"], strict=True))
     roots, links, seen, frontier = set(), [], set(), list(missing)
+    waits_for: dict[int, list[int]] = {}
     while frontier:
         rank = frontier.pop()
         if rank in seen:
@@ -308,11 +309,30 @@ def _wait_chain(
             roots.add(rank)  # its collective has everyone: it is not waiting for a rank
             continue
         links.append(f"rank {rank} is itself waiting in {op} at {_where(pg, seq)} for {_ranks_text(absent)}")
+        waits_for[rank] = absent
         frontier.extend(absent)
-    if not roots:  # a cycle: nobody at the end of the chain
-        links.append(f"{_ranks_text(sorted(seen))} wait for each other across process groups (a deadlock)")
-        return sorted(set(missing)), links, True
+    if not roots:  # a cycle: nobody at the end of the chain; the culprits are the ranks on it
+        on_cycle = _on_cycle(waits_for) or sorted(seen)
+        links.append(f"{_ranks_text(on_cycle)} wait for each other across process groups (a deadlock)")
+        return on_cycle, links, True
     return sorted(roots), links, False
+
+
+def _on_cycle(waits_for: dict[int, list[int]]) -> list[int]:
+    """Ranks that, following who waits for whom, come back to themselves (not those that only wait into a cycle)."""
+
+    def reaches(start: int, target: int) -> bool:
+        stack, visited = list(waits_for.get(start, [])), set()
+        while stack:
+            rank = stack.pop()
+            if rank == target:
+                return True
+            if rank not in visited:
+                visited.add(rank)
+                stack.extend(waits_for.get(rank, []))
+        return False
+
+    return sorted(rank for rank in waits_for if reaches(rank, rank))
 
 
 def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
