@@ -28,6 +28,8 @@ ADVICE = {
     "and drain the node if it persists.",
     "host": "Every rank on this host is slow: check the host (CPU frequency, other jobs, NUMA binding, network "
     "card) and consider excluding it.",
+    "memory": "Its memory grows or the allocator retries on this rank only: find what it keeps across steps "
+    "(torch.cuda.memory._record_memory_history shows who allocates), and compare its batch shapes with a peer's.",
     "communication": "Its collectives are slow to complete: check its network link (NIC errors, PCIe width) and "
     "NCCL settings.",
     "unknown": "The evidence does not name a cause: profile this rank (torch.profiler) around a slow step.",

@@ -20,7 +20,7 @@ from diag.analysis.bubble import BubbleReport, analyze_bubble, bubble_finding, g
 from diag.analysis.comms import CommsReport, analyze_comms, collective_waits, wait_per_rank_step
 from diag.analysis.failures import FailureReport, failure_findings, find_failures
 from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
-from diag.analysis.memory import MemoryReport, analyze_memory
+from diag.analysis.memory import MemoryReport, analyze_memory, memory_pressure
 from diag.analysis.mfu import MfuReport, analyze_mfu
 from diag.analysis.stragglers import StragglerReport, find_stragglers, rank_step_times
 from diag.analysis.telemetry import TelemetryReport, analyze_telemetry
@@ -131,10 +131,10 @@ def analyze(
     telemetry = analyze_telemetry(_telemetry_in_window(trace.telemetry, steps_w), hosts)
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus}
     last_arrival = {r.rank: r.last_arrival_fraction for r in comms.per_rank} if waits is not None else {}
-    stragglers = find_stragglers(times, ranks_info, throttled, last_arrival)
-    mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
     device_total = {int(r): int(t) for r, t in _device_totals(trace.telemetry)}
     memory = analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total)
+    stragglers = find_stragglers(times, ranks_info, throttled, last_arrival, memory_pressure(memory))
+    mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
 
     step_s = mfu.step_time_median_s
     found = [fnd.Finding(**f) for f in failure_findings(failures)]

@@ -51,7 +51,7 @@ class Straggler:
     slowdown: float  # median busy time / the other ranks' median busy time - 1
     steps_slow_fraction: float
     persistent: bool
-    cause: str  # compute, data, host, communication, throttle, unknown
+    cause: str  # compute, data, host, memory, communication, throttle, unknown
     time_saved_per_step_s: float  # if this rank alone worked like the others (down to the next busiest rank)
     time_lost_s: float  # the same, summed over the window
     excess_data_wait_ms: float  # median over its slow steps, against the median of the step's other ranks
@@ -105,8 +105,10 @@ def find_stragglers(
     ranks_info: pd.DataFrame,
     throttled: dict[int, float],
     last_arrival: dict[int, float],
+    memory_pressure: dict[int, str] | None = None,
 ) -> StragglerReport:
-    """``ranks_info``: rank-indexed host, local_rank, gpu; ``throttled``: rank -> share of throttled samples."""
+    """``ranks_info``: rank-indexed host, local_rank, gpu; ``throttled``: rank -> share of throttled samples;
+    ``memory_pressure``: rank -> what the memory analysis saw (a leak, allocator retries) on that rank."""
     f = times.frame
     report = StragglerReport(wait_source=times.wait_source, steps=int(f["step"].nunique()))
     if f["rank"].nunique() < 2:
@@ -181,7 +183,7 @@ def find_stragglers(
             last_arrival_fraction=last_arrival.get(int(rank)),
         )
         report.stragglers.append(straggler)
-    _assign_causes(report.stragglers, ranks_info, throttled, persistent_ranks)
+    _assign_causes(report.stragglers, ranks_info, throttled, persistent_ranks, memory_pressure or {})
     report.stragglers.sort(key=lambda s: (not s.persistent, -s.time_lost_s))
     return report
 
@@ -243,7 +245,11 @@ def _saved_per_rank_step(f: pd.DataFrame) -> pd.Series:
 
 
 def _assign_causes(
-    stragglers: list[Straggler], ranks_info: pd.DataFrame, throttled: dict[int, float], persistent: set
+    stragglers: list[Straggler],
+    ranks_info: pd.DataFrame,
+    throttled: dict[int, float],
+    persistent: set,
+    memory_pressure: dict[int, str],
 ) -> None:
     slow_hosts = _hosts_all_slow(stragglers, ranks_info, persistent)
     for s in stragglers:
@@ -262,12 +268,20 @@ def _assign_causes(
         elif s.host is not None and s.host in slow_hosts:
             s.cause = "host"
             s.evidence.append(f"every rank on host {s.host} is slow")
+        elif s.excess_compute_ms >= CAUSE_SHARE * excess and s.rank in memory_pressure:
+            # extra time in the step body on the rank whose memory misbehaves: allocating and filling what it
+            # keeps, or the caching allocator freeing and retrying near the limit, is where the time goes
+            s.cause = "memory"
+            s.evidence.append(
+                f"its step body computes {s.excess_compute_ms:.1f} ms longer than the other ranks (their median), "
+                f"and {memory_pressure[s.rank]}"
+            )
         elif s.excess_compute_ms >= CAUSE_SHARE * excess:
             s.cause = "compute"
             s.evidence.append(
                 f"its step body computes {s.excess_compute_ms:.1f} ms longer than the other ranks (their median)"
             )
-        if s.excess_compute_ms > 0 and s.cause != "compute":
+        if s.excess_compute_ms > 0 and s.cause not in ("compute", "memory"):
             s.evidence.append(f"compute {s.excess_compute_ms:.1f} ms above the other ranks' median")
         if s.last_arrival_fraction is not None:
             s.evidence.append(f"arrived last at {100 * s.last_arrival_fraction:.0f}% of its collectives")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from diag.analysis.findings import telemetry_findings
-from diag.analysis.memory import analyze_memory
+from diag.analysis.memory import MemoryReport, RankMemory, analyze_memory, memory_pressure
 from diag.analysis.stragglers import RankStepTimes, StragglerReport, find_stragglers
 from diag.analysis.telemetry import analyze_telemetry
 from diag.trace.schema import MEMORY, TELEMETRY
@@ -111,6 +111,40 @@ def test_every_rank_of_a_slow_host_is_called_a_host_straggler():
     )
     report = find_stragglers(times_frame(busy), info, throttled={}, last_arrival={})
     assert {s.rank: s.cause for s in report.stragglers} == {4: "host", 5: "host", 6: "host", 7: "host"}
+
+
+def _rank_memory(rank: int, leak: bool = False, retries: int = 0) -> RankMemory:
+    nothing = dict.fromkeys(
+        ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes", "headroom_pct", "fragmentation_pct"),
+    )
+    return RankMemory(
+        rank=rank,
+        metric="allocated_bytes",
+        **nothing,
+        alloc_retries=retries,
+        ooms=0,
+        rss_peak_bytes=None,
+        growth_bytes_per_step=4 * 2**20 if leak else 0.0,
+        growth_r2=0.99 if leak else 0.0,
+        growth_total_bytes=None,
+        steps_to_oom=None,
+        leak_suspected=leak,
+    )
+
+
+def test_slow_rank_whose_memory_alone_grows_or_retries_is_a_memory_straggler():
+    busy = {rank: 100_000.0 * (1.4 if rank in (1, 2) else 1.0) + rank for rank in range(8)}
+    info = pd.DataFrame({"host": ["node0"] * 8}, index=range(8))
+    memory = MemoryReport([_rank_memory(r, leak=r == 1, retries=5 if r == 2 else 0) for r in range(8)])
+    report = find_stragglers(times_frame(busy), info, {}, {}, memory_pressure(memory))
+    causes = {s.rank: s.cause for s in report.stragglers}
+    assert causes == {1: "memory", 2: "memory"}
+    evidence = {s.rank: " ".join(s.evidence) for s in report.stragglers}
+    assert "leak suspected" in evidence[1] and "retried 5 times" in evidence[2]
+    # the same leak on every rank says nothing about why one rank is slower: compute
+    everywhere = MemoryReport([_rank_memory(r, leak=True) for r in range(8)])
+    report = find_stragglers(times_frame(busy), info, {}, {}, memory_pressure(everywhere))
+    assert {s.rank: s.cause for s in report.stragglers} == {1: "compute", 2: "compute"}
 
 
 def test_gpu_errors_become_a_high_severity_finding(gpu_fixtures):
