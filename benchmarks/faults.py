@@ -187,14 +187,24 @@ def is_right(fault: Fault, given: str) -> bool:
     return any(given == want or given.startswith(want + ":") for want in (fault.expected, *fault.also_right))
 
 
-def rescore(path: Path) -> list[Outcome]:
-    """Outcomes of an earlier --out file judged again with today's expectations (the runs are not repeated)."""
+def rescore(path: Path, kept: Path | None = None) -> list[Outcome]:
+    """Outcomes of an earlier --out file judged again with today's expectations (the runs are not repeated);
+    given the traces that run kept (``--keep``), also with today's diag: each run's traces are judged anew."""
     outcomes = []
-    for raw in json.loads(path.read_text())["runs"]:
+    for i, raw in enumerate(json.loads(path.read_text())["runs"]):
         case = Case(**raw.pop("case"))
         outcome = Outcome(case=case, **raw)
-        outcome.expected = FAULTS[case.fault].expected
-        outcome.verdict_right = is_right(FAULTS[case.fault], outcome.given)
+        fault = FAULTS[case.fault]
+        if kept is not None:
+            trace_dir = kept / f"{i:03d}-{case.fault}"
+            judged = _judge_analyze(trace_dir) if fault.tool == "analyze" else _judge_triage(trace_dir)
+            outcome.given, outcome.culprits = judged.given, judged.culprits
+            outcome.culprit_right = judged.culprits == case.expected_culprits
+            healthy = case.fault == "healthy"
+            outcome.false_alarms = judged.alarms if healthy else []
+            outcome.job_wide = judged.job_wide if healthy else []
+        outcome.expected = fault.expected
+        outcome.verdict_right = is_right(fault, outcome.given)
         outcomes.append(outcome)
     return outcomes
 
@@ -368,9 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write every outcome and the summary as JSON")
     parser.add_argument("--keep", type=Path, help="keep each run's traces under this directory")
     parser.add_argument("--rescore", type=Path, help="judge an earlier --out file again, without running jobs")
+    parser.add_argument("--rejudge", type=Path, help="with --rescore: that run's --keep directory, judged anew")
     args = parser.parse_args(argv)
     if args.rescore:
-        outcomes = rescore(args.rescore)
+        outcomes = rescore(args.rescore, args.rejudge)
         print_report(outcomes, summarize(outcomes))
         return 0
     kinds = [k for k in args.faults.split(",") if k]
