@@ -18,7 +18,9 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import statistics
 import threading
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -44,6 +46,10 @@ STEP_PARTS = {
 }
 
 PCIE_BYTES_PER_KB = 1024  # NVML reports PCIe throughput in KB/s
+# diag_straggler_score: each rank's median busy time over its last steps (enough to ride over a one-off spike,
+# few enough to follow a rank that became slow), once it has a few
+STRAGGLER_WINDOW_STEPS = 50
+STRAGGLER_MIN_STEPS = 5
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,38 @@ METRICS: tuple[MetricSpec, ...] = (
         "diag_memory_alloc_retries_total", "counter", "retries", "cudaMalloc retries after freeing the allocator cache"
     ),
     MetricSpec("diag_memory_ooms_total", "counter", "errors", "CUDA out-of-memory errors"),
+    MetricSpec(
+        "diag_heartbeat_timestamp_seconds",
+        "gauge",
+        "seconds",
+        "Unix time of the rank's last watchdog heartbeat (every heartbeat_interval_s): stale when the process is "
+        "frozen, dead or its host is gone",
+    ),
+    MetricSpec(
+        "diag_collective_pending_seconds",
+        "gauge",
+        "seconds",
+        "at the last heartbeat, how long the oldest collective still pending in each group had been pending "
+        "(0: none pending)",
+        (*RANK_LABELS, "pg"),
+    ),
+    MetricSpec(
+        "diag_hang_stalled_seconds",
+        "gauge",
+        "seconds",
+        "present only while the watchdog sees a stall (a collective pending, or no progress, past "
+        "hang_threshold_s): how long, with the collective (op, pg, seq; empty when the step itself is stuck)",
+        (*RANK_LABELS, "pg", "op", "seq"),
+    ),
+    MetricSpec(
+        "diag_straggler_score",
+        "gauge",
+        "ratio",
+        "the rank's median busy time per step (data wait + step body - time blocked in collectives) over its "
+        "last steps, divided by the median of the other ranks' (1: like the others). Only from `diag telemetry "
+        "TRACE_DIR`, which sees every rank; ranks serving themselves get the recording rule "
+        "diag:rank_straggler_score (dashboards/alerts.yml)",
+    ),
     _gpu(
         "diag_gpu_utilization_ratio", "ratio", "GPU utilisation (time a kernel was running)", "DCGM_FI_DEV_GPU_UTIL (%)"
     ),
@@ -328,6 +366,11 @@ class MetricsSource:
         self.collectives: dict[tuple[str, str], _Collective] = {}
         self.memory: dict[str, float] = {}
         self.gpus: dict[str, _Gpu] = {}  # NVML index -> last readings
+        self.heartbeat_s: float | None = None
+        self.pending_s: dict[str, float] = {}  # pg -> age of its oldest pending collective at the last heartbeat
+        self.stall: dict | None = None  # the watchdog's stall record while it sees one
+        self.recent_busy_s: deque = deque(maxlen=STRAGGLER_WINDOW_STEPS)
+        self.straggler_score: float | None = None  # set by whoever sees every rank (the node agent)
 
     def observe(self, table: str, rows: Iterable) -> None:
         """Fold rows of ``table`` (tuples in the schema's column order) into the totals."""
@@ -363,6 +406,7 @@ class MetricsSource:
                 self.last_step, self.last_step_end_s = int(step), end_s
             iteration_s += seconds + (data_wait_us or 0) / 1e6
             counted += 1
+            self.recent_busy_s.append(seconds + ((data_wait_us or 0) - (comm_us or 0)) / 1e6)
         if self.flops_per_step and counted:
             self.model_flops += self.flops_per_step * counted
             if self.peak_flops and iteration_s > 0:
@@ -433,8 +477,49 @@ class MetricsSource:
             if _present(xid):
                 state.xids[int(xid)] = state.xids.get(int(xid), 0) + 1
 
+    def _heartbeat(self, records) -> None:
+        """The watchdog's heartbeat (in training, as it is written; in the agent, heartbeat.json read back)."""
+        heartbeat = records[-1]
+        time_us = _number_or_none(heartbeat.get("time_us"))
+        if time_us is None:
+            return
+        self.heartbeat_s = time_us / 1e6
+        oldest: dict[str, float] = dict.fromkeys(self.pending_s, 0.0)  # groups seen before: 0 when none pending
+        pending = heartbeat.get("pending")
+        for entry in pending if isinstance(pending, list) else []:
+            start_us = _number_or_none(entry.get("start_us")) if isinstance(entry, dict) else None
+            if start_us is not None:
+                pg = str(entry.get("pg"))
+                oldest[pg] = max(oldest.get(pg, 0.0), max(time_us - start_us, 0.0) / 1e6)
+        self.pending_s = oldest
+        stall = heartbeat.get("stall")
+        self.stall = stall if isinstance(stall, dict) and _number_or_none(stall.get("seconds")) is not None else None
+
+
+def _number_or_none(value) -> float | None:
+    """A finite number from a JSON record, else None (heartbeats are read from files anyone could edit)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def straggler_scores(sources: Iterable[MetricsSource]) -> None:
+    """Each source's straggler score against the *other* sources (the median of two ranks is their average:
+    comparing with it would halve a 2-rank job's straggler). Sources with too few recent steps get none."""
+    medians = {
+        id(source): statistics.median(source.recent_busy_s)
+        for source in sources
+        if len(source.recent_busy_s) >= STRAGGLER_MIN_STEPS
+    }
+    for source in sources:
+        own = medians.get(id(source))
+        others = [m for key, m in medians.items() if key != id(source)]
+        reference = statistics.median(others) if others else None
+        source.straggler_score = own / reference if own is not None and reference else None
+
 
 _HANDLERS = {
+    "heartbeat": MetricsSource._heartbeat,
     "steps": MetricsSource._steps,
     "phases": MetricsSource._phases,
     "collectives": MetricsSource._collectives,
@@ -523,6 +608,15 @@ def _add_source(families: dict, source: MetricsSource) -> None:
         families["diag_collective_bytes_total"].add_metric(key, totals.bytes)
     for name, value in source.memory.items():
         families[name].add_metric(rank, value)
+    if source.heartbeat_s is not None:
+        families["diag_heartbeat_timestamp_seconds"].add_metric(rank, source.heartbeat_s)
+    for pg, seconds in source.pending_s.items():
+        families["diag_collective_pending_seconds"].add_metric([*rank, pg], seconds)
+    if source.stall is not None:
+        where = [_label(source.stall.get(key)) for key in ("pg", "op", "seq")]
+        families["diag_hang_stalled_seconds"].add_metric([*rank, *where], float(source.stall["seconds"]))
+    if source.straggler_score is not None:
+        families["diag_straggler_score"].add_metric(rank, source.straggler_score)
     for gpu, state in source.gpus.items():
         gpu_labels = [*rank, gpu, labels.gpu_uuid, labels.gpu_model]
         for name, value in state.values.items():
@@ -535,6 +629,10 @@ def _add_source(families: dict, source: MetricsSource) -> None:
                 )
         for xid, count in state.xids.items():
             families["diag_gpu_xid_errors_total"].add_metric([*gpu_labels, str(xid)], count)
+
+
+def _label(value) -> str:
+    return "" if value is None else str(value)
 
 
 def _float_text(value: float) -> str:

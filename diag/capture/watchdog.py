@@ -55,6 +55,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._dump_lock = threading.RLock()  # a signal handler may interrupt a dump on the main thread
         self._stall_key = None  # what the current stall is about; a dump is written once per key
+        self._stall_record: dict | None = None  # the stall the heartbeat describes (see _describe_stall)
         self._progress = None  # last observed (step, phase, pending seqs) and when it changed
         self._progress_since_us = _now_us()
         self._exit: dict | None = None  # how the process is ending, once known
@@ -131,7 +132,19 @@ class Watchdog:
         elif stall[0] != self._stall_key:
             self._stall_key = stall[0]
             self.dump(f"stall: {stall[1]}", pending)
+        self._stall_record = None if stall is None else self._describe_stall(stall, pending, now_us)
         self._write_heartbeat("stalled" if stall else "running", pending)
+
+    def _describe_stall(self, stall, pending: list[dict], now_us: int) -> dict:
+        """What the heartbeat says of a stall (the Prometheus hang metrics read it): the collective pending
+        longest, or none when the step itself made no progress."""
+        if stall[0][0] == "collective":
+            oldest = min(pending, key=lambda p: p.get("start_us") or now_us)
+            since_us = oldest.get("start_us") or now_us
+            what = {"pg": oldest.get("pg"), "seq": oldest.get("seq"), "op": oldest.get("op")}
+        else:
+            since_us, what = self._progress_since_us, {"pg": None, "seq": None, "op": None}
+        return {**what, "since_us": since_us, "seconds": (now_us - since_us) / 1e6, "reason": stall[1]}
 
     def _note_gap(self, now_us: int) -> None:
         """A tick far later than its interval: the whole process was frozen (SIGSTOP, a debugger, the host
@@ -216,6 +229,7 @@ class Watchdog:
             "threshold_s": self.pending_threshold_s,
             "pending": pending[:MAX_PENDING_IN_HEARTBEAT],
             "pending_count": len(pending),
+            "stall": self._stall_record if state == "stalled" else None,
             "last_seq": self._last_seqs(),
             "dumps_written": self.dumps_written,
             "exit": self._exit,

@@ -22,6 +22,7 @@ from diag.capture.prometheus import (
     row_tuples,
     serve,
     stop_serving,
+    straggler_scores,
 )
 
 FOLLOWED_TABLES = ("steps", "phases", "collectives", "memory", "telemetry")
@@ -155,6 +156,12 @@ class TraceFollower:
                 source = self._source(int(rank))
                 if source is not None:
                     source.observe(table, row_tuples(rows, table))
+        heartbeats = data.get("heartbeats")
+        for heartbeat in heartbeats.to_dict("records") if heartbeats is not None else []:
+            source = self._source(int(heartbeat["rank"]))
+            if source is not None:
+                source.observe("heartbeat", [heartbeat])
+        straggler_scores(list(self.sources.values()))
         if self.manifests and not self.sources:
             hosts = sorted({str(m.get("host")) for m in self.manifests.values()})
             self._say(

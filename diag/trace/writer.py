@@ -103,6 +103,7 @@ class RankWriter:
 
     def write_heartbeat(self, heartbeat: dict) -> None:
         self._write_json_atomically(HEARTBEAT_FILE, heartbeat)
+        self.row_observer("heartbeat", [heartbeat])  # the hang metrics; on the watchdog's thread
 
     def write_text(self, name: str, text: str) -> Path | None:
         """Write a side file (stack dumps, memory summaries) into the rank directory."""

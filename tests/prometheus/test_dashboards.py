@@ -34,7 +34,7 @@ PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", 
 @pytest.fixture(scope="module")
 def live_exposition() -> str:
     """What a registry built by diag's code serves after folding two real runs, plus what neither recorded: an
-    XID, a throttle reason, tokens and a marked phase."""
+    XID, a throttle reason, tokens, a marked phase and a heartbeat of a stalled collective."""
     metrics = RowMetrics()
     for run in ("straggler", "straggler-h100"):
         TraceFollower(REPO / "sample_traces" / run, metrics, host=None).poll()
@@ -43,6 +43,8 @@ def live_exposition() -> str:
     gpu.observe("telemetry", [decode_sample(reading, 0, xid=48)])
     gpu.observe("phases", [(0, "compute", 0, 1000, None)])
     gpu.observe("steps", [(0, 0, 2000, 0, 0, 0, 0, 0, None, 1, 128)])
+    stuck = {"pg": "0", "seq": 7, "op": "all_reduce", "start_us": 0}
+    gpu.observe("heartbeat", [{"time_us": 200e6, "pending": [stuck], "stall": {**stuck, "seconds": 200.0}}])
     return generate_latest(new_registry(metrics)).decode()
 
 
