@@ -11,10 +11,31 @@ from diag.trace.loader import TraceError
 
 
 @click.command("triage")
-@click.argument("path", type=click.Path(exists=True))
+@click.argument("path", type=click.Path())  # --watch may start before the job writes it
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--all-ranks", is_flag=True, help="List every rank in text output, not only the ones that matter.")
-def command(path: str, output_format: str, all_ranks: bool) -> None:
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Follow a running job: re-judge as heartbeats and dumps arrive, print the verdict as soon as there is "
+    "one (exit 1), or when every rank ended (exit 0 if it went well).",
+)
+@click.option(
+    "--stall-s",
+    type=click.FloatRange(min=0.5),
+    default=20.0,
+    show_default=True,
+    help="With --watch: a collective pending this long in a rank's heartbeat, or a rank silent this long, is a "
+    "stall to judge (the watchdog's own dump comes only after hang_threshold_s, 120 s by default).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="With --watch: seconds between reads.",
+)
+def command(path: str, output_format: str, all_ranks: bool, watch: bool, stall_s: float, interval: float) -> None:
     """Explain why a distributed job hung or timed out.
 
     PATH is a diag trace directory (written by diag.init, with the hang watchdog on) or a directory of
@@ -28,17 +49,30 @@ def command(path: str, output_format: str, all_ranks: bool) -> None:
     Examples:
       diag triage traces/run1
       diag triage /tmp/fr_dumps --format json
+      diag triage --watch traces/run1  while the job runs: a verdict within about stall-s + 5 s of a hang
     """
     from diag.triage.analysis import triage
     from diag.triage.report import format_text
     from diag.triage.sources import read_input
 
+    def show(verdict) -> None:
+        if output_format == "json":
+            json.dump(verdict.to_json(), sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        else:
+            click.echo(format_text(verdict, all_ranks=all_ranks))
+
+    if watch:
+        from diag.triage.watch import watch as watch_job
+
+        say = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo
+        try:
+            code = watch_job(path, stall_s=stall_s, interval_s=interval, say=say, on_verdict=show)
+        except KeyboardInterrupt:
+            code = 130
+        sys.exit(code)
     try:
         verdict = triage(read_input(path))
     except TraceError as exc:
         raise click.ClickException(str(exc)) from exc
-    if output_format == "json":
-        json.dump(verdict.to_json(), sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        click.echo(format_text(verdict, all_ranks=all_ranks))
+    show(verdict)

@@ -34,6 +34,7 @@ CHAIN_END_RANK = 2
 PG_TIMEOUT_S = float(os.environ.get("HANG_JOB_PG_TIMEOUT_S", "8"))
 SLOW_STEP_S = 3.0
 HANG_THRESHOLD_S = float(os.environ.get("HANG_JOB_THRESHOLD_S", "2"))
+HEARTBEAT_S = float(os.environ.get("HANG_JOB_HEARTBEAT_S", "0.5"))
 
 
 class Batches:
@@ -71,7 +72,7 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     rank = dist.get_rank()
     side_group = dist.new_group([1, 2]) if scenario == "chain" else None  # every rank must create it
-    diag.init(trace_dir, telemetry=False, hang_threshold_s=HANG_THRESHOLD_S, heartbeat_interval_s=0.5)
+    diag.init(trace_dir, telemetry=False, hang_threshold_s=HANG_THRESHOLD_S, heartbeat_interval_s=HEARTBEAT_S)
     model = torch.nn.Linear(64, 64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     diag.instrument(model, optimizer)

@@ -1,0 +1,121 @@
+"""``diag triage --watch``: judge a running job as its heartbeats and dumps arrive, and say so as soon as a verdict
+is possible, well before the collective timeout kills the job.
+
+The watchdog on each rank rewrites ``heartbeat.json`` every ``heartbeat_interval_s`` (5 s by default) with the
+collectives it has pending and when each was entered; it writes a hang dump only after ``hang_threshold_s``
+(120 s). Watching does not wait for that dump: a collective pending longer than ``stall_s`` in a heartbeat, a
+rank whose heartbeats stopped for that long while it had not finished, or a rank that raised or died is a
+stall, and the job is judged then (the same ``triage`` as ``diag triage``). A stall the judgement cannot
+explain yet (every rank progressing) is reported once as a status line and watching goes on.
+
+No torch import: the watch runs beside the job, anywhere the trace directory is readable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from diag.trace.loader import TraceError
+from diag.triage.analysis import Verdict, triage
+from diag.triage.sources import TriageInput, read_input
+
+DEFAULT_STALL_S = 20.0  # a collective pending this long in a healthy job is already very unusual
+DEFAULT_INTERVAL_S = 2.0
+HANG_VERDICTS = ("missing_ranks", "deadlock", "desync", "dead_rank", "collective_hang")
+BAD_EXITS = ("exception", "exited_without_finish")  # the watchdog's exit records that end a rank early
+
+
+@dataclass
+class Progress:
+    """What the watch saw at one poll."""
+
+    state: str  # "waiting" (no trace yet), "running", "stalled", "finished" (every rank ended, however)
+    detail: str
+
+
+def stall_of(data: TriageInput, now_us: float, stall_s: float) -> Progress:
+    """Whether the job stalled (or ended), from the ranks' last heartbeats, as of ``now_us``."""
+    ranks = data.ranks
+    if not ranks:
+        return Progress("waiting", "no rank has written its trace yet")
+    exits = {rank: _exit_how(info) for rank, info in ranks.items()}
+    if all(how is not None for how in exits.values()):
+        hows = sorted(set(exits.values()))
+        return Progress("finished", f"every rank ended ({', '.join(hows)})")
+    for rank, how in sorted(exits.items()):
+        if how in BAD_EXITS:
+            return Progress("stalled", f"rank {rank} ended ({how})")
+    for rank, info in sorted(ranks.items()):
+        heartbeat = info.heartbeat or {}
+        beat_us = _number(heartbeat.get("time_us"))
+        if exits[rank] is not None or beat_us is None:
+            continue
+        if now_us - beat_us > stall_s * 1e6 + _number(heartbeat.get("interval_s"), 0.0) * 1e6:
+            return Progress("stalled", f"rank {rank} wrote no heartbeat for {(now_us - beat_us) / 1e6:.0f} s")
+        oldest = _oldest_pending(heartbeat)
+        if oldest is not None and beat_us - oldest[0] > stall_s * 1e6:
+            start_us, what = oldest
+            return Progress("stalled", f"rank {rank} has waited {(beat_us - start_us) / 1e6:.0f} s in {what}")
+        if heartbeat.get("state") == "stalled":
+            return Progress("stalled", f"rank {rank}'s watchdog reports a stall")
+    return Progress("running", f"{len(ranks)} ranks running")
+
+
+def watch(
+    path,
+    stall_s: float = DEFAULT_STALL_S,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    say: Callable[[str], None] = print,
+    on_verdict: Callable[[Verdict], None] | None = None,
+    now_s: Callable[[], float] = time.time,
+) -> int:
+    """Poll ``path`` until a verdict can be given (returns 1) or every rank finished (returns 0)."""
+    last_status = None
+    while True:
+        try:
+            data = read_input(path)
+        except TraceError as exc:
+            data, progress = None, Progress("waiting", str(exc))
+        else:
+            progress = stall_of(data, now_s() * 1e6, stall_s)
+        if data is not None and progress.state in ("stalled", "finished"):
+            verdict = triage(data)
+            if progress.state == "finished" or verdict.verdict in HANG_VERDICTS:
+                say(f"[{_clock(now_s())}] {progress.detail}: judged")
+                if on_verdict is not None:
+                    on_verdict(verdict)
+                return 0 if verdict.verdict == "no_problem" else 1
+        status = f"{progress.state}: {progress.detail}"
+        if status != last_status:  # a line when something changes, not one per poll
+            say(f"[{_clock(now_s())}] {status}")
+            last_status = status
+        time.sleep(interval_s)
+
+
+def _oldest_pending(heartbeat: dict) -> tuple[float, str] | None:
+    pending = heartbeat.get("pending")
+    found = []
+    for entry in pending if isinstance(pending, list) else []:
+        start_us = _number(entry.get("start_us")) if isinstance(entry, dict) else None
+        if start_us is not None:
+            found.append((start_us, f"{entry.get('op')} seq {entry.get('seq')} of process group {entry.get('pg')}"))
+    return min(found) if found else None
+
+
+def _exit_how(info) -> str | None:
+    exit_record = (info.heartbeat or {}).get("exit")
+    if isinstance(exit_record, dict) and isinstance(exit_record.get("how"), str):
+        return exit_record["how"]
+    return None
+
+
+def _number(value, default=None):
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return default
+    return float(value)
+
+
+def _clock(time_s: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(time_s))
