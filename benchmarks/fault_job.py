@@ -52,6 +52,8 @@ FAULTS = (
     "desync_dtype",  # float64 where the others use float32
     "desync_size",  # 13 elements where the others all-reduce 12
     "cross_group",  # the bad rank and its partner enter two side groups in opposite orders
+    "inside",  # the bad rank enters an all_reduce first and is frozen inside it (driver); the others enter
+    # 2 s later and time out: every rank entered, none completed (a network- or NCCL-level hang)
     "preempted",  # a healthy job whose every rank gets SIGTERM mid-run (the driver), as on preemption
 )
 
@@ -124,6 +126,12 @@ def sync_gradients(model, rank: int, step: int, trace_dir: Path, side_groups) ->
         if step == BAD_STEP:
             mark(trace_dir, "fault_at.json")
         time.sleep(STRAGGLE_S)  # host work that delays this rank's collectives
+    if step == BAD_STEP and KIND == "inside":
+        if bad_now:
+            mark(trace_dir, "fault_at.json")
+            mark(trace_dir, "ready")  # the driver freezes this process inside the all_reduce below
+        else:
+            time.sleep(2.0)  # the bad rank is first into the collective
     if step == BAD_STEP and KIND.startswith("desync_"):
         if bad_now:
             mark(trace_dir, "fault_at.json")

@@ -79,6 +79,8 @@ FAULTS = {
         # the all_reduce): dead_rank, naming it, is as true as desync
         Fault("desync_size", "triage", "desync", also_right=("dead_rank",)),
         Fault("cross_group", "triage", "deadlock", culprit_is_pair=True),
+        # every rank entered the collective and none completed: no rank is missing, no culprit to name
+        Fault("inside", "triage", "collective_hang"),
         Fault("preempted", "triage", "no_problem", ("ddp", "manual")),
     )
 }
@@ -94,7 +96,7 @@ class Case:
 
     @property
     def expected_culprits(self) -> list[int]:
-        if self.fault in ("healthy", "preempted"):
+        if self.fault in ("healthy", "preempted", "inside"):
             return []
         if FAULTS[self.fault].culprit_is_pair:
             return sorted({self.rank, (self.rank + 1) % self.ranks})
@@ -225,10 +227,11 @@ def _drive(case: Case, procs: list[subprocess.Popen], trace_dir: Path) -> None:
             for proc in procs:  # what Slurm or Kubernetes does to every rank of a preempted job
                 proc.send_signal(signal.SIGTERM)
             return
-        if ready and case.fault == "frozen" and stopped_at is None:
+        if ready and case.fault in ("frozen", "inside") and stopped_at is None:
+            time.sleep(0.5 if case.fault == "inside" else 0)  # let it get into the all_reduce
             bad.send_signal(signal.SIGSTOP)
             stopped_at = time.monotonic()
-        if stopped_at is not None and time.monotonic() > stopped_at + PG_TIMEOUT_S + 3:
+        if stopped_at is not None and time.monotonic() > stopped_at + PG_TIMEOUT_S + 5:
             bad.send_signal(signal.SIGCONT)
             stopped_at = float("inf")
         if first_stall is None and any(trace_dir.glob("rank*/hang_dump_*.json")):

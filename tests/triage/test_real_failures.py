@@ -61,6 +61,20 @@ def test_shape_mismatch_with_equal_bytes_is_a_desync(tmp_path):
     assert "(48 B, float32" in evidence  # equal bytes: only the shapes tell
 
 
+def test_every_rank_inside_a_collective_none_completed_is_a_collective_hang(tmp_path):
+    """Issue 14 item 3: rank 1 entered the all_reduce first and was frozen inside it; the others entered 2 s
+    later and timed out. Nobody is missing: the verdict names the collective and its group, says so, and gives
+    each rank's entry time and the transport."""
+    verdict = _run(tmp_path, "inside", rank=1)
+    assert verdict["verdict"] == "collective_hang", verdict["evidence"]
+    assert verdict["culprit_ranks"] == []
+    assert verdict["collective"]["op"] == "all_reduce"
+    evidence = "\n".join(verdict["evidence"])
+    assert "no rank is missing" in evidence
+    assert all(f"rank {rank} entered at" in evidence for rank in range(4))
+    assert "transport: backend gloo" in evidence
+
+
 @pytest.mark.parametrize("bad_rank", [0, 2])
 def test_cross_group_deadlock_names_both_ranks(tmp_path, bad_rank):
     """With ranks 2 and 3 the first pending collective found is a side group's barrier that only one of them
