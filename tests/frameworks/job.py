@@ -160,7 +160,116 @@ def timed_steps(batches_, train_step, samples=lambda batch: len(batch[0])) -> li
     return step_times_s
 
 
+def run_hf_trainer(args, model, rank):
+    """transformers' Trainer (DDP on gloo, joining this job's process group) with DiagTrainerCallback, as
+    docs/integrations.md says: the callback drives diag's steps; this job only times them from outside."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from diag.integrations.huggingface import DiagTrainerCallback
+
+    class Regression(torch.nn.Module):  # a transformers-style model: keyword inputs, a dict with the loss out
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x, y=None):
+            out = self.net(x)
+            return {"loss": torch.nn.functional.mse_loss(out, y), "logits": out}
+
+    class Rows(torch.utils.data.Dataset):
+        def __init__(self):
+            self.rows = [(x[i], y[i]) for x, y in batches(args.steps, rank) for i in range(len(x))]
+
+        def __len__(self):
+            return len(self.rows)
+
+        def __getitem__(self, i):
+            return {"x": self.rows[i][0], "y": self.rows[i][1]}
+
+    step_times_s = []
+
+    class StepWindows(TrainerCallback):  # after diag's callback: its window holds diag's step
+        def on_step_begin(self, *_, **__):
+            WINDOWS_NS.append([time.time_ns(), None])
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            WINDOWS_NS[-1][1] = time.time_ns()
+            step_times_s.append(time.perf_counter() - self.start)
+
+    training = TrainingArguments(
+        output_dir=os.path.join(args.trace_dir, "hf_output"),
+        per_device_train_batch_size=8,
+        max_steps=args.steps,
+        learning_rate=1e-3,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        ddp_backend="gloo",
+        ddp_find_unused_parameters=False,
+        logging_strategy="no",
+    )
+    callbacks = [DiagTrainerCallback(args.trace_dir, telemetry=False), StepWindows()]
+    Trainer(model=Regression(model), args=training, train_dataset=Rows(), callbacks=callbacks).train()
+    return step_times_s
+
+
+def run_lightning(args, model, rank):
+    """Lightning's Trainer (DDP strategy, joining this job's process group) with DiagCallback, as
+    docs/integrations.md says: the callback drives diag's steps; this job only times them from outside."""
+    import warnings
+
+    from lightning.pytorch import Callback, LightningModule, Trainer
+
+    from diag.integrations.lightning import DiagCallback
+
+    warnings.filterwarnings("ignore", module="lightning")  # its advice about num_workers and logging
+
+    class Regression(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    step_times_s = []
+
+    class StepWindows(Callback):  # after diag's callback: its window holds diag's step
+        def on_train_batch_start(self, *_):
+            WINDOWS_NS.append([time.time_ns(), None])
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, *_):
+            WINDOWS_NS[-1][1] = time.time_ns()
+            step_times_s.append(time.perf_counter() - self.start)
+
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=dist.get_world_size(),
+        strategy="ddp",
+        max_steps=args.steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[DiagCallback(args.trace_dir, telemetry=False), StepWindows()],
+    )
+    data = [batch for batch in batches(args.steps, rank)]  # already batches of 8: the loader passes them on
+    trainer.fit(Regression(), torch.utils.data.DataLoader(data, batch_size=None))
+    return step_times_s
+
+
 RUNNERS = {
+    "lightning": run_lightning,
+    "hf-trainer": run_hf_trainer,
     "ddp-4": run_ddp,
     "fsdp1-full": run_fsdp1,
     "fsdp1-grad-op": run_fsdp1,

@@ -31,9 +31,13 @@ ROWS = [
     pytest.param("deepspeed-zero2", marks=pytest.mark.slow),
     pytest.param("deepspeed-zero3", marks=pytest.mark.slow),
     pytest.param("accelerate"),
+    pytest.param("hf-trainer"),  # transformers' Trainer with DiagTrainerCallback
+    pytest.param("lightning"),  # Lightning's Trainer with DiagCallback
 ]
 NEEDS = {"deepspeed-zero1": "deepspeed", "deepspeed-zero2": "deepspeed", "deepspeed-zero3": "deepspeed"}
 NEEDS["accelerate"] = "accelerate"
+NEEDS["hf-trainer"] = "transformers"
+NEEDS["lightning"] = "lightning"
 WORLDS = {"ddp-4": 4}  # ranks per row; 2 otherwise
 
 
