@@ -52,11 +52,14 @@ def phase(name: str):
     return api.phase(name)
 
 
-def instrument(*objects):
-    """Hook a model (plain, DDP, FSDP) and optimizers: forward, backward, optimizer, collectives."""
+def instrument(*objects, step_at: str | None = None):
+    """Hook a model (plain, DDP, FSDP) and optimizers: forward, backward, optimizer, collectives.
+
+    ``step_at="accumulation_boundary"`` with a DeepSpeed engine: diag opens and closes the steps itself, one per
+    optimizer update (the engine's gradient-accumulation boundary), so the loop needs no ``diag.step()``."""
     from diag.capture import api
 
-    return api.instrument(*objects)
+    return api.instrument(*objects, step_at=step_at)
 
 
 def wrap_loader(loader):

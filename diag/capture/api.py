@@ -43,8 +43,13 @@ def phase(name: str):
     return _current.phase(name)
 
 
-def instrument(*objects):
-    _current.instrument(*objects)
+STEP_AT = (None, "accumulation_boundary")
+
+
+def instrument(*objects, step_at: str | None = None):
+    if step_at not in STEP_AT:  # a misspelt option must not silently give one step per micro-batch
+        raise ValueError(f"step_at must be one of {STEP_AT}, not {step_at!r}")
+    _current.instrument(*objects, step_at=step_at)
     return objects[0] if len(objects) == 1 else objects
 
 

@@ -43,7 +43,7 @@ def is_accelerated_optimizer(obj) -> bool:
     return type(obj).__name__ == "AcceleratedOptimizer" and type(obj).__module__.startswith("accelerate.")
 
 
-def instrument_framework(session, obj) -> bool:
+def instrument_framework(session, obj, step_at: str | None = None) -> bool:
     """Instrument ``obj`` if it is a framework wrapper this module knows; False if it is not one."""
     from diag.capture import megatron
 
@@ -56,7 +56,7 @@ def instrument_framework(session, obj) -> bool:
         session.instrument(obj.optimizer)
         return True
     if is_deepspeed_engine(obj):
-        _instrument_deepspeed_engine(session, obj)
+        _instrument_deepspeed_engine(session, obj, step_at)
         return True
     if is_deepspeed_optimizer(obj):
         if not getattr(obj.step, "__diag_wrapped__", False):
@@ -65,7 +65,7 @@ def instrument_framework(session, obj) -> bool:
     return False
 
 
-def _instrument_deepspeed_engine(session, engine) -> None:
+def _instrument_deepspeed_engine(session, engine, step_at: str | None = None) -> None:
     # forward and the backward listener, as for any module (the engine is a torch.nn.Module)
     session._hooks.append(hooks.ModelHooks(session, engine))
     if not any(isinstance(h, hooks.BackwardHooks) for h in session._hooks):
@@ -77,11 +77,14 @@ def _instrument_deepspeed_engine(session, engine) -> None:
         # engine.step calls optimizer.step: mark it timed so that instrumenting it too does not count twice
         session._hooks.append(_MethodWrap(optimizer, "step", _Passthrough()))
     accumulation_steps = _call_or_none(engine, "gradient_accumulation_steps")
-    if accumulation_steps and accumulation_steps > 1:
+    if step_at == "accumulation_boundary":
+        session._hooks.append(_BoundarySteps(session, engine))
+    elif accumulation_steps and accumulation_steps > 1:
         warn_once(
             "deepspeed-accumulation",
             f"DeepSpeed accumulates gradients over {accumulation_steps} micro-steps: diag's step is the user's "
-            "diag.step(); open it around the micro-steps of one accumulation boundary to get one step per update",
+            "diag.step(); for one step per optimizer update use diag.instrument(engine, "
+            'step_at="accumulation_boundary") and no diag.step(), or open diag.step() around the micro-steps',
         )
     if getattr(engine, "pipeline_parallelism", False) or _class_path(engine).endswith("PipelineEngine"):
         warn_once(
@@ -95,6 +98,39 @@ def _call_or_none(obj, name: str):
         return getattr(obj, name)()
     except Exception:
         return None
+
+
+class _BoundarySteps:
+    """One diag step per optimizer update of a DeepSpeed engine: opened before the first forward after an
+    update (or the first of all), closed when an ``engine.step()`` at the gradient-accumulation boundary
+    returns. Wraps ``engine.step`` over the optimizer-phase wrapper, so the update's time is in the step."""
+
+    def __init__(self, session, engine):
+        self.session, self.engine = session, engine
+        # before diag's forward timing hook (prepend), so that the forward falls inside the step it opens
+        self._handle = engine.register_forward_pre_hook(self._open, prepend=True)
+        self._step = _MethodWrap(engine, "step", self._close_after)
+
+    def _open(self, *_):
+        try:
+            if self.session.current_step is None:
+                self.session.begin_step(None)
+        except Exception as exc:  # never into the user's forward
+            warn_once("deepspeed-boundary", f"opening a step at the accumulation boundary failed ({exc!r})")
+
+    def _close_after(self, original, *args, **kwargs):
+        at_boundary = bool(_call_or_none(self.engine, "is_gradient_accumulation_boundary"))
+        result = original(*args, **kwargs)
+        if at_boundary:
+            try:
+                self.session.end_step()
+            except Exception as exc:
+                warn_once("deepspeed-boundary", f"closing a step at the accumulation boundary failed ({exc!r})")
+        return result
+
+    def remove(self):
+        self._handle.remove()
+        self._step.remove()
 
 
 class _BackwardPhase:

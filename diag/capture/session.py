@@ -500,16 +500,18 @@ class Session:
             return None
 
     # -- instrumenting ----------------------------------------------------------------------------------------
-    def instrument(self, *objects) -> None:
+    def instrument(self, *objects, step_at: str | None = None) -> None:
         import torch
 
         from diag.capture import pipeline
-        from diag.capture.frameworks import instrument_framework
+        from diag.capture.frameworks import instrument_framework, is_deepspeed_engine
         from diag.capture.hooks import BackwardHooks, ModelHooks, OptimizerHooks
 
+        if step_at is not None and not any(is_deepspeed_engine(obj) for obj in objects):
+            warn_once("step-at", f"step_at={step_at!r} applies to a DeepSpeed engine, and none was given: ignored")
         for obj in objects:
             try:
-                if instrument_framework(self, obj):  # DeepSpeed, Accelerate: before their torch base classes
+                if instrument_framework(self, obj, step_at):  # DeepSpeed, Accelerate: before torch base classes
                     continue
                 if isinstance(obj, torch.nn.Module):
                     is_ddp = isinstance(obj, torch.nn.parallel.DistributedDataParallel)
@@ -557,7 +559,7 @@ class Session:
                 closer()
             except Exception as exc:
                 warn_once("finish", f"error while finishing capture ({exc!r})")
-        for hooks in self._hooks:
+        for hooks in reversed(self._hooks):  # last wrapped, first unwrapped: wrappers of one method nest
             hooks.remove()
         self._hooks.clear()
         self.describe_process_groups()
@@ -663,7 +665,7 @@ class DisabledSession:
     def end_step(self, samples=None, tokens=None, error=None):
         pass
 
-    def instrument(self, *objects):
+    def instrument(self, *objects, step_at=None):
         pass
 
     def wrap_loader(self, loader):

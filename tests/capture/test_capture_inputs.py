@@ -47,6 +47,18 @@ def test_every_wrong_option_is_named_in_one_error(tmp_path):
     assert all(name in str(error.value) for name in ("flush_interval_s", "memory", "peak_tflops"))
 
 
+def test_a_misspelt_step_at_is_a_clear_error_and_one_without_an_engine_a_warning(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="step_at"):
+        diag.instrument(model, step_at="boundary")  # would silently give one step per micro-batch
+    diag.init(tmp_path, telemetry=False, watchdog=False)
+    try:
+        with pytest.warns(DiagWarning, match="applies to a DeepSpeed engine"):
+            diag.instrument(model, step_at="accumulation_boundary")
+    finally:
+        diag.finish()
+
+
 def test_valid_options_start_capture(tmp_path):
     session = diag.init(
         tmp_path, flush_interval_s=0.01, telemetry=False, parallel={"dp": 1}, peak_tflops=1.5, prometheus_port=None

@@ -20,6 +20,7 @@ from diag.capture.flight_recorder import own_dump
 HIDDEN = 64
 RESTORED = {}  # framework -> whether diag.finish() put its objects back as they were
 WINDOWS_NS = []  # [start, end] of each step, time.time_ns(), to place Flight Recorder's entries in steps
+ACCUMULATE = 2  # micro-batches per optimizer update in the accumulating rows
 COUNTED_PER_STEP = []  # Flight Recorder's collectives of each step, counted right after it (a small ring)
 
 
@@ -66,6 +67,34 @@ def run_deepspeed(args, model, rank):
 
     step_times_s = timed_steps(diag.wrap_loader(batches(args.steps, rank)), train_step)
     diag.finish()  # diag's wrappers leave the engine: its methods are the class's again
+    RESTORED["deepspeed"] = not ({"backward", "step"} & set(vars(engine))) and "step" not in vars(optimizer)
+    return step_times_s
+
+
+def run_deepspeed_accumulating(args, model, rank):
+    """DeepSpeed ZeRO-1 accumulating gradients over 2 micro-batches, with diag's steps at the accumulation
+    boundary (``step_at``): the loop has no diag.step(); one diag step per optimizer update."""
+    import deepspeed
+
+    config = {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": ACCUMULATE,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "torch_adam": True}},
+        "zero_optimization": {"stage": 1},
+    }
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    diag.instrument(engine, optimizer, step_at="accumulation_boundary")
+    micro = list(batches(args.steps * ACCUMULATE, rank))
+    step_times_s = []
+    for update in range(args.steps):
+        start = time.perf_counter()
+        WINDOWS_NS.append([time.time_ns(), None])
+        for x, y in micro[update * ACCUMULATE : (update + 1) * ACCUMULATE]:
+            engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+            engine.step()  # an update only at the accumulation boundary
+        WINDOWS_NS[-1][1] = time.time_ns()
+        step_times_s.append(time.perf_counter() - start)
+    diag.finish()
     RESTORED["deepspeed"] = not ({"backward", "step"} & set(vars(engine))) and "step" not in vars(optimizer)
     return step_times_s
 
@@ -303,6 +332,7 @@ def run_lightning(args, model, rank):
 
 
 RUNNERS = {
+    "deepspeed-accum": run_deepspeed_accumulating,
     "torch-tp": run_torch_tp,
     "lightning": run_lightning,
     "hf-trainer": run_hf_trainer,

@@ -30,12 +30,14 @@ ROWS = [
     pytest.param("deepspeed-zero1"),
     pytest.param("deepspeed-zero2", marks=pytest.mark.slow),
     pytest.param("deepspeed-zero3", marks=pytest.mark.slow),
+    # ZeRO-1, 2 micro-batches an update, diag's steps at the accumulation boundary (no diag.step() in the loop)
+    pytest.param("deepspeed-accum", marks=pytest.mark.slow),
     pytest.param("accelerate"),
     pytest.param("hf-trainer"),  # transformers' Trainer with DiagTrainerCallback
     pytest.param("lightning"),  # Lightning's Trainer with DiagCallback
     pytest.param("torch-tp"),  # parallelize_module, more collectives than Flight Recorder's ring holds
 ]
-NEEDS = {"deepspeed-zero1": "deepspeed", "deepspeed-zero2": "deepspeed", "deepspeed-zero3": "deepspeed"}
+NEEDS = dict.fromkeys(("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "deepspeed-accum"), "deepspeed")
 NEEDS["accelerate"] = "accelerate"
 NEEDS["hf-trainer"] = "transformers"
 NEEDS["lightning"] = "lightning"
