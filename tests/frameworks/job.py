@@ -99,6 +99,65 @@ def run_deepspeed_accumulating(args, model, rank):
     return step_times_s
 
 
+def run_megatron_tp(args, model, rank):
+    """megatron-core tensor parallelism: a ColumnParallelLinear then a RowParallelLinear over every rank
+    (tensor_model_parallel_size = world), every rank fed the same batches as TP needs. No CUDA shim: on this
+    path megatron-core calls only torch.distributed (its all_reduces are ordinary collectives)."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer import TransformerConfig
+
+    world = dist.get_world_size()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=HIDDEN,
+        num_attention_heads=4,
+        tensor_model_parallel_size=world,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        gradient_accumulation_fusion=False,
+    )
+    init = torch.nn.init.xavier_normal_
+
+    class TensorParallelNet(torch.nn.Module):
+        def __init__(self, slow_s: float):
+            super().__init__()
+            self.column = ColumnParallelLinear(
+                HIDDEN, 2 * HIDDEN, config=config, init_method=init, gather_output=False, bias=True
+            )
+            self.row = RowParallelLinear(
+                2 * HIDDEN,
+                HIDDEN,
+                config=config,
+                init_method=init,
+                input_is_parallel=True,
+                skip_bias_add=False,
+                bias=True,
+            )
+            self.head = torch.nn.Linear(HIDDEN, 1)
+            self.slow_s = slow_s
+
+        def forward(self, x):
+            if self.slow_s:
+                time.sleep(self.slow_s)  # the planted straggler, as in Net
+            hidden, _ = self.column(x)
+            out, _ = self.row(torch.relu(hidden))
+            return self.head(out)
+
+    model = TensorParallelNet(model.slow_s)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    diag.instrument(model, optimizer)
+
+    def train_step(batch):
+        x, y = batch
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return timed_steps(diag.wrap_loader(batches(args.steps, 0)), train_step)
+
+
 def run_accelerate(args, model, rank):
     from accelerate import Accelerator
 
@@ -332,6 +391,7 @@ def run_lightning(args, model, rank):
 
 
 RUNNERS = {
+    "megatron-tp": run_megatron_tp,
     "deepspeed-accum": run_deepspeed_accumulating,
     "torch-tp": run_torch_tp,
     "lightning": run_lightning,

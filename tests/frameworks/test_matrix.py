@@ -36,11 +36,13 @@ ROWS = [
     pytest.param("hf-trainer"),  # transformers' Trainer with DiagTrainerCallback
     pytest.param("lightning"),  # Lightning's Trainer with DiagCallback
     pytest.param("torch-tp"),  # parallelize_module, more collectives than Flight Recorder's ring holds
+    pytest.param("megatron-tp"),  # megatron-core ColumnParallelLinear + RowParallelLinear
 ]
 NEEDS = dict.fromkeys(("deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "deepspeed-accum"), "deepspeed")
 NEEDS["accelerate"] = "accelerate"
 NEEDS["hf-trainer"] = "transformers"
 NEEDS["lightning"] = "lightning"
+NEEDS["megatron-tp"] = "megatron.core"
 WORLDS = {"ddp-4": 4}  # ranks per row; 2 otherwise
 # Flight Recorder's ring per row (TORCH_FR_BUFFER_SIZE; 4000 otherwise) and steps per row (STEPS otherwise):
 # torch TP issues one collective a step here, so 60 steps overtake a 16-entry ring almost four times
