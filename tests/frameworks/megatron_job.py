@@ -9,7 +9,8 @@ those two modules' ``torch`` name is replaced by a proxy that maps the CUDA devi
 call (the schedule's logic, autograd, gloo's isend/irecv) is megatron-core and torch unchanged. Where a GPU is
 lent, run it without the shim (--no-shim) with NCCL.
 
-usage: megatron_job.py TRACE_DIR --steps N --microbatches M [--slow-stage S --slow-ms MS]
+usage: megatron_job.py TRACE_DIR --steps N --microbatches M [--slow-stage S --slow-ms MS] [--chunks C]
+(--chunks 2: the interleaved schedule, forward_backward_pipelining_with_interleaving, C model chunks per rank)
 """
 
 import argparse
@@ -71,25 +72,36 @@ def main():
     parser.add_argument("--slow-stage", type=int, default=-1)
     parser.add_argument("--slow-ms", type=float, default=0.0)
     parser.add_argument("--no-shim", action="store_true")
+    parser.add_argument("--chunks", type=int, default=1, help="model chunks per rank; > 1: interleaved schedule")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     if not args.no_shim:
         schedules.torch = p2p_communication.torch = _CudaAsCpu()
     world = dist.get_world_size()
-    parallel_state.initialize_model_parallel(pipeline_model_parallel_size=world)
+    interleaved = args.chunks > 1
+    parallel_state.initialize_model_parallel(
+        pipeline_model_parallel_size=world, virtual_pipeline_model_parallel_size=args.chunks if interleaved else None
+    )
     stage = parallel_state.get_pipeline_model_parallel_rank()
     # hidden_size: the activation shape megatron's schedule sends between stages
     config = TransformerConfig(
-        num_layers=world,
+        num_layers=world * args.chunks,
         hidden_size=HIDDEN,
         num_attention_heads=4,
         pipeline_model_parallel_size=world,
+        virtual_pipeline_model_parallel_size=args.chunks if interleaved else None,
         pipeline_dtype=torch.float32,
     )
     torch.manual_seed(stage)
-    model = Stage(config, stage == 0, args.slow_ms / 1000 if stage == args.slow_stage else 0.0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    slow_s = args.slow_ms / 1000 / args.chunks if stage == args.slow_stage else 0.0  # the same plant per micro-batch
+    chunks = [Stage(config, stage == 0 and chunk == 0, slow_s) for chunk in range(args.chunks)]
+    optimizer = torch.optim.SGD([p for chunk in chunks for p in chunk.parameters()], lr=1e-3)
+    schedule = (
+        schedules.forward_backward_pipelining_with_interleaving
+        if interleaved
+        else schedules.forward_backward_pipelining_without_interleaving
+    )
 
     def forward_step_func(data_iterator, model):
         x = next(data_iterator)
@@ -99,13 +111,13 @@ def main():
     diag.instrument(schedules)
     step_times_s = []
     for _ in range(args.steps):
-        data = iter([torch.randn(SEQ, MICRO_BATCH, HIDDEN) for _ in range(args.microbatches)])
+        data = [iter([torch.randn(SEQ, MICRO_BATCH, HIDDEN) for _ in range(args.microbatches)]) for _ in chunks]
         start = time.perf_counter()
         with diag.step():
-            schedules.forward_backward_pipelining_without_interleaving(
+            schedule(
                 forward_step_func=forward_step_func,
-                data_iterator=data,
-                model=[model],
+                data_iterator=data if interleaved else data[0],
+                model=chunks,
                 num_microbatches=args.microbatches,
                 seq_length=SEQ,
                 micro_batch_size=MICRO_BATCH,
