@@ -17,8 +17,6 @@ def init(trace_dir, **options) -> Session | DisabledSession:
     if _current.enabled:
         warn_once("init-twice", "diag.init called twice; finishing the previous session first")
         finish()
-    if "collectives" in options:
-        options["collectives_enabled"] = options.pop("collectives")
     unknown = set(options) - set(inspect.signature(Session.__init__).parameters)
     if unknown:  # a misspelt option is the caller's bug: say so at once, before training starts
         raise TypeError(f"diag.init got unknown options {sorted(unknown)}")

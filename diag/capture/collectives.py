@@ -10,8 +10,9 @@ Three sources together cover what a training job issues:
 
 Each record carries the c10d sequence number of its group (the number Flight Recorder and NCCL's watchdog
 report), so records line up across ranks and with Flight Recorder dumps. Durations are issue to
-completion as the host sees it: exact for gloo; for NCCL the host sees the launch, so device durations come
-from Flight Recorder (TORCH_NCCL_ENABLE_TIMING=1) instead.
+completion as the host sees it: exact for gloo. On NCCL the host sees only the launch: with
+TORCH_NCCL_ENABLE_TIMING=1 a row waits for the CUDA-event duration ProcessGroupNCCL's completion hook reports
+(``DeviceDurationJoin``); without it, rows carry host times.
 """
 
 from __future__ import annotations

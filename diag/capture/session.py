@@ -28,7 +28,7 @@ DDP_BUCKET_MODES = ("auto", "hook", "flight_recorder", True, False)
 # Below this, a background thread (writer, sampler) wakes so often that it takes the GIL from training:
 # flush_interval_s=0 made a job 230x slower. 10 ms is already 100 flushes a second.
 MIN_INTERVAL_S = 0.01
-_FLAGS = ("telemetry", "collectives_enabled", "memory", "clock_sync", "watchdog", "count_flops")
+_FLAGS = ("telemetry", "collectives", "memory", "clock_sync", "watchdog", "count_flops")
 _INTERVALS = ("telemetry_interval_s", "heartbeat_interval_s", "flush_interval_s")
 _STEP_COLUMNS_DEVICE = 8  # index of device_us in a steps row
 _PHASE_COLUMNS_DEVICE = 4  # index of device_us in a phases row
@@ -68,7 +68,7 @@ class Session:
         parallel: dict | None = None,
         telemetry: bool = True,
         telemetry_interval_s: float = 1.0,
-        collectives_enabled: bool = True,
+        collectives: bool = True,
         memory: bool = True,
         clock_sync: bool = True,
         watchdog: bool = True,
@@ -88,7 +88,7 @@ class Session:
             parallel=parallel,
             telemetry=telemetry,
             telemetry_interval_s=telemetry_interval_s,
-            collectives_enabled=collectives_enabled,
+            collectives=collectives,
             memory=memory,
             clock_sync=clock_sync,
             watchdog=watchdog,
@@ -132,7 +132,7 @@ class Session:
         writing = self.writer.enabled
         self.memory = self._start_memory(memory and writing)
         self.device_timer = self._make_device_timer()
-        self.recorder = self._start_collectives(collectives_enabled and writing)
+        self.recorder = self._start_collectives(collectives and writing)
         self._sync_clocks(clock_sync)
         self.metrics = self._start_metrics(prometheus_port if writing else None, prometheus_addr)
         self.telemetry = self._start_telemetry(telemetry and writing, telemetry_interval_s)

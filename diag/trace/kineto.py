@@ -548,5 +548,4 @@ def _assemble(root: Path, ranks: dict[int, dict], skipped: list[Skipped]) -> Tra
         ranks_missing=sorted(set(range(world_size)) - set(order)),
         run_id=None,
         gpu_kernels=kernels,
-        source="kineto",
     )

@@ -147,7 +147,6 @@ class Trace:
     # torch.profiler (Kineto) imports only (diag.trace.kineto): every GPU activity with its device interval,
     # kind and step; None for diag's own traces
     gpu_kernels: pd.DataFrame | None = None
-    source: str = "diag"  # "diag" or "kineto"
 
     def manifest(self, rank: int) -> dict:
         if self.manifests is None or "rank" not in self.manifests:
@@ -180,13 +179,6 @@ def empty_table(table: Table) -> pd.DataFrame:
 
 
 @dataclass
-class TableChunk:
-    frame: pd.DataFrame
-    next_offset: int
-    skipped: list[Skipped]
-
-
-@dataclass
 class ArrowChunk:
     """The rows of one file as an Arrow table (None when there are none), before conversion to pandas."""
 
@@ -195,16 +187,10 @@ class ArrowChunk:
     skipped: list[Skipped]
 
 
-def read_table_file(path: Path, table: Table, offset: int = 0) -> TableChunk:
-    """Parse the complete rows of ``path`` from byte ``offset`` on (0: the whole file, header checked)."""
-    chunk = read_table_arrow(path, table, offset)
-    frame = to_frame([chunk.table] if chunk.table is not None else [], table)[table.column_names]
-    return TableChunk(frame, chunk.next_offset, chunk.skipped)
-
-
 def read_table_arrow(path: Path, table: Table, offset: int = 0) -> ArrowChunk:
-    """Like ``read_table_file`` but leaves the rows in Arrow: converting thousands of small files to pandas one
-    by one costs more than parsing them, so ``TraceReader`` converts each table once, after concatenating."""
+    """Parse the complete rows of ``path`` from byte ``offset`` on (0: the whole file, header checked), left in
+    Arrow: converting thousands of small files to pandas one by one costs more than parsing them, so
+    ``TraceReader`` converts each table once, after concatenating."""
     try:
         data = read_file_bytes(path, offset)
     except OSError as exc:
