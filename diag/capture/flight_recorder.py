@@ -16,35 +16,7 @@ import threading
 import time
 
 from diag._warn import warn_once
-
-_ELEMENT_BYTES = {
-    "Float": 4,
-    "Double": 8,
-    "Half": 2,
-    "BFloat16": 2,
-    "Int": 4,
-    "Long": 8,
-    "Short": 2,
-    "Char": 1,
-    "Byte": 1,
-    "Bool": 1,
-    "Float8_e4m3fn": 1,
-    "Float8_e5m2": 1,
-    "ComplexFloat": 8,
-    "ComplexDouble": 16,
-}
-_DTYPE_NAMES = {
-    "Float": "float32",
-    "Double": "float64",
-    "Half": "float16",
-    "BFloat16": "bfloat16",
-    "Int": "int32",
-    "Long": "int64",
-    "Short": "int16",
-    "Char": "int8",
-    "Byte": "uint8",
-    "Bool": "bool",
-}
+from diag.trace.schema import SCALAR_TYPES
 
 
 def dump_bytes(stack_traces: bool = True) -> bytes | None:
@@ -313,8 +285,8 @@ def _row(entry: dict, pg: str, seq: int, op: str, step: int, source: str) -> tup
         pg,
         seq,
         op,
-        numel * _ELEMENT_BYTES.get(dtypes[0], 0) if dtypes else 0,
-        _DTYPE_NAMES.get(dtypes[0], str(dtypes[0]).lower()) if dtypes else "",
+        numel * SCALAR_TYPES.get(dtypes[0], ("", 0))[1] if dtypes else 0,
+        SCALAR_TYPES.get(dtypes[0], (str(dtypes[0]).lower(), 0))[0] if dtypes else "",
         None,
         entry["time_created_ns"] // 1000,
         None if duration_ms is None else round(float(duration_ms) * 1000, 1),

@@ -29,11 +29,8 @@ import traceback
 
 from diag._warn import warn_once
 from diag.capture.flight_recorder import dump_bytes
+from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, STACKS_PREFIX, hang_dump_name
 
-HANG_DUMP_PREFIX = "hang_dump_"  # hang_dump_001.json, ...: one per stall or signal, numbered in order
-STACKS_PREFIX = "stacks_"  # the same stacks as text, for people
-FR_DUMP_FILE = "fr_dump.pkl"  # latest Flight Recorder dump; pickle: load only with diag.triage.flight_recorder
-FATAL_STACKS_FILE = "fatal_stacks.txt"  # faulthandler output on SIGSEGV, SIGABRT, ...
 MAX_PENDING_IN_HEARTBEAT = 8
 GAP_INTERVALS = 3  # a tick this many intervals late means the process was frozen
 SIGTERM_GRACE_S = 2.0  # time the main thread gets to run the Python handler before the watchdog ends the process
@@ -248,7 +245,7 @@ class Watchdog:
             writer = self.session.writer
             pending = self._pending() if pending is None else pending
             threads = _thread_stacks()
-            name = f"{HANG_DUMP_PREFIX}{number:03d}.json"
+            name = hang_dump_name(number)
             fr_file, fr_error = self._write_flight_recorder()
             record = {
                 **self._state(),

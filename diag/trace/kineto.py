@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from diag.trace.loader import Skipped, Trace, TraceError, empty_table
-from diag.trace.schema import TABLES
+from diag.trace.schema import SCALAR_TYPES, TABLES
 
 # The one place that decides what an NCCL kernel is: older NCCL names them ncclKernel_<Op>_..., NCCL >= 2.19
 # ncclDevKernel_<Op>_... (HTA's r"^nccl.*Kernel" also matches both; a startswith("ncclKernel") would not).
@@ -54,12 +54,6 @@ _STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
 _RANK_IN_NAME_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _HEAD_BYTES = 1 << 20  # "traceEvents" must appear this early for a file to count as a Kineto trace
 MAX_NAME_CHARS = 64 << 10  # a kernel name kept longer than this is cut (real ones are at most a few KB)
-# Kineto's dtype names (c10 ScalarType) -> (torch name, bytes per element)
-_DTYPES = {
-    "Float": ("float32", 4), "Double": ("float64", 8), "Half": ("float16", 2), "BFloat16": ("bfloat16", 2),
-    "Int": ("int32", 4), "Long": ("int64", 8), "Short": ("int16", 2), "Char": ("int8", 1), "Byte": ("uint8", 1),
-    "Bool": ("bool", 1), "Float8_e4m3fn": ("float8_e4m3fn", 1), "Float8_e5m2": ("float8_e5m2", 1),
-}  # fmt: skip
 _NAME_DTYPES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "double": "float64", "int8_t": "int8",
                 "uint8_t": "uint8", "int32_t": "int32", "uint32_t": "uint32", "int64_t": "int64", "uint64_t": "uint64"}  # fmt: skip
 
@@ -441,7 +435,7 @@ def _collectives_frame(rank: int, ev: RankEvents, kernels: pd.DataFrame, step_at
         for (_, op, nelems, dtype, pg_name), name_id in zip(ev.nccl, name_ids, strict=True):
             kernel_name = names[int(name_id)]
             ops.append(op or NCCL_KERNEL_RE.match(kernel_name).group(1))
-            dtype_name, size = _DTYPES.get(str(dtype), (None, 0))
+            dtype_name, size = SCALAR_TYPES.get(str(dtype), (None, 0))
             dtype_name = dtype_name or _dtype_from_kernel_name(kernel_name)
             dtypes.append(dtype_name or "unknown")
             nbytes.append(int(nelems) * size if isinstance(nelems, int | float) and size else 0)

@@ -18,12 +18,21 @@ Every unit is in the column name. Bump ``SCHEMA_VERSION`` on any incompatible ch
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 EVENTS_FILE = "events.jsonl"
 HEARTBEAT_FILE = "heartbeat.json"
+# Side files the hang watchdog writes into a rank directory (diag/capture/watchdog.py) and triage reads
+# (diag/triage/sources.py): hang_dump_001.json, ... (one per stall or signal, numbered in order) with the same
+# stacks as text in stacks_001.txt, ...; the latest Flight Recorder dump (a pickle: load only with
+# diag.triage.flight_recorder's restricted unpickler); faulthandler's output on SIGSEGV, SIGABRT, ...
+HANG_DUMP_PREFIX = "hang_dump_"
+STACKS_PREFIX = "stacks_"
+FR_DUMP_FILE = "fr_dump.pkl"
+FATAL_STACKS_FILE = "fatal_stacks.txt"
 RANK_DIR_PREFIX = "rank"
 MARKER_PREFIX = "#diag-trace"
 
@@ -227,6 +236,35 @@ MANIFEST_KEYS: dict[str, str] = {
     "finished": "true once diag.finish() ran (rewritten at finish)",
     "end_time_us": "wall-clock instant diag.finish() ran",
 }
+
+
+# c10 ScalarType names, as Flight Recorder and Kineto write a tensor's dtype -> (torch dtype name, bytes each)
+SCALAR_TYPES: dict[str, tuple[str, int]] = {
+    "Float": ("float32", 4),
+    "Double": ("float64", 8),
+    "Half": ("float16", 2),
+    "BFloat16": ("bfloat16", 2),
+    "Int": ("int32", 4),
+    "Long": ("int64", 8),
+    "Short": ("int16", 2),
+    "Char": ("int8", 1),
+    "Byte": ("uint8", 1),
+    "Bool": ("bool", 1),
+    "Float8_e4m3fn": ("float8_e4m3fn", 1),
+    "Float8_e5m2": ("float8_e5m2", 1),
+    "ComplexFloat": ("complex64", 8),
+    "ComplexDouble": ("complex128", 16),
+}
+
+
+def hang_dump_name(number: int) -> str:
+    return f"{HANG_DUMP_PREFIX}{number:03d}.json"
+
+
+def hang_dump_number(file_name: str) -> int | None:
+    """The number of a hang dump file, or None if the name is not one."""
+    match = re.fullmatch(rf"{HANG_DUMP_PREFIX}(\d+)\.json", file_name)
+    return int(match.group(1)) if match else None
 
 
 def rank_dir_name(rank: int) -> str:

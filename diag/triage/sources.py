@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from diag.trace.loader import (
     load_json_limited,
     read_file_bytes,
 )
-from diag.trace.schema import TABLES
+from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, SCALAR_TYPES, TABLES, hang_dump_number
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 
 OPS_COLUMNS = [
@@ -46,25 +45,7 @@ OPS_COLUMNS = [
     "source",
     "shape",  # input and output shapes where Flight Recorder recorded them ("" where unknown)
 ]
-HANG_DUMP_RE = re.compile(r"^hang_dump_(\d+)\.json$")
 MAX_DUMPS_READ = 20  # the newest hang dumps read per rank (each holds every thread's stack)
-FR_FILE_IN_RANK_DIR = "fr_dump.pkl"
-FATAL_STACKS_FILE = "fatal_stacks.txt"
-# element sizes of Flight Recorder dtype names, to compare its entries with diag's byte counts
-FR_DTYPES = {
-    "Float": ("float32", 4),
-    "Double": ("float64", 8),
-    "Half": ("float16", 2),
-    "BFloat16": ("bfloat16", 2),
-    "Long": ("int64", 8),
-    "Int": ("int32", 4),
-    "Short": ("int16", 2),
-    "Char": ("int8", 1),
-    "Byte": ("uint8", 1),
-    "Bool": ("bool", 1),
-    "Float8_e4m3fn": ("float8_e4m3fn", 1),
-    "Float8_e5m2": ("float8_e5m2", 1),
-}
 
 
 @dataclass
@@ -130,7 +111,7 @@ def read_diag_trace(path: Path) -> TriageInput:
     ops = _add_pending_from_dumps(ops, ranks)
     fr_ops = []
     for rank, rank_dir in rank_dirs.items():
-        fr_path = rank_dir / FR_FILE_IN_RANK_DIR
+        fr_path = rank_dir / FR_DUMP_FILE
         if fr_path.exists():
             try:
                 fr_ops.append(fr_ops_frame(load_dump(fr_path, rank)))
@@ -190,7 +171,8 @@ def _rank_info(rank: int, rank_dir: Path, manifest: dict, heartbeat: dict | None
     info.finished = bool(manifest.get("finished", False))
     info.host, info.pid = manifest.get("host"), manifest.get("pid")
     info.backend = str(manifest["backend"]) if manifest.get("backend") else None
-    dumps = sorted((int(m.group(1)), p) for p in rank_dir.iterdir() if (m := HANG_DUMP_RE.match(p.name)))
+    numbered = ((hang_dump_number(p.name), p) for p in rank_dir.iterdir())
+    dumps = sorted((number, p) for number, p in numbered if number is not None)
     info.dumps = len(dumps)
     for _number, dump_path in reversed(dumps[-MAX_DUMPS_READ:]):
         dump = _read_json(dump_path)
@@ -377,7 +359,7 @@ def fr_ops_frame(dump: FRDump) -> pd.DataFrame:
         if e.is_p2p or e.seq < 0:
             continue
         dtype, element_bytes = (
-            FR_DTYPES.get(e.input_dtypes[0], (str(e.input_dtypes[0]), 0)) if e.input_dtypes else ("", 0)
+            SCALAR_TYPES.get(e.input_dtypes[0], (str(e.input_dtypes[0]), 0)) if e.input_dtypes else ("", 0)
         )
         rows.append(
             (
