@@ -12,28 +12,12 @@ from dataclasses import dataclass, field
 from diag.analysis.comms import CommsReport
 from diag.analysis.memory import MemoryReport
 from diag.analysis.mfu import MfuReport
-from diag.analysis.stragglers import RankStepTimes, Straggler, StragglerReport, joint_saving_us
+from diag.analysis.stragglers import Cause, RankStepTimes, Straggler, StragglerReport, joint_saving_us
 from diag.analysis.telemetry import TelemetryReport
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
 EXPOSED_SHARE_MIN = 0.05  # exposed communication / data loading worth a finding
 LOW_MFU = 0.25
-
-ADVICE = {
-    "compute": "This rank does more work or runs on a slower device: check uneven batch or sequence lengths, "
-    "a different kernel path (dtype, shapes), or a busy/oversubscribed CPU core; compare its GPU/CPU with a peer.",
-    "data": "Its data loader cannot keep up: raise num_workers, enable pin_memory and prefetch_factor, move "
-    "decoding off the critical path, or check the storage this host reads from.",
-    "throttle": "Its GPU runs at reduced clocks: check cooling, power capping (nvidia-smi -q -d PERFORMANCE), "
-    "and drain the node if it persists.",
-    "host": "Every rank on this host is slow: check the host (CPU frequency, other jobs, NUMA binding, network "
-    "card) and consider excluding it.",
-    "memory": "Its memory grows or the allocator retries on this rank only: find what it keeps across steps "
-    "(torch.cuda.memory._record_memory_history shows who allocates), and compare its batch shapes with a peer's.",
-    "communication": "Its collectives are slow to complete: check its network link (NIC errors, PCIe width) and "
-    "NCCL settings.",
-    "unknown": "The evidence does not name a cause: profile this rank (torch.profiler) around a slow step.",
-}
 
 
 @dataclass
@@ -105,7 +89,7 @@ def _straggler_finding(kind, group: list[Straggler], lost_us: float, steps: int,
             f"{who[0].upper()}{who[1:]} {'is a' if len(ranks) == 1 else 'are'} persistent straggler{'s' * (len(ranks) > 1)} ({cause}): "
             f"{100 * worst.slowdown:+.0f}% work, costs the job {per_step * 1e3:.1f} ms/step"
         )
-        advice = ADVICE[cause]
+        advice = Cause(cause).advice
     else:
         title = f"Occasional slow steps on {who} (transient spikes) cost {per_step * 1e3:.1f} ms/step on average"
         advice = "One-off slow steps: look for garbage collection (gc.freeze / gc.disable in the loop), checkpointing or logging on these ranks at those steps."
@@ -171,7 +155,7 @@ def exposed_time_findings(comms: CommsReport, times: RankStepTimes, step_s: floa
                     [
                         f"the rank waiting least for data still waits {per_step * 1e3:.1f} ms in a median step ({100 * per_step / step_s:.0f}% of it)"
                     ],
-                    ADVICE["data"],
+                    Cause.DATA.advice,
                 )
             )
     return out
@@ -179,7 +163,7 @@ def exposed_time_findings(comms: CommsReport, times: RankStepTimes, step_s: floa
 
 def telemetry_findings(tel: TelemetryReport, stragglers: StragglerReport) -> list[Finding]:
     out = []
-    explained = {s.rank for s in stragglers.stragglers if s.cause == "throttle"}
+    explained = {s.rank for s in stragglers.stragglers if s.cause == Cause.THROTTLE}
     throttled = [g for g in tel.gpus if g.throttled]
     if throttled:
         evidence = [
@@ -195,7 +179,7 @@ def telemetry_findings(tel: TelemetryReport, stragglers: StragglerReport) -> lis
                 f"{len(throttled)} GPU(s) throttled{note}",
                 throttled,
                 evidence,
-                ADVICE["throttle"],
+                Cause.THROTTLE.advice,
             )
         )
     errors = [g for g in tel.gpus if g.ecc_uncorrected or g.xids]

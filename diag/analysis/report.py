@@ -4,6 +4,7 @@ the JSON contract documented in docs/analyze.md; views only present a Report."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 import math
@@ -337,6 +338,8 @@ def _build_value(hint, value):
         return [_build_value(args[0], v) for v in value]
     if hint is np.ndarray:
         return np.asarray(value, dtype="int64")
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint(value)
     return value
 
 

@@ -17,9 +17,12 @@ as long as its busiest rank, so down to the next busiest.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 import pandas as pd
+
+from diag.analysis.telemetry import THROTTLED_SHARE
 
 SLOW_FRACTION = 0.10
 PERSISTENT_FRACTION = 0.5
@@ -30,6 +33,52 @@ SPIKE_FRACTION = 0.5  # a transient spike must add at least this share of the ot
 TRANSIENT_MIN_LOST_FRACTION = 0.01  # report transient stragglers costing at least this share of the run
 CAUSE_SHARE = 0.5  # a component explaining this share of a rank's excess is named as the cause
 MAX_TRANSIENT = 20
+
+
+class Cause(str, Enum):
+    """Why a straggler is slow, with what to do about it. ``_assign_causes`` tries the rules in this order;
+    the values are what the report's JSON says."""
+
+    DATA = (
+        "data",
+        "Its data loader cannot keep up: raise num_workers, enable pin_memory and prefetch_factor, move "
+        "decoding off the critical path, or check the storage this host reads from.",
+    )
+    THROTTLE = (
+        "throttle",
+        "Its GPU runs at reduced clocks: check cooling, power capping (nvidia-smi -q -d PERFORMANCE), "
+        "and drain the node if it persists.",
+    )
+    HOST = (
+        "host",
+        "Every rank on this host is slow: check the host (CPU frequency, other jobs, NUMA binding, network "
+        "card) and consider excluding it.",
+    )
+    MEMORY = (
+        "memory",
+        "Its memory grows or the allocator retries on this rank only: find what it keeps across steps "
+        "(torch.cuda.memory._record_memory_history shows who allocates), and compare its batch shapes with a "
+        "peer's.",
+    )
+    COMPUTE = (
+        "compute",
+        "This rank does more work or runs on a slower device: check uneven batch or sequence lengths, "
+        "a different kernel path (dtype, shapes), or a busy/oversubscribed CPU core; compare its GPU/CPU with a "
+        "peer.",
+    )
+    UNKNOWN = "unknown", "The evidence does not name a cause: profile this rank (torch.profiler) around a slow step."
+
+    def __new__(cls, value: str, advice: str):
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.advice = advice
+        return member
+
+    def __str__(self) -> str:  # text views and f-strings show the value, as the JSON does
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 @dataclass
@@ -51,7 +100,7 @@ class Straggler:
     slowdown: float  # median busy time / the other ranks' median busy time - 1
     steps_slow_fraction: float
     persistent: bool
-    cause: str  # compute, data, host, memory, communication, throttle, unknown
+    cause: Cause
     time_saved_per_step_s: float  # if this rank alone worked like the others (down to the next busiest rank)
     time_lost_s: float  # the same, summed over the window
     excess_data_wait_ms: float  # median over its slow steps, against the median of the step's other ranks
@@ -175,7 +224,7 @@ def find_stragglers(
             slowdown=float(row["slowdown"]),
             steps_slow_fraction=float(row["slow_fraction"]),
             persistent=rank in persistent_ranks,
-            cause="unknown",
+            cause=Cause.UNKNOWN,
             time_saved_per_step_s=float(row["saved_us"]) / n_steps / 1e6,
             time_lost_s=float(row["saved_us"]) / 1e6,
             excess_data_wait_ms=excess_data / 1e3,
@@ -256,32 +305,32 @@ def _assign_causes(
         excess = max(s.excess_data_wait_ms, 0) + max(s.excess_compute_ms, 0)
         share = throttled.get(s.rank, 0.0)
         if excess <= 0:
-            s.cause = "unknown"
+            s.cause = Cause.UNKNOWN
         elif s.excess_data_wait_ms >= CAUSE_SHARE * excess:
-            s.cause = "data"
+            s.cause = Cause.DATA
             s.evidence.append(
                 f"waits {s.excess_data_wait_ms:.1f} ms longer than the other ranks (their median) for its batch"
             )
-        elif share >= 0.2:
-            s.cause = "throttle"
+        elif share >= THROTTLED_SHARE:
+            s.cause = Cause.THROTTLE
             s.evidence.append(f"its GPU's clocks were throttled in {100 * share:.0f}% of telemetry samples")
         elif s.host is not None and s.host in slow_hosts:
-            s.cause = "host"
+            s.cause = Cause.HOST
             s.evidence.append(f"every rank on host {s.host} is slow")
         elif s.excess_compute_ms >= CAUSE_SHARE * excess and s.rank in memory_pressure:
             # extra time in the step body on the rank whose memory misbehaves: allocating and filling what it
             # keeps, or the caching allocator freeing and retrying near the limit, is where the time goes
-            s.cause = "memory"
+            s.cause = Cause.MEMORY
             s.evidence.append(
                 f"its step body computes {s.excess_compute_ms:.1f} ms longer than the other ranks (their median), "
                 f"and {memory_pressure[s.rank]}"
             )
         elif s.excess_compute_ms >= CAUSE_SHARE * excess:
-            s.cause = "compute"
+            s.cause = Cause.COMPUTE
             s.evidence.append(
                 f"its step body computes {s.excess_compute_ms:.1f} ms longer than the other ranks (their median)"
             )
-        if s.excess_compute_ms > 0 and s.cause not in ("compute", "memory"):
+        if s.excess_compute_ms > 0 and s.cause not in (Cause.COMPUTE, Cause.MEMORY):
             s.evidence.append(f"compute {s.excess_compute_ms:.1f} ms above the other ranks' median")
         if s.last_arrival_fraction is not None:
             s.evidence.append(f"arrived last at {100 * s.last_arrival_fraction:.0f}% of its collectives")
