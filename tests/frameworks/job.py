@@ -145,17 +145,7 @@ def run_megatron_tp(args, model, rank):
             out, _ = self.row(torch.relu(hidden))
             return self.head(out)
 
-    model = TensorParallelNet(model.slow_s)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    diag.instrument(model, optimizer)
-
-    def train_step(batch):
-        x, y = batch
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    return timed_steps(diag.wrap_loader(batches(args.steps, 0)), train_step)
+    return train_model(TensorParallelNet(model.slow_s), batches(args.steps, 0))
 
 
 def run_accelerate(args, model, rank):
@@ -175,7 +165,12 @@ def run_accelerate(args, model, rank):
 
 
 def run_ddp(args, model, rank):
-    model = torch.nn.parallel.DistributedDataParallel(model)
+    return train_model(torch.nn.parallel.DistributedDataParallel(model), batches(args.steps, rank))
+
+
+def train_model(model, batches_, after_step=None) -> list[float]:
+    """The plain loop of a wrapped model (DDP, tensor parallel): AdamW, instrumented as docs/frameworks.md
+    says, one batch a step."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     diag.instrument(model, optimizer)
 
@@ -185,7 +180,7 @@ def run_ddp(args, model, rank):
         optimizer.step()
         optimizer.zero_grad()
 
-    return timed_steps(diag.wrap_loader(batches(args.steps, rank)), train_step)
+    return timed_steps(diag.wrap_loader(batches_), train_step, after_step=after_step)
 
 
 def fr_collectives_per_step() -> list[int]:
@@ -212,19 +207,11 @@ def run_torch_tp(args, model, rank):
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
     model = parallelize_module(model, mesh, {"layers.0": ColwiseParallel(), "layers.2": RowwiseParallel()})
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    diag.instrument(model, optimizer)
-
-    def train_step(batch):
-        x, y = batch
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
 
     def count_after_step():
         COUNTED_PER_STEP.extend(_created_in_windows(WINDOWS_NS[-1:]))
 
-    return timed_steps(diag.wrap_loader(batches(args.steps, 0)), train_step, after_step=count_after_step)
+    return train_model(model, batches(args.steps, 0), after_step=count_after_step)
 
 
 def run_fsdp1(args, model, rank):
