@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 from diag._warn import warn_once
+from diag.capture import torch_private
 from diag.capture.flight_recorder import FlightRecorderFollower
 
 # op name -> (name of the parameter holding what this rank sends, reported op name)
@@ -279,7 +280,7 @@ class DeviceDurationJoin:
         if os.environ.get("TORCH_NCCL_ENABLE_TIMING", "0").lower() not in ("1", "true"):
             return False
         try:
-            group._register_on_completion_hook(lambda info: self._on_completion(pg_name, info))
+            torch_private.register_on_completion_hook(group, lambda info: self._on_completion(pg_name, info))
             return True
         except Exception as exc:
             warn_once("nccl-completion-hook", f"no NCCL device durations ({exc!r}); collectives carry host times")
@@ -352,7 +353,7 @@ def _backend_of(group) -> str:
 
 def _sequence_number(group) -> int:
     try:
-        return int(group._get_sequence_number_for_group())
+        return torch_private.sequence_number(group)
     except Exception:
         return -1
 
@@ -397,7 +398,7 @@ def _install_functional_wait() -> None:
     ``AsyncCollectiveTensor`` looks up in its module at each wait. The waited time is the step's exposed
     communication (``comm_wait_us``), as for a blocking ``dist.all_reduce``. Two clock reads per wait."""
     try:
-        import torch.distributed._functional_collectives as funcol
+        funcol = torch_private.functional_collectives()
     except Exception:  # a torch without functional collectives
         return
     original = getattr(funcol, "wait_tensor", None)
@@ -491,9 +492,7 @@ def _safely(function, *args) -> None:
 
 
 def _default_group():
-    from torch.distributed.distributed_c10d import _get_default_group
-
-    return _get_default_group()
+    return torch_private.default_group()
 
 
 # -- DDP gradient buckets -----------------------------------------------------------------------------------

@@ -16,20 +16,15 @@ import threading
 import time
 
 from diag._warn import warn_once
+from diag.capture import torch_private
 from diag.trace.schema import SCALAR_TYPES
 
 
 def dump_bytes(stack_traces: bool = True) -> bytes | None:
     """This process's Flight Recorder dump as torch gives it (a pickle). NCCL groups record in NCCL's
     recorder on older torch, the others in the generic one: take whichever holds more."""
-    import torch
-
-    c10d = torch._C._distributed_c10d
     best = None
-    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
-        dump = getattr(c10d, name, None)
-        if dump is None:
-            continue
+    for dump in torch_private.flight_recorder_dumps():
         try:
             data = dump() if stack_traces else _dump_without_stacks(dump)
         except Exception:  # e.g. NCCL's recorder on a build without NCCL
@@ -37,6 +32,13 @@ def dump_bytes(stack_traces: bool = True) -> bytes | None:
         if data and (best is None or len(data) > len(best)):
             best = data
     return best
+
+
+def _issued_in(group) -> int:
+    try:
+        return torch_private.sequence_number(group)
+    except Exception:  # a group torch no longer numbers (destroyed), or a torch without the counter
+        return -1
 
 
 def _dump_without_stacks(dump) -> bytes:
@@ -190,15 +192,11 @@ class FlightRecorderFollower:
 
     def _issued_in_all_groups(self) -> int:
         """Operations issued so far in every process group: they all share the ring."""
-        from diag.capture.collectives import _sequence_number
-
         try:
-            from torch.distributed.distributed_c10d import _world
-
-            groups = list(_world.pg_map)
+            groups = torch_private.process_groups()
         except Exception:  # a torch without that registry: the followed groups only
             groups = list(self.ddp_groups.values())
-        return sum(max(_sequence_number(group), 0) for group in groups)
+        return sum(max(_issued_in(group), 0) for group in groups)
 
     def read(self, final: bool) -> int:
         with self._lock:

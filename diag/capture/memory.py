@@ -6,6 +6,8 @@ import os
 import resource
 import time
 
+from diag.capture import torch_private
+
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -64,7 +66,7 @@ def _allocator_stats(torch, device) -> dict:
     """The few allocator counters a memory row needs, in ``memory_stats()``'s flat key names. The raw nested
     statistics are read directly: ``memory_stats()`` flattens ~100 entries in Python on every call."""
     try:
-        raw = torch._C._cuda_memoryStats(device.index if device.index is not None else torch.cuda.current_device())
+        raw = torch_private.cuda_memory_stats(device.index if device.index is not None else torch.cuda.current_device())
         return {
             "allocated_bytes.all.current": raw["allocated_bytes"]["all"]["current"],
             "allocated_bytes.all.peak": raw["allocated_bytes"]["all"]["peak"],

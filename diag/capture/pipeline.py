@@ -25,6 +25,7 @@ import time
 from contextlib import contextmanager, suppress
 
 from diag._warn import warn_once
+from diag.capture import torch_private
 
 COMPUTE_ACTIONS = ("forward", "backward", "backward_input", "backward_weight")
 WAIT_ACTIONS = ("send_wait", "recv_wait")
@@ -56,9 +57,7 @@ class _Recorder:
 def is_pipeline_schedule(obj) -> bool:
     """True for a torch.distributed.pipelining schedule (checked without importing pipelining eagerly)."""
     try:
-        from torch.distributed.pipelining.schedules import _PipelineSchedule
-
-        return isinstance(obj, _PipelineSchedule)
+        return isinstance(obj, torch_private.pipeline_schedule_class())
     except Exception:
         return False
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from diag._warn import warn_once
-from diag.capture import collectives
+from diag.capture import collectives, torch_private
 from diag.capture.flight_recorder import StepSpans
 from diag.capture.identity import RankIdentity, detect_identity
 from diag.capture.memory import MemorySampler, is_out_of_memory
@@ -295,7 +295,7 @@ class Session:
             if not (dist.is_available() and dist.is_initialized()):
                 return
             groups = self.manifest["process_groups"]
-            for group, name in list(dist.distributed_c10d._world.pg_names.items()):
+            for group, name in torch_private.process_group_names().items():
                 groups.setdefault(str(name), _describe_group(group))
             for mesh in self._meshes:
                 names = list(mesh.mesh_dim_names or [f"dim{i}" for i in range(mesh.ndim)])

@@ -28,6 +28,7 @@ import time
 import traceback
 
 from diag._warn import warn_once
+from diag.capture import torch_private
 from diag.capture.flight_recorder import dump_bytes
 from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, STACKS_PREFIX, hang_dump_name
 
@@ -503,11 +504,9 @@ def _stacks_text(threads: list[dict], reason: str) -> str:
 def _current_seq(pg_name) -> int:
     """The c10d sequence number of the group called ``pg_name`` now (-1 if unknown)."""
     try:
-        import torch.distributed.distributed_c10d as c10d
-
-        for group, name in list(c10d._world.pg_names.items()):
+        for group, name in torch_private.process_group_names().items():
             if str(name) == str(pg_name):
-                return int(group._get_sequence_number_for_group())
+                return torch_private.sequence_number(group)
     except Exception:
         pass
     return -1

@@ -1,0 +1,74 @@
+"""Every private torch API diag touches, in one place, with the torch versions it was checked on.
+
+torch may rename or drop any of these in a release. Each function here either returns what diag needs or
+raises, and the callers (in capture, never on a path that may raise into the training loop) turn a failure
+into their usual one warning and a degraded capture. Checked on torch 2.13.0 (CPU build, gloo) and, through the
+GPU artifacts in ../shared/fixtures, on the CUDA build of the same version; the oldest torch diag supports is
+2.4. When torch changes one of these, this module is the only place to change.
+"""
+
+from __future__ import annotations
+
+
+def process_group_names() -> dict:
+    """Every process group torch knows -> its name (``distributed_c10d._world.pg_names``)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    return dict(c10d._world.pg_names)
+
+
+def process_groups() -> list:
+    """Every process group torch knows (``distributed_c10d._world.pg_map``)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    return list(c10d._world.pg_map)
+
+
+def default_group():
+    """The default (world) process group (``distributed_c10d._get_default_group``)."""
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    return _get_default_group()
+
+
+def sequence_number(group) -> int:
+    """The group's c10d sequence number: the number Flight Recorder and NCCL's watchdog report
+    (``ProcessGroup._get_sequence_number_for_group``)."""
+    return int(group._get_sequence_number_for_group())
+
+
+def register_on_completion_hook(group, hook) -> None:
+    """Call ``hook(info)`` on NCCL's watchdog thread as each collective of ``group`` completes, with its
+    CUDA-event duration when TORCH_NCCL_ENABLE_TIMING=1 (``ProcessGroupNCCL._register_on_completion_hook``)."""
+    group._register_on_completion_hook(hook)
+
+
+def functional_collectives():
+    """The module DTensor's collectives wait through (``torch.distributed._functional_collectives``)."""
+    import torch.distributed._functional_collectives as funcol
+
+    return funcol
+
+
+def flight_recorder_dumps() -> list:
+    """Flight Recorder's dump functions of this build, NCCL's recorder first (``_dump_nccl_trace``, present on
+    NCCL builds; ``_dump_fr_trace``, the generic recorder gloo writes to). Each returns the dump as a pickle."""
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    return [f for name in ("_dump_nccl_trace", "_dump_fr_trace") if (f := getattr(c10d, name, None)) is not None]
+
+
+def cuda_memory_stats(device_index: int) -> dict:
+    """The caching allocator's nested statistics (``torch._C._cuda_memoryStats``): ``memory_stats()`` flattens
+    about a hundred entries in Python on every call, which a per-step reading cannot afford."""
+    import torch
+
+    return torch._C._cuda_memoryStats(device_index)
+
+
+def pipeline_schedule_class():
+    """The base class of torch.distributed.pipelining's schedules (``schedules._PipelineSchedule``)."""
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+    return _PipelineSchedule
