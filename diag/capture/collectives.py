@@ -253,7 +253,7 @@ class CollectiveRecorder:
         name = self._pg_names.get(key)
         if name is None:
             name = self._pg_names[key] = self.session.register_process_group(group)
-            backend = _backend_of(group)
+            backend = backend_of(group)
             self._counts_p2p_in_seq[name] = backend == "gloo"
             if backend == "nccl" and self.device_times.register(group, name):
                 self._device_timed.add(name)
@@ -342,7 +342,7 @@ def _dtype_name(tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
-def _backend_of(group) -> str:
+def backend_of(group) -> str:
     try:
         import torch.distributed as dist
 
@@ -361,6 +361,13 @@ def _sequence_number(group) -> int:
 # -- wrappers of torch.distributed ------------------------------------------------------------------------
 
 _active: CollectiveRecorder | None = None  # the recorder of the active session, or None
+
+
+def active_recorder() -> CollectiveRecorder | None:
+    """The recorder of the active session, or None (the wrappers record only while there is one)."""
+    return _active
+
+
 _local = threading.local()  # depth of wrapped calls, so that nested ones are not counted twice
 _installed = False
 _install_lock = threading.Lock()

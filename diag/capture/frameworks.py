@@ -134,23 +134,11 @@ class _BoundarySteps:
 
 
 class _BackwardPhase:
-    """``engine.backward``: reported to the session's backward listeners as one backward pass, so the
-    ``torch.autograd.backward`` inside it is nested (not counted twice) and ZeRO's reduction after it counts."""
+    """``engine.backward``: one backward pass for the session's listeners, so the ``torch.autograd.backward``
+    inside it is nested (not counted twice) and ZeRO's reduction after it counts."""
 
     def __call__(self, original, *args, **kwargs):
-        outermost = hooks._nesting.enter()
-        try:
-            listeners = tuple(hooks._backward_listeners)
-            if not outermost or not listeners:
-                return original(*args, **kwargs)
-            start_ns = time.perf_counter_ns()
-            hooks._notify(listeners, "on_backward_start", start_ns)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                hooks._notify(listeners, "on_backward_end", start_ns, time.perf_counter_ns())
-        finally:
-            hooks._nesting.leave()
+        return hooks.run_as_backward(original, *args, **kwargs)
 
 
 class _OptimizerPhase:

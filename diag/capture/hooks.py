@@ -81,24 +81,31 @@ def _install_backward_wrapper() -> None:
 
     @functools.wraps(original)
     def backward(*args, **kwargs):
-        listeners = tuple(_backward_listeners)
-        if not listeners:
-            return original(*args, **kwargs)
-        outermost = _nesting.enter()
-        try:
-            if not outermost:
-                return original(*args, **kwargs)
-            start_ns = time.perf_counter_ns()
-            _notify(listeners, "on_backward_start", start_ns)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                _notify(listeners, "on_backward_end", start_ns, time.perf_counter_ns())
-        finally:
-            _nesting.leave()
+        return run_as_backward(original, *args, **kwargs)
 
     backward.__diag_wrapped__ = True
     torch.autograd.backward = backward
+
+
+def run_as_backward(original, *args, **kwargs):
+    """Call ``original`` as one backward pass for the listeners: ``torch.autograd.backward`` itself, or a
+    framework's call that holds it (DeepSpeed's ``engine.backward``, with ZeRO's reduction after autograd).
+    A backward started inside another is the outer one's time, not a second pass."""
+    listeners = tuple(_backward_listeners)
+    if not listeners:
+        return original(*args, **kwargs)
+    outermost = _nesting.enter()
+    try:
+        if not outermost:
+            return original(*args, **kwargs)
+        start_ns = time.perf_counter_ns()
+        _notify(listeners, "on_backward_start", start_ns)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _notify(listeners, "on_backward_end", start_ns, time.perf_counter_ns())
+    finally:
+        _nesting.leave()
 
 
 def _notify(listeners, method: str, *args) -> None:

@@ -365,9 +365,9 @@ class Session:
         group = ddp_model.process_group
         mode = self._ddp_buckets
         if mode == "auto":
-            mode = "hook" if collectives._backend_of(group) == "nccl" else "flight_recorder"
+            mode = "hook" if collectives.backend_of(group) == "nccl" else "flight_recorder"
         if mode == "hook" and collectives.install_ddp_hook(
-            ddp_model, lambda: collectives._active, lambda: self._on_user_comm_hook(group)
+            ddp_model, collectives.active_recorder, lambda: self._on_user_comm_hook(group)
         ):
             self.capture_status["ddp_buckets"] = "hook: each bucket timed"
             return True
@@ -585,7 +585,7 @@ class Session:
 
     def _stop_collectives(self):
         if self.recorder is not None:
-            if collectives._active is self.recorder:
+            if collectives.active_recorder() is self.recorder:
                 collectives.activate(None)
             self.recorder.flush_pending()
             if _backend() is not None:
