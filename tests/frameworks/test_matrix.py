@@ -136,9 +136,11 @@ def test_straggler_rank_cause_and_cost(row):
     report = analyze_json(slow_dir)
     stragglers = report["stragglers"]
     persistent = [s for s in stragglers if s["persistent"]]
-    assert [s["rank"] for s in persistent] == [SLOW_RANK], (framework, stragglers)
-    # a rank descheduled for a moment on a loaded machine is a transient straggler: true, but nothing like the plant
-    others = [s for s in stragglers if not s["persistent"]]
+    assert persistent and persistent[0]["rank"] == SLOW_RANK, (framework, stragglers)  # the costliest
+    # Any other rank named is this machine's noise, true but nothing like the plant: a rank descheduled for a
+    # moment (transient), or, with 4 ranks on 2 cores, one that shared its core more than the others all run
+    # long (persistent, +19% work and 1 ms in one full-suite run). Only the plant may cost like one.
+    others = [s for s in stragglers if s["rank"] != SLOW_RANK]
     assert all(s["time_saved_per_step_s"] < 0.25 * SLOW_MS / 1000 for s in others), (framework, others)
     straggler = persistent[0]
     assert straggler["cause"] == "compute"
