@@ -26,10 +26,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
+from diag.analysis.findings import Finding, FindingContext, severity_for
+from diag.trace.manifest import PipelineLayout
+
 COMPUTE_ACTIONS = ("forward", "backward", "backward_input", "backward_weight")
 BACKWARD_START_ACTIONS = ("backward", "backward_input")  # a stage's first backward ends its warm-up
 BUBBLE_FINDING_MIN = 0.10  # measured bubble share of the step worth a finding
-BUBBLE_HIGH, BUBBLE_MEDIUM = 0.30, 0.15  # finding severity by measured bubble share
 IMBALANCE_MIN = 0.10  # slowest stage this much above the others: advise rebalancing
 SCHEDULE_GAP_MIN = 0.05  # measured within this of theory: the schedule, not imbalance, is to blame
 TARGET_BUBBLE = 0.10  # the bubble share "more micro-batches" advice aims for
@@ -286,26 +288,16 @@ def _imbalance(per_stage: list[StageBubble], span_s: float) -> tuple[int, float,
 
 
 def _layout(trace, rows: pd.DataFrame) -> dict:
-    """Schedule, p, m, v from the manifests' ``pipeline`` key, else as counted in the rows."""
-    recorded = _manifest_pipeline(trace)
+    """Schedule, p, m, v from the manifests' ``pipeline`` layout, else as counted in the rows."""
+    recorded = trace.first_manifest_value("pipeline") or PipelineLayout()
     per_rank_chunks = rows.groupby("rank")["virtual_stage"].nunique()
     per_step_mbs = rows.groupby(["rank", "step"])["microbatch"].nunique()
     return {
-        "schedule": recorded.get("schedule"),
-        "stages": int(recorded.get("stages") or rows["stage"].nunique()),
-        "v": int(recorded.get("virtual_stages") or per_rank_chunks.max()),
-        "microbatches": int(recorded.get("microbatches") or per_step_mbs.max()),
+        "schedule": recorded.schedule,
+        "stages": int(recorded.stages or rows["stage"].nunique()),
+        "v": int(recorded.virtual_stages or per_rank_chunks.max()),
+        "microbatches": int(recorded.microbatches or per_step_mbs.max()),
     }
-
-
-def _manifest_pipeline(trace) -> dict:
-    manifests = trace.manifests
-    if manifests is None or manifests.empty or "pipeline" not in manifests:
-        return {}
-    for value in manifests.sort_values("rank")["pipeline"]:
-        if isinstance(value, dict):
-            return value
-    return {}
 
 
 def _mean_action_times_s(rows: pd.DataFrame) -> dict[str, float]:
@@ -314,12 +306,13 @@ def _mean_action_times_s(rows: pd.DataFrame) -> dict[str, float]:
 
 
 # -- finding and timeline -------------------------------------------------------------------------------------
-def bubble_finding(report: BubbleReport | None) -> dict | None:
-    """A ``pipeline_bubble`` finding when the stages idle at least ``BUBBLE_FINDING_MIN`` of the step."""
-    if report is None or report.measured_fraction < BUBBLE_FINDING_MIN:
-        return None
+def bubble_findings(report: BubbleReport, ctx: FindingContext | None = None) -> list[Finding]:
+    """A ``pipeline_bubble`` finding when the stages idle at least ``BUBBLE_FINDING_MIN`` of the step, graded as
+    every finding is, by its share of the step (of the window's median step, else of the pipeline's)."""
+    if report.measured_fraction < BUBBLE_FINDING_MIN:
+        return []
     measured = report.measured_fraction
-    severity = "high" if measured >= BUBBLE_HIGH else "medium" if measured >= BUBBLE_MEDIUM else "low"
+    step_s = ctx.step_s if ctx is not None and ctx.step_s else report.step_span_s
     imbalanced = report.slowest_stage_excess_fraction >= IMBALANCE_MIN and len(report.per_stage) > 1
     slowest = next(s for s in report.per_stage if s.stage == report.slowest_stage)
     evidence = [
@@ -333,16 +326,17 @@ def bubble_finding(report: BubbleReport | None) -> dict | None:
             f"stage {slowest.stage} computes {report.slowest_stage_excess_fraction:.0%} longer than the others; "
             f"the pipeline loses about {report.slowest_stage_time_lost_per_step_s * 1e3:.1f} ms per step to it"
         )
-    return {
-        "kind": "pipeline_bubble",
-        "severity": severity,
-        "title": f"Pipeline bubble: stages idle {measured:.0%} of each step",
-        "ranks": slowest.ranks if imbalanced else sorted(r for s in report.per_stage for r in s.ranks),
-        "time_lost_s": report.time_lost_per_step_s * report.steps_analysed,
-        "time_lost_per_step_s": report.time_lost_per_step_s,
-        "evidence": evidence,
-        "advice": _advice(report, imbalanced),
-    }
+    finding = Finding(
+        kind="pipeline_bubble",
+        severity=severity_for(report.time_lost_per_step_s, step_s),
+        title=f"Pipeline bubble: stages idle {measured:.0%} of each step",
+        ranks=slowest.ranks if imbalanced else sorted(r for s in report.per_stage for r in s.ranks),
+        time_lost_s=report.time_lost_per_step_s * report.steps_analysed,
+        time_lost_per_step_s=report.time_lost_per_step_s,
+        evidence=evidence,
+        advice=_advice(report, imbalanced),
+    )
+    return [finding]
 
 
 def _theory_evidence(report: BubbleReport) -> str:

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from diag.analysis.findings import Finding, FindingContext, severity_for
+from diag.analysis.stragglers import Cause
+
 # (substring in the op name, canonical op), first match wins: reduce_scatter before reduce, all_reduce too.
 _OP_NAMES = (
     ("reduce_scatter", "reduce_scatter"),
@@ -382,4 +385,62 @@ def _per_rank(waits: CollectiveWaits | None, steps_w: pd.DataFrame) -> list[Rank
                 last_arrival_fraction=float(last[i]),
             )
         )
+    return out
+
+
+# -- findings --------------------------------------------------------------------------------------------------
+EXPOSED_SHARE_MIN = 0.05  # exposed communication / data loading worth a finding
+
+
+def exposed_time_findings(comms: CommsReport, ctx: FindingContext) -> list[Finding]:
+    """Time every rank spends blocked in communication or in its data loader: nobody computes then."""
+    times, step_s = ctx.times, ctx.step_s
+    out = []
+    steps = times.frame["step"].nunique()
+    if comms.exposed_comm_per_step_s and step_s and comms.exposed_comm_per_step_s >= EXPOSED_SHARE_MIN * step_s:
+        per_step = comms.exposed_comm_per_step_s
+        top = comms.collectives[:3]
+        evidence = [
+            f"even the least-blocked rank waits {per_step * 1e3:.1f} ms/step in collectives ({100 * per_step / step_s:.0f}% of the step)"
+        ]
+        evidence += [
+            f"{c.op} on {c.pg} ({c.size_bucket}): {c.count} calls, "
+            + (
+                f"{c.total_time_s:.2f} s in all, busbw {c.busbw_gbps or 0:.3g} GB/s"
+                if c.total_time_s is not None
+                else f"untimed (issue times only), {c.wait_total_s:.2f} s waiting for peers"
+            )
+            for c in top
+        ]
+        out.append(
+            Finding(
+                "communication",
+                severity_for(per_step, step_s),
+                f"Communication not hidden behind compute: {per_step * 1e3:.1f} ms/step on every rank",
+                [],
+                per_step * steps,
+                per_step,
+                evidence,
+                "Overlap communication with compute (DDP bucket_cap_mb, FSDP prefetching), fewer/larger collectives, "
+                "or check that busbw matches the interconnect.",
+            )
+        )
+    least_data_us = times.frame.groupby("step")["data_wait_us"].min()
+    if len(least_data_us) and step_s:
+        per_step = float(least_data_us.median()) / 1e6
+        if per_step >= EXPOSED_SHARE_MIN * step_s:
+            out.append(
+                Finding(
+                    "data_loading",
+                    severity_for(per_step, step_s),
+                    f"Every rank waits for its data loader: {per_step * 1e3:.1f} ms/step",
+                    [],
+                    per_step * steps,
+                    per_step,
+                    [
+                        f"the rank waiting least for data still waits {per_step * 1e3:.1f} ms in a median step ({100 * per_step / step_s:.0f}% of it)"
+                    ],
+                    Cause.DATA.advice,
+                )
+            )
     return out

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from diag.analysis.findings import Finding, FindingContext
+from diag.trace.manifest import Manifest
+
 ERROR_KINDS = ("step_error", "oom")  # and any event kind ending in "_error" (e.g. a collective that raised)
 ABNORMAL_EXITS = ("exception", "terminated", "exited_without_finish")
 # exiting without diag.finish and without an error may be a sys.exit or a forgotten finish: a note, not a crash
@@ -65,7 +68,7 @@ class FailureReport:
 def find_failures(
     events: pd.DataFrame,
     heartbeats: pd.DataFrame,
-    manifests: pd.DataFrame,
+    manifests: dict[int, Manifest],
     clock_offsets_us: dict[int, float] | None = None,
 ) -> FailureReport:
     report = FailureReport(step_errors=_step_errors(events, clock_offsets_us or {}))
@@ -91,7 +94,7 @@ def _step_errors(events: pd.DataFrame, offsets: dict[int, float]) -> list[StepFa
     return sorted(out, key=lambda f: (f.time_us is None, f.time_us or 0.0, f.rank))
 
 
-def _abnormal_exits(heartbeats: pd.DataFrame, manifests: pd.DataFrame, errors: list[StepFailure]) -> list[RankExit]:
+def _abnormal_exits(heartbeats: pd.DataFrame, manifests: dict[int, Manifest], errors: list[StepFailure]) -> list[RankExit]:
     exits: dict[int, RankExit] = {}
     if not heartbeats.empty and "exit" in heartbeats:
         for row in heartbeats.to_dict("records"):
@@ -111,7 +114,7 @@ def _abnormal_exits(heartbeats: pd.DataFrame, manifests: pd.DataFrame, errors: l
     return [exits[r] for r in sorted(exits)]
 
 
-def failure_findings(report: FailureReport) -> list[dict]:
+def failure_findings(report: FailureReport, ctx: FindingContext | None = None) -> list[Finding]:
     """One finding for the run's failures: the first error named, the ranks that ended, the failed steps."""
     crashed = report.crashed
     if not report.step_errors and not crashed:
@@ -142,25 +145,22 @@ def failure_findings(report: FailureReport) -> list[dict]:
             "(a failed step's time is how long it took to fail)"
         )
     return [
-        {
-            "kind": "crash" if ended else "step_error",
-            "severity": "high",
-            "title": title,
-            "ranks": sorted({f.rank for f in report.step_errors} | set(ended)),
-            "time_lost_s": 0.0,
-            "time_lost_per_step_s": 0.0,
-            "evidence": evidence,
-            "advice": "Fix the first error: the others usually follow from it (a peer's closed connection or "
+        Finding(
+            kind="crash" if ended else "step_error",
+            severity="high",
+            title=title,
+            ranks=sorted({f.rank for f in report.step_errors} | set(ended)),
+            time_lost_s=0.0,
+            time_lost_per_step_s=0.0,
+            evidence=evidence,
+            advice="Fix the first error: the others usually follow from it (a peer's closed connection or "
             "timeout). diag triage shows each rank's stacks and pending collectives at the end.",
-        }
+        )
     ]
 
 
-def _finished_ranks(manifests: pd.DataFrame) -> set[int]:
-    if manifests.empty or "finished" not in manifests or "rank" not in manifests:
-        return set()
-    done = manifests["finished"].map(lambda v: v is True)
-    return {int(r) for r in manifests.loc[done, "rank"]}
+def _finished_ranks(manifests: dict[int, Manifest]) -> set[int]:
+    return {rank for rank, m in manifests.items() if m.finished}
 
 
 def _text(value) -> str | None:

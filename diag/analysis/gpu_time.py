@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from diag.analysis.findings import Finding, FindingContext, severity_for
+
 EXPOSED_COMM_MIN = 0.05  # exposed communication share of the span worth a finding
 IDLE_MIN = 0.10  # GPU idle share of the span worth a finding
 
@@ -150,13 +152,11 @@ def analyze_gpu_time(kernels: pd.DataFrame | None, steps: np.ndarray) -> GpuTime
     return report
 
 
-def gpu_time_findings(report: GpuTimeReport | None, steps: int, step_s: float | None) -> list[dict]:
-    """Exposed communication and GPU idle time, as finding records (``findings.Finding`` fields), costed per
-    step as the mean over ranks."""
-    if report is None or not report.per_rank or not steps:
+def gpu_time_findings(report: GpuTimeReport, ctx: FindingContext) -> list[Finding]:
+    """Exposed communication and GPU idle time, costed per step as the mean over ranks."""
+    steps, step_s = ctx.steps, ctx.step_s
+    if not report.per_rank or not steps:
         return []
-    from diag.analysis.findings import severity_for
-
     out = []
     ranks = report.per_rank
     spans = np.array([r.span_us for r in ranks])
@@ -166,38 +166,38 @@ def gpu_time_findings(report: GpuTimeReport | None, steps: int, step_s: float | 
         per_step = float(exposed.mean()) / 1e6 / steps
         worst = sorted(ranks, key=lambda r: -r.exposed_communication_us)[:3]
         out.append(
-            {
-                "kind": "gpu_exposed_communication",
-                "severity": severity_for(per_step, step_s),
-                "title": f"NCCL kernels not hidden behind computation: {per_step * 1e3:.1f} ms/step of GPU time",
-                "ranks": [r.rank for r in worst if r.exposed_communication_us > 0],
-                "time_lost_s": per_step * steps,
-                "time_lost_per_step_s": per_step,
-                "evidence": [
+            Finding(
+                kind="gpu_exposed_communication",
+                severity=severity_for(per_step, step_s),
+                title=f"NCCL kernels not hidden behind computation: {per_step * 1e3:.1f} ms/step of GPU time",
+                ranks=[r.rank for r in worst if r.exposed_communication_us > 0],
+                time_lost_s=per_step * steps,
+                time_lost_per_step_s=per_step,
+                evidence=[
                     f"rank {r.rank}: {r.exposed_communication_pct:.1f}% of its GPU time is communication alone; "
                     f"{_pct(r.comm_comp_overlap_pct)} of its communication overlaps computation"
                     for r in worst
                 ],
-                "advice": "Overlap communication with computation: DDP bucket_cap_mb and gradient-as-bucket-view, FSDP "
+                advice="Overlap communication with computation: DDP bucket_cap_mb and gradient-as-bucket-view, FSDP "
                 "forward/backward prefetch, or fewer/larger collectives; check the NCCL kernels' bandwidth.",
-            }
+            )
         )
     if spans.sum() > 0 and idle.sum() >= IDLE_MIN * spans.sum():
         per_step = float(idle.mean()) / 1e6 / steps
         worst = sorted(ranks, key=lambda r: -r.idle_us)[:3]
         out.append(
-            {
-                "kind": "gpu_idle_time",
-                "severity": severity_for(per_step, step_s),
-                "title": f"GPU idle between kernels: {per_step * 1e3:.1f} ms/step",
-                "ranks": [r.rank for r in worst],
-                "time_lost_s": per_step * steps,
-                "time_lost_per_step_s": per_step,
-                "evidence": [f"rank {r.rank}: no kernel ran for {r.idle_pct:.1f}% of its GPU span" for r in worst],
-                "advice": "The host does not launch work fast enough: look for synchronisations (.item(), .cpu(), "
+            Finding(
+                kind="gpu_idle_time",
+                severity=severity_for(per_step, step_s),
+                title=f"GPU idle between kernels: {per_step * 1e3:.1f} ms/step",
+                ranks=[r.rank for r in worst],
+                time_lost_s=per_step * steps,
+                time_lost_per_step_s=per_step,
+                evidence=[f"rank {r.rank}: no kernel ran for {r.idle_pct:.1f}% of its GPU span" for r in worst],
+                advice="The host does not launch work fast enough: look for synchronisations (.item(), .cpu(), "
                 "cudaStreamSynchronize), data loading on the critical path, many tiny kernels (CUDA graphs, "
                 "torch.compile), or larger batches.",
-            }
+            )
         )
     return out
 

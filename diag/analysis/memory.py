@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from diag.analysis.findings import Finding, FindingContext, ranks_text
+
 LEAK_R2 = 0.8
 LEAK_MIN_GROWTH_FRACTION = 0.01  # growth over the window, as a share of the median reading
 LEAK_MIN_GROWTH_BYTES = 16 * 2**20
@@ -149,3 +151,79 @@ def _int(value) -> int | None:
 
 def _float(value) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
+
+
+# -- findings --------------------------------------------------------------------------------------------------
+def memory_findings(mem: MemoryReport, ctx: FindingContext) -> list[Finding]:
+    out = []
+    leaks = [r for r in mem.per_rank if r.leak_suspected]
+    if leaks:
+        evidence = [
+            f"rank {r.rank}: {r.metric} grows {r.growth_bytes_per_step / 2**20:.2f} MiB/step (r²={r.growth_r2:.2f})"
+            + (f", OOM in ~{r.steps_to_oom:.0f} steps" if r.steps_to_oom is not None else "")
+            for r in leaks[:10]
+        ]
+        soon = any(r.steps_to_oom is not None and r.steps_to_oom < 100_000 for r in leaks)
+        out.append(
+            Finding(
+                "memory_leak",
+                "high" if soon else "medium",
+                f"Memory grows steadily on {ranks_text([r.rank for r in leaks])} (leak suspected)",
+                [r.rank for r in leaks],
+                0.0,
+                0.0,
+                evidence,
+                "Look for tensors kept across steps (losses appended without .item(), caches, hooks holding graphs); torch.cuda.memory._record_memory_history shows who allocates.",
+            )
+        )
+    near = [r for r in mem.per_rank if r.near_oom]
+    if near:
+        evidence = [
+            f"rank {r.rank}: peak reserved {r.peak_reserved_bytes / 2**30:.1f} GiB of {r.device_total_bytes / 2**30:.1f} GiB ({r.headroom_pct:.0f}% free)"
+            for r in near[:10]
+        ]
+        out.append(
+            Finding(
+                "memory_headroom",
+                "medium",
+                f"{len(near)} rank(s) close to out-of-memory",
+                [r.rank for r in near],
+                0.0,
+                0.0,
+                evidence,
+                "Reduce micro-batch or activation memory (activation checkpointing), or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+            )
+        )
+    retries = [r for r in mem.per_rank if r.alloc_retries]
+    if retries:
+        evidence = [
+            f"rank {r.rank}: {r.alloc_retries} cudaMalloc retries, fragmentation {r.fragmentation_pct or 0:.0f}%"
+            for r in retries[:10]
+        ]
+        out.append(
+            Finding(
+                "allocator_retries",
+                "medium",
+                f"The caching allocator had to free its cache and retry on {len(retries)} rank(s)",
+                [r.rank for r in retries],
+                0.0,
+                0.0,
+                evidence,
+                "Each retry synchronises the device; use expandable_segments:True or lower peak memory.",
+            )
+        )
+    ooms = [r for r in mem.per_rank if r.ooms]
+    if ooms:
+        out.append(
+            Finding(
+                "oom",
+                "high",
+                f"Out-of-memory errors on {ranks_text([r.rank for r in ooms])}",
+                [r.rank for r in ooms],
+                0.0,
+                0.0,
+                [f"rank {r.rank}: {r.ooms} OOMs" for r in ooms[:10]],
+                "See the rank's events.jsonl and memory summary for what held the memory.",
+            )
+        )
+    return out

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from diag.analysis.findings import Finding, FindingContext
 from diag.analysis.peaks import lookup_peak_tflops
+from diag.trace.manifest import Manifest
 
 
 def transformer_flops_per_step(
@@ -55,7 +57,7 @@ class MfuReport:
 
 def analyze_mfu(
     times: pd.DataFrame,
-    manifests: pd.DataFrame,
+    manifests: dict[int, Manifest],
     steps_w: pd.DataFrame,
     flops_override: float | None,
     peak_override: float | None,
@@ -103,13 +105,13 @@ def _throughput(report: MfuReport, steps_w: pd.DataFrame, window_s: float, repli
             setattr(report, attr, float(values.sum()) / max(replicas, 1) / window_s)
 
 
-def _manifest_column(manifests: pd.DataFrame, ranks: list[int], key: str) -> pd.Series:
-    if manifests.empty or key not in manifests:
-        return pd.Series([None] * len(ranks), index=ranks, dtype="object")
-    return manifests.set_index("rank")[key].reindex(ranks)
+def _manifest_column(manifests: dict[int, Manifest], ranks: list[int], name: str) -> pd.Series:
+    """A manifest field of each rank (None where a rank has no manifest)."""
+    values = [getattr(manifests[r], name) if r in manifests else None for r in ranks]
+    return pd.Series(values, index=ranks, dtype="object")
 
 
-def _flops(ranks: list[int], manifests: pd.DataFrame, override: float | None):
+def _flops(ranks: list[int], manifests: dict[int, Manifest], override: float | None):
     if override:
         return pd.Series(float(override), index=ranks), "cli"
     values = pd.to_numeric(_manifest_column(manifests, ranks, "flops_per_step"), errors="coerce")
@@ -120,7 +122,7 @@ def _flops(ranks: list[int], manifests: pd.DataFrame, override: float | None):
     return values, "manifest:" + (",".join(sources) if len(sources) else "unknown")
 
 
-def _peaks(ranks: list[int], manifests: pd.DataFrame, override: float | None):
+def _peaks(ranks: list[int], manifests: dict[int, Manifest], override: float | None):
     names = _manifest_column(manifests, ranks, "device_name")
     dtypes = _manifest_column(manifests, ranks, "dtype")
     device = next((str(n) for n in names.dropna()), None)
@@ -140,3 +142,26 @@ def _peaks(ranks: list[int], manifests: pd.DataFrame, override: float | None):
         missing = next(lk for lk, v in zip(looked_up, values, strict=True) if pd.isna(v))
         return None, None, device, dtype, missing.reason
     return values, f"table: {looked_up[0].reason}", device, dtype, ""
+
+
+# -- findings --------------------------------------------------------------------------------------------------
+LOW_MFU = 0.25  # below this share of peak, a (low-severity) finding
+
+
+def mfu_findings(mfu: MfuReport, ctx: FindingContext) -> list[Finding]:
+    if mfu.median is None or mfu.median >= LOW_MFU:
+        return []
+    return [
+        Finding(
+            "low_mfu",
+            "low",
+            f"Model FLOPs utilisation is {100 * mfu.median:.0f}% of the {mfu.device or 'device'} peak",
+            [],
+            0.0,
+            0.0,
+            [
+                f"{mfu.tflops_per_gpu:.1f} TFLOP/s per GPU achieved; peak from {mfu.peak_source}; FLOPs from {mfu.flops_source}"
+            ],
+            "Once the findings above are fixed: larger micro-batches, fused kernels, torch.compile, bf16.",
+        )
+    ]

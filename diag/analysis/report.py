@@ -16,20 +16,40 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from diag.analysis import findings as fnd
-from diag.analysis.bubble import BubbleReport, analyze_bubble, bubble_finding, gantt_rows
-from diag.analysis.comms import CommsReport, analyze_comms, collective_waits, wait_per_rank_step
+from diag.analysis.bubble import BubbleReport, analyze_bubble, bubble_findings, gantt_rows
+from diag.analysis.comms import (
+    CommsReport,
+    analyze_comms,
+    collective_waits,
+    exposed_time_findings,
+    wait_per_rank_step,
+)
 from diag.analysis.failures import FailureReport, failure_findings, find_failures
+from diag.analysis.findings import Finding, FindingContext, rank_findings
 from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
-from diag.analysis.memory import MemoryReport, analyze_memory, memory_pressure
-from diag.analysis.mfu import MfuReport, analyze_mfu
-from diag.analysis.stragglers import StragglerReport, find_stragglers, rank_step_times
-from diag.analysis.telemetry import TelemetryReport, analyze_telemetry
+from diag.analysis.memory import MemoryReport, analyze_memory, memory_findings, memory_pressure
+from diag.analysis.mfu import MfuReport, analyze_mfu, mfu_findings
+from diag.analysis.stragglers import StragglerReport, find_stragglers, rank_step_times, straggler_findings
+from diag.analysis.telemetry import TelemetryReport, analyze_telemetry, telemetry_findings
 from diag.analysis.window import StepWindow, choose_window, in_window, parse_step_range, select
 from diag.trace.loader import Trace
 
 MAX_SKIPPED_LISTED = 200
 REPORT_VERSION = 1
+
+# Every analysis that has findings: the name of its result in ``analyze`` and its module's function from that
+# result (skipped when None: no pipeline, no torch.profiler trace) and the FindingContext to its findings.
+# Adding a report is its module (an ``analyze_*`` and a ``*_findings``), its field of Report and one line here.
+FINDINGS = (
+    ("failures", failure_findings),
+    ("stragglers", straggler_findings),
+    ("comms", exposed_time_findings),
+    ("telemetry", telemetry_findings),
+    ("memory", memory_findings),
+    ("mfu", mfu_findings),
+    ("bubble", bubble_findings),
+    ("gpu_time", gpu_time_findings),
+)
 
 
 @dataclass
@@ -66,7 +86,7 @@ class Timeline:
 @dataclass
 class Report:
     run: RunInfo
-    findings: list[fnd.Finding]
+    findings: list[Finding]
     stragglers: StragglerReport
     mfu: MfuReport
     comms: CommsReport
@@ -130,28 +150,34 @@ def analyze(
     times = rank_step_times(steps_w, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
     telemetry = analyze_telemetry(_telemetry_in_window(trace.telemetry, steps_w), hosts)
-    throttled = {g.rank: g.throttled_share for g in telemetry.gpus}
+    throttled = {g.rank: g.throttled_share for g in telemetry.gpus if g.throttled}
     last_arrival = {r.rank: r.last_arrival_fraction for r in comms.per_rank} if waits is not None else {}
     device_total = {int(r): int(t) for r, t in _device_totals(trace.telemetry)}
     memory = analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total)
     stragglers = find_stragglers(times, ranks_info, throttled, last_arrival, memory_pressure(memory))
     mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
 
-    step_s = mfu.step_time_median_s
-    found = [fnd.Finding(**f) for f in failure_findings(failures)]
-    found += fnd.straggler_findings(stragglers, times, step_s) + fnd.exposed_time_findings(comms, times, step_s)
-    found += fnd.telemetry_findings(telemetry, stragglers) + fnd.memory_findings(memory) + fnd.mfu_findings(mfu)
     bubble = analyze_bubble(trace, window.step_indices) if len(trace.microbatches) else None
-    if (finding := bubble_finding(bubble)) is not None:
-        found.append(fnd.Finding(**finding))
     pipeline_timeline = gantt_rows(trace).to_dict("records") if bubble is not None else []
     gpu_time = analyze_gpu_time(trace.gpu_kernels, window.step_indices)
-    found += [fnd.Finding(**f) for f in gpu_time_findings(gpu_time, window.steps_analysed, step_s)]
+
+    results = {
+        "failures": failures,
+        "stragglers": stragglers,
+        "comms": comms,
+        "telemetry": telemetry,
+        "memory": memory,
+        "mfu": mfu,
+        "bubble": bubble,
+        "gpu_time": gpu_time,
+    }
+    ctx = FindingContext(mfu.step_time_median_s, window.steps_analysed, times, stragglers)
+    found = [f for name, findings_of in FINDINGS if results[name] is not None for f in findings_of(results[name], ctx)]
     run = _run_info(trace, window, ranks_info, failures)
     timeline = _timeline(times.frame, hosts)
     return Report(
         run,
-        fnd.rank_findings(found),
+        rank_findings(found),
         stragglers,
         mfu,
         comms,
@@ -165,45 +191,33 @@ def analyze(
 
 
 def _ranks_info(trace: Trace) -> pd.DataFrame:
+    """host, local_rank and gpu_index by rank, from the manifests (an empty frame without any)."""
     columns = ["host", "local_rank", "gpu_index"]
-    if trace.manifests.empty or "rank" not in trace.manifests:
-        return pd.DataFrame(columns=columns)
-    frame = trace.manifests.set_index("rank")
-    return frame[[c for c in columns if c in frame]]
+    rows = {rank: [m.host, m.local_rank, m.gpu_index] for rank, m in trace.manifests.items()}
+    frame = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
+    frame.index.name = "rank"
+    return frame
 
 
 def _pipeline_stages(trace: Trace) -> dict[int, int] | None:
     """rank -> pipeline stage, when the run is pipelined: only ranks of the same stage do the same work."""
-    if "pipeline" not in trace.manifests or "rank" not in trace.manifests:
-        return None
-    stages = {}
-    for rank, layout in zip(trace.manifests["rank"], trace.manifests["pipeline"], strict=True):
-        if isinstance(layout, dict) and layout.get("stage") is not None:
-            stages[int(rank)] = int(layout["stage"])
+    stages = {
+        rank: m.pipeline.stage for rank, m in trace.manifests.items() if m.pipeline and m.pipeline.stage is not None
+    }
     return stages or None
 
 
 def _pg_sizes(trace: Trace) -> dict[str, int]:
     """Process-group sizes from the manifests' process_groups, where capture recorded them."""
-    sizes: dict[str, int] = {}
-    if "process_groups" not in trace.manifests:
-        return sizes
-    for groups in trace.manifests["process_groups"].dropna():
-        if isinstance(groups, dict):
-            for name, desc in groups.items():
-                if isinstance(desc, dict) and desc.get("size"):
-                    sizes[str(name)] = int(desc["size"])
-    return sizes
+    return {
+        name: group.size for m in trace.manifests.values() for name, group in m.process_groups.items() if group.size
+    }
 
 
 def ranks_sharing_tokens(trace: Trace) -> int:
     """Ranks that see the same tokens (tensor, pipeline and context parallel), to not count tokens twice."""
-    if "parallel" not in trace.manifests:
-        return 1
-    for layout in trace.manifests["parallel"].dropna():
-        if isinstance(layout, dict):
-            return int(np.prod([int(layout.get(k) or 1) for k in ("tp", "pp", "cp")]))
-    return 1
+    layout = trace.first_manifest_value("parallel")
+    return layout.ranks_sharing_tokens() if layout is not None else 1
 
 
 def _telemetry_in_window(tel: pd.DataFrame, steps_w: pd.DataFrame) -> pd.DataFrame:
@@ -228,7 +242,6 @@ def _device_totals(tel: pd.DataFrame):
 
 def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failures: FailureReport) -> RunInfo:
     with_steps = set(trace.steps["rank"].unique()) if len(trace.steps) else set()
-    names = trace.manifests["device_name"].dropna() if "device_name" in trace.manifests else []
     skipped = [{"path": s.path, "reason": s.reason, "lines": s.lines} for s in trace.skipped]
     notes = list(window.notes)
     if trace.ranks_missing:
@@ -251,27 +264,17 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failur
         ranks_missing=list(map(int, trace.ranks_missing)),
         ranks_without_steps=without_steps,
         hosts=int(ranks_info["host"].nunique()) if "host" in ranks_info else 0,
-        device_name=str(names.iloc[0]) if len(names) else None,
+        device_name=trace.first_manifest_value("device_name"),
         steps=int(trace.steps["step"].nunique()) if len(trace.steps) else 0,
         window=window,
         skipped=skipped[:MAX_SKIPPED_LISTED],
         skipped_total=len(skipped),
         notes=notes,
-        launcher=_first_value(trace.manifests, "launcher"),
-        job=_first_value(trace.manifests, "job"),
+        launcher=trace.first_manifest_value("launcher"),
+        job=trace.first_manifest_value("job"),
         step_errors=[dataclasses.asdict(f) for f in failures.step_errors[:MAX_SKIPPED_LISTED]],
         rank_exits=[dataclasses.asdict(e) for e in failures.exits],
     )
-
-
-def _first_value(manifests: pd.DataFrame, key: str):
-    """The lowest rank's value of a manifest key that every rank of a run shares (launcher, job)."""
-    if key not in manifests or "rank" not in manifests:
-        return None
-    for value in manifests.sort_values("rank")[key]:
-        if isinstance(value, dict) or (isinstance(value, str) and value):
-            return value
-    return None
 
 
 def _timeline(times: pd.DataFrame, hosts: dict) -> Timeline:

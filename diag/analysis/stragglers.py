@@ -22,7 +22,7 @@ from enum import Enum
 import numpy as np
 import pandas as pd
 
-from diag.analysis.telemetry import THROTTLED_SHARE
+from diag.analysis.findings import Finding, FindingContext, ranks_text, severity_for
 
 SLOW_FRACTION = 0.10
 PERSISTENT_FRACTION = 0.5
@@ -156,7 +156,8 @@ def find_stragglers(
     last_arrival: dict[int, float],
     memory_pressure: dict[int, str] | None = None,
 ) -> StragglerReport:
-    """``ranks_info``: rank-indexed host, local_rank, gpu; ``throttled``: rank -> share of throttled samples;
+    """``ranks_info``: rank-indexed host, local_rank, gpu; ``throttled``: rank -> share of throttled samples, for
+    the ranks whose GPU the telemetry analysis calls throttled;
     ``memory_pressure``: rank -> what the memory analysis saw (a leak, allocator retries) on that rank."""
     f = times.frame
     report = StragglerReport(wait_source=times.wait_source, steps=int(f["step"].nunique()))
@@ -303,7 +304,6 @@ def _assign_causes(
     slow_hosts = _hosts_all_slow(stragglers, ranks_info, persistent)
     for s in stragglers:
         excess = max(s.excess_data_wait_ms, 0) + max(s.excess_compute_ms, 0)
-        share = throttled.get(s.rank, 0.0)
         if excess <= 0:
             s.cause = Cause.UNKNOWN
         elif s.excess_data_wait_ms >= CAUSE_SHARE * excess:
@@ -311,9 +311,9 @@ def _assign_causes(
             s.evidence.append(
                 f"waits {s.excess_data_wait_ms:.1f} ms longer than the other ranks (their median) for its batch"
             )
-        elif share >= THROTTLED_SHARE:
+        elif s.rank in throttled:
             s.cause = Cause.THROTTLE
-            s.evidence.append(f"its GPU's clocks were throttled in {100 * share:.0f}% of telemetry samples")
+            s.evidence.append(f"its GPU's clocks were throttled in {100 * throttled[s.rank]:.0f}% of telemetry samples")
         elif s.host is not None and s.host in slow_hosts:
             s.cause = Cause.HOST
             s.evidence.append(f"every rank on host {s.host} is slow")
@@ -358,3 +358,64 @@ def _get_int(info, key):
     if info is None or key not in info or pd.isna(info[key]):
         return None
     return int(info[key])
+
+
+# -- findings --------------------------------------------------------------------------------------------------
+def straggler_findings(report: StragglerReport, ctx: FindingContext) -> list[Finding]:
+    """One finding per cause among persistent stragglers, one for all transient ones.
+
+    Only the slowest rank of a step sets its length, so fixing one straggler helps only down to the next one.
+    Causes are credited in a waterfall, worst first: each gets what fixing it saves once the worse ones are
+    fixed, and the credits add up to what fixing them all would save."""
+    times, step_s = ctx.times, ctx.step_s
+    out = []
+    persistent = [s for s in report.stragglers if s.persistent]
+    causes = sorted({s.cause for s in persistent}, key=lambda c: -max(s.slowdown for s in persistent if s.cause == c))
+    fixed: list[int] = []
+    saved_before_us = 0.0
+    all_us = joint_saving_us(times, [s.rank for s in persistent]) if persistent else 0.0
+    for cause in causes:
+        group = [s for s in persistent if s.cause == cause]
+        fixed += [s.rank for s in group]
+        saved_us = joint_saving_us(times, fixed)
+        finding = _straggler_finding("straggler", group, saved_us - saved_before_us, report.steps, step_s, cause)
+        if len(causes) > 1:
+            finding.evidence.append(
+                f"fixing every persistent straggler would save {all_us / max(report.steps, 1) / 1e3:.1f} ms/step; this one is credited what it adds once the slower ones are fixed"
+            )
+        out.append(finding)
+        saved_before_us = saved_us
+    transient = [s for s in report.stragglers if not s.persistent]
+    if transient:
+        lost_us = sum(s.time_lost_s for s in transient) * 1e6
+        out.append(_straggler_finding("transient_straggler", transient, lost_us, report.steps, step_s, None))
+    return out
+
+
+def _straggler_finding(kind, group: list[Straggler], lost_us: float, steps: int, step_s, cause) -> Finding:
+    ranks = [s.rank for s in group]
+    per_step = lost_us / steps / 1e6 if steps else 0.0
+    who = ranks_text(ranks)
+    if kind == "straggler":
+        worst = max(group, key=lambda s: s.slowdown)
+        title = (
+            f"{who[0].upper()}{who[1:]} {'is a' if len(ranks) == 1 else 'are'} persistent straggler{'s' * (len(ranks) > 1)} ({cause}): "
+            f"{100 * worst.slowdown:+.0f}% work, costs the job {per_step * 1e3:.1f} ms/step"
+        )
+        advice = Cause(cause).advice
+    else:
+        title = f"Occasional slow steps on {who} (transient spikes) cost {per_step * 1e3:.1f} ms/step on average"
+        advice = "One-off slow steps: look for garbage collection (gc.freeze / gc.disable in the loop), checkpointing or logging on these ranks at those steps."
+    evidence = [f"rank {s.rank}: {e}" for s in group[:5] for e in s.evidence]
+    return Finding(
+        kind=kind,
+        severity=severity_for(per_step, step_s),
+        title=title,
+        ranks=ranks,
+        time_lost_s=lost_us / 1e6,
+        time_lost_per_step_s=per_step,
+        evidence=evidence,
+        advice=advice,
+        hosts=sorted({s.host for s in group if s.host}),
+        gpus=[f"{s.host}:{s.gpu}" for s in group if s.gpu is not None],
+    )

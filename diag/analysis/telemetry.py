@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from diag.analysis.findings import Finding, FindingContext
+from diag.analysis.stragglers import Cause
 from diag.trace.schema import THROTTLE_REASONS
 
 SLOWING_REASONS = {
@@ -130,3 +132,85 @@ def _aggregate(tel: pd.DataFrame) -> pd.DataFrame:
 
 def _opt(value) -> float | None:
     return None if value is None or pd.isna(value) else float(value)
+
+
+# -- findings --------------------------------------------------------------------------------------------------
+def telemetry_findings(tel: TelemetryReport, ctx: FindingContext) -> list[Finding]:
+    out = []
+    explained = {s.rank for s in ctx.stragglers.stragglers if s.cause == Cause.THROTTLE}
+    throttled = [g for g in tel.gpus if g.throttled]
+    if throttled:
+        evidence = [
+            f"rank {g.rank} ({g.host}:{g.gpu}): throttled {100 * g.throttled_share:.0f}% of samples "
+            f"({', '.join(sorted(g.throttle_share))}), SM clock {g.sm_clock_vs_max_pct or 0:.0f}% of max, max {g.temp_max_c or 0:.0f} C"
+            for g in throttled[:10]
+        ]
+        note = " (its time cost is counted in the straggler finding)" if explained & {g.rank for g in throttled} else ""
+        out.append(
+            _gpu_finding(
+                "gpu_throttle",
+                "medium",
+                f"{len(throttled)} GPU(s) throttled{note}",
+                throttled,
+                evidence,
+                Cause.THROTTLE.advice,
+            )
+        )
+    errors = [g for g in tel.gpus if g.ecc_uncorrected or g.xids]
+    if errors:
+        evidence = [
+            f"rank {g.rank} ({g.host}:{g.gpu}): uncorrected ECC +{g.ecc_uncorrected}, XID {g.xids}" for g in errors[:10]
+        ]
+        out.append(
+            _gpu_finding(
+                "gpu_error",
+                "high",
+                f"{len(errors)} GPU(s) reported errors",
+                errors,
+                evidence,
+                "Drain these GPUs/nodes and report them: uncorrected ECC errors and XIDs precede crashes and silent corruption.",
+            )
+        )
+    hot = [g for g in tel.gpus if g.hot and not g.throttled]
+    if hot:
+        evidence = [f"rank {g.rank} ({g.host}:{g.gpu}): max {g.temp_max_c:.0f} C" for g in hot[:10]]
+        out.append(
+            _gpu_finding(
+                "gpu_hot",
+                "low",
+                f"{len(hot)} GPU(s) run hot",
+                hot,
+                evidence,
+                "Check airflow and cooling before they throttle.",
+            )
+        )
+    busy = [g for g in tel.gpus if g.util_mean_pct is not None and g.util_mean_pct >= 50]
+    idle = [g for g in tel.gpus if g.idle] if busy else []
+    if idle:
+        evidence = [f"rank {g.rank} ({g.host}:{g.gpu}): utilisation {g.util_mean_pct:.0f}%" for g in idle[:10]]
+        out.append(
+            _gpu_finding(
+                "gpu_idle",
+                "medium",
+                f"{len(idle)} GPU(s) mostly idle while others are busy",
+                idle,
+                evidence,
+                "These GPUs wait on something else (data, CPU, peers); check their ranks' straggler and data-wait figures.",
+            )
+        )
+    return out
+
+
+def _gpu_finding(kind, severity, title, gpus, evidence, advice) -> Finding:
+    return Finding(
+        kind,
+        severity,
+        title,
+        [g.rank for g in gpus],
+        0.0,
+        0.0,
+        evidence,
+        advice,
+        hosts=sorted({g.host for g in gpus if g.host}),
+        gpus=[f"{g.host}:{g.gpu}" for g in gpus],
+    )

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from diag._warn import warn_once
 from diag.capture import torch_private
 from diag.capture.flight_recorder import FlightRecorderFollower
+from diag.trace.schema import COLLECTIVES
 
 # op name -> (name of the parameter holding what this rank sends, reported op name)
 _OPS: dict[str, tuple[str, str]] = {
@@ -209,18 +210,18 @@ class CollectiveRecorder:
     def _write(self, entry: PendingCollective, duration_us: float | None) -> None:
         self.session.writer.append(
             "collectives",
-            (
-                entry.step,
-                entry.pg,
-                entry.seq,
-                entry.op,
-                entry.bytes,
-                entry.dtype,
-                entry.peer,
-                entry.start_us,
-                None if duration_us is None else round(duration_us, 1),
-                int(entry.blocking),
-                entry.source,
+            COLLECTIVES.row(
+                step=entry.step,
+                pg=entry.pg,
+                seq=entry.seq,
+                op=entry.op,
+                bytes=entry.bytes,
+                dtype=entry.dtype,
+                peer=entry.peer,
+                start_us=entry.start_us,
+                duration_us=None if duration_us is None else round(duration_us, 1),
+                blocking=int(entry.blocking),
+                source=entry.source,
             ),
         )
 

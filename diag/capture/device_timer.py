@@ -23,10 +23,11 @@ class DeviceTimer:
         event.record()
         return event
 
-    def stop(self, start_event, table: str, row: list, device_column: int) -> None:
+    def stop(self, start_event, table: str, row: tuple) -> None:
+        """Queue ``row`` (a table's ``row_type``, with a ``device_us`` column) until the span's GPU time is known."""
         end_event = self._torch.cuda.Event(enable_timing=True)
         end_event.record()
-        self._queue.append((start_event, end_event, table, row, device_column))
+        self._queue.append((start_event, end_event, table, row))
 
     def poll(self) -> None:
         while self._queue and self._queue[0][1].query():
@@ -39,9 +40,9 @@ class DeviceTimer:
             self._resolve(entry)
 
     def _resolve(self, entry) -> None:
-        start_event, end_event, table, row, device_column = entry
-        row[device_column] = round(start_event.elapsed_time(end_event) * 1000, 1)  # ms -> us
-        self._writer.append(table, tuple(row))
+        start_event, end_event, table, row = entry
+        device_us = round(start_event.elapsed_time(end_event) * 1000, 1)  # ms -> us
+        self._writer.append(table, row._replace(device_us=device_us))
 
 
 class NoDeviceTimer:
@@ -53,8 +54,8 @@ class NoDeviceTimer:
     def start(self):
         return None
 
-    def stop(self, _start_event, table: str, row: list, _device_column: int) -> None:
-        self._writer.append(table, tuple(row))
+    def stop(self, _start_event, table: str, row: tuple) -> None:
+        self._writer.append(table, row)
 
     def poll(self) -> None:
         pass

@@ -17,7 +17,7 @@ import time
 
 from diag._warn import warn_once
 from diag.capture import torch_private
-from diag.trace.schema import SCALAR_TYPES
+from diag.trace.schema import COLLECTIVES, SCALAR_TYPES
 
 
 def dump_bytes(stack_traces: bool = True) -> bytes | None:
@@ -278,18 +278,17 @@ def _row(entry: dict, pg: str, seq: int, op: str, step: int, source: str) -> tup
     dtypes = entry.get("input_dtypes") or []
     numel = sum(_numel(size) for size in entry.get("input_sizes") or [])
     duration_ms = entry.get("duration_ms")
-    return (
-        step,
-        pg,
-        seq,
-        op,
-        numel * SCALAR_TYPES.get(dtypes[0], ("", 0))[1] if dtypes else 0,
-        SCALAR_TYPES.get(dtypes[0], (str(dtypes[0]).lower(), 0))[0] if dtypes else "",
-        None,
-        entry["time_created_ns"] // 1000,
-        None if duration_ms is None else round(float(duration_ms) * 1000, 1),
-        0,
-        source,
+    return COLLECTIVES.row(
+        step=step,
+        pg=pg,
+        seq=seq,
+        op=op,
+        bytes=numel * SCALAR_TYPES.get(dtypes[0], ("", 0))[1] if dtypes else 0,
+        dtype=SCALAR_TYPES.get(dtypes[0], (str(dtypes[0]).lower(), 0))[0] if dtypes else "",
+        start_us=entry["time_created_ns"] // 1000,
+        duration_us=None if duration_ms is None else round(float(duration_ms) * 1000, 1),
+        blocking=0,
+        source=source,
     )
 
 

@@ -7,6 +7,7 @@ import resource
 import time
 
 from diag.capture import torch_private
+from diag.trace.schema import MEMORY
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -81,16 +82,16 @@ def _allocator_stats(torch, device) -> dict:
 
 def memory_row(step: int, time_us: int, stats: dict, rss: int) -> tuple:
     """A ``memory`` row from ``torch.cuda.memory_stats()`` (empty on CPU) and the process RSS."""
-    return (
-        step,
-        time_us,
-        stats.get("allocated_bytes.all.current"),
-        stats.get("allocated_bytes.all.peak"),
-        stats.get("reserved_bytes.all.current"),
-        stats.get("reserved_bytes.all.peak"),
-        stats.get("num_alloc_retries"),
-        stats.get("num_ooms"),
-        rss,
+    return MEMORY.row(
+        step=step,
+        time_us=time_us,
+        allocated_bytes=stats.get("allocated_bytes.all.current"),
+        allocated_peak_bytes=stats.get("allocated_bytes.all.peak"),
+        reserved_bytes=stats.get("reserved_bytes.all.current"),
+        reserved_peak_bytes=stats.get("reserved_bytes.all.peak"),
+        alloc_retries=stats.get("num_alloc_retries"),
+        ooms=stats.get("num_ooms"),
+        rss_bytes=rss,
     )
 
 

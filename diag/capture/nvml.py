@@ -11,6 +11,7 @@ import threading
 import time
 
 from diag._warn import warn_once
+from diag.trace.schema import TELEMETRY
 
 log = logging.getLogger("diag")
 
@@ -60,24 +61,24 @@ def _scaled(value, factor: float):
 
 def decode_sample(sample: dict, gpu_index: int, xid: int | None = None) -> tuple:
     """A raw reading as a ``telemetry`` row (schema units: W, MHz, bytes, KB/s)."""
-    return (
-        sample["t_ns"] // 1000,
-        gpu_index,
-        sample.get("util_gpu"),
-        sample.get("util_mem"),
-        sample.get("mem_used"),
-        sample.get("mem_total"),
-        _scaled(sample.get("power_mw"), 1e-3),
-        _scaled(sample.get("power_limit_mw"), 1e-3),
-        sample.get("temp_c"),
-        sample.get("sm_clock_mhz"),
-        sample.get("sm_clock_max_mhz"),
-        sample.get("clock_event_reasons"),
-        sample.get("pcie_tx_kbs"),
-        sample.get("pcie_rx_kbs"),
-        sample.get("ecc_corrected_volatile"),
-        sample.get("ecc_uncorrected_volatile"),
-        xid,
+    return TELEMETRY.row(
+        time_us=sample["t_ns"] // 1000,
+        gpu=gpu_index,
+        util_pct=sample.get("util_gpu"),
+        mem_util_pct=sample.get("util_mem"),
+        mem_used_bytes=sample.get("mem_used"),
+        mem_total_bytes=sample.get("mem_total"),
+        power_w=_scaled(sample.get("power_mw"), 1e-3),
+        power_limit_w=_scaled(sample.get("power_limit_mw"), 1e-3),
+        temp_c=sample.get("temp_c"),
+        sm_clock_mhz=sample.get("sm_clock_mhz"),
+        sm_clock_max_mhz=sample.get("sm_clock_max_mhz"),
+        throttle_reasons=sample.get("clock_event_reasons"),
+        pcie_tx_kib_per_s=sample.get("pcie_tx_kbs"),
+        pcie_rx_kib_per_s=sample.get("pcie_rx_kbs"),
+        ecc_corrected=sample.get("ecc_corrected_volatile"),
+        ecc_uncorrected=sample.get("ecc_uncorrected_volatile"),
+        xid=xid,
     )
 
 

@@ -26,11 +26,11 @@ from contextlib import contextmanager, suppress
 
 from diag._warn import warn_once
 from diag.capture import torch_private
+from diag.trace.schema import MICROBATCHES
 
 COMPUTE_ACTIONS = ("forward", "backward", "backward_input", "backward_weight")
 WAIT_ACTIONS = ("send_wait", "recv_wait")
 ACTIONS = COMPUTE_ACTIONS + WAIT_ACTIONS
-_DEVICE_COLUMN = 7  # index of device_us in a microbatches row
 _TAG = "_diag_pipeline_tag"  # attribute set on tagged P2P ops and work lists
 
 _STAGE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
@@ -49,8 +49,16 @@ class _Recorder:
     def end(self, started, step: int, stage: int, virtual_stage: int, microbatch: int, action: str) -> None:
         start_us, start_ns, event = started
         duration_us = round((time.perf_counter_ns() - start_ns) / 1000)
-        row = [step, stage, virtual_stage, microbatch, action, start_us, duration_us, None]
-        self.session.device_timer.stop(event, "microbatches", row, _DEVICE_COLUMN)
+        row = MICROBATCHES.row(
+            step=step,
+            stage=stage,
+            virtual_stage=virtual_stage,
+            microbatch=microbatch,
+            action=action,
+            start_us=start_us,
+            duration_us=duration_us,
+        )
+        self.session.device_timer.stop(event, "microbatches", row)
 
 
 # -- automatic: torch.distributed.pipelining ------------------------------------------------------------------

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from diag._warn import warn_once
+from diag.trace.manifest import Manifest
 from diag.trace.schema import TABLES, THROTTLE_REASONS
 
 log = logging.getLogger("diag")
@@ -45,7 +46,7 @@ STEP_PARTS = {
     "data_wait": "data_wait_us",
 }
 
-PCIE_BYTES_PER_KB = 1024  # NVML reports PCIe throughput in KB/s
+BYTES_PER_KIB = 1024  # NVML reports PCIe throughput in KB/s of 1024 bytes
 # diag_straggler_score: each rank's median busy time over its last steps (enough to ride over a one-off spike,
 # few enough to follow a rank that became slow), once it has a few
 STRAGGLER_WINDOW_STEPS = 50
@@ -297,25 +298,20 @@ class RankLabels:
     gpu_model: str = ""
 
     @classmethod
-    def from_manifest(cls, manifest: dict) -> RankLabels:
-        def text(key):  # manifests read back through pandas carry NaN for null and floats for integers
-            value = manifest.get(key)
-            if not _present(value):
-                return ""
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            return str(value)
+    def from_manifest(cls, manifest: Manifest) -> RankLabels:
+        def text(value) -> str:
+            return "" if value is None else str(value)
 
         return cls(
-            run=text("run_id"),
-            rank=text("rank"),
-            local_rank=text("local_rank"),
-            host=text("host"),
-            world_size=text("world_size"),
-            backend=text("backend"),
-            device=text("device"),
-            gpu_uuid=normalise_uuid(text("gpu_uuid")),
-            gpu_model=text("device_name") if manifest.get("gpu_uuid") else "",
+            run=text(manifest.run_id),
+            rank=text(manifest.rank),
+            local_rank=text(manifest.local_rank),
+            host=text(manifest.host),
+            world_size=text(manifest.world_size),
+            backend=text(manifest.backend),
+            device=text(manifest.device),
+            gpu_uuid=normalise_uuid(text(manifest.gpu_uuid)),
+            gpu_model=text(manifest.device_name) if manifest.gpu_uuid else "",
         )
 
     def rank_values(self) -> tuple[str, ...]:
@@ -385,64 +381,66 @@ class MetricsSource:
         iteration_s = 0.0
         counted = 0
         for row in rows:
-            (step, start_us, duration_us, data_wait_us, forward_us, backward_us, optimizer_us, comm_us, device_us,
-             samples, tokens) = row  # fmt: skip
-            seconds = duration_us / 1e6
+            seconds = row.duration_us / 1e6
+            data_wait_us, comm_us = row.data_wait_us or 0, row.comm_wait_us or 0
             self.steps += 1
             index = bisect.bisect_left(STEP_BUCKETS_S, seconds)
             if index < len(self.step_buckets):
                 self.step_buckets[index] += 1
             self.step_seconds += seconds
-            for part, value in zip(self.parts, (forward_us, backward_us, optimizer_us, comm_us, data_wait_us)):
+            for part, value in zip(
+                self.parts, (row.forward_us, row.backward_us, row.optimizer_us, comm_us, data_wait_us)
+            ):
                 self.parts[part] += (value or 0) / 1e6
-            if _present(device_us):
-                self.device_seconds = (self.device_seconds or 0.0) + device_us / 1e6
-            if _present(samples):
-                self.samples = (self.samples or 0) + int(samples)
-            if _present(tokens):
-                self.tokens = (self.tokens or 0) + int(tokens)
-            end_s = (start_us + duration_us) / 1e6
+            if _present(row.device_us):
+                self.device_seconds = (self.device_seconds or 0.0) + row.device_us / 1e6
+            if _present(row.samples):
+                self.samples = (self.samples or 0) + int(row.samples)
+            if _present(row.tokens):
+                self.tokens = (self.tokens or 0) + int(row.tokens)
+            end_s = (row.start_us + row.duration_us) / 1e6
             if self.last_step_end_s is None or end_s >= self.last_step_end_s:
-                self.last_step, self.last_step_end_s = int(step), end_s
-            iteration_s += seconds + (data_wait_us or 0) / 1e6
+                self.last_step, self.last_step_end_s = int(row.step), end_s
+            iteration_s += seconds + data_wait_us / 1e6
             counted += 1
-            self.recent_busy_s.append(seconds + ((data_wait_us or 0) - (comm_us or 0)) / 1e6)
+            self.recent_busy_s.append(seconds + (data_wait_us - comm_us) / 1e6)
         if self.flops_per_step and counted:
             self.model_flops += self.flops_per_step * counted
             if self.peak_flops and iteration_s > 0:
                 self.mfu = self.flops_per_step * counted / iteration_s / self.peak_flops
 
     def _phases(self, rows) -> None:
-        for _step, name, _start_us, duration_us, _device_us in rows:
-            totals = self.phases.setdefault(str(name), [0, 0.0])
+        for row in rows:
+            totals = self.phases.setdefault(str(row.name), [0, 0.0])
             totals[0] += 1
-            totals[1] += duration_us / 1e6
+            totals[1] += row.duration_us / 1e6
 
     def _collectives(self, rows) -> None:
-        for _step, pg, _seq, op, nbytes, _dtype, _peer, _start_us, duration_us, blocking, _source in rows:
-            key = (str(op), str(pg))
+        for row in rows:
+            key = (str(row.op), str(row.pg))
             totals = self.collectives.get(key)
             if totals is None:
                 totals = self.collectives[key] = _Collective()
             totals.count += 1
-            totals.bytes += int(nbytes or 0)
-            if _present(duration_us):
-                totals.seconds += duration_us / 1e6
-                if blocking:
-                    totals.wait_seconds += duration_us / 1e6
+            totals.bytes += int(row.bytes or 0)
+            if _present(row.duration_us):
+                totals.seconds += row.duration_us / 1e6
+                if row.blocking:
+                    totals.wait_seconds += row.duration_us / 1e6
 
     def _memory(self, rows) -> None:
         if not rows:
             return
-        _step, _time_us, allocated, allocated_peak, reserved, reserved_peak, retries, ooms, rss = rows[-1]  # gauges
+        last = rows[-1]  # gauges
+        allocated, reserved = last.allocated_bytes, last.reserved_bytes
         values = {
             "diag_memory_allocated_bytes": allocated,
-            "diag_memory_allocated_peak_bytes": allocated_peak,
+            "diag_memory_allocated_peak_bytes": last.allocated_peak_bytes,
             "diag_memory_reserved_bytes": reserved,
-            "diag_memory_reserved_peak_bytes": reserved_peak,
-            "diag_memory_rss_bytes": rss,
-            "diag_memory_alloc_retries_total": retries,
-            "diag_memory_ooms_total": ooms,
+            "diag_memory_reserved_peak_bytes": last.reserved_peak_bytes,
+            "diag_memory_rss_bytes": last.rss_bytes,
+            "diag_memory_alloc_retries_total": last.alloc_retries,
+            "diag_memory_ooms_total": last.ooms,
         }
         if _present(allocated) and _present(reserved) and reserved > 0:
             values["diag_memory_fragmentation_ratio"] = (reserved - allocated) / reserved
@@ -450,32 +448,30 @@ class MetricsSource:
 
     def _telemetry(self, rows) -> None:
         for row in rows:
-            (_time_us, gpu, util, mem_util, mem_used, mem_total, power, power_limit, temp, sm_clock, sm_clock_max,
-             throttle, pcie_tx, pcie_rx, ecc_corrected, ecc_uncorrected, xid) = row  # fmt: skip
-            state = self.gpus.get(str(gpu))
+            state = self.gpus.get(str(row.gpu))
             if state is None:
-                state = self.gpus[str(gpu)] = _Gpu()
+                state = self.gpus[str(row.gpu)] = _Gpu()
             for name, value, factor in (
-                ("diag_gpu_utilization_ratio", util, 0.01),
-                ("diag_gpu_memory_utilization_ratio", mem_util, 0.01),
-                ("diag_gpu_memory_used_bytes", mem_used, 1),
-                ("diag_gpu_memory_total_bytes", mem_total, 1),
-                ("diag_gpu_power_usage_watts", power, 1),
-                ("diag_gpu_power_limit_watts", power_limit, 1),
-                ("diag_gpu_temperature_celsius", temp, 1),
-                ("diag_gpu_sm_clock_hertz", sm_clock, 1e6),
-                ("diag_gpu_sm_clock_max_hertz", sm_clock_max, 1e6),
-                ("diag_gpu_pcie_tx_bytes_per_second", pcie_tx, PCIE_BYTES_PER_KB),
-                ("diag_gpu_pcie_rx_bytes_per_second", pcie_rx, PCIE_BYTES_PER_KB),
-                ("diag_gpu_ecc_corrected_errors_total", ecc_corrected, 1),
-                ("diag_gpu_ecc_uncorrected_errors_total", ecc_uncorrected, 1),
+                ("diag_gpu_utilization_ratio", row.util_pct, 0.01),
+                ("diag_gpu_memory_utilization_ratio", row.mem_util_pct, 0.01),
+                ("diag_gpu_memory_used_bytes", row.mem_used_bytes, 1),
+                ("diag_gpu_memory_total_bytes", row.mem_total_bytes, 1),
+                ("diag_gpu_power_usage_watts", row.power_w, 1),
+                ("diag_gpu_power_limit_watts", row.power_limit_w, 1),
+                ("diag_gpu_temperature_celsius", row.temp_c, 1),
+                ("diag_gpu_sm_clock_hertz", row.sm_clock_mhz, 1e6),
+                ("diag_gpu_sm_clock_max_hertz", row.sm_clock_max_mhz, 1e6),
+                ("diag_gpu_pcie_tx_bytes_per_second", row.pcie_tx_kib_per_s, BYTES_PER_KIB),
+                ("diag_gpu_pcie_rx_bytes_per_second", row.pcie_rx_kib_per_s, BYTES_PER_KIB),
+                ("diag_gpu_ecc_corrected_errors_total", row.ecc_corrected, 1),
+                ("diag_gpu_ecc_uncorrected_errors_total", row.ecc_uncorrected, 1),
             ):
                 if _present(value):
                     state.values[name] = float(value) * factor
-            if _present(throttle):
-                state.throttle = int(throttle)
-            if _present(xid):
-                state.xids[int(xid)] = state.xids.get(int(xid), 0) + 1
+            if _present(row.throttle_reasons):
+                state.throttle = int(row.throttle_reasons)
+            if _present(row.xid):
+                state.xids[int(row.xid)] = state.xids.get(int(row.xid), 0) + 1
 
     def _heartbeat(self, records) -> None:
         """The watchdog's heartbeat (in training, as it is written; in the agent, heartbeat.json read back)."""
@@ -639,23 +635,22 @@ def _float_text(value: float) -> str:
     return repr(float(value))
 
 
-def peak_flops_of(manifest: dict) -> float | None:
+def peak_flops_of(manifest: Manifest) -> float | None:
     """Dense peak FLOP/s: the user's ``peak_tflops``, else the datasheet table for the device and dtype."""
-    given = manifest.get("peak_tflops")
-    if _present(given) and given:
-        return float(given) * 1e12
+    if manifest.peak_tflops:
+        return manifest.peak_tflops * 1e12
     from diag.analysis.peaks import lookup_peak_tflops
 
-    name, dtype = manifest.get("device_name"), manifest.get("dtype")
-    looked_up = lookup_peak_tflops(name if isinstance(name, str) else None, dtype if isinstance(dtype, str) else None)
+    looked_up = lookup_peak_tflops(manifest.device_name, manifest.dtype)
     return looked_up.tflops * 1e12 if looked_up.tflops else None
 
 
 def row_tuples(frame, table: str) -> list[tuple]:
-    """Rows of a loaded table (pandas) as schema-ordered tuples with None for empty cells."""
+    """Rows of a loaded table (pandas) as the table's ``row_type``, with None for empty cells."""
     columns = TABLES[table].column_names
     values = frame[columns].astype(object)
-    return list(values.where(values.notna(), None).itertuples(index=False, name=None))
+    make = TABLES[table].row_type._make
+    return [make(row) for row in values.where(values.notna(), None).itertuples(index=False, name=None)]
 
 
 # -- serving --------------------------------------------------------------------------------------------------
@@ -704,7 +699,7 @@ class PrometheusSink(MetricsSink):
         self._manifest = manifest  # the session's, updated in place (FLOPs counted at step 1 arrive late)
         self.metrics = RowMetrics()
         self.registry = new_registry(self.metrics)
-        self.source = self.metrics.source(RankLabels.from_manifest(manifest))
+        self.source = self.metrics.source(RankLabels.from_manifest(self._parsed()))
         self._server = serve(self.registry, port, addr)
         if self._server is not None:
             self.port = self._server.server_port  # port 0: the one the system chose
@@ -720,10 +715,14 @@ class PrometheusSink(MetricsSink):
 
     def _fold(self, table: str, rows: list) -> None:
         if table == "steps":
-            self.source.flops_per_step = self._manifest.get("flops_per_step")
+            manifest = self._parsed()
+            self.source.flops_per_step = manifest.flops_per_step
             if self.source.peak_flops is None:
-                self.source.peak_flops = peak_flops_of(self._manifest)
+                self.source.peak_flops = peak_flops_of(manifest)
         self.source.observe(table, rows)
+
+    def _parsed(self) -> Manifest:
+        return Manifest.from_json(self._manifest, rank=int(self._manifest.get("rank") or 0))
 
     def close(self) -> None:
         stop_serving(self._server)

@@ -19,7 +19,7 @@ from diag.capture import collectives, torch_private
 from diag.capture.flight_recorder import StepSpans
 from diag.capture.identity import RankIdentity, detect_identity
 from diag.capture.memory import MemorySampler, is_out_of_memory
-from diag.trace.schema import SCHEMA_VERSION, rank_dir_name
+from diag.trace.schema import PHASES, SCHEMA_VERSION, STEPS, rank_dir_name
 from diag.trace.writer import RankWriter
 
 log = logging.getLogger("diag")
@@ -30,8 +30,6 @@ DDP_BUCKET_MODES = ("auto", "hook", "flight_recorder", True, False)
 MIN_INTERVAL_S = 0.01
 _FLAGS = ("telemetry", "collectives", "memory", "clock_sync", "watchdog", "count_flops")
 _INTERVALS = ("telemetry_interval_s", "heartbeat_interval_s", "flush_interval_s")
-_STEP_COLUMNS_DEVICE = 8  # index of device_us in a steps row
-_PHASE_COLUMNS_DEVICE = 4  # index of device_us in a phases row
 
 
 class Session:
@@ -431,20 +429,19 @@ class Session:
             duration_us = (time.perf_counter_ns() - self._step_start_ns) / 1000
             exposed_async_us = self.recorder.exposed_async_wait_us() if self.recorder is not None else 0.0
             phase = self._phase_us
-            row = [
-                step,
-                self.step_started_us,
-                round(duration_us),
-                round(self._data_wait_us),
-                round(phase.get("forward", 0.0)),
-                round(phase.get("backward", 0.0)),
-                round(phase.get("optimizer", 0.0)),
-                round(self._comm_wait_us + exposed_async_us),
-                None,
-                samples,
-                tokens,
-            ]
-            self.device_timer.stop(self._step_device_event, "steps", row, _STEP_COLUMNS_DEVICE)
+            row = STEPS.row(
+                step=step,
+                start_us=self.step_started_us,
+                duration_us=round(duration_us),
+                data_wait_us=round(self._data_wait_us),
+                forward_us=round(phase.get("forward", 0.0)),
+                backward_us=round(phase.get("backward", 0.0)),
+                optimizer_us=round(phase.get("optimizer", 0.0)),
+                comm_wait_us=round(self._comm_wait_us + exposed_async_us),
+                samples=samples,
+                tokens=tokens,
+            )
+            self.device_timer.stop(self._step_device_event, "steps", row)
             self.step_spans.add(self.step_started_us * 1000, time.time_ns(), step)
             if self.memory is not None:
                 self.writer.append("memory", self.memory.sample(step))
@@ -487,8 +484,10 @@ class Session:
             try:
                 duration_us = (time.perf_counter_ns() - start_ns) / 1000
                 self.add_phase_time(name, duration_us)
-                row = [self.current_step_or_none(), name, start_us, round(duration_us), None]
-                self.device_timer.stop(event, "phases", row, _PHASE_COLUMNS_DEVICE)
+                row = PHASES.row(
+                    step=self.current_step_or_none(), name=name, start_us=start_us, duration_us=round(duration_us)
+                )
+                self.device_timer.stop(event, "phases", row)
             except Exception as exc:
                 warn_once("phase", f"phase recording failed ({exc!r})")
 

@@ -24,6 +24,7 @@ from diag.capture.prometheus import (
     stop_serving,
     straggler_scores,
 )
+from diag.trace.manifest import Manifest, parse_manifests
 
 FOLLOWED_TABLES = ("steps", "phases", "collectives", "memory", "telemetry")
 _MAX_XID_EVENTS_PER_SAMPLE = 64
@@ -81,11 +82,11 @@ class NodeGpus:
                 continue
             device.source.observe("telemetry", [row])
 
-    def assign_ranks(self, manifests: dict[int, dict]) -> None:
+    def assign_ranks(self, manifests: dict[int, Manifest]) -> None:
         for manifest in manifests.values():
-            uuid = normalise_uuid(str(manifest.get("gpu_uuid") or ""))
+            uuid = normalise_uuid(manifest.gpu_uuid or "")
             for device in self.devices:
-                if uuid and device.uuid == uuid and manifest.get("host") == self.host:
+                if uuid and device.uuid == uuid and manifest.host == self.host:
                     ranked = RankLabels.from_manifest(manifest)
                     device.source.labels = RankLabels(
                         run=ranked.run,
@@ -130,7 +131,7 @@ class TraceFollower:
         self.host = host  # None: every host
         self.gpus = gpus
         self.reader = TraceReader(trace_dir, FOLLOWED_TABLES)
-        self.manifests: dict[int, dict] = {}
+        self.manifests: dict[int, Manifest] = {}
         self.sources: dict[int, MetricsSource] = {}
         self.problem: str | None = None  # why nothing is exported, in words, once
 
@@ -142,8 +143,7 @@ class TraceFollower:
         except TraceError as exc:
             self._say(f"{exc}; waiting for the job to write it")
             return
-        for manifest in data["manifests"].to_dict("records"):
-            self.manifests[int(manifest["rank"])] = manifest
+        self.manifests.update(parse_manifests(data["manifests"], []))  # the analysis names odd values
         if self.gpus is not None:
             self.gpus.assign_ranks(self.manifests)
         for table in FOLLOWED_TABLES:
@@ -163,7 +163,7 @@ class TraceFollower:
                 source.observe("heartbeat", [heartbeat])
         straggler_scores(list(self.sources.values()))
         if self.manifests and not self.sources:
-            hosts = sorted({str(m.get("host")) for m in self.manifests.values()})
+            hosts = sorted({str(m.host) for m in self.manifests.values()})
             self._say(
                 f"{len(self.manifests)} ranks in {self.trace_dir}, none on {self.host} (hosts {', '.join(hosts)}): pass --all-hosts to export them"
             )
@@ -171,12 +171,12 @@ class TraceFollower:
     def _source(self, rank: int) -> MetricsSource | None:
         source = self.sources.get(rank)
         manifest = self.manifests.get(rank)
-        if manifest is None or (self.host is not None and manifest.get("host") != self.host):
+        if manifest is None or (self.host is not None and manifest.host != self.host):
             return None
         if source is None:
             source = self.sources[rank] = self.metrics.source(RankLabels.from_manifest(manifest))
         source.labels = RankLabels.from_manifest(manifest)  # the run id is settled after the first write
-        source.flops_per_step = _number(manifest.get("flops_per_step"))
+        source.flops_per_step = manifest.flops_per_step
         source.peak_flops = peak_flops_of(manifest)
         return source
 
@@ -184,14 +184,6 @@ class TraceFollower:
         if message != self.problem:
             self.problem = message
             click.echo(f"diag telemetry: {message}", err=True)
-
-
-def _number(value) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if number != number else number
 
 
 @click.command("telemetry")

@@ -128,7 +128,7 @@ class LiveTrace:
                 self._pending.setdefault(name, []).append(new)
             elif name not in self._tables:
                 self._tables[name] = new
-        for record in _records(data["manifests"]):
+        for record in data["manifests"]:
             if self._manifests.get(record["rank"]) != record:  # a new rank, or finished: re-analyse
                 self._manifests[record["rank"]] = record
                 changed = True
@@ -165,7 +165,7 @@ class LiveTrace:
         events = pd.concat(self._events, ignore_index=True) if self._events else pd.DataFrame()
         data = {
             **self._tables,
-            "manifests": pd.DataFrame(list(self._manifests.values())),
+            "manifests": list(self._manifests.values()),
             "heartbeats": pd.DataFrame(list(self._heartbeats.values())),
             "events": events,
             "skipped": list(self._skipped),
@@ -326,7 +326,7 @@ def rank_states(trace: Trace, last_record_us: dict[int, int], stale_after_s: flo
     behind_s = (newest - aligned) / 1e6
     states = []
     for rank in ranks:
-        if _true(finished.get(rank)):
+        if finished.get(rank) is True:
             states.append(FINISHED)
         elif pd.isna(aligned[rank]):
             states.append(NO_DATA)
@@ -339,10 +339,6 @@ def rank_states(trace: Trace, last_record_us: dict[int, int], stale_after_s: flo
     )
 
 
-def _true(value) -> bool:
-    return value is not None and not (isinstance(value, float) and np.isnan(value)) and bool(value) is True
-
-
 def run_state(states: pd.DataFrame, last_new_rows_s: float | None, stale_after_s: float) -> str:
     if len(states) and (states["state"] == FINISHED).all():
         return "finished"
@@ -351,11 +347,10 @@ def run_state(states: pd.DataFrame, last_new_rows_s: float | None, stale_after_s
     return "running"
 
 
-def _manifest_values(trace: Trace, key: str, ranks: list[int]) -> pd.Series:
-    m = trace.manifests
-    if m.empty or key not in m or "rank" not in m:
-        return pd.Series([None] * len(ranks), index=ranks, dtype="object")
-    return m.set_index("rank")[key].reindex(ranks)
+def _manifest_values(trace: Trace, name: str, ranks: list[int]) -> pd.Series:
+    """A manifest field of each rank (None where a rank has no manifest)."""
+    values = [getattr(trace.manifests[r], name) if r in trace.manifests else None for r in ranks]
+    return pd.Series(values, index=ranks, dtype="object")
 
 
 def step_times(trace: Trace, report) -> pd.DataFrame | None:
@@ -480,12 +475,8 @@ def pipeline_degree(trace: Trace | None) -> int:
     """Pipeline-parallel degree from the manifests' layout (1 when not pipelined or unknown)."""
     if trace is None:
         return 1
-    for key, field_name in (("pipeline", "stages"), ("parallel", "pp")):
-        if key in trace.manifests:
-            for layout in trace.manifests[key].dropna():
-                if isinstance(layout, dict) and layout.get(field_name):
-                    return int(layout[field_name])
-    return 1
+    pipeline, parallel = trace.first_manifest_value("pipeline"), trace.first_manifest_value("parallel")
+    return (pipeline and pipeline.stages) or (parallel and parallel.pp) or 1
 
 
 def oom_events(trace: Trace) -> pd.DataFrame:

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.feather as feather
 
 from diag.trace.loader import RANK_DIR_RE, Skipped, Trace, TraceError, load
+from diag.trace.manifest import parse_manifests
 from diag.trace.schema import TABLES, Table
 
 CACHE_DIR = ".diag-cache"
@@ -191,7 +192,7 @@ def _trace_from(meta: dict, tables: dict, path: Path) -> Trace:
     return Trace(
         path=path,
         **tables,
-        manifests=pd.DataFrame(meta["manifests"]),
+        manifests=parse_manifests(meta["manifests"], []),  # checked when first loaded: no notes again
         events=pd.DataFrame(meta["events"]),
         heartbeats=pd.DataFrame(meta["heartbeats"]),
         skipped=[Skipped(**s) for s in meta["skipped"]],
@@ -235,7 +236,7 @@ def _write(root: Path, key: str, trace: Trace) -> bool:
             arrow = pa.Table.from_pandas(frame, preserve_index=False)
             feather.write_feather(arrow, tmp / f"{name}.arrow", compression="zstd", compression_level=1)
         meta = {
-            "manifests": trace.manifests.to_dict("records"),
+            "manifests": [m.to_json() for m in trace.manifests.values()],
             "events": trace.events.to_dict("records"),
             "heartbeats": trace.heartbeats.to_dict("records"),
             "skipped": [{"path": s.path, "reason": s.reason, "lines": s.lines} for s in trace.skipped],

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from diag.trace.loader import Skipped, Trace, TraceError, empty_table
+from diag.trace.manifest import parse_manifests
 from diag.trace.schema import SCALAR_TYPES, TABLES
 
 # The one place that decides what an NCCL kernel is: older NCCL names them ncclKernel_<Op>_..., NCCL >= 2.19
@@ -522,9 +523,11 @@ def _assemble(root: Path, ranks: dict[int, dict], skipped: list[Skipped]) -> Tra
         return pd.concat(frames, ignore_index=True).astype(_dtypes(empty_table(TABLES[table])))
 
     kernels = pd.concat([ranks[r]["kernels"] for r in order], ignore_index=True)
-    manifests = pd.DataFrame([ranks[r]["manifest"] for r in order])
-    sizes = manifests["world_size"].dropna()
-    world_size = int(sizes.max()) if len(sizes) else max(order) + 1
+    notes: list[str] = []
+    manifests = parse_manifests((ranks[r]["manifest"] for r in order), notes)
+    skipped.extend(Skipped(str(root), note) for note in notes)
+    sizes = [m.world_size for m in manifests.values() if m.world_size is not None]
+    world_size = max(max(sizes) if sizes else 0, max(order) + 1)
     return Trace(
         path=root,
         steps=concat("steps", "steps"),

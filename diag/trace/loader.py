@@ -22,10 +22,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from diag.trace.manifest import Manifest, first_of, parse_manifests
 from diag.trace.schema import (
     EVENTS_FILE,
     HEARTBEAT_FILE,
     MANIFEST_FILE,
+    MAX_RANK,
     SCHEMA_VERSION,
     TABLES,
     Table,
@@ -52,7 +54,6 @@ class TraceError(Exception):
 # not one diag wrote, and reading it whole would only exhaust memory or the stack.
 MAX_JSON_FILE_BYTES = 16 << 20  # manifest.json, heartbeat.json, hang dumps
 MAX_JSON_DEPTH = 64
-MAX_RANK = 1 << 20  # a rank number (directory name, manifest, world_size) above this is not a real job
 
 
 class NotRegularFile(OSError):
@@ -136,7 +137,7 @@ class Trace:
     memory: pd.DataFrame
     telemetry: pd.DataFrame
     microbatches: pd.DataFrame  # pipeline parallelism; empty for runs without it
-    manifests: pd.DataFrame  # one row per rank: the manifest.json keys
+    manifests: dict[int, Manifest]  # by rank, ascending; ranks without a manifest.json are absent
     events: pd.DataFrame  # rank, time_us, kind, and the event's other fields
     heartbeats: pd.DataFrame  # rank and the heartbeat.json keys
     skipped: list[Skipped] = field(default_factory=list)
@@ -148,27 +149,17 @@ class Trace:
     # kind and step; None for diag's own traces
     gpu_kernels: pd.DataFrame | None = None
 
-    def manifest(self, rank: int) -> dict:
-        if self.manifests is None or "rank" not in self.manifests:
-            return {}  # no rank wrote a manifest
-        rows = self.manifests[self.manifests["rank"] == rank]
-        return {} if rows.empty else {k: v for k, v in rows.iloc[0].items() if not _is_missing(v)}
+    def manifest(self, rank: int) -> Manifest | None:
+        return self.manifests.get(rank)
+
+    def first_manifest_value(self, name: str):
+        """The lowest rank's value of a manifest field every rank of a run shares (launcher, job, device name)."""
+        return first_of(self.manifests, name)
 
     def clock_offsets_us(self) -> dict[int, float]:
         """Each rank's clock minus rank 0's, measured at init (manifest ``clock_offset_us``); subtract it from a
         rank's wall-clock times to put them on rank 0's clock. Ranks without a measurement are absent."""
-        if self.manifests is None or self.manifests.empty or "clock_offset_us" not in self.manifests:
-            return {}
-        offsets = pd.to_numeric(self.manifests["clock_offset_us"], errors="coerce")
-        known = offsets.notna()
-        return dict(zip(self.manifests["rank"][known].astype(int), offsets[known].astype(float)))
-
-
-def _is_missing(value) -> bool:
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False
+        return {r: m.clock_offset_us for r, m in self.manifests.items() if m.clock_offset_us is not None}
 
 
 def empty_table(table: Table) -> pd.DataFrame:
@@ -210,7 +201,7 @@ def read_table_arrow(path: Path, table: Table, offset: int = 0) -> ArrowChunk:
         version, name = parsed
         if version != SCHEMA_VERSION:
             return _rejected(path, end, f"schema version {version}, this diag reads {SCHEMA_VERSION}")
-        if name != table.name or header.decode("utf-8", "replace").split(",") != table.column_names:
+        if name != table.name or not table.accepts_header(header.decode("utf-8", "replace").split(",")):
             return _rejected(path, end, f"header does not match table {table.name!r}")
     arrow, bad = _parse_rows(data, start, end, table)
     if bad:
@@ -526,7 +517,7 @@ class TraceReader:
         for name in self.tables:
             result[name] = to_frame(chunks[name], TABLES[name], rank_column=True)
             chunks[name] = []  # free the Arrow copy before converting the next table
-        result["manifests"] = pd.DataFrame(manifests)
+        result["manifests"] = manifests  # the JSON objects: assemble_trace parses them
         result["heartbeats"] = pd.DataFrame(heartbeats)
         result["events"] = pd.DataFrame(events)
         result["skipped"] = skipped
@@ -599,29 +590,25 @@ def load(path: str | Path, progress: bool = False) -> Trace:
 def assemble_trace(path: Path, data: dict) -> Trace:
     """A Trace from what ``TraceReader.poll`` read: keeps one run, finds missing ranks, lists what was skipped."""
     skipped: list[Skipped] = data["skipped"]
-    manifests: pd.DataFrame = data["manifests"]
     ranks = data["ranks"]
-    run_id = None
-    if not manifests.empty and "run_id" in manifests:
-        counts = manifests["run_id"].dropna().value_counts()
-        if len(counts) > 1:
-            run_id = counts.index[0]  # keep the run with the most ranks here; say which were left out
-            others = manifests[manifests["run_id"] != run_id]["rank"].tolist()
-            skipped.append(
-                Skipped(
-                    str(path),
-                    f"ranks {others} belong to other runs ({', '.join(map(str, counts.index[1:]))}); left out",
-                )
+    run_ids = pd.Series([r.get("run_id") for r in data["manifests"]], dtype="object")
+    counts = run_ids[run_ids.map(lambda v: isinstance(v, str) and v != "")].value_counts()
+    run_id = counts.index[0] if len(counts) else None  # several: keep the run with the most ranks here
+    if len(counts) > 1:
+        others = [r["rank"] for r in data["manifests"] if r.get("run_id") != run_id]
+        skipped.append(
+            Skipped(
+                str(path), f"ranks {others} belong to other runs ({', '.join(map(str, counts.index[1:]))}); left out"
             )
-            data = _drop_ranks(data, set(others))
-            manifests = data["manifests"]
-            ranks = [r for r in ranks if r not in set(others)]
-        elif len(counts) == 1:
-            run_id = counts.index[0]
+        )
+        data = _drop_ranks(data, set(others))
+        ranks = [r for r in ranks if r not in set(others)]
     data = _latest_run_only(_drop_insane_durations(data, skipped, path), skipped, path)
-    manifests = _sane_manifests(manifests, skipped, path)
+    notes: list[str] = []
+    manifests = parse_manifests(data["manifests"], notes)
+    skipped.extend(Skipped(str(path), note) for note in notes)
     world_size = _world_size(manifests, ranks, skipped, path)
-    without_manifest = sorted(set(ranks) - set(manifests.get("rank", [])))
+    without_manifest = sorted(set(ranks) - set(manifests))
     if without_manifest:
         skipped.append(Skipped(str(path), f"ranks {without_manifest} have no manifest.json; their rows are kept"))
     missing = sorted(set(range(world_size or 0)) - set(ranks))
@@ -720,60 +707,12 @@ def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
     return out
 
 
-# manifest values that divide or scale results: a zero, negative, non-finite or non-numeric one is dropped
-# (the analysis then falls back as if it were absent) and named, instead of a ZeroDivisionError or a wrong MFU
-POSITIVE_MANIFEST_FIELDS = ("peak_tflops", "flops_per_step", "tokens_per_step", "samples_per_step")
-
-
-def _sane_manifests(manifests: pd.DataFrame, skipped: list[Skipped], path: Path) -> pd.DataFrame:
-    if manifests.empty:
-        return manifests
-    manifests = manifests.copy()
-    for name in POSITIVE_MANIFEST_FIELDS:
-        if name not in manifests:
-            continue
-        raw = manifests[name]
-        numbers = pd.to_numeric(raw.where(raw.map(lambda v: not isinstance(v, bool))), errors="coerce")
-        bad = raw.notna() & ~(np.isfinite(numbers.astype("float64")) & (numbers > 0))
-        if bad.any():
-            odd = sorted({_short(v) for v in raw[bad]})[:5]
-            skipped.append(Skipped(str(path), f"manifest {name} {', '.join(odd)} is not a positive number: ignored"))
-            manifests[name] = numbers.where(~bad)
-    if "schema_version" in manifests:
-        versions = pd.to_numeric(manifests["schema_version"], errors="coerce")
-        newer = versions > SCHEMA_VERSION
-        if newer.any():
-            ranks = manifests.loc[newer, "rank"].tolist() if "rank" in manifests else []
-            skipped.append(
-                Skipped(
-                    str(path),
-                    f"ranks {ranks[:10]} wrote manifest schema_version {int(versions[newer].max())}, newer than "
-                    f"this diag ({SCHEMA_VERSION}): read as version {SCHEMA_VERSION}, fields it does not know are ignored",
-                )
-            )
-    return manifests
-
-
-def _short(value) -> str:
-    """A value for a note: 0.0 (a column with gaps is float) as 0, and never more than 30 characters."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)[:30]
-
-
-def _world_size(manifests: pd.DataFrame, ranks: list[int], skipped: list[Skipped], path: Path) -> int | None:
-    """The manifests' world size when it is a plausible one (a whole number from 1 to MAX_RANK, at least the
-    highest rank present + 1); otherwise the one implied by the ranks present, and the odd value is named."""
+def _world_size(manifests: dict[int, Manifest], ranks: list[int], skipped: list[Skipped], path: Path) -> int | None:
+    """The manifests' world size (plausible ones only: the parser dropped and named the others), at least the
+    highest rank present + 1; otherwise the one implied by the ranks present."""
     implied = max(ranks) + 1 if ranks else None
-    if manifests.empty or "world_size" not in manifests:
-        return implied
-    raw = manifests["world_size"].dropna()
-    sizes = pd.to_numeric(raw, errors="coerce")
-    sane = sizes[(sizes >= 1) & (sizes <= MAX_RANK) & (sizes == sizes.round())]
-    if len(sane) < len(raw):
-        odd = sorted({str(v) for v in raw[~raw.index.isin(sane.index)]})[:5]
-        skipped.append(Skipped(str(path), f"implausible world_size in manifests ({', '.join(odd)}): ignored"))
-    world_size = int(sane.max()) if len(sane) else None
+    sizes = [m.world_size for m in manifests.values() if m.world_size is not None]
+    world_size = max(sizes) if sizes else None
     if world_size is not None and implied is not None and world_size < implied:
         skipped.append(Skipped(str(path), f"world_size {world_size} but rank {implied - 1} present: using {implied}"))
         world_size = implied
@@ -782,7 +721,8 @@ def _world_size(manifests: pd.DataFrame, ranks: list[int], skipped: list[Skipped
 
 def _drop_ranks(data: dict, ranks: set[int]) -> dict:
     out = dict(data)
-    for key in (*TABLES, "manifests", "heartbeats", "events"):
+    out["manifests"] = [m for m in data["manifests"] if m.get("rank") not in ranks]
+    for key in (*TABLES, "heartbeats", "events"):
         frame = data[key]
         if not frame.empty and "rank" in frame:
             out[key] = frame[~frame["rank"].isin(ranks)].reset_index(drop=True)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from diag.trace.schema import MAX_RANK
+
 # Types a Flight Recorder dump is made of; anything else means the file is not a dump (or is hostile).
 PLAIN_TYPES = (dict, list, tuple, set, frozenset, str, bytes, int, float, bool, type(None))
 MAX_DUMP_BYTES = 512 << 20  # refuse to read more than this into memory (real dumps: tens of MB)
@@ -23,7 +25,6 @@ MAX_DUMP_BYTES = 512 << 20  # refuse to read more than this into memory (real du
 # memo graph referencing one container millions of times, 100000 levels of nesting) is refused in bounded time
 # instead of hanging triage: real dumps are a few levels deep and at most a few million values.
 MAX_DUMP_DEPTH = 32
-MAX_RANK = 1 << 20  # as diag.trace.loader.MAX_RANK: pg_config members above it are not real ranks
 MAX_DUMP_NODES = 20_000_000
 TRAILING_RANK_RE = re.compile(r"^(.*?)(\d+)(\.pkl|\.pickle|\.json)?$")
 DEFAULT_PG = "0"  # c10d names the default process group "0"

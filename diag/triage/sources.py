@@ -17,7 +17,6 @@ from pathlib import Path
 import pandas as pd
 
 from diag.trace.loader import (
-    MAX_RANK,
     Skipped,
     TraceError,
     TraceReader,
@@ -27,7 +26,8 @@ from diag.trace.loader import (
     load_json_limited,
     read_file_bytes,
 )
-from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, SCALAR_TYPES, TABLES, hang_dump_number
+from diag.trace.manifest import Manifest
+from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, MAX_RANK, SCALAR_TYPES, TABLES, hang_dump_number
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 
 OPS_COLUMNS = [
@@ -100,10 +100,9 @@ TRIAGE_TABLES = ("steps", "collectives")  # telemetry, memory and phases are not
 def read_diag_trace(path: Path) -> TriageInput:
     trace = _load_tables(path, TRIAGE_TABLES)
     rank_dirs = find_rank_dirs(path)
-    manifests = _records_by_rank(trace.manifests)  # one pass: per-rank DataFrame filters are O(ranks²)
-    heartbeats = _records_by_rank(trace.heartbeats)
+    heartbeats = _records_by_rank(trace.heartbeats)  # one pass: per-rank DataFrame filters are O(ranks²)
     ranks = {
-        rank: _rank_info(rank, rank_dir, manifests.get(rank, {}), heartbeats.get(rank))
+        rank: _rank_info(rank, rank_dir, trace.manifest(rank) or Manifest(rank), heartbeats.get(rank))
         for rank, rank_dir in rank_dirs.items()
     }
     skipped = list(trace.skipped)
@@ -166,11 +165,10 @@ def _finite_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _rank_info(rank: int, rank_dir: Path, manifest: dict, heartbeat: dict | None) -> RankInfo:
+def _rank_info(rank: int, rank_dir: Path, manifest: Manifest, heartbeat: dict | None) -> RankInfo:
     info = RankInfo(rank, heartbeat=_sane_heartbeat(heartbeat))
-    info.finished = bool(manifest.get("finished", False))
-    info.host, info.pid = manifest.get("host"), manifest.get("pid")
-    info.backend = str(manifest["backend"]) if manifest.get("backend") else None
+    info.finished = manifest.finished
+    info.host, info.pid, info.backend = manifest.host, manifest.pid, manifest.backend
     numbered = ((hang_dump_number(p.name), p) for p in rank_dir.iterdir())
     dumps = sorted((number, p) for number, p in numbered if number is not None)
     info.dumps = len(dumps)
@@ -275,26 +273,11 @@ def _merge_fr(ops: pd.DataFrame, fr_frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat([ops, beyond[~beyond["completed"]]], ignore_index=True)
 
 
-def _rank_or_none(value) -> int | None:
-    """A rank from a manifest: a whole number from 0 to MAX_RANK, else None (never a 10**10-long range)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        rank = int(value) if not isinstance(value, str) or len(value) < 20 else -1
-    except (ValueError, OverflowError):
-        return None
-    return rank if 0 <= rank <= MAX_RANK else None
-
-
 def _pg_ranks_from_manifests(trace, world_size: int) -> dict[str, list[int]]:
     groups: dict[str, list[int]] = {}
-    if "process_groups" in trace.manifests:
-        for value in trace.manifests["process_groups"].dropna():
-            if isinstance(value, dict):
-                for name, spec in value.items():
-                    if isinstance(spec, dict) and isinstance(spec.get("ranks"), list):
-                        members = [_rank_or_none(r) for r in spec["ranks"]]
-                        groups.setdefault(str(name), [r for r in members if r is not None])
+    for manifest in trace.manifests.values():
+        for name, group in manifest.process_groups.items():
+            groups.setdefault(name, list(group.ranks))
     groups.setdefault("0", list(range(world_size)))
     return groups
 

@@ -80,7 +80,8 @@ def _window_us(trace, steps) -> tuple[float, float] | None:
 
 def _metadata(trace, ranks: set[int]) -> Iterator[dict]:
     for rank in sorted(ranks):
-        host = trace.manifest(rank).get("host", "?")
+        manifest = trace.manifest(rank)
+        host = (manifest.host if manifest else None) or "?"
         yield {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank} ({host})"}}
         yield {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}}
         for track, tid in TRACKS.items():

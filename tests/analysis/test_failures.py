@@ -11,6 +11,7 @@ import pytest
 
 from diag.analysis.failures import failure_findings, find_failures
 from diag.launch import run_ranks
+from diag.trace.manifest import Manifest
 from tests.analysis.helpers import PLANTED_JOB, cli_json, run_cli
 
 FAIL_AT_STEP = 2  # straggler_job.py's FAIL_AT_STEP
@@ -73,12 +74,12 @@ def test_step_error_without_watchdog_or_exit_record_still_counts():
             {"rank": 1, "time_us": 1_000, "kind": "watchdog_dump", "step": None},
         ]
     )
-    manifests = pd.DataFrame({"rank": [0, 1], "finished": [False, True]})
+    manifests = {0: Manifest(0, finished=False), 1: Manifest(1, finished=True)}
     failures = find_failures(events, pd.DataFrame(), manifests)
     assert failures.failed_steps == [7]
     assert [(e.rank, e.how, e.last_step) for e in failures.exits] == [(0, "stopped_after_error", 6)]
     (finding,) = failure_findings(failures)
-    assert finding["kind"] == "crash" and "out of memory" in finding["title"]
+    assert finding.kind == "crash" and "out of memory" in finding.title
 
 
 def test_errors_a_rank_survived_are_step_errors_not_a_crash():
@@ -89,20 +90,20 @@ def test_errors_a_rank_survived_are_step_errors_not_a_crash():
             {"rank": 2, "time_us": 9_000, "kind": "collective_error", "step": 9, "error": "RuntimeError('timeout')"},
         ]
     )
-    manifests = pd.DataFrame({"rank": [0, 1, 2], "finished": [True, True, True]})
+    manifests = {rank: Manifest(rank, finished=True) for rank in range(3)}
     failures = find_failures(events, pd.DataFrame(), manifests)
     assert failures.failed_steps == [4, 9] and failures.exits == []
     (finding,) = failure_findings(failures)
-    assert finding["kind"] == "step_error" and finding["title"] == "Rank 2 failed in step 4: ValueError('bad batch')"
+    assert finding.kind == "step_error" and finding.title == "Rank 2 failed in step 4: ValueError('bad batch')"
 
 
 def test_a_clean_run_has_no_failure_finding():
-    assert failure_findings(find_failures(pd.DataFrame(), pd.DataFrame(), pd.DataFrame())) == []
+    assert failure_findings(find_failures(pd.DataFrame(), pd.DataFrame(), {})) == []
 
 
 def test_exit_without_finish_and_without_error_is_a_note_not_a_crash():
     heartbeats = pd.DataFrame([{"rank": 0, "last_step": 99, "exit": {"how": "exited_without_finish"}}])
-    failures = find_failures(pd.DataFrame(), heartbeats, pd.DataFrame({"rank": [0], "finished": [False]}))
+    failures = find_failures(pd.DataFrame(), heartbeats, {0: Manifest(0, finished=False)})
     assert [(e.rank, e.how) for e in failures.exits] == [(0, "exited_without_finish")]
     assert failure_findings(failures) == []
     assert "exited without diag.finish()" in failures.notes()[0]
@@ -110,5 +111,5 @@ def test_exit_without_finish_and_without_error_is_a_note_not_a_crash():
 
 def test_sigterm_without_step_error_is_a_crash():
     heartbeats = pd.DataFrame([{"rank": 3, "last_step": 41, "exit": {"how": "terminated", "signal": "SIGTERM"}}])
-    (finding,) = failure_findings(find_failures(pd.DataFrame(), heartbeats, pd.DataFrame()))
-    assert finding["kind"] == "crash" and finding["title"] == "Rank 3 ended abnormally (terminated)"
+    (finding,) = failure_findings(find_failures(pd.DataFrame(), heartbeats, {}))
+    assert finding.kind == "crash" and finding.title == "Rank 3 ended abnormally (terminated)"

@@ -159,7 +159,7 @@ def test_cache_returns_the_same_trace_and_notices_changes(tmp_path):
     assert (how_first, how_second) == ("loaded+cached", "cache")
     for name in ("steps", "collectives", "memory", "telemetry"):
         pd.testing.assert_frame_equal(getattr(first, name), getattr(second, name))
-    assert second.manifest(2)["host"] == first.manifest(2)["host"]
+    assert second.manifest(2).host == first.manifest(2).host
     steps_csv = tmp_path / "rank00001" / "steps.csv"
     with open(steps_csv, "a") as handle:
         handle.write("20,1795000000000000,1000,10,1,1,1,1,,8,16384\n")

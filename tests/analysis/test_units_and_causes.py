@@ -8,10 +8,10 @@ import json
 import pandas as pd
 import pytest
 
-from diag.analysis.findings import telemetry_findings
+from diag.analysis.findings import FindingContext
 from diag.analysis.memory import MemoryReport, RankMemory, analyze_memory, memory_pressure
 from diag.analysis.stragglers import RankStepTimes, StragglerReport, find_stragglers
-from diag.analysis.telemetry import analyze_telemetry
+from diag.analysis.telemetry import analyze_telemetry, telemetry_findings
 from diag.trace.schema import MEMORY, TELEMETRY
 
 
@@ -32,8 +32,8 @@ def nvml_rows(path) -> pd.DataFrame:
             "sm_clock_mhz": r["sm_clock_mhz"],
             "sm_clock_max_mhz": r["sm_clock_max_mhz"],
             "throttle_reasons": r["clock_event_reasons"],
-            "pcie_tx_kbps": r["pcie_tx_kbs"],
-            "pcie_rx_kbps": r["pcie_rx_kbs"],
+            "pcie_tx_kib_per_s": r["pcie_tx_kbs"],
+            "pcie_rx_kib_per_s": r["pcie_rx_kbs"],
             "ecc_corrected": r["ecc_corrected_volatile"],
             "ecc_uncorrected": r["ecc_uncorrected_volatile"],
             "xid": None,
@@ -152,7 +152,7 @@ def test_gpu_errors_become_a_high_severity_finding(gpu_fixtures):
     tel.loc[tel.index[-1], "xid"] = 79  # "GPU has fallen off the bus"
     tel.loc[tel.index[-1], "ecc_uncorrected"] = 2
     report = analyze_telemetry(tel, {0: "h100-host"})
-    findings = telemetry_findings(report, StragglerReport())
+    findings = telemetry_findings(report, FindingContext(None, 0, None, StragglerReport()))
     error = next(f for f in findings if f.kind == "gpu_error")
     assert error.severity == "high" and error.ranks == [0] and "79" in error.evidence[0]
 

@@ -38,8 +38,8 @@ def test_gpu_capture_end_to_end(tmp_path):
     telemetry = trace.telemetry
     assert len(telemetry) >= 5 and (telemetry["sm_clock_max_mhz"] > 0).all() and (telemetry["power_w"] > 0).all()
     manifest = trace.manifest(0)
-    assert manifest["capture"]["telemetry"].startswith("on") and manifest["backend"] == "nccl"
-    assert manifest["device_name"].startswith("NVIDIA") and manifest["nccl_version"]
+    assert manifest.capture["telemetry"].startswith("on") and manifest.backend == "nccl"
+    assert manifest.device_name.startswith("NVIDIA") and manifest.nccl_version
     # NCCL collectives: DDP buckets carry every gradient once per step; explicit all-reduces are recorded
     colls = trace.collectives
     ddp = colls[colls["source"] == "ddp"]

@@ -20,8 +20,8 @@ def test_flops_counted_once_with_flop_counter(tmp_path):
     diag.finish()
     manifest = diag.load(tmp_path).manifest(0)
     # forward 2·B·I·O, backward only the weight gradient (the input needs none): 2·B·I·O
-    assert manifest["flops_per_step"] == 4 * batch * features_in * features_out
-    assert manifest["flops_source"] == "flop_counter"
+    assert manifest.flops_per_step == 4 * batch * features_in * features_out
+    assert manifest.flops_source == "flop_counter"
 
 
 def test_user_flops_are_not_recounted(tmp_path):
@@ -31,7 +31,7 @@ def test_user_flops_are_not_recounted(tmp_path):
             torch.randn(8, 8) @ torch.randn(8, 8)
     diag.finish()
     manifest = diag.load(tmp_path).manifest(0)
-    assert manifest["flops_per_step"] == 123.0 and manifest["flops_source"] == "user"
+    assert manifest.flops_per_step == 123.0 and manifest.flops_source == "user"
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_no_gpu_means_telemetry_off_with_a_reason(tmp_path):
         pytest.skip("this machine has a GPU: telemetry is on")
     session = diag.init(tmp_path)
     diag.finish()
-    status = diag.load(tmp_path).manifest(0)["capture"]
+    status = diag.load(tmp_path).manifest(0).capture
     assert status["telemetry"].startswith("off: no CUDA device") and status["device_time"].startswith("off")
     assert session.telemetry is None
 

@@ -50,4 +50,4 @@ def test_trainer_bfloat16_autocast_on_cpu_and_loader_end(tmp_path):
     losses = trainer.fit(make_data(3))  # no max_steps: runs until the loader ends
     assert len(losses) == 3
     trace = diag.load(tmp_path)
-    assert len(trace.steps) == 3 and trace.manifest(0)["dtype"] == "bfloat16"
+    assert len(trace.steps) == 3 and trace.manifest(0).dtype == "bfloat16"

@@ -62,8 +62,8 @@ def test_ddp_manifest_and_analyze(ddp_run):
     trace_dir, trace, truths = ddp_run
     for rank in range(WORLD):
         manifest = trace.manifest(rank)
-        assert manifest["rank"] == rank and manifest["world_size"] == truths[rank]["world_size"] == WORLD
-        assert manifest["backend"] == "gloo" and bool(manifest["finished"])
+        assert manifest.rank == rank and manifest.world_size == truths[rank]["world_size"] == WORLD
+        assert manifest.backend == "gloo" and manifest.finished
     run = analyze_json(trace_dir)["run"]
     assert run["world_size"] == WORLD and run["ranks_found"] == [0, 1] and run["steps"] == STEPS
 
@@ -72,7 +72,7 @@ def test_single_process_evaluation_between_steps_is_not_counted_in_them(tmp_path
     trainer = train(tmp_path, max_steps=4, eval_every=1)  # an evaluation pass after every step
     assert not diag.session().enabled
     trace = diag.load(tmp_path)
-    assert trace.ranks_found == [0] and trace.manifest(0)["world_size"] == 1
+    assert trace.ranks_found == [0] and trace.manifest(0).world_size == 1
     steps = rank_steps(trace, 0)
     assert steps["step"].tolist() == list(range(trainer.state.global_step)) == [0, 1, 2, 3]
     assert (steps["samples"] == BATCH).all()  # the evaluation's 16 batches are not counted

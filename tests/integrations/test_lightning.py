@@ -71,9 +71,9 @@ def test_ddp_manifest_and_analyze(ddp_run):
     trace_dir, trace, _ = ddp_run
     for rank in range(WORLD):
         manifest = trace.manifest(rank)
-        assert manifest["rank"] == rank and manifest["world_size"] == WORLD and manifest["backend"] == "gloo"
-        assert bool(manifest["finished"]) and manifest["process_groups"]["0"]["ranks"] == [0, 1]
-    assert trace.manifests["run_id"].nunique() == 1
+        assert manifest.rank == rank and manifest.world_size == WORLD and manifest.backend == "gloo"
+        assert manifest.finished and manifest.process_groups["0"].ranks == (0, 1)
+    assert len({m.run_id for m in trace.manifests.values()}) == 1
     run = analyze_json(trace_dir)["run"]
     assert run["world_size"] == WORLD and run["ranks_found"] == [0, 1] and run["steps"] == STEPS
 
@@ -82,7 +82,7 @@ def test_single_process_fit_owns_its_session_and_leaves_a_users_session_open(tmp
     trainer = fit(tmp_path / "owned", max_steps=4)
     assert not diag.session().enabled  # the callback finished the session it opened
     trace = diag.load(tmp_path / "owned")
-    assert trace.ranks_found == [0] and trace.manifest(0)["world_size"] == 1
+    assert trace.ranks_found == [0] and trace.manifest(0).world_size == 1
     steps = rank_steps(trace, 0)
     assert steps["step"].tolist() == list(range(trainer.global_step)) == [0, 1, 2, 3]
     assert (steps["samples"] == BATCH).all()
@@ -103,7 +103,7 @@ def test_exception_in_training_step_is_recorded_and_the_session_finished(tmp_pat
     assert not diag.session().enabled
     trace = diag.load(tmp_path)
     assert rank_steps(trace, 0)["step"].tolist() == [0, 1, 2]  # the failed step's time was spent: written
-    assert bool(trace.manifest(0)["finished"])
+    assert trace.manifest(0).finished
     errors = trace.events[trace.events["kind"] == "step_error"]
     assert errors["step"].tolist() == [2] and "planted failure" in str(errors["error"].iloc[0])
 

@@ -12,8 +12,9 @@ import json
 import pytest
 
 import diag
-from diag.analysis.bubble import analyze_bubble, bubble_finding
+from diag.analysis.bubble import analyze_bubble, bubble_findings
 from diag.launch import run_ranks
+from diag.trace.manifest import PipelineLayout
 from tests.conftest import REPO
 
 JOB = REPO / "tests" / "pipeline" / "pipeline_job.py"
@@ -89,13 +90,9 @@ def test_rows_follow_the_schedules_order_for_each_rank(tmp_path_factory, name):
 def test_manifest_records_the_layout(tmp_path_factory):
     _, trace = run(tmp_path_factory, "interleaved-2")
     for rank in (0, 1):
-        assert trace.manifest(rank)["pipeline"] == {
-            "schedule": "ScheduleInterleaved1F1B",
-            "stages": 2,
-            "virtual_stages": 2,
-            "microbatches": 4,
-            "stage": rank,
-        }
+        assert trace.manifest(rank).pipeline == PipelineLayout(
+            schedule="ScheduleInterleaved1F1B", stages=2, virtual_stages=2, microbatches=4, stage=rank
+        )
 
 
 @pytest.mark.slow
@@ -155,9 +152,9 @@ def test_slow_stage_is_named_with_its_excess_and_cost(tmp_path_factory):
     assert 0.7 <= report.slowest_stage_excess_fraction <= 1.3  # it computes twice as long
     assert report.slowest_stage_time_lost_per_step_s > 0.2  # ~ span x (1 - mean busy / max busy)
     assert report.measured_fraction > report.theoretical_fraction + 0.1  # more than the schedule's bubble
-    finding = bubble_finding(report)
-    assert finding["kind"] == "pipeline_bubble" and finding["ranks"] == [2]
-    assert "Rebalance" in finding["advice"] and "stage 2" in finding["advice"]
+    (finding,) = bubble_findings(report)
+    assert finding.kind == "pipeline_bubble" and finding.ranks == [2]
+    assert "Rebalance" in finding.advice and "stage 2" in finding.advice
 
 
 @pytest.mark.slow
@@ -165,21 +162,17 @@ def test_balanced_run_names_no_imbalance(tmp_path_factory):
     _, trace = run(tmp_path_factory, "1f1b-4")
     report = analyze_bubble(trace)
     assert report.slowest_stage_excess_fraction < 0.1
-    finding = bubble_finding(report)  # 27% from the schedule: a finding whose advice is the schedule's
-    assert finding["ranks"] == [0, 1, 2, 3] and "micro-batches" in finding["advice"]
-    assert "Rebalance" not in finding["advice"]
+    (finding,) = bubble_findings(report)  # 27% from the schedule: a finding whose advice is the schedule's
+    assert finding.ranks == [0, 1, 2, 3] and "micro-batches" in finding.advice
+    assert "Rebalance" not in finding.advice
 
 
 @pytest.mark.slow
 def test_manual_api_rows(tmp_path_factory):
     _, trace = run(tmp_path_factory, "manual-2")
-    assert trace.manifest(1)["pipeline"] == {
-        "schedule": "manual-gpipe",
-        "stages": 2,
-        "virtual_stages": 1,
-        "microbatches": 4,
-        "stage": 1,
-    }
+    assert trace.manifest(1).pipeline == PipelineLayout(
+        schedule="manual-gpipe", stages=2, virtual_stages=1, microbatches=4, stage=1
+    )
     rows = compute_rows(trace, 1, 1)
     assert rows["action"].astype(str).tolist() == ["forward"] * 4 + ["backward"] * 4
     assert rows["microbatch"].tolist() == [0, 1, 2, 3] * 2

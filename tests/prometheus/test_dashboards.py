@@ -23,7 +23,7 @@ from diag.capture.prometheus import (
     render_metric_table,
 )
 from diag.commands.telemetry import TraceFollower
-from diag.trace.schema import THROTTLE_REASONS
+from diag.trace.schema import PHASES, STEPS, THROTTLE_REASONS
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
@@ -41,8 +41,9 @@ def live_exposition() -> str:
     gpu = metrics.source(RankLabels(run="r", rank="9", local_rank="0", host="h", gpu_uuid="GPU-1", gpu_model="m"))
     reading = {"t_ns": 0, "util_gpu": 50, "clock_event_reasons": 4}
     gpu.observe("telemetry", [decode_sample(reading, 0, xid=48)])
-    gpu.observe("phases", [(0, "compute", 0, 1000, None)])
-    gpu.observe("steps", [(0, 0, 2000, 0, 0, 0, 0, 0, None, 1, 128)])
+    gpu.observe("phases", [PHASES.row(step=0, name="compute", start_us=0, duration_us=1000)])
+    zero = dict.fromkeys(("start_us", "data_wait_us", "forward_us", "backward_us", "optimizer_us", "comm_wait_us"), 0)
+    gpu.observe("steps", [STEPS.row(step=0, duration_us=2000, samples=1, tokens=128, **zero)])
     stuck = {"pg": "0", "seq": 7, "op": "all_reduce", "start_us": 0}
     gpu.observe("heartbeat", [{"time_us": 200e6, "pending": [stuck], "stall": {**stuck, "seconds": 200.0}}])
     return generate_latest(new_registry(metrics)).decode()

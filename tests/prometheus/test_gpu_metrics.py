@@ -11,6 +11,7 @@ import diag
 from diag.capture.nvml import TelemetrySampler, decode_sample
 from diag.capture.prometheus import PrometheusSink, RankLabels, RowMetrics, new_registry
 from diag.commands.telemetry import NodeGpus
+from diag.trace.manifest import parse_manifests
 from diag.trace.writer import RankWriter
 from tests.capture.test_gpu_artifacts import ReplayNvml, read_nvml_fixture
 from tests.conftest import requires_gpu
@@ -118,7 +119,7 @@ def test_node_agent_labels_each_gpu_and_the_rank_that_uses_it(h100):
     }
     # once a rank on this host writes a manifest naming this GPU, its series carry the rank
     manifest = {"run_id": "run-b", "rank": 12, "local_rank": 4, "host": "node7", "gpu_uuid": static["uuid"][4:]}
-    gpus.assign_ranks({12: manifest, 13: dict(manifest, rank=13, host="node8")})
+    gpus.assign_ranks(parse_manifests([manifest, dict(manifest, rank=13, host="node8")], []))
     gpus.sample()
     text = generate_latest(new_registry(metrics)).decode()
     (power,) = [s for s in samples(text) if s.name == "diag_gpu_power_usage_watts"]

@@ -136,7 +136,7 @@ def test_port_in_use_is_one_warning_and_capture_goes_on(tmp_path):
     assert len(messages) == 1 and f"127.0.0.1:{port}" in messages[0] and "capture goes on" in messages[0]
     trace = diag.load(tmp_path)
     assert trace.steps["step"].tolist() == [0, 1, 2]
-    assert trace.manifest(0)["capture"]["prometheus"].startswith("off: cannot serve")
+    assert trace.manifest(0).capture["prometheus"].startswith("off: cannot serve")
     assert session.capture_status["prometheus"].startswith("off")
 
 

@@ -75,7 +75,7 @@ def test_exports_the_ranks_of_a_trace_directory(tmp_path):
     trace = diag.load(STRAGGLER)
     for rank in trace.ranks_found:
         steps = trace.steps[trace.steps["rank"] == rank]
-        labels = {"rank": str(rank), "run": trace.run_id, "host": trace.manifest(rank)["host"]}
+        labels = {"rank": str(rank), "run": trace.run_id, "host": trace.manifest(rank).host}
         assert value(text, "diag_steps_total", **labels) == len(steps)
         assert value(text, "diag_step_duration_seconds_sum", **labels) == pytest.approx(
             steps["duration_us"].sum() / 1e6
@@ -88,7 +88,7 @@ def test_exports_the_ranks_of_a_trace_directory(tmp_path):
             assert value(text, "diag_collective_seconds_total", op=op, pg=pg, **labels) == pytest.approx(timed)
         memory = trace.memory[trace.memory["rank"] == rank].sort_values("step")
         assert value(text, "diag_memory_rss_bytes", **labels) == memory["rss_bytes"].iloc[-1]
-        assert value(text, "diag_model_flops_total", **labels) == trace.manifest(rank)["flops_per_step"] * len(steps)
+        assert value(text, "diag_model_flops_total", **labels) == trace.manifest(rank).flops_per_step * len(steps)
     # the planted compute straggler, rank 1, is the one that does not wait for the others in communication
     comm_wait = {
         s.labels["rank"]: s.value
@@ -116,12 +116,12 @@ def test_gpu_telemetry_from_trace_files_and_mfu_from_the_datasheet_peak():
             s for s in samples(text) if s.name == "diag_gpu_power_usage_watts" and s.labels["rank"] == str(rank)
         ]
         assert power.value == pytest.approx(telemetry["power_w"].iloc[-1])
-        assert power.labels["model"] == manifest["device_name"] and power.labels["uuid"].endswith(manifest["gpu_uuid"])
-        peak = lookup_peak_tflops(manifest["device_name"], manifest["dtype"]).tflops * 1e12  # no peak given: datasheet
+        assert power.labels["model"] == manifest.device_name and power.labels["uuid"].endswith(manifest.gpu_uuid)
+        peak = lookup_peak_tflops(manifest.device_name, manifest.dtype).tflops * 1e12  # no peak given: datasheet
         assert value(text, "diag_device_peak_flops", rank=str(rank)) == peak
         steps = trace.steps[trace.steps["rank"] == rank]
         iteration_s = (steps["duration_us"] + steps["data_wait_us"]).sum() / 1e6
-        mfu = manifest["flops_per_step"] * len(steps) / iteration_s / peak  # the agent read every step at once
+        mfu = manifest.flops_per_step * len(steps) / iteration_s / peak  # the agent read every step at once
         assert value(text, "diag_mfu_ratio", rank=str(rank)) == pytest.approx(mfu)
 
 
@@ -135,10 +135,10 @@ def test_only_this_hosts_ranks_by_default(tmp_path):
     from diag.commands.telemetry import TraceFollower
 
     metrics = RowMetrics()
-    follower = TraceFollower(trace_dir, metrics, host="not-" + diag.load(trace_dir).manifest(0)["host"])
+    follower = TraceFollower(trace_dir, metrics, host="not-" + diag.load(trace_dir).manifest(0).host)
     follower.poll()
     assert follower.sources == {} and "--all-hosts" in follower.problem
-    follower = TraceFollower(trace_dir, metrics, host=diag.load(trace_dir).manifest(0)["host"])
+    follower = TraceFollower(trace_dir, metrics, host=diag.load(trace_dir).manifest(0).host)
     follower.poll()
     assert sorted(follower.sources) == [0, 1, 2]
 

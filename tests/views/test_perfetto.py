@@ -1,5 +1,6 @@
 """``diag export --perfetto``: a real run's ranks on one aligned Chrome-trace timeline."""
 
+import dataclasses
 import json
 
 from click.testing import CliRunner
@@ -44,7 +45,8 @@ def test_clock_offsets_put_a_skewed_host_back_on_rank_0s_timeline(tmp_path):
         (skewed.memory, "time_us"),
     ):
         frame.loc[frame["rank"] == 2, column] += shift_us
-    skewed.manifests.loc[skewed.manifests["rank"] == 2, "clock_offset_us"] += shift_us
+    rank2 = skewed.manifests[2]
+    skewed.manifests[2] = dataclasses.replace(rank2, clock_offset_us=rank2.clock_offset_us + shift_us)
     write_chrome_trace(original, tmp_path / "original.json")
     write_chrome_trace(skewed, tmp_path / "skewed.json")
 

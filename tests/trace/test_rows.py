@@ -1,0 +1,62 @@
+"""Rows are built and read by name: each table's row builder takes keywords only, fills the columns it is not
+given with empty cells, and what the writer writes the loader reads back into the same columns."""
+
+from __future__ import annotations
+
+import pytest
+
+import diag
+from diag.trace.schema import COLLECTIVES, STEPS, TABLES
+from diag.trace.writer import RankWriter
+from tests.conftest import REPO
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_row_builder_has_every_column_by_name_and_nothing_by_position(table):
+    schema = TABLES[table]
+    row = schema.row()
+    assert row._fields == tuple(schema.column_names) and all(value is None for value in row)
+    with pytest.raises(TypeError):
+        schema.row(*range(len(schema.columns)))  # a positional row is what one wrong index misaligns
+    with pytest.raises(TypeError):
+        schema.row(no_such_column=1)
+
+
+def test_rows_written_by_name_are_read_back_into_their_columns(tmp_path):
+    writer = RankWriter(tmp_path / "rank00000", flush_interval_s=60)
+    for step in range(3):
+        phases_us = dict.fromkeys(("forward_us", "backward_us", "optimizer_us", "comm_wait_us"), 100)
+        writer.append(
+            "steps",
+            STEPS.row(
+                step=step, start_us=1_000 * step, duration_us=900, data_wait_us=5, tokens=128 + step, **phases_us
+            ),
+        )
+        writer.append(
+            "collectives",
+            COLLECTIVES.row(
+                step=step,
+                pg="0",
+                seq=step + 1,
+                op="all_reduce",
+                bytes=4096,
+                start_us=10,
+                duration_us=55.5,
+                blocking=1,
+                source="py",
+            ),
+        )
+    writer.close()
+    trace = diag.load(tmp_path)
+    assert trace.steps["tokens"].tolist() == [128, 129, 130] and trace.steps["device_us"].isna().all()
+    assert trace.steps["data_wait_us"].tolist() == [5, 5, 5] and trace.steps["samples"].isna().all()
+    assert trace.collectives["seq"].tolist() == [1, 2, 3] and trace.collectives["peer"].isna().all()
+    assert set(trace.collectives["op"]) == {"all_reduce"} and set(trace.collectives["source"]) == {"py"}
+
+
+def test_a_column_written_under_its_former_name_is_read_under_its_new_one():
+    """sample_traces/straggler-h100 was recorded when the PCIe columns were named ``pcie_*_kbps``."""
+    header = (REPO / "sample_traces" / "straggler-h100" / "rank00000" / "telemetry.csv").read_text().splitlines()[1]
+    assert "pcie_tx_kbps" in header.split(",")
+    telemetry = diag.load(REPO / "sample_traces" / "straggler-h100").telemetry
+    assert len(telemetry) and telemetry["pcie_tx_kib_per_s"].notna().any() and "pcie_tx_kbps" not in telemetry
