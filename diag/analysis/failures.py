@@ -94,7 +94,9 @@ def _step_errors(events: pd.DataFrame, offsets: dict[int, float]) -> list[StepFa
     return sorted(out, key=lambda f: (f.time_us is None, f.time_us or 0.0, f.rank))
 
 
-def _abnormal_exits(heartbeats: pd.DataFrame, manifests: dict[int, Manifest], errors: list[StepFailure]) -> list[RankExit]:
+def _abnormal_exits(
+    heartbeats: pd.DataFrame, manifests: dict[int, Manifest], errors: list[StepFailure]
+) -> list[RankExit]:
     exits: dict[int, RankExit] = {}
     if not heartbeats.empty and "exit" in heartbeats:
         for row in heartbeats.to_dict("records"):

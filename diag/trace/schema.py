@@ -314,7 +314,9 @@ def parse_marker(line: str) -> tuple[int, str] | None:
 
 
 def _former(column: Column) -> str:
-    return f" (written `{column.former_name}` by earlier versions; read under either name)" if column.former_name else ""
+    return (
+        f" (written `{column.former_name}` by earlier versions; read under either name)" if column.former_name else ""
+    )
 
 
 def render_markdown() -> str:

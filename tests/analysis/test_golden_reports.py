@@ -51,7 +51,9 @@ def differences(expected, actual, where: str = "$") -> list[str]:
         return [] if expected is actual else [f"{where}: {expected!r} != {actual!r}"]
     numbers = (int, float)
     if isinstance(expected, numbers) and isinstance(actual, numbers):
-        return [] if math.isclose(expected, actual, rel_tol=1e-9, abs_tol=1e-12) else [f"{where}: {expected} != {actual}"]
+        return (
+            [] if math.isclose(expected, actual, rel_tol=1e-9, abs_tol=1e-12) else [f"{where}: {expected} != {actual}"]
+        )
     return [] if expected == actual else [f"{where}: {expected!r} != {actual!r}"]
 
 
