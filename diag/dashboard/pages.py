@@ -13,6 +13,7 @@ from dash import dcc, html
 
 from diag.dashboard import data as d
 from diag.dashboard import figures as f
+from diag.views.format import mib, ms_from_s, pct, pct_from_pct, rate
 
 MAX_FINDINGS_SHOWN = 20
 MAX_RANKS_LISTED = 40
@@ -67,14 +68,6 @@ def _missing_reason(snap: d.Snapshot) -> str | None:
     if snap.report is None:
         return snap.analysis_error or "nothing to analyse yet"
     return None
-
-
-def _ms(value_s) -> str:
-    return "-" if value_s is None else f"{1e3 * value_s:.1f} ms"
-
-
-def _pct(value) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def _table(header: list[str], rows: list[list], cls: str = "table") -> html.Table:
@@ -134,13 +127,13 @@ def _summary(snap: d.Snapshot) -> html.Div:
         ("ranks", f"{len(run.ranks_found)} of {run.world_size} on {run.hosts} hosts"),
         ("device", run.device_name or "-"),
         ("steps analysed", f"{w.steps_analysed} (steps {w.first_step}..{w.last_step} of {w.steps_recorded} recorded)"),
-        ("step time (median)", _ms(mfu.step_time_median_s)),
-        ("MFU", _pct(mfu.median) if mfu.median is not None else f"unknown ({mfu.reason})"),
+        ("step time (median)", ms_from_s(mfu.step_time_median_s)),
+        ("MFU", pct(mfu.median) if mfu.median is not None else f"unknown ({mfu.reason})"),
         (
             "throughput",
-            f"{mfu.tokens_per_s:,.0f} tokens/s"
+            rate(mfu.tokens_per_s, "tokens")
             if mfu.tokens_per_s
-            else f"{mfu.samples_per_s:,.1f} samples/s"
+            else rate(mfu.samples_per_s, "samples", 1)
             if mfu.samples_per_s
             else "-",
         ),
@@ -162,7 +155,7 @@ def _findings(findings: list) -> html.Div:
             x.severity,
             x.title,
             ", ".join(map(str, x.ranks[:8])) + (" ..." if len(x.ranks) > 8 else ""),
-            f"{1e3 * x.time_lost_per_step_s:.1f} ms",
+            ms_from_s(x.time_lost_per_step_s),
             x.advice[:160],
         ]
         for x in findings[:MAX_FINDINGS_SHOWN]
@@ -258,7 +251,7 @@ def _stragglers_text(report) -> html.Div:
             x for x in (f"host {s.host}" if s.host else "", f"GPU {s.gpu}" if s.gpu is not None else "") if x
         )
         kind = "persistent" if s.persistent else "transient"
-        head = f"Rank {s.rank}{f' ({where})' if where else ''}: {kind} straggler, cause: {s.cause}; {100 * s.slowdown:+.0f}% work vs the other ranks, costs {_ms(s.time_saved_per_step_s)} per step"
+        head = f"Rank {s.rank}{f' ({where})' if where else ''}: {kind} straggler, cause: {s.cause}; {pct(s.slowdown, 0, signed=True)} work vs the other ranks, costs {ms_from_s(s.time_saved_per_step_s)} per step"
         items.append(
             html.Li(
                 [html.B(head), html.Ul([html.Li(e) for e in s.evidence])],
@@ -278,7 +271,7 @@ def update_comms(snap: d.Snapshot, rank: int | None) -> dict:
     lines = []
     if comms.exposed_comm_per_step_s is not None:
         lines.append(
-            f"Exposed communication (least any rank was blocked, median step): {_ms(comms.exposed_comm_per_step_s)} per step"
+            f"Exposed communication (least any rank was blocked, median step): {ms_from_s(comms.exposed_comm_per_step_s)} per step"
         )
     if comms.note:
         lines.append(comms.note)
@@ -286,7 +279,7 @@ def update_comms(snap: d.Snapshot, rank: int | None) -> dict:
         mine = next((r for r in comms.per_rank if r.rank == rank), None)
         if mine is not None:
             lines.append(
-                f"Rank {rank}: waits for peers {mine.wait_share_pct:.1f}% of its step time, blocked in communication {mine.blocked_share_pct:.1f}%, arrived last at {100 * mine.last_arrival_fraction:.0f}% of its collectives"
+                f"Rank {rank}: waits for peers {pct_from_pct(mine.wait_share_pct)} of its step time, blocked in communication {pct_from_pct(mine.blocked_share_pct)}, arrived last at {pct(mine.last_arrival_fraction, 0)} of its collectives"
             )
     return {
         "summary": html.Ul([html.Li(x) for x in lines]),
@@ -312,7 +305,7 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
     leaks = [r for r in report.per_rank if r.leak_suspected]
     for r in leaks[:10]:
         lines.append(
-            f"Rank {r.rank}: memory grows {r.growth_bytes_per_step / 2**20:.1f} MiB per step (r² {r.growth_r2:.2f}): leak suspected"
+            f"Rank {r.rank}: memory grows {mib(r.growth_bytes_per_step, 1)} per step (r² {r.growth_r2:.2f}): leak suspected"
         )
     if report.closest_to_oom:
         lines.append(f"Closest to OOM: ranks {', '.join(map(str, report.closest_to_oom))}")
@@ -341,7 +334,7 @@ def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
     lines = [report.note] if report.note else []
     for g in [g for g in report.gpus if g.throttled or g.hot or g.ecc_uncorrected or g.xids][:10]:
         what = [x for x, on in (("throttled", g.throttled), ("hot", g.hot)) if on]
-        reasons = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(g.throttle_share.items()))
+        reasons = ", ".join(f"{k} {pct(v, 0)}" for k, v in sorted(g.throttle_share.items()))
         lines.append(
             f"Rank {g.rank} (host {g.host}, GPU {g.gpu}): {' and '.join(what) or 'errors'}; max {g.temp_max_c} °C; reasons: {reasons or 'none'}"
             + (f"; XIDs {g.xids}" if g.xids else "")
@@ -372,14 +365,12 @@ def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
         out["body"] = html.Div(why, className="missing", id="pipeline-none")
         return out
     theory = (
-        f"{100 * report.theoretical_fraction:.0f}%"
-        if report.theoretical_fraction is not None
-        else "unknown for this schedule"
+        pct(report.theoretical_fraction, 0) if report.theoretical_fraction is not None else "unknown for this schedule"
     )
     lines = [
         f"{report.schedule or 'unknown schedule'}: {report.stages} stages x {report.virtual_stages} chunks, {report.microbatches} micro-batches, {report.steps_analysed} steps analysed",
-        f"Bubble: {100 * report.measured_fraction:.0f}% of the step measured, {theory} in theory ({report.theory})",
-        f"Slowest stage {report.slowest_stage}: {100 * report.slowest_stage_excess_fraction:+.0f}% busy vs the others, costs {_ms(report.slowest_stage_time_lost_per_step_s)} per step",
+        f"Bubble: {pct(report.measured_fraction, 0)} of the step measured, {theory} in theory ({report.theory})",
+        f"Slowest stage {report.slowest_stage}: {pct(report.slowest_stage_excess_fraction, 0, signed=True)} busy vs the others, costs {ms_from_s(report.slowest_stage_time_lost_per_step_s)} per step",
         *report.notes,
     ]
     gantt = snap.memo("gantt", lambda: gantt_figure(snap.trace))
