@@ -23,7 +23,7 @@ from diag.analysis.failures import FailureReport, failure_findings, find_failure
 from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
 from diag.analysis.memory import MemoryReport, analyze_memory, memory_pressure
 from diag.analysis.mfu import MfuReport, analyze_mfu
-from diag.analysis.stragglers import StragglerReport, find_stragglers, rank_step_times
+from diag.analysis.stragglers import RankStepTimes, StragglerReport, find_stragglers, rank_step_times
 from diag.analysis.telemetry import TelemetryReport, analyze_telemetry
 from diag.analysis.window import StepWindow, choose_window, in_window, parse_step_range, select
 from diag.trace.loader import Trace
@@ -301,6 +301,18 @@ def _timeline(times: pd.DataFrame, hosts: dict) -> Timeline:
     return Timeline(
         per_step=per_step.reset_index().to_dict("records"),
         per_rank=per_rank.reset_index().to_dict("records"),
+    )
+
+
+def all_step_times(trace: Trace) -> RankStepTimes | None:
+    """Per (rank, step) timings over every recorded step, split as ``analyze`` splits its window's (the Report
+    keeps only the window's medians; the dashboard draws every step). None without steps."""
+    if trace.steps.empty:
+        return None
+    coll = trace.collectives
+    waits = collective_waits(coll, None, trace.clock_offsets_us()) if len(coll) else None
+    return rank_step_times(
+        trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
     )
 
 
