@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 from dash import dcc, html
 
+from diag.analysis.memory import memory_metric, oom_steps
 from diag.dashboard import data as d
 from diag.dashboard import figures as f
 from diag.views.format import mib, ms_from_s, pct, pct_from_pct, rate
@@ -110,13 +111,21 @@ def update_overview(snap: d.Snapshot, rank: int | None) -> dict:
     report = snap.report
     per_step = snap.memo("per_step", lambda: d.downsample(pd.DataFrame(report.timeline.per_step)))
     mfu = snap.memo("mfu", lambda: d.downsample(pd.DataFrame(report.mfu.per_step)))
-    tp = snap.memo("throughput", lambda: d.downsample(d.per_step_throughput(snap.trace, snap.times)))
+    tp = snap.memo("throughput", lambda: d.downsample(_throughput(snap)))
     out["summary"] = _summary(snap)
     out["findings"] = _findings(report.findings)
     out["steps"] = f.step_time_figure(per_step, _selected_steps(snap, rank))
     out["mfu"] = f.mfu_figure(mfu, report.mfu.reason)
     out["throughput"] = f.throughput_figure(tp)
     return out
+
+
+def _throughput(snap: d.Snapshot) -> pd.DataFrame:
+    """Tokens and samples per second of every recorded step, by the MFU analysis's rule."""
+    from diag.analysis.mfu import per_step_throughput
+    from diag.analysis.report import ranks_sharing_tokens
+
+    return per_step_throughput(snap.trace.steps, snap.times, ranks_sharing_tokens(snap.trace))
 
 
 def _summary(snap: d.Snapshot) -> html.Div:
@@ -295,9 +304,9 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
     if reason:
         return unavailable(PAGES["/memory"], reason)
     mem, report = snap.trace.memory, snap.report.memory
-    metric = "allocated_bytes" if mem["allocated_bytes"].notna().any() else "rss_bytes"
+    metric = memory_metric(mem)
     band = snap.memo("mem_band", lambda: d.fleet_band(mem, "step", metric))
-    ooms = snap.memo("ooms", lambda: d.oom_events(snap.trace))
+    ooms = snap.memo("ooms", lambda: oom_steps(snap.trace.events, mem))
     selected = d.one_rank(mem, rank)
     lines = []
     if report.note:
@@ -349,13 +358,12 @@ def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
 # -- pipeline -----------------------------------------------------------------------------------------------
 def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
     page = PAGES["/pipeline"]
-    if snap.error or snap.trace is None:
-        return unavailable(page, snap.error or "the trace is still loading")
-    from diag.analysis.bubble import analyze_bubble
-    from diag.views.pipeline import gantt_figure
+    reason = _missing_reason(snap)
+    if reason:
+        return unavailable(page, reason)
+    from diag.views.pipeline import gantt_figure_from_rows
 
-    # the Report carries the bubble report; without one (no steps yet) ask the bubble analysis directly
-    report = snap.memo("bubble", lambda: snap.report.bubble if snap.report is not None else analyze_bubble(snap.trace))
+    report = snap.report.bubble
     if report is None:
         pp = d.pipeline_degree(snap.trace)
         why = "This run is not pipelined: it has no pipeline micro-batch records (microbatches.csv), so there is no stage x time Gantt or bubble to show."
@@ -373,7 +381,7 @@ def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
         f"Slowest stage {report.slowest_stage}: {pct(report.slowest_stage_excess_fraction, 0, signed=True)} busy vs the others, costs {ms_from_s(report.slowest_stage_time_lost_per_step_s)} per step",
         *report.notes,
     ]
-    gantt = snap.memo("gantt", lambda: gantt_figure(snap.trace))
+    gantt = snap.memo("gantt", lambda: gantt_figure_from_rows(pd.DataFrame(snap.report.pipeline_timeline)))
     return {
         "body": html.Ul([html.Li(x) for x in lines], id="pipeline-summary"),
         "gantt": gantt,
