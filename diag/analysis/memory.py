@@ -49,8 +49,7 @@ class MemoryReport:
 def analyze_memory(mem_w: pd.DataFrame, device_total: dict[int, int]) -> MemoryReport:
     if mem_w.empty:
         return MemoryReport(note="no memory readings in the window")
-    cuda = mem_w["allocated_bytes"].notna().any()
-    metric = "allocated_bytes" if cuda else "rss_bytes"
+    metric = memory_metric(mem_w)
     growth = _growth(mem_w, metric)
     g = mem_w.groupby("rank")
     agg = pd.DataFrame(
@@ -105,6 +104,29 @@ def analyze_memory(mem_w: pd.DataFrame, device_total: dict[int, int]) -> MemoryR
     with_headroom = [r for r in report.per_rank if r.headroom_pct is not None]
     report.closest_to_oom = [r.rank for r in sorted(with_headroom, key=lambda r: r.headroom_pct)[:5]]
     return report
+
+
+def memory_metric(mem: pd.DataFrame) -> str:
+    """The reading memory is followed by: CUDA allocated bytes when any were recorded, else the process RSS."""
+    return "allocated_bytes" if mem["allocated_bytes"].notna().any() else "rss_bytes"
+
+
+def oom_steps(events: pd.DataFrame, mem: pd.DataFrame) -> pd.DataFrame:
+    """rank, step of each out-of-memory error: ``oom`` events, and steps where a rank's memory.csv OOM counter
+    grew (its first reading counts from zero). One row per (rank, step)."""
+    parts = []
+    if not events.empty and "kind" in events:
+        ooms = events[events["kind"] == "oom"]
+        if len(ooms) and "step" in ooms:
+            parts.append(ooms[["rank", "step"]])
+    if not mem.empty and mem["ooms"].notna().any():
+        mem = mem.sort_values(["rank", "step"])
+        counter = mem["ooms"].astype("float64")
+        grew = counter.groupby(mem["rank"]).diff().fillna(counter) > 0
+        parts.append(mem.loc[grew, ["rank", "step"]])
+    if not parts:
+        return pd.DataFrame(columns=["rank", "step"])
+    return pd.concat(parts, ignore_index=True).drop_duplicates().astype("float64").astype("int64")
 
 
 def memory_pressure(report: MemoryReport) -> dict[int, str]:

@@ -105,6 +105,20 @@ def _throughput(report: MfuReport, steps_w: pd.DataFrame, window_s: float, repli
             setattr(report, attr, float(values.sum()) / max(replicas, 1) / window_s)
 
 
+def per_step_throughput(steps: pd.DataFrame, times: pd.DataFrame | None, replicas: int) -> pd.DataFrame:
+    """step, tokens_per_s and samples_per_s of each step in ``times`` (rank, step, iteration_us): the step's
+    tokens (samples) over all ranks of ``steps``, counted once per ``replicas`` ranks that share them as
+    ``MfuReport.tokens_per_s`` counts them, over the median rank's iteration time. NaN where none were recorded."""
+    if steps.empty or times is None:
+        return pd.DataFrame(columns=["step", "tokens_per_s", "samples_per_s"])
+    iteration_s = times.groupby("step")["iteration_us"].median() / 1e6
+    out = pd.DataFrame({"step": iteration_s.index})
+    for column in ("tokens", "samples"):
+        total = steps.groupby("step")[column].sum(min_count=1).astype("float64") / max(replicas, 1)
+        out[f"{column}_per_s"] = (total.reindex(iteration_s.index) / iteration_s.where(iteration_s > 0)).to_numpy()
+    return out
+
+
 def _manifest_column(manifests: dict[int, Manifest], ranks: list[int], name: str) -> pd.Series:
     """A manifest field of each rank (None where a rank has no manifest)."""
     values = [getattr(manifests[r], name) if r in manifests else None for r in ranks]

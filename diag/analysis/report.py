@@ -29,7 +29,13 @@ from diag.analysis.findings import Finding, FindingContext, rank_findings
 from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
 from diag.analysis.memory import MemoryReport, analyze_memory, memory_findings, memory_pressure
 from diag.analysis.mfu import MfuReport, analyze_mfu, mfu_findings
-from diag.analysis.stragglers import StragglerReport, find_stragglers, rank_step_times, straggler_findings
+from diag.analysis.stragglers import (
+    RankStepTimes,
+    StragglerReport,
+    find_stragglers,
+    rank_step_times,
+    straggler_findings,
+)
 from diag.analysis.telemetry import TelemetryReport, analyze_telemetry, telemetry_findings
 from diag.analysis.window import StepWindow, choose_window, in_window, parse_step_range, select
 from diag.trace.loader import Trace
@@ -307,12 +313,24 @@ def _timeline(times: pd.DataFrame, hosts: dict) -> Timeline:
     )
 
 
+def all_step_times(trace: Trace) -> RankStepTimes | None:
+    """Per (rank, step) timings over every recorded step, split as ``analyze`` splits its window's (the Report
+    keeps only the window's medians; the dashboard draws every step). None without steps."""
+    if trace.steps.empty:
+        return None
+    coll = trace.collectives
+    waits = collective_waits(coll, None, trace.clock_offsets_us()) if len(coll) else None
+    return rank_step_times(
+        trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
+    )
+
+
 def options_fingerprint(**options) -> str:
     """Identifies a report: the options it was made with and the analysis code that made it."""
     digest = hashlib.blake2b(digest_size=12)
     digest.update(json.dumps({"report_version": REPORT_VERSION, **options}, sort_keys=True, default=str).encode())
     trace_code = Path(__file__).parents[1] / "trace"
-    for source in [*sorted(Path(__file__).parent.glob("*.py")), trace_code / "loader.py", trace_code / "schema.py"]:
+    for source in [*sorted(Path(__file__).parent.glob("*.py")), *sorted(trace_code.glob("*.py"))]:
         stat = source.stat()
         digest.update(f"{source.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()

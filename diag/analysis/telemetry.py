@@ -22,6 +22,8 @@ SLOWING_REASONS = {
     "hw_thermal_slowdown",
     "hw_power_brake_slowdown",
 }
+# the bits of NVML's clock-event reasons (``THROTTLE_REASONS``) that count as throttling
+SLOWING_MASK = sum(bit for bit, name in THROTTLE_REASONS.items() if name in SLOWING_REASONS)
 THROTTLED_SHARE = 0.2  # a GPU throttled in this share of its samples is called throttled
 HOT_C = 85.0  # sustained temperature where H100/A100 start thermal slowdown (~87-90 C): a warning sign
 IDLE_UTIL_PCT = 20.0
@@ -99,10 +101,19 @@ def analyze_telemetry(tel: pd.DataFrame, hosts: dict[int, str]) -> TelemetryRepo
     return TelemetryReport(gpus=gpus)
 
 
+def throttled_samples(throttle_reasons: pd.Series) -> np.ndarray:
+    """Per telemetry sample (``throttle_reasons`` bitmasks): True when a reason that slows a busy GPU was set
+    (``SLOWING_MASK``). A sample without a reading is not throttled."""
+    return (_reason_bits(throttle_reasons) & SLOWING_MASK) != 0
+
+
+def _reason_bits(throttle_reasons: pd.Series) -> np.ndarray:
+    return throttle_reasons.fillna(0).to_numpy(dtype="int64")
+
+
 def _aggregate(tel: pd.DataFrame) -> pd.DataFrame:
     """One row per (rank, gpu): means, maxima, throttle-reason shares and error-counter increases."""
-    bits = tel["throttle_reasons"].fillna(0).to_numpy(dtype="int64")
-    slowing_mask = sum(bit for bit, name in THROTTLE_REASONS.items() if name in SLOWING_REASONS)
+    bits = _reason_bits(tel["throttle_reasons"])
     frame = pd.DataFrame(
         {
             "rank": tel["rank"].to_numpy(),
@@ -115,7 +126,7 @@ def _aggregate(tel: pd.DataFrame) -> pd.DataFrame:
             "temp": tel["temp_c"].to_numpy(dtype="float64", na_value=np.nan),
             "ecc_c": tel["ecc_corrected"].to_numpy(dtype="float64", na_value=np.nan),
             "ecc_u": tel["ecc_uncorrected"].to_numpy(dtype="float64", na_value=np.nan),
-            "slowing": (bits & slowing_mask) != 0,
+            "slowing": throttled_samples(tel["throttle_reasons"]),
             **{name: (bits & bit) != 0 for bit, name in THROTTLE_REASONS.items()},
         }
     )

@@ -2,9 +2,11 @@
 and immutable ``Snapshot``s of it that the pages draw from.
 
 Reading and analysing happen on a background thread (``LiveTrace.start``); callbacks only read the latest
-snapshot, so a 1,024-rank analysis that takes seconds never blocks a page. Series the ``Report`` does not carry
-(per rank x step matrices, fleet bands over steps) are aggregated here with small pure functions, always to a
-bounded size so that no figure grows with the number of ranks or steps.
+snapshot, so a 1,024-rank analysis that takes seconds never blocks a page. What a page shows comes from the
+``Report``, or, for series over every recorded step or sample that the Report does not carry, from the analysis
+that owns them (``report.all_step_times``, ``mfu.per_step_throughput``, ``telemetry.throttled_samples``,
+``memory.oom_steps``). This module only selects, aligns and reduces them for display (per rank x step matrices,
+fleet bands over steps), always to a bounded size so that no figure grows with the number of ranks or steps.
 """
 
 from __future__ import annotations
@@ -183,12 +185,13 @@ class LiveTrace:
         snap.rank_states = rank_states(trace, self._last_record_us, self.stale_after_s)
         snap.run_state = run_state(snap.rank_states, self._last_new_rows_s, self.stale_after_s)
         try:
-            from diag.analysis.report import analyze
+            from diag.analysis.report import all_step_times, analyze
 
             snap.report = analyze(trace) if len(trace.steps) else None
             if snap.report is None:
                 snap.analysis_error = "no steps recorded yet (steps.csv is empty or missing in every rank directory)"
-            snap.times = step_times(trace, snap.report)
+            times = all_step_times(trace)
+            snap.times = times.frame if times is not None else None
         except Exception as exc:  # a trace the analyses cannot handle must not take the dashboard down
             snap.analysis_error = f"analysis failed: {exc!r}"
             traceback.print_exc()
@@ -353,18 +356,6 @@ def _manifest_values(trace: Trace, name: str, ranks: list[int]) -> pd.Series:
     return pd.Series(values, index=ranks, dtype="object")
 
 
-def step_times(trace: Trace, report) -> pd.DataFrame | None:
-    """Per (rank, step) compute and wait over every recorded step (the analysis keeps only its window), with
-    the straggler analysis's own split (``rank_step_times``, fed as ``analyze`` feeds it)."""
-    from diag.analysis.comms import collective_waits, wait_per_rank_step
-    from diag.analysis.stragglers import rank_step_times
-
-    if trace.steps.empty:
-        return None
-    waits = collective_waits(trace.collectives, None, trace.clock_offsets_us()) if len(trace.collectives) else None
-    return rank_step_times(trace.steps, wait_per_rank_step(waits) if waits is not None else None).frame
-
-
 # -- aggregation for figures --------------------------------------------------------------------------------
 @dataclass
 class Matrix:
@@ -454,23 +445,6 @@ def one_rank(frame: pd.DataFrame, rank: int | None, max_points: int = 1000) -> p
     return downsample(frame[frame["rank"] == rank], max_points)
 
 
-def per_step_throughput(trace: Trace, times: pd.DataFrame | None) -> pd.DataFrame:
-    """step, tokens_per_s and samples_per_s: the step's tokens over all ranks / the median rank's iteration
-    (tokens are counted once per data-parallel replica, as the MFU analysis does)."""
-    from diag.analysis.report import ranks_sharing_tokens  # the MFU analysis's rule for ranks that share tokens
-
-    steps = trace.steps
-    if steps.empty or times is None:
-        return pd.DataFrame(columns=["step", "tokens_per_s", "samples_per_s"])
-    iteration_s = times.groupby("step")["iteration_us"].median() / 1e6
-    replicas = max(ranks_sharing_tokens(trace), 1)
-    out = pd.DataFrame({"step": iteration_s.index})
-    for column in ("tokens", "samples"):
-        total = steps.groupby("step")[column].sum(min_count=1).astype("float64") / replicas
-        out[f"{column}_per_s"] = (total.reindex(iteration_s.index) / iteration_s.where(iteration_s > 0)).to_numpy()
-    return out
-
-
 def pipeline_degree(trace: Trace | None) -> int:
     """Pipeline-parallel degree from the manifests' layout (1 when not pipelined or unknown)."""
     if trace is None:
@@ -479,38 +453,19 @@ def pipeline_degree(trace: Trace | None) -> int:
     return (pipeline and pipeline.stages) or (parallel and parallel.pp) or 1
 
 
-def oom_events(trace: Trace) -> pd.DataFrame:
-    """rank, step of out-of-memory events (events.jsonl kind "oom"), plus memory.csv OOM counter increases."""
-    parts = []
-    ev = trace.events
-    if not ev.empty and "kind" in ev:
-        ooms = ev[ev["kind"] == "oom"]
-        if len(ooms) and "step" in ooms:
-            parts.append(ooms[["rank", "step"]])
-    mem = trace.memory
-    if not mem.empty and mem["ooms"].notna().any():
-        mem = mem.sort_values(["rank", "step"])
-        grew = mem["ooms"].astype("float64").groupby(mem["rank"]).diff().fillna(mem["ooms"].astype("float64")) > 0
-        parts.append(mem.loc[grew, ["rank", "step"]])
-    if not parts:
-        return pd.DataFrame(columns=["rank", "step"])
-    return pd.concat(parts, ignore_index=True).drop_duplicates().astype("float64").astype("int64")
-
-
 def telemetry_frame(trace: Trace) -> pd.DataFrame:
     """Telemetry with ``t_s`` (seconds since the first sample, on rank 0's clock) and ``throttled`` (1 when a
-    reason that slows a busy GPU was set, by the telemetry analysis's definition)."""
-    from diag.analysis.telemetry import SLOWING_REASONS
-    from diag.trace.schema import THROTTLE_REASONS
+    reason that slows a busy GPU was set: the telemetry analysis's ``throttled_samples``)."""
+    from diag.analysis.telemetry import throttled_samples
 
     tel = trace.telemetry
     if tel.empty:
         return tel.assign(t_s=pd.Series(dtype="float64"), throttled=pd.Series(dtype="float64"))
     offsets = _manifest_values(trace, "clock_offset_us", sorted(tel["rank"].unique())).fillna(0).astype("float64")
     aligned = tel["time_us"].to_numpy(dtype="float64") - offsets.reindex(tel["rank"]).to_numpy()
-    mask = sum(bit for bit, name in THROTTLE_REASONS.items() if name in SLOWING_REASONS)
-    bits = tel["throttle_reasons"].fillna(0).to_numpy(dtype="int64")
     out = tel[["rank", "gpu", "util_pct", "sm_clock_mhz", "power_w", "temp_c"]].astype(
         {c: "float64" for c in ("util_pct", "sm_clock_mhz", "power_w", "temp_c")}
     )
-    return out.assign(t_s=(aligned - aligned.min()) / 1e6, throttled=((bits & mask) != 0).astype("float64"))
+    return out.assign(
+        t_s=(aligned - aligned.min()) / 1e6, throttled=throttled_samples(tel["throttle_reasons"]).astype("float64")
+    )

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from diag.dashboard.data import FINISHED, LIVE, NO_DATA, STALE, Matrix
+from diag.views.format import BYTES_PER_GIB, pct
 
 HEIGHT_PX = 340
 SELECTED_COLOR = "#d62728"
@@ -319,7 +320,7 @@ def comm_wait_figure(per_rank: list, selected_rank: int | None) -> go.Figure:
         name="waiting for the last rank",
         customdata=_ranks(frame["rank"].to_numpy()),
         marker={"size": 6 if small else 3},
-        text=[f"arrived last at {100 * v:.0f}%" for v in frame["last"]],
+        text=[f"arrived last at {pct(v, 0)}" for v in frame["last"]],
         hovertemplate="rank %{x}: %{y:.1f}% waiting, %{text}<extra></extra>",
     )
     _add_selected_marker(fig, frame.rename(columns={"blocked": "value"}), selected_rank)
@@ -341,32 +342,36 @@ def memory_figure(
     if band.empty:
         return message_figure(title, "no memory readings recorded")
     fig = _base(title, "step", "GiB")
-    gib = 2.0**30
     x = band["x"].to_numpy()
     fig.add_scatter(
-        x=x, y=_f32(band["max"] / gib), name="max over ranks", line={"width": 0}, showlegend=False, hoverinfo="skip"
+        x=x,
+        y=_f32(band["max"] / BYTES_PER_GIB),
+        name="max over ranks",
+        line={"width": 0},
+        showlegend=False,
+        hoverinfo="skip",
     )
     fig.add_scatter(
         x=x,
-        y=_f32(band["min"] / gib),
+        y=_f32(band["min"] / BYTES_PER_GIB),
         name="min..max over ranks",
         fill="tonexty",
         line={"width": 0},
         fillcolor="rgba(31,119,180,0.2)",
     )
-    fig.add_scatter(x=x, y=_f32(band["median"] / gib), name="median rank", line={"color": FLEET_COLOR})
+    fig.add_scatter(x=x, y=_f32(band["median"] / BYTES_PER_GIB), name="median rank", line={"color": FLEET_COLOR})
     if len(selected):
         rank = int(selected["rank"].iloc[0])
         fig.add_scatter(
             x=selected["step"].to_numpy(),
-            y=_f32(selected[metric] / gib),
+            y=_f32(selected[metric] / BYTES_PER_GIB),
             name=f"rank {rank}",
             line={"color": SELECTED_COLOR},
         )
         if len(reserved_selected) and reserved_selected["reserved_bytes"].notna().any():
             fig.add_scatter(
                 x=reserved_selected["step"].to_numpy(),
-                y=_f32(reserved_selected["reserved_bytes"].astype("float64") / gib),
+                y=_f32(reserved_selected["reserved_bytes"].astype("float64") / BYTES_PER_GIB),
                 name=f"rank {rank} reserved",
                 line={"color": SELECTED_COLOR, "dash": "dot"},
             )
@@ -558,7 +563,7 @@ def bubble_figure(report) -> go.Figure:
         fig.add_annotation(
             x=f"stage {s.stage}",
             y=1e3 * (s.busy_s + s.idle_s),
-            text=f"{100 * s.bubble_fraction:.0f}% idle",
+            text=f"{pct(s.bubble_fraction, 0)} idle",
             showarrow=False,
             yshift=10,
         )

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import pandas as pd
 from dash import dcc, html
 
+from diag.analysis.memory import memory_metric, oom_steps
 from diag.dashboard import data as d
 from diag.dashboard import figures as f
+from diag.views.format import mib, ms_from_s, pct, pct_from_pct, rate
 
 MAX_FINDINGS_SHOWN = 20
 MAX_RANKS_LISTED = 40
@@ -69,14 +71,6 @@ def _missing_reason(snap: d.Snapshot) -> str | None:
     return None
 
 
-def _ms(value_s) -> str:
-    return "-" if value_s is None else f"{1e3 * value_s:.1f} ms"
-
-
-def _pct(value) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
-
-
 def _table(header: list[str], rows: list[list], cls: str = "table") -> html.Table:
     return html.Table(
         [
@@ -117,13 +111,21 @@ def update_overview(snap: d.Snapshot, rank: int | None) -> dict:
     report = snap.report
     per_step = snap.memo("per_step", lambda: d.downsample(pd.DataFrame(report.timeline.per_step)))
     mfu = snap.memo("mfu", lambda: d.downsample(pd.DataFrame(report.mfu.per_step)))
-    tp = snap.memo("throughput", lambda: d.downsample(d.per_step_throughput(snap.trace, snap.times)))
+    tp = snap.memo("throughput", lambda: d.downsample(_throughput(snap)))
     out["summary"] = _summary(snap)
     out["findings"] = _findings(report.findings)
     out["steps"] = f.step_time_figure(per_step, _selected_steps(snap, rank))
     out["mfu"] = f.mfu_figure(mfu, report.mfu.reason)
     out["throughput"] = f.throughput_figure(tp)
     return out
+
+
+def _throughput(snap: d.Snapshot) -> pd.DataFrame:
+    """Tokens and samples per second of every recorded step, by the MFU analysis's rule."""
+    from diag.analysis.mfu import per_step_throughput
+    from diag.analysis.report import ranks_sharing_tokens
+
+    return per_step_throughput(snap.trace.steps, snap.times, ranks_sharing_tokens(snap.trace))
 
 
 def _summary(snap: d.Snapshot) -> html.Div:
@@ -134,13 +136,13 @@ def _summary(snap: d.Snapshot) -> html.Div:
         ("ranks", f"{len(run.ranks_found)} of {run.world_size} on {run.hosts} hosts"),
         ("device", run.device_name or "-"),
         ("steps analysed", f"{w.steps_analysed} (steps {w.first_step}..{w.last_step} of {w.steps_recorded} recorded)"),
-        ("step time (median)", _ms(mfu.step_time_median_s)),
-        ("MFU", _pct(mfu.median) if mfu.median is not None else f"unknown ({mfu.reason})"),
+        ("step time (median)", ms_from_s(mfu.step_time_median_s)),
+        ("MFU", pct(mfu.median) if mfu.median is not None else f"unknown ({mfu.reason})"),
         (
             "throughput",
-            f"{mfu.tokens_per_s:,.0f} tokens/s"
+            rate(mfu.tokens_per_s, "tokens")
             if mfu.tokens_per_s
-            else f"{mfu.samples_per_s:,.1f} samples/s"
+            else rate(mfu.samples_per_s, "samples", 1)
             if mfu.samples_per_s
             else "-",
         ),
@@ -162,7 +164,7 @@ def _findings(findings: list) -> html.Div:
             x.severity,
             x.title,
             ", ".join(map(str, x.ranks[:8])) + (" ..." if len(x.ranks) > 8 else ""),
-            f"{1e3 * x.time_lost_per_step_s:.1f} ms",
+            ms_from_s(x.time_lost_per_step_s),
             x.advice[:160],
         ]
         for x in findings[:MAX_FINDINGS_SHOWN]
@@ -258,7 +260,7 @@ def _stragglers_text(report) -> html.Div:
             x for x in (f"host {s.host}" if s.host else "", f"GPU {s.gpu}" if s.gpu is not None else "") if x
         )
         kind = "persistent" if s.persistent else "transient"
-        head = f"Rank {s.rank}{f' ({where})' if where else ''}: {kind} straggler, cause: {s.cause}; {100 * s.slowdown:+.0f}% work vs the other ranks, costs {_ms(s.time_saved_per_step_s)} per step"
+        head = f"Rank {s.rank}{f' ({where})' if where else ''}: {kind} straggler, cause: {s.cause}; {pct(s.slowdown, 0, signed=True)} work vs the other ranks, costs {ms_from_s(s.time_saved_per_step_s)} per step"
         items.append(
             html.Li(
                 [html.B(head), html.Ul([html.Li(e) for e in s.evidence])],
@@ -278,7 +280,7 @@ def update_comms(snap: d.Snapshot, rank: int | None) -> dict:
     lines = []
     if comms.exposed_comm_per_step_s is not None:
         lines.append(
-            f"Exposed communication (least any rank was blocked, median step): {_ms(comms.exposed_comm_per_step_s)} per step"
+            f"Exposed communication (least any rank was blocked, median step): {ms_from_s(comms.exposed_comm_per_step_s)} per step"
         )
     if comms.note:
         lines.append(comms.note)
@@ -286,7 +288,7 @@ def update_comms(snap: d.Snapshot, rank: int | None) -> dict:
         mine = next((r for r in comms.per_rank if r.rank == rank), None)
         if mine is not None:
             lines.append(
-                f"Rank {rank}: waits for peers {mine.wait_share_pct:.1f}% of its step time, blocked in communication {mine.blocked_share_pct:.1f}%, arrived last at {100 * mine.last_arrival_fraction:.0f}% of its collectives"
+                f"Rank {rank}: waits for peers {pct_from_pct(mine.wait_share_pct)} of its step time, blocked in communication {pct_from_pct(mine.blocked_share_pct)}, arrived last at {pct(mine.last_arrival_fraction, 0)} of its collectives"
             )
     return {
         "summary": html.Ul([html.Li(x) for x in lines]),
@@ -302,9 +304,9 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
     if reason:
         return unavailable(PAGES["/memory"], reason)
     mem, report = snap.trace.memory, snap.report.memory
-    metric = "allocated_bytes" if mem["allocated_bytes"].notna().any() else "rss_bytes"
+    metric = memory_metric(mem)
     band = snap.memo("mem_band", lambda: d.fleet_band(mem, "step", metric))
-    ooms = snap.memo("ooms", lambda: d.oom_events(snap.trace))
+    ooms = snap.memo("ooms", lambda: oom_steps(snap.trace.events, mem))
     selected = d.one_rank(mem, rank)
     lines = []
     if report.note:
@@ -312,7 +314,7 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
     leaks = [r for r in report.per_rank if r.leak_suspected]
     for r in leaks[:10]:
         lines.append(
-            f"Rank {r.rank}: memory grows {r.growth_bytes_per_step / 2**20:.1f} MiB per step (r² {r.growth_r2:.2f}): leak suspected"
+            f"Rank {r.rank}: memory grows {mib(r.growth_bytes_per_step, 1)} per step (r² {r.growth_r2:.2f}): leak suspected"
         )
     if report.closest_to_oom:
         lines.append(f"Closest to OOM: ranks {', '.join(map(str, report.closest_to_oom))}")
@@ -341,7 +343,7 @@ def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
     lines = [report.note] if report.note else []
     for g in [g for g in report.gpus if g.throttled or g.hot or g.ecc_uncorrected or g.xids][:10]:
         what = [x for x, on in (("throttled", g.throttled), ("hot", g.hot)) if on]
-        reasons = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(g.throttle_share.items()))
+        reasons = ", ".join(f"{k} {pct(v, 0)}" for k, v in sorted(g.throttle_share.items()))
         lines.append(
             f"Rank {g.rank} (host {g.host}, GPU {g.gpu}): {' and '.join(what) or 'errors'}; max {g.temp_max_c} °C; reasons: {reasons or 'none'}"
             + (f"; XIDs {g.xids}" if g.xids else "")
@@ -356,13 +358,12 @@ def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
 # -- pipeline -----------------------------------------------------------------------------------------------
 def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
     page = PAGES["/pipeline"]
-    if snap.error or snap.trace is None:
-        return unavailable(page, snap.error or "the trace is still loading")
-    from diag.analysis.bubble import analyze_bubble
-    from diag.views.pipeline import gantt_figure
+    reason = _missing_reason(snap)
+    if reason:
+        return unavailable(page, reason)
+    from diag.views.pipeline import gantt_figure_from_rows
 
-    # the Report carries the bubble report; without one (no steps yet) ask the bubble analysis directly
-    report = snap.memo("bubble", lambda: snap.report.bubble if snap.report is not None else analyze_bubble(snap.trace))
+    report = snap.report.bubble
     if report is None:
         pp = d.pipeline_degree(snap.trace)
         why = "This run is not pipelined: it has no pipeline micro-batch records (microbatches.csv), so there is no stage x time Gantt or bubble to show."
@@ -372,17 +373,15 @@ def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
         out["body"] = html.Div(why, className="missing", id="pipeline-none")
         return out
     theory = (
-        f"{100 * report.theoretical_fraction:.0f}%"
-        if report.theoretical_fraction is not None
-        else "unknown for this schedule"
+        pct(report.theoretical_fraction, 0) if report.theoretical_fraction is not None else "unknown for this schedule"
     )
     lines = [
         f"{report.schedule or 'unknown schedule'}: {report.stages} stages x {report.virtual_stages} chunks, {report.microbatches} micro-batches, {report.steps_analysed} steps analysed",
-        f"Bubble: {100 * report.measured_fraction:.0f}% of the step measured, {theory} in theory ({report.theory})",
-        f"Slowest stage {report.slowest_stage}: {100 * report.slowest_stage_excess_fraction:+.0f}% busy vs the others, costs {_ms(report.slowest_stage_time_lost_per_step_s)} per step",
+        f"Bubble: {pct(report.measured_fraction, 0)} of the step measured, {theory} in theory ({report.theory})",
+        f"Slowest stage {report.slowest_stage}: {pct(report.slowest_stage_excess_fraction, 0, signed=True)} busy vs the others, costs {ms_from_s(report.slowest_stage_time_lost_per_step_s)} per step",
         *report.notes,
     ]
-    gantt = snap.memo("gantt", lambda: gantt_figure(snap.trace))
+    gantt = snap.memo("gantt", lambda: gantt_figure_from_rows(pd.DataFrame(snap.report.pipeline_timeline)))
     return {
         "body": html.Ul([html.Li(x) for x in lines], id="pipeline-summary"),
         "gantt": gantt,

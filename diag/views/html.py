@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 
+from diag.views.format import BYTES_PER_MIB
 from diag.views.text import blocks
 
 
@@ -158,7 +159,7 @@ def _memory_figure(go, report):
     fig = go.Figure(
         go.Bar(
             x=[r.rank for r in ranks],
-            y=[(r.growth_bytes_per_step or 0) / 2**20 for r in ranks],
+            y=[(r.growth_bytes_per_step or 0) / BYTES_PER_MIB for r in ranks],
             marker_color=["crimson" if r.leak_suspected else "steelblue" for r in ranks],
         )
     )

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from diag.views.format import gib, iec_bytes, mib, ms_from_s, ms_from_us, num, pct, pct_from_pct, rate, s_from_s
+
 TOP_ROWS = 10
 
 
@@ -68,35 +70,6 @@ def _text_table(rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def ms(seconds) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
-
-
-def pct(fraction) -> str:
-    return "-" if fraction is None else f"{100 * fraction:.1f}%"
-
-
-def gib(nbytes) -> str:
-    return "-" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
-
-
-def _us_ms(us) -> str:
-    """Collective durations are often well under a millisecond: two decimals."""
-    return "-" if us is None else f"{us / 1e3:.2f} ms"
-
-
-def _bytes(nbytes: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024:
-            return f"{nbytes:.0f} {unit}"
-        nbytes /= 1024
-    return f"{nbytes:.1f} TiB"
-
-
-def num(value, fmt="{:.1f}") -> str:
-    return "-" if value is None else fmt.format(value)
-
-
 def _ranks(ranks: list[int], limit: int = 8) -> str:
     if not ranks:
         return "all"
@@ -151,7 +124,9 @@ def _findings(report) -> Block:
         block.lines.append("No problems found in the analysed window.")
     for i, f in enumerate(report.findings, 1):
         cost = (
-            f"{ms(f.time_lost_per_step_s)}/step, {f.time_lost_s:.1f} s in all" if f.time_lost_s else "no time lost yet"
+            f"{ms_from_s(f.time_lost_per_step_s)}/step, {s_from_s(f.time_lost_s)} in all"
+            if f.time_lost_s
+            else "no time lost yet"
         )
         block.lines.append(f"{i}. [{f.severity}] {f.title}  ({cost})")
         where = [f"ranks {_ranks(f.ranks)}"] if f.ranks else []
@@ -185,7 +160,7 @@ def _stragglers(report) -> Block:
                 pct(x.steps_slow_fraction),
                 "persistent" if x.persistent else "transient",
                 x.cause,
-                ms(x.time_saved_per_step_s),
+                ms_from_s(x.time_saved_per_step_s),
                 pct(x.last_arrival_fraction),
             ]
         )
@@ -195,7 +170,7 @@ def _stragglers(report) -> Block:
 def _mfu(report) -> Block:
     m = report.mfu
     block = Block("MFU")
-    block.lines.append(f"median step time: {ms(m.step_time_median_s)}")
+    block.lines.append(f"median step time: {ms_from_s(m.step_time_median_s)}")
     if m.reason:
         block.lines.append(f"MFU unknown: {m.reason}")
     else:
@@ -204,9 +179,9 @@ def _mfu(report) -> Block:
         )
         block.lines.append(f"FLOPs from {m.flops_source}; peak from {m.peak_source}")
     if m.tokens_per_s is not None:
-        block.lines.append(f"throughput: {m.tokens_per_s:,.0f} tokens/s")
+        block.lines.append(f"throughput: {rate(m.tokens_per_s, 'tokens')}")
     if m.samples_per_s is not None:
-        block.lines.append(f"throughput: {m.samples_per_s:,.1f} samples/s")
+        block.lines.append(f"throughput: {rate(m.samples_per_s, 'samples', 1)}")
     return block
 
 
@@ -215,7 +190,7 @@ def _comms(report) -> Block:
     block = Block("Communication")
     if c.exposed_comm_per_step_s is not None:
         block.lines.append(
-            f"exposed communication (the least-blocked rank, median step): {ms(c.exposed_comm_per_step_s)}"
+            f"exposed communication (the least-blocked rank, median step): {ms_from_s(c.exposed_comm_per_step_s)}"
         )
     if c.note:
         block.lines.append(c.note)
@@ -243,10 +218,10 @@ def _comms(report) -> Block:
                     x.pg,
                     x.size_bucket,
                     str(x.count) + ("" if x.timed_count == x.count else f" ({x.timed_count} timed)"),
-                    _bytes(x.bytes_total),
-                    _us_ms(x.duration_p50_us),
-                    _us_ms(x.duration_p99_us),
-                    _us_ms(x.transfer_p50_us),
+                    iec_bytes(x.bytes_total),
+                    ms_from_us(x.duration_p50_us),
+                    ms_from_us(x.duration_p99_us),
+                    ms_from_us(x.transfer_p50_us),
                     num(x.algbw_gbps, "{:.3g}"),
                     num(x.busbw_gbps, "{:.3g}"),
                     f"{x.wait_total_s:.1f}" + ("*" if x.wait_from != "durations" else ""),
@@ -262,9 +237,9 @@ def _comms(report) -> Block:
         least = sorted(c.per_rank, key=lambda r: r.wait_share_pct)[:3]
         block.lines.append(
             "waiting for peers, share of step time: most "
-            + ", ".join(f"rank {r.rank} {r.wait_share_pct:.1f}%" for r in worst)
+            + ", ".join(f"rank {r.rank} {pct_from_pct(r.wait_share_pct)}" for r in worst)
             + "; least "
-            + ", ".join(f"rank {r.rank} {r.wait_share_pct:.1f}%" for r in least)
+            + ", ".join(f"rank {r.rank} {pct_from_pct(r.wait_share_pct)}" for r in least)
         )
     return block
 
@@ -288,17 +263,16 @@ def _memory(report) -> Block:
         ["rank", "peak alloc", "peak reserved", "headroom", "frag", "retries", "OOMs", "growth/step", "leak?"]
     ]
     for r in rows[:TOP_ROWS]:
-        growth = "-" if r.growth_bytes_per_step is None else f"{r.growth_bytes_per_step / 2**20:+.2f} MiB"
         block.table.append(
             [
                 str(r.rank),
                 gib(r.peak_allocated_bytes),
                 gib(r.peak_reserved_bytes),
-                num(r.headroom_pct, "{:.0f}%"),
-                num(r.fragmentation_pct, "{:.0f}%"),
+                pct_from_pct(r.headroom_pct, 0),
+                pct_from_pct(r.fragmentation_pct, 0),
                 num(r.alloc_retries, "{}"),
                 num(r.ooms, "{}"),
-                growth,
+                mib(r.growth_bytes_per_step, signed=True),
                 "yes" if r.leak_suspected else "no",
             ]
         )
@@ -325,11 +299,11 @@ def _telemetry(report) -> Block:
             [
                 str(g.rank),
                 f"{g.host}:{g.gpu}",
-                num(g.util_mean_pct, "{:.0f}%"),
-                num(g.sm_clock_vs_max_pct, "{:.0f}%"),
-                num(g.power_vs_limit_pct, "{:.0f}%"),
+                pct_from_pct(g.util_mean_pct, 0),
+                pct_from_pct(g.sm_clock_vs_max_pct, 0),
+                pct_from_pct(g.power_vs_limit_pct, 0),
                 num(g.temp_max_c, "{:.0f} C"),
-                f"{100 * g.throttled_share:.0f}%",
+                pct(g.throttled_share, 0),
                 ",".join(sorted(g.throttle_share)) or "-",
                 errors,
             ]
@@ -343,9 +317,9 @@ def _bubble(report) -> Block:
     lines = [
         f"schedule {bubble.schedule or 'unknown'}: {bubble.stages} stages, {bubble.virtual_stages} chunk(s) per rank, "
         f"{bubble.microbatches} micro-batches; {bubble.steps_analysed} steps analysed",
-        f"bubble: measured {pct(bubble.measured_fraction)} of a {ms(bubble.step_span_s)} step, theory {theory} ({bubble.theory})",
+        f"bubble: measured {pct(bubble.measured_fraction)} of a {ms_from_s(bubble.step_span_s)} step, theory {theory} ({bubble.theory})",
         f"slowest stage {bubble.slowest_stage}: +{pct(bubble.slowest_stage_excess_fraction)} busy vs the others, "
-        f"costs {ms(bubble.slowest_stage_time_lost_per_step_s)}/step",
+        f"costs {ms_from_s(bubble.slowest_stage_time_lost_per_step_s)}/step",
         *bubble.notes,
     ]
     table = [["stage", "ranks", "busy", "idle", "bubble", "warm-up idle", "steady idle", "cool-down idle"]]
@@ -354,12 +328,12 @@ def _bubble(report) -> Block:
             [
                 str(stage.stage),
                 _ranks(stage.ranks),
-                ms(stage.busy_s),
-                ms(stage.idle_s),
+                ms_from_s(stage.busy_s),
+                ms_from_s(stage.idle_s),
                 pct(stage.bubble_fraction),
-                ms(stage.warmup_idle_s),
-                ms(stage.steady_idle_s),
-                ms(stage.cooldown_idle_s),
+                ms_from_s(stage.warmup_idle_s),
+                ms_from_s(stage.steady_idle_s),
+                ms_from_s(stage.cooldown_idle_s),
             ]
         )
     return Block("Pipeline bubbles", lines, table)
@@ -382,13 +356,13 @@ def _gpu_time(report) -> Block:
         block.table.append(
             [
                 str(r.rank),
-                ms(r.span_us / 1e6),
-                f"{r.compute_pct:.1f}%",
-                f"{r.exposed_communication_pct:.1f}%",
-                f"{r.memory_pct:.1f}%",
-                f"{100 * r.other_us / r.span_us if r.span_us else 0:.1f}%",
-                f"{r.idle_pct:.1f}%",
-                num(r.comm_comp_overlap_pct, "{:.1f}%"),
+                ms_from_s(r.span_us / 1e6),
+                pct_from_pct(r.compute_pct),
+                pct_from_pct(r.exposed_communication_pct),
+                pct_from_pct(r.memory_pct),
+                pct_from_pct(100 * r.other_us / r.span_us if r.span_us else 0),
+                pct_from_pct(r.idle_pct),
+                pct_from_pct(r.comm_comp_overlap_pct),
             ]
         )
     if len(ranks) > TOP_ROWS:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -246,3 +247,37 @@ def test_slow_analysis_publishes_less_often_but_loses_no_rows(tmp_path):
     live.prepare = None
     assert live.refresh()
     assert live.snapshot.trace.steps["step"].tolist() == list(range(7))
+
+
+def test_pipeline_page_draws_the_reports_bubble_and_timeline():
+    """The page shows what the Report says (a changed Report changes the page) and computes nothing itself:
+    without a Report it says why instead of running the bubble analysis."""
+    pytest.importorskip("dash")
+    import dataclasses
+
+    from diag.dashboard.pages import update_pipeline
+
+    run = Path(__file__).resolve().parents[2] / "sample_traces" / "pipeline"  # 4-rank 1F1B, stage 2 slow
+    live = d.LiveTrace(run, triage=False)
+    live.refresh()
+    snap = live.snapshot
+    out = update_pipeline(snap, None)
+    assert "Slowest stage 2:" in str(out["body"])
+    rows = snap.report.pipeline_timeline
+    first_rank = {stage: min(r["rank"] for r in rows if r["stage"] == stage) for stage in {r["stage"] for r in rows}}
+    gantt_bars = sum(len(t.x) for t in out["gantt"].data if t.name != "idle")
+    assert gantt_bars == sum(1 for r in rows if r["rank"] == first_rank[r["stage"]]) > 0  # one rank per stage
+
+    report = snap.report
+    edited = dataclasses.replace(
+        report,
+        bubble=dataclasses.replace(report.bubble, slowest_stage=3, measured_fraction=0.5),
+        pipeline_timeline=[r for r in report.pipeline_timeline if r["action"] == "forward"],
+    )
+    out = update_pipeline(dataclasses.replace(snap, report=edited, _memo={}), None)
+    assert "Slowest stage 3:" in str(out["body"]) and "Bubble: 50% of the step measured" in str(out["body"])
+    assert {t.name for t in out["gantt"].data} == {"idle", "forward"}
+
+    no_report = dataclasses.replace(snap, report=None, analysis_error="no steps recorded yet", _memo={})
+    out = update_pipeline(no_report, None)
+    assert "Cannot draw this page: no steps recorded yet" in str(out["body"])
