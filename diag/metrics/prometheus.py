@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from diag._warn import warn_once
+from diag.analysis.peaks import mfu_of, peak_flops_per_s
 from diag.trace.manifest import Manifest
 from diag.trace.schema import TABLES, THROTTLE_REASONS
 
@@ -407,7 +408,7 @@ class MetricsSource:
         if self.flops_per_step and counted:
             self.model_flops += self.flops_per_step * counted
             if self.peak_flops and iteration_s > 0:
-                self.mfu = self.flops_per_step * counted / iteration_s / self.peak_flops
+                self.mfu = mfu_of(self.flops_per_step * counted, iteration_s, self.peak_flops)
 
     def _phases(self, rows) -> None:
         for row in rows:
@@ -637,12 +638,7 @@ def _float_text(value: float) -> str:
 
 def peak_flops_of(manifest: Manifest) -> float | None:
     """Dense peak FLOP/s: the user's ``peak_tflops``, else the datasheet table for the device and dtype."""
-    if manifest.peak_tflops:
-        return manifest.peak_tflops * 1e12
-    from diag.analysis.peaks import lookup_peak_tflops
-
-    looked_up = lookup_peak_tflops(manifest.device_name, manifest.dtype)
-    return looked_up.tflops * 1e12 if looked_up.tflops else None
+    return peak_flops_per_s(manifest.peak_tflops, manifest.device_name, manifest.dtype)
 
 
 def row_tuples(frame, table: str) -> list[tuple]:
