@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from diag._warn import warn_once
 from diag.analysis.peaks import mfu_of, peak_flops_per_s
 from diag.trace.manifest import Manifest
+from diag.trace.records import Heartbeat, Stall
 from diag.trace.schema import TABLES, THROTTLE_REASONS
 
 log = logging.getLogger("diag")
@@ -365,7 +366,7 @@ class MetricsSource:
         self.gpus: dict[str, _Gpu] = {}  # NVML index -> last readings
         self.heartbeat_s: float | None = None
         self.pending_s: dict[str, float] = {}  # pg -> age of its oldest pending collective at the last heartbeat
-        self.stall: dict | None = None  # the watchdog's stall record while it sees one
+        self.stall: Stall | None = None  # the watchdog's stall record while it sees one
         self.recent_busy_s: deque = deque(maxlen=STRAGGLER_WINDOW_STEPS)
         self.straggler_score: float | None = None  # set by whoever sees every rank (the node agent)
 
@@ -476,28 +477,18 @@ class MetricsSource:
 
     def _heartbeat(self, records) -> None:
         """The watchdog's heartbeat (in training, as it is written; in the agent, heartbeat.json read back)."""
-        heartbeat = records[-1]
-        time_us = _number_or_none(heartbeat.get("time_us"))
-        if time_us is None:
+        heartbeat = Heartbeat.from_json(records[-1])
+        if heartbeat is None or heartbeat.time_us is None:
             return
+        time_us = heartbeat.time_us
         self.heartbeat_s = time_us / 1e6
         oldest: dict[str, float] = dict.fromkeys(self.pending_s, 0.0)  # groups seen before: 0 when none pending
-        pending = heartbeat.get("pending")
-        for entry in pending if isinstance(pending, list) else []:
-            start_us = _number_or_none(entry.get("start_us")) if isinstance(entry, dict) else None
-            if start_us is not None:
-                pg = str(entry.get("pg"))
-                oldest[pg] = max(oldest.get(pg, 0.0), max(time_us - start_us, 0.0) / 1e6)
+        for entry in heartbeat.pending:
+            if entry.start_us is not None:
+                pg = str(entry.pg)
+                oldest[pg] = max(oldest.get(pg, 0.0), max(time_us - entry.start_us, 0.0) / 1e6)
         self.pending_s = oldest
-        stall = heartbeat.get("stall")
-        self.stall = stall if isinstance(stall, dict) and _number_or_none(stall.get("seconds")) is not None else None
-
-
-def _number_or_none(value) -> float | None:
-    """A finite number from a JSON record, else None (heartbeats are read from files anyone could edit)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+        self.stall = heartbeat.stall
 
 
 def straggler_scores(sources: Iterable[MetricsSource]) -> None:
@@ -610,8 +601,10 @@ def _add_source(families: dict, source: MetricsSource) -> None:
     for pg, seconds in source.pending_s.items():
         families["diag_collective_pending_seconds"].add_metric([*rank, pg], seconds)
     if source.stall is not None:
-        where = [_label(source.stall.get(key)) for key in ("pg", "op", "seq")]
-        families["diag_hang_stalled_seconds"].add_metric([*rank, *where], float(source.stall["seconds"]))
+        stall = source.stall
+        families["diag_hang_stalled_seconds"].add_metric(
+            [*rank, _label(stall.pg), _label(stall.op), _label(stall.seq)], float(stall.seconds)
+        )
     if source.straggler_score is not None:
         families["diag_straggler_score"].add_metric(rank, source.straggler_score)
     for gpu, state in source.gpus.items():
