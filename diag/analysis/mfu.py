@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from diag.analysis.findings import Finding, FindingContext
-from diag.analysis.peaks import lookup_peak_tflops
+from diag.analysis.peaks import lookup_peak_tflops, mfu_of
 from diag.trace.manifest import Manifest
 
 
@@ -84,10 +84,10 @@ def analyze_mfu(
         report.reason = "; ".join(reasons)
         return report
     flops_total, peak_total = float(flops.sum()), float(peaks.sum()) * 1e12
-    mfu_per_step = flops_total / (step_time_us.to_numpy() / 1e6) / peak_total
+    mfu_per_step = mfu_of(flops_total, step_time_us.to_numpy() / 1e6, peak_total)
     report.per_step = [{"step": int(s), "mfu": float(m)} for s, m in zip(step_time_us.index, mfu_per_step, strict=True)]
     report.mean, report.median = float(np.mean(mfu_per_step)), float(np.median(mfu_per_step))
-    report.overall = flops_total * len(step_time_us) / window_s / peak_total
+    report.overall = mfu_of(flops_total * len(step_time_us), window_s, peak_total)
     median_s = report.step_time_median_s
     report.tflops_per_gpu = float(flops.mean()) / median_s / 1e12
     for rank, f, p in zip(ranks, flops, peaks, strict=True):

@@ -97,3 +97,17 @@ def lookup_peak_tflops(device_name: str | None, dtype: str | None) -> PeakLookup
     if key not in peaks:
         return PeakLookup(None, label, key, f"{label} has no {key} tensor-core peak in the table; pass --peak-tflops")
     return PeakLookup(peaks[key], label, key, f"datasheet dense {key} peak of {label}{assumed}")
+
+
+def peak_flops_per_s(given_tflops: float | None, device_name: str | None, dtype: str | None) -> float | None:
+    """Dense peak FLOP/s of one device: the user's ``peak_tflops``, else the datasheet table's."""
+    if given_tflops:
+        return given_tflops * 1e12
+    looked_up = lookup_peak_tflops(device_name, dtype)
+    return looked_up.tflops * 1e12 if looked_up.tflops else None
+
+
+def mfu_of(flops: float, seconds: float, peak_flops_per_s: float) -> float:
+    """Model FLOPs utilisation, the one formula of the report (analysis.mfu) and the live metrics
+    (metrics.prometheus): the model FLOPs done in ``seconds`` over what the devices' dense peak allows then."""
+    return flops / seconds / peak_flops_per_s

@@ -219,7 +219,7 @@ class Session:
 
     def _start_metrics(self, port: int | None, addr: str):
         """After the clock sync: the run id it agrees on labels every metric."""
-        from diag.capture.prometheus import start_metrics
+        from diag.metrics.prometheus import start_metrics
 
         sink = start_metrics(port, addr, self.manifest, self.identity.local_rank)
         self.writer.row_observer = sink.observe

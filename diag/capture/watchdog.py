@@ -30,6 +30,7 @@ import traceback
 from diag._warn import warn_once
 from diag.capture import torch_private
 from diag.capture.flight_recorder import dump_bytes
+from diag.trace.records import ExitRecord, HangDump, Heartbeat, PendingOp, Stall
 from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, STACKS_PREFIX, hang_dump_name
 
 MAX_PENDING_IN_HEARTBEAT = 8
@@ -53,10 +54,10 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._dump_lock = threading.RLock()  # a signal handler may interrupt a dump on the main thread
         self._stall_key = None  # what the current stall is about; a dump is written once per key
-        self._stall_record: dict | None = None  # the stall the heartbeat describes (see _describe_stall)
+        self._stall_record: Stall | None = None  # the stall the heartbeat describes (see _describe_stall)
         self._progress = None  # last observed (step, phase, pending seqs) and when it changed
         self._progress_since_us = _now_us()
-        self._exit: dict | None = None  # how the process is ending, once known
+        self._exit: ExitRecord | None = None  # how the process is ending, once known
         self._previous_handlers: dict[int, object] = {}
         self._previous_excepthook = None
         self._wakeup_read = self._wakeup_write = -1
@@ -81,7 +82,7 @@ class Watchdog:
     def stop(self) -> None:
         """Called by diag.finish: a clean end, recorded as such in the heartbeat."""
         if self._exit is None:
-            self._exit = {"how": "finished"}
+            self._exit = ExitRecord(how="finished")
         self._stop.set()
         self._wake()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -133,7 +134,7 @@ class Watchdog:
         self._stall_record = None if stall is None else self._describe_stall(stall, pending, now_us)
         self._write_heartbeat("stalled" if stall else "running", pending)
 
-    def _describe_stall(self, stall, pending: list[dict], now_us: int) -> dict:
+    def _describe_stall(self, stall, pending: list[dict], now_us: int) -> Stall:
         """What the heartbeat says of a stall (the Prometheus hang metrics read it): the collective pending
         longest, or none when the step itself made no progress."""
         if stall[0][0] == "collective":
@@ -142,7 +143,7 @@ class Watchdog:
             what = {"pg": oldest.get("pg"), "seq": oldest.get("seq"), "op": oldest.get("op")}
         else:
             since_us, what = self._progress_since_us, {"pg": None, "seq": None, "op": None}
-        return {**what, "since_us": since_us, "seconds": (now_us - since_us) / 1e6, "reason": stall[1]}
+        return Stall(**what, since_us=since_us, seconds=(now_us - since_us) / 1e6, reason=stall[1])
 
     def _note_gap(self, now_us: int) -> None:
         """A tick far later than its interval: the whole process was frozen (SIGSTOP, a debugger, the host
@@ -220,20 +221,20 @@ class Watchdog:
 
     def _write_heartbeat(self, state: str, pending: list[dict] | None = None) -> None:
         pending = self._pending() if pending is None else pending
-        heartbeat = {
+        heartbeat = Heartbeat(
             **self._state(),
-            "state": state if self._exit is None else self._exit.get("how", state),
-            "interval_s": self.heartbeat_interval_s,
-            "threshold_s": self.pending_threshold_s,
-            "pending": pending[:MAX_PENDING_IN_HEARTBEAT],
-            "pending_count": len(pending),
-            "stall": self._stall_record if state == "stalled" else None,
-            "last_seq": self._last_seqs(),
-            "dumps_written": self.dumps_written,
-            "exit": self._exit,
-        }
+            state=state if self._exit is None else self._exit.how or state,
+            interval_s=self.heartbeat_interval_s,
+            threshold_s=self.pending_threshold_s,
+            pending=_pending_ops(pending[:MAX_PENDING_IN_HEARTBEAT]),
+            pending_count=len(pending),
+            stall=self._stall_record if state == "stalled" else None,
+            last_seq=self._last_seqs(),
+            dumps_written=self.dumps_written,
+            exit=self._exit,
+        )
         with self._dump_lock:  # the writer renames one fixed temp file: one writer at a time
-            self.session.writer.write_heartbeat(heartbeat)
+            self.session.writer.write_heartbeat(heartbeat.to_json())
 
     def dump(self, reason: str, pending: list[dict] | None = None) -> None:
         """Write one hang dump now (any thread). Errors become one warning."""
@@ -248,18 +249,18 @@ class Watchdog:
             threads = _thread_stacks()
             name = hang_dump_name(number)
             fr_file, fr_error = self._write_flight_recorder()
-            record = {
+            record = HangDump(
                 **self._state(),
-                "reason": reason,
-                "pending": pending,
-                "threads": threads,
-                "fr_dump": fr_file,
-                "fr_error": fr_error,
-                "exit": self._exit,
-            }
-            writer.write_text(name, json.dumps(record, indent=1, default=str))
+                reason=reason,
+                pending=_pending_ops(pending),
+                threads=tuple(threads),
+                fr_dump=fr_file,
+                fr_error=fr_error,
+                exit=self._exit,
+            )
+            writer.write_text(name, json.dumps(record.to_json(), indent=1, default=str))
             writer.write_text(f"{STACKS_PREFIX}{number:03d}.txt", _stacks_text(threads, reason))
-            writer.event("watchdog_dump", reason=reason, file=name, step=record["step"], phase=record["phase"])
+            writer.event("watchdog_dump", reason=reason, file=name, step=record.step, phase=record.phase)
             writer.flush()
 
     def _write_flight_recorder(self) -> tuple[str | None, str | None]:
@@ -348,7 +349,7 @@ class Watchdog:
         now_us = _now_us()
         with self._dump_lock:
             if signum == signal.SIGTERM and self._exit is None:
-                self._exit = {"how": "terminated", "signal": "SIGTERM", "time_us": now_us}
+                self._exit = ExitRecord(how="terminated", signal="SIGTERM", time_us=now_us)
             if now_us - self._signal_dumped_us.get(signum, 0) < 1_000_000:
                 return
             self._signal_dumped_us[signum] = now_us
@@ -380,12 +381,9 @@ class Watchdog:
     def _excepthook(self, exc_type, exc, tb) -> None:
         if self._exit is None and self._in_owner_process():
             text = "".join(traceback.format_exception(exc_type, exc, tb))[-4000:]
-            self._exit = {
-                "how": "exception",
-                "error": f"{exc_type.__name__}: {exc}"[:2000],
-                "traceback": text,
-                "time_us": _now_us(),
-            }
+            self._exit = ExitRecord(
+                how="exception", error=f"{exc_type.__name__}: {exc}"[:2000], traceback=text, time_us=_now_us()
+            )
             self.dump(f"uncaught {exc_type.__name__}")
         (self._previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
 
@@ -393,10 +391,10 @@ class Watchdog:
         if self._stop.is_set() or not self._in_owner_process():
             return  # diag.finish ran (a clean end), or this is a forked child exiting
         if self._exit is None:
-            self._exit = {"how": "exited_without_finish", "time_us": _now_us()}
+            self._exit = ExitRecord(how="exited_without_finish", time_us=_now_us())
             self.dump("process exiting without diag.finish")
         self._stop.set()
-        self._safely("heartbeat", self._write_heartbeat, self._exit["how"])
+        self._safely("heartbeat", self._write_heartbeat, self._exit.how)
         self._safely("flush", self.session.writer.flush)
 
     def _in_owner_process(self) -> bool:
@@ -520,3 +518,8 @@ def _reset_to_default_in_c(signum: int) -> None:
     libc.signal.restype = ctypes.c_void_p
     libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
     libc.signal(signum, 0)  # SIG_DFL
+
+
+def _pending_ops(pending: list[dict]) -> tuple[PendingOp, ...]:
+    """The recorder's pending collectives (dicts of PendingCollective.as_dict, seq filled in) as records."""
+    return tuple(op for op in map(PendingOp.from_json, pending) if op is not None)

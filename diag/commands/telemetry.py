@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from diag.capture.prometheus import (
+from diag.metrics.nvml import XidEvents, decode_sample, open_nvml, read_sample
+from diag.metrics.prometheus import (
     MetricsSource,
     RankLabels,
     RowMetrics,
@@ -27,20 +28,6 @@ from diag.capture.prometheus import (
 from diag.trace.manifest import Manifest, parse_manifests
 
 FOLLOWED_TABLES = ("steps", "phases", "collectives", "memory", "telemetry")
-_MAX_XID_EVENTS_PER_SAMPLE = 64
-
-
-def open_nvml():
-    """(pynvml module, None) once NVML is initialised, or (None, why not) where there is no NVIDIA GPU/driver."""
-    try:
-        import pynvml as nvml
-
-        nvml.nvmlInit()
-        if nvml.nvmlDeviceGetCount() == 0:
-            return None, "NVML sees no GPU on this node"
-        return nvml, None
-    except Exception as exc:
-        return None, f"NVML unavailable ({exc})"
 
 
 def _text(value) -> str:
@@ -60,10 +47,7 @@ class NodeGpus:
     rank that uses it is added to its labels once a manifest in TRACE_DIR names its UUID."""
 
     def __init__(self, nvml, metrics: RowMetrics, host: str):
-        from diag.capture.nvml import decode_sample, read_sample
-
         self.nvml = nvml
-        self._read, self._decode = read_sample, decode_sample
         self.host = host
         self.devices: list[_Device] = []
         for index in range(nvml.nvmlDeviceGetCount()):
@@ -71,13 +55,15 @@ class NodeGpus:
             uuid = normalise_uuid(_text(nvml.nvmlDeviceGetUUID(handle)))
             labels = RankLabels(host=host, gpu_uuid=uuid, gpu_model=_text(nvml.nvmlDeviceGetName(handle)))
             self.devices.append(_Device(index, handle, uuid, metrics.source(labels)))
-        self._xid_events = self._register_xid_events()
+        self._xids = XidEvents(nvml, {device.index: device.handle for device in self.devices})
 
     def sample(self) -> None:
-        xids = self._poll_xids()
+        self._xids.poll()
         for device in self.devices:
             try:
-                row = self._decode(self._read(self.nvml, device.handle), device.index, xids.get(device.index))
+                row = decode_sample(
+                    read_sample(self.nvml, device.handle), device.index, self._xids.next_for(device.index)
+                )
             except Exception:  # a GPU that stops answering keeps its last readings; the others go on
                 continue
             device.source.observe("telemetry", [row])
@@ -96,27 +82,6 @@ class NodeGpus:
                         gpu_uuid=device.uuid,
                         gpu_model=device.source.labels.gpu_model,
                     )
-
-    def _register_xid_events(self):
-        try:
-            event_set = self.nvml.nvmlEventSetCreate()
-            for device in self.devices:
-                self.nvml.nvmlDeviceRegisterEvents(device.handle, self.nvml.nvmlEventTypeXidCriticalError, event_set)
-            return event_set
-        except Exception:  # not supported on every GPU or driver: XIDs then stay unreported
-            return None
-
-    def _poll_xids(self) -> dict[int, int]:
-        seen: dict[int, int] = {}
-        if self._xid_events is None:
-            return seen
-        for _ in range(_MAX_XID_EVENTS_PER_SAMPLE):
-            try:
-                event = self.nvml.nvmlEventSetWait_v2(self._xid_events, 0)
-                seen[int(self.nvml.nvmlDeviceGetIndex(event.device))] = int(event.eventData)
-            except Exception:  # NVMLError_Timeout: no more events
-                break
-        return seen
 
 
 class TraceFollower:

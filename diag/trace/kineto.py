@@ -37,7 +37,7 @@ import pandas as pd
 
 from diag.trace.loader import Skipped, Trace, TraceError, empty_table
 from diag.trace.manifest import parse_manifests
-from diag.trace.schema import SCALAR_TYPES, TABLES
+from diag.trace.schema import GPU_KERNELS, SCALAR_TYPES, TABLES
 
 # The one place that decides what an NCCL kernel is: older NCCL names them ncclKernel_<Op>_..., NCCL >= 2.19
 # ncclDevKernel_<Op>_... (HTA's r"^nccl.*Kernel" also matches both; a startswith("ncclKernel") would not).
@@ -396,16 +396,14 @@ def _kernel_frame(rank: int, ev: RankEvents, step_at) -> pd.DataFrame:
     kinds_by_name = np.array([KINDS.index(kernel_kind(n)) for n in ev.names], dtype="int8")
     name_ids = np.frombuffer(ev.kernel_name, dtype="int32")
     kinds = kinds_by_name[name_ids] if len(name_ids) else np.zeros(0, dtype="int8")
-    return pd.DataFrame(
-        {
-            "rank": np.full(len(ts), rank, dtype="int32"),
-            "ts_us": ts,
-            "end_us": ts + dur,
-            "stream": np.frombuffer(ev.kernel_stream, dtype="int32").copy(),
-            "kind": pd.Categorical.from_codes(kinds, categories=list(KINDS)),
-            "launch_us": launch,
-            "step": step_at(launch),
-        }
+    return GPU_KERNELS.frame(
+        rank,
+        ts_us=ts,
+        end_us=ts + dur,
+        stream=np.frombuffer(ev.kernel_stream, dtype="int32").copy(),
+        kind=pd.Categorical.from_codes(kinds, categories=list(KINDS)),
+        launch_us=launch,
+        step=step_at(launch),
     )
 
 

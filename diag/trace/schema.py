@@ -87,6 +87,18 @@ class Table:
         exec(source, namespace)  # noqa: S102
         return namespace["row"]
 
+    def frame(self, rank: int, **columns):
+        """A pandas frame of this table for one rank, built by column name (every column given, none other)."""
+        import numpy as np
+        import pandas as pd
+
+        if set(columns) != set(self.column_names):
+            raise ValueError(f"{self.name}: columns {sorted(set(columns) ^ set(self.column_names))} wrong")
+        length = len(next(iter(columns.values())))
+        return pd.DataFrame(
+            {"rank": np.full(length, rank, dtype="int32"), **{n: columns[n] for n in self.column_names}}
+        )
+
     def accepts_header(self, names: list[str]) -> bool:
         """The header line's names are this table's columns, by their current or former names."""
         return len(names) == len(self.columns) and all(
@@ -215,6 +227,29 @@ MICROBATCHES = Table(
 )
 
 TABLES: dict[str, Table] = {t.name: t for t in (STEPS, PHASES, COLLECTIVES, MEMORY, TELEMETRY, MICROBATCHES)}
+
+# Read, never written: a torch.profiler (Kineto) trace's GPU activity, the Trace's ``gpu_kernels`` frame
+# (diag.trace.kineto builds it; the GPU-time analysis reads it). Its times are on the trace's own clock.
+GPU_KERNELS = Table(
+    "gpu_kernels",
+    "Every GPU activity with a stream (kernels, memcpy, memset) of a torch.profiler trace; imported by "
+    "`diag analyze` from Kineto JSON, not written by diag.",
+    (
+        Column("ts_us", "float64", "device start"),
+        Column("end_us", "float64", "device end"),
+        Column("stream", "int32", "CUDA stream"),
+        Column("kind", "category", "compute, communication (NCCL), memory (memcpy, memset) or other"),
+        Column(
+            "launch_us", "float64", "host instant of the CUDA runtime/driver call that launched it; empty if unmatched"
+        ),
+        Column(
+            "step",
+            "int64",
+            "the step whose ProfilerStep had last started at launch (-1 before the first, -2 unmatched)",
+        ),
+    ),
+)
+IMPORTED_TABLES: dict[str, Table] = {GPU_KERNELS.name: GPU_KERNELS}
 
 # NVML clock-event reason bits (nvmlClocksEventReason*), named for reports.
 THROTTLE_REASONS: dict[int, str] = {
@@ -345,6 +380,10 @@ def render_markdown() -> str:
     for table in TABLES.values():
         lines += [f"## `{table.file_name}`", "", table.doc, "", "| column | type | meaning |", "|---|---|---|"]
         lines += [f"| `{c.name}` | {c.dtype} | {c.doc}{_former(c)} |" for c in table.columns]
+        lines.append("")
+    for table in IMPORTED_TABLES.values():
+        lines += [f"## `{table.name}` (imported)", "", table.doc, "", "| column | type | meaning |", "|---|---|---|"]
+        lines += [f"| `{c.name}` | {c.dtype} | {c.doc} |" for c in table.columns]
         lines.append("")
     lines += [f"## `{MANIFEST_FILE}`", "", "| key | meaning |", "|---|---|"]
     lines += [f"| `{key}` | {doc} |" for key, doc in MANIFEST_KEYS.items()]

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from diag.trace.records import ExitRecord, Heartbeat
 from diag.triage.flight_recorder import is_library_file
 from diag.triage.sources import RankInfo, TriageInput, main_frames
 
@@ -74,6 +75,9 @@ class Verdict:
             "evidence": self.evidence,
             "skipped": self.skipped,
         }
+
+
+NO_EXIT = ExitRecord()  # a rank with no exit record: every field unknown
 
 
 def triage(data: TriageInput) -> Verdict:
@@ -345,7 +349,7 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
     collective = _collective(ops, hang["pg"], hang["seq"])
     if late:
         first_out = min(gave_up, key=gave_up.get)
-        reason = str((_exit_record(data.ranks[first_out]) or {}).get("error") or "an error")[:200]
+        reason = str((_exit_record(data.ranks[first_out]) or NO_EXIT).error or "an error")[:200]
         evidence[0] = (
             f"{_ranks_text([r for r in entry_us.index if r not in late])} entered {collective['op']} "
             f"({_payload(collective)}) at {_where(hang['pg'], hang['seq'])} and gave up on it; "
@@ -353,8 +357,8 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
         )
         evidence.append(f"rank {first_out} gave up at {_clock(gave_up[first_out])}: {reason}")
         for rank in late:
-            stall = (data.ranks[rank].stall_dump or {}) if rank in data.ranks else {}
-            where = f"; earlier its watchdog saw: {stall.get('reason')}" if stall.get("reason") else ""
+            stall = data.ranks[rank].stall_dump if rank in data.ranks else None
+            where = f"; earlier its watchdog saw: {stall.reason}" if stall and stall.reason else ""
             ranks[rank] = _late_report(ranks.get(rank), data.ranks.get(rank))
             evidence.append(
                 f"rank {rank} entered at {_clock(entry_us[rank])}, {(entry_us[rank] - gave_up[first_out]) / 1e6:.1f} s "
@@ -388,7 +392,7 @@ def _stopped_from_outside(data: TriageInput) -> bool:
     a collective that the first-stopped ranks never reached: that is not a hang."""
     with_data = [info for info in data.ranks.values() if info.has_data]
     return bool(with_data) and all(
-        (_exit_record(info) or {}).get("how") == "terminated" and not info.stalls for info in with_data
+        (_exit_record(info) or NO_EXIT).how == "terminated" and not info.stalls for info in with_data
     )
 
 
@@ -409,8 +413,8 @@ def _stopped_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], li
 def _gave_up_us(info: RankInfo | None) -> float | None:
     """When a rank's process raised out of the job (a collective's timeout, a closed connection), if it did."""
     record = _exit_record(info) if info is not None else None
-    if record and record.get("how") == "exception" and record.get("time_us"):
-        return float(record["time_us"])
+    if record and record.how == "exception" and record.time_us:
+        return float(record.time_us)
     return None
 
 
@@ -425,20 +429,21 @@ def _entered_after_others_gave_up(entry_us: pd.Series, gave_up: dict) -> list[in
 
 def _stalled_in(info: RankInfo | None, pg: str, seq: int) -> bool:
     """Its watchdog dumped a stall while this collective was pending on it."""
-    pending = ((info.stall_dump or {}).get("pending") or []) if info is not None else []
-    return any(str(p.get("pg")) == str(pg) and int(p.get("seq", -1)) == seq for p in pending if isinstance(p, dict))
+    pending = info.stall_dump.pending if info is not None and info.stall_dump else ()
+    return any(str(p.pg) == str(pg) and p.seq == seq for p in pending)
 
 
 def _late_report(report: RankReport | None, info: RankInfo | None) -> RankReport:
     """A rank that arrived after the timeout: where it was while the others waited, from its stall dump."""
-    stall = (info.stall_dump or {}) if info is not None else {}
-    frames = main_frames(stall) if stall else []
-    state = _classify(frames, stall.get("phase")) if stall else "arrived_late"
+    stall = info.stall_dump if info is not None else None
+    frames = main_frames(stall)
+    state = _classify(frames, stall.phase) if stall else "arrived_late"
     state = "arrived_late" if state == "unknown" else state
     detail = _exit_detail(info) if info is not None else ""
     stack = [f"{f.get('file')}:{f.get('line')} in {f.get('name')}" for f in frames]
     last_step = report.last_step if report is not None else None
-    return RankReport(state, last_step, stall.get("phase"), stack or (report.stack if report else []), detail)
+    phase = stall.phase if stall else None
+    return RankReport(state, last_step, phase, stack or (report.stack if report else []), detail)
 
 
 def _note_pending_elsewhere(report: RankReport, ops: pd.DataFrame, rank: int, pg: str) -> None:
@@ -456,10 +461,9 @@ def _died_before(info: RankInfo, state: str | None, waiting_since_us: float) -> 
     """Its process was gone, rather than alive somewhere else, when the others started waiting for it."""
     if state == "vanished":
         return True
-    heartbeat = info.heartbeat or {}
-    exit_record = heartbeat.get("exit") if isinstance(heartbeat.get("exit"), dict) else None
-    if exit_record and exit_record.get("how") in ("exception", "terminated", "exited_without_finish"):
-        ended_us = exit_record.get("time_us") or heartbeat.get("time_us") or 0
+    exit_record = _exit_record(info)
+    if exit_record and exit_record.how in ("exception", "terminated", "exited_without_finish"):
+        ended_us = exit_record.time_us or info.heartbeat.time_us or 0
         return ended_us < waiting_since_us
     return False
 
@@ -486,7 +490,7 @@ def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness:
         evidence = [NOTHING_TO_JUDGE]
         return _verdict("no_problem", [], None, ranks, evidence, data)
     evidence = ["every collective seen completed on every rank that issued it"]
-    signalled = sorted(r for r, info in data.ranks.items() if (_exit_record(info) or {}).get("how") == "terminated")
+    signalled = sorted(r for r, info in data.ranks.items() if (_exit_record(info) or NO_EXIT).how == "terminated")
     if signalled:
         evidence.append(
             f"{_ranks_text(signalled)} ended by a signal while nothing was pending or stalled: a healthy job "
@@ -511,20 +515,20 @@ def _slowest_by_steps(data: TriageInput) -> int | None:
 
 def _liveness(data: TriageInput) -> dict[int, str]:
     """finished / exited / running / vanished / unknown, from heartbeats and exit records."""
-    freshest_us = max((info.heartbeat or {}).get("time_us", 0) for info in data.ranks.values())
+    freshest_us = max((info.heartbeat.time_us or 0) if info.heartbeat else 0 for info in data.ranks.values())
     anyone_exited = any(_exit_record(info) or info.finished for info in data.ranks.values())
     states = {}
     for rank, info in data.ranks.items():
         heartbeat = info.heartbeat
-        if info.finished or (_exit_record(info) or {}).get("how") == "finished":
+        if info.finished or (_exit_record(info) or NO_EXIT).how == "finished":
             states[rank] = "finished"
         elif _exit_record(info):
             states[rank] = "exited"
         elif not heartbeat:
             states[rank] = "unknown"
         else:
-            interval_us = float(heartbeat.get("interval_s") or DEFAULT_HEARTBEAT_INTERVAL_S) * 1e6
-            stale = freshest_us - heartbeat.get("time_us", 0) > DEAD_MARGIN_INTERVALS * interval_us
+            interval_us = float(heartbeat.interval_s or DEFAULT_HEARTBEAT_INTERVAL_S) * 1e6
+            stale = freshest_us - (heartbeat.time_us or 0) > DEAD_MARGIN_INTERVALS * interval_us
             live = _now_us() - freshest_us < DEAD_MARGIN_INTERVALS * interval_us  # the job still beats
             if stale or anyone_exited:
                 states[rank] = "vanished"
@@ -539,9 +543,8 @@ def _now_us() -> float:
     return time.time() * 1e6
 
 
-def _exit_record(info: RankInfo) -> dict | None:
-    record = (info.heartbeat or {}).get("exit")
-    return record if isinstance(record, dict) else None
+def _exit_record(info: RankInfo) -> ExitRecord | None:
+    return info.heartbeat.exit if info.heartbeat else None
 
 
 def _rank_reports(data: TriageInput, ops: pd.DataFrame, liveness: dict, focus) -> dict[int, RankReport]:
@@ -557,11 +560,11 @@ def _rank_reports(data: TriageInput, ops: pd.DataFrame, liveness: dict, focus) -
 def _rank_report(info: RankInfo, alive: str | None, entered_focus: bool, has_focus: bool) -> RankReport:
     if not info.has_data:
         return RankReport("no_data", detail="no trace or dump for this rank")
-    dump = info.stall_dump or info.last_dump or {}
-    heartbeat = info.heartbeat or {}
+    dump = info.stall_dump or info.last_dump
+    heartbeat = info.heartbeat or Heartbeat()
     # during a stall the dump saw the step as it was; the heartbeat at exit counts a failed step as done
-    last_step = _first_int(dump.get("last_step"), heartbeat.get("last_step"))
-    phase = dump.get("phase") if dump else heartbeat.get("phase")
+    last_step = _first_int(dump.last_step if dump else None, heartbeat.last_step)
+    phase = dump.phase if dump else heartbeat.phase
     frames = main_frames(dump)
     stack = [f"{f.get('file')}:{f.get('line')} in {f.get('name')}" for f in frames]
     where = _classify(frames, phase)
@@ -574,7 +577,7 @@ def _rank_report(info: RankInfo, alive: str | None, entered_focus: bool, has_foc
         state = alive  # a finished rank's old stall is history; an exit not seen stuck says nothing of where
     elif not has_focus and alive == "exited" and not info.stalls:
         # nothing pending and never stalled: the dump at the signal shows where it was, not that it was stuck
-        state = "terminated" if (_exit_record(info) or {}).get("how") == "terminated" else "exited"
+        state = "terminated" if (_exit_record(info) or NO_EXIT).how == "terminated" else "exited"
     detail = _exit_detail(info)
     return RankReport(state, last_step, phase, stack, detail)
 
@@ -605,11 +608,11 @@ def _classify(frames: list[dict], phase: str | None) -> str:
 
 
 def _death_detail(info: RankInfo) -> str:
-    heartbeat = info.heartbeat or {}
-    when = heartbeat.get("time_us")
+    heartbeat = info.heartbeat or Heartbeat()
+    when = heartbeat.time_us
     text = "process gone: heartbeat stopped"
     if when:
-        text += f" at {_clock(when)} (± {heartbeat.get('interval_s', '?')} s)"
+        text += f" at {_clock(when)} (± {heartbeat.interval_s if heartbeat.interval_s is not None else '?'} s)"
     text += " with no exit record"
     if info.fatal_stacks:
         first = info.fatal_stacks.strip().splitlines()[0]
@@ -623,12 +626,12 @@ def _exit_detail(info: RankInfo) -> str:
     record = _exit_record(info)
     if not record:
         return ""
-    how = record.get("how")
-    when = f" at {_clock(record['time_us'])}" if record.get("time_us") else ""
+    how = record.how
+    when = f" at {_clock(record.time_us)}" if record.time_us else ""
     if how == "terminated":
-        return f"terminated by {record.get('signal')}{when}"
+        return f"terminated by {record.signal}{when}"
     if how == "exception":
-        return f"exited with {str(record.get('error'))[:300]}{when}"
+        return f"exited with {str(record.error)[:300]}{when}"
     if how == "exited_without_finish":
         return f"exited without diag.finish{when}"
     return "finished normally" if how == "finished" else str(how)

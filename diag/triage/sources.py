@@ -10,7 +10,6 @@ dumps. No torch.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from diag.trace.loader import (
     read_file_bytes,
 )
 from diag.trace.manifest import Manifest
+from diag.trace.records import HangDump, Heartbeat
 from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, MAX_RANK, SCALAR_TYPES, TABLES, hang_dump_number
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 
@@ -53,13 +53,13 @@ class RankInfo:
     """What is known of one rank besides its collectives."""
 
     rank: int
-    heartbeat: dict | None = None  # heartbeat.json as last written
+    heartbeat: Heartbeat | None = None  # heartbeat.json as last written
     finished: bool = False  # diag.finish ran
     host: str | None = None
     pid: int | None = None
-    stall_dump: dict | None = None  # the watchdog's latest dump written because of a stall or a signal
+    stall_dump: HangDump | None = None  # the watchdog's latest dump written because of a stall or a signal
     stalls: list[str] = field(default_factory=list)  # reasons of its dumps written for a stall (not a signal)
-    last_dump: dict | None = None  # the latest dump of any kind
+    last_dump: HangDump | None = None  # the latest dump of any kind
     dumps: int = 0
     fatal_stacks: str | None = None  # faulthandler's output on a fatal signal
     fr_last: dict | None = None  # last Flight Recorder entry of the rank, for FR-only input
@@ -142,45 +142,22 @@ def _records_by_rank(frame: pd.DataFrame) -> dict[int, dict]:
     }
 
 
-_HEARTBEAT_NUMBERS = ("time_us", "interval_s", "threshold_s", "step", "last_step", "step_started_us")
-
-
-def _sane_heartbeat(heartbeat) -> dict | None:
-    """The heartbeat with every field triage does arithmetic on a finite number (a damaged or hand-edited file
-    may hold a list or text there): other values are dropped, as unknown, never fatal."""
-    if not isinstance(heartbeat, dict):
-        return None
-    clean = {k: v for k, v in heartbeat.items() if k not in _HEARTBEAT_NUMBERS or _finite_number(v)}
-    record = clean.get("exit")
-    if record is not None and not isinstance(record, dict):
-        clean.pop("exit")
-    elif isinstance(record, dict) and "time_us" in record and not _finite_number(record["time_us"]):
-        clean["exit"] = {k: v for k, v in record.items() if k != "time_us"}
-    if not isinstance(clean.get("pending"), list):
-        clean.pop("pending", None)
-    return clean
-
-
-def _finite_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _rank_info(rank: int, rank_dir: Path, manifest: Manifest, heartbeat: dict | None) -> RankInfo:
-    info = RankInfo(rank, heartbeat=_sane_heartbeat(heartbeat))
+    info = RankInfo(rank, heartbeat=Heartbeat.from_json(heartbeat))
     info.finished = manifest.finished
     info.host, info.pid, info.backend = manifest.host, manifest.pid, manifest.backend
     numbered = ((hang_dump_number(p.name), p) for p in rank_dir.iterdir())
     dumps = sorted((number, p) for number, p in numbered if number is not None)
     info.dumps = len(dumps)
     for _number, dump_path in reversed(dumps[-MAX_DUMPS_READ:]):
-        dump = _read_json(dump_path)
+        dump = HangDump.from_json(_read_json(dump_path))
         if dump is None:
             continue
-        reason = str(dump.get("reason", ""))
+        reason = dump.reason or ""
         info.last_dump = info.last_dump or dump
         if reason.startswith("stall"):
             info.stalls.append(reason)
-        if info.stall_dump is None and reason.startswith(("stall", "signal")) and _main_frames(dump):
+        if info.stall_dump is None and reason.startswith(("stall", "signal")) and dump.main_frames():
             info.stall_dump = dump
     fatal = rank_dir / FATAL_STACKS_FILE
     with contextlib.suppress(OSError):  # absent, or a FIFO/device planted under the name
@@ -217,23 +194,23 @@ def _add_pending_from_dumps(ops: pd.DataFrame, ranks: dict[int, RankInfo]) -> pd
     for rank, info in ranks.items():
         pending = []
         for source in (info.stall_dump, info.last_dump, info.heartbeat):
-            if source and source.get("pending"):
-                pending = source["pending"]
+            if source and source.pending:
+                pending = source.pending
                 break
         for p in pending:
-            if p.get("peer") is None and int(p.get("seq", -1)) >= 0:
+            if p.peer is None and p.seq is not None and p.seq >= 0:
                 rows.append(
                     {
                         "rank": rank,
-                        "pg": str(p.get("pg")),
-                        "seq": int(p["seq"]),
-                        "op": str(p.get("op")),
-                        "bytes": int(p.get("bytes") or 0),
-                        "dtype": str(p.get("dtype") or ""),
-                        "sizes": f"{int(p.get('bytes') or 0)} B",
+                        "pg": str(p.pg),
+                        "seq": p.seq,
+                        "op": str(p.op),
+                        "bytes": p.bytes or 0,
+                        "dtype": p.dtype or "",
+                        "sizes": f"{p.bytes or 0} B",
                         "completed": False,
-                        "start_us": float(p.get("start_us") or 0),
-                        "step": int(p.get("step", -1) if p.get("step") is not None else -1),
+                        "start_us": float(p.start_us or 0),
+                        "step": p.step if p.step is not None else -1,
                         "call_site": "",
                         "source": "diag-dump",
                         "shape": "",
@@ -386,15 +363,8 @@ def _numel(sizes: tuple) -> int:
 # -- small helpers ---------------------------------------------------------------------------------------------
 
 
-def _main_frames(dump: dict) -> list[dict]:
-    for thread in dump.get("threads") or []:
-        if thread.get("main"):
-            return thread.get("frames") or []
-    return []
-
-
-def main_frames(dump: dict | None) -> list[dict]:
-    return _main_frames(dump) if dump else []
+def main_frames(dump: HangDump | None) -> list[dict]:
+    return dump.main_frames() if dump else []
 
 
 def _read_json(path: Path) -> dict | None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from diag.trace.loader import TraceError
+from diag.trace.records import Heartbeat
 from diag.triage.analysis import Verdict, triage
 from diag.triage.sources import TriageInput, read_input
 
@@ -48,17 +49,17 @@ def stall_of(data: TriageInput, now_us: float, stall_s: float) -> Progress:
         if how in BAD_EXITS:
             return Progress("stalled", f"rank {rank} ended ({how})")
     for rank, info in sorted(ranks.items()):
-        heartbeat = info.heartbeat or {}
-        beat_us = _number(heartbeat.get("time_us"))
+        heartbeat = info.heartbeat or Heartbeat()
+        beat_us = _number(heartbeat.time_us)
         if exits[rank] is not None or beat_us is None:
             continue
-        if now_us - beat_us > stall_s * 1e6 + _number(heartbeat.get("interval_s"), 0.0) * 1e6:
+        if now_us - beat_us > stall_s * 1e6 + _number(heartbeat.interval_s, 0.0) * 1e6:
             return Progress("stalled", f"rank {rank} wrote no heartbeat for {(now_us - beat_us) / 1e6:.0f} s")
         oldest = _oldest_pending(heartbeat)
         if oldest is not None and beat_us - oldest[0] > stall_s * 1e6:
             start_us, what = oldest
             return Progress("stalled", f"rank {rank} has waited {(beat_us - start_us) / 1e6:.0f} s in {what}")
-        if heartbeat.get("state") == "stalled":
+        if heartbeat.state == "stalled":
             return Progress("stalled", f"rank {rank}'s watchdog reports a stall")
     return Progress("running", f"{len(ranks)} ranks running")
 
@@ -94,21 +95,17 @@ def watch(
         time.sleep(interval_s)
 
 
-def _oldest_pending(heartbeat: dict) -> tuple[float, str] | None:
-    pending = heartbeat.get("pending")
-    found = []
-    for entry in pending if isinstance(pending, list) else []:
-        start_us = _number(entry.get("start_us")) if isinstance(entry, dict) else None
-        if start_us is not None:
-            found.append((start_us, f"{entry.get('op')} seq {entry.get('seq')} of process group {entry.get('pg')}"))
+def _oldest_pending(heartbeat: Heartbeat) -> tuple[float, str] | None:
+    found = [
+        (float(p.start_us), f"{p.op} seq {p.seq} of process group {p.pg}")
+        for p in heartbeat.pending
+        if p.start_us is not None
+    ]
     return min(found) if found else None
 
 
 def _exit_how(info) -> str | None:
-    exit_record = (info.heartbeat or {}).get("exit")
-    if isinstance(exit_record, dict) and isinstance(exit_record.get("how"), str):
-        return exit_record["how"]
-    return None
+    return info.heartbeat.exit.how if info.heartbeat and info.heartbeat.exit else None
 
 
 def _number(value, default=None):

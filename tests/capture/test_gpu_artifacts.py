@@ -14,7 +14,8 @@ import torch
 import diag
 from diag._warn import DiagWarning
 from diag.capture.memory import is_out_of_memory, memory_row
-from diag.capture.nvml import TelemetrySampler, decode_sample
+from diag.capture.nvml import TelemetrySampler
+from diag.metrics.nvml import decode_sample
 from diag.trace.writer import RankWriter
 
 

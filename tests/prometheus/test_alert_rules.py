@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from diag.capture.prometheus import exported_sample_names
 from diag.launch import start_ranks
+from diag.metrics.prometheus import exported_sample_names
 from tests.conftest import REPO
 from tests.prometheus.helpers import free_ports, samples, scrape, values, wait_until
 
@@ -90,8 +90,8 @@ def test_node_agent_scores_the_bundled_straggler_as_analyze_does():
     """`diag telemetry --all-hosts` on the bundled run (rank 1 slowed): its straggler score is what `diag
     analyze` calls that rank's slowdown, past the alert's 1.2, and the other ranks stay under 1."""
     from diag.analysis.report import analyze
-    from diag.capture.prometheus import RowMetrics
     from diag.commands.telemetry import TraceFollower
+    from diag.metrics.prometheus import RowMetrics
     from diag.trace.loader import load
 
     run = REPO / "sample_traces" / "straggler"

@@ -13,8 +13,9 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from diag.capture.nvml import decode_sample
-from diag.capture.prometheus import (
+from diag.commands.telemetry import TraceFollower
+from diag.metrics.nvml import decode_sample
+from diag.metrics.prometheus import (
     METRICS,
     RankLabels,
     RowMetrics,
@@ -22,7 +23,6 @@ from diag.capture.prometheus import (
     new_registry,
     render_metric_table,
 )
-from diag.commands.telemetry import TraceFollower
 from diag.trace.schema import PHASES, STEPS, THROTTLE_REASONS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,9 +8,10 @@ import time
 import pytest
 
 import diag
-from diag.capture.nvml import TelemetrySampler, decode_sample
-from diag.capture.prometheus import PrometheusSink, RankLabels, RowMetrics, new_registry
+from diag.capture.nvml import TelemetrySampler
 from diag.commands.telemetry import NodeGpus
+from diag.metrics.nvml import decode_sample
+from diag.metrics.prometheus import PrometheusSink, RankLabels, RowMetrics, new_registry
 from diag.trace.manifest import parse_manifests
 from diag.trace.writer import RankWriter
 from tests.capture.test_gpu_artifacts import ReplayNvml, read_nvml_fixture

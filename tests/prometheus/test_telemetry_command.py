@@ -11,7 +11,7 @@ import pytest
 
 import diag
 from diag.analysis.peaks import lookup_peak_tflops
-from diag.commands.telemetry import open_nvml
+from diag.metrics.nvml import open_nvml
 from tests.prometheus.helpers import free_ports, samples, scrape, value, values, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,8 +131,8 @@ def test_only_this_hosts_ranks_by_default(tmp_path):
 
     trace_dir = tmp_path / "run"
     shutil.copytree(STRAGGLER, trace_dir)
-    from diag.capture.prometheus import RowMetrics
     from diag.commands.telemetry import TraceFollower
+    from diag.metrics.prometheus import RowMetrics
 
     metrics = RowMetrics()
     follower = TraceFollower(trace_dir, metrics, host="not-" + diag.load(trace_dir).manifest(0).host)

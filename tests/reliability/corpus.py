@@ -260,8 +260,8 @@ def _dashboard(case_dir: Path) -> str:
 
 
 def _telemetry(case_dir: Path) -> str:
-    from diag.capture.prometheus import RowMetrics
     from diag.commands.telemetry import TraceFollower
+    from diag.metrics.prometheus import RowMetrics
 
     metrics = RowMetrics()
     follower = TraceFollower(case_dir, metrics, host=None)

@@ -25,7 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from diag._warn import warn_once
+from diag.analysis.peaks import mfu_of, peak_flops_per_s
 from diag.trace.manifest import Manifest
+from diag.trace.records import Heartbeat, Stall
 from diag.trace.schema import TABLES, THROTTLE_REASONS
 
 log = logging.getLogger("diag")
@@ -364,7 +366,7 @@ class MetricsSource:
         self.gpus: dict[str, _Gpu] = {}  # NVML index -> last readings
         self.heartbeat_s: float | None = None
         self.pending_s: dict[str, float] = {}  # pg -> age of its oldest pending collective at the last heartbeat
-        self.stall: dict | None = None  # the watchdog's stall record while it sees one
+        self.stall: Stall | None = None  # the watchdog's stall record while it sees one
         self.recent_busy_s: deque = deque(maxlen=STRAGGLER_WINDOW_STEPS)
         self.straggler_score: float | None = None  # set by whoever sees every rank (the node agent)
 
@@ -407,7 +409,7 @@ class MetricsSource:
         if self.flops_per_step and counted:
             self.model_flops += self.flops_per_step * counted
             if self.peak_flops and iteration_s > 0:
-                self.mfu = self.flops_per_step * counted / iteration_s / self.peak_flops
+                self.mfu = mfu_of(self.flops_per_step * counted, iteration_s, self.peak_flops)
 
     def _phases(self, rows) -> None:
         for row in rows:
@@ -475,28 +477,18 @@ class MetricsSource:
 
     def _heartbeat(self, records) -> None:
         """The watchdog's heartbeat (in training, as it is written; in the agent, heartbeat.json read back)."""
-        heartbeat = records[-1]
-        time_us = _number_or_none(heartbeat.get("time_us"))
-        if time_us is None:
+        heartbeat = Heartbeat.from_json(records[-1])
+        if heartbeat is None or heartbeat.time_us is None:
             return
+        time_us = heartbeat.time_us
         self.heartbeat_s = time_us / 1e6
         oldest: dict[str, float] = dict.fromkeys(self.pending_s, 0.0)  # groups seen before: 0 when none pending
-        pending = heartbeat.get("pending")
-        for entry in pending if isinstance(pending, list) else []:
-            start_us = _number_or_none(entry.get("start_us")) if isinstance(entry, dict) else None
-            if start_us is not None:
-                pg = str(entry.get("pg"))
-                oldest[pg] = max(oldest.get(pg, 0.0), max(time_us - start_us, 0.0) / 1e6)
+        for entry in heartbeat.pending:
+            if entry.start_us is not None:
+                pg = str(entry.pg)
+                oldest[pg] = max(oldest.get(pg, 0.0), max(time_us - entry.start_us, 0.0) / 1e6)
         self.pending_s = oldest
-        stall = heartbeat.get("stall")
-        self.stall = stall if isinstance(stall, dict) and _number_or_none(stall.get("seconds")) is not None else None
-
-
-def _number_or_none(value) -> float | None:
-    """A finite number from a JSON record, else None (heartbeats are read from files anyone could edit)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+        self.stall = heartbeat.stall
 
 
 def straggler_scores(sources: Iterable[MetricsSource]) -> None:
@@ -609,8 +601,10 @@ def _add_source(families: dict, source: MetricsSource) -> None:
     for pg, seconds in source.pending_s.items():
         families["diag_collective_pending_seconds"].add_metric([*rank, pg], seconds)
     if source.stall is not None:
-        where = [_label(source.stall.get(key)) for key in ("pg", "op", "seq")]
-        families["diag_hang_stalled_seconds"].add_metric([*rank, *where], float(source.stall["seconds"]))
+        stall = source.stall
+        families["diag_hang_stalled_seconds"].add_metric(
+            [*rank, _label(stall.pg), _label(stall.op), _label(stall.seq)], float(stall.seconds)
+        )
     if source.straggler_score is not None:
         families["diag_straggler_score"].add_metric(rank, source.straggler_score)
     for gpu, state in source.gpus.items():
@@ -637,12 +631,7 @@ def _float_text(value: float) -> str:
 
 def peak_flops_of(manifest: Manifest) -> float | None:
     """Dense peak FLOP/s: the user's ``peak_tflops``, else the datasheet table for the device and dtype."""
-    if manifest.peak_tflops:
-        return manifest.peak_tflops * 1e12
-    from diag.analysis.peaks import lookup_peak_tflops
-
-    looked_up = lookup_peak_tflops(manifest.device_name, manifest.dtype)
-    return looked_up.tflops * 1e12 if looked_up.tflops else None
+    return peak_flops_per_s(manifest.peak_tflops, manifest.device_name, manifest.dtype)
 
 
 def row_tuples(frame, table: str) -> list[tuple]:

@@ -1,0 +1,226 @@
+"""The JSON records the hang watchdog writes beside the tables: ``heartbeat.json`` (rewritten every few
+seconds) and ``hang_dump_NNN.json`` (one per stall or signal). The watchdog builds these dataclasses and writes
+``to_json()``; triage, ``triage --watch`` and the Prometheus hang metrics read them back with ``from_json``,
+which keeps what is usable of a damaged or hand-edited file (a field of the wrong type reads as unknown) and
+never raises. Keys are the field names; files written before these classes existed read the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PendingOp:
+    """A collective the rank entered and had not seen complete when the record was written."""
+
+    pg: str | None = None
+    seq: int | None = None  # -1 before c10d numbered it
+    op: str | None = None
+    bytes: int | None = None
+    dtype: str | None = None
+    peer: int | None = None  # point-to-point only
+    start_us: int | None = None  # wall clock it was entered
+    step: int | None = None
+    source: str | None = None  # py, ddp, ... as in collectives.csv
+    seq_inferred: bool = False  # seq read from c10d's counter by the watchdog (a blocking op gets its own late)
+
+    @classmethod
+    def from_json(cls, raw) -> PendingOp | None:
+        if not isinstance(raw, dict):
+            return None
+        return cls(
+            pg=_text(raw.get("pg")),
+            seq=_whole(raw.get("seq")),
+            op=_text(raw.get("op")),
+            bytes=_whole(raw.get("bytes")),
+            dtype=_text(raw.get("dtype")),
+            peer=_whole(raw.get("peer")),
+            start_us=_micros(raw.get("start_us")),
+            step=_whole(raw.get("step")),
+            source=_text(raw.get("source")),
+            seq_inferred=raw.get("seq_inferred") is True,
+        )
+
+
+@dataclass(frozen=True)
+class Stall:
+    """What the heartbeat says of a stall: the collective pending longest, or none when the step itself made
+    no progress (the Prometheus hang metrics label their series with it)."""
+
+    pg: str | None = None
+    seq: int | None = None
+    op: str | None = None
+    since_us: int | None = None
+    seconds: float | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_json(cls, raw) -> Stall | None:
+        if not isinstance(raw, dict) or _finite(raw.get("seconds")) is None:
+            return None
+        return cls(
+            pg=_text(raw.get("pg")),
+            seq=_whole(raw.get("seq")),
+            op=_text(raw.get("op")),
+            since_us=_micros(raw.get("since_us")),
+            seconds=_finite(raw.get("seconds")),
+            reason=_text(raw.get("reason")),
+        )
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """How the process ended, once the watchdog knew: finished, terminated (a signal), exception."""
+
+    how: str | None = None
+    signal: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    time_us: int | None = None
+
+    @classmethod
+    def from_json(cls, raw) -> ExitRecord | None:
+        if not isinstance(raw, dict):
+            return None
+        return cls(
+            how=_text(raw.get("how")),
+            signal=_text(raw.get("signal")),
+            error=_text(raw.get("error")),
+            traceback=_text(raw.get("traceback")),
+            time_us=_micros(raw.get("time_us")),
+        )
+
+
+@dataclass(frozen=True)
+class RankState:
+    """Where the rank was when a record was written (both records start with these)."""
+
+    rank: int | None = None
+    pid: int | None = None
+    time_us: int | None = None  # wall clock of the record
+    step: int | None = None  # the step in progress, None between steps
+    last_step: int | None = None  # the last step completed
+    phase: str | None = None
+    step_started_us: int | None = None
+
+    @staticmethod
+    def fields_from_json(raw: dict) -> dict:
+        return {
+            "rank": _whole(raw.get("rank")),
+            "pid": _whole(raw.get("pid")),
+            "time_us": _micros(raw.get("time_us")),
+            "step": _whole(raw.get("step")),
+            "last_step": _whole(raw.get("last_step")),
+            "phase": _text(raw.get("phase")),
+            "step_started_us": _micros(raw.get("step_started_us")),
+        }
+
+
+@dataclass(frozen=True)
+class Heartbeat(RankState):
+    """``heartbeat.json``: a rank alive (its time_us keeps moving), stuck (``stall``) or ended (``exit``)."""
+
+    state: str | None = None  # running, stalled, finished, or how it ended
+    interval_s: float | None = None  # how often it is rewritten
+    threshold_s: float | None = None  # a collective pending this long is a stall
+    pending: tuple[PendingOp, ...] = ()  # the first MAX_PENDING_IN_HEARTBEAT of them
+    pending_count: int | None = None
+    stall: Stall | None = None
+    last_seq: dict[str, int] = field(default_factory=dict)  # highest seq completed per process group
+    dumps_written: int | None = None
+    exit: ExitRecord | None = None
+
+    @classmethod
+    def from_json(cls, raw) -> Heartbeat | None:
+        if not isinstance(raw, dict):
+            return None
+        last_seq = raw.get("last_seq") if isinstance(raw.get("last_seq"), dict) else {}
+        return cls(
+            **RankState.fields_from_json(raw),
+            state=_text(raw.get("state")),
+            interval_s=_finite(raw.get("interval_s")),
+            threshold_s=_finite(raw.get("threshold_s")),
+            pending=_pending(raw.get("pending")),
+            pending_count=_whole(raw.get("pending_count")),
+            stall=Stall.from_json(raw.get("stall")),
+            last_seq={str(pg): _whole(seq) for pg, seq in last_seq.items() if _whole(seq) is not None},
+            dumps_written=_whole(raw.get("dumps_written")),
+            exit=ExitRecord.from_json(raw.get("exit")),
+        )
+
+    def to_json(self) -> dict:
+        return to_json(self)
+
+
+@dataclass(frozen=True)
+class HangDump(RankState):
+    """``hang_dump_NNN.json``: every thread's stack and the pending collectives when a stall or signal came."""
+
+    reason: str | None = None  # "stall: ...", "signal SIGTERM", "uncaught ValueError"
+    pending: tuple[PendingOp, ...] = ()
+    threads: tuple[dict, ...] = ()  # {name, ident, main, frames: [{file, line, function}]}
+    fr_dump: str | None = None  # the Flight Recorder dump written with it, if any
+    fr_error: str | None = None  # why none could be written
+    exit: ExitRecord | None = None
+
+    @classmethod
+    def from_json(cls, raw) -> HangDump | None:
+        if not isinstance(raw, dict):
+            return None
+        threads = raw.get("threads") if isinstance(raw.get("threads"), list) else []
+        return cls(
+            **RankState.fields_from_json(raw),
+            reason=_text(raw.get("reason")),
+            pending=_pending(raw.get("pending")),
+            threads=tuple(t for t in threads if isinstance(t, dict)),
+            fr_dump=_text(raw.get("fr_dump")),
+            fr_error=_text(raw.get("fr_error")),
+            exit=ExitRecord.from_json(raw.get("exit")),
+        )
+
+    def to_json(self) -> dict:
+        return to_json(self)
+
+    def main_frames(self) -> list[dict]:
+        """The main thread's frames, innermost last; [] when the dump has none."""
+        for thread in self.threads:
+            if thread.get("main"):
+                frames = thread.get("frames")
+                return frames if isinstance(frames, list) else []
+        return []
+
+
+def to_json(record) -> dict:
+    """A record as the JSON object the watchdog writes (tuples as lists)."""
+    return dataclasses.asdict(
+        record, dict_factory=lambda items: {k: list(v) if isinstance(v, tuple) else v for k, v in items}
+    )
+
+
+def _pending(raw) -> tuple[PendingOp, ...]:
+    entries = (PendingOp.from_json(p) for p in raw) if isinstance(raw, list) else ()
+    return tuple(p for p in entries if p is not None)
+
+
+def _finite(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _whole(value) -> int | None:
+    number = _finite(value)
+    return int(number) if number is not None and number.is_integer() else None
+
+
+def _micros(value) -> int | None:
+    """A wall-clock instant or span in microseconds (written as an integer; a float is rounded down)."""
+    number = _finite(value)
+    return int(number) if number is not None else None
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None
