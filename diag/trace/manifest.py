@@ -10,13 +10,11 @@ torch.profiler imports fill only some keys) becomes ``None``; values that would 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from diag.trace.json_values import as_rank, finite, mapping, positive_int, positive_number, text, whole
 from diag.trace.schema import MAX_RANK, SCHEMA_VERSION
-
-MAX_TEXT_CHARS = 4096  # a host name or version longer than this is not one
 
 # manifest values that divide or scale results: a zero, negative, non-finite or non-numeric one is dropped
 # (the analysis then falls back as if it were absent) and named, instead of a ZeroDivisionError or a wrong MFU
@@ -41,10 +39,10 @@ class ProcessGroupInfo:
         return cls(
             name=name,
             ranks=tuple(r for r in members if r is not None),
-            size=_positive_int(raw.get("size")),
-            backend=_text(raw.get("backend")),
-            desc=_text(raw.get("desc")),
-            mesh_dim=_text(raw.get("mesh_dim")),
+            size=positive_int(raw.get("size")),
+            backend=text(raw.get("backend")),
+            desc=text(raw.get("desc")),
+            mesh_dim=text(raw.get("mesh_dim")),
         )
 
 
@@ -62,11 +60,11 @@ class PipelineLayout:
     def from_json(cls, raw: dict) -> PipelineLayout:
         stage = raw.get("stage")
         return cls(
-            schedule=_text(raw.get("schedule")),
-            stages=_positive_int(raw.get("stages")),
-            virtual_stages=_positive_int(raw.get("virtual_stages")),
-            microbatches=_positive_int(raw.get("microbatches")),
-            stage=_whole(stage) if _whole(stage) is not None and _whole(stage) >= 0 else None,
+            schedule=text(raw.get("schedule")),
+            stages=positive_int(raw.get("stages")),
+            virtual_stages=positive_int(raw.get("virtual_stages")),
+            microbatches=positive_int(raw.get("microbatches")),
+            stage=whole(stage) if whole(stage) is not None and whole(stage) >= 0 else None,
         )
 
 
@@ -82,7 +80,7 @@ class ParallelLayout:
 
     @classmethod
     def from_json(cls, raw: dict) -> ParallelLayout:
-        return cls(**{name: _positive_int(raw.get(name)) for name in ("dp", "tp", "pp", "cp", "ep")})
+        return cls(**{name: positive_int(raw.get(name)) for name in ("dp", "tp", "pp", "cp", "ep")})
 
     def ranks_sharing_tokens(self) -> int:
         """Ranks that see the same tokens (tensor, pipeline and context parallel), to not count tokens twice."""
@@ -135,11 +133,11 @@ class Manifest:
         """The manifest of ``rank`` (the directory's rank wins over the file's). ``problems`` collects, by
         key, the values that were present but unusable, for the loader's notes."""
         problems = problems if problems is not None else {}
-        numbers = {name: _positive_number(raw.get(name)) for name in POSITIVE_FIELDS}
+        numbers = {name: positive_number(raw.get(name)) for name in POSITIVE_FIELDS}
         for name, value in numbers.items():
             if raw.get(name) is not None and value is None:
                 problems.setdefault(name, []).append(raw.get(name))
-        world_size = _positive_int(raw.get("world_size"))
+        world_size = positive_int(raw.get("world_size"))
         if world_size is not None and world_size > MAX_RANK:
             world_size = None
         if raw.get("world_size") is not None and world_size is None:
@@ -147,44 +145,44 @@ class Manifest:
         groups = raw.get("process_groups")
         return cls(
             rank=rank,
-            schema_version=_whole(raw.get("schema_version")),
-            run_id=_text(raw.get("run_id")),
+            schema_version=whole(raw.get("schema_version")),
+            run_id=text(raw.get("run_id")),
             local_rank=as_rank(raw.get("local_rank")),
             world_size=world_size,
-            local_world_size=_positive_int(raw.get("local_world_size")),
-            host=_text(raw.get("host")),
-            pid=_positive_int(raw.get("pid")),
-            launcher=_text(raw.get("launcher")),
-            job=_dict(raw.get("job")),
-            backend=_text(raw.get("backend")),
-            device=_text(raw.get("device")),
-            device_name=_text(raw.get("device_name")),
+            local_world_size=positive_int(raw.get("local_world_size")),
+            host=text(raw.get("host")),
+            pid=positive_int(raw.get("pid")),
+            launcher=text(raw.get("launcher")),
+            job=mapping(raw.get("job")),
+            backend=text(raw.get("backend")),
+            device=text(raw.get("device")),
+            device_name=text(raw.get("device_name")),
             gpu_index=as_rank(raw.get("gpu_index")),
-            gpu_uuid=_text(raw.get("gpu_uuid")),
-            torch_version=_text(raw.get("torch_version")),
-            cuda_version=_text(raw.get("cuda_version")),
-            nccl_version=_text(raw.get("nccl_version")),
-            python_version=_text(raw.get("python_version")),
+            gpu_uuid=text(raw.get("gpu_uuid")),
+            torch_version=text(raw.get("torch_version")),
+            cuda_version=text(raw.get("cuda_version")),
+            nccl_version=text(raw.get("nccl_version")),
+            python_version=text(raw.get("python_version")),
             parallel=ParallelLayout.from_json(raw["parallel"]) if isinstance(raw.get("parallel"), dict) else None,
             flops_per_step=numbers["flops_per_step"],
-            flops_source=_text(raw.get("flops_source")),
+            flops_source=text(raw.get("flops_source")),
             peak_tflops=numbers["peak_tflops"],
-            dtype=_text(raw.get("dtype")),
-            clock_offset_us=_finite(raw.get("clock_offset_us")),
-            clock_sync_error_us=_finite(raw.get("clock_sync_error_us")),
-            start_time_us=_whole(raw.get("start_time_us")),
+            dtype=text(raw.get("dtype")),
+            clock_offset_us=finite(raw.get("clock_offset_us")),
+            clock_sync_error_us=finite(raw.get("clock_sync_error_us")),
+            start_time_us=whole(raw.get("start_time_us")),
             process_groups={
                 str(name): ProcessGroupInfo.from_json(str(name), spec)
                 for name, spec in (groups.items() if isinstance(groups, dict) else ())
                 if isinstance(spec, dict)
             },
-            device_mesh=_dict(raw.get("device_mesh")),
-            capture={str(k): str(v) for k, v in (_dict(raw.get("capture")) or {}).items()},
+            device_mesh=mapping(raw.get("device_mesh")),
+            capture={str(k): str(v) for k, v in (mapping(raw.get("capture")) or {}).items()},
             pipeline=PipelineLayout.from_json(raw["pipeline"]) if isinstance(raw.get("pipeline"), dict) else None,
             finished=raw.get("finished") is True,
-            end_time_us=_whole(raw.get("end_time_us")),
-            source=_text(raw.get("source")),
-            trace_id=_text(raw.get("trace_id")),
+            end_time_us=whole(raw.get("end_time_us")),
+            source=text(raw.get("source")),
+            trace_id=text(raw.get("trace_id")),
         )
 
     def to_json(self) -> dict:
@@ -227,49 +225,6 @@ def first_of(manifests: dict[int, Manifest], name: str):
         if value is not None and value != "":
             return value
     return None
-
-
-def as_rank(value) -> int | None:
-    """A rank (or index) from JSON: a whole number from 0 to MAX_RANK, else None (never a 10**10-long range)."""
-    number = _whole(value)
-    if number is None and isinstance(value, str) and len(value) < 20 and value.strip().isdigit():
-        number = int(value)
-    return number if number is not None and 0 <= number <= MAX_RANK else None
-
-
-# -- coercion of JSON values -------------------------------------------------------------------------------------
-
-
-def _finite(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _whole(value) -> int | None:
-    number = _finite(value)
-    return int(number) if number is not None and number.is_integer() else None
-
-
-def _positive_number(value) -> float | None:
-    number = _finite(value)
-    return number if number is not None and number > 0 else None
-
-
-def _positive_int(value) -> int | None:
-    number = _whole(value)
-    return number if number is not None and number > 0 else None
-
-
-def _text(value) -> str | None:
-    if isinstance(value, str):
-        return value[:MAX_TEXT_CHARS] if value else None
-    whole = _whole(value)
-    return None if whole is None else str(whole)  # a host or run id written as a number
-
-
-def _dict(value) -> dict | None:
-    return value if isinstance(value, dict) else None
 
 
 def _few(values: list, show=None) -> str:

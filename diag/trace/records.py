@@ -8,8 +8,9 @@ never raises. Keys are the field names; files written before these classes exist
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
+
+from diag.trace.json_values import finite, micros, text, whole
 
 
 @dataclass(frozen=True)
@@ -32,15 +33,15 @@ class PendingOp:
         if not isinstance(raw, dict):
             return None
         return cls(
-            pg=_text(raw.get("pg")),
-            seq=_whole(raw.get("seq")),
-            op=_text(raw.get("op")),
-            bytes=_whole(raw.get("bytes")),
-            dtype=_text(raw.get("dtype")),
-            peer=_whole(raw.get("peer")),
-            start_us=_micros(raw.get("start_us")),
-            step=_whole(raw.get("step")),
-            source=_text(raw.get("source")),
+            pg=text(raw.get("pg")),
+            seq=whole(raw.get("seq")),
+            op=text(raw.get("op")),
+            bytes=whole(raw.get("bytes")),
+            dtype=text(raw.get("dtype")),
+            peer=whole(raw.get("peer")),
+            start_us=micros(raw.get("start_us")),
+            step=whole(raw.get("step")),
+            source=text(raw.get("source")),
             seq_inferred=raw.get("seq_inferred") is True,
         )
 
@@ -59,15 +60,15 @@ class Stall:
 
     @classmethod
     def from_json(cls, raw) -> Stall | None:
-        if not isinstance(raw, dict) or _finite(raw.get("seconds")) is None:
+        if not isinstance(raw, dict) or finite(raw.get("seconds")) is None:
             return None
         return cls(
-            pg=_text(raw.get("pg")),
-            seq=_whole(raw.get("seq")),
-            op=_text(raw.get("op")),
-            since_us=_micros(raw.get("since_us")),
-            seconds=_finite(raw.get("seconds")),
-            reason=_text(raw.get("reason")),
+            pg=text(raw.get("pg")),
+            seq=whole(raw.get("seq")),
+            op=text(raw.get("op")),
+            since_us=micros(raw.get("since_us")),
+            seconds=finite(raw.get("seconds")),
+            reason=text(raw.get("reason")),
         )
 
 
@@ -86,11 +87,11 @@ class ExitRecord:
         if not isinstance(raw, dict):
             return None
         return cls(
-            how=_text(raw.get("how")),
-            signal=_text(raw.get("signal")),
-            error=_text(raw.get("error")),
-            traceback=_text(raw.get("traceback")),
-            time_us=_micros(raw.get("time_us")),
+            how=text(raw.get("how")),
+            signal=text(raw.get("signal")),
+            error=text(raw.get("error")),
+            traceback=text(raw.get("traceback")),
+            time_us=micros(raw.get("time_us")),
         )
 
 
@@ -109,13 +110,13 @@ class RankState:
     @staticmethod
     def fields_from_json(raw: dict) -> dict:
         return {
-            "rank": _whole(raw.get("rank")),
-            "pid": _whole(raw.get("pid")),
-            "time_us": _micros(raw.get("time_us")),
-            "step": _whole(raw.get("step")),
-            "last_step": _whole(raw.get("last_step")),
-            "phase": _text(raw.get("phase")),
-            "step_started_us": _micros(raw.get("step_started_us")),
+            "rank": whole(raw.get("rank")),
+            "pid": whole(raw.get("pid")),
+            "time_us": micros(raw.get("time_us")),
+            "step": whole(raw.get("step")),
+            "last_step": whole(raw.get("last_step")),
+            "phase": text(raw.get("phase")),
+            "step_started_us": micros(raw.get("step_started_us")),
         }
 
 
@@ -140,14 +141,14 @@ class Heartbeat(RankState):
         last_seq = raw.get("last_seq") if isinstance(raw.get("last_seq"), dict) else {}
         return cls(
             **RankState.fields_from_json(raw),
-            state=_text(raw.get("state")),
-            interval_s=_finite(raw.get("interval_s")),
-            threshold_s=_finite(raw.get("threshold_s")),
+            state=text(raw.get("state")),
+            interval_s=finite(raw.get("interval_s")),
+            threshold_s=finite(raw.get("threshold_s")),
             pending=_pending(raw.get("pending")),
-            pending_count=_whole(raw.get("pending_count")),
+            pending_count=whole(raw.get("pending_count")),
             stall=Stall.from_json(raw.get("stall")),
-            last_seq={str(pg): _whole(seq) for pg, seq in last_seq.items() if _whole(seq) is not None},
-            dumps_written=_whole(raw.get("dumps_written")),
+            last_seq={str(pg): whole(seq) for pg, seq in last_seq.items() if whole(seq) is not None},
+            dumps_written=whole(raw.get("dumps_written")),
             exit=ExitRecord.from_json(raw.get("exit")),
         )
 
@@ -173,11 +174,11 @@ class HangDump(RankState):
         threads = raw.get("threads") if isinstance(raw.get("threads"), list) else []
         return cls(
             **RankState.fields_from_json(raw),
-            reason=_text(raw.get("reason")),
+            reason=text(raw.get("reason")),
             pending=_pending(raw.get("pending")),
             threads=tuple(t for t in threads if isinstance(t, dict)),
-            fr_dump=_text(raw.get("fr_dump")),
-            fr_error=_text(raw.get("fr_error")),
+            fr_dump=text(raw.get("fr_dump")),
+            fr_error=text(raw.get("fr_error")),
             exit=ExitRecord.from_json(raw.get("exit")),
         )
 
@@ -203,24 +204,3 @@ def to_json(record) -> dict:
 def _pending(raw) -> tuple[PendingOp, ...]:
     entries = (PendingOp.from_json(p) for p in raw) if isinstance(raw, list) else ()
     return tuple(p for p in entries if p is not None)
-
-
-def _finite(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _whole(value) -> int | None:
-    number = _finite(value)
-    return int(number) if number is not None and number.is_integer() else None
-
-
-def _micros(value) -> int | None:
-    """A wall-clock instant or span in microseconds (written as an integer; a float is rounded down)."""
-    number = _finite(value)
-    return int(number) if number is not None else None
-
-
-def _text(value) -> str | None:
-    return value if isinstance(value, str) else None
