@@ -52,7 +52,7 @@ def write_rank(root: Path, rank: int, world: int, steps: int, per_step: int, stu
     seq = 0
     for step in range(steps):
         start = START_US + step * STEP_US
-        step_rows.append(f"{step},{start},{STEP_US},1500,40000,50000,3000,6000,,32,16384\n")
+        step_rows.append(f"{step},{start},{STEP_US},1500,40000,50000,3000,6000,,32,16384,,,\n")  # no loss etc.
         for i in range(per_step):
             seq += 1
             coll_rows.append(

@@ -248,8 +248,11 @@ def _const(value: str, n: int) -> pa.DictionaryArray:
 
 def _write_table(rank_dir: Path, table: Table, columns: dict) -> None:
     arrays = []
+    rows = len(next(iter(columns.values())))
     for name in table.column_names:
-        value = columns[name]
+        value = columns.get(name)
+        if value is None:  # a column this generator does not plant (loss, fingerprints): empty
+            value = np.full(rows, np.nan)
         if isinstance(value, pa.Array):
             arrays.append(value.dictionary_decode() if isinstance(value, pa.DictionaryArray) else value)
         elif value.dtype.kind == "f" and table.dtypes[name] != "Float64":

@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init",
     "step",
+    "record",
     "phase",
     "instrument",
     "wrap_loader",
@@ -43,6 +44,15 @@ def step(step_index: int | None = None, samples: int | None = None, tokens: int 
     from diag.capture import api
 
     return api.step(step_index, samples=samples, tokens=tokens)
+
+
+def record(loss=None, grad_norm=None):
+    """The current step's loss and, when you have it, gradient norm (e.g. what clip_grad_norm_ returns):
+    numbers or 0-d tensors, read from the GPU without waiting for it. diag analyze names the first NaN or inf
+    (step and rank), loss spikes, and ranks whose loss or gradient norm departs from their peers'."""
+    from diag.capture import api
+
+    return api.record(loss=loss, grad_norm=grad_norm)
 
 
 def phase(name: str):

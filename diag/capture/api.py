@@ -37,6 +37,10 @@ def step(index=None, samples=None, tokens=None):
     return _current.step(index, samples=samples, tokens=tokens)
 
 
+def record(loss=None, grad_norm=None):
+    return _current.record(loss=loss, grad_norm=grad_norm)
+
+
 def phase(name: str):
     return _current.phase(name)
 

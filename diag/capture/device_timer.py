@@ -7,7 +7,40 @@ step start) writes the rows whose events have completed, using ``Event.query()``
 
 from __future__ import annotations
 
+import math
 from collections import deque
+
+HEALTH_VALUES = ("loss", "grad_norm")  # a non-finite one is an event: the CSV keeps only finite numbers
+
+
+def host_value(value):
+    """A step value (loss, gradient norm, fingerprint) for its row without waiting for the device: a number
+    as it is; a CPU tensor as its number; a CUDA tensor copied into a pinned host tensor behind the step's
+    end event (its row is written once that event completes, so the copy is done by then)."""
+    if value is None or not hasattr(value, "detach"):
+        return value
+    value = value.detach()
+    if value.device.type == "cpu":
+        return float(value)
+    import torch
+
+    host = torch.empty((), dtype=torch.float64, pin_memory=True)
+    host.copy_(value.reshape(()), non_blocking=True)
+    return host
+
+
+def resolve_row(writer, table: str, row: tuple) -> tuple:
+    """The row with host tensors read as numbers; a NaN or infinite loss or gradient norm is written as a
+    ``nonfinite`` event (the first one is what the health analysis looks for) and left empty in the row."""
+    if table != "steps":
+        return row
+    values = {name: float(v) for name, v in row._asdict().items() if hasattr(v, "detach")}
+    for name in HEALTH_VALUES:
+        value = values.get(name, getattr(row, name))
+        if value is not None and not math.isfinite(value):
+            writer.event("nonfinite", step=row.step, value_name=name, value=repr(value))
+            values[name] = None
+    return row._replace(**values) if values else row
 
 
 class DeviceTimer:
@@ -42,7 +75,7 @@ class DeviceTimer:
     def _resolve(self, entry) -> None:
         start_event, end_event, table, row = entry
         device_us = round(start_event.elapsed_time(end_event) * 1000, 1)  # ms -> us
-        self._writer.append(table, row._replace(device_us=device_us))
+        self._writer.append(table, resolve_row(self._writer, table, row._replace(device_us=device_us)))
 
 
 class NoDeviceTimer:
@@ -55,7 +88,7 @@ class NoDeviceTimer:
         return None
 
     def stop(self, _start_event, table: str, row: tuple) -> None:
-        self._writer.append(table, row)
+        self._writer.append(table, resolve_row(self._writer, table, row))
 
     def poll(self) -> None:
         pass

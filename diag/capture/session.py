@@ -16,6 +16,7 @@ from pathlib import Path
 
 from diag._warn import warn_once
 from diag.capture import collectives, torch_private
+from diag.capture.device_timer import host_value
 from diag.capture.flight_recorder import StepSpans
 from diag.capture.identity import RankIdentity, detect_identity
 from diag.capture.memory import MemorySampler, is_out_of_memory
@@ -30,6 +31,9 @@ DDP_BUCKET_MODES = ("auto", "hook", "flight_recorder", True, False)
 MIN_INTERVAL_S = 0.01
 _FLAGS = ("telemetry", "collectives", "memory", "clock_sync", "watchdog", "count_flops")
 _INTERVALS = ("telemetry_interval_s", "heartbeat_interval_s", "flush_interval_s")
+# Replica fingerprints: every this many steps, each data-parallel replica sums its parameters (one pass over
+# them on the device, read back without waiting); see docs/health.md for its measured cost
+DEFAULT_FINGERPRINT_EVERY = 100
 
 
 class Session:
@@ -47,7 +51,9 @@ class Session:
     costs a few percent of a step where the CPU computes, see docs/benchmarks.md); "flight_recorder" keeps
     DDP's built-in path and reads the buckets from Flight Recorder (issue time, size, no duration) with the
     step's exposed communication timed from its last gradient; "auto" (default): "hook" on NCCL, where the
-    host runs ahead of the GPU, "flight_recorder" elsewhere; False: not recorded;
+    host runs ahead of the GPU, "flight_recorder" elsewhere; False: not recorded; fingerprint_every: every
+    this many steps, the instrumented DDP model's parameters are summed on each replica (in the steps table,
+    compared across replicas by the analysis); 0: off;
     prometheus_port / prometheus_addr: serve live Prometheus metrics on http://ADDR:PORT+local_rank/metrics
     (docs/prometheus.md), updated from the rows as the writer flushes them, off the training thread.
     """
@@ -75,6 +81,7 @@ class Session:
         flush_interval_s: float = 0.5,
         count_flops: bool = False,
         ddp_buckets: bool | str = "auto",
+        fingerprint_every: int = DEFAULT_FINGERPRINT_EVERY,
         prometheus_port: int | None = None,
         prometheus_addr: str = "0.0.0.0",
         device=None,
@@ -95,6 +102,7 @@ class Session:
             flush_interval_s=flush_interval_s,
             count_flops=count_flops,
             ddp_buckets=ddp_buckets,
+            fingerprint_every=fingerprint_every,
             prometheus_port=prometheus_port,
             prometheus_addr=prometheus_addr,
         )
@@ -122,6 +130,9 @@ class Session:
         self._meshes: list = []  # DeviceMeshes found on instrumented modules
         self._count_flops = count_flops and not flops_per_step
         self._ddp_buckets = "hook" if ddp_buckets is True else ddp_buckets
+        self._fingerprint_every = fingerprint_every
+        self._replica_params: list = []  # parameters of the instrumented DDP model: identical on its replicas
+        self._step_values: dict = {}  # loss, grad_norm given for the step in progress (diag.record)
         self.step_spans = StepSpans()
 
         self.manifest = self._base_manifest(flops_per_step, peak_tflops, dtype, parallel)
@@ -344,9 +355,26 @@ class Session:
         counting needs a block around the step."""
         self._open_step = self._begin_step(index)
 
-    def end_step(self, samples: int | None = None, tokens: int | None = None, error: BaseException | None = None):
+    def record(self, loss=None, grad_norm=None) -> None:
+        """The current step's loss and gradient norm (numbers or 0-d tensors; a tensor on the GPU is copied to
+        the host without waiting for it), written with the step's row."""
+        if loss is not None:
+            self._step_values["loss"] = loss
+        if grad_norm is not None:
+            self._step_values["grad_norm"] = grad_norm
+
+    def end_step(
+        self,
+        samples: int | None = None,
+        tokens: int | None = None,
+        error: BaseException | None = None,
+        loss=None,
+        grad_norm=None,
+    ):
         """Close the step ``begin_step`` opened; ``error``: the exception that ended it (recorded like one
-        escaping ``with diag.step()``, an OOM with the allocator summary)."""
+        escaping ``with diag.step()``, an OOM with the allocator summary); ``loss``, ``grad_norm``: as
+        ``record``."""
+        self.record(loss=loss, grad_norm=grad_norm)
         if not self._open_step:
             return
         self._open_step = False
@@ -358,6 +386,7 @@ class Session:
         """Record a DDP model's gradient all-reduces (the ``ddp_buckets`` option says how) without timing its
         forward and backward: ``instrument`` calls it, and framework callbacks that time those from the
         framework's own events."""
+        self._track_replicas(ddp_model)
         if self.recorder is None or not self._ddp_buckets:
             return False
         group = ddp_model.process_group
@@ -373,6 +402,27 @@ class Session:
         self._hooks.append(collectives.LastGradientWait(ddp_model, self.add_comm_wait))
         self.capture_status["ddp_buckets"] = "flight_recorder: buckets untimed, exposed wait per step"
         return True
+
+    def _track_replicas(self, ddp_model) -> None:
+        """A DDP model's parameters are the same on every rank of its process group after each step: their
+        fingerprint, compared across that group (named in the manifest), shows when replicas drift apart."""
+        try:
+            if self._fingerprint_every and not self._replica_params:
+                self._replica_params = [p for p in ddp_model.module.parameters() if p.requires_grad]
+                self.manifest["replica_group"] = self.register_process_group(ddp_model.process_group)
+                self.writer.write_manifest(self.manifest)
+        except Exception as exc:
+            warn_once("replica-fingerprint", f"replica fingerprints are off ({exc!r})")
+            self._replica_params = []
+
+    def _fingerprint(self, step: int):
+        """The sum of every replicated parameter (float64, on their device), every ``fingerprint_every`` steps."""
+        if not self._replica_params or step % self._fingerprint_every:
+            return None
+        import torch
+
+        with torch.no_grad():
+            return torch.stack([p.detach().sum(dtype=torch.float64) for p in self._replica_params]).sum()
 
     def _on_user_comm_hook(self, group) -> None:
         """The user registered their own DDP communication hook, which now runs in diag's: what it issues
@@ -440,6 +490,9 @@ class Session:
                 comm_wait_us=round(self._comm_wait_us + exposed_async_us),
                 samples=samples,
                 tokens=tokens,
+                loss=host_value(self._step_values.get("loss")),
+                grad_norm=host_value(self._step_values.get("grad_norm")),
+                param_fingerprint=host_value(self._fingerprint(step)) if completed else None,
             )
             self.device_timer.stop(self._step_device_event, "steps", row)
             self.step_spans.add(self.step_started_us * 1000, time.time_ns(), step)
@@ -452,6 +505,7 @@ class Session:
                 self.last_step = self.current_step
             self.current_step = self.step_started_us = None
             self._phase_us = {}
+            self._step_values = {}
             self._data_wait_us = self._comm_wait_us = 0.0
             self.current_phase = None
 
@@ -624,6 +678,9 @@ def validate_options(**options) -> None:
         problems.append(
             f"parallel must map dimension names to positive sizes, e.g. {{'dp': 8, 'tp': 4}}, not {parallel!r}"
         )
+    every = options.get("fingerprint_every", 0)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        problems.append(f"fingerprint_every must be a whole number of steps >= 0 (0: off), not {every!r}")
     if "ddp_buckets" in options and not any(
         options["ddp_buckets"] == mode and type(options["ddp_buckets"]) is type(mode) for mode in DDP_BUCKET_MODES
     ):
@@ -661,7 +718,10 @@ class DisabledSession:
     def begin_step(self, index=None):
         pass
 
-    def end_step(self, samples=None, tokens=None, error=None):
+    def end_step(self, samples=None, tokens=None, error=None, loss=None, grad_norm=None):
+        pass
+
+    def record(self, loss=None, grad_norm=None):
         pass
 
     def instrument(self, *objects, step_at=None):

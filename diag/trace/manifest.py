@@ -122,6 +122,7 @@ class Manifest:
     device_mesh: dict | None = None
     capture: dict[str, str] = field(default_factory=dict)
     pipeline: PipelineLayout | None = None
+    replica_group: str | None = None  # the DDP model's process group: its ranks are replicas
     finished: bool = False
     end_time_us: int | None = None
     # who wrote it: None for diag's capture, "kineto" for a manifest made from a torch.profiler trace
@@ -179,6 +180,7 @@ class Manifest:
             device_mesh=mapping(raw.get("device_mesh")),
             capture={str(k): str(v) for k, v in (mapping(raw.get("capture")) or {}).items()},
             pipeline=PipelineLayout.from_json(raw["pipeline"]) if isinstance(raw.get("pipeline"), dict) else None,
+            replica_group=text(raw.get("replica_group")),
             finished=raw.get("finished") is True,
             end_time_us=whole(raw.get("end_time_us")),
             source=text(raw.get("source")),

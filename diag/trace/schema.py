@@ -41,6 +41,9 @@ RANK_DIR_PREFIX = "rank"
 MARKER_PREFIX = "#diag-trace"
 
 
+NULLABLE_DTYPES = ("Float64", "Int64", "category")  # columns added to a table later must be one of these
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -99,11 +102,21 @@ class Table:
             {"rank": np.full(length, rank, dtype="int32"), **{n: columns[n] for n in self.column_names}}
         )
 
-    def accepts_header(self, names: list[str]) -> bool:
-        """The header line's names are this table's columns, by their current or former names."""
-        return len(names) == len(self.columns) and all(
-            name in (c.name, c.former_name) for name, c in zip(names, self.columns, strict=True)
-        )
+    def header_columns(self, names: list[str]) -> int | None:
+        """How many of this table's columns a file with this header line holds, or None if it is not this
+        table's. Columns are only ever added at the end, nullable: a file written before an addition holds the
+        leading ones (read under their current or former names), and the rest read as empty."""
+        if not 0 < len(names) <= len(self.columns):
+            return None
+        if any(name not in (c.name, c.former_name) for name, c in zip(names, self.columns)):
+            return None
+        if any(c.dtype not in NULLABLE_DTYPES for c in self.columns[len(names) :]):
+            return None
+        return len(names)
+
+    def leading(self, count: int) -> Table:
+        """This table with only its first ``count`` columns (how an older file of it is parsed)."""
+        return self if count == len(self.columns) else Table(self.name, self.doc, self.columns[:count])
 
     def marker_line(self) -> str:
         return f"{MARKER_PREFIX} schema={SCHEMA_VERSION} table={self.name}\n"
@@ -127,6 +140,21 @@ STEPS = Table(
         Column("device_us", "Float64", "GPU time of the step from CUDA events; empty on CPU"),
         Column("samples", "Int64", "samples in the step's batch when known"),
         Column("tokens", "Int64", "tokens in the step's batch when known"),
+        Column(
+            "loss",
+            "Float64",
+            "the step's loss as given to diag.record / end_step; empty if not given or not finite (a `nonfinite` event says which)",
+        ),
+        Column(
+            "grad_norm",
+            "Float64",
+            "the step's gradient norm as given (e.g. clip_grad_norm_'s result); empty as loss is",
+        ),
+        Column(
+            "param_fingerprint",
+            "Float64",
+            "every fingerprint_every steps, the float64 sum of the instrumented DDP model's parameters after the step: equal on every replica of `replica_group` unless they drifted apart",
+        ),
     ),
 )
 
@@ -299,6 +327,7 @@ MANIFEST_KEYS: dict[str, str] = {
     "module's DTensor parameters (tensor parallel, FSDP2), else absent",
     "capture": "what is being captured and what is off, with reasons",
     "pipeline": "pipeline layout when pipelined: {schedule, stages, virtual_stages, microbatches, stage}",
+    "replica_group": "the process group (pg name) of the instrumented DDP model, whose ranks hold the same parameters (their `param_fingerprint`s are compared)",
     "finished": "true once diag.finish() ran (rewritten at finish)",
     "end_time_us": "wall-clock instant diag.finish() ran",
 }

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from diag.trace.schema import MEMORY, STEPS
 from diag.trace.writer import RankWriter
 
 browser_mod = pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e .[test])")
@@ -216,21 +217,19 @@ def _write_steps(writer: RankWriter, steps: range, step_s: float, compute_us: in
         start = START_US + int(step * step_s * 1e6)
         writer.append(
             "steps",
-            (
-                step,
-                start,
-                compute_us + 5_000,
-                100,
-                compute_us // 3,
-                compute_us // 2,
-                compute_us // 6,
-                5_000,
-                None,
-                8,
-                None,
+            STEPS.row(
+                step=step,
+                start_us=start,
+                duration_us=compute_us + 5_000,
+                data_wait_us=100,
+                forward_us=compute_us // 3,
+                backward_us=compute_us // 2,
+                optimizer_us=compute_us // 6,
+                comm_wait_us=5_000,
+                samples=8,
             ),
         )
-        writer.append("memory", (step, start + compute_us, None, None, None, None, None, None, 2**30 + step * 2**20))
+        writer.append("memory", MEMORY.row(step=step, time_us=start + compute_us, rss_bytes=2**30 + step * 2**20))
     writer.flush()
 
 

@@ -15,6 +15,7 @@ from plotly.io.json import to_json_plotly
 
 from diag.dashboard import data as d
 from diag.dashboard import figures as f
+from diag.trace.schema import STEPS
 from diag.trace.writer import RankWriter
 
 FIGURE_LIMIT_BYTES = 2 * 2**20
@@ -60,9 +61,9 @@ def _manifest(rank: int, finished: bool) -> dict:
 
 def _steps(writer: RankWriter, steps: range, step_s: float) -> None:
     for s in steps:
-        writer.append(
-            "steps", (s, 1_795_000_000_000_000 + int(s * step_s * 1e6), 1000, 10, 300, 500, 100, 50, None, 8, None)
-        )
+        start_us = 1_795_000_000_000_000 + int(s * step_s * 1e6)
+        times = {"data_wait_us": 10, "forward_us": 300, "backward_us": 500, "optimizer_us": 100, "comm_wait_us": 50}
+        writer.append("steps", STEPS.row(step=s, start_us=start_us, duration_us=1000, samples=8, **times))
     writer.flush()
 
 

@@ -10,7 +10,17 @@ from diag.trace.writer import RankWriter
 
 
 def step_row(step: int) -> tuple:
-    return (step, 1_000_000 + step * 20_000, 20_000, 10, 5_000, 9_000, 1_000, 2_000, None, 32, None)
+    return STEPS.row(
+        step=step,
+        start_us=1_000_000 + step * 20_000,
+        duration_us=20_000,
+        data_wait_us=10,
+        forward_us=5_000,
+        backward_us=9_000,
+        optimizer_us=1_000,
+        comm_wait_us=2_000,
+        samples=32,
+    )
 
 
 def write_rank(root, rank: int, steps: int, run_id: str = "run-a", world_size: int = 2) -> None:
@@ -18,7 +28,21 @@ def write_rank(root, rank: int, steps: int, run_id: str = "run-a", world_size: i
     writer.write_manifest({"rank": rank, "world_size": world_size, "run_id": run_id, "schema_version": 1})
     for step in range(steps):
         writer.append("steps", step_row(step))
-        writer.append("collectives", (step, "0", step + 1, "all_reduce", 4096, "float32", None, 10, 55.5, 0, "ddp"))
+        writer.append(
+            "collectives",
+            COLLECTIVES.row(
+                step=step,
+                pg="0",
+                seq=step + 1,
+                op="all_reduce",
+                bytes=4096,
+                dtype="float32",
+                start_us=10,
+                duration_us=55.5,
+                blocking=0,
+                source="ddp",
+            ),
+        )
     writer.close()
 
 
@@ -43,7 +67,7 @@ def test_half_written_last_line_is_ignored_and_read_later(tmp_path):
     first = reader.poll()
     assert first["steps"]["step"].tolist() == [0, 1] and first["skipped"] == []
     with open(path, "a") as f:
-        f.write(",10,5000,9000,1000,2000,,32,\n3,1060000,20000,10,5000,9000,1000,2000,,32,\n")
+        f.write(",10,5000,9000,1000,2000,,32,,,,\n3,1060000,20000,10,5000,9000,1000,2000,,32,,,,\n")
     second = reader.poll()  # only the rows appended since
     assert second["steps"]["step"].tolist() == [2, 3]
     assert reader.poll()["steps"].empty
@@ -53,9 +77,9 @@ def test_corrupt_rows_are_skipped_and_counted(tmp_path):
     write_rank(tmp_path, 0, 3, world_size=1)
     path = tmp_path / "rank00000" / "steps.csv"
     with open(path, "a") as f:
-        f.write("3,garbage,20000,10,5000,9000,1000,2000,,32,\n")
+        f.write("3,garbage,20000,10,5000,9000,1000,2000,,32,,,,\n")
         f.write("\x00\x00\x00binary junk\n")
-        f.write("4,1080000,20000,10,5000,9000,1000,2000,,32,\n")
+        f.write("4,1080000,20000,10,5000,9000,1000,2000,,32,,,,\n")
     trace = load(tmp_path)
     assert trace.steps["step"].tolist() == [0, 1, 2, 4]
     assert [(s.reason, s.lines) for s in trace.skipped] == [("corrupt rows skipped", 2)]
@@ -156,9 +180,9 @@ def test_poll_survives_a_bad_row_appended_live(tmp_path):
     reader = TraceReader(tmp_path)
     assert len(reader.poll()["steps"]) == 2
     with open(tmp_path / "rank00000" / "steps.csv", "ab") as f:
-        f.write(b"2.5,\xff,inf,1,2,3\n" + b"3,1000,20,1,2,3,4,5,,32,\n")
+        f.write(b"2.5,\xff,inf,1,2,3\n" + b"3,1000,20,1,2,3,4,5,,32,,,,\n")
     polled = reader.poll()
     assert polled["steps"]["step"].tolist() == [3] and any(s.lines == 1 for s in polled["skipped"])
     with open(tmp_path / "rank00000" / "steps.csv", "ab") as f:
-        f.write(b"4,1000,20,1,2,3,4,5,,32,\n")
+        f.write(b"4,1000,20,1,2,3,4,5,,32,,,,\n")
     assert reader.poll()["steps"]["step"].tolist() == [4]  # the poller goes on after the bad row

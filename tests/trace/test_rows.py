@@ -60,3 +60,14 @@ def test_a_column_written_under_its_former_name_is_read_under_its_new_one():
     assert "pcie_tx_kbps" in header.split(",")
     telemetry = diag.load(REPO / "sample_traces" / "straggler-h100").telemetry
     assert len(telemetry) and telemetry["pcie_tx_kib_per_s"].notna().any() and "pcie_tx_kbps" not in telemetry
+
+
+def test_a_file_written_before_columns_were_added_reads_them_empty(tmp_path):
+    """The bundled runs predate the steps table's loss, grad_norm and param_fingerprint columns."""
+    header = (REPO / "sample_traces" / "straggler" / "rank00000" / "steps.csv").read_text().splitlines()[1]
+    assert len(header.split(",")) < len(STEPS.columns)
+    steps = diag.load(REPO / "sample_traces" / "straggler").steps
+    assert len(steps) and list(steps.columns) == ["rank", *STEPS.column_names]
+    assert steps[["loss", "grad_norm", "param_fingerprint"]].isna().all().all()
+    assert STEPS.header_columns(header.split(",")) == len(header.split(","))
+    assert STEPS.header_columns([*header.split(","), "surprise"]) is None  # a column this diag does not know
