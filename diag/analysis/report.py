@@ -27,6 +27,7 @@ from diag.analysis.comms import (
 from diag.analysis.failures import FailureReport, failure_findings, find_failures
 from diag.analysis.findings import Finding, FindingContext, rank_findings
 from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
+from diag.analysis.health import HealthReport, analyze_health, health_findings
 from diag.analysis.memory import MemoryReport, analyze_memory, memory_findings, memory_pressure
 from diag.analysis.mfu import MfuReport, analyze_mfu, mfu_findings
 from diag.analysis.stragglers import (
@@ -55,6 +56,7 @@ FINDINGS = (
     ("mfu", mfu_findings),
     ("bubble", bubble_findings),
     ("gpu_time", gpu_time_findings),
+    ("health", health_findings),
 )
 
 
@@ -102,6 +104,7 @@ class Report:
     bubble: BubbleReport | None = None  # None for runs without pipeline parallelism
     pipeline_timeline: list[dict] = field(default_factory=list)  # one step's actions per stage, for the Gantt
     gpu_time: GpuTimeReport | None = None  # torch.profiler (Kineto) imports only; None for diag's own traces
+    health: HealthReport = field(default_factory=HealthReport)  # loss, gradient norm, replica fingerprints
 
     def to_state(self) -> dict:
         """Everything in the Report, JSON-safe and structured like the dataclasses, for ``from_state``."""
@@ -134,6 +137,7 @@ class Report:
             "timeline": _plain(self.timeline),
             "bubble": _plain(self.bubble.to_dict()) if self.bubble is not None else None,
             "gpu_time": _plain(self.gpu_time) if self.gpu_time is not None else None,
+            "health": _plain(self.health),
         }
 
 
@@ -166,6 +170,7 @@ def analyze(
     bubble = analyze_bubble(trace, window.step_indices) if len(trace.microbatches) else None
     pipeline_timeline = gantt_rows(trace).to_dict("records") if bubble is not None else []
     gpu_time = analyze_gpu_time(trace.gpu_kernels, window.step_indices)
+    health = analyze_health(trace.steps, trace.events, trace.manifests)
 
     results = {
         "failures": failures,
@@ -176,6 +181,7 @@ def analyze(
         "mfu": mfu,
         "bubble": bubble,
         "gpu_time": gpu_time,
+        "health": health,
     }
     ctx = FindingContext(mfu.step_time_median_s, window.steps_analysed, times, stragglers)
     found = [f for name, findings_of in FINDINGS if results[name] is not None for f in findings_of(results[name], ctx)]
@@ -193,6 +199,7 @@ def analyze(
         bubble,
         pipeline_timeline,
         gpu_time,
+        health,
     )
 
 

@@ -357,7 +357,9 @@ class Session:
 
     def record(self, loss=None, grad_norm=None) -> None:
         """The current step's loss and gradient norm (numbers or 0-d tensors; a tensor on the GPU is copied to
-        the host without waiting for it), written with the step's row."""
+        the host without waiting for it), written with the step's row. Outside a step: ignored."""
+        if self.current_step is None:
+            return
         if loss is not None:
             self._step_values["loss"] = loss
         if grad_norm is not None:
@@ -416,13 +418,16 @@ class Session:
             self._replica_params = []
 
     def _fingerprint(self, step: int):
-        """The sum of every replicated parameter (float64, on their device), every ``fingerprint_every`` steps."""
+        """Every ``fingerprint_every`` steps, the sum of every replicated parameter, on their device. Each
+        parameter is summed in float32 (float64 costs 60x more on a CPU: docs/health.md) and the sums added in
+        float64; replicas hold bit-identical parameters and reduce them identically, so any difference shows."""
         if not self._replica_params or step % self._fingerprint_every:
             return None
         import torch
 
         with torch.no_grad():
-            return torch.stack([p.detach().sum(dtype=torch.float64) for p in self._replica_params]).sum()
+            sums = torch.stack([p.detach().sum(dtype=torch.float32) for p in self._replica_params])
+            return sums.double().sum()
 
     def _on_user_comm_hook(self, group) -> None:
         """The user registered their own DDP communication hook, which now runs in diag's: what it issues

@@ -85,14 +85,16 @@ class Trainer:
             total += float(loss.detach())
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
+        grad_norm = None
         if self.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        api.record(loss=total, grad_norm=grad_norm)  # training health: NaNs, spikes, ranks apart
         return total
 
     def _loss(self, batch):

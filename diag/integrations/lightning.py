@@ -117,6 +117,9 @@ class DiagCallbackMixin:
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._driver.drop_phase("forward")
         self._driver.end_phase()
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None and hasattr(loss, "detach"):
+            self._driver.session.record(loss=loss)  # the last micro-batch's loss (Lightning's own)
         if trainer.global_step != self._global_step_at_begin:  # the optimizer stepped: the step is complete
             self._driver.end_step()
 

@@ -153,7 +153,7 @@ STEPS = Table(
         Column(
             "param_fingerprint",
             "Float64",
-            "every fingerprint_every steps, the float64 sum of the instrumented DDP model's parameters after the step: equal on every replica of `replica_group` unless they drifted apart",
+            "every fingerprint_every steps, the sum of the instrumented DDP model's parameters after the step (each summed in float32, the sums added in float64): equal on every replica of `replica_group` unless they drifted apart",
         ),
     ),
 )

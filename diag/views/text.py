@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from diag.views.format import gib, iec_bytes, mib, ms_from_s, ms_from_us, num, pct, pct_from_pct, rate, s_from_s
 
 TOP_ROWS = 10
+LOSS_FORMAT = "{:.4g}"
 
 
 @dataclass
@@ -33,6 +34,8 @@ def blocks(report) -> list[Block]:
         out.append(_bubble(report))
     if getattr(report, "gpu_time", None) is not None:
         out.append(_gpu_time(report))
+    if report.health.recorded:
+        out.append(_health(report))
     return out
 
 
@@ -337,6 +340,26 @@ def _bubble(report) -> Block:
             ]
         )
     return Block("Pipeline bubbles", lines, table)
+
+
+def _health(report) -> Block:
+    h = report.health
+    block = Block("Training health")
+    losses = [s["loss_median"] for s in h.per_step if s["loss_median"] is not None]
+    if losses:
+        first, last = num(losses[0], LOSS_FORMAT), num(losses[-1], LOSS_FORMAT)
+        block.lines.append(f"loss (median over ranks): first {first}, last {last}")
+    for n in h.first_nonfinite[:3]:
+        block.lines.append(f"{n.value_name} = {n.value} on rank {n.rank} at step {n.step}")
+    if h.fingerprint_steps:
+        d = h.divergence
+        block.lines.append(
+            f"replicas compared at {h.fingerprint_steps} steps: "
+            + (f"diverged at step {d.step} ({_ranks(d.ranks)})" if d else "identical")
+        )
+    block.lines += [f"loss spike at step {s.step} on {_ranks(s.ranks)}" for s in h.spikes[:TOP_ROWS]]
+    block.lines += [f"rank {d.rank}'s {d.value_name} departs from its peers'" for d in h.departures]
+    return block
 
 
 def _gpu_time(report) -> Block:
