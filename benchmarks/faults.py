@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, case in enumerate(cases):
         with tempfile.TemporaryDirectory(prefix="diag-fault-") as tmp:
             outcome = run_case(case, Path(tmp))
-            if args.keep:
+            if args.keep and (Path(tmp) / "trace").is_dir():  # a job that died before diag.init wrote none
                 shutil.copytree(Path(tmp) / "trace", args.keep / f"{i:03d}-{case.fault}", dirs_exist_ok=True)
         outcomes.append(outcome)
         mark = "ok " if outcome.verdict_right and outcome.culprit_right else "BAD"
