@@ -29,7 +29,7 @@ DDP_BUCKET_MODES = ("auto", "hook", "flight_recorder", True, False)
 # Below this, a background thread (writer, sampler) wakes so often that it takes the GIL from training:
 # flush_interval_s=0 made a job 230x slower. 10 ms is already 100 flushes a second.
 MIN_INTERVAL_S = 0.01
-_FLAGS = ("telemetry", "collectives", "memory", "clock_sync", "watchdog", "count_flops")
+_FLAGS = ("telemetry", "collectives", "memory", "clock_sync", "watchdog", "count_flops", "loggers_on_every_rank")
 _INTERVALS = ("telemetry_interval_s", "heartbeat_interval_s", "flush_interval_s")
 # Replica fingerprints: every this many steps, each data-parallel replica sums its parameters (one pass over
 # them on the device, read back without waiting); see docs/health.md for its measured cost
@@ -55,7 +55,10 @@ class Session:
     this many steps, the instrumented DDP model's parameters are summed on each replica (in the steps table,
     compared across replicas by the analysis); 0: off;
     prometheus_port / prometheus_addr: serve live Prometheus metrics on http://ADDR:PORT+local_rank/metrics
-    (docs/prometheus.md), updated from the rows as the writer flushes them, off the training thread.
+    (docs/prometheus.md), updated from the rows as the writer flushes them, off the training thread;
+    tensorboard: a log directory for diag's per-step series as TensorBoard scalars; wandb: True (the active
+    W&B run) or a run object, to log them there against ``diag/step``; both from rank 0 only unless
+    loggers_on_every_rank (docs/health.md).
     """
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
@@ -84,6 +87,9 @@ class Session:
         fingerprint_every: int = DEFAULT_FINGERPRINT_EVERY,
         prometheus_port: int | None = None,
         prometheus_addr: str = "0.0.0.0",
+        tensorboard: str | os.PathLike | None = None,
+        wandb=False,
+        loggers_on_every_rank: bool = False,
         device=None,
     ):
         validate_options(
@@ -105,6 +111,9 @@ class Session:
             fingerprint_every=fingerprint_every,
             prometheus_port=prometheus_port,
             prometheus_addr=prometheus_addr,
+            tensorboard=tensorboard,
+            wandb=wandb,
+            loggers_on_every_rank=loggers_on_every_rank,
         )
         self.trace_dir = Path(trace_dir)
         self.identity: RankIdentity = detect_identity()
@@ -144,6 +153,7 @@ class Session:
         self.recorder = self._start_collectives(collectives and writing)
         self._sync_clocks(clock_sync)
         self.metrics = self._start_metrics(prometheus_port if writing else None, prometheus_addr)
+        self.loggers = self._start_loggers(tensorboard, wandb, loggers_on_every_rank) if writing else []
         self.telemetry = self._start_telemetry(telemetry and writing, telemetry_interval_s)
         self.watchdog = self._start_watchdog(watchdog and writing, hang_threshold_s, heartbeat_interval_s)
         self.manifest["capture"] = self.capture_status
@@ -236,6 +246,25 @@ class Session:
         self.writer.row_observer = sink.observe
         self.capture_status["prometheus"] = sink.status
         return sink
+
+    def _start_loggers(self, tensorboard, wandb, every_rank: bool) -> list:
+        """TensorBoard / W&B: they see the rows the writer flushes, after the Prometheus sink."""
+        if not tensorboard and not wandb:
+            return []
+        from diag.metrics.loggers import start_loggers
+
+        loggers = start_loggers(tensorboard, wandb, self.rank, every_rank)
+        for name, logger in loggers.items():
+            self.capture_status[name] = logger.status
+        if loggers:
+            self.writer.row_observer = self._observe_rows
+        return list(loggers.values())
+
+    def _observe_rows(self, table: str, rows: list) -> None:
+        """Every flushed batch of rows to the metrics sink and each logger (each guards its own failures)."""
+        self.metrics.observe(table, rows)
+        for logger in self.loggers:
+            logger.observe(table, rows)
 
     def _start_telemetry(self, enabled: bool, interval_s: float):
         if not enabled:
@@ -625,10 +654,11 @@ class Session:
         self.manifest["end_time_us"] = time.time_ns() // 1000
         self.writer.write_manifest(self.manifest)
         self.writer.close()  # its last flush still reaches the metrics
-        try:
-            self.metrics.close()
-        except Exception as exc:
-            warn_once("finish", f"error while finishing capture ({exc!r})")
+        for sink in (self.metrics, *self.loggers):
+            try:
+                sink.close()
+            except Exception as exc:
+                warn_once("finish", f"error while finishing capture ({exc!r})")
 
     def _stop_watchdog(self):
         if self.watchdog is not None:
@@ -683,6 +713,12 @@ def validate_options(**options) -> None:
         problems.append(
             f"parallel must map dimension names to positive sizes, e.g. {{'dp': 8, 'tp': 4}}, not {parallel!r}"
         )
+    board = options.get("tensorboard")
+    if board is not None and not isinstance(board, str | os.PathLike):
+        problems.append(f"tensorboard must be a log directory or None, not {board!r}")
+    run = options.get("wandb", False)
+    if not (isinstance(run, bool) or hasattr(run, "log")):
+        problems.append(f"wandb must be True (the active run), False or a W&B run object, not {run!r}")
     every = options.get("fingerprint_every", 0)
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         problems.append(f"fingerprint_every must be a whole number of steps >= 0 (0: off), not {every!r}")
