@@ -102,6 +102,20 @@ def throughput_figure(tp: pd.DataFrame) -> go.Figure:
     return message_figure("Throughput", "no tokens or samples recorded per step")
 
 
+def health_figure(per_step: pd.DataFrame, note: str | None) -> go.Figure:
+    """The loss and gradient norm over steps (medians over ranks), as diag.record gave them."""
+    if per_step.empty:
+        return message_figure("Loss", note or "no loss recorded (diag.record)")
+    fig = _base("Loss and gradient norm (median over ranks)", "step", "value")
+    for column, label, color in (
+        ("loss_median", "loss", FLEET_COLOR),
+        ("grad_norm_median", "grad norm", STRAGGLER_COLOR),
+    ):
+        if column in per_step and per_step[column].notna().any():
+            fig.add_scatter(x=per_step["step"].to_numpy(), y=_f32(per_step[column]), name=label, line={"color": color})
+    return fig
+
+
 def rank_state_figure(states: pd.DataFrame, selected_rank: int | None) -> go.Figure:
     """Every rank as one cell of a square grid, coloured by live / stale / finished / no data."""
     if states is None or states.empty:

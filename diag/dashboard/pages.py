@@ -105,7 +105,7 @@ def update_overview(snap: d.Snapshot, rank: int | None) -> dict:
     if reason:
         out["summary"] = html.Div(f"Cannot analyse this trace: {reason}", className="missing")
         out["findings"] = html.Div()
-        for name in ("steps", "mfu", "throughput"):
+        for name in ("steps", "mfu", "throughput", "health"):
             out[name] = f.message_figure(name, reason)
         return out
     report = snap.report
@@ -117,6 +117,8 @@ def update_overview(snap: d.Snapshot, rank: int | None) -> dict:
     out["steps"] = f.step_time_figure(per_step, _selected_steps(snap, rank))
     out["mfu"] = f.mfu_figure(mfu, report.mfu.reason)
     out["throughput"] = f.throughput_figure(tp)
+    health = snap.memo("health", lambda: d.downsample(pd.DataFrame(report.health.per_step)))
+    out["health"] = f.health_figure(health, report.health.note)
     return out
 
 
@@ -437,10 +439,10 @@ PAGES: dict[str, Page] = {
         Page(
             "/",
             "Overview",
-            ("steps", "mfu", "throughput", "ranks"),
+            ("steps", "mfu", "throughput", "health", "ranks"),
             ("summary", "problems", "findings"),
             update_overview,
-            "Findings ranked by the time they cost, step time and MFU over steps, and which ranks are live.",
+            "Findings ranked by the time they cost, step time, MFU, throughput and loss over steps, and which ranks are live.",
         ),
         Page(
             "/stragglers",
