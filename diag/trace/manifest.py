@@ -58,13 +58,12 @@ class PipelineLayout:
 
     @classmethod
     def from_json(cls, raw: dict) -> PipelineLayout:
-        stage = raw.get("stage")
         return cls(
             schedule=text(raw.get("schedule")),
             stages=positive_int(raw.get("stages")),
             virtual_stages=positive_int(raw.get("virtual_stages")),
             microbatches=positive_int(raw.get("microbatches")),
-            stage=whole(stage) if whole(stage) is not None and whole(stage) >= 0 else None,
+            stage=as_rank(raw.get("stage")),  # from 0, as a rank is
         )
 
 
