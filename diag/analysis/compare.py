@@ -10,8 +10,10 @@ window ``diag analyze`` chose (warm-up and incomplete steps left out).
 **Verdict.** Other load on a machine (other jobs, a noisy neighbour, the OS) only ever adds time, to some steps
 more than others: the same job run twice on a busy 2-core machine moved its median step by up to 29% here,
 while its fastest steps stayed within a few percent. So the verdict is read from the *steady* step time, the
-lower quartile (``STEADY_QUANTILE``) of each run's per-step distribution, which a change in the job itself
-(code, model, configuration) moves and outside interference barely does. Its change is bootstrapped (moving
+lower decile (``STEADY_QUANTILE``) of each run's per-step distribution, which a change in the job itself
+(code, model, configuration) moves and outside interference barely does (over 16 pairs of the same job on
+that machine the lower quartile still gave one false regression, the lower decile none, with narrower
+intervals). Its change is bootstrapped (moving
 blocks of steps, so slow stretches stay together; ``RESAMPLES`` resamples, fixed seed): the verdict is
 "no change" when the 95% interval contains 0 or the change is under ``THRESHOLD_PCT``, else "regression" or
 "improvement". The median's change and interval are reported beside it, and a median that moved while the
@@ -21,9 +23,11 @@ steady time did not is called out (slower steps only: interference or intermitte
 report's per-step series (``report.timeline.per_step``: iteration and busy time of the median and busiest
 rank, with waits taken from collectives as the straggler analysis takes them):
 
-* data wait, forward, optimizer: the median rank's (``steps.csv``);
-* backward: the median rank's backward minus its communication wait (DDP and FSDP wait for their gradient
-  buckets at the end of the backward pass; a wait longer than the backward comes out of the rest);
+* data wait: the median rank's (``steps.csv``);
+* forward, backward, optimizer: the median rank's, less its communication wait where the wait sits in that
+  phase (``wait_phase``: the phase whose time moves with the blocked time from rank to rank; DDP and FSDP
+  wait for their gradient buckets at the end of the backward pass; a wait longer than its phase comes out of
+  the rest of the body);
 * rest of the step body: the median rank's busy time minus the above (user code, loss, ``zero_grad``);
 * straggler loss: busiest rank's busy time minus the median rank's (everyone waits for the slowest);
 * exposed communication: the step time minus the busiest rank's busy time (even the last rank to arrive
@@ -60,7 +64,7 @@ from diag.analysis.window import select
 
 RESAMPLES = 2000
 SEED = 0
-STEADY_QUANTILE = 0.25  # the verdict's statistic: the lower quartile of per-step times
+STEADY_QUANTILE = 0.10  # the verdict's statistic: the lower decile of per-step times
 THRESHOLD_PCT = 2.0  # a change smaller than this is "no change" whatever its interval
 CONFIDENCE = 0.95
 CENTRAL_FRACTION = 0.2  # the attribution averages the middle 20% of the steps by step time ...
@@ -131,6 +135,7 @@ class RunSummary:
     samples_per_step: float | None = None  # over all data-parallel replicas, median over steps
     tokens_per_step: float | None = None
     gpu_busy_pct: float | None = None  # median over steps of the GPU time of the step / its iteration (CUDA events)
+    wait_phase: str | None = None  # the part of the step body its communication waits were taken out of
 
     @property
     def world_size(self) -> int:
@@ -170,7 +175,8 @@ def summarize_run(trace, report: Report, label: str | None = None) -> RunSummary
     if report.gpu_time is not None and report.gpu_time.per_rank:
         components = _gpu_components(report, step_ms)
     else:
-        components = _host_components(report, per_step, steps_w)
+        summary.wait_phase = wait_phase(steps_w)
+        components = _host_components(report, per_step, steps_w, summary.wait_phase)
     summary.components_ms = {k: [float(x) for x in v] for k, v in components.items()}
     replicas = max(ranks_sharing_tokens(trace), 1)
     for column, attr in (("samples", "samples_per_step"), ("tokens", "tokens_per_step")):
@@ -186,23 +192,25 @@ def summarize_run(trace, report: Report, label: str | None = None) -> RunSummary
     return summary
 
 
-def _host_components(report: Report, per_step: pd.DataFrame, steps_w: pd.DataFrame) -> dict[str, np.ndarray]:
+def _host_components(
+    report: Report, per_step: pd.DataFrame, steps_w: pd.DataFrame, holder: str
+) -> dict[str, np.ndarray]:
     step_ms = per_step["iteration_median_ms"].to_numpy(dtype="float64")
     busy_med = per_step["busy_median_ms"].to_numpy(dtype="float64")
     busy_max = per_step["busy_max_ms"].to_numpy(dtype="float64")
-    phases = ["data_wait_us", "forward_us", "backward_us", "optimizer_us"]
-    med = steps_w.groupby("step")[phases].median().reindex(per_step.index).fillna(0.0).to_numpy(dtype="float64") / 1e3
-    data, forward, backward, optimizer = med.T
+    columns = ["data_wait_us", "forward_us", "backward_us", "optimizer_us"]
+    med = steps_w.groupby("step")[columns].median().reindex(per_step.index).fillna(0.0)
+    phases = {name: med[f"{name}_us"].to_numpy(dtype="float64") / 1e3 for name in ("forward", "backward", "optimizer")}
+    data = med["data_wait_us"].to_numpy(dtype="float64") / 1e3
     wait = np.maximum(step_ms - busy_med, 0.0)  # the median rank's waits
-    backward = np.maximum(backward - wait, 0.0)
-    rest = busy_med - data - forward - backward - optimizer
+    if holder in phases:  # a wait longer than its phase comes out of the rest of the body
+        phases[holder] = np.maximum(phases[holder] - wait, 0.0)
+    rest = busy_med - data - sum(phases.values())
     exposed = np.clip(step_ms - busy_max, 0.0, wait)
     straggler = wait - exposed
     out = {
         "data_wait": data,
-        "forward": forward,
-        "backward": backward,
-        "optimizer": optimizer,
+        **phases,
         "step_rest": rest,
         "straggler": straggler,
     }
@@ -214,6 +222,46 @@ def _host_components(report: Report, per_step: pd.DataFrame, steps_w: pd.DataFra
         out["bubble"] = from_exposed + from_straggler
     out.update(_split_comm(report, exposed))
     return out
+
+
+WAIT_PHASE_MIN_CORRELATION = 0.5
+
+
+def wait_phase(steps_w: pd.DataFrame) -> str:
+    """The part of the step body the communication waits sit in: forward, backward, optimizer or step_rest.
+
+    It is the part whose time moves with the host's blocked time (``comm_wait_us``) from rank to rank within a
+    step (from step to step with one rank): a rank that waits 40 ms longer for its peers has a 40 ms longer
+    backward when DDP waits for its buckets at the end of the backward pass (as diag's capture times it), a
+    longer forward under tensor parallelism, a longer rest of the body with explicit collectives after the
+    backward. Without such a relation (no waits, or too little variation) it is the backward, DDP's case."""
+    if len(steps_w) < 3:
+        return "backward"
+    f = steps_w[["rank", "step", "duration_us", "forward_us", "backward_us", "optimizer_us", "comm_wait_us"]].astype(
+        "float64"
+    )
+    parts = {
+        "forward": f["forward_us"],
+        "backward": f["backward_us"],
+        "optimizer": f["optimizer_us"],
+        "step_rest": f["duration_us"] - f["forward_us"] - f["backward_us"] - f["optimizer_us"],
+    }
+    wait = f["comm_wait_us"]
+    if f["rank"].nunique() > 1:
+        by_step = f["step"]
+        wait = wait - wait.groupby(by_step).transform("mean")
+        parts = {k: v - v.groupby(by_step).transform("mean") for k, v in parts.items()}
+    w = wait.to_numpy()
+    if not np.isfinite(w).all() or w.std() == 0:
+        return "backward"
+    best, best_corr = "backward", WAIT_PHASE_MIN_CORRELATION
+    for name, values in parts.items():
+        x = values.to_numpy()
+        if x.std() > 0:
+            corr = float(np.corrcoef(x, w)[0, 1])
+            if corr > best_corr:
+                best, best_corr = name, corr
+    return best
 
 
 def _gpu_components(report: Report, step_ms: pd.Series) -> dict[str, np.ndarray]:
@@ -273,9 +321,7 @@ def run_config(trace, steps_w: pd.DataFrame | None = None) -> dict:
             return {k: v for k, v in value.items() if v is not None and k != "stage"} or None
         return value
 
-    flops = [
-        m.get("flops_per_step") if isinstance(m, dict) else getattr(m, "flops_per_step", None) for m in manifests
-    ]
+    flops = [m.get("flops_per_step") if isinstance(m, dict) else getattr(m, "flops_per_step", None) for m in manifests]
     flops = [float(f) for f in flops if isinstance(f, int | float) and not isinstance(f, bool)]
     hosts = {m.get("host") if isinstance(m, dict) else getattr(m, "host", None) for m in manifests} - {None}
     groups = first("process_groups")
@@ -389,7 +435,7 @@ class StepTime:
     change_pct: float | None
     ci_pct: list[float] | None
     steady_quantile: float
-    steady_base_s: float | None  # the verdict's statistic: lower quartile of step time
+    steady_base_s: float | None  # the verdict's statistic: lower decile of step time
     steady_new_s: float | None
     steady_change_pct: float | None
     steady_ci_pct: list[float] | None
@@ -471,6 +517,7 @@ class RunBrief:
     per_step_ms: list[float]
     components_ms: dict[str, float]  # central means
     config: dict
+    wait_phase: str | None = None  # the part of the step body its communication waits were taken out of
 
 
 @dataclass
@@ -518,6 +565,7 @@ def _brief(run: RunSummary) -> RunBrief:
         per_step_ms=[float(v) for v in step_ms],
         components_ms=means,
         config=run.config,
+        wait_phase=run.wait_phase,
     )
 
 
@@ -551,7 +599,7 @@ def _compare(base: RunSummary, new: RunSummary, threshold_pct: float, resamples:
         moved = significant(median, threshold_pct)
         if direction == 0 and moved:
             notes.append(
-                f"the median step moved {median.change_pct:+.1f}% but the steady (fastest-quartile) step time did not: "
+                f"the median step moved {median.change_pct:+.1f}% but the steady (lower-decile) step time did not: "
                 "only some steps were slower (faster): other load on the host, or intermittent stalls; rerun on a "
                 "quiet machine, or compare longer runs, to tell"
             )
@@ -615,7 +663,13 @@ def attribution_groups(rows: list[Attribution]) -> list[dict]:
     for row in rows:
         g = groups.setdefault(
             component_group(row.component),
-            {"group": component_group(row.component), "base_ms": 0.0, "new_ms": 0.0, "delta_ms": 0.0, "share_pct": None},
+            {
+                "group": component_group(row.component),
+                "base_ms": 0.0,
+                "new_ms": 0.0,
+                "delta_ms": 0.0,
+                "share_pct": None,
+            },
         )
         g["base_ms"] += row.base_ms
         g["new_ms"] += row.new_ms
@@ -783,7 +837,9 @@ def analyze_scaling(runs: list[RunSummary]) -> Scaling | None:
         kind = "strong"
     else:
         kind = "mixed"
-        notes.append("neither the per-rank nor the global batch is the same in every run: efficiency is throughput per GPU")
+        notes.append(
+            "neither the per-rank nor the global batch is the same in every run: efficiency is throughput per GPU"
+        )
     ref_run = runs[ref]
     ref_step = np.median(ref_run.step_ms) / 1e3 if ref_run.step_ms else None
     ref_total, ref_means = central_means(ref_run)
