@@ -20,7 +20,7 @@ from diag.analysis.stragglers import StragglerReport
 from diag.analysis.telemetry import TelemetryReport
 from diag.analysis.window import StepWindow
 from diag.cli import main
-from diag.launch import run_ranks
+from diag.launch import run_ranks, start_ranks
 
 JOB = Path(__file__).with_name("compare_job.py")
 
@@ -69,6 +69,23 @@ def run_job(trace_dir: Path, world: int = 2, *args: str) -> list[float]:
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(results[0].stdout.strip().splitlines()[-1])["step_s"]
+
+
+def run_together(*jobs: tuple[Path, int, tuple[str, ...]], timeout_s: float = 300) -> None:
+    """Run several compare_job.py jobs (trace dir, ranks, arguments) at the same time, so that they share the
+    machine's conditions: on a shared machine the load moves a job's step time by 10-15% from one run to the
+    next, and no comparison of two runs can tell that from a change in the job."""
+    started = [start_ranks([str(JOB), str(path), *args], world) for path, world, args in jobs]
+    try:
+        for procs in started:
+            for proc in procs:
+                _, stderr = proc.communicate(timeout=timeout_s)
+                assert proc.returncode == 0, stderr[-3000:]
+    finally:
+        for proc in (p for procs in started for p in procs):
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
 
 
 def compare_json(*paths: Path, extra: tuple[str, ...] = ()) -> dict:
