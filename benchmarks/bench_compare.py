@@ -1,9 +1,10 @@
 """`diag compare` at scale against `diag analyze`: two synthetic runs of N ranks (real file format, the second
 with a compute straggler planted), each command its own process, wall and CPU time and peak RSS (os.wait4).
 
-1. ``diag analyze A --no-cache``: one analysis, the unit;
+1. ``diag analyze A --no-cache`` and, after the comparison, ``diag analyze B --no-cache``: one analysis of each
+   run, the unit (measured before and after, so that a change in the machine's load shows);
 2. ``diag compare A B --no-cache``: loads and analyses both runs, one after the other (the target: at most
-   twice the first);
+   the two analyses together, twice one analysis);
 3. ``diag compare A B`` twice: the first writes the tables, reports and compare summaries into each
    ``.diag-cache``, the second reads the summaries only.
 
@@ -58,6 +59,8 @@ def main() -> None:
         print(line("diag analyze A --no-cache", analyze), flush=True)
         uncached = diag("compare", str(base), str(new), "--format", "json", "--no-cache")
         print(line("diag compare A B --no-cache", uncached), flush=True)
+        analyze_b = diag("analyze", str(new), "--format", "json", "--no-cache")
+        print(line("diag analyze B --no-cache", analyze_b), flush=True)
         first = diag("compare", str(base), str(new), "--format", "json")
         print(line("diag compare A B (writes the caches)", first), flush=True)
         second = diag("compare", str(base), str(new), "--format", "json")

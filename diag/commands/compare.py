@@ -31,7 +31,7 @@ def _summary(path: Path, label: str, steps: str | None, step_range, peak_tflops,
         if state is not None:
             try:
                 summary = RunSummary.from_state(state)
-                summary.label = label
+                summary.label, summary.path = label, str(path)
                 return summary
             except Exception:  # noqa: BLE001 - a damaged or foreign cache entry: recompute
                 pass

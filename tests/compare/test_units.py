@@ -92,6 +92,17 @@ def test_attribution_rows_add_up_to_the_change_of_the_median():
     assert c.summary.startswith("regression: ") and "data wait +8" in c.summary
 
 
+def test_a_faster_optimizer_reads_improvement_with_its_share():
+    n = 40
+    base = {"forward": _steps(n, 5.0, 0.1, 1), "optimizer": _steps(n, 6.0, 0.1, 2)}
+    new = {"forward": _steps(n, 5.0, 0.1, 3), "optimizer": _steps(n, 2.0, 0.1, 4)}  # a fused optimizer
+    c = C.compare_runs([summary("base", base), summary("new", new)]).comparisons[0]
+    assert c.verdict == "improvement" and c.step_time.steady_change_pct == pytest.approx(-36.4, abs=3)
+    top = c.attribution[0]
+    assert top.component == "optimizer" and top.delta_ms == pytest.approx(-4.0, abs=0.2)
+    assert top.share_pct == pytest.approx(100.0, abs=5.0)  # of a negative change: a positive share
+
+
 def test_central_steps_are_those_nearest_the_median_even_when_slow_steps_skew_the_run():
     step_ms = np.array([10.0, 10.1, 10.2, 10.3, 10.4, 10.5, 10.6, 50.0, 60.0, 70.0, 80.0, 90.0])
     chosen = step_ms[C.central_steps(step_ms)]
