@@ -14,7 +14,7 @@ def _labels(paths: list[Path]) -> list[str]:
     return [str(p) if names.count(n) > 1 else n for p, n in zip(paths, names, strict=True)]
 
 
-def _summary(path: Path, label: str, steps: str | None, step_range, peak_tflops, flops_per_step, no_cache: bool):
+def load_summary(path: Path, label: str, steps: str | None, step_range, peak_tflops, flops_per_step, no_cache: bool):
     """One run's summary: from the cache next to the traces when it is there, else loaded and analysed (the
     analysis report is cached too, so a later ``diag analyze`` with the same options reads it)."""
     from diag.analysis.compare import RunSummary, summarize_run
@@ -123,7 +123,7 @@ def command(runs, fmt, output, steps, threshold_pct, peak_tflops, flops_per_step
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--steps") from exc
     summaries = [
-        _summary(path, label, steps, step_range, peak_tflops, flops_per_step, no_cache)
+        load_summary(path, label, steps, step_range, peak_tflops, flops_per_step, no_cache)
         for path, label in zip(runs, _labels(list(runs)), strict=True)
     ]
     text = render_compare(compare_runs(summaries, threshold_pct=threshold_pct), fmt)

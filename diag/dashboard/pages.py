@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 from dash import dcc, html
 
+from diag.dashboard import compare_page
 from diag.dashboard import data as d
 from diag.dashboard import figures as f
 
@@ -490,6 +491,14 @@ PAGES: dict[str, Page] = {
             ("body",),
             update_triage,
             "For a hung or dead job: the verdict of diag triage and the state of each rank.",
+        ),
+        Page(
+            "/compare",
+            "Compare",
+            compare_page.GRAPHS,
+            compare_page.TEXTS,
+            compare_page.update_compare,
+            compare_page.INTRO,
         ),
     )
 }

@@ -316,9 +316,7 @@ def _scaling(scaling) -> Block:
 
 # -- HTML ------------------------------------------------------------------------------------------------------
 def render_compare_html(report) -> str:
-    import plotly.graph_objects as go  # only the HTML view needs plotly
-
-    figures = [f for f in (_components_figure(go, report), _steps_figure(go, report), _scaling_figure(go, report)) if f]
+    figures = [f for f in (components_figure(report), steps_figure(report), scaling_figure(report)) if f]
     parts = []
     for i, fig in enumerate(figures):
         fig.update_layout(height=420, margin={"l": 60, "r": 20, "t": 50, "b": 60})
@@ -363,7 +361,10 @@ def components_series(report) -> tuple[list[str], dict[str, list[float]]]:
     return labels, series
 
 
-def _components_figure(go, report):
+def components_figure(report):
+    """Each run's components side by side, stacked (ms per step); None without steps."""
+    import plotly.graph_objects as go  # only the HTML view and the dashboard need plotly
+
     labels, series = components_series(report)
     if not series:
         return None
@@ -375,7 +376,10 @@ def _components_figure(go, report):
     return fig
 
 
-def _steps_figure(go, report):
+def steps_figure(report):
+    """The per-step step time of each run (box and points); None without steps."""
+    import plotly.graph_objects as go
+
     if not any(r.per_step_ms for r in report.runs):
         return None
     fig = go.Figure()
@@ -386,7 +390,8 @@ def _steps_figure(go, report):
     return fig
 
 
-def _scaling_figure(go, report):
+def scaling_figure(report):
+    """Efficiency against world size, and the loss per component; None when world sizes agree."""
     scaling = report.scaling
     if scaling is None:
         return None
