@@ -11,6 +11,7 @@ import click
 # name -> module in diag.commands defining a click command called ``command``
 SUBCOMMANDS = {
     "analyze": "analyze",
+    "compare": "compare",
     "triage": "triage",
     "dashboard": "dashboard",
     "demo": "demo",
@@ -43,6 +44,7 @@ def main():
     Examples:
       diag demo traces/demo            run a small 2-rank CPU job with capture on
       diag analyze traces/run1         find what slows the job down
+      diag compare traces/a traces/b   what changed between two runs (and scaling efficiency)
       diag triage traces/run1          explain a hang or NCCL timeout
       diag dashboard traces/run1       follow a run in the browser
       diag export traces/run1 --perfetto run1.json   one timeline for ui.perfetto.dev

@@ -39,7 +39,12 @@ def is_loopback(host: str) -> bool:
 @click.option(
     "--refresh-s", default=3.0, show_default=True, type=float, help="How often pages re-read what the run appended."
 )
-def command(trace_dir, host, port, token, refresh_s):
+@click.option(
+    "--baseline",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A run to compare this one with on the Compare page (as diag compare BASELINE TRACE_DIR).",
+)
+def command(trace_dir, host, port, token, refresh_s, baseline):
     """Serve a live dashboard of TRACE_DIR: findings, stragglers, communication, memory, GPU telemetry,
     pipeline and triage pages, updated while the job writes.
 
@@ -48,6 +53,7 @@ def command(trace_dir, host, port, token, refresh_s):
       diag dashboard traces/run1                    then open http://127.0.0.1:8050
       diag dashboard traces/run1 --port 9000
       diag dashboard traces/run1 --host 0.0.0.0     (prints a URL with a token)
+      diag dashboard traces/run2 --baseline traces/run1   (a Compare page against run1)
       diag dashboard                                (the bundled sample run)
     """
     if trace_dir is None:
@@ -63,6 +69,12 @@ def command(trace_dir, host, port, token, refresh_s):
         )
     from diag.dashboard.app import create_app
     from diag.dashboard.data import LiveTrace
+
+    if baseline is not None:
+        from diag.commands.compare import load_summary
+        from diag.dashboard.compare_page import set_baseline
+
+        set_baseline(load_summary(baseline, baseline.resolve().name or str(baseline), None, None, None, None, False))
 
     started = time.perf_counter()
     live = LiveTrace(trace_dir, poll_interval_s=refresh_s)

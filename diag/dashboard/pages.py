@@ -12,6 +12,7 @@ import pandas as pd
 from dash import dcc, html
 
 from diag.analysis.memory import memory_metric, oom_steps
+from diag.dashboard import compare_page
 from diag.dashboard import data as d
 from diag.dashboard import figures as f
 from diag.views.format import mib, ms_from_s, pct, pct_from_pct, rate
@@ -491,6 +492,14 @@ PAGES: dict[str, Page] = {
             ("body",),
             update_triage,
             "For a hung or dead job: the verdict of diag triage and the state of each rank.",
+        ),
+        Page(
+            "/compare",
+            "Compare",
+            compare_page.GRAPHS,
+            compare_page.TEXTS,
+            compare_page.update_compare,
+            compare_page.INTRO,
         ),
     )
 }

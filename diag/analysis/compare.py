@@ -1,0 +1,908 @@
+"""Compare runs: what changed between two runs of a job (or more), where the time went, and how well it scales.
+
+Pure functions over each run's ``Report`` and its steps table (no torch). ``summarize_run(trace, report)``
+keeps what a comparison needs of one run (a ``RunSummary``, small enough to cache); ``compare_runs`` compares
+every run with the first (the baseline) and, when world sizes differ, computes scaling efficiency.
+
+**Step time** is the report's: per step, the iteration (data wait + step body) of the median rank, over the
+window ``diag analyze`` chose (warm-up and incomplete steps left out).
+
+**Verdict.** Other load on a machine (other jobs, a noisy neighbour, the OS) only ever adds time, to some steps
+more than others: the same job run twice on a busy 2-core machine moved its median step by up to 29% here,
+while its fastest steps stayed within a few percent. So the verdict is read from the *steady* step time, the
+lower decile (``STEADY_QUANTILE``) of each run's per-step distribution, which a change in the job itself
+(code, model, configuration) moves and outside interference barely does (over 16 pairs of the same job on
+that machine the lower quartile still gave one false regression, the lower decile none, with narrower
+intervals). Its change is bootstrapped (moving
+blocks of steps, so slow stretches stay together; ``RESAMPLES`` resamples, fixed seed): the verdict is
+"no change" when the 95% interval contains 0 or the change is under ``THRESHOLD_PCT``, else "regression" or
+"improvement". The median's change and interval are reported beside it, and a median that moved while the
+steady time did not is called out (slower steps only: interference or intermittent stalls).
+
+**Attribution.** Per step, the step time splits exactly into components, from the steps table and the
+report's per-step series (``report.timeline.per_step``: iteration and busy time of the median and busiest
+rank, with waits taken from collectives as the straggler analysis takes them):
+
+* data wait: the median rank's (``steps.csv``);
+* forward, backward, optimizer: the median rank's, less its communication wait where the wait sits in that
+  phase (``wait_phase``: the phase whose time moves with the blocked time from rank to rank; DDP and FSDP
+  wait for their gradient buckets at the end of the backward pass; a wait longer than its phase comes out of
+  the rest of the body);
+* rest of the step body: the median rank's busy time minus the above (user code, loss, ``zero_grad``);
+* straggler loss: busiest rank's busy time minus the median rank's (everyone waits for the slowest);
+* exposed communication: the step time minus the busiest rank's busy time (even the last rank to arrive
+  waits), split over the collectives by (op, process group) in proportion to their transfer time (their
+  bytes where durations are unknown, as for DDP buckets read from gloo's Flight Recorder);
+* pipeline bubble (pipelined runs): the bubble report's idle per stage and step, taken out of the waits;
+* torch.profiler (Kineto) runs: GPU compute, exposed communication, memory copies, other kernels and idle
+  (the GPU time report, per step, mean over ranks), and the host time outside the GPU span.
+
+Each component is averaged over the run's central steps (the 20% nearest the median step time, at least 5: their
+mean stays near the median even when slow steps skew the distribution, and a checkpoint or GC spike does not
+count); "unattributed" is what separates the sum of component changes from the change of the median step
+time, so the rows add up to the headline change. Components also add up by group (data, compute,
+communication, stragglers, pipeline bubble, GPU idle, host outside the GPU) for one-line answers.
+
+**Scaling** (world sizes differ): throughput per GPU at the median step (tokens, else samples, per step over
+all data-parallel replicas, else steps x ranks) against the smallest run; efficiency is their ratio (weak or
+strong scaling read from the per-rank and global batch). The loss is the step time beyond the ideal one
+(step time x efficiency) and is attributed to the components that grew beyond the baseline's, scaled to the
+ideal step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from diag.analysis.report import Report, ranks_sharing_tokens
+from diag.analysis.window import select
+
+RESAMPLES = 2000
+SEED = 0
+STEADY_QUANTILE = 0.10  # the verdict's statistic: the lower decile of per-step times
+THRESHOLD_PCT = 2.0  # a change smaller than this is "no change" whatever its interval
+CONFIDENCE = 0.95
+CENTRAL_FRACTION = 0.2  # the attribution averages the middle 20% of the steps by step time ...
+CENTRAL_MIN_STEPS = 5  # ... and at least this many
+MIN_STEPS = 3  # fewer steps in either run: no verdict
+MAX_BOOTSTRAP_CELLS = 4_000_000  # resampled step indices held at once (chunks of resamples beyond it)
+SAME_BATCH_TOLERANCE = 0.05  # per-rank or global batches within 5% are "the same" (weak or strong scaling)
+
+# component key -> label, in the order views list them when their changes tie
+LABELS = {
+    "data_wait": "data wait",
+    "forward": "forward",
+    "backward": "backward (compute)",
+    "optimizer": "optimizer",
+    "step_rest": "rest of the step body",
+    "straggler": "straggler loss (waiting for the slowest rank)",
+    "bubble": "pipeline bubble",
+    "exposed_comm": "exposed communication",
+    "gpu_compute": "GPU compute",
+    "gpu_memory": "GPU memory copies",
+    "gpu_other": "GPU other kernels",
+    "gpu_idle": "GPU idle",
+    "outside_gpu": "host time outside the GPU span",
+    "unattributed": "unattributed (median vs component means)",
+}
+COMM_PREFIX = "exposed_comm:"
+GROUPS = {  # component -> group, for one-line answers ("the change is 70% communication")
+    "data_wait": "data",
+    "forward": "compute",
+    "backward": "compute",
+    "optimizer": "compute",
+    "step_rest": "compute",
+    "gpu_compute": "compute",
+    "gpu_memory": "compute",
+    "gpu_other": "compute",
+    "straggler": "stragglers",
+    "bubble": "pipeline bubble",
+    "exposed_comm": "communication",
+    "gpu_idle": "GPU idle",
+    "outside_gpu": "host outside the GPU span",
+    "unattributed": "unattributed",
+}
+
+
+def component_group(key: str) -> str:
+    return "communication" if key.startswith(COMM_PREFIX) else GROUPS.get(key, "other")
+
+
+def component_label(key: str) -> str:
+    if key.startswith(COMM_PREFIX):
+        op, _, pg = key[len(COMM_PREFIX) :].partition("@")
+        return f"exposed {op} (group {pg})" if pg else f"exposed {op}"
+    return LABELS.get(key, key)
+
+
+# -- one run ---------------------------------------------------------------------------------------------------
+@dataclass
+class RunSummary:
+    """What a comparison needs of one run: its Report, configuration and per-step components (in ms)."""
+
+    label: str
+    path: str
+    report: Report
+    config: dict
+    steps: list[int]
+    step_ms: list[float]  # per step of the window: the median rank's iteration
+    components_ms: dict[str, list[float]]  # per component, per step; they add up to step_ms
+    samples_per_step: float | None = None  # over all data-parallel replicas, median over steps
+    tokens_per_step: float | None = None
+    gpu_busy_pct: float | None = None  # median over steps of the GPU time of the step / its iteration (CUDA events)
+    wait_phase: str | None = None  # the part of the step body its communication waits were taken out of
+
+    @property
+    def world_size(self) -> int:
+        return int(self.config.get("world_size") or len(self.report.run.ranks_found) or 1)
+
+    def to_state(self) -> dict:
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "report"}
+        return {**_plain(state), "report": self.report.to_state()}
+
+    @classmethod
+    def from_state(cls, state: dict) -> RunSummary:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in state.items() if k in fields and k != "report"}
+        return cls(report=Report.from_state(state["report"]), **values)
+
+
+def summarize_run(trace, report: Report, label: str | None = None) -> RunSummary:
+    """``trace``: the loaded trace the report was made from (only its steps table and manifests are read)."""
+    per_step = pd.DataFrame(report.timeline.per_step)
+    steps_w = select(trace.steps, report.run.window)
+    config = run_config(trace, steps_w)
+    summary = RunSummary(
+        label=label or str(report.run.path),
+        path=str(report.run.path),
+        report=report,
+        config=config,
+        steps=[],
+        step_ms=[],
+        components_ms={},
+    )
+    if per_step.empty:
+        return summary
+    per_step = per_step.set_index("step").sort_index()
+    step_ms = per_step["iteration_median_ms"].astype("float64")
+    summary.steps = [int(s) for s in step_ms.index]
+    summary.step_ms = [float(v) for v in step_ms]
+    if report.gpu_time is not None and report.gpu_time.per_rank:
+        components = _gpu_components(report, step_ms)
+    else:
+        summary.wait_phase = wait_phase(steps_w)
+        components = _host_components(report, per_step, steps_w, summary.wait_phase)
+    summary.components_ms = {k: [float(x) for x in v] for k, v in components.items()}
+    replicas = max(ranks_sharing_tokens(trace), 1)
+    for column, attr in (("samples", "samples_per_step"), ("tokens", "tokens_per_step")):
+        values = steps_w[column]
+        if values.notna().any():
+            per = values.astype("float64").groupby(steps_w["step"]).sum() / replicas
+            setattr(summary, attr, float(per.median()))
+    device = steps_w["device_us"].astype("float64")
+    if device.notna().any():
+        iteration = (steps_w["data_wait_us"] + steps_w["duration_us"]).astype("float64")
+        share = (device / iteration.where(iteration > 0)).groupby(steps_w["step"]).median()
+        summary.gpu_busy_pct = float(100 * share.median()) if share.notna().any() else None
+    return summary
+
+
+def _host_components(
+    report: Report, per_step: pd.DataFrame, steps_w: pd.DataFrame, holder: str
+) -> dict[str, np.ndarray]:
+    step_ms = per_step["iteration_median_ms"].to_numpy(dtype="float64")
+    busy_med = per_step["busy_median_ms"].to_numpy(dtype="float64")
+    busy_max = per_step["busy_max_ms"].to_numpy(dtype="float64")
+    columns = ["data_wait_us", "forward_us", "backward_us", "optimizer_us"]
+    med = steps_w.groupby("step")[columns].median().reindex(per_step.index).fillna(0.0)
+    phases = {name: med[f"{name}_us"].to_numpy(dtype="float64") / 1e3 for name in ("forward", "backward", "optimizer")}
+    data = med["data_wait_us"].to_numpy(dtype="float64") / 1e3
+    wait = np.maximum(step_ms - busy_med, 0.0)  # the median rank's waits
+    if holder in phases:  # a wait longer than its phase comes out of the rest of the body
+        phases[holder] = np.maximum(phases[holder] - wait, 0.0)
+    rest = busy_med - data - sum(phases.values())
+    exposed = np.clip(step_ms - busy_max, 0.0, wait)
+    straggler = wait - exposed
+    out = {
+        "data_wait": data,
+        **phases,
+        "step_rest": rest,
+        "straggler": straggler,
+    }
+    if report.bubble is not None:
+        bubble = np.full(len(step_ms), max(report.bubble.time_lost_per_step_s, 0.0) * 1e3)
+        from_exposed = np.minimum(bubble, exposed)
+        from_straggler = np.minimum(bubble - from_exposed, straggler)
+        exposed, out["straggler"] = exposed - from_exposed, straggler - from_straggler
+        out["bubble"] = from_exposed + from_straggler
+    out.update(_split_comm(report, exposed))
+    return out
+
+
+WAIT_PHASE_MIN_CORRELATION = 0.5
+
+
+def wait_phase(steps_w: pd.DataFrame) -> str:
+    """The part of the step body the communication waits sit in: forward, backward, optimizer or step_rest.
+
+    It is the part whose time moves with the host's blocked time (``comm_wait_us``) from rank to rank within a
+    step (from step to step with one rank): a rank that waits 40 ms longer for its peers has a 40 ms longer
+    backward when DDP waits for its buckets at the end of the backward pass (as diag's capture times it), a
+    longer forward under tensor parallelism, a longer rest of the body with explicit collectives after the
+    backward. Without such a relation (no waits, or too little variation) it is the backward, DDP's case."""
+    if len(steps_w) < 3:
+        return "backward"
+    f = steps_w[["rank", "step", "duration_us", "forward_us", "backward_us", "optimizer_us", "comm_wait_us"]].astype(
+        "float64"
+    )
+    parts = {
+        "forward": f["forward_us"],
+        "backward": f["backward_us"],
+        "optimizer": f["optimizer_us"],
+        "step_rest": f["duration_us"] - f["forward_us"] - f["backward_us"] - f["optimizer_us"],
+    }
+    wait = f["comm_wait_us"]
+    if f["rank"].nunique() > 1:
+        by_step = f["step"]
+        wait = wait - wait.groupby(by_step).transform("mean")
+        parts = {k: v - v.groupby(by_step).transform("mean") for k, v in parts.items()}
+    w = wait.to_numpy()
+    if not np.isfinite(w).all() or w.std() == 0:
+        return "backward"
+    best, best_corr = "backward", WAIT_PHASE_MIN_CORRELATION
+    for name, values in parts.items():
+        x = values.to_numpy()
+        if x.std() > 0:
+            corr = float(np.corrcoef(x, w)[0, 1])
+            if corr > best_corr:
+                best, best_corr = name, corr
+    return best
+
+
+def _gpu_components(report: Report, step_ms: pd.Series) -> dict[str, np.ndarray]:
+    """torch.profiler runs: the GPU time split per step (mean over ranks), and the host time outside it."""
+    ranks = [r for r in report.gpu_time.per_rank if r.steps > 0]
+    n = len(step_ms)
+
+    def per_step_ms(attr: str) -> np.ndarray:
+        value = float(np.mean([getattr(r, attr) / r.steps for r in ranks])) / 1e3 if ranks else 0.0
+        return np.full(n, value)
+
+    out = {
+        "gpu_compute": per_step_ms("compute_us"),
+        "gpu_memory": per_step_ms("memory_us"),
+        "gpu_other": per_step_ms("other_us"),
+        "gpu_idle": per_step_ms("idle_us"),
+    }
+    exposed = per_step_ms("exposed_communication_us")
+    span = sum(out.values()) + exposed
+    out["outside_gpu"] = step_ms.to_numpy(dtype="float64") - span
+    out.update(_split_comm(report, exposed))
+    return out
+
+
+def _split_comm(report: Report, exposed_ms: np.ndarray) -> dict[str, np.ndarray]:
+    """Exposed communication per (op, group), in proportion to their transfer time (bytes where untimed)."""
+    rows = report.comms.collectives
+    if not rows:
+        return {"exposed_comm": exposed_ms}
+    timed = all(c.total_time_s is not None for c in rows)
+    weights: dict[str, float] = {}
+    for c in rows:
+        key = f"{COMM_PREFIX}{c.op}@{c.pg}"
+        weights[key] = weights.get(key, 0.0) + float((c.total_time_s if timed else c.bytes_total) or 0.0)
+    total = sum(weights.values())
+    if total <= 0:
+        weights, total = dict.fromkeys(weights, 1.0), float(len(weights))
+    return {key: exposed_ms * w / total for key, w in weights.items()}
+
+
+def run_config(trace, steps_w: pd.DataFrame | None = None) -> dict:
+    """The configuration a comparison lists first when it differs: model (FLOPs per step), layout, dtype,
+    batch, device, software. Read defensively: a torch.profiler import fills only some manifest keys."""
+    manifests = list(getattr(trace, "manifests", {}).values())
+
+    def first(name):
+        for m in manifests:
+            value = m.get(name) if isinstance(m, dict) else getattr(m, name, None)
+            if value not in (None, "", {}):
+                return value
+        return None
+
+    def plain(value):
+        if dataclasses.is_dataclass(value):
+            value = dataclasses.asdict(value)
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if v is not None and k != "stage"} or None
+        return value
+
+    flops = [m.get("flops_per_step") if isinstance(m, dict) else getattr(m, "flops_per_step", None) for m in manifests]
+    flops = [float(f) for f in flops if isinstance(f, int | float) and not isinstance(f, bool)]
+    hosts = {m.get("host") if isinstance(m, dict) else getattr(m, "host", None) for m in manifests} - {None}
+    groups = first("process_groups")
+    config = {
+        "flops_per_step": float(np.median(flops)) if flops else None,
+        "world_size": getattr(trace, "world_size", None) or len(getattr(trace, "ranks_found", [])) or None,
+        "parallel": plain(first("parallel")),
+        "pipeline": plain(first("pipeline")),
+        "dtype": first("dtype"),
+        "samples_per_rank_step": None,
+        "tokens_per_rank_step": None,
+        "device": first("device_name"),
+        "hosts": len(hosts) or None,
+        "backend": first("backend"),
+        "process_groups": len(groups) if isinstance(groups, dict) else None,
+        "torch_version": first("torch_version"),
+        "cuda_version": first("cuda_version"),
+        "nccl_version": first("nccl_version"),
+        "source": first("source") or "diag",
+    }
+    if steps_w is not None and len(steps_w):
+        for column in ("samples", "tokens"):
+            values = steps_w[column].dropna()
+            if len(values):
+                config[f"{column}_per_rank_step"] = float(values.astype("float64").median())
+    return _plain(config)
+
+
+# -- statistics ------------------------------------------------------------------------------------------------
+@dataclass
+class Change:
+    """A statistic of the per-step times in two runs, and the bootstrap interval of its relative change."""
+
+    base_s: float | None
+    new_s: float | None
+    change_pct: float | None
+    ci_pct: list[float] | None  # [low, high] at CONFIDENCE
+
+
+def block_length(n: int) -> int:
+    """Moving-block bootstrap block length: about n^(1/3) steps (at least 1)."""
+    return max(1, round(n ** (1 / 3)))
+
+
+def bootstrap_quantiles(values: np.ndarray, q: float, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """``resamples`` moving-block bootstrap replicates of the q-quantile of ``values``."""
+    n = len(values)
+    block = block_length(n)
+    n_blocks = -(-n // block)
+    out = np.empty(resamples)
+    chunk = max(1, MAX_BOOTSTRAP_CELLS // max(n, 1))
+    for lo in range(0, resamples, chunk):
+        size = min(chunk, resamples - lo)
+        starts = rng.integers(0, n - block + 1, size=(size, n_blocks))
+        index = (starts[:, :, None] + np.arange(block)).reshape(size, -1)[:, :n]
+        out[lo : lo + size] = np.quantile(values[index], q, axis=1)
+    return out
+
+
+def bootstrap_change(
+    base: np.ndarray, new: np.ndarray, q: float = 0.5, resamples: int = RESAMPLES, seed: int = SEED
+) -> Change:
+    """Relative change (%) of the q-quantile from ``base`` to ``new``, with its bootstrap interval."""
+    base, new = np.asarray(base, dtype="float64"), np.asarray(new, dtype="float64")
+    base, new = base[np.isfinite(base)], new[np.isfinite(new)]
+    if not len(base) or not len(new):
+        return Change(None, None, None, None)
+    b, n = float(np.quantile(base, q)), float(np.quantile(new, q))
+    if b <= 0:
+        return Change(b / 1e3, n / 1e3, None, None)
+    rng = np.random.default_rng(seed)
+    diff = 100 * (bootstrap_quantiles(new, q, resamples, rng) - bootstrap_quantiles(base, q, resamples, rng)) / b
+    tail = 100 * (1 - CONFIDENCE) / 2
+    ci = [float(np.percentile(diff, tail)), float(np.percentile(diff, 100 - tail))]
+    return Change(b / 1e3, n / 1e3, 100 * (n - b) / b, ci)
+
+
+def significant(change: Change, threshold_pct: float) -> int:
+    """+1 (slower), -1 (faster) or 0 (within the interval or the threshold)."""
+    if change.change_pct is None or change.ci_pct is None:
+        return 0
+    low, high = change.ci_pct
+    if low <= 0 <= high or abs(change.change_pct) < threshold_pct:
+        return 0
+    return 1 if change.change_pct > 0 else -1
+
+
+def central_steps(step_ms: np.ndarray) -> np.ndarray:
+    """Indices of the steps whose time is nearest the median: ``CENTRAL_FRACTION`` of them (at least
+    ``CENTRAL_MIN_STEPS``), so their mean stays near the median even when slow steps skew the distribution."""
+    n = len(step_ms)
+    k = min(n, max(CENTRAL_MIN_STEPS, math.ceil(CENTRAL_FRACTION * n)))
+    return np.argsort(np.abs(step_ms - np.median(step_ms)), kind="stable")[:k]
+
+
+def central_means(summary: RunSummary) -> tuple[float | None, dict[str, float]]:
+    """Mean step time and mean of every component over the run's central steps (``central_steps``)."""
+    step_ms = np.asarray(summary.step_ms, dtype="float64")
+    if not len(step_ms):
+        return None, {}
+    keep = central_steps(step_ms)
+    means = {k: float(np.asarray(v, dtype="float64")[keep].mean()) for k, v in summary.components_ms.items()}
+    return float(step_ms[keep].mean()), means
+
+
+# -- comparison ------------------------------------------------------------------------------------------------
+@dataclass
+class StepTime:
+    base_s: float | None  # median step time
+    new_s: float | None
+    change_pct: float | None
+    ci_pct: list[float] | None
+    steady_quantile: float
+    steady_base_s: float | None  # the verdict's statistic: lower decile of step time
+    steady_new_s: float | None
+    steady_change_pct: float | None
+    steady_ci_pct: list[float] | None
+    threshold_pct: float
+    steps_base: int
+    steps_new: int
+    resamples: int
+    block_steps: list[int]  # bootstrap block length in each run
+
+
+@dataclass
+class Attribution:
+    component: str
+    label: str
+    base_ms: float
+    new_ms: float
+    delta_ms: float
+    share_pct: float | None  # of the change of the median step time; None when the verdict is "no change"
+
+
+@dataclass
+class Comparison:
+    base: str
+    new: str
+    verdict: str  # regression, improvement, no change, unknown
+    summary: str  # one line
+    config_differences: list[dict]  # {key, base, new}
+    step_time: StepTime
+    attribution: list[Attribution]
+    groups: list[dict]  # {group, base_ms, new_ms, delta_ms, share_pct}: attribution rows added up by group
+    metrics: dict  # name -> {base, new, change_pct}: mfu, tflops_per_gpu, samples_per_s, tokens_per_s, gpu_busy_pct
+    memory: dict
+    busbw: list[dict]  # {op, size_class, size_class_min_bytes, base_gbps, new_gbps, change_pct, base_count, new_count}
+    findings_added: list[dict]
+    findings_removed: list[dict]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ScalingGrowth:
+    component: str
+    label: str
+    ms: float  # per step, beyond the baseline's scaled to the ideal step
+    share_pct: float | None  # of the loss
+
+
+@dataclass
+class ScalingRun:
+    label: str
+    world_size: int
+    step_s: float | None  # median
+    throughput: float | None  # per second, in the unit
+    throughput_per_gpu: float | None
+    speedup: float | None  # throughput against the baseline
+    efficiency_pct: float | None  # throughput per GPU against the baseline
+    ideal_step_s: float | None
+    loss_ms: float | None  # per step, beyond the ideal
+    grew: list[ScalingGrowth] = field(default_factory=list)  # largest first
+    summary: str = ""
+
+
+@dataclass
+class Scaling:
+    kind: str  # weak, strong, mixed
+    unit: str  # tokens, samples, or rank-steps
+    baseline: str
+    runs: list[ScalingRun]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunBrief:
+    label: str
+    path: str
+    world_size: int
+    steps_analysed: int
+    step_s: float | None  # median
+    steady_step_s: float | None
+    per_step_ms: list[float]
+    components_ms: dict[str, float]  # central means
+    config: dict
+    wait_phase: str | None = None  # the part of the step body its communication waits were taken out of
+
+
+@dataclass
+class CompareReport:
+    runs: list[RunBrief]
+    comparisons: list[Comparison]  # every run after the first against the first
+    scaling: Scaling | None
+
+    def to_dict(self) -> dict:
+        """The JSON contract (docs/compare.md): the first comparison (BASE against NEW) at the top level, every
+        comparison under ``comparisons``, the runs and scaling."""
+        first = _plain(self.comparisons[0]) if self.comparisons else {}
+        return {
+            "compare_version": COMPARE_VERSION,
+            **first,
+            "scaling": _plain(self.scaling) if self.scaling is not None else None,
+            "runs": _plain(self.runs),
+            "comparisons": [_plain(c) for c in self.comparisons],
+        }
+
+
+COMPARE_VERSION = 1
+
+
+def compare_runs(
+    runs: list[RunSummary], threshold_pct: float = THRESHOLD_PCT, resamples: int = RESAMPLES, seed: int = SEED
+) -> CompareReport:
+    if len(runs) < 2:
+        raise ValueError("compare needs at least two runs")
+    briefs = [_brief(r) for r in runs]
+    comparisons = [_compare(runs[0], r, threshold_pct, resamples, seed) for r in runs[1:]]
+    return CompareReport(briefs, comparisons, analyze_scaling(runs))
+
+
+def _brief(run: RunSummary) -> RunBrief:
+    step_ms = np.asarray(run.step_ms, dtype="float64")
+    _, means = central_means(run)
+    return RunBrief(
+        label=run.label,
+        path=run.path,
+        world_size=run.world_size,
+        steps_analysed=len(step_ms),
+        step_s=float(np.median(step_ms)) / 1e3 if len(step_ms) else None,
+        steady_step_s=float(np.quantile(step_ms, STEADY_QUANTILE)) / 1e3 if len(step_ms) else None,
+        per_step_ms=[float(v) for v in step_ms],
+        components_ms=means,
+        config=run.config,
+        wait_phase=run.wait_phase,
+    )
+
+
+def _compare(base: RunSummary, new: RunSummary, threshold_pct: float, resamples: int, seed: int) -> Comparison:
+    b, n = np.asarray(base.step_ms), np.asarray(new.step_ms)
+    median = bootstrap_change(b, n, 0.5, resamples, seed)
+    steady = bootstrap_change(b, n, STEADY_QUANTILE, resamples, seed + 1)
+    step_time = StepTime(
+        base_s=median.base_s,
+        new_s=median.new_s,
+        change_pct=median.change_pct,
+        ci_pct=median.ci_pct,
+        steady_quantile=STEADY_QUANTILE,
+        steady_base_s=steady.base_s,
+        steady_new_s=steady.new_s,
+        steady_change_pct=steady.change_pct,
+        steady_ci_pct=steady.ci_pct,
+        threshold_pct=threshold_pct,
+        steps_base=len(b),
+        steps_new=len(n),
+        resamples=resamples,
+        block_steps=[block_length(len(b)), block_length(len(n))],
+    )
+    notes = []
+    if min(len(b), len(n)) < MIN_STEPS:
+        verdict = "unknown"
+        notes.append(f"too few steps analysed ({len(b)} and {len(n)}; at least {MIN_STEPS} each) for a verdict")
+    else:
+        direction = significant(steady, threshold_pct)
+        verdict = {1: "regression", -1: "improvement", 0: "no change"}[direction]
+        moved = significant(median, threshold_pct)
+        if direction == 0 and moved:
+            notes.append(
+                f"the median step moved {median.change_pct:+.1f}% but the steady (lower-decile) step time did not: "
+                "only some steps were slower (faster): other load on the host, or intermittent stalls; rerun on a "
+                "quiet machine, or compare longer runs, to tell"
+            )
+    if base.world_size != new.world_size:
+        notes.append(
+            f"world sizes differ ({base.world_size} and {new.world_size} ranks): step time is per step, "
+            "see scaling for throughput per GPU"
+        )
+    attribution = _attribution(base, new, median, verdict)
+    comparison = Comparison(
+        base=base.label,
+        new=new.label,
+        verdict=verdict,
+        summary="",
+        config_differences=config_differences(base.config, new.config),
+        step_time=step_time,
+        attribution=attribution,
+        groups=attribution_groups(attribution),
+        metrics=_metrics(base, new),
+        memory=_memory(base.report, new.report),
+        busbw=_busbw(base.report, new.report),
+        findings_added=_findings_diff(new.report, base.report),
+        findings_removed=_findings_diff(base.report, new.report),
+        notes=notes,
+    )
+    comparison.summary = _summary(comparison)
+    return comparison
+
+
+def _attribution(base: RunSummary, new: RunSummary, median: Change, verdict: str) -> list[Attribution]:
+    base_total, base_means = central_means(base)
+    new_total, new_means = central_means(new)
+    if base_total is None or new_total is None or median.base_s is None:
+        return []
+    rows = []
+    for key in list(dict.fromkeys([*base_means, *new_means])):
+        b, n = base_means.get(key, 0.0), new_means.get(key, 0.0)
+        rows.append(Attribution(key, component_label(key), b, n, n - b, None))
+    change_ms = (median.new_s - median.base_s) * 1e3
+    rest_ms = change_ms - (new_total - base_total)
+    rows.append(
+        Attribution(
+            "unattributed",
+            LABELS["unattributed"],
+            median.base_s * 1e3 - base_total,
+            median.new_s * 1e3 - new_total,
+            rest_ms,
+            None,
+        )
+    )
+    if verdict in ("regression", "improvement") and change_ms:
+        for row in rows:
+            row.share_pct = 100 * row.delta_ms / change_ms
+    order = list(LABELS)
+    return sorted(rows, key=lambda r: (-abs(r.delta_ms), order.index(r.component) if r.component in order else 99))
+
+
+def attribution_groups(rows: list[Attribution]) -> list[dict]:
+    """Attribution rows added up by ``component_group``, largest change first."""
+    groups: dict[str, dict] = {}
+    for row in rows:
+        g = groups.setdefault(
+            component_group(row.component),
+            {
+                "group": component_group(row.component),
+                "base_ms": 0.0,
+                "new_ms": 0.0,
+                "delta_ms": 0.0,
+                "share_pct": None,
+            },
+        )
+        g["base_ms"] += row.base_ms
+        g["new_ms"] += row.new_ms
+        g["delta_ms"] += row.delta_ms
+        if row.share_pct is not None:
+            g["share_pct"] = (g["share_pct"] or 0.0) + row.share_pct
+    return sorted(groups.values(), key=lambda g: -abs(g["delta_ms"]))
+
+
+def config_differences(base: dict, new: dict) -> list[dict]:
+    """Keys whose values differ (in ``run_config``'s order: model, layout, dtype, batch, device, software)."""
+    out = []
+    for key in dict.fromkeys([*base, *new]):
+        b, n = base.get(key), new.get(key)
+        if b is None and n is None:
+            continue
+        if isinstance(b, float) and isinstance(n, float) and math.isclose(b, n, rel_tol=1e-9):
+            continue
+        if b != n:
+            out.append({"key": key, "base": b, "new": n})
+    return out
+
+
+def _change(b, n) -> dict:
+    pct = 100 * (n - b) / b if b not in (None, 0) and n is not None else None
+    return {"base": b, "new": n, "change_pct": pct}
+
+
+def _metrics(base: RunSummary, new: RunSummary) -> dict:
+    out = {}
+    for name in ("median", "tflops_per_gpu", "samples_per_s", "tokens_per_s"):
+        b, n = getattr(base.report.mfu, name), getattr(new.report.mfu, name)
+        if b is not None or n is not None:
+            out["mfu" if name == "median" else name] = _change(b, n)
+    if base.gpu_busy_pct is not None or new.gpu_busy_pct is not None:
+        out["gpu_busy_pct"] = _change(base.gpu_busy_pct, new.gpu_busy_pct)
+    return out
+
+
+def memory_summary(report: Report) -> dict:
+    """Peaks over ranks and the spread between ranks (of peak allocated on CUDA, peak RSS on CPU), in bytes."""
+    ranks = report.memory.per_rank
+
+    def peak(attr):
+        values = [getattr(r, attr) for r in ranks if getattr(r, attr) is not None]
+        return (max(values), min(values)) if values else (None, None)
+
+    alloc, reserved, rss = peak("peak_allocated_bytes"), peak("peak_reserved_bytes"), peak("rss_peak_bytes")
+    spread_of = alloc if alloc[0] is not None else rss
+    return {
+        "metric": ranks[0].metric if ranks else None,
+        "peak_allocated_bytes": alloc[0],
+        "peak_reserved_bytes": reserved[0],
+        "peak_rss_bytes": rss[0],
+        "rank_spread_bytes": spread_of[0] - spread_of[1] if spread_of[0] is not None else None,
+    }
+
+
+def _memory(base: Report, new: Report) -> dict:
+    b, n = memory_summary(base), memory_summary(new)
+    out = {"metric": n["metric"] or b["metric"]}
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_rss_bytes", "rank_spread_bytes"):
+        out[key] = _change(b[key], n[key])
+    return out
+
+
+def _busbw_by_class(report: Report) -> dict[tuple, dict]:
+    out: dict[tuple, dict] = {}
+    for c in report.comms.collectives:
+        key = (c.op, c.size_bucket_min_bytes)
+        row = out.setdefault(key, {"size_class": c.size_bucket, "count": 0, "weighted": 0.0, "timed": 0})
+        row["count"] += c.count
+        if c.busbw_gbps is not None and c.timed_count:
+            row["weighted"] += c.busbw_gbps * c.timed_count
+            row["timed"] += c.timed_count
+    return out
+
+
+def _busbw(base: Report, new: Report) -> list[dict]:
+    """Bus bandwidth per collective op and size class (count-weighted over groups), in both runs."""
+    b, n = _busbw_by_class(base), _busbw_by_class(new)
+    rows = []
+    for key in sorted(set(b) | set(n)):
+        bb, nn = b.get(key), n.get(key)
+        bgb = bb["weighted"] / bb["timed"] if bb and bb["timed"] else None
+        ngb = nn["weighted"] / nn["timed"] if nn and nn["timed"] else None
+        rows.append(
+            {
+                "op": key[0],
+                "size_class": (bb or nn)["size_class"],
+                "size_class_min_bytes": key[1],
+                "base_gbps": bgb,
+                "new_gbps": ngb,
+                "change_pct": _change(bgb, ngb)["change_pct"],
+                "base_count": bb["count"] if bb else 0,
+                "new_count": nn["count"] if nn else 0,
+            }
+        )
+    return rows
+
+
+def _findings_diff(report: Report, other: Report) -> list[dict]:
+    """Findings of ``report`` with no finding of the same kind on the same ranks in ``other``."""
+    keys = {(f.kind, tuple(f.ranks)) for f in other.findings}
+    return [
+        {
+            "kind": f.kind,
+            "severity": f.severity,
+            "title": f.title,
+            "ranks": list(f.ranks),
+            "time_lost_per_step_s": f.time_lost_per_step_s,
+        }
+        for f in report.findings
+        if (f.kind, tuple(f.ranks)) not in keys
+    ]
+
+
+def _summary(c: Comparison) -> str:
+    s = c.step_time
+    if c.verdict == "unknown":
+        return "no verdict: too few steps"
+    head = (
+        f"{c.verdict}: step time {_ms(s.base_s)} -> {_ms(s.new_s)} ({_signed(s.change_pct)} median, steady "
+        f"{_signed(s.steady_change_pct)} [{_signed(s.steady_ci_pct[0])}, {_signed(s.steady_ci_pct[1])}])"
+        if s.steady_ci_pct
+        else f"{c.verdict}: step time {_ms(s.base_s)} -> {_ms(s.new_s)}"
+    )
+    if c.verdict in ("regression", "improvement"):
+        top = next((a for a in c.attribution if a.component != "unattributed"), None)
+        if top is not None and top.share_pct is not None:
+            head += f"; largest: {top.label} {top.delta_ms:+.1f} ms/step ({top.share_pct:.0f}% of the change)"
+    return head
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def _signed(pct) -> str:
+    return "-" if pct is None else f"{pct:+.1f}%"
+
+
+# -- scaling ---------------------------------------------------------------------------------------------------
+def analyze_scaling(runs: list[RunSummary]) -> Scaling | None:
+    """Throughput per GPU against the smallest run, and which components grew, when world sizes differ."""
+    if len({r.world_size for r in runs}) < 2:
+        return None
+    if all(r.tokens_per_step for r in runs):
+        unit, work = "tokens", [r.tokens_per_step for r in runs]
+    elif all(r.samples_per_step for r in runs):
+        unit, work = "samples", [r.samples_per_step for r in runs]
+    else:
+        unit, work = "rank-steps", [float(r.world_size) for r in runs]
+    worlds = [r.world_size for r in runs]
+    ref = int(np.argmin(worlds))
+    per_rank = [w / n for w, n in zip(work, worlds, strict=True)]
+    notes = []
+    if unit == "rank-steps":
+        kind = "weak"
+        notes.append("no samples or tokens recorded (diag.step(samples=..., tokens=...)): each rank is assumed to do "
+                     "the same work per step in every run (weak scaling)")  # fmt: skip
+    elif all(math.isclose(p, per_rank[ref], rel_tol=SAME_BATCH_TOLERANCE) for p in per_rank):
+        kind = "weak"
+    elif all(math.isclose(w, work[ref], rel_tol=SAME_BATCH_TOLERANCE) for w in work):
+        kind = "strong"
+    else:
+        kind = "mixed"
+        notes.append(
+            "neither the per-rank nor the global batch is the same in every run: efficiency is throughput per GPU"
+        )
+    ref_run = runs[ref]
+    ref_step = np.median(ref_run.step_ms) / 1e3 if ref_run.step_ms else None
+    ref_total, ref_means = central_means(ref_run)
+    ref_per_gpu = work[ref] / ref_step / worlds[ref] if ref_step else None
+    out = []
+    for run, w, n in zip(runs, work, worlds, strict=True):
+        step_s = float(np.median(run.step_ms)) / 1e3 if run.step_ms else None
+        throughput = w / step_s if step_s else None
+        per_gpu = throughput / n if throughput is not None else None
+        eff = per_gpu / ref_per_gpu if per_gpu is not None and ref_per_gpu else None
+        row = ScalingRun(
+            label=run.label,
+            world_size=n,
+            step_s=step_s,
+            throughput=throughput,
+            throughput_per_gpu=per_gpu,
+            speedup=throughput / (ref_per_gpu * worlds[ref]) if throughput is not None and ref_per_gpu else None,
+            efficiency_pct=100 * eff if eff is not None else None,
+            ideal_step_s=step_s * eff if eff is not None else None,
+            loss_ms=(step_s - step_s * eff) * 1e3 if eff is not None else None,
+        )
+        if run is not ref_run and eff is not None and ref_total:
+            row.grew = _growth(run, ref_means, ref_step, row)
+            row.summary = _scaling_line(row, worlds[ref])
+        out.append(row)
+    return Scaling(kind, unit, ref_run.label, out, notes)
+
+
+def _growth(run: RunSummary, ref_means: dict[str, float], ref_step_s: float, row: ScalingRun) -> list[ScalingGrowth]:
+    _, means = central_means(run)
+    scale = row.ideal_step_s / ref_step_s
+    grew = {k: means.get(k, 0.0) - ref_means.get(k, 0.0) * scale for k in dict.fromkeys([*ref_means, *means])}
+    grew["unattributed"] = row.loss_ms - sum(grew.values())
+    loss = row.loss_ms
+    rows = [
+        ScalingGrowth(k, component_label(k), v, 100 * v / loss if loss and loss > 0 else None) for k, v in grew.items()
+    ]
+    return sorted(rows, key=lambda g: -g.ms)
+
+
+def _scaling_line(row: ScalingRun, ref_world: int) -> str:
+    head = f"{row.efficiency_pct:.0f}% efficient at {row.world_size} ranks (against {ref_world})"
+    if row.loss_ms is None or row.loss_ms <= 0:
+        return head + ": no loss"
+    top = next((g for g in row.grew if g.component != "unattributed" and g.share_pct is not None), None)
+    if top is None or top.ms <= 0:
+        return head + f"; the loss is {row.loss_ms:.1f} ms/step"
+    return head + f"; the loss ({row.loss_ms:.1f} ms/step) is {top.share_pct:.0f}% {top.label}"
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------
+def _plain(value):
+    """Dataclasses and numpy values to JSON-safe Python (NaN and inf become null)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

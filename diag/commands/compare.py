@@ -1,0 +1,137 @@
+"""``diag compare``: what changed between two runs (or more), where the time went, and how well a job scales.
+Never imports torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def _labels(paths: list[Path]) -> list[str]:
+    """Each run's name in the output: its directory's name, or its path where two names are alike."""
+    names = [p.resolve().name or str(p) for p in paths]
+    return [str(p) if names.count(n) > 1 else n for p, n in zip(paths, names, strict=True)]
+
+
+def load_summary(path: Path, label: str, steps: str | None, step_range, peak_tflops, flops_per_step, no_cache: bool):
+    """One run's summary: from the cache next to the traces when it is there, else loaded and analysed (the
+    analysis report is cached too, so a later ``diag analyze`` with the same options reads it)."""
+    from diag.analysis.compare import RunSummary, summarize_run
+    from diag.analysis.report import Report, analyze, options_fingerprint
+    from diag.trace.cache import TraceCache
+    from diag.trace.kineto import is_kineto_dir, load_kineto
+    from diag.trace.loader import TraceError, load
+
+    kineto = is_kineto_dir(path)
+    cache = None if no_cache or kineto or not path.is_dir() else TraceCache(path)
+    fingerprint = options_fingerprint(steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step)
+    if cache is not None:
+        state = cache.get_result(f"compare-{fingerprint}")
+        if state is not None:
+            try:
+                summary = RunSummary.from_state(state)
+                summary.label, summary.path = label, str(path)
+                return summary
+            except Exception:  # noqa: BLE001 - a damaged or foreign cache entry: recompute
+                pass
+    try:
+        if kineto:
+            trace = load_kineto(path)
+        else:
+            trace = cache.load(progress=True)[0] if cache is not None else load(path, progress=True)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if trace.steps.empty:
+        reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (no rank recorded a step)"
+        raise click.ClickException(f"{path}: no steps to compare:\n{reasons}")
+    report = None
+    if cache is not None:
+        state = cache.get_result(f"report-{fingerprint}")
+        if state is not None:
+            try:
+                report = Report.from_state(state)
+            except Exception:  # noqa: BLE001 - recompute
+                report = None
+    if report is None:
+        report = analyze(trace, steps=step_range, peak_tflops=peak_tflops, flops_per_step=flops_per_step)
+        if cache is not None:
+            cache.put_result(f"report-{fingerprint}", report.to_state())
+    summary = summarize_run(trace, report, label)
+    if cache is not None:
+        cache.put_result(f"compare-{fingerprint}", summary.to_state())
+    return summary
+
+
+@click.command("compare")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "markdown", "json", "html"]),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write to FILE instead of stdout."
+)
+@click.option("--steps", metavar="A:B", help="Compare steps A <= step < B of every run (default: each run's window).")
+@click.option(
+    "--threshold-pct",
+    type=click.FloatRange(min=0),
+    default=2.0,
+    show_default=True,
+    help="A change of the steady step time under this is 'no change', whatever its interval.",
+)
+@click.option(
+    "--peak-tflops",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Dense peak TFLOP/s per GPU for MFU (overrides the manifests and the datasheet table).",
+)
+@click.option(
+    "--flops-per-step",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Model FLOPs of one step on one rank, for every run (overrides the manifests).",
+)
+@click.option("--no-cache", is_flag=True, help="Do not read or write the caches in each RUN/.diag-cache.")
+def command(runs, fmt, output, steps, threshold_pct, peak_tflops, flops_per_step, no_cache):
+    """Compare runs: BASE against NEW (and MORE, each against BASE). Says whether step time regressed,
+    improved or did not change (a bootstrap interval over the steps, so the same job run twice reads
+    "no change"), which components the change came from (data wait, forward, backward, optimizer, exposed
+    communication per collective and group, stragglers, pipeline bubble), throughput, MFU, memory,
+    bandwidth per collective size and the findings that appeared or disappeared. Runs of different world
+    sizes also get scaling efficiency (throughput per GPU against the smallest run) and what grew with scale.
+    Configuration differences (model FLOPs, layout, dtype, batch) are listed first. A RUN is a diag trace
+    directory or a directory of torch.profiler traces (see docs/compare.md).
+
+    \b
+    Examples:
+      diag compare traces/before traces/after
+      diag compare traces/1gpu traces/2gpu traces/4gpu      (scaling efficiency)
+      diag compare traces/before traces/after --format json -o compare.json
+      diag compare traces/before traces/after --format html -o compare.html
+    """
+    from diag.analysis.compare import compare_runs
+    from diag.analysis.window import parse_step_range
+    from diag.views.compare import render_compare
+
+    if len(runs) < 2:
+        raise click.UsageError("compare needs at least two runs: BASE NEW [MORE ...]")
+    try:
+        step_range = parse_step_range(steps)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--steps") from exc
+    summaries = [
+        load_summary(path, label, steps, step_range, peak_tflops, flops_per_step, no_cache)
+        for path, label in zip(runs, _labels(list(runs)), strict=True)
+    ]
+    text = render_compare(compare_runs(summaries, threshold_pct=threshold_pct), fmt)
+    if output is None:
+        click.echo(text)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc}") from exc
+    click.echo(f"comparison written to {output}", err=True)

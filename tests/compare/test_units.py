@@ -1,0 +1,218 @@
+"""The comparison's statistics, attribution and scaling on constructed numbers, where the right answer is known."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from diag.analysis import compare as C
+from diag.analysis.findings import Finding
+from diag.views.compare import components_series, render_compare
+from tests.compare.helpers import summary
+
+
+def _steps(n: int, ms: float, spread: float, seed: int) -> np.ndarray:
+    return ms + spread * np.random.default_rng(seed).standard_normal(n)
+
+
+def test_two_samples_of_one_distribution_read_no_change():
+    base, new = _steps(200, 100.0, 5.0, 1), _steps(200, 100.0, 5.0, 2)
+    change = C.bootstrap_change(base, new, C.STEADY_QUANTILE)
+    low, high = change.ci_pct
+    assert low < 0 < high and high - low < 6
+    assert C.significant(change, C.THRESHOLD_PCT) == 0
+    assert C.bootstrap_change(base, new, C.STEADY_QUANTILE) == change  # fixed seed: the same answer every time
+
+
+def test_a_five_percent_slowdown_is_found_with_an_interval_around_it():
+    base, new = _steps(200, 100.0, 2.0, 1), _steps(200, 105.0, 2.0, 2)
+    change = C.bootstrap_change(base, new, 0.5)
+    assert change.change_pct == pytest.approx(5.0, abs=1.0)
+    assert 2.5 < change.ci_pct[0] < 5.0 < change.ci_pct[1] < 7.5
+    assert C.significant(change, C.THRESHOLD_PCT) == 1
+    assert C.significant(C.bootstrap_change(new, base, 0.5), C.THRESHOLD_PCT) == -1
+
+
+def test_a_change_under_the_practical_threshold_is_no_change():
+    base, new = _steps(2000, 100.0, 0.2, 1), _steps(2000, 101.0, 0.2, 2)
+    change = C.bootstrap_change(base, new, C.STEADY_QUANTILE)
+    assert change.ci_pct[0] > 0  # real, but 1% is under the 2% threshold
+    assert C.significant(change, C.THRESHOLD_PCT) == 0
+    assert C.significant(change, 0.5) == 1
+
+
+def test_interference_slowing_some_steps_moves_the_median_but_not_the_verdict():
+    """Other load on the host adds time to some steps; the job's fastest steps keep their time."""
+    rng = np.random.default_rng(3)
+    base = _steps(60, 20.0, 0.3, 1)
+    new = _steps(60, 20.0, 0.3, 2)
+    slowed = rng.random(60) < 0.6
+    new[slowed] *= 1.3
+    base_run = summary("base", {"step_rest": base})
+    new_run = summary("new", {"step_rest": new})
+    comparison = C.compare_runs([base_run, new_run]).comparisons[0]
+    assert comparison.step_time.change_pct > 10
+    assert C.significant(C.bootstrap_change(base, new, 0.5), C.THRESHOLD_PCT) == 1
+    assert comparison.verdict == "no change"
+    assert any("median step moved" in n for n in comparison.notes)
+    assert all(a.share_pct is None for a in comparison.attribution)  # no shares of a change that is not one
+
+
+def test_too_few_steps_give_no_verdict():
+    comparison = C.compare_runs([summary("a", {"forward": [10.0, 11.0]}), summary("b", {"forward": [20.0, 21.0]})])
+    assert comparison.comparisons[0].verdict == "unknown"
+
+
+def test_attribution_rows_add_up_to_the_change_of_the_median():
+    n = 40
+    base = {
+        "data_wait": _steps(n, 1.0, 0.05, 1),
+        "forward": _steps(n, 5.0, 0.1, 2),
+        "backward": _steps(n, 9.0, 0.2, 3),
+        "exposed_comm:all_reduce@0": _steps(n, 2.0, 0.1, 4),
+    }
+    new = dict(base)
+    new["data_wait"] = base["data_wait"] + 8.0  # a slow loader: +8 ms a step
+    report = C.compare_runs([summary("base", base), summary("new", new)])
+    c = report.comparisons[0]
+    assert c.verdict == "regression"
+    top = c.attribution[0]
+    assert (top.component, top.label) == ("data_wait", "data wait")
+    assert top.delta_ms == pytest.approx(8.0, abs=0.3)
+    assert top.share_pct == pytest.approx(100.0, abs=5.0)
+    change_ms = (c.step_time.new_s - c.step_time.base_s) * 1e3
+    assert sum(a.delta_ms for a in c.attribution) == pytest.approx(change_ms, abs=1e-9)
+    assert sum(a.share_pct for a in c.attribution) == pytest.approx(100.0)
+    assert next(a for a in c.attribution if a.component == "exposed_comm:all_reduce@0").label == (
+        "exposed all_reduce (group 0)"
+    )
+    assert [g["group"] for g in c.groups][0] == "data"
+    assert c.summary.startswith("regression: ") and "data wait +8" in c.summary
+
+
+def test_a_faster_optimizer_reads_improvement_with_its_share():
+    n = 40
+    base = {"forward": _steps(n, 5.0, 0.1, 1), "optimizer": _steps(n, 6.0, 0.1, 2)}
+    new = {"forward": _steps(n, 5.0, 0.1, 3), "optimizer": _steps(n, 2.0, 0.1, 4)}  # a fused optimizer
+    c = C.compare_runs([summary("base", base), summary("new", new)]).comparisons[0]
+    assert c.verdict == "improvement" and c.step_time.steady_change_pct == pytest.approx(-36.4, abs=3)
+    top = c.attribution[0]
+    assert top.component == "optimizer" and top.delta_ms == pytest.approx(-4.0, abs=0.2)
+    assert top.share_pct == pytest.approx(100.0, abs=5.0)  # of a negative change: a positive share
+
+
+def test_central_steps_are_those_nearest_the_median_even_when_slow_steps_skew_the_run():
+    step_ms = np.array([10.0, 10.1, 10.2, 10.3, 10.4, 10.5, 10.6, 50.0, 60.0, 70.0, 80.0, 90.0])
+    chosen = step_ms[C.central_steps(step_ms)]
+    assert len(chosen) == C.CENTRAL_MIN_STEPS
+    assert abs(chosen.mean() - np.median(step_ms)) < abs(step_ms.mean() - np.median(step_ms))
+    assert 90.0 not in chosen and 10.0 not in chosen
+
+
+def _scaling_runs(samples: list[float], comm_ms: list[float], compute_ms: list[float]):
+    n = 30
+    return [
+        summary(
+            f"w{world}",
+            {
+                "backward": _steps(n, compute, 0.01, world),
+                "exposed_comm:all_reduce@0": _steps(n, comm, 0.01, 10 + world),
+            },
+            world=world,
+            samples_per_step=s,
+        )
+        for world, s, comm, compute in zip([1, 2, 4], samples, comm_ms, compute_ms, strict=True)
+    ]
+
+
+def test_weak_scaling_efficiency_and_what_grew():
+    runs = _scaling_runs([16, 32, 64], comm_ms=[0.0, 2.0, 5.0], compute_ms=[10.0, 10.0, 10.0])
+    scaling = C.compare_runs(runs).scaling
+    assert (scaling.kind, scaling.unit, scaling.baseline) == ("weak", "samples", "w1")
+    effs = [r.efficiency_pct for r in scaling.runs]
+    assert effs == pytest.approx([100.0, 100 * 10 / 12, 100 * 10 / 15], abs=0.5)
+    four = scaling.runs[2]
+    assert four.loss_ms == pytest.approx(5.0, abs=0.1)
+    assert four.grew[0].component == "exposed_comm:all_reduce@0"
+    assert four.grew[0].share_pct == pytest.approx(100.0, abs=2.0)
+    assert four.summary.startswith(
+        "67% efficient at 4 ranks (against 1); the loss (5.0 ms/step) is 100% exposed all_reduce"
+    )
+    assert four.speedup == pytest.approx(4 * 10 / 15, rel=0.01)
+
+
+def test_strong_scaling_efficiency_against_the_ideal_step():
+    runs = _scaling_runs([64, 64, 64], comm_ms=[0.0, 2.0, 2.0], compute_ms=[40.0, 20.0, 10.0])
+    scaling = C.compare_runs(runs).scaling
+    assert scaling.kind == "strong"
+    two, four = scaling.runs[1], scaling.runs[2]
+    assert two.efficiency_pct == pytest.approx(100 * 40 / 22 / 2, abs=0.5)
+    assert four.ideal_step_s == pytest.approx(0.010, rel=0.01)
+    assert four.loss_ms == pytest.approx(2.0, abs=0.1)
+    assert four.grew[0].component == "exposed_comm:all_reduce@0" and four.grew[0].ms == pytest.approx(2.0, abs=0.1)
+
+
+def test_scaling_without_samples_assumes_each_rank_does_the_same_work():
+    runs = _scaling_runs([None, None, None], comm_ms=[0.0, 2.0, 5.0], compute_ms=[10.0, 10.0, 10.0])
+    scaling = C.compare_runs(runs).scaling
+    assert (scaling.kind, scaling.unit) == ("weak", "rank-steps")
+    assert scaling.notes and [round(r.efficiency_pct) for r in scaling.runs] == [100, 83, 67]
+
+
+def test_no_scaling_section_when_world_sizes_agree():
+    a, b = summary("a", {"forward": _steps(20, 5, 0.1, 1)}), summary("b", {"forward": _steps(20, 5, 0.1, 2)})
+    assert C.compare_runs([a, b]).scaling is None
+
+
+def test_configuration_differences_are_listed_model_first():
+    a = summary(
+        "a", {"forward": _steps(20, 5, 0.1, 1)}, config={"flops_per_step": 1e9, "dtype": "float32", "device": "x"}
+    )
+    b = summary(
+        "b", {"forward": _steps(20, 5, 0.1, 2)}, config={"flops_per_step": 4e9, "dtype": "bfloat16", "device": "x"}
+    )
+    diffs = C.compare_runs([a, b]).comparisons[0].config_differences
+    assert diffs == [
+        {"key": "flops_per_step", "base": 1e9, "new": 4e9},
+        {"key": "dtype", "base": "float32", "new": "bfloat16"},
+    ]
+
+
+def _finding(kind: str, ranks: list[int]) -> Finding:
+    return Finding(kind, "high", f"{kind} on {ranks}", ranks, 1.0, 0.01)
+
+
+def test_findings_that_appeared_and_disappeared():
+    a = summary("a", {"forward": _steps(20, 5, 0.1, 1)}, findings=[_finding("straggler", [1]), _finding("low_mfu", [])])
+    b = summary("b", {"forward": _steps(20, 5, 0.1, 2)}, findings=[_finding("straggler", [3]), _finding("low_mfu", [])])
+    c = C.compare_runs([a, b]).comparisons[0]
+    assert [(f["kind"], f["ranks"]) for f in c.findings_added] == [("straggler", [3])]
+    assert [(f["kind"], f["ranks"]) for f in c.findings_removed] == [("straggler", [1])]
+
+
+def test_json_contract_and_every_view():
+    runs = _scaling_runs([16, 32, 64], comm_ms=[0.0, 2.0, 5.0], compute_ms=[10.0, 10.0, 10.0])
+    report = C.compare_runs(runs)
+    data = json.loads(render_compare(report, "json"))
+    for key in ("verdict", "step_time", "attribution", "scaling", "memory", "findings_added", "findings_removed"):
+        assert key in data
+    assert set(data["step_time"]) >= {"base_s", "new_s", "change_pct", "ci_pct"}
+    assert set(data["attribution"][0]) >= {"component", "base_ms", "new_ms", "delta_ms"}
+    assert data["verdict"] == data["comparisons"][0]["verdict"] and len(data["comparisons"]) == 2
+    assert [r["world_size"] for r in data["runs"]] == [1, 2, 4] and data["scaling"]["kind"] == "weak"
+    text = render_compare(report, "text")
+    assert "Scaling" in text and "67% efficient at 4 ranks" in text and "Where the time went: w1 -> w4" in text
+    assert "## Verdict: w1 -> w2" in render_compare(report, "markdown")
+    page = render_compare(report, "html")
+    assert page.count("plotly-graph-div") == 3 and '<script src="http' not in page
+    labels, series = components_series(report)
+    assert labels == ["w1", "w2", "w4"] and series["exposed all_reduce (group 0)"][0] == pytest.approx(0.0, abs=0.05)
+
+
+def test_bootstrap_of_a_long_run_is_done_in_chunks(monkeypatch):
+    monkeypatch.setattr(C, "MAX_BOOTSTRAP_CELLS", 100_000)
+    base, new = _steps(20_000, 100.0, 3.0, 1), _steps(20_000, 103.0, 3.0, 2)
+    change = C.bootstrap_change(base, new, 0.5, resamples=30)
+    assert change.ci_pct[0] > 2.5 and change.change_pct == pytest.approx(3.0, abs=0.2)
