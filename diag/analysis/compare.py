@@ -304,15 +304,11 @@ def _split_comm(report: Report, exposed_ms: np.ndarray) -> dict[str, np.ndarray]
 
 def run_config(trace, steps_w: pd.DataFrame | None = None) -> dict:
     """The configuration a comparison lists first when it differs: model (FLOPs per step), layout, dtype,
-    batch, device, software. Read defensively: a torch.profiler import fills only some manifest keys."""
-    manifests = list(getattr(trace, "manifests", {}).values())
+    batch, device, software (a torch.profiler import fills only some manifest fields: the others are None)."""
+    manifests = list(trace.manifests.values())  # {rank: Manifest}, parsed once by the loader
 
-    def first(name):
-        for m in manifests:
-            value = m.get(name) if isinstance(m, dict) else getattr(m, name, None)
-            if value not in (None, "", {}):
-                return value
-        return None
+    def first(name):  # the lowest rank's value, an empty one (no process groups recorded) as unknown
+        return next((v for m in manifests if (v := getattr(m, name)) not in (None, "", {})), None)
 
     def plain(value):
         if dataclasses.is_dataclass(value):
@@ -321,9 +317,8 @@ def run_config(trace, steps_w: pd.DataFrame | None = None) -> dict:
             return {k: v for k, v in value.items() if v is not None and k != "stage"} or None
         return value
 
-    flops = [m.get("flops_per_step") if isinstance(m, dict) else getattr(m, "flops_per_step", None) for m in manifests]
-    flops = [float(f) for f in flops if isinstance(f, int | float) and not isinstance(f, bool)]
-    hosts = {m.get("host") if isinstance(m, dict) else getattr(m, "host", None) for m in manifests} - {None}
+    flops = [m.flops_per_step for m in manifests if m.flops_per_step is not None]
+    hosts = {m.host for m in manifests} - {None}
     groups = first("process_groups")
     config = {
         "flops_per_step": float(np.median(flops)) if flops else None,
