@@ -28,7 +28,7 @@ DDP_BUCKET_MODES = ("auto", "hook", "flight_recorder", True, False)
 # Below this, a background thread (writer, sampler) wakes so often that it takes the GIL from training:
 # flush_interval_s=0 made a job 230x slower. 10 ms is already 100 flushes a second.
 MIN_INTERVAL_S = 0.01
-_FLAGS = ("telemetry", "collectives", "memory", "clock_sync", "watchdog", "count_flops")
+_FLAGS = ("telemetry", "collectives", "memory", "clock_sync", "watchdog", "count_flops", "nccl_log")
 _INTERVALS = ("telemetry_interval_s", "heartbeat_interval_s", "flush_interval_s")
 
 
@@ -49,7 +49,9 @@ class Session:
     step's exposed communication timed from its last gradient; "auto" (default): "hook" on NCCL, where the
     host runs ahead of the GPU, "flight_recorder" elsewhere; False: not recorded;
     prometheus_port / prometheus_addr: serve live Prometheus metrics on http://ADDR:PORT+local_rank/metrics
-    (docs/prometheus.md), updated from the rows as the writer flushes them, off the training thread.
+    (docs/prometheus.md), updated from the rows as the writer flushes them, off the training thread;
+    nccl_log: have NCCL write its log (NCCL_DEBUG=INFO, init and topology only) into the rank's directory when
+    the user set none of NCCL_DEBUG, NCCL_DEBUG_SUBSYS, NCCL_DEBUG_FILE and NCCL has not started yet.
     """
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
@@ -77,6 +79,7 @@ class Session:
         ddp_buckets: bool | str = "auto",
         prometheus_port: int | None = None,
         prometheus_addr: str = "0.0.0.0",
+        nccl_log: bool = True,
         device=None,
     ):
         validate_options(
@@ -97,6 +100,7 @@ class Session:
             ddp_buckets=ddp_buckets,
             prometheus_port=prometheus_port,
             prometheus_addr=prometheus_addr,
+            nccl_log=nccl_log,
         )
         self.trace_dir = Path(trace_dir)
         self.identity: RankIdentity = detect_identity()
@@ -105,6 +109,7 @@ class Session:
         self.writer = RankWriter(self.trace_dir / rank_dir_name(self.rank), flush_interval_s=flush_interval_s)
         self.device = device if device is not None else _current_device()
         self.capture_status: dict[str, str] = {}
+        self._start_nccl_log(nccl_log and self.writer.enabled)
 
         # step and phase state, read by the watchdog from its own thread
         self.current_step: int | None = None
@@ -176,6 +181,12 @@ class Session:
             "process_groups": {},
             "finished": False,
         }
+
+    def _start_nccl_log(self, enabled: bool) -> None:
+        """First of all: NCCL reads its log variables when it creates its first communicator."""
+        from diag.capture.nccl_log import start_nccl_log
+
+        self.capture_status["nccl_log"] = start_nccl_log(self.writer.rank_dir) if enabled else "off"
 
     def _start_memory(self, enabled: bool) -> MemorySampler | None:
         self.capture_status["memory"] = "on" if enabled else "off"
