@@ -27,8 +27,10 @@ from diag.analysis.comms import (
 from diag.analysis.failures import FailureReport, failure_findings, find_failures
 from diag.analysis.findings import Finding, FindingContext, rank_findings
 from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
+from diag.analysis.links import LinkReport, analyze_links, link_findings
 from diag.analysis.memory import MemoryReport, analyze_memory, memory_findings, memory_pressure
 from diag.analysis.mfu import MfuReport, analyze_mfu, mfu_findings
+from diag.analysis.nccl import NcclReport, analyze_nccl, nccl_findings
 from diag.analysis.stragglers import (
     RankStepTimes,
     StragglerReport,
@@ -55,6 +57,8 @@ FINDINGS = (
     ("mfu", mfu_findings),
     ("bubble", bubble_findings),
     ("gpu_time", gpu_time_findings),
+    ("links", link_findings),
+    ("nccl", nccl_findings),
 )
 
 
@@ -102,6 +106,8 @@ class Report:
     bubble: BubbleReport | None = None  # None for runs without pipeline parallelism
     pipeline_timeline: list[dict] = field(default_factory=list)  # one step's actions per stage, for the Gantt
     gpu_time: GpuTimeReport | None = None  # torch.profiler (Kineto) imports only; None for diag's own traces
+    links: LinkReport | None = None  # process groups by busbw, the host or link common to slow ones; None: < 2 groups
+    nccl: NcclReport | None = None  # NCCL's own view from the ranks' nccl.log; None without any
 
     def to_state(self) -> dict:
         """Everything in the Report, JSON-safe and structured like the dataclasses, for ``from_state``."""
@@ -116,7 +122,7 @@ class Report:
         window.pop("step_indices", None)
         run = _plain(self.run)
         run["window"] = window
-        return {
+        out = {
             "report_version": REPORT_VERSION,
             "run": run,
             "findings": _plain(self.findings),
@@ -135,6 +141,12 @@ class Report:
             "bubble": _plain(self.bubble.to_dict()) if self.bubble is not None else None,
             "gpu_time": _plain(self.gpu_time) if self.gpu_time is not None else None,
         }
+        # sections added after the contract's first version: present only when the run has them, so the JSON of
+        # runs without them (one process group, no nccl.log) is what it was
+        for name in ("links", "nccl"):
+            if getattr(self, name) is not None:
+                out[name] = _plain(getattr(self, name))
+        return out
 
 
 def analyze(
@@ -166,6 +178,8 @@ def analyze(
     bubble = analyze_bubble(trace, window.step_indices) if len(trace.microbatches) else None
     pipeline_timeline = gantt_rows(trace).to_dict("records") if bubble is not None else []
     gpu_time = analyze_gpu_time(trace.gpu_kernels, window.step_indices)
+    links = analyze_links(waits, _pg_ranks(trace), hosts)
+    nccl = analyze_nccl(trace.nccl_logs, trace.manifests)
 
     results = {
         "failures": failures,
@@ -176,6 +190,8 @@ def analyze(
         "mfu": mfu,
         "bubble": bubble,
         "gpu_time": gpu_time,
+        "links": links,
+        "nccl": nccl,
     }
     ctx = FindingContext(mfu.step_time_median_s, window.steps_analysed, times, stragglers)
     found = [f for name, findings_of in FINDINGS if results[name] is not None for f in findings_of(results[name], ctx)]
@@ -193,6 +209,8 @@ def analyze(
         bubble,
         pipeline_timeline,
         gpu_time,
+        links,
+        nccl,
     )
 
 
@@ -217,6 +235,16 @@ def _pg_sizes(trace: Trace) -> dict[str, int]:
     """Process-group sizes from the manifests' process_groups, where capture recorded them."""
     return {
         name: group.size for m in trace.manifests.values() for name, group in m.process_groups.items() if group.size
+    }
+
+
+def _pg_ranks(trace: Trace) -> dict[str, list[int]]:
+    """Process-group members from the manifests, where capture recorded them."""
+    return {
+        name: list(group.ranks)
+        for m in trace.manifests.values()
+        for name, group in m.process_groups.items()
+        if group.ranks
     }
 
 

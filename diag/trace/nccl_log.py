@@ -177,9 +177,12 @@ class NcclLog:
 
     def net_kind(self) -> str | None:
         """The inter-node transport: IB, RoCE (IB verbs over Ethernet), Socket (TCP), the plugin's network
-        (EFA through AWS Libfabric, ...), from its NET connections; else from "Using network"; None if neither."""
+        (EFA through AWS Libfabric, ...), from its NET connections; else from "Using network"; else from the
+        devices NET/IB or (with no IB device) NET/Socket found; None if nothing says."""
         networks = {c.network for c in self.connections() if c.transport == "NET" and c.network}
         network = sorted(networks, key=lambda n: n != "Socket")[0] if networks else self.network
+        if network is None:  # the log was cut before "Using network": what NET/IB and NET/Socket found says it
+            network = "IB" if self.ib_devices else "Socket" if self.ib_none and self.socket_devices else None
         if network is None:
             return None
         if network.lower().startswith("ib"):
