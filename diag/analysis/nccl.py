@@ -103,7 +103,7 @@ def analyze_nccl(logs: dict[int, NcclLog], manifests: dict[int, Manifest]) -> Nc
             versions[view.version].append(view.rank)
     report.versions = dict(versions)
     report.lines_skipped = sum(v.lines_skipped for v in report.ranks)
-    report.groups = _groups(logs, manifests)
+    report.groups = match_groups(logs, pg_ranks_of(manifests))
     if report.ranks_without_log:
         report.notes.append(
             f"{ranks_text(report.ranks_without_log)} wrote no nccl.log (NCCL_DEBUG set by the user, diag.init after "
@@ -136,15 +136,18 @@ def _rank_view(rank: int, log: NcclLog, manifest: Manifest | None) -> NcclRankVi
     )
 
 
-def _groups(logs: dict[int, NcclLog], manifests: dict[int, Manifest]) -> list[NcclGroupView]:
+def pg_ranks_of(manifests: dict[int, Manifest]) -> dict[str, list[int]]:
+    return {name: list(info.ranks) for m in manifests.values() for name, info in m.process_groups.items() if info.ranks}
+
+
+def match_groups(logs: dict[int, NcclLog], pg_ranks: dict[str, list[int]]) -> list[NcclGroupView]:
     """Each process group with the communicator its members agree on: a member's candidates are its
     communicators of the group's size where its rank is its position in the group; the commId common to all
     members names the group's (two groups of one size sharing a member are told apart this way)."""
-    groups = {name: info for m in manifests.values() for name, info in m.process_groups.items() if info.ranks}
     out = []
-    for name, info in sorted(groups.items()):
-        members = sorted(info.ranks)
-        if not all(r in logs for r in members):
+    for name, ranks in sorted(pg_ranks.items()):
+        members = sorted(ranks)
+        if not members or not all(r in logs for r in members):
             continue
         common: set[str] | None = None
         for position, rank in enumerate(members):
@@ -158,6 +161,34 @@ def _groups(logs: dict[int, NcclLog], manifests: dict[int, Manifest]) -> list[Nc
         nets = sorted({f"{c.network}" for comm in comms for c in comm.connections if c.transport == "NET"})
         channels = [c.coll_channels for c in comms if c.coll_channels is not None]
         out.append(NcclGroupView(name, members, comm_id, transports, nets, min(channels) if channels else None))
+    return out
+
+
+def group_evidence(logs: dict[int, NcclLog], pg: str | None, members: list[int], max_warnings: int = 3) -> list[str]:
+    """What NCCL's logs say about a process group (triage's hang, a slow group): the communicator's transports,
+    each member's network and GPUDirect RDMA, and the NCCL warnings of its members. Empty without logs."""
+    members = [r for r in members if r in logs]
+    if not members:
+        return []
+    out = []
+    matched = match_groups(logs, {pg: members}) if pg is not None else []
+    if matched:
+        group = matched[0]
+        out.append(
+            f"NCCL: process group {pg} is communicator {group.comm_id}, transports {', '.join(group.transports) or '-'}"
+            + (f", {group.channels} channels" if group.channels is not None else "")
+        )
+    by_kind: dict[tuple, list[int]] = defaultdict(list)
+    for rank in members:
+        log = logs[rank]
+        gdr = {True: ", GPUDirect RDMA on", False: ", GPUDirect RDMA off", None: ""}[log.gdr()]
+        by_kind[(log.net_kind() or "no network", "/".join(sorted(log.intra_node_transports())), gdr)].append(rank)
+    for (net, intra, gdr), ranks in sorted(by_kind.items(), key=lambda kv: kv[1][0]):
+        out.append(f"NCCL: {ranks_text(ranks)}: NET/{net}" + (f", {intra} inside the node" if intra else "") + gdr)
+    warnings = [(rank, w) for rank in members for w in logs[rank].warnings]
+    out += [f"NCCL WARN on rank {rank}: {w}" for rank, w in warnings[:max_warnings]]
+    if len(warnings) > max_warnings:
+        out.append(f"... {len(warnings) - max_warnings} more NCCL warnings on these ranks")
     return out
 
 
