@@ -80,6 +80,11 @@ _COMM_TOPO_RE = re.compile(
 )
 _SETTING_RE = re.compile(r"^(?P<key>NCCL_[A-Z0-9_]+) set (?:by environment )?to (?P<value>.*?)\s*$")
 
+# Every message read here has one of these: a line without any is passed over without trying each pattern
+_WORTH_READING_RE = re.compile(
+    r"NCCL|cudaDriverVersion|NET/|Using network|GPU Direct RDMA|NVLS|Channel |Ring |Trees |comm 0x|channels|"
+    r"Connected|CollNet"
+)
 # Words that start a message of a kind this parser reads: such a line that does not parse is damaged (skipped),
 # where any other NCCL line is merely of a kind not used (lines_other).
 _KNOWN_STARTS = ("Channel ", "Ring ", "Trees ", "NCCL version")
@@ -319,7 +324,14 @@ class _Parser:
     def _message(self, line: _Line) -> bool | None:
         """True: used; False: an NCCL line of a kind not read; None: a kind read here that did not parse."""
         msg = line.message
-        for handler in (self._global, self._comm_line):
+        if not _WORTH_READING_RE.search(msg):  # topology dumps, allocations, timings: most of the log
+            return None if msg.startswith(_KNOWN_STARTS) else False
+        handlers = (
+            (self._comm_line, self._global)
+            if msg.startswith(("Channel ", "Ring "))
+            else (self._global, self._comm_line)
+        )
+        for handler in handlers:
             result = handler(msg, line.tid)
             if result is not False:
                 return result

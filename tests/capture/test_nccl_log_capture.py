@@ -85,3 +85,17 @@ def test_real_nccl_log_on_one_gpu_is_captured_and_parsed(tmp_path):
     assert log.version == trace.manifest(0).nccl_version
     assert log.cuda_driver and log.lines_used > 0 and log.lines_skipped == 0
     assert any(comm.nranks == 1 and comm.rank == 0 for comm in log.comms)
+
+
+def test_gloo_groups_are_not_taken_for_started_nccl(tmp_path):
+    """torch_private.nccl_groups_started on a real (one-rank, gloo) process group with a collective done."""
+    import torch.distributed as dist
+
+    from diag.capture import torch_private
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        dist.all_reduce(torch.ones(4))
+        assert torch_private.nccl_groups_started() == []
+    finally:
+        dist.destroy_process_group()
