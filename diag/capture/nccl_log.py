@@ -23,6 +23,7 @@ from diag.trace.schema import NCCL_LOG_FILE
 
 NCCL_LOG_VARIABLES = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 NCCL_LOG_SUBSYS = "INIT,ENV,GRAPH,NET"
+_set_by_diag: dict[str, str] = {}  # what diag set in this process: a second diag.init must not take it for the user's
 
 
 def nccl_log_path(rank_dir: Path) -> str:
@@ -43,6 +44,8 @@ def configure_nccl_log(
     ``nccl_started``: the NCCL process groups that already have a communicator (``nccl_groups_started``)."""
     environ = os.environ if environ is None else environ
     user = [name for name in NCCL_LOG_VARIABLES if name in environ]
+    if user and {name: environ.get(name) for name in NCCL_LOG_VARIABLES} == _set_by_diag:
+        return f"off: set by an earlier diag.init of this process; NCCL writes to {environ['NCCL_DEBUG_FILE']}"
     if user:
         shown = ", ".join(f"{name}={environ[name]}" for name in user)
         return f"off: the user set {shown}; left as set"
@@ -56,9 +59,10 @@ def configure_nccl_log(
         )
         warn_once("nccl-log-late", message)
         return f"off: too late, NCCL already started (process groups {', '.join(nccl_started[:4])})"
-    environ["NCCL_DEBUG"] = "INFO"
-    environ["NCCL_DEBUG_SUBSYS"] = NCCL_LOG_SUBSYS
-    environ["NCCL_DEBUG_FILE"] = nccl_log_path(rank_dir)
+    values = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": NCCL_LOG_SUBSYS, "NCCL_DEBUG_FILE": nccl_log_path(rank_dir)}
+    environ.update(values)
+    _set_by_diag.clear()
+    _set_by_diag.update(values)
     return (
         f"on: NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS={NCCL_LOG_SUBSYS} into {NCCL_LOG_FILE} (from NCCL's first communicator)"
     )

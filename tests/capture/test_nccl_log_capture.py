@@ -33,6 +33,14 @@ def test_what_the_user_set_is_never_changed(tmp_path, name):
     assert environ == before and status.startswith(f"off: the user set {name}=")
 
 
+def test_a_second_init_knows_the_variables_are_its_own(tmp_path):
+    environ: dict[str, str] = {}
+    configure_nccl_log(tmp_path / "first", True, [], environ)
+    status = configure_nccl_log(tmp_path / "second", True, [], environ)
+    assert status.startswith("off: set by an earlier diag.init of this process") and "first" in status
+    assert environ["NCCL_DEBUG_FILE"].endswith("first/nccl.log")  # NCCL read it once: it stays
+
+
 def test_too_late_once_nccl_started_is_said_once(tmp_path):
     environ: dict[str, str] = {}
     with pytest.warns(DiagWarning, match="NCCL already started"):
