@@ -28,8 +28,10 @@ from diag.analysis.failures import FailureReport, failure_findings, find_failure
 from diag.analysis.findings import Finding, FindingContext, rank_findings
 from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
 from diag.analysis.health import HealthReport, analyze_health, health_findings
+from diag.analysis.links import LinkReport, analyze_links, link_findings
 from diag.analysis.memory import MemoryReport, analyze_memory, memory_findings, memory_pressure
 from diag.analysis.mfu import MfuReport, analyze_mfu, mfu_findings
+from diag.analysis.nccl import NcclReport, analyze_nccl, nccl_findings
 from diag.analysis.stragglers import (
     RankStepTimes,
     StragglerReport,
@@ -57,6 +59,8 @@ FINDINGS = (
     ("bubble", bubble_findings),
     ("gpu_time", gpu_time_findings),
     ("health", health_findings),
+    ("links", link_findings),
+    ("nccl", nccl_findings),
 )
 
 
@@ -105,6 +109,8 @@ class Report:
     pipeline_timeline: list[dict] = field(default_factory=list)  # one step's actions per stage, for the Gantt
     gpu_time: GpuTimeReport | None = None  # torch.profiler (Kineto) imports only; None for diag's own traces
     health: HealthReport = field(default_factory=HealthReport)  # loss, gradient norm, replica fingerprints
+    links: LinkReport | None = None  # process groups by busbw, the host or link common to slow ones; None: < 2 groups
+    nccl: NcclReport | None = None  # NCCL's own view from the ranks' nccl.log; None without any
 
     def to_state(self) -> dict:
         """Everything in the Report, JSON-safe and structured like the dataclasses, for ``from_state``."""
@@ -119,7 +125,7 @@ class Report:
         window.pop("step_indices", None)
         run = _plain(self.run)
         run["window"] = window
-        return {
+        out = {
             "report_version": REPORT_VERSION,
             "run": run,
             "findings": _plain(self.findings),
@@ -137,8 +143,15 @@ class Report:
             "timeline": _plain(self.timeline),
             "bubble": _plain(self.bubble.to_dict()) if self.bubble is not None else None,
             "gpu_time": _plain(self.gpu_time) if self.gpu_time is not None else None,
-            "health": _plain(self.health),
         }
+        # sections added after the contract's first version: present only when the run has them, so the JSON of
+        # runs without them (one process group, no nccl.log) is what it was
+        for name in ("links", "nccl"):
+            if getattr(self, name) is not None:
+                out[name] = _plain(getattr(self, name))
+        if self.health.recorded:
+            out["health"] = _plain(self.health)
+        return out
 
 
 def analyze(
@@ -171,6 +184,8 @@ def analyze(
     pipeline_timeline = gantt_rows(trace).to_dict("records") if bubble is not None else []
     gpu_time = analyze_gpu_time(trace.gpu_kernels, window.step_indices)
     health = analyze_health(trace.steps, trace.events, trace.manifests)
+    links = analyze_links(waits, _pg_ranks(trace), hosts)
+    nccl = analyze_nccl(trace.nccl_logs, trace.manifests)
 
     results = {
         "failures": failures,
@@ -182,6 +197,8 @@ def analyze(
         "bubble": bubble,
         "gpu_time": gpu_time,
         "health": health,
+        "links": links,
+        "nccl": nccl,
     }
     ctx = FindingContext(mfu.step_time_median_s, window.steps_analysed, times, stragglers)
     found = [f for name, findings_of in FINDINGS if results[name] is not None for f in findings_of(results[name], ctx)]
@@ -200,6 +217,8 @@ def analyze(
         pipeline_timeline,
         gpu_time,
         health,
+        links,
+        nccl,
     )
 
 
@@ -224,6 +243,16 @@ def _pg_sizes(trace: Trace) -> dict[str, int]:
     """Process-group sizes from the manifests' process_groups, where capture recorded them."""
     return {
         name: group.size for m in trace.manifests.values() for name, group in m.process_groups.items() if group.size
+    }
+
+
+def _pg_ranks(trace: Trace) -> dict[str, list[int]]:
+    """Process-group members from the manifests, where capture recorded them."""
+    return {
+        name: list(group.ranks)
+        for m in trace.manifests.values()
+        for name, group in m.process_groups.items()
+        if group.ranks
     }
 
 

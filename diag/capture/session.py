@@ -29,7 +29,16 @@ DDP_BUCKET_MODES = ("auto", "hook", "flight_recorder", True, False)
 # Below this, a background thread (writer, sampler) wakes so often that it takes the GIL from training:
 # flush_interval_s=0 made a job 230x slower. 10 ms is already 100 flushes a second.
 MIN_INTERVAL_S = 0.01
-_FLAGS = ("telemetry", "collectives", "memory", "clock_sync", "watchdog", "count_flops", "loggers_on_every_rank")
+_FLAGS = (
+    "telemetry",
+    "collectives",
+    "memory",
+    "clock_sync",
+    "watchdog",
+    "count_flops",
+    "loggers_on_every_rank",
+    "nccl_log",
+)
 _INTERVALS = ("telemetry_interval_s", "heartbeat_interval_s", "flush_interval_s")
 # Replica fingerprints: every this many steps, each data-parallel replica sums its parameters (one pass over
 # them on the device, read back without waiting); see docs/health.md for its measured cost
@@ -59,6 +68,8 @@ class Session:
     tensorboard: a log directory for diag's per-step series as TensorBoard scalars; wandb: True (the active
     W&B run) or a run object, to log them there against ``diag/step``; both from rank 0 only unless
     loggers_on_every_rank (docs/health.md).
+    nccl_log: have NCCL write its log (NCCL_DEBUG=INFO, init and topology only) into the rank's directory when
+    the user set none of NCCL_DEBUG, NCCL_DEBUG_SUBSYS, NCCL_DEBUG_FILE and NCCL has not started yet.
     """
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
@@ -90,6 +101,7 @@ class Session:
         tensorboard: str | os.PathLike | None = None,
         wandb=False,
         loggers_on_every_rank: bool = False,
+        nccl_log: bool = True,
         device=None,
     ):
         validate_options(
@@ -114,6 +126,7 @@ class Session:
             tensorboard=tensorboard,
             wandb=wandb,
             loggers_on_every_rank=loggers_on_every_rank,
+            nccl_log=nccl_log,
         )
         self.trace_dir = Path(trace_dir)
         self.identity: RankIdentity = detect_identity()
@@ -122,6 +135,7 @@ class Session:
         self.writer = RankWriter(self.trace_dir / rank_dir_name(self.rank), flush_interval_s=flush_interval_s)
         self.device = device if device is not None else _current_device()
         self.capture_status: dict[str, str] = {}
+        self._start_nccl_log(nccl_log and self.writer.enabled)
 
         # step and phase state, read by the watchdog from its own thread
         self.current_step: int | None = None
@@ -197,6 +211,12 @@ class Session:
             "process_groups": {},
             "finished": False,
         }
+
+    def _start_nccl_log(self, enabled: bool) -> None:
+        """First of all: NCCL reads its log variables when it creates its first communicator."""
+        from diag.capture.nccl_log import start_nccl_log
+
+        self.capture_status["nccl_log"] = start_nccl_log(self.writer.rank_dir) if enabled else "off"
 
     def _start_memory(self, enabled: bool) -> MemorySampler | None:
         self.capture_status["memory"] = "on" if enabled else "off"

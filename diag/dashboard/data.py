@@ -85,6 +85,7 @@ class LiveTrace:
         # reading what is appended in between, and callbacks keep drawing the last snapshot.
         self._next_publish_s = 0.0
         self._manifests: dict[int, dict] = {}
+        self._nccl_logs: dict = {}  # rank -> NcclLog, as the reader last parsed them
         self._heartbeats: dict[int, dict] = {}
         self._events: list[pd.DataFrame] = []
         self._skipped: list = []
@@ -146,6 +147,9 @@ class LiveTrace:
         if data["ranks"] != self._ranks:
             self._ranks = list(data["ranks"])
             changed = True
+        if data.get("nccl_logs", {}) != self._nccl_logs:
+            self._nccl_logs = dict(data["nccl_logs"])
+            changed = True
         if changed:
             self._last_new_rows_s = time.time()
         return changed
@@ -172,6 +176,7 @@ class LiveTrace:
             "events": events,
             "skipped": list(self._skipped),
             "ranks": list(self._ranks),
+            "nccl_logs": dict(self._nccl_logs),
         }
         return assemble_trace(self.trace_dir, data)
 

@@ -307,6 +307,23 @@ def bandwidth_figure(collectives: list) -> go.Figure:
     return fig
 
 
+def group_speed_figure(links) -> go.Figure:
+    """Per process group: its busbw over its peers' (1 = as fast), the slow ones in red, the 0.6 threshold."""
+    if links is None or not links.groups:
+        return message_figure("Process groups", "fewer than two process groups with comparable collectives")
+    groups = sorted(links.groups, key=lambda g: g.speed_ratio)
+    fig = _base("Process groups: busbw over their peers' (same op, size, group size)", "process group", "ratio")
+    fig.add_bar(
+        x=[f"pg {g.pg}" for g in groups],
+        y=_f32([g.speed_ratio for g in groups]),
+        marker={"color": ["#d62728" if g.slow else "#1f77b4" for g in groups]},
+        hovertext=[f"ranks {g.ranks}, hosts {g.hosts}, busbw {g.busbw_gbps:.3g} GB/s" for g in groups],
+        name="speed",
+    )
+    fig.add_hline(y=0.6, line_dash="dot", annotation_text="slow below 0.6")
+    return fig
+
+
 def comm_wait_figure(per_rank: list, selected_rank: int | None) -> go.Figure:
     """Per rank: share of its step time waiting for peers in collectives, and blocked in communication."""
     if not per_rank:

@@ -295,10 +295,69 @@ def update_comms(snap: d.Snapshot, rank: int | None) -> dict:
             )
     return {
         "summary": html.Ul([html.Li(x) for x in lines]),
+        "links": _links_text(getattr(snap.report, "links", None)),
+        "nccl": _nccl_text(getattr(snap.report, "nccl", None), rank),
         "collectives": f.collectives_figure(comms.collectives[:30]),
         "bandwidth": f.bandwidth_figure(comms.collectives[:30]),
         "wait": f.comm_wait_figure(comms.per_rank, rank),
+        "groups": f.group_speed_figure(getattr(snap.report, "links", None)),
     }
+
+
+def _links_text(links) -> html.Div:
+    if links is None:
+        return html.Div()
+    items = [
+        html.Li(
+            f"{s.label()}: in {len(s.slow_groups)} of {s.slow_total} slow process groups ({s.groups_including} "
+            f"include it), busbw {s.busbw_gbps:.3g} GB/s vs {s.peer_busbw_gbps or 0:.3g} GB/s for the others, "
+            f"{s.lost_s:.2f} s lost"
+        )
+        for s in links.suspects
+    ]
+    slow = [g for g in links.groups if g.slow]
+    head = f"Slow links: {len(slow)} of {len(links.groups)} process groups slower than their peers"
+    return html.Div([html.H3(head), html.Ul(items) if items else None, html.P(links.note) if links.note else None])
+
+
+def _nccl_text(nccl, rank: int | None) -> html.Div:
+    """NCCL's own view: the ranks unlike most first (and the selected rank), with transport, version, GDR."""
+    if nccl is None:
+        return html.Div(
+            "No nccl.log in the trace: NCCL's view needs diag.init before NCCL's first collective, with "
+            "NCCL_DEBUG unset (see the manifests' capture.nccl_log).",
+            className="missing",
+        )
+
+    def row(v):
+        return [
+            v.version or "-",
+            v.net_kind or "-",
+            "/".join(v.intra_node) or "-",
+            {True: "on", False: "off", None: "-"}[v.gdr],
+            v.channels if v.channels is not None else "-",
+            "yes" if v.nvls else "no",
+        ]
+
+    rows = [row(v) for v in nccl.ranks]
+    common = max(rows, key=rows.count) if rows else None
+    ordered = sorted(nccl.ranks, key=lambda v: (v.rank != rank, row(v) == common, v.rank))[:MAX_RANKS_LISTED]
+    versions = ", ".join(f"{v} ({len(r)} ranks)" for v, r in nccl.versions.items()) or "-"
+    groups = [
+        html.Li(f"group {g.pg}: {', '.join(g.transports) or '-'}, {g.channels or '-'} channels") for g in nccl.groups
+    ]
+    return html.Div(
+        [
+            html.H3("NCCL"),
+            html.P(f"NCCL versions: {versions}; {len(nccl.ranks)} ranks with an nccl.log"),
+            *(html.P(n) for n in nccl.notes),
+            html.Ul(groups[:MAX_RANKS_LISTED]) if groups else None,
+            _table(
+                ["rank", "host", "version", "net", "intra-node", "GDR", "channels", "NVLS"],
+                [[v.rank, v.host or "-", *row(v)] for v in ordered],
+            ),
+        ]
+    )
 
 
 # -- memory -------------------------------------------------------------------------------------------------
@@ -456,10 +515,11 @@ PAGES: dict[str, Page] = {
         Page(
             "/communication",
             "Communication",
-            ("collectives", "bandwidth", "wait"),
-            ("summary",),
+            ("collectives", "bandwidth", "wait", "groups"),
+            ("summary", "links", "nccl"),
             update_comms,
-            "Collective durations and bandwidth by op and size, and how long each rank waits for its peers.",
+            "Collective durations and bandwidth by op and size, how long each rank waits for its peers, process "
+            "groups slower than their peers and what they share, and NCCL's own view (transport, version, GDR).",
         ),
         Page(
             "/memory",

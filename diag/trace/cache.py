@@ -32,10 +32,11 @@ import pyarrow.feather as feather
 
 from diag.trace.loader import RANK_DIR_RE, Skipped, Trace, TraceError, load
 from diag.trace.manifest import parse_manifests
+from diag.trace.nccl_log import NcclLog
 from diag.trace.schema import TABLES, Table
 
 CACHE_DIR = ".diag-cache"
-CACHE_FORMAT = 2  # bump when what is stored changes
+CACHE_FORMAT = 3  # bump when what is stored changes (3: parsed NCCL logs)
 _META = "meta.json"
 _ENTRY_NAME_RE = re.compile(r"^\.?[0-9a-f]{32}(-[A-Za-z0-9_]+)?$")  # a signature, or a half-written entry
 _META_KEYS = ("manifests", "events", "heartbeats", "skipped", "world_size", "ranks_found", "ranks_missing", "run_id")
@@ -200,6 +201,7 @@ def _trace_from(meta: dict, tables: dict, path: Path) -> Trace:
         ranks_found=meta["ranks_found"],
         ranks_missing=meta["ranks_missing"],
         run_id=meta["run_id"],
+        nccl_logs={int(rank): NcclLog.from_json(log) for rank, log in (meta.get("nccl_logs") or {}).items()},
     )
 
 
@@ -244,6 +246,7 @@ def _write(root: Path, key: str, trace: Trace) -> bool:
             "ranks_found": [int(r) for r in trace.ranks_found],
             "ranks_missing": [int(r) for r in trace.ranks_missing],
             "run_id": None if trace.run_id is None else str(trace.run_id),
+            "nccl_logs": {str(rank): log.to_json() for rank, log in trace.nccl_logs.items()},
         }
         (tmp / _META).write_text(json.dumps(meta, default=_json_default))
         os.replace(tmp, root / key)

@@ -23,11 +23,13 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from diag.trace.manifest import Manifest, first_of, parse_manifests
+from diag.trace.nccl_log import NcclLog, parse_text
 from diag.trace.schema import (
     EVENTS_FILE,
     HEARTBEAT_FILE,
     MANIFEST_FILE,
     MAX_RANK,
+    NCCL_LOG_FILE,
     SCHEMA_VERSION,
     TABLES,
     Table,
@@ -54,22 +56,26 @@ class TraceError(Exception):
 # not one diag wrote, and reading it whole would only exhaust memory or the stack.
 MAX_JSON_FILE_BYTES = 16 << 20  # manifest.json, heartbeat.json, hang dumps
 MAX_JSON_DEPTH = 64
+# NCCL's log: what diag reads of it comes first (init), so a larger file (a user's NCCL_DEBUG_SUBSYS=ALL run
+# into it) is read up to this, not refused
+MAX_NCCL_LOG_BYTES = 8 << 20
 
 
 class NotRegularFile(OSError):
     """A FIFO, device, socket or directory where a file was expected: never opened for reading in full."""
 
 
-def read_file_bytes(path: str | Path, offset: int = 0, max_bytes: int | None = None) -> bytes:
+def read_file_bytes(path: str | Path, offset: int = 0, max_bytes: int | None = None, head: bool = False) -> bytes:
     """The bytes of the regular file ``path`` from ``offset``. Opened non-blocking, so a FIFO planted under the
     name cannot hang the reader, and checked with fstat before anything is read: FIFOs, /dev/zero and other
-    non-regular files raise NotRegularFile, files over ``max_bytes`` raise OSError(EFBIG)."""
+    non-regular files raise NotRegularFile, files over ``max_bytes`` raise OSError(EFBIG), or with ``head``
+    give their first ``max_bytes``."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise NotRegularFile(f"{path} is not a regular file")
-        if max_bytes is not None and info.st_size - offset > max_bytes:
+        if max_bytes is not None and info.st_size - offset > max_bytes and not head:
             raise OSError(27, f"{info.st_size} bytes, more than the {max_bytes} diag reads from such a file", str(path))
         with os.fdopen(fd, "rb", closefd=True) as handle:
             fd = -1
@@ -148,6 +154,7 @@ class Trace:
     # torch.profiler (Kineto) imports only (diag.trace.kineto): every GPU activity with its device interval,
     # kind and step; None for diag's own traces
     gpu_kernels: pd.DataFrame | None = None
+    nccl_logs: dict[int, NcclLog] = field(default_factory=dict)  # NCCL's own log by rank, where nccl.log exists
 
     def manifest(self, rank: int) -> Manifest | None:
         return self.manifests.get(rank)
@@ -460,6 +467,27 @@ def _read_events(path: Path, offset: int, skipped: list[Skipped]) -> tuple[list[
     return events, offset + end
 
 
+def read_nccl_log(path: Path, skipped: list[Skipped]) -> NcclLog | None:
+    """The parsed nccl.log of a rank directory (its first MAX_NCCL_LOG_BYTES), None when there is none. Lines not
+    understood are counted in ``skipped``."""
+    try:
+        data = read_file_bytes(path, max_bytes=MAX_NCCL_LOG_BYTES, head=True)
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        skipped.append(Skipped(str(path), f"unreadable: {exc}"))
+        return None
+    log = parse_text(data.decode("utf-8", "replace"))
+    if size > MAX_NCCL_LOG_BYTES:
+        skipped.append(Skipped(str(path), f"{size} bytes: only the first {MAX_NCCL_LOG_BYTES} read"))
+    if log.lines_skipped:
+        skipped.append(
+            Skipped(str(path), "NCCL log lines not understood (cut short, run together, not NCCL's)", log.lines_skipped)
+        )
+    return log
+
+
 def find_rank_dirs(root: Path, skipped: list[Skipped] | None = None) -> dict[int, Path]:
     """``rankN`` sub-directories by rank. Two spellings of one rank (rank00001 and rank1) keep the canonical
     five-digit one; a rank above MAX_RANK is not a real job's; both are named in ``skipped`` when given."""
@@ -494,6 +522,7 @@ class TraceReader:
         self._columns: dict[Path, int] = {}  # columns each table file holds, from its header (older files: fewer)
         self._dir_notes: list[Skipped] = []
         self._noted: set[str] = set()
+        self._nccl: dict[Path, tuple[tuple[int, int], NcclLog | None]] = {}  # read again only when it changed
 
     def rank_dirs(self) -> dict[int, Path]:
         if not self.path.exists():
@@ -514,10 +543,12 @@ class TraceReader:
         skipped: list[Skipped] = [s for s in self._dir_notes if s.path not in self._noted]
         self._noted.update(s.path for s in skipped)  # said once, not at every poll of a live view
         chunks: dict[str, list[pa.Table]] = {name: [] for name in self.tables}
-        manifests, heartbeats, events = [], [], []
+        manifests, heartbeats, events, nccl_logs = [], [], [], {}
         with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-            for rank_result in pool.map(lambda item: self._read_rank(*item), rank_dirs.items()):
-                manifest, heartbeat, tables, new_events, rank_skipped = rank_result
+            for rank, rank_result in zip(rank_dirs, pool.map(lambda item: self._read_rank(*item), rank_dirs.items())):
+                manifest, heartbeat, tables, new_events, rank_skipped, nccl_log = rank_result
+                if nccl_log is not None:
+                    nccl_logs[rank] = nccl_log
                 if manifest is not None:
                     manifests.append(manifest)
                 if heartbeat is not None:
@@ -537,6 +568,7 @@ class TraceReader:
         result["events"] = pd.DataFrame(events)
         result["skipped"] = skipped
         result["ranks"] = list(rank_dirs)
+        result["nccl_logs"] = nccl_logs  # every rank's, not only what changed: a log is parsed whole
         return result
 
     def _read_rank(self, rank: int, rank_dir: Path):
@@ -556,7 +588,22 @@ class TraceReader:
             tables,
             [{**e, "rank": rank} for e in new_events],
             skipped,
+            self._read_nccl_log(rank_dir / NCCL_LOG_FILE, skipped),
         )
+
+    def _read_nccl_log(self, path: Path, skipped: list[Skipped]) -> NcclLog | None:
+        """nccl.log parsed, again only when its size or time changed (NCCL appends while a live view polls)."""
+        try:
+            info = path.stat()
+        except OSError:
+            return None
+        key = (info.st_size, info.st_mtime_ns)
+        known = self._nccl.get(path)
+        if known is not None and known[0] == key:
+            return known[1]
+        log = read_nccl_log(path, skipped)
+        self._nccl[path] = (key, log)
+        return log
 
     def _read_new_rows(self, path: Path, table: Table, skipped: list[Skipped]) -> pa.Table | None:
         if path in self._rejected or not path.exists():
@@ -645,6 +692,7 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         ranks_found=list(ranks),
         ranks_missing=missing,
         run_id=run_id,
+        nccl_logs=data.get("nccl_logs", {}),
     )
 
 
@@ -739,6 +787,7 @@ def _world_size(manifests: dict[int, Manifest], ranks: list[int], skipped: list[
 def _drop_ranks(data: dict, ranks: set[int]) -> dict:
     out = dict(data)
     out["manifests"] = [m for m in data["manifests"] if m.get("rank") not in ranks]
+    out["nccl_logs"] = {r: log for r, log in data.get("nccl_logs", {}).items() if r not in ranks}
     for key in (*TABLES, "heartbeats", "events"):
         frame = data[key]
         if not frame.empty and "rank" in frame:

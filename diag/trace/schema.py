@@ -37,6 +37,10 @@ HANG_DUMP_PREFIX = "hang_dump_"
 STACKS_PREFIX = "stacks_"
 FR_DUMP_FILE = "fr_dump.pkl"
 FATAL_STACKS_FILE = "fatal_stacks.txt"
+# NCCL's own log (NCCL_DEBUG=INFO), which capture has NCCL write into the rank directory when the user did not
+# configure it (diag/capture/nccl_log.py); the loader reads its first MAX_NCCL_LOG_BYTES and parses it
+# (diag/trace/nccl_log.py), never executing anything of it.
+NCCL_LOG_FILE = "nccl.log"
 RANK_DIR_PREFIX = "rank"
 MARKER_PREFIX = "#diag-trace"
 
@@ -402,6 +406,7 @@ def render_markdown() -> str:
         *(f"    {t.file_name}" for t in TABLES.values()),
         f"    {EVENTS_FILE}",
         f"    {HEARTBEAT_FILE}      (written by the hang watchdog)",
+        f"    {NCCL_LOG_FILE}            (NCCL's own log, when diag set NCCL_DEBUG for the user)",
         "  rank00001/ ...",
         "```",
         "",

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from diag.analysis.nccl import group_evidence
 from diag.trace.records import ExitRecord, Heartbeat
 from diag.triage.flight_recorder import is_library_file
 from diag.triage.sources import RankInfo, TriageInput, main_frames
@@ -689,7 +690,18 @@ def _step_divergence(ops: pd.DataFrame, pg: str, seq: int) -> list[str]:
 
 def _verdict(kind, culprits, collective, ranks, evidence, data: TriageInput) -> Verdict:
     skipped = [str(s) for s in data.skipped]
-    return Verdict(kind, [int(r) for r in culprits], collective, ranks, evidence + list(data.notes), skipped)
+    evidence = evidence + _nccl_evidence(data, collective, culprits) + list(data.notes)
+    return Verdict(kind, [int(r) for r in culprits], collective, ranks, evidence, skipped)
+
+
+def _nccl_evidence(data: TriageInput, collective: dict | None, culprits) -> list[str]:
+    """NCCL's own logs on the group the verdict is about (its transport, the members' networks and NCCL's
+    warnings), or on the culprits when there is no collective. Nothing without nccl.log files."""
+    if not data.nccl_logs:
+        return []
+    pg = collective.get("pg") if collective else None
+    members = data.pg_ranks.get(pg) if pg is not None else None
+    return group_evidence(data.nccl_logs, pg, list(members or culprits or data.nccl_logs))
 
 
 def _count_states(ranks: dict[int, RankReport]) -> dict[str, int]:

@@ -79,6 +79,7 @@ class TriageInput:
     steps: pd.DataFrame | None = None  # diag only: rank, step, duration_us, comm_wait_us
     notes: list[str] = field(default_factory=list)
     completion_reliable: bool = True  # False for gloo Flight Recorder dumps: a failed op reads as completed
+    nccl_logs: dict = field(default_factory=dict)  # diag only: rank -> NcclLog, from the ranks' nccl.log
 
 
 def read_input(path: str | Path) -> TriageInput:
@@ -122,7 +123,15 @@ def read_diag_trace(path: Path) -> TriageInput:
         ranks[rank] = RankInfo(rank, has_data=False)
     steps = trace.steps[["rank", "step", "duration_us", "comm_wait_us", "data_wait_us"]] if len(trace.steps) else None
     return TriageInput(
-        path, "diag", world_size, ops, ranks, _pg_ranks_from_manifests(trace, world_size), skipped, steps
+        path,
+        "diag",
+        world_size,
+        ops,
+        ranks,
+        _pg_ranks_from_manifests(trace, world_size),
+        skipped,
+        steps,
+        nccl_logs=trace.nccl_logs,
     )
 
 

@@ -27,6 +27,7 @@ def blocks(report) -> list[Block]:
         _stragglers(report),
         _mfu(report),
         _comms(report),
+        *([_nccl(report)] if getattr(report, "nccl", None) is not None else []),
         _memory(report),
         _telemetry(report),
     ]
@@ -244,7 +245,74 @@ def _comms(report) -> Block:
             + "; least "
             + ", ".join(f"rank {r.rank} {pct_from_pct(r.wait_share_pct)}" for r in least)
         )
+    block.lines.extend(_slow_link_lines(getattr(report, "links", None)))
     return block
+
+
+def _slow_link_lines(links) -> list[str]:
+    """Process groups compared by busbw: the suspect common to the slow ones, and the slowest groups."""
+    if links is None:
+        return []
+    slow = [g for g in links.groups if g.slow]
+    lines = [
+        f"Slow links: {len(slow)} of {len(links.groups)} process groups below 60% of the busbw of their peers "
+        "(same op, size, group size and hosts spanned)"
+    ]
+    for suspect in links.suspects:
+        lines.append(
+            f"  - {suspect.label()}: in {len(suspect.slow_groups)} of {suspect.slow_total} slow groups "
+            f"({suspect.groups_including} groups include it), busbw {num(suspect.busbw_gbps, '{:.3g}')} vs "
+            f"{num(suspect.peer_busbw_gbps, '{:.3g}')} GB/s, {s_from_s(suspect.lost_s, 2)} lost"
+        )
+    for group in slow[:5]:
+        lines.append(
+            f"  - group {group.pg} (ranks {_ranks(group.ranks)}): {pct(group.speed_ratio, 0)} of its peers' busbw, "
+            f"transfer p50 {ms_from_us(group.transfer_p50_us)}"
+        )
+    if links.note:
+        lines.append(f"  {links.note}")
+    return lines
+
+
+def _nccl(report) -> Block:
+    """NCCL's own view: per rank its transport, version and setup; the ranks that differ from most first."""
+    n = report.nccl
+    block = Block("NCCL")
+    versions = ", ".join(f"{v} ({len(r)} ranks)" for v, r in n.versions.items()) or "-"
+    block.lines.append(f"NCCL versions: {versions}; {len(n.ranks)} ranks with an nccl.log")
+    block.lines.extend(n.notes)
+    if n.lines_skipped:
+        block.lines.append(f"{n.lines_skipped} log lines not understood (cut short, run together, not NCCL's)")
+    for group in n.groups[:TOP_ROWS]:
+        block.lines.append(
+            f"group {group.pg} (ranks {_ranks(group.ranks)}): {', '.join(group.transports) or '-'}, "
+            f"{num(group.channels, '{:d}')} channels"
+        )
+    common = _most_common_row(n.ranks)
+    ordered = sorted(n.ranks, key=lambda v: (_nccl_row(v) == common, v.rank))
+    block.table = [["rank", "host", "version", "net", "intra-node", "GDR", "channels", "NVLS", "warnings"]]
+    for view in ordered[:TOP_ROWS]:
+        block.table.append([str(view.rank), view.host or "-", *_nccl_row(view), str(len(view.warnings))])
+    if len(ordered) > TOP_ROWS:
+        block.lines.append(f"{len(ordered) - TOP_ROWS} more ranks in --format json (the ranks unlike most first)")
+    return block
+
+
+def _nccl_row(view) -> list[str]:
+    gdr = {True: "on", False: "off", None: "-"}[view.gdr]
+    return [
+        view.version or "-",
+        view.net_kind or "-",
+        "/".join(view.intra_node) or "-",
+        gdr,
+        num(view.channels, "{:d}"),
+        "yes" if view.nvls else "no",
+    ]
+
+
+def _most_common_row(views) -> list[str] | None:
+    rows = [_nccl_row(v) for v in views]
+    return max(rows, key=rows.count) if rows else None
 
 
 def _memory(report) -> Block:

@@ -19,7 +19,7 @@ from tests.dashboard import browser as b  # noqa: E402
 PAGE_GRAPHS = {
     "/": 4,
     "/stragglers": 4,
-    "/communication": 3,
+    "/communication": 4,
     "/memory": 2,
     "/telemetry": 2,
     "/pipeline": 2,
