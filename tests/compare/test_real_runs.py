@@ -36,13 +36,20 @@ def _pair(root, name: str, *args: str):
     return base, variant
 
 
+NOISE_PCT = 15  # what repeated runs of one job differ by on this machine (docs/compare.md, "Noise")
+
+
 def test_the_same_job_run_twice_reads_no_change(root):
+    """With the threshold set to this machine's run-to-run noise, as docs/compare.md tells users of a shared
+    machine to do: even pinned and run together, one pair in twelve of the same job read a 12% change (one
+    job's ranks kept in step with each other better than the other's) with an interval that excluded 0."""
     widths = []
     for i in range(PAIRS):
-        data = compare_json(*_pair(root, f"again{i}", *BASE))
+        data = compare_json(*_pair(root, f"again{i}", *BASE), extra=("--threshold-pct", str(NOISE_PCT)))
         st = data["step_time"]
         widths.append(round(st["steady_ci_pct"][1] - st["steady_ci_pct"][0], 1))
         assert data["verdict"] == "no change", data["summary"]
+        assert abs(st["steady_change_pct"]) < NOISE_PCT
         assert data["config_differences"] == []
         assert all(a["share_pct"] is None for a in data["attribution"])
     print("same-job steady interval widths (percentage points):", widths)
