@@ -415,7 +415,7 @@ def scaling_figure(report):
     for name in names:
         fig.add_bar(
             name=name,
-            x=[f"{r.world_size} ranks" for r in runs],
+            x=[f"{r.world_size} rank{'s' if r.world_size != 1 else ''}" for r in runs],
             y=[next((g.ms for g in r.grew if g.label == name), 0.0) for r in runs],
             row=1,
             col=2,

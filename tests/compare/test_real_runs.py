@@ -36,13 +36,20 @@ def _pair(root, name: str, *args: str):
     return base, variant
 
 
+NOISE_PCT = 15  # what repeated runs of one job differ by on this machine (docs/compare.md, "Noise")
+
+
 def test_the_same_job_run_twice_reads_no_change(root):
+    """With the threshold set to this machine's run-to-run noise, as docs/compare.md tells users of a shared
+    machine to do: even pinned and run together, one pair in twelve of the same job read a 12% change (one
+    job's ranks kept in step with each other better than the other's) with an interval that excluded 0."""
     widths = []
     for i in range(PAIRS):
-        data = compare_json(*_pair(root, f"again{i}", *BASE))
+        data = compare_json(*_pair(root, f"again{i}", *BASE), extra=("--threshold-pct", str(NOISE_PCT)))
         st = data["step_time"]
         widths.append(round(st["steady_ci_pct"][1] - st["steady_ci_pct"][0], 1))
         assert data["verdict"] == "no change", data["summary"]
+        assert abs(st["steady_change_pct"]) < NOISE_PCT
         assert data["config_differences"] == []
         assert all(a["share_pct"] is None for a in data["attribution"])
     print("same-job steady interval widths (percentage points):", widths)
@@ -60,13 +67,18 @@ def test_a_slow_data_loader_reads_a_regression_in_data_wait(root):
 
 
 def test_a_larger_model_reads_a_regression_in_compute(root):
-    data = compare_json(*_pair(root, "wide", *BASE[:2], "--width", "512", "--depth", "8", "--batch", "64"))
+    # 16x the parameters: 16x the compute and 16x the gradients to all-reduce. Which grows more depends on the
+    # batch (compute per byte of gradient): at 64 samples the all_reduce of 8 MiB on gloo sometimes outgrew the
+    # compute on this loaded machine; at 256 the compute grows 5-8x as much
+    base, wide = root / "large-base", root / "large"
+    batch = ("--steps", "40", "--depth", "8", "--batch", "256")
+    run_together((base, 2, (*batch, "--width", "128")), (wide, 2, (*batch, "--width", "512")))
+    data = compare_json(base, wide)
     assert data["verdict"] == "regression", data["summary"]
     assert data["config_differences"][0]["key"] == "flops_per_step"
     assert data["config_differences"][0]["new"] > 10 * data["config_differences"][0]["base"]
-    # 16x the parameters: 16x the compute and 16x the gradients to all-reduce; compute grows most
     assert data["groups"][0]["group"] == "compute"
-    assert group(data, "compute")["delta_ms"] > group(data, "communication")["delta_ms"]
+    assert group(data, "compute")["delta_ms"] > 2 * group(data, "communication")["delta_ms"]
     assert row(data, "backward")["delta_ms"] > 0 and row(data, "forward")["delta_ms"] > 0
 
 
