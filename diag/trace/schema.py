@@ -299,6 +299,11 @@ MANIFEST_KEYS: dict[str, str] = {
     "module's DTensor parameters (tensor parallel, FSDP2), else absent",
     "capture": "what is being captured and what is off, with reasons",
     "pipeline": "pipeline layout when pipelined: {schedule, stages, virtual_stages, microbatches, stage}",
+    "memory_model": "{params, params_local, param_dtype, optimizer, master_weights, sharding, zero_stage, "
+    "shard_degree} of the model and optimizer given to diag.instrument, for `diag memory-plan` (params: the whole "
+    "model's, null when capture cannot tell, as for megatron-core's shards); absent when none was instrumented",
+    "model_shape": "{micro_batch, seq_len, hidden, layers, heads, vocab, recompute, flash_attention, dropout, "
+    "sequence_parallel} as given to diag.init(model_shape=...), for the activation memory `diag memory-plan` predicts",
     "finished": "true once diag.finish() ran (rewritten at finish)",
     "end_time_us": "wall-clock instant diag.finish() ran",
 }

@@ -70,3 +70,13 @@ def rate(value: float | None, what: str, digits: int = 0) -> str:
 def num(value, fmt: str = "{:.1f}") -> str:
     """Any other number through a format string; ``-`` when unknown."""
     return MISSING if value is None else fmt.format(value)
+
+
+def count(value: float | None) -> str:
+    """A large count in words of thousands: ``7e9`` -> ``7.00B``, ``117549056`` -> ``117.5M``, ``8385`` -> ``8,385``."""
+    if value is None:
+        return MISSING
+    for scale, suffix, digits in ((1e12, "T", 2), (1e9, "B", 2), (1e6, "M", 1)):
+        if abs(value) >= scale:
+            return f"{value / scale:.{digits}f}{suffix}"
+    return f"{value:,.0f}"
