@@ -249,8 +249,10 @@ def _const(value: str, n: int) -> pa.DictionaryArray:
 def _write_table(rank_dir: Path, table: Table, columns: dict) -> None:
     arrays = []
     for name in table.column_names:
-        value = columns[name]
-        if isinstance(value, pa.Array):
+        value = columns.get(name)
+        if value is None:  # a nullable column this generator does not plant (memory categories, ...): empty
+            arrays.append(pa.nulls(len(next(iter(columns.values()))), pa.int64()))
+        elif isinstance(value, pa.Array):
             arrays.append(value.dictionary_decode() if isinstance(value, pa.DictionaryArray) else value)
         elif value.dtype.kind == "f" and table.dtypes[name] != "Float64":
             arrays.append(pa.array(value, mask=np.isnan(value)).cast(pa.int64()))  # nullable integer column

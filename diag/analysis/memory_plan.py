@@ -484,3 +484,67 @@ def _device_total_bytes(trace: Trace) -> float | None:
     if tel.empty or tel["mem_total_bytes"].isna().all():
         return None
     return float(tel["mem_total_bytes"].max())
+
+
+def complete_layout(inputs: dict, gpus: int | None = None) -> dict:
+    """``inputs`` with dp from ``gpus`` (or the trace's ``world_size``) when not given; raises PlanError when
+    the GPUs do not divide into the other degrees or disagree with them."""
+    inputs = dict(inputs)
+    world = gpus or inputs.get("world_size")
+    inputs.pop("world_size", None)
+    others = inputs.get("tp", 1) * inputs.get("pp", 1) * inputs.get("cp", 1)
+    if "dp" not in inputs and world:
+        if world % others:
+            raise PlanError(f"{world} GPUs do not divide into tp x pp x cp = {others}")
+        inputs["dp"] = world // others
+    elif gpus and inputs["dp"] * others != gpus:
+        raise PlanError(f"{gpus} GPUs is not dp x tp x pp x cp = {inputs['dp'] * others}")
+    return inputs
+
+
+@dataclass
+class CategoryComparison:
+    category: str  # param_bytes, grad_bytes, optimizer_state_bytes, activation_bytes
+    predicted_bytes: float | None
+    measured_bytes: float | None  # the median rank's (activations: its largest step)
+
+    @property
+    def ratio(self) -> float | None:
+        if self.predicted_bytes is None or not self.measured_bytes:
+            return None
+        return self.predicted_bytes / self.measured_bytes
+
+
+@dataclass
+class PlanComparison:
+    """``diag memory-plan``'s prediction for the run's own layout against what the run measured."""
+
+    layout: str
+    rows: list[CategoryComparison] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_against_measured(trace: Trace, per_rank: list) -> PlanComparison | None:
+    """The plan from what the manifests recorded, set against the measured categories (median over ranks);
+    None when the manifests lack the model's size or the run recorded no categories."""
+    inputs, gpu_bytes, notes = plan_input_from_trace(trace)
+    measured = [r for r in per_rank if r.param_bytes is not None]
+    if "params" not in inputs or not measured:
+        return None
+    try:
+        inp = PlanInput(**complete_layout(inputs), gpu_bytes=gpu_bytes)
+        plan = plan_memory(inp)
+    except (PlanError, TypeError) as exc:
+        return PlanComparison(layout="", notes=[*notes, f"no prediction: {exc}"])
+
+    def median(name: str) -> float | None:
+        values = sorted(getattr(r, name) for r in measured if getattr(r, name) is not None)
+        return float(values[len(values) // 2]) if values else None
+
+    rows = [
+        CategoryComparison("param_bytes", plan.param_bytes, median("param_bytes")),
+        CategoryComparison("grad_bytes", plan.grad_bytes, median("grad_bytes")),
+        CategoryComparison("optimizer_state_bytes", plan.optimizer_state_bytes, median("optimizer_state_bytes")),
+        CategoryComparison("activation_bytes", plan.activation_bytes, median("activation_peak_bytes")),
+    ]
+    return PlanComparison(layout=f"{inp.gpus} GPUs, {inp.layout_text()}", rows=rows, notes=notes + plan.notes)

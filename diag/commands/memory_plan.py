@@ -116,12 +116,12 @@ def command(params_text, trace_dir, layout_count, fmt, gpu_gib, fsdp, gpus, **op
     for key, scale in (("overhead_gib", 2**30),):
         if key in inputs:
             inputs["overhead_bytes"] = inputs.pop(key) * scale
-    _complete_layout(inputs, gpus)
-    if "params" not in inputs:
-        inputs["params"] = _params_from_shape(inputs)
     try:
-        from diag.analysis.memory_plan import PlanInput
+        from diag.analysis.memory_plan import PlanInput, complete_layout
 
+        inputs = complete_layout(inputs, gpus)
+        if "params" not in inputs:
+            inputs["params"] = _params_from_shape(inputs)
         inp = PlanInput(**inputs)
         plan = plan_memory(inp)
         layouts = cheapest_layouts(inp, layout_count) if layout_count else []
@@ -131,19 +131,6 @@ def command(params_text, trace_dir, layout_count, fmt, gpu_gib, fsdp, gpus, **op
         click.echo(json.dumps({"plan": plan.to_dict(), "layouts_that_fit": [p.to_dict() for p in layouts]}, indent=1))
     else:
         click.echo(render_plan_text(plan, layouts))
-
-
-def _complete_layout(inputs: dict, gpus: int | None) -> None:
-    """dp from --gpus (or the trace's world size) when not given; --gpus must agree with the degrees."""
-    others = inputs.get("tp", 1) * inputs.get("pp", 1) * inputs.get("cp", 1)
-    world = gpus or inputs.pop("world_size", None)
-    inputs.pop("world_size", None)
-    if "dp" not in inputs and world:
-        if world % others:
-            raise click.UsageError(f"{world} GPUs do not divide into tp x pp x cp = {others}")
-        inputs["dp"] = world // others
-    elif gpus and inputs["dp"] * others != gpus:
-        raise click.UsageError(f"--gpus {gpus} is not dp x tp x pp x cp = {inputs['dp'] * others}")
 
 
 def _params_from_shape(inputs: dict) -> float:

@@ -176,12 +176,15 @@ class ArrowChunk:
     table: pa.Table | None
     next_offset: int
     skipped: list[Skipped]
+    columns: int | None = None  # columns the file's header has (fewer than the table's for older files)
 
 
-def read_table_arrow(path: Path, table: Table, offset: int = 0) -> ArrowChunk:
+def read_table_arrow(path: Path, table: Table, offset: int = 0, columns: int | None = None) -> ArrowChunk:
     """Parse the complete rows of ``path`` from byte ``offset`` on (0: the whole file, header checked), left in
     Arrow: converting thousands of small files to pandas one by one costs more than parsing them, so
-    ``TraceReader`` converts each table once, after concatenating."""
+    ``TraceReader`` converts each table once, after concatenating. ``columns``: how many columns the file's
+    header had (from its first read; all when None): a file written before columns were added to the end of
+    its table has those columns empty."""
     try:
         data = read_file_bytes(path, offset)
     except OSError as exc:
@@ -201,12 +204,23 @@ def read_table_arrow(path: Path, table: Table, offset: int = 0) -> ArrowChunk:
         version, name = parsed
         if version != SCHEMA_VERSION:
             return _rejected(path, end, f"schema version {version}, this diag reads {SCHEMA_VERSION}")
-        if name != table.name or not table.accepts_header(header.decode("utf-8", "replace").split(",")):
+        columns = table.header_columns(header.decode("utf-8", "replace").split(",")) if name == table.name else None
+        if columns is None:
             return _rejected(path, end, f"header does not match table {table.name!r}")
-    arrow, bad = _parse_rows(data, start, end, table)
+    columns = len(table.columns) if columns is None else columns
+    arrow, bad = _parse_rows(data, start, end, table.leading(columns))
     if bad:
         skipped.append(Skipped(str(path), "corrupt rows skipped", bad))
-    return ArrowChunk(arrow, offset + end, skipped)
+    return ArrowChunk(_with_missing_columns(arrow, table), offset + end, skipped, columns)
+
+
+def _with_missing_columns(arrow: pa.Table | None, table: Table) -> pa.Table | None:
+    """Rows of an older file, with the columns added to its table since then, empty."""
+    if arrow is None or arrow.num_columns == len(table.columns):
+        return arrow
+    for column in table.columns[arrow.num_columns :]:
+        arrow = arrow.append_column(column.name, pa.nulls(arrow.num_rows, _ARROW_TYPES[column.dtype]))
+    return arrow
 
 
 def _rejected(path: Path, end: int, reason: str) -> ArrowChunk:
@@ -476,6 +490,7 @@ class TraceReader:
         self.path = Path(path)
         self.tables = tables
         self._offsets: dict[Path, int] = {}
+        self._columns: dict[Path, int] = {}  # columns each file's header has (older files: fewer)
         self._rejected: set[Path] = set()
         self._dir_notes: list[Skipped] = []
         self._noted: set[str] = set()
@@ -557,7 +572,9 @@ class TraceReader:
             return None
         if info.st_size <= offset:
             return None
-        chunk = read_table_arrow(path, table, offset)
+        chunk = read_table_arrow(path, table, offset, self._columns.get(path))
+        if chunk.columns is not None:
+            self._columns[path] = chunk.columns
         skipped.extend(chunk.skipped)
         header_bad = any("schema" in s.reason or "header" in s.reason or "marker" in s.reason for s in chunk.skipped)
         if offset == 0 and chunk.table is None and chunk.next_offset > 0 and header_bad:

@@ -242,7 +242,9 @@ class Manifest:
             device_mesh=_dict(raw.get("device_mesh")),
             capture={str(k): str(v) for k, v in (_dict(raw.get("capture")) or {}).items()},
             pipeline=PipelineLayout.from_json(raw["pipeline"]) if isinstance(raw.get("pipeline"), dict) else None,
-            memory_model=MemoryModel.from_json(raw["memory_model"]) if isinstance(raw.get("memory_model"), dict) else None,
+            memory_model=MemoryModel.from_json(raw["memory_model"])
+            if isinstance(raw.get("memory_model"), dict)
+            else None,
             model_shape=ModelShape.from_json(raw["model_shape"]) if isinstance(raw.get("model_shape"), dict) else None,
             finished=raw.get("finished") is True,
             end_time_us=_whole(raw.get("end_time_us")),

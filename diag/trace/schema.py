@@ -41,6 +41,9 @@ RANK_DIR_PREFIX = "rank"
 MARKER_PREFIX = "#diag-trace"
 
 
+NULLABLE_DTYPES = ("Int64", "Float64", "category")  # column dtypes a row may leave empty
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -101,9 +104,23 @@ class Table:
 
     def accepts_header(self, names: list[str]) -> bool:
         """The header line's names are this table's columns, by their current or former names."""
-        return len(names) == len(self.columns) and all(
-            name in (c.name, c.former_name) for name, c in zip(names, self.columns, strict=True)
-        )
+        return self.header_columns(names) is not None
+
+    def header_columns(self, names: list[str]) -> int | None:
+        """How many of this table's columns a file with header ``names`` holds: all of them, or the leading ones
+        when every column after them may be empty (columns added to the end later, so that files written
+        before still read, the rest empty); None when the header is not this table's."""
+        if not 0 < len(names) <= len(self.columns):
+            return None
+        if not all(name in (c.name, c.former_name) for name, c in zip(names, self.columns)):
+            return None
+        if any(c.dtype not in NULLABLE_DTYPES for c in self.columns[len(names) :]):
+            return None
+        return len(names)
+
+    def leading(self, count: int) -> Table:
+        """This table cut to its first ``count`` columns (how a file with an older header is parsed)."""
+        return self if count == len(self.columns) else Table(self.name, self.doc, self.columns[:count])
 
     def marker_line(self) -> str:
         return f"{MARKER_PREFIX} schema={SCHEMA_VERSION} table={self.name}\n"
@@ -184,6 +201,30 @@ MEMORY = Table(
         Column("alloc_retries", "Int64", "CUDA: cumulative cudaMalloc retries after freeing the cache"),
         Column("ooms", "Int64", "CUDA: cumulative out-of-memory errors"),
         Column("rss_bytes", "int64", "resident set size of the process (read at most every 0.1 s: the latest reading)"),
+        Column(
+            "param_bytes",
+            "Int64",
+            "bytes of the instrumented model's parameters on this rank's device: local shards under FSDP, ZeRO-3 "
+            "and tensor parallelism, each storage once; empty when no model is instrumented",
+        ),
+        Column(
+            "grad_bytes",
+            "Int64",
+            "bytes of gradients at the end of the step's last backward: the parameters' and the optimizer's "
+            "`.grad` (local shards) and DeepSpeed ZeRO's partitioned gradients",
+        ),
+        Column(
+            "optimizer_state_bytes",
+            "Int64",
+            "bytes of optimizer state on this rank's device: the tensors in `optimizer.state` and master weights "
+            "(the optimizer's parameters that are not the model's, as DeepSpeed's fp32 partitions)",
+        ),
+        Column(
+            "categories_step",
+            "Int64",
+            "the step at which the three byte counts above were measured (the first steps and every 50th: rows "
+            "between repeat the latest measurement)",
+        ),
     ),
 )
 
@@ -208,6 +249,17 @@ TELEMETRY = Table(
         Column("ecc_corrected", "Int64", "volatile corrected ECC errors"),
         Column("ecc_uncorrected", "Int64", "volatile uncorrected ECC errors"),
         Column("xid", "Int64", "XID error code seen since the previous sample; empty if none"),
+        Column(
+            "process_mem_used_bytes",
+            "Int64",
+            "device memory this rank's process uses, from NVML's compute processes (the CUDA context, PyTorch's "
+            "reserved memory, NCCL and other libraries); empty where NVML does not say (another pid namespace)",
+        ),
+        Column(
+            "other_processes_mem_used_bytes",
+            "Int64",
+            "device memory used by the other processes on the same GPU, from NVML's compute processes",
+        ),
     ),
 )
 

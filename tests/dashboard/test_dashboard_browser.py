@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from diag.trace.schema import MEMORY
 from diag.trace.writer import RankWriter
 
 browser_mod = pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e .[test])")
@@ -19,7 +20,7 @@ PAGE_GRAPHS = {
     "/": 4,
     "/stragglers": 4,
     "/communication": 3,
-    "/memory": 2,
+    "/memory": 3,
     "/telemetry": 2,
     "/pipeline": 2,
     "/triage": 0,
@@ -230,7 +231,7 @@ def _write_steps(writer: RankWriter, steps: range, step_s: float, compute_us: in
                 None,
             ),
         )
-        writer.append("memory", (step, start + compute_us, None, None, None, None, None, None, 2**30 + step * 2**20))
+        writer.append("memory", MEMORY.row(step=step, time_us=start + compute_us, rss_bytes=2**30 + step * 2**20))
     writer.flush()
 
 
