@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "demo": "demo",
     "export": "export",
     "telemetry": "telemetry",
+    "memory-plan": "memory_plan",
 }
 
 
@@ -50,6 +51,7 @@ def main():
       diag export traces/run1 --perfetto run1.json   one timeline for ui.perfetto.dev
       diag analyze profiler_traces/    torch.profiler (Kineto) traces of every rank
       diag telemetry --prometheus-port 9401   Prometheus node agent (NVML, live traces)
+      diag memory-plan --params 7e9 --dp 8 --zero 2 --gpu-gib 80   will a layout fit a GPU
     """
 
 

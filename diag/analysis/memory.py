@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from diag.analysis.findings import Finding, FindingContext, ranks_text
+from diag.analysis.memory_plan import PlanComparison
+from diag.analysis.oom import OomExplanation, byte_text
 
 LEAK_R2 = 0.8
 LEAK_MIN_GROWTH_FRACTION = 0.01  # growth over the window, as a share of the median reading
@@ -37,6 +39,24 @@ class RankMemory:
     steps_to_oom: float | None  # at that growth, from the peak reserved to the device total
     leak_suspected: bool = False
     near_oom: bool = False
+    # where it went (memory categories; None when no model or optimizer was instrumented)
+    param_bytes: int | None = None
+    grad_bytes: int | None = None
+    optimizer_state_bytes: int | None = None
+    activation_peak_bytes: int | None = None  # largest step peak allocated minus the three above (CUDA only)
+    non_pytorch_bytes: int | None = None  # NVML's memory of the process minus the allocator's reserved bytes
+    other_processes_bytes: int | None = None  # other processes on the same GPU (NVML)
+
+
+@dataclass
+class CategorySpread:
+    """How one category differs across ranks: the rank holding most and least."""
+
+    category: str  # param_bytes, grad_bytes, optimizer_state_bytes, activation_peak_bytes, non_pytorch_bytes
+    max_rank: int
+    max_bytes: int
+    min_rank: int
+    min_bytes: int
 
 
 @dataclass
@@ -44,9 +64,15 @@ class MemoryReport:
     per_rank: list[RankMemory] = field(default_factory=list)
     closest_to_oom: list[int] = field(default_factory=list)  # ranks by headroom, least first (up to 5)
     note: str | None = None
+    spread: list[CategorySpread] = field(default_factory=list)  # categories that differ across ranks, most first
+    ooms: list[OomExplanation] = field(default_factory=list)  # why each OOM happened (the first few)
+    plan: PlanComparison | None = None  # diag memory-plan's prediction against the measured categories
 
 
-def analyze_memory(mem_w: pd.DataFrame, device_total: dict[int, int]) -> MemoryReport:
+def analyze_memory(
+    mem_w: pd.DataFrame, device_total: dict[int, int], tel_w: pd.DataFrame | None = None
+) -> MemoryReport:
+    """Per-rank memory over the window; ``tel_w``: the window's telemetry, for memory outside PyTorch."""
     if mem_w.empty:
         return MemoryReport(note="no memory readings in the window")
     metric = memory_metric(mem_w)
@@ -103,7 +129,65 @@ def analyze_memory(mem_w: pd.DataFrame, device_total: dict[int, int]) -> MemoryR
         )
     with_headroom = [r for r in report.per_rank if r.headroom_pct is not None]
     report.closest_to_oom = [r.rank for r in sorted(with_headroom, key=lambda r: r.headroom_pct)[:5]]
+    _add_categories(report, mem_w, tel_w)
     return report
+
+
+CATEGORIES = ("param_bytes", "grad_bytes", "optimizer_state_bytes")
+SPREAD_MIN_FRACTION = 0.01  # a category differing by less than this share of its largest is not imbalance
+
+
+def category_series(mem: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step): parameters, gradients, optimizer state and activations (the step's peak allocated minus
+    the three; empty without a CUDA allocator), in bytes. Empty when no categories were recorded."""
+    if mem.empty or "param_bytes" not in mem or mem["param_bytes"].isna().all():
+        return pd.DataFrame(columns=["rank", "step", *CATEGORIES, "activation_bytes"])
+    out = mem[["rank", "step", *CATEGORIES]].copy()
+    held = sum(out[c].astype("float64") for c in CATEGORIES)
+    out["activation_bytes"] = (mem["allocated_peak_bytes"].astype("float64") - held).clip(lower=0)
+    return out
+
+
+def _add_categories(report: MemoryReport, mem_w: pd.DataFrame, tel_w: pd.DataFrame | None) -> None:
+    series = category_series(mem_w)
+    by_rank = {r.rank: r for r in report.per_rank}
+    if not series.empty:
+        latest = series.dropna(subset=list(CATEGORIES)).sort_values("step").groupby("rank").last()
+        peaks = series.groupby("rank")["activation_bytes"].max()
+        for rank, row in latest.iterrows():
+            target = by_rank.get(int(rank))
+            if target is not None:
+                target.param_bytes, target.grad_bytes, target.optimizer_state_bytes = (_int(row[c]) for c in CATEGORIES)
+                target.activation_peak_bytes = _int(peaks.get(rank))
+    _add_outside_pytorch(by_rank, mem_w, tel_w)
+    report.spread = _spread(report.per_rank)
+
+
+def _add_outside_pytorch(by_rank: dict, mem_w: pd.DataFrame, tel_w: pd.DataFrame | None) -> None:
+    """The process's device memory (NVML) minus what PyTorch's allocator reserved (medians over the window):
+    the CUDA context, NCCL's buffers, other libraries."""
+    if tel_w is None or tel_w.empty or "process_mem_used_bytes" not in tel_w:
+        return
+    process = tel_w.groupby("rank")["process_mem_used_bytes"].median()
+    others = tel_w.groupby("rank")["other_processes_mem_used_bytes"].max()
+    reserved = mem_w.groupby("rank")["reserved_bytes"].median()
+    for rank, target in by_rank.items():
+        used, held = _float(process.get(rank)), _float(reserved.get(rank))
+        if used is not None and held is not None:
+            target.non_pytorch_bytes = int(max(used - held, 0.0))
+        target.other_processes_bytes = _int(others.get(rank))
+
+
+def _spread(ranks: list[RankMemory]) -> list[CategorySpread]:
+    out = []
+    for name in (*CATEGORIES, "activation_peak_bytes", "non_pytorch_bytes"):
+        known = [(getattr(r, name), r.rank) for r in ranks if getattr(r, name) is not None]
+        if len(known) < 2:
+            continue
+        (low, low_rank), (high, high_rank) = min(known), max(known)
+        if high - low > SPREAD_MIN_FRACTION * max(high, 1):
+            out.append(CategorySpread(name, high_rank, int(high), low_rank, int(low)))
+    return sorted(out, key=lambda c: c.max_bytes - c.min_bytes, reverse=True)
 
 
 def memory_metric(mem: pd.DataFrame) -> str:
@@ -235,17 +319,52 @@ def memory_findings(mem: MemoryReport, ctx: FindingContext) -> list[Finding]:
             )
         )
     ooms = [r for r in mem.per_rank if r.ooms]
-    if ooms:
+    if ooms or mem.ooms:
+        ranks = sorted({r.rank for r in ooms} | {o.rank for o in mem.ooms})
+        evidence = [line for o in mem.ooms[:3] for line in oom_evidence(o)] or [
+            f"rank {r.rank}: {r.ooms} OOMs" for r in ooms[:10]
+        ]
+        advice = "; ".join(_advice_text(a) for a in mem.ooms[0].advice[:3]) if mem.ooms else ""
         out.append(
             Finding(
                 "oom",
                 "high",
-                f"Out-of-memory errors on {ranks_text([r.rank for r in ooms])}",
-                [r.rank for r in ooms],
+                f"Out-of-memory errors on {ranks_text(ranks)}",
+                ranks,
                 0.0,
                 0.0,
-                [f"rank {r.rank}: {r.ooms} OOMs" for r in ooms[:10]],
-                "See the rank's events.jsonl and memory summary for what held the memory.",
+                evidence,
+                advice or "See the rank's events.jsonl and memory summary for what held the memory.",
             )
         )
     return out
+
+
+def oom_evidence(oom: OomExplanation) -> list[str]:
+    """An OOM explanation in a few lines: the verdict, what held the memory, how the rank differs."""
+    where = f"rank {oom.rank}" + (f" step {oom.step}" if oom.step is not None else "")
+    lines = [f"{where}: {oom.verdict}"]
+    held = [
+        (label, value)
+        for label, value in (
+            ("parameters", oom.param_bytes),
+            ("gradients", oom.grad_bytes),
+            ("optimizer state", oom.optimizer_state_bytes),
+            ("activations and temporaries", oom.activation_bytes),
+            ("outside PyTorch", oom.non_pytorch_bytes),
+            ("other processes", oom.other_processes_bytes),
+        )
+        if value is not None
+    ]
+    if held:
+        lines.append(f"{where} held " + ", ".join(f"{label} {byte_text(value)}" for label, value in held))
+    elif oom.allocated_bytes is not None:
+        lines.append(f"{where}: PyTorch had {byte_text(oom.allocated_bytes)} allocated (no categories recorded)")
+    if oom.differs_by:
+        lines.append(f"{where} differs from the other ranks by " + "; ".join(oom.differs_by[:2]))
+    return lines
+
+
+def _advice_text(advice) -> str:
+    frees = f" (frees ~{byte_text(advice.frees_bytes)})" if advice.frees_bytes is not None else ""
+    return advice.action + frees

@@ -30,8 +30,10 @@ from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_fin
 from diag.analysis.health import HealthReport, analyze_health, health_findings
 from diag.analysis.links import LinkReport, analyze_links, link_findings
 from diag.analysis.memory import MemoryReport, analyze_memory, memory_findings, memory_pressure
+from diag.analysis.memory_plan import plan_against_measured
 from diag.analysis.mfu import MfuReport, analyze_mfu, mfu_findings
 from diag.analysis.nccl import NcclReport, analyze_nccl, nccl_findings
+from diag.analysis.oom import explain_ooms
 from diag.analysis.stragglers import (
     RankStepTimes,
     StragglerReport,
@@ -172,11 +174,14 @@ def analyze(
     waits = collective_waits(coll, in_steps, trace.clock_offsets_us()) if len(coll) else None
     times = rank_step_times(steps_w, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
-    telemetry = analyze_telemetry(_telemetry_in_window(trace.telemetry, steps_w), hosts)
+    tel_w = _telemetry_in_window(trace.telemetry, steps_w)
+    telemetry = analyze_telemetry(tel_w, hosts)
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus if g.throttled}
     last_arrival = {r.rank: r.last_arrival_fraction for r in comms.per_rank} if waits is not None else {}
     device_total = {int(r): int(t) for r, t in _device_totals(trace.telemetry)}
-    memory = analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total)
+    memory = analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total, tel_w)
+    memory.ooms = explain_ooms(trace.events, memory, trace.manifests, trace.world_size)
+    memory.plan = plan_against_measured(trace, memory.per_rank)
     stragglers = find_stragglers(times, ranks_info, throttled, last_arrival, memory_pressure(memory))
     mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
 

@@ -59,6 +59,7 @@ def instrument_framework(session, obj, step_at: str | None = None) -> bool:
         _instrument_deepspeed_engine(session, obj, step_at)
         return True
     if is_deepspeed_optimizer(obj):
+        session.track_memory_of(optimizer=obj)
         if not getattr(obj.step, "__diag_wrapped__", False):
             session._hooks.append(_MethodWrap(obj, "step", _OptimizerPhase(session)))
         return True
@@ -73,6 +74,7 @@ def _instrument_deepspeed_engine(session, engine, step_at: str | None = None) ->
     session._hooks.append(_MethodWrap(engine, "backward", _BackwardPhase()))
     session._hooks.append(_MethodWrap(engine, "step", _OptimizerPhase(session)))
     optimizer = getattr(engine, "optimizer", None)
+    session.track_memory_of(module=engine, optimizer=optimizer if is_deepspeed_optimizer(optimizer) else None)
     if optimizer is not None and is_deepspeed_optimizer(optimizer):
         # engine.step calls optimizer.step: mark it timed so that instrumenting it too does not count twice
         session._hooks.append(_MethodWrap(optimizer, "step", _Passthrough()))

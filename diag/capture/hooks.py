@@ -131,6 +131,7 @@ class BackwardHooks:
     def on_backward_end(self, start_ns, end_ns):
         self.session.set_phase(None)
         self.session.add_phase_time("backward", (end_ns - start_ns) / 1000)
+        self.session.on_backward_end()
 
     def remove(self):
         stop_listening_to_backward(self)

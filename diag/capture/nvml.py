@@ -5,6 +5,7 @@ torch) and runs the sampling thread."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 from diag._warn import warn_once
@@ -43,7 +44,8 @@ class TelemetrySampler:
                 sample = read_sample(self.nvml, self.handle)
                 self._xids.poll()
                 self.writer.append(
-                    "telemetry", decode_sample(sample, self.gpu_index, self._xids.next_for(self.gpu_index))
+                    "telemetry",
+                    decode_sample(sample, self.gpu_index, self._xids.next_for(self.gpu_index), os.getpid()),
                 )
                 failures = 0
             except Exception as exc:

@@ -70,6 +70,8 @@ class Session:
     loggers_on_every_rank (docs/health.md).
     nccl_log: have NCCL write its log (NCCL_DEBUG=INFO, init and topology only) into the rank's directory when
     the user set none of NCCL_DEBUG, NCCL_DEBUG_SUBSYS, NCCL_DEBUG_FILE and NCCL has not started yet.
+    model_shape: the transformer's {micro_batch, seq_len, hidden, layers, heads, vocab, recompute,
+    flash_attention, dropout, sequence_parallel}, for the activation memory the report predicts (docs/memory.md).
     """
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
@@ -102,6 +104,7 @@ class Session:
         wandb=False,
         loggers_on_every_rank: bool = False,
         nccl_log: bool = True,
+        model_shape: dict | None = None,
         device=None,
     ):
         validate_options(
@@ -127,6 +130,7 @@ class Session:
             wandb=wandb,
             loggers_on_every_rank=loggers_on_every_rank,
             nccl_log=nccl_log,
+            model_shape=model_shape,
         )
         self.trace_dir = Path(trace_dir)
         self.identity: RankIdentity = detect_identity()
@@ -159,6 +163,8 @@ class Session:
         self.step_spans = StepSpans()
 
         self.manifest = self._base_manifest(flops_per_step, peak_tflops, dtype, parallel)
+        if model_shape:
+            self.manifest["model_shape"] = dict(model_shape)
         # Without a writable trace directory (already warned about) nothing else is worth starting, but the
         # clock sync still runs: it is a collective the other ranks are waiting in.
         writing = self.writer.enabled
@@ -571,13 +577,47 @@ class Session:
                 if summary:
                     self.writer.write_text(name, summary)
                 self.writer.event(
-                    "oom", step=self.current_step, message=str(exc)[:2000], summary_file=name if summary else None
+                    "oom",
+                    step=self.current_step,
+                    message=str(exc)[:2000],
+                    summary_file=name if summary else None,
+                    **self._oom_fields(),
                 )
             else:
                 self.writer.event("step_error", step=self.current_step, error=repr(exc)[:2000])
             self.writer.flush()
         except Exception as inner:
             warn_once("step-error", f"could not record a failed step ({inner!r})")
+
+    def _oom_fields(self) -> dict:
+        try:
+            return self.memory.oom_fields(self.current_step) if self.memory is not None else {}
+        except Exception as exc:  # the OOM itself is still recorded
+            warn_once("oom-memory", f"could not read memory at an out-of-memory error ({exc!r})")
+            return {}
+
+    def on_backward_end(self) -> None:
+        """A backward pass ended (the hooks' listener): the step's gradients are all there."""
+        if self.memory is not None:
+            self.memory.categories.on_backward_end(self.current_step)
+
+    def track_memory_of(self, module=None, optimizer=None) -> None:
+        """Count the memory of an instrumented model and optimizer by category, and describe them in the
+        manifest (``memory_model``) for ``diag memory-plan`` and the report's predicted-against-measured."""
+        if self.memory is None:
+            return
+        try:
+            from diag.capture.memory_categories import describe_model
+
+            categories = self.memory.categories
+            if module is not None:
+                categories.add_module(module)
+            if optimizer is not None:
+                categories.add_optimizer(optimizer)
+            self.manifest["memory_model"] = describe_model(categories.modules, categories.optimizers)
+            self.writer.write_manifest(self.manifest)
+        except Exception as exc:
+            warn_once("memory-categories", f"cannot count memory by category ({exc!r})")
 
     @contextmanager
     def phase(self, name: str):
@@ -626,10 +666,12 @@ class Session:
                         self.instrument_ddp_buckets(obj)
                     self.note_device_mesh(obj)
                     self.describe_process_groups()
+                    self.track_memory_of(module=obj)
                     self._hooks.append(ModelHooks(self, obj))
                     if not any(isinstance(h, BackwardHooks) for h in self._hooks):
                         self._hooks.append(BackwardHooks(self))
                 elif isinstance(obj, torch.optim.Optimizer):
+                    self.track_memory_of(optimizer=obj)
                     self._hooks.append(OptimizerHooks(self, obj))
                 elif pipeline.is_pipeline_schedule(obj):
                     hooks = pipeline.instrument_schedule(self, obj)
@@ -751,8 +793,30 @@ def validate_options(**options) -> None:
         problems.append(f"prometheus_port must be a port number 0-65535 or None, not {port!r}")
     if "prometheus_addr" in options and not isinstance(options["prometheus_addr"], str):
         problems.append(f"prometheus_addr must be an address string, not {options['prometheus_addr']!r}")
+    problems += _model_shape_problems(options.get("model_shape"))
     if problems:
         raise ValueError("diag.init: " + "; ".join(problems))
+
+
+def _model_shape_problems(shape) -> list[str]:
+    from diag.trace.manifest import MODEL_SHAPE_FLAGS, MODEL_SHAPE_SIZES
+
+    if shape is None:
+        return []
+    if not isinstance(shape, dict):
+        return [f"model_shape must be a dict such as {{'hidden': 4096, 'layers': 32}}, not {shape!r}"]
+    unknown = set(map(str, shape)) - {*MODEL_SHAPE_SIZES, *MODEL_SHAPE_FLAGS, "recompute"}
+    problems = [f"model_shape has unknown keys {sorted(unknown)}"] if unknown else []
+    for key in MODEL_SHAPE_SIZES:
+        value = shape.get(key)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            problems.append(f"model_shape[{key!r}] must be a positive integer, not {value!r}")
+    for key in MODEL_SHAPE_FLAGS:
+        if shape.get(key) is not None and not isinstance(shape[key], bool):
+            problems.append(f"model_shape[{key!r}] must be True or False, not {shape[key]!r}")
+    if shape.get("recompute") not in (None, "none", "selective", "full"):
+        problems.append(f"model_shape['recompute'] must be none, selective or full, not {shape['recompute']!r}")
+    return problems
 
 
 def _is_number_at_least(value, minimum: float) -> bool:

@@ -472,6 +472,68 @@ def memory_per_rank_figure(per_rank: list, selected_rank: int | None) -> go.Figu
     return fig
 
 
+CATEGORY_TRACES = (  # (series column, label, colour)
+    ("param_bytes", "parameters", "#1f77b4"),
+    ("grad_bytes", "gradients", "#ff7f0e"),
+    ("optimizer_state_bytes", "optimizer state", "#2ca02c"),
+    ("activation_bytes", "activations and temporaries", "#9467bd"),
+)
+MAX_CATEGORY_RANKS = 64
+
+
+def memory_categories_figure(series: pd.DataFrame, per_rank: list, rank: int | None) -> go.Figure:
+    """Where the memory went: one rank's categories stacked per step (the selected rank, else the one holding
+    most), and every rank's latest stacked side by side (the spread; the 64 holding most on large runs)."""
+    title = "Memory by category"
+    known = [r for r in per_rank if r.param_bytes is not None]
+    if series.empty or not known:
+        return message_figure(title, "no categories recorded (diag.instrument(model, optimizer) records them)")
+    held = {r.rank: (r.param_bytes or 0) + (r.grad_bytes or 0) + (r.optimizer_state_bytes or 0) for r in known}
+    shown = rank if rank in held else max(held, key=held.get)
+    one = series[series["rank"] == shown].sort_values("step")
+    top = sorted(known, key=lambda r: held[r.rank], reverse=True)[:MAX_CATEGORY_RANKS]
+    top.sort(key=lambda r: r.rank)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], subplot_titles=(f"rank {shown} per step", "per rank"))
+    for name, label, color in CATEGORY_TRACES:
+        values = one[name].astype("float64")
+        if values.notna().any():
+            fig.add_scatter(
+                x=one["step"].to_numpy(),
+                y=_f32(values.fillna(0) / BYTES_PER_GIB),
+                name=label,
+                stackgroup="one",
+                legendgroup=label,
+                line={"width": 0.5, "color": color},
+                row=1,
+                col=1,
+            )
+        column = "activation_peak_bytes" if name == "activation_bytes" else name
+        bars = [getattr(r, column) for r in top]
+        if any(v is not None for v in bars):
+            fig.add_bar(
+                x=[r.rank for r in top],
+                y=_f32([(v or 0) / BYTES_PER_GIB for v in bars]),
+                name=label,
+                legendgroup=label,
+                showlegend=False,
+                customdata=_ranks([r.rank for r in top]),
+                marker={"color": color},
+                row=1,
+                col=2,
+            )
+    fig.update_layout(
+        barmode="stack",
+        title={"text": title, "x": 0.01, "font": {"size": 14}},
+        height=HEIGHT_PX,
+        margin={"l": 60, "r": 20, "t": 50, "b": 45},
+        uirevision="keep",
+        legend={"orientation": "h", "y": -0.22},
+        **PLAIN_STYLE,
+    )
+    fig.update_yaxes(title_text="GiB", row=1, col=1)
+    return fig
+
+
 # -- telemetry ----------------------------------------------------------------------------------------------
 TELEMETRY_PANELS = (
     ("util_pct", "utilisation %"),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 from dash import dcc, html
 
-from diag.analysis.memory import memory_metric, oom_steps
+from diag.analysis.memory import category_series, memory_metric, oom_steps
 from diag.dashboard import compare_page
 from diag.dashboard import data as d
 from diag.dashboard import figures as f
@@ -386,6 +386,9 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
         "summary": html.Ul([html.Li(x) for x in lines]) if lines else html.Div("No leak suspected, no OOM recorded."),
         "timeline": f.memory_figure(band, metric, selected, selected, ooms),
         "per_rank": f.memory_per_rank_figure(report.per_rank, rank),
+        "categories": f.memory_categories_figure(
+            snap.memo("mem_categories", lambda: category_series(mem)), report.per_rank, rank
+        ),
     }
 
 
@@ -524,10 +527,11 @@ PAGES: dict[str, Page] = {
         Page(
             "/memory",
             "Memory",
-            ("timeline", "per_rank"),
+            ("timeline", "per_rank", "categories"),
             ("summary",),
             update_memory,
-            "Memory at the end of each step over all ranks, the selected rank's allocated and reserved, OOMs.",
+            "Memory at the end of each step over all ranks, the selected rank's allocated and reserved, OOMs, "
+            "and where it went: parameters, gradients, optimizer state and activations per step and per rank.",
         ),
         Page(
             "/telemetry",

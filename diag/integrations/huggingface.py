@@ -44,7 +44,14 @@ class DiagTrainerCallback(_TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._driver.start()
         self._instrument(model)
+        self._track_optimizer(kwargs.get("optimizer"))
         self._driver.data_wait_begin(mark_phase=False)
+
+    @guarded
+    def _track_optimizer(self, optimizer) -> None:
+        """The Trainer's optimizer, for memory by category (the model is instrumented already)."""
+        if optimizer is not None and self._driver.session.enabled:
+            self._driver.session.track_memory_of(optimizer=optimizer)
 
     @guarded
     def _instrument(self, model) -> None:

@@ -60,6 +60,8 @@ class DiagCallbackMixin:
             session.instrument_ddp_buckets(model)
         for optimizer in trainer.optimizers:
             self._driver.keep_handle(optimizer.register_step_post_hook(self._after_optimizer_step))
+        for index, optimizer in enumerate(trainer.optimizers):  # memory by category (docs/memory.md)
+            session.track_memory_of(module=model if index == 0 else None, optimizer=optimizer)
         self._wrap_profiler(trainer.profiler)
 
     def _wrap_profiler(self, profiler) -> None:
@@ -104,6 +106,8 @@ class DiagCallbackMixin:
 
     def on_after_backward(self, trainer, pl_module) -> None:
         self._driver.end_phase("backward")
+        if self._driver.session.enabled:
+            self._driver.session.on_backward_end()  # the step's gradients, for memory by category
         self._driver.begin_phase("forward")  # manual optimization may run another forward; dropped if not
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:

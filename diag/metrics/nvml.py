@@ -40,6 +40,7 @@ def read_sample(nvml, handle) -> dict:
 
     utilisation = query(nvml.nvmlDeviceGetUtilizationRates)
     memory = query(nvml.nvmlDeviceGetMemoryInfo)
+    processes_function = getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None)
     reasons_function = (
         getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
     )
@@ -63,15 +64,45 @@ def read_sample(nvml, handle) -> dict:
         "ecc_uncorrected_volatile": query(
             nvml.nvmlDeviceGetTotalEccErrors, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
         ),
+        "processes": _processes(query(processes_function)) if processes_function is not None else None,
     }
+
+
+def _processes(infos) -> list[list] | None:
+    """NVML's compute processes as [pid, used bytes] (None where NVML cannot say: MIG, WDDM, no permission)."""
+    if infos is None:
+        return None
+    return [[int(p.pid), getattr(p, "usedGpuMemory", None)] for p in infos]
 
 
 def _scaled(value, factor: float):
     return None if value is None else round(value * factor, 3)
 
 
-def decode_sample(sample: dict, gpu_index: int, xid: int | None = None) -> tuple:
-    """A raw reading as a ``telemetry`` row (schema units: W, MHz, bytes, KB/s)."""
+def process_memory(processes: list | None, pid: int | None) -> tuple[int | None, int | None]:
+    """(bytes ``pid`` uses, bytes the other processes use) on a GPU, from NVML's compute processes. Unknown
+    (None) where NVML listed nothing, where it did not say any other process's memory, and for ``pid`` where
+    it is not listed (a container's pid namespace hides the host pid NVML reports)."""
+    if not isinstance(processes, list):
+        return None, None
+    own, others, others_known, others_seen = None, 0, False, False
+    for entry in processes:
+        if not (isinstance(entry, list | tuple) and len(entry) == 2):
+            continue
+        used = entry[1] if isinstance(entry[1], int) and not isinstance(entry[1], bool) and entry[1] >= 0 else None
+        if pid is not None and entry[0] == pid:
+            own = None if used is None else (own or 0) + used
+        else:
+            others_seen = True
+            if used is not None:
+                others, others_known = others + used, True
+    return own, others if others_known or not others_seen else None
+
+
+def decode_sample(sample: dict, gpu_index: int, xid: int | None = None, pid: int | None = None) -> tuple:
+    """A raw reading as a ``telemetry`` row (schema units: W, MHz, bytes, KB/s). ``pid``: the rank's process,
+    whose GPU memory is told apart from the other processes' (the node agent gives none: all are others)."""
+    own, others = process_memory(sample.get("processes"), pid)
     return TELEMETRY.row(
         time_us=sample["t_ns"] // 1000,
         gpu=gpu_index,
@@ -90,6 +121,8 @@ def decode_sample(sample: dict, gpu_index: int, xid: int | None = None) -> tuple
         ecc_corrected=sample.get("ecc_corrected_volatile"),
         ecc_uncorrected=sample.get("ecc_uncorrected_volatile"),
         xid=xid,
+        process_mem_used_bytes=own,
+        other_processes_mem_used_bytes=others,
     )
 
 

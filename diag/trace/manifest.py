@@ -68,6 +68,65 @@ class PipelineLayout:
 
 
 @dataclass(frozen=True)
+class MemoryModel:
+    """What capture learnt of the instrumented model and optimizer, for the memory plan (manifest ``memory_model``)."""
+
+    params: int | None = None  # the whole model's parameters, when capture could tell
+    params_local: int | None = None  # this rank's
+    param_dtype: str | None = None
+    optimizer: str | None = None  # class name (AdamW, FusedAdam, ...)
+    master_weights: bool | None = None
+    sharding: str | None = None  # ddp, fsdp1, fsdp2, deepspeed, none
+    zero_stage: int | None = None  # ZeRO stage or FSDP's equivalent
+    shard_degree: int | None = None  # ranks the model states are sharded over
+
+    @classmethod
+    def from_json(cls, raw: dict) -> MemoryModel:
+        stage = _whole(raw.get("zero_stage"))
+        master = raw.get("master_weights")
+        return cls(
+            params=_positive_int(raw.get("params")),
+            params_local=_positive_int(raw.get("params_local")),
+            param_dtype=_text(raw.get("param_dtype")),
+            optimizer=_text(raw.get("optimizer")),
+            master_weights=master if isinstance(master, bool) else None,
+            sharding=_text(raw.get("sharding")),
+            zero_stage=stage if stage in (0, 1, 2, 3) else None,
+            shard_degree=_positive_int(raw.get("shard_degree")),
+        )
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The transformer's shape as the user gave ``diag.init(model_shape=...)`` (manifest ``model_shape``)."""
+
+    micro_batch: int | None = None
+    seq_len: int | None = None
+    hidden: int | None = None
+    layers: int | None = None
+    heads: int | None = None
+    vocab: int | None = None
+    recompute: str | None = None  # none, selective, full
+    flash_attention: bool | None = None
+    dropout: bool | None = None
+    sequence_parallel: bool | None = None
+
+    @classmethod
+    def from_json(cls, raw: dict) -> ModelShape:
+        flags = {k: raw.get(k) if isinstance(raw.get(k), bool) else None for k in MODEL_SHAPE_FLAGS}
+        recompute = _text(raw.get("recompute"))
+        return cls(
+            **{k: _positive_int(raw.get(k)) for k in MODEL_SHAPE_SIZES},
+            recompute=recompute if recompute in ("none", "selective", "full") else None,
+            **flags,
+        )
+
+
+MODEL_SHAPE_SIZES = ("micro_batch", "seq_len", "hidden", "layers", "heads", "vocab")
+MODEL_SHAPE_FLAGS = ("flash_attention", "dropout", "sequence_parallel")
+
+
+@dataclass(frozen=True)
 class ParallelLayout:
     """The layout the user gave ``diag.init(parallel=...)``: degrees of each kind of parallelism."""
 
@@ -122,6 +181,8 @@ class Manifest:
     capture: dict[str, str] = field(default_factory=dict)
     pipeline: PipelineLayout | None = None
     replica_group: str | None = None  # the DDP model's process group: its ranks are replicas
+    memory_model: MemoryModel | None = None
+    model_shape: ModelShape | None = None
     finished: bool = False
     end_time_us: int | None = None
     # who wrote it: None for diag's capture, "kineto" for a manifest made from a torch.profiler trace
@@ -180,6 +241,10 @@ class Manifest:
             capture={str(k): str(v) for k, v in (mapping(raw.get("capture")) or {}).items()},
             pipeline=PipelineLayout.from_json(raw["pipeline"]) if isinstance(raw.get("pipeline"), dict) else None,
             replica_group=text(raw.get("replica_group")),
+            memory_model=MemoryModel.from_json(raw["memory_model"])
+            if isinstance(raw.get("memory_model"), dict)
+            else None,
+            model_shape=ModelShape.from_json(raw["model_shape"]) if isinstance(raw.get("model_shape"), dict) else None,
             finished=raw.get("finished") is True,
             end_time_us=whole(raw.get("end_time_us")),
             source=text(raw.get("source")),

@@ -216,6 +216,30 @@ MEMORY = Table(
         Column("alloc_retries", "Int64", "CUDA: cumulative cudaMalloc retries after freeing the cache"),
         Column("ooms", "Int64", "CUDA: cumulative out-of-memory errors"),
         Column("rss_bytes", "int64", "resident set size of the process (read at most every 0.1 s: the latest reading)"),
+        Column(
+            "param_bytes",
+            "Int64",
+            "bytes of the instrumented model's parameters on this rank's device: local shards under FSDP, ZeRO-3 "
+            "and tensor parallelism, each storage once; empty when no model is instrumented",
+        ),
+        Column(
+            "grad_bytes",
+            "Int64",
+            "bytes of gradients at the end of the step's last backward: the parameters' and the optimizer's "
+            "`.grad` (local shards) and DeepSpeed ZeRO's partitioned gradients",
+        ),
+        Column(
+            "optimizer_state_bytes",
+            "Int64",
+            "bytes of optimizer state on this rank's device: the tensors in `optimizer.state` and master weights "
+            "(the optimizer's parameters that are not the model's, as DeepSpeed's fp32 partitions)",
+        ),
+        Column(
+            "categories_step",
+            "Int64",
+            "the step at which the three byte counts above were measured (the first steps and every 50th: rows "
+            "between repeat the latest measurement)",
+        ),
     ),
 )
 
@@ -240,6 +264,17 @@ TELEMETRY = Table(
         Column("ecc_corrected", "Int64", "volatile corrected ECC errors"),
         Column("ecc_uncorrected", "Int64", "volatile uncorrected ECC errors"),
         Column("xid", "Int64", "XID error code seen since the previous sample; empty if none"),
+        Column(
+            "process_mem_used_bytes",
+            "Int64",
+            "device memory this rank's process uses, from NVML's compute processes (the CUDA context, PyTorch's "
+            "reserved memory, NCCL and other libraries); empty where NVML does not say (another pid namespace)",
+        ),
+        Column(
+            "other_processes_mem_used_bytes",
+            "Int64",
+            "device memory used by the other processes on the same GPU, from NVML's compute processes",
+        ),
     ),
 )
 
@@ -332,6 +367,11 @@ MANIFEST_KEYS: dict[str, str] = {
     "capture": "what is being captured and what is off, with reasons",
     "pipeline": "pipeline layout when pipelined: {schedule, stages, virtual_stages, microbatches, stage}",
     "replica_group": "the process group (pg name) of the instrumented DDP model, whose ranks hold the same parameters (their `param_fingerprint`s are compared)",
+    "memory_model": "{params, params_local, param_dtype, optimizer, master_weights, sharding, zero_stage, "
+    "shard_degree} of the model and optimizer given to diag.instrument, for `diag memory-plan` (params: the whole "
+    "model's, null when capture cannot tell, as for megatron-core's shards); absent when none was instrumented",
+    "model_shape": "{micro_batch, seq_len, hidden, layers, heads, vocab, recompute, flash_attention, dropout, "
+    "sequence_parallel} as given to diag.init(model_shape=...), for the activation memory `diag memory-plan` predicts",
     "finished": "true once diag.finish() ran (rewritten at finish)",
     "end_time_us": "wall-clock instant diag.finish() ran",
 }

@@ -62,6 +62,14 @@ def iec_bytes(nbytes: float) -> str:
     return f"{nbytes:.1f} TiB"
 
 
+def size(nbytes: float | None) -> str:
+    """Bytes of any size: in GiB with two decimals from 1 GiB up, else in the largest unit below 1024 of it
+    (``33540`` -> ``33 KiB``): model states of a small model and of a large one in the same column."""
+    if nbytes is None:
+        return MISSING
+    return gib(nbytes) if abs(nbytes) >= BYTES_PER_GIB else iec_bytes(nbytes)
+
+
 def rate(value: float | None, what: str, digits: int = 0) -> str:
     """A rate per second with thousands separators: ``rate(12345.6, "tokens")`` -> ``12,346 tokens/s``."""
     return MISSING if value is None else f"{value:,.{digits}f} {what}/s"
@@ -70,3 +78,13 @@ def rate(value: float | None, what: str, digits: int = 0) -> str:
 def num(value, fmt: str = "{:.1f}") -> str:
     """Any other number through a format string; ``-`` when unknown."""
     return MISSING if value is None else fmt.format(value)
+
+
+def count(value: float | None) -> str:
+    """A large count in words of thousands: ``7e9`` -> ``7.00B``, ``117549056`` -> ``117.5M``, ``8385`` -> ``8,385``."""
+    if value is None:
+        return MISSING
+    for scale, suffix, digits in ((1e12, "T", 2), (1e9, "B", 2), (1e6, "M", 1)):
+        if abs(value) >= scale:
+            return f"{value / scale:.{digits}f}{suffix}"
+    return f"{value:,.0f}"

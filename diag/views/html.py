@@ -20,6 +20,7 @@ def render_html(report) -> str:
             _mfu_figure(go, report),
             _comms_figure(go, report),
             _memory_figure(go, report),
+            _memory_categories_figure(go, report),
             _telemetry_figure(go, report),
             _pipeline_figure(report),
             _gpu_time_figure(go, report),
@@ -168,6 +169,27 @@ def _memory_figure(go, report):
         xaxis_title="rank",
         yaxis_title="MiB/step",
     )
+    return fig
+
+
+def _memory_categories_figure(go, report):
+    """Per rank, stacked: parameters, gradients, optimizer state, activations (the largest step's), memory
+    outside PyTorch; only for runs that recorded the categories."""
+    ranks = [r for r in report.memory.per_rank if r.param_bytes is not None or r.non_pytorch_bytes is not None]
+    if not ranks:
+        return None
+    fig = go.Figure()
+    for name, label in (
+        ("param_bytes", "parameters"),
+        ("grad_bytes", "gradients"),
+        ("optimizer_state_bytes", "optimizer state"),
+        ("activation_peak_bytes", "activations and temporaries"),
+        ("non_pytorch_bytes", "outside PyTorch"),
+    ):
+        values = [getattr(r, name) for r in ranks]
+        if any(v is not None for v in values):
+            fig.add_trace(go.Bar(x=[r.rank for r in ranks], y=[(v or 0) / BYTES_PER_MIB for v in values], name=label))
+    fig.update_layout(barmode="stack", title="Memory by category per rank", xaxis_title="rank", yaxis_title="MiB")
     return fig
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diag.views.format import gib, iec_bytes, mib, ms_from_s, ms_from_us, num, pct, pct_from_pct, rate, s_from_s
+from diag.views.format import gib, iec_bytes, mib, ms_from_s, ms_from_us, num, pct, pct_from_pct, rate, s_from_s, size
 
 TOP_ROWS = 10
 LOSS_FORMAT = "{:.4g}"
@@ -29,6 +29,7 @@ def blocks(report) -> list[Block]:
         _comms(report),
         *([_nccl(report)] if getattr(report, "nccl", None) is not None else []),
         _memory(report),
+        *_memory_detail(report),
         _telemetry(report),
     ]
     if report.bubble is not None:
@@ -348,6 +349,107 @@ def _memory(report) -> Block:
             ]
         )
     return block
+
+
+def _memory_detail(report) -> list[Block]:
+    """Where the memory went (by category, per rank), why a rank ran out, and the plan against the measured:
+    each only when the run recorded it."""
+    m = report.memory
+    out = []
+    with_categories = [r for r in m.per_rank if r.param_bytes is not None or r.non_pytorch_bytes is not None]
+    if with_categories:
+        block = Block("Memory by category")
+        block.lines.append(
+            "Per rank: parameters, gradients and optimizer state (local shards, latest measurement), the largest "
+            "step's rest of the peak allocation (activations and temporaries), memory outside PyTorch (NVML)"
+        )
+        for c in m.spread[:3]:
+            block.lines.append(
+                f"{CATEGORY_LABELS[c.category]} differ across ranks: rank {c.max_rank} {size(c.max_bytes)}, "
+                f"rank {c.min_rank} {size(c.min_bytes)}"
+            )
+        block.table = [["rank", "params", "grads", "optimizer", "activations", "outside PyTorch", "other procs"]]
+        order = m.closest_to_oom + [r.rank for r in with_categories if r.rank not in m.closest_to_oom]
+        by_rank = {r.rank: r for r in with_categories}
+        for rank in [r for r in order if r in by_rank][:TOP_ROWS]:
+            r = by_rank[rank]
+            block.table.append(
+                [
+                    str(r.rank),
+                    *(
+                        size(v)
+                        for v in (
+                            r.param_bytes,
+                            r.grad_bytes,
+                            r.optimizer_state_bytes,
+                            r.activation_peak_bytes,
+                            r.non_pytorch_bytes,
+                            r.other_processes_bytes,
+                        )
+                    ),
+                ]
+            )
+        out.append(block)
+    for oom in m.ooms[:3]:
+        block = Block(f"Out of memory: rank {oom.rank}" + (f", step {oom.step}" if oom.step is not None else ""))
+        block.lines.append(oom.verdict[:1].upper() + oom.verdict[1:] + ".")
+        facts = [
+            ("asked", oom.requested_bytes),
+            ("free on the GPU", oom.device_free_bytes),
+            ("of", oom.device_total_bytes),
+            ("allocated by PyTorch", oom.allocated_bytes),
+            ("reserved but unallocated", oom.reserved_unallocated_bytes),
+            ("outside PyTorch", oom.non_pytorch_bytes),
+            ("other processes", oom.other_processes_bytes),
+        ]
+        block.lines.append(", ".join(f"{name} {size(v)}" for name, v in facts if v is not None))
+        held = [
+            ("parameters", oom.param_bytes),
+            ("gradients", oom.grad_bytes),
+            ("optimizer state", oom.optimizer_state_bytes),
+            ("activations and temporaries", oom.activation_bytes),
+        ]
+        if any(v is not None for _, v in held):
+            block.lines.append("Held: " + ", ".join(f"{name} {size(v)}" for name, v in held if v is not None))
+        if oom.closest_ranks:
+            block.lines.append(f"Closest to the limit: {_ranks(oom.closest_ranks)}")
+        block.lines += [f"Differs from the other ranks: {d}" for d in oom.differs_by[:3]]
+        block.table = [["advice (most freed first)", "frees", "enough?"]]
+        for a in oom.advice[:6]:
+            enough = "-" if a.enough is None else "yes" if a.enough else "no"
+            block.table.append([a.action, size(a.frees_bytes) if a.frees_bytes is not None else "?", enough])
+        out.append(block)
+    if m.plan is not None and m.plan.rows:
+        block = Block("Memory plan against measured")
+        block.lines.append(f"diag memory-plan for this run ({m.plan.layout}), per GPU; measured: the median rank")
+        block.lines += [f"Note: {n}" for n in m.plan.notes]
+        block.table = [["category", "predicted", "measured", "predicted/measured"]]
+        for row in m.plan.rows:
+            ratio = (
+                None
+                if row.predicted_bytes is None or not row.measured_bytes
+                else row.predicted_bytes / row.measured_bytes
+            )
+            block.table.append(
+                [
+                    CATEGORY_LABELS[row.category],
+                    size(row.predicted_bytes),
+                    size(row.measured_bytes),
+                    num(ratio, "{:.2f}"),
+                ]
+            )
+        out.append(block)
+    return out
+
+
+CATEGORY_LABELS = {
+    "param_bytes": "parameters",
+    "grad_bytes": "gradients",
+    "optimizer_state_bytes": "optimizer state",
+    "activation_bytes": "activations",
+    "activation_peak_bytes": "activations",
+    "non_pytorch_bytes": "memory outside PyTorch",
+}
 
 
 def _telemetry(report) -> Block:

@@ -37,6 +37,8 @@ def nvml_rows(path) -> pd.DataFrame:
             "ecc_corrected": r["ecc_corrected_volatile"],
             "ecc_uncorrected": r["ecc_uncorrected_volatile"],
             "xid": None,
+            "process_mem_used_bytes": None,  # not in the recorded readings
+            "other_processes_mem_used_bytes": None,
         }
         for r in lines
     ]
@@ -71,6 +73,7 @@ def test_h100_memory_stats_give_headroom_and_fragmentation(gpu_fixtures):
             "alloc_retries": m["num_alloc_retries"],
             "ooms": m["num_ooms"],
             "rss_bytes": 0,
+            **dict.fromkeys(("param_bytes", "grad_bytes", "optimizer_state_bytes", "categories_step")),  # no model
         }
         for m in run["memory_steps"]
     ]

@@ -64,6 +64,8 @@ def test_throttle_mask_is_the_one_the_telemetry_shares_use():
             "ecc_corrected": 0,
             "ecc_uncorrected": 0,
             "xid": None,
+            "process_mem_used_bytes": None,
+            "other_processes_mem_used_bytes": None,
         }
     )
     tel = tel[["rank", *TELEMETRY.dtypes]].astype(TELEMETRY.dtypes)

@@ -54,3 +54,17 @@ def test_gpu_capture_end_to_end(tmp_path):
     assert len(timed) >= STEPS // 2
     for seq, duration_us in zip(timed["seq"], timed["duration_us"]):
         assert abs(duration_us - fr_ms[seq] * 1000) <= 0.02 * fr_ms[seq] * 1000 + 1
+    # memory by category (docs/memory.md): DDP keeps the whole model, its gradients and AdamW's two moments
+    last = trace.memory[trace.memory["step"] == STEPS - 1].iloc[0]
+    assert last["param_bytes"] == truth["param_bytes"] and last["grad_bytes"] == truth["param_bytes"]
+    assert 2 * truth["param_bytes"] <= last["optimizer_state_bytes"] <= 2 * truth["param_bytes"] + 1024
+    # the OOM with what the GPU held at that moment, and PyTorch's own account of the failed allocation
+    from diag.analysis.report import analyze
+
+    (explained,) = analyze(trace).memory.ooms
+    assert explained.requested_bytes == 1 << 50 and explained.param_bytes == truth["param_bytes"]
+    assert explained.device_total_bytes and explained.non_pytorch_bytes is not None and explained.non_pytorch_bytes > 0
+    # NVML's memory of this process (empty only where a pid namespace hides it), above what PyTorch reserved
+    used = telemetry["process_mem_used_bytes"].dropna()
+    if len(used):
+        assert (used >= trace.memory["reserved_bytes"].min()).all()

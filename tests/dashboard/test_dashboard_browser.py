@@ -20,7 +20,7 @@ PAGE_GRAPHS = {
     "/": 4,
     "/stragglers": 4,
     "/communication": 4,
-    "/memory": 2,
+    "/memory": 3,
     "/telemetry": 2,
     "/pipeline": 2,
     "/triage": 0,
