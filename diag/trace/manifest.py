@@ -82,17 +82,17 @@ class MemoryModel:
 
     @classmethod
     def from_json(cls, raw: dict) -> MemoryModel:
-        stage = _whole(raw.get("zero_stage"))
+        stage = whole(raw.get("zero_stage"))
         master = raw.get("master_weights")
         return cls(
-            params=_positive_int(raw.get("params")),
-            params_local=_positive_int(raw.get("params_local")),
-            param_dtype=_text(raw.get("param_dtype")),
-            optimizer=_text(raw.get("optimizer")),
+            params=positive_int(raw.get("params")),
+            params_local=positive_int(raw.get("params_local")),
+            param_dtype=text(raw.get("param_dtype")),
+            optimizer=text(raw.get("optimizer")),
             master_weights=master if isinstance(master, bool) else None,
-            sharding=_text(raw.get("sharding")),
+            sharding=text(raw.get("sharding")),
             zero_stage=stage if stage in (0, 1, 2, 3) else None,
-            shard_degree=_positive_int(raw.get("shard_degree")),
+            shard_degree=positive_int(raw.get("shard_degree")),
         )
 
 
@@ -114,9 +114,9 @@ class ModelShape:
     @classmethod
     def from_json(cls, raw: dict) -> ModelShape:
         flags = {k: raw.get(k) if isinstance(raw.get(k), bool) else None for k in MODEL_SHAPE_FLAGS}
-        recompute = _text(raw.get("recompute"))
+        recompute = text(raw.get("recompute"))
         return cls(
-            **{k: _positive_int(raw.get(k)) for k in MODEL_SHAPE_SIZES},
+            **{k: positive_int(raw.get(k)) for k in MODEL_SHAPE_SIZES},
             recompute=recompute if recompute in ("none", "selective", "full") else None,
             **flags,
         )
