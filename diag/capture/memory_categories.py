@@ -116,8 +116,8 @@ class MemoryCategories:
 
     # -- walking ----------------------------------------------------------------------------------------------
     def _parameters(self) -> list:
-        if self.modules:
-            return [p for m in self.modules for p in m.parameters()]
+        if self.modules:  # a wrapper and the module it wraps (DDP, an engine) list the same parameters: once
+            return list({id(p): p for m in self.modules for p in m.parameters()}.values())
         return list(self._optimizer_parameters())  # only an optimizer instrumented: its parameters are the model's
 
     def _optimizer_parameters(self) -> Iterator:
@@ -190,7 +190,7 @@ def describe_model(modules: list, optimizers: list) -> dict:
     keeps master weights, the sharding and over how many ranks."""
     import torch
 
-    params = [p for m in modules for p in m.parameters()]
+    params = list({id(p): p for m in modules for p in m.parameters()}.values())  # a wrapper and its module: once
     local_count = sum(_local(p).numel() for p in params)
     global_count = _global_count(params)
     by_dtype: dict[str, int] = {}

@@ -82,6 +82,7 @@ class DiagTrainerCallback(_TrainerCallback):
         active = getattr(ddp_class, "_get_active_ddp_module", lambda: None)()
         if isinstance(active, ddp_class) and active.module is module:
             self._driver.session.instrument_ddp_buckets(active)
+            self._driver.session.track_memory_of(module=active)  # the manifest's sharding: ddp (docs/memory.md)
 
     # -- between steps: the data wait ends at the step's start ------------------------------------------------
     def on_epoch_begin(self, args, state, control, **kwargs):

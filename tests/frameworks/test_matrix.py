@@ -149,6 +149,16 @@ def test_straggler_rank_cause_and_cost(row):
     assert straggler["time_saved_per_step_s"] == pytest.approx(slowdown_s, rel=0.25), (framework, slowdown_s)
 
 
+def test_memory_by_category_is_recorded(row):
+    """Every framework's model and optimizer are counted (docs/memory.md): parameters and optimizer state on
+    every rank at every step, and the manifest's memory_model for diag memory-plan."""
+    framework, _, (slow_dir, _) = row
+    trace = diag.load(slow_dir)
+    memory = trace.memory[trace.memory["step"] >= 0]
+    assert len(memory) and (memory["param_bytes"] > 0).all() and (memory["optimizer_state_bytes"] > 0).all(), framework
+    assert all(m.memory_model is not None and m.memory_model.params_local for m in trace.manifests.values()), framework
+
+
 def test_baseline_has_no_costly_straggler(row):
     """Without the plant, no rank costs the job anything like it. (A rank a millisecond slower from this
     loaded 2-core machine's noise may be listed; one costing a quarter of the plant would be a false finding.)"""
