@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from diag.analysis.report import Report, ranks_sharing_tokens
+from diag.analysis.report import Report, json_safe, ranks_sharing_tokens
 from diag.analysis.window import select
 
 RESAMPLES = 2000
@@ -143,7 +143,7 @@ class RunSummary:
 
     def to_state(self) -> dict:
         state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "report"}
-        return {**_plain(state), "report": self.report.to_state()}
+        return {**json_safe(state), "report": self.report.to_state()}
 
     @classmethod
     def from_state(cls, state: dict) -> RunSummary:
@@ -342,7 +342,7 @@ def run_config(trace, steps_w: pd.DataFrame | None = None) -> dict:
             values = steps_w[column].dropna()
             if len(values):
                 config[f"{column}_per_rank_step"] = float(values.astype("float64").median())
-    return _plain(config)
+    return json_safe(config)
 
 
 # -- statistics ------------------------------------------------------------------------------------------------
@@ -524,13 +524,13 @@ class CompareReport:
     def to_dict(self) -> dict:
         """The JSON contract (docs/compare.md): the first comparison (BASE against NEW) at the top level, every
         comparison under ``comparisons``, the runs and scaling."""
-        first = _plain(self.comparisons[0]) if self.comparisons else {}
+        first = json_safe(self.comparisons[0]) if self.comparisons else {}
         return {
             "compare_version": COMPARE_VERSION,
             **first,
-            "scaling": _plain(self.scaling) if self.scaling is not None else None,
-            "runs": _plain(self.runs),
-            "comparisons": [_plain(c) for c in self.comparisons],
+            "scaling": json_safe(self.scaling) if self.scaling is not None else None,
+            "runs": json_safe(self.runs),
+            "comparisons": [json_safe(c) for c in self.comparisons],
         }
 
 
@@ -883,21 +883,3 @@ def _scaling_line(row: ScalingRun, ref_world: int) -> str:
     if top is None or top.ms <= 0:
         return head + f"; the loss is {row.loss_ms:.1f} ms/step"
     return head + f"; the loss ({row.loss_ms:.1f} ms/step) is {top.share_pct:.0f}% {top.label}"
-
-
-# -- helpers ---------------------------------------------------------------------------------------------------
-def _plain(value):
-    """Dataclasses and numpy values to JSON-safe Python (NaN and inf become null)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

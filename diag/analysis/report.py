@@ -116,43 +116,43 @@ class Report:
 
     def to_state(self) -> dict:
         """Everything in the Report, JSON-safe and structured like the dataclasses, for ``from_state``."""
-        return _plain(self)
+        return json_safe(self)
 
     @classmethod
     def from_state(cls, state: dict) -> Report:
         return _build(cls, state)
 
     def to_dict(self) -> dict:
-        window = _plain(self.run.window)
+        window = json_safe(self.run.window)
         window.pop("step_indices", None)
-        run = _plain(self.run)
+        run = json_safe(self.run)
         run["window"] = window
         out = {
             "report_version": REPORT_VERSION,
             "run": run,
-            "findings": _plain(self.findings),
-            "stragglers": _plain(self.stragglers.stragglers),
+            "findings": json_safe(self.findings),
+            "stragglers": json_safe(self.stragglers.stragglers),
             "straggler_method": {
                 "wait_source": self.stragglers.wait_source,
                 "steps": self.stragglers.steps,
                 "note": self.stragglers.note,
                 "compared": self.stragglers.compared,
             },
-            "mfu": _plain(self.mfu),
-            "comms": _plain(self.comms),
-            "memory": _plain(self.memory),
-            "telemetry": {"per_gpu": _plain(self.telemetry.gpus), "note": self.telemetry.note},
-            "timeline": _plain(self.timeline),
-            "bubble": _plain(self.bubble.to_dict()) if self.bubble is not None else None,
-            "gpu_time": _plain(self.gpu_time) if self.gpu_time is not None else None,
+            "mfu": json_safe(self.mfu),
+            "comms": json_safe(self.comms),
+            "memory": json_safe(self.memory),
+            "telemetry": {"per_gpu": json_safe(self.telemetry.gpus), "note": self.telemetry.note},
+            "timeline": json_safe(self.timeline),
+            "bubble": json_safe(self.bubble.to_dict()) if self.bubble is not None else None,
+            "gpu_time": json_safe(self.gpu_time) if self.gpu_time is not None else None,
         }
         # sections added after the contract's first version: present only when the run has them, so the JSON of
         # runs without them (one process group, no nccl.log) is what it was
         for name in ("links", "nccl"):
             if getattr(self, name) is not None:
-                out[name] = _plain(getattr(self, name))
+                out[name] = json_safe(getattr(self, name))
         if self.health.recorded:
-            out["health"] = _plain(self.health)
+            out["health"] = json_safe(self.health)
         return out
 
 
@@ -405,16 +405,17 @@ def _build_value(hint, value):
     return value
 
 
-def _plain(value):
-    """Dataclasses, numpy scalars and NaN to JSON-safe Python values (NaN and inf become null)."""
+def json_safe(value):
+    """Dataclasses, numpy scalars and NaN to JSON-safe Python values (NaN and inf become null); the JSON views
+    and diag compare use it."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: json_safe(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()]
+        return [json_safe(v) for v in value.tolist()]
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):

@@ -3,7 +3,6 @@ HTML file with figures. They format, never compute: every number comes from the 
 
 from __future__ import annotations
 
-import html
 import json
 from dataclasses import dataclass, field
 
@@ -316,35 +315,11 @@ def _scaling(scaling) -> Block:
 
 # -- HTML ------------------------------------------------------------------------------------------------------
 def render_compare_html(report) -> str:
+    from diag.views.html import html_page
+
     figures = [f for f in (components_figure(report), steps_figure(report), scaling_figure(report)) if f]
-    parts = []
-    for i, fig in enumerate(figures):
-        fig.update_layout(height=420, margin={"l": 60, "r": 20, "t": 50, "b": 60})
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0, config={"displaylogo": False}))
-    sections = "\n".join(_section(b) for b in blocks(report))
-    title = html.escape("diag compare: " + " vs ".join(r.label for r in report.runs))
-    return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}}
-table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}
-pre{{white-space:pre-wrap}}</style></head>
-<body><h1>{title}</h1>
-{sections}
-<h2>Figures</h2>
-{"".join(parts) if parts else "<p>No data to plot.</p>"}
-</body></html>
-"""
-
-
-def _section(block: Block) -> str:
-    out = [f"<h2>{html.escape(block.heading)}</h2>"]
-    if block.lines:
-        out.append("<pre>" + html.escape("\n".join(block.lines)) + "</pre>")
-    if block.table:
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in block.table[0])
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in block.table[1:])
-        out.append(f"<table><tr>{head}</tr>{rows}</table>")
-    return "\n".join(out)
+    title = "diag compare: " + " vs ".join(r.label for r in report.runs)
+    return html_page(title, blocks(report), figures, figure_height_px=420)
 
 
 def components_series(report) -> tuple[list[str], dict[str, list[float]]]:

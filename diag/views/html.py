@@ -27,12 +27,18 @@ def render_html(report) -> str:
         )
         if f is not None
     ]
+    title = f"diag analyze: {report.run.path}"
+    return html_page(title, blocks(report), figures, figure_height_px=380)
+
+
+def html_page(title: str, page_blocks: list, figures: list, figure_height_px: int) -> str:
+    """One self-contained page: the text blocks as sections, then the figures (plotly.js embedded once)."""
     parts = []
     for i, fig in enumerate(figures):
-        fig.update_layout(height=380, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+        fig.update_layout(height=figure_height_px, margin={"l": 60, "r": 20, "t": 50, "b": 50})
         parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0, config={"displaylogo": False}))
-    sections = "\n".join(_section(b) for b in blocks(report))
-    title = html.escape(f"diag analyze: {report.run.path}")
+    sections = "\n".join(_section(b) for b in page_blocks)
+    title = html.escape(title)
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{title}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}}
