@@ -174,6 +174,8 @@ class Session:
         self._sync_clocks(clock_sync)
         self.metrics = self._start_metrics(prometheus_port if writing else None, prometheus_addr)
         self.loggers = self._start_loggers(tensorboard, wandb, loggers_on_every_rank) if writing else []
+        if self.loggers:  # set once the list exists: the writer's thread may flush at any moment
+            self.writer.row_observer = self._observe_rows
         self.telemetry = self._start_telemetry(telemetry and writing, telemetry_interval_s)
         self.watchdog = self._start_watchdog(watchdog and writing, hang_threshold_s, heartbeat_interval_s)
         self.manifest["capture"] = self.capture_status
@@ -282,8 +284,6 @@ class Session:
         loggers = start_loggers(tensorboard, wandb, self.rank, every_rank)
         for name, logger in loggers.items():
             self.capture_status[name] = logger.status
-        if loggers:
-            self.writer.row_observer = self._observe_rows
         return list(loggers.values())
 
     def _observe_rows(self, table: str, rows: list) -> None:
