@@ -4,16 +4,11 @@ HTML file with figures. They format, never compute: every number comes from the 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+
+from diag.views.format import ms_from_s
+from diag.views.text import Block, blocks_to_markdown, blocks_to_text
 
 TOP_ROWS = 12
-
-
-@dataclass
-class Block:
-    heading: str
-    lines: list[str] = field(default_factory=list)
-    table: list[list[str]] | None = None  # first row is the header
 
 
 def render_compare(report, fmt: str) -> str:
@@ -25,39 +20,14 @@ def render_compare(report, fmt: str) -> str:
 
 
 def render_text(report) -> str:
-    out = []
-    for block in blocks(report):
-        out += [block.heading, "=" * len(block.heading), *block.lines]
-        if block.table:
-            out += _text_table(block.table)
-        out.append("")
-    return "\n".join(out)
+    return blocks_to_text(blocks(report))
 
 
 def render_markdown(report) -> str:
-    out = ["# diag compare", ""]
-    for block in blocks(report):
-        out += [f"## {block.heading}", ""]
-        out += [f"{line}  " for line in block.lines]
-        if block.table:
-            out += ["", "| " + " | ".join(block.table[0]) + " |", "|" + "---|" * len(block.table[0])]
-            out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in block.table[1:]]
-        out.append("")
-    return "\n".join(out)
-
-
-def _text_table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines
+    return blocks_to_markdown(blocks(report), "diag compare")
 
 
 # -- formatting ------------------------------------------------------------------------------------------------
-def _ms_from_s(seconds) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
-
-
 def _ms(value_ms) -> str:
     return "-" if value_ms is None else f"{value_ms:.2f}"
 
@@ -133,8 +103,8 @@ def _runs(report) -> Block:
                 r.label,
                 str(r.world_size),
                 str(r.steps_analysed),
-                _ms_from_s(r.step_s),
-                _ms_from_s(r.steady_step_s),
+                ms_from_s(r.step_s),
+                ms_from_s(r.steady_step_s),
                 (r.wait_phase or "-").replace("step_rest", "rest of body"),
                 r.path,
             ]
@@ -158,12 +128,12 @@ def _verdict(c, suffix: str) -> Block:
     block = Block(f"Verdict{suffix}")
     block.lines.append(c.summary)
     block.lines.append(
-        f"median step: {_ms_from_s(s.base_s)} -> {_ms_from_s(s.new_s)}, {_signed_pct(s.change_pct)} "
+        f"median step: {ms_from_s(s.base_s)} -> {ms_from_s(s.new_s)}, {_signed_pct(s.change_pct)} "
         f"(95% interval {_ci(s.ci_pct)})"
     )
     block.lines.append(
-        f"steady step (lower decile; the verdict's): {_ms_from_s(s.steady_base_s)} -> "
-        f"{_ms_from_s(s.steady_new_s)}, {_signed_pct(s.steady_change_pct)} (95% interval {_ci(s.steady_ci_pct)})"
+        f"steady step (lower decile; the verdict's): {ms_from_s(s.steady_base_s)} -> "
+        f"{ms_from_s(s.steady_new_s)}, {_signed_pct(s.steady_change_pct)} (95% interval {_ci(s.steady_ci_pct)})"
     )
     block.lines.append(
         f"no change when the interval holds 0 or the change is under {s.threshold_pct:g}%; "
@@ -292,7 +262,7 @@ def _scaling(scaling) -> Block:
             [
                 r.label,
                 str(r.world_size),
-                _ms_from_s(r.step_s),
+                ms_from_s(r.step_s),
                 "-" if r.throughput is None else f"{r.throughput:,.1f}",
                 "-" if r.throughput_per_gpu is None else f"{r.throughput_per_gpu:,.1f}",
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",

@@ -42,8 +42,17 @@ def blocks(report) -> list[Block]:
 
 
 def render_text(report) -> str:
+    return blocks_to_text(blocks(report))
+
+
+def render_markdown(report) -> str:
+    return blocks_to_markdown(blocks(report), "diag analyze report")
+
+
+def blocks_to_text(page_blocks: list[Block]) -> str:
+    """Blocks as plain text: underlined headings, lines, aligned tables (diag analyze and diag compare)."""
     out = []
-    for block in blocks(report):
+    for block in page_blocks:
         out.append(block.heading)
         out.append("=" * len(block.heading))
         out.extend(block.lines)
@@ -53,9 +62,9 @@ def render_text(report) -> str:
     return "\n".join(out)
 
 
-def render_markdown(report) -> str:
-    out = ["# diag analyze report", ""]
-    for block in blocks(report):
+def blocks_to_markdown(page_blocks: list[Block], title: str) -> str:
+    out = [f"# {title}", ""]
+    for block in page_blocks:
         out.append(f"## {block.heading}")
         out.append("")
         out.extend(f"{line}  " for line in block.lines)
