@@ -59,13 +59,16 @@ def make_ddp(hidden: int, seed: int):
     return torch.nn.parallel.DistributedDataParallel(model)  # DDP's default buckets
 
 
-def train_step(model, optimizer, batch):
+def train_step(model, optimizer, batch, grad_norm: bool = False):
+    """One step; returns its loss and, when asked, the gradient norm (clip_grad_norm_ as training loops do)."""
     import torch
 
     loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
     loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9) if grad_norm else None
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return loss, norm
 
 
 def build_variants(args, session, seed: int):
@@ -240,23 +243,34 @@ def host_costs(iterations: int = 20000) -> dict:
         record_ns = timed(lambda: recorded_no_op(tensor, group=group), iterations)
         diag.finish()
         in_step_us, a_a_us = cost_in_a_real_step(Path(tmp))
+        # training health: without replica fingerprints, and with diag.record(loss, grad_norm) every step
+        no_health_us, _ = cost_in_a_real_step(Path(tmp), fingerprint_every=0)
+        with_record_us, _ = cost_in_a_real_step(Path(tmp), record_loss=True)
     dist.destroy_process_group()
     return {
         "step_span_us": (span_ns - empty_ns) / 1000,
         "collective_record_us": (record_ns - empty_ns) / 1000,
         "in_real_step_us": in_step_us,
+        "in_real_step_no_fingerprints_us": no_health_us,
+        "in_real_step_with_record_us": with_record_us,
         "a_a_us": a_a_us,
     }
 
 
-def cost_in_a_real_step(tmp: Path, rebuilds: int = 8, steps: int = 800, hidden: int = 900) -> tuple[float, float]:
+def cost_in_a_real_step(
+    tmp: Path, rebuilds: int = 8, steps: int = 800, hidden: int = 900, record_loss: bool = False, **init_options
+) -> tuple[float, float]:
     """What diag adds to one real step, in microseconds: a one-rank DDP model stepped inside ``diag.step()``
     with its forward, backward, optimizer and DDP buckets instrumented, alternating step by step with the
     same model plain. Step by step in one process the machine's drift cancels, which a 2-rank run cannot
     resolve below about 1%. Fresh pairs of models (built in alternating order: placement alone moves speed)
     and a fresh session per pair, median over pairs of the difference of medians; the same with two plain
     models is the A/A figure. The plain model's backward passes through diag's wrapper too (it wraps
-    torch.autograd.backward for the process), so the one frame that costs is not in the figure."""
+    torch.autograd.backward for the process), so the one frame that costs is not in the figure.
+
+    ``record_loss``: the instrumented step also gives diag its loss and gradient norm (``diag.record``), both
+    computed in every step of either model (a user's training loop computes them anyway); ``init_options``
+    go to ``diag.init`` (e.g. ``fingerprint_every=0`` to leave replica fingerprints out)."""
     import torch
 
     import diag
@@ -268,7 +282,7 @@ def cost_in_a_real_step(tmp: Path, rebuilds: int = 8, steps: int = 800, hidden: 
         plain, other = models if pair % 2 else models[::-1]
         optimizers = {id(m): torch.optim.SGD(m.parameters(), lr=1e-3) for m in models}
         if instrument:
-            diag.init(tmp / f"real-step-{pair}", telemetry=False)
+            diag.init(tmp / f"real-step-{pair}-{len(os.listdir(tmp))}", telemetry=False, **init_options)
             diag.instrument(other, optimizers[id(other)])
         times = {id(m): [] for m in models}
         for _ in range(10):  # warm-up
@@ -279,9 +293,11 @@ def cost_in_a_real_step(tmp: Path, rebuilds: int = 8, steps: int = 800, hidden: 
                 start = time.perf_counter_ns()
                 if instrument and model is other:
                     with diag.step():
-                        train_step(model, optimizers[id(model)], batch)
+                        loss, grad_norm = train_step(model, optimizers[id(model)], batch, record_loss)
+                        if record_loss:
+                            diag.record(loss=loss, grad_norm=grad_norm)
                 else:
-                    train_step(model, optimizers[id(model)], batch)
+                    train_step(model, optimizers[id(model)], batch, record_loss)
                 times[id(model)].append(time.perf_counter_ns() - start)
         if instrument:
             diag.finish()
@@ -342,6 +358,10 @@ def main() -> None:
     print(
         f"diag's cost in a real step (one-rank DDP, step by step against plain): {costs['in_real_step_us']:.1f} us "
         f"(A/A: {costs['a_a_us']:.1f} us)"
+    )
+    print(
+        f"  the same without replica fingerprints (fingerprint_every=0): {costs['in_real_step_no_fingerprints_us']:.1f} us; "
+        f"defaults plus diag.record(loss, grad_norm) every step: {costs['in_real_step_with_record_us']:.1f} us"
     )
     disk = result["disk"]
     print(

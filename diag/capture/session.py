@@ -20,6 +20,7 @@ from diag.capture.device_timer import host_value
 from diag.capture.flight_recorder import StepSpans
 from diag.capture.identity import RankIdentity, detect_identity
 from diag.capture.memory import MemorySampler, is_out_of_memory
+from diag.capture.nvtx import start_nvtx
 from diag.trace.schema import PHASES, SCHEMA_VERSION, STEPS, rank_dir_name
 from diag.trace.writer import RankWriter
 
@@ -38,6 +39,7 @@ _FLAGS = (
     "count_flops",
     "loggers_on_every_rank",
     "nccl_log",
+    "nvtx",
 )
 _INTERVALS = ("telemetry_interval_s", "heartbeat_interval_s", "flush_interval_s")
 # Replica fingerprints: every this many steps, each data-parallel replica sums its parameters (one pass over
@@ -104,6 +106,7 @@ class Session:
         wandb=False,
         loggers_on_every_rank: bool = False,
         nccl_log: bool = True,
+        nvtx: bool = False,
         model_shape: dict | None = None,
         device=None,
     ):
@@ -130,6 +133,7 @@ class Session:
             wandb=wandb,
             loggers_on_every_rank=loggers_on_every_rank,
             nccl_log=nccl_log,
+            nvtx=nvtx,
             model_shape=model_shape,
         )
         self.trace_dir = Path(trace_dir)
@@ -161,6 +165,8 @@ class Session:
         self._replica_params: list = []  # parameters of the instrumented DDP model: identical on its replicas
         self._step_values: dict = {}  # loss, grad_norm given for the step in progress (diag.record)
         self.step_spans = StepSpans()
+        self.nvtx = start_nvtx(nvtx)  # None when off: one test per step and phase boundary
+        self.capture_status["nvtx"] = "on" if self.nvtx else "off: this torch has no NVTX" if nvtx else "off"
 
         self.manifest = self._base_manifest(flops_per_step, peak_tflops, dtype, parallel)
         if model_shape:
@@ -281,7 +287,7 @@ class Session:
             return []
         from diag.metrics.loggers import start_loggers
 
-        loggers = start_loggers(tensorboard, wandb, self.rank, every_rank)
+        loggers = start_loggers(tensorboard, wandb, self.rank, every_rank, self.manifest)
         for name, logger in loggers.items():
             self.capture_status[name] = logger.status
         return list(loggers.values())
@@ -328,6 +334,11 @@ class Session:
         return self.recorder.pending() if self.recorder is not None else []
 
     def set_phase(self, name: str | None) -> None:
+        if self.nvtx is not None:
+            if name is not None:
+                self.nvtx.open(f"phase:{name}", name)
+            elif self.current_phase is not None:
+                self.nvtx.close(f"phase:{self.current_phase}")
         self.current_phase = name
 
     def add_phase_time(self, name: str, duration_us: float) -> None:
@@ -526,6 +537,8 @@ class Session:
             self.step_started_us = time.time_ns() // 1000
             self._step_start_ns = time.perf_counter_ns()
             self._step_device_event = self.device_timer.start()
+            if self.nvtx is not None:
+                self.nvtx.open("step", f"step {self.current_step}")
             return True
         except Exception as exc:
             warn_once("step-begin", f"step timing failed ({exc!r})")
@@ -561,6 +574,8 @@ class Session:
         except Exception as exc:
             warn_once("step-end", f"step recording failed ({exc!r})")
         finally:
+            if self.nvtx is not None:
+                self.nvtx.close_all()
             if completed:
                 self.last_step = self.current_step
             self.current_step = self.step_started_us = None
@@ -625,10 +640,14 @@ class Session:
         start_ns = time.perf_counter_ns()
         previous, self.current_phase = self.current_phase, name
         event = self._safe(self.device_timer.start)
+        if self.nvtx is not None:
+            self.nvtx.open(f"phase:{name}", name)
         try:
             yield
         finally:
             self.current_phase = previous
+            if self.nvtx is not None:
+                self.nvtx.close(f"phase:{name}")
             try:
                 duration_us = (time.perf_counter_ns() - start_ns) / 1000
                 self.add_phase_time(name, duration_us)
@@ -716,6 +735,8 @@ class Session:
         self.manifest["end_time_us"] = time.time_ns() // 1000
         self.writer.write_manifest(self.manifest)
         self.writer.close()  # its last flush still reaches the metrics
+        if self.nvtx is not None:
+            self.nvtx.close_all()
         for sink in (self.metrics, *self.loggers):
             try:
                 sink.close()

@@ -54,6 +54,9 @@ class Column:
     dtype: str  # pandas dtype the loader gives the column ("Int64" and "Float64" allow missing values)
     doc: str
     former_name: str | None = None  # the name earlier writers of this schema version gave it: still read
+    # written with every digit (repr) instead of rounded to 3 decimals: values compared for equality across
+    # ranks (fingerprints) or far below 1 (a converged loss)
+    exact: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,10 @@ class Table:
     @property
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
+
+    @property
+    def exact_indexes(self) -> tuple[int, ...]:
+        return tuple(i for i, c in enumerate(self.columns) if c.exact)
 
     @property
     def dtypes(self) -> dict[str, str]:
@@ -148,16 +155,19 @@ STEPS = Table(
             "loss",
             "Float64",
             "the step's loss as given to diag.record / end_step; empty if not given or not finite (a `nonfinite` event says which)",
+            exact=True,
         ),
         Column(
             "grad_norm",
             "Float64",
             "the step's gradient norm as given (e.g. clip_grad_norm_'s result); empty as loss is",
+            exact=True,
         ),
         Column(
             "param_fingerprint",
             "Float64",
             "every fingerprint_every steps, the sum of the instrumented DDP model's parameters after the step (each summed in float32, the sums added in float64): equal on every replica of `replica_group` unless they drifted apart",
+            exact=True,
         ),
     ),
 )

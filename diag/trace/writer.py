@@ -49,8 +49,18 @@ def _ignore_rows(table: str, rows: list) -> None:
     pass
 
 
-def format_rows(rows: list[tuple]) -> str:
-    return "".join(",".join(map(_format_value, row)) + "\n" for row in rows)
+def _format_exact(value: Any) -> str:
+    if type(value) is float:
+        return "" if value != value else repr(value)
+    return _format_value(value)
+
+
+def format_rows(rows: list[tuple], exact_indexes: tuple[int, ...] = ()) -> str:
+    """CSV lines; floats rounded to 3 decimals except in the columns at ``exact_indexes`` (every digit)."""
+    if not exact_indexes:
+        return "".join(",".join(map(_format_value, row)) + "\n" for row in rows)
+    formats = [_format_exact if i in exact_indexes else _format_value for i in range(len(rows[0]))] if rows else []
+    return "".join(",".join([f(v) for f, v in zip(formats, row)]) + "\n" for row in rows)
 
 
 class RankWriter:
@@ -148,10 +158,12 @@ class RankWriter:
             del buffer[: len(rows)]
             self.row_observer(table, rows)
             if self.enabled:
-                self._write(table, TABLES[table].file_name, format_rows(rows), TABLES[table].header())
+                spec = TABLES[table]
+                self._write(table, spec.file_name, format_rows(rows, spec.exact_indexes), spec.header())
         if self._events:
             events = self._events[:]
             del self._events[: len(events)]
+            self.row_observer("events", events)  # dicts, not rows: the loggers show problems as they happen
             if self.enabled:
                 text = "".join(json.dumps(e, default=str) + "\n" for e in events)
                 self._write("events", EVENTS_FILE, text, "")

@@ -59,8 +59,9 @@ def test_a_loss_spike_on_one_rank_is_named(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_replica_that_drifts_is_named_at_the_step_it_drifted(tmp_path):
-    report = run_job(tmp_path, "desync")
+@pytest.mark.parametrize("plant", ["desync", "skip_allreduce"])
+def test_a_replica_that_drifts_is_named_at_the_step_it_drifted(tmp_path, plant):
+    report = run_job(tmp_path, plant)
     divergence = report["health"]["divergence"]
     assert divergence["step"] == PLANT_STEP and divergence["ranks"] == [PLANT_RANK]
     assert sorted(divergence["majority"]) == sorted(set(range(WORLD)) - {PLANT_RANK})

@@ -78,7 +78,7 @@ def test_full_disk_warns_once_and_training_is_unchanged(tmp_path):
 def test_writer_thread_failure_warns_once_and_training_is_unchanged(tmp_path, monkeypatch):
     expected = reference_losses()
 
-    def broken_format(rows):
+    def broken_format(rows, *args):
         raise RuntimeError("formatter bug")
 
     monkeypatch.setattr("diag.trace.writer.format_rows", broken_format)

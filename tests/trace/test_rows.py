@@ -71,3 +71,31 @@ def test_a_file_written_before_columns_were_added_reads_them_empty(tmp_path):
     assert steps[["loss", "grad_norm", "param_fingerprint"]].isna().all().all()
     assert STEPS.header_columns(header.split(",")) == len(header.split(","))
     assert STEPS.header_columns([*header.split(","), "surprise"]) is None  # a column this diag does not know
+
+
+def test_health_values_are_written_with_every_digit(tmp_path):
+    """A converged loss far below 1 and a replica fingerprint that differs in its last digits survive the
+    writer (other floats are rounded to 3 decimals, which would write this loss as 0.0 and hide the drift)."""
+    writer = RankWriter(tmp_path / "rank00000", flush_interval_s=60)
+    loss, grad_norm, fingerprint = 1.2345678e-6, 3.3e-9, -1.5470000000012345
+    writer.append(
+        "steps",
+        STEPS.row(
+            step=0,
+            start_us=1,
+            duration_us=10,
+            data_wait_us=0,
+            forward_us=0,
+            backward_us=0,
+            optimizer_us=0,
+            comm_wait_us=0,
+            device_us=12.34567,
+            loss=loss,
+            grad_norm=grad_norm,
+            param_fingerprint=fingerprint,
+        ),
+    )
+    writer.close()
+    row = diag.load(tmp_path).steps.iloc[0]
+    assert (row["loss"], row["grad_norm"], row["param_fingerprint"]) == (loss, grad_norm, fingerprint)
+    assert row["device_us"] == 12.346  # the rest keep their 3 decimals

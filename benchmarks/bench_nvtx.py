@@ -1,0 +1,74 @@
+"""What ``diag.init(nvtx=True)`` costs: one NVTX range (start and end) on the host, and what the ranges add to a
+real step (diag with nvtx on against diag with it off, step by step as in bench_capture.py).
+
+Needs a torch build with NVTX (a CUDA build); on a CPU build it says so and stops (the option turns itself off
+there). The real step is bench_capture.py's one-rank DDP model on the CPU: NVTX ranges are host-side calls.
+
+usage: python benchmarks/bench_nvtx.py [--iterations 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def median_ns(function, iterations: int) -> float:
+    samples = []
+    for _ in range(iterations):
+        start = time.perf_counter_ns()
+        function()
+        samples.append(time.perf_counter_ns() - start)
+    return statistics.median(samples)
+
+
+def nvtx_available() -> bool:
+    import torch.cuda.nvtx as nvtx
+
+    try:
+        nvtx.range_end(nvtx.range_start("probe"))
+        return True
+    except Exception:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iterations", type=int, default=100_000)
+    args = parser.parse_args()
+    import torch
+    import torch.cuda.nvtx as nvtx
+    import torch.distributed as dist
+    from bench_capture import cost_in_a_real_step
+
+    from diag.launch import free_port
+
+    empty_ns = median_ns(lambda: None, args.iterations)
+    if not nvtx_available():
+        print(f"torch {torch.__version__}: no NVTX in this build; nvtx=True turns itself off (one warning)")
+        return
+    range_ns = median_ns(lambda: nvtx.range_end(nvtx.range_start("diag.step 0")), args.iterations) - empty_ns
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
+    print(f"one NVTX range (range_start + range_end), host: {range_ns / 1000:.3f} us (median of {args.iterations})")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
+    with tempfile.TemporaryDirectory() as tmp:
+        on_us, a_a_us = cost_in_a_real_step(Path(tmp), nvtx=True)
+        off_us, _ = cost_in_a_real_step(Path(tmp), nvtx=False)
+    print(
+        f"diag's cost in a real step (one-rank DDP, step by step against plain): nvtx on {on_us:.1f} us, "
+        f"off {off_us:.1f} us (A/A: {a_a_us:.1f} us)"
+    )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
