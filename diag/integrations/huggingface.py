@@ -13,6 +13,11 @@ event (or ``on_step_end``, or the epoch's start) to ``on_step_begin``. DDP gradi
 through a communication hook on the DDP wrapper, found at the model's first forward (the Trainer passes
 callbacks the unwrapped model only).
 
+Training health: the step's loss is the mean of the losses its micro-batches' forward returned (a model output
+with ``loss``, as transformers models give when the batch has labels), kept on the device and given to
+``diag.record`` at ``on_step_end``. The gradient norm is not recorded: the Trainer clips before
+``on_pre_optimizer_step`` and keeps the norm to itself until its logging.
+
 The Trainer has no exception event: when training raises, the open step is not written; diag's watchdog
 records the uncaught exception (and a hang dump) at exit, and ``diag.finish()`` in your own ``except``
 closes the session.
@@ -39,6 +44,7 @@ class DiagTrainerCallback(_TrainerCallback):
         self._driver = StepDriver(trace_dir, init_options)
         self._model = None
         self._ddp_looked_up = False
+        self._micro_losses: list = []  # the open step's micro-batch losses, on their device
 
     # -- start ---------------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -61,6 +67,7 @@ class DiagTrainerCallback(_TrainerCallback):
         self._model, self._ddp_looked_up = model, False
         session.instrument(model)
         self._driver.keep_handle(model.register_forward_pre_hook(self._before_forward, with_kwargs=True))
+        self._driver.keep_handle(model.register_forward_hook(self._after_forward))
 
     @guarded
     def _before_forward(self, module, args, kwargs):
@@ -73,6 +80,23 @@ class DiagTrainerCallback(_TrainerCallback):
         input_ids = kwargs.get("input_ids") if kwargs else None
         self._driver.count_batch(batch, tokens=int(input_ids.numel()) if input_ids is not None else None)
         return None
+
+    @guarded
+    def _after_forward(self, module, args, output):
+        if not self._driver.step_open:
+            return None
+        loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+        if loss is not None and hasattr(loss, "detach") and loss.numel() == 1:
+            self._micro_losses.append(loss.detach().reshape(()))
+        return None
+
+    @guarded
+    def _record_loss(self) -> None:
+        losses, self._micro_losses = self._micro_losses, []
+        if losses and self._driver.session.enabled:
+            import torch
+
+            self._driver.session.record(loss=torch.stack(losses).float().mean())
 
     def _instrument_ddp(self, module) -> None:
         """Called inside DDP's forward: DDP names itself the active module there (for torch.compile)."""
@@ -102,6 +126,7 @@ class DiagTrainerCallback(_TrainerCallback):
 
     # -- steps and phases ----------------------------------------------------------------------------------
     def on_step_begin(self, args, state, control, **kwargs):
+        self._micro_losses = []
         self._driver.begin_step(state.global_step)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -111,6 +136,7 @@ class DiagTrainerCallback(_TrainerCallback):
         self._driver.end_phase("optimizer")
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._record_loss()
         self._driver.end_step()
         self._driver.data_wait_begin(mark_phase=False)
 

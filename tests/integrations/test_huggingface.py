@@ -78,3 +78,7 @@ def test_single_process_evaluation_between_steps_is_not_counted_in_them(tmp_path
     assert (steps["samples"] == BATCH).all()  # the evaluation's 16 batches are not counted
     assert_phases_inside_steps(steps)  # nor their forward time
     assert trace.collectives.empty
+    # each step's loss, as the Trainer logged it (logging_steps=1; it rounds to 4 digits)
+    logged = {entry["step"] - 1: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
+    assert sorted(logged) == steps["step"].tolist()
+    assert steps["loss"].tolist() == pytest.approx([logged[s] for s in steps["step"]], rel=1e-3, abs=1e-4)
