@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from diag.analysis.compare_stability import compare_stability, nonfinite_steps
 from diag.analysis.report import Report, json_safe, ranks_sharing_tokens
 from diag.analysis.window import select
 
@@ -136,6 +137,7 @@ class RunSummary:
     tokens_per_step: float | None = None
     gpu_busy_pct: float | None = None  # median over steps of the GPU time of the step / its iteration (CUDA events)
     wait_phase: str | None = None  # the part of the step body its communication waits were taken out of
+    nonfinite_steps: int = 0  # steps at which some rank's loss or gradient norm was NaN or infinite
 
     @property
     def world_size(self) -> int:
@@ -166,6 +168,7 @@ def summarize_run(trace, report: Report, label: str | None = None) -> RunSummary
         step_ms=[],
         components_ms={},
     )
+    summary.nonfinite_steps = nonfinite_steps(trace.events)
     if per_step.empty:
         return summary
     per_step = per_step.set_index("step").sort_index()
@@ -467,6 +470,7 @@ class Comparison:
     findings_added: list[dict]
     findings_removed: list[dict]
     notes: list[str] = field(default_factory=list)
+    stability: dict | None = None  # loss and training health side by side (compare_stability); None: not recorded
 
 
 @dataclass
@@ -619,6 +623,7 @@ def _compare(base: RunSummary, new: RunSummary, threshold_pct: float, resamples:
         findings_added=_findings_diff(new.report, base.report),
         findings_removed=_findings_diff(base.report, new.report),
         notes=notes,
+        stability=compare_stability(base.report.health, new.report.health, base.nonfinite_steps, new.nonfinite_steps),
     )
     comparison.summary = _summary(comparison)
     return comparison

@@ -9,46 +9,6 @@ import click
 from diag.commands import sample_run
 
 
-def _nothing_usable(trace) -> bool:
-    return all(getattr(trace, name).empty for name in ("steps", "phases", "collectives", "memory", "telemetry"))
-
-
-def _report_from_cache(state: dict):
-    """The cached report, or None when it is of another version or shape (a damaged or planted entry): recompute."""
-    from diag.analysis.report import REPORT_VERSION, Report
-    from diag.views import render
-
-    if state.get("report_version", REPORT_VERSION) != REPORT_VERSION or not isinstance(state.get("run"), dict):
-        return None
-    try:
-        report = Report.from_state(state)
-        render(report, "json")  # a report that cannot be rendered is no report
-    except Exception:  # noqa: BLE001 - whatever a bad cache entry raises, the answer is to recompute
-        return None
-    return report
-
-
-def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step, kineto: bool = False):
-    from diag.analysis.report import analyze
-    from diag.trace.loader import TraceError, load
-
-    try:
-        if kineto:
-            from diag.trace.kineto import load_kineto
-
-            trace, how = load_kineto(trace_dir), "loaded"
-        else:
-            trace, how = cache.load(progress=True) if cache is not None else (load(trace_dir, progress=True), "loaded")
-    except TraceError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if _nothing_usable(trace):
-        reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
-        raise click.ClickException(f"nothing in {trace_dir} could be analysed:\n{reasons}")
-    if how == "cache":
-        click.echo(f"(trace read from the cache in {trace_dir}/.diag-cache)", err=True)
-    return analyze(trace, steps=step_range, peak_tflops=peak_tflops, flops_per_step=flops_per_step)
-
-
 @click.command("analyze")
 @click.argument("trace_dir", required=False, type=click.Path(path_type=Path))
 @click.option(
@@ -97,9 +57,8 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
       diag analyze traces/run1 --html report.html --peak-tflops 989
       diag analyze                     (the bundled sample run)
     """
-    from diag.analysis.report import options_fingerprint
     from diag.analysis.window import parse_step_range
-    from diag.trace.cache import TraceCache
+    from diag.commands._load import analysed
     from diag.views import render
 
     if trace_dir is None:
@@ -109,25 +68,14 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
         step_range = parse_step_range(steps)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--steps") from exc
-    from diag.trace.kineto import is_kineto_dir
-
-    report = None
-    kineto = is_kineto_dir(trace_dir)  # a directory of torch.profiler traces: read directly, not cached
-    cache = None if no_cache or kineto or not trace_dir.is_dir() else TraceCache(trace_dir)
-    options = {"steps": steps, "peak_tflops": peak_tflops, "flops_per_step": flops_per_step}
-    result_name = f"report-{options_fingerprint(**options)}"
-    if cache is not None:
-        state = cache.get_result(result_name)
-        if state is not None:
-            report = _report_from_cache(state)
-        if report is not None:
-            click.echo(
-                f"(report read from the cache in {trace_dir}/.diag-cache; use --no-cache to recompute)", err=True
-            )
-    if report is None:
-        report = _analyse(trace_dir, cache, step_range, peak_tflops, flops_per_step, kineto)
-        if cache is not None:
-            cache.put_result(result_name, report.to_state())
+    report = analysed(
+        trace_dir,
+        steps=steps,
+        step_range=step_range,
+        peak_tflops=peak_tflops,
+        flops_per_step=flops_per_step,
+        no_cache=no_cache,
+    ).report
     click.echo(render(report, fmt))
     if html_path is not None:
         from diag.views.html import render_html

@@ -14,20 +14,24 @@ def _labels(paths: list[Path]) -> list[str]:
     return [str(p) if names.count(n) > 1 else n for p, n in zip(paths, names, strict=True)]
 
 
-def load_summary(path: Path, label: str, steps: str | None, step_range, peak_tflops, flops_per_step, no_cache: bool):
-    """One run's summary: from the cache next to the traces when it is there, else loaded and analysed (the
-    analysis report is cached too, so a later ``diag analyze`` with the same options reads it)."""
+def load_summary(
+    path: Path,
+    label: str,
+    steps: str | None = None,
+    step_range=None,
+    peak_tflops=None,
+    flops_per_step=None,
+    no_cache: bool = False,
+):
+    """One run's summary: from the cache next to the traces when it is there, else loaded and analysed through
+    ``diag.commands._load.analysed`` (the report ``diag analyze`` caches, and caches for it)."""
     from diag.analysis.compare import RunSummary, summarize_run
-    from diag.analysis.report import Report, analyze, options_fingerprint
-    from diag.trace.cache import TraceCache
-    from diag.trace.kineto import is_kineto_dir, load_kineto
-    from diag.trace.loader import TraceError, load
+    from diag.commands._load import analysed, open_cache, result_name
 
-    kineto = is_kineto_dir(path)
-    cache = None if no_cache or kineto or not path.is_dir() else TraceCache(path)
-    fingerprint = options_fingerprint(steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step)
+    cache = open_cache(path, no_cache)
+    name = result_name("compare", steps, peak_tflops, flops_per_step)
     if cache is not None:
-        state = cache.get_result(f"compare-{fingerprint}")
+        state = cache.get_result(name)
         if state is not None:
             try:
                 summary = RunSummary.from_state(state)
@@ -35,31 +39,22 @@ def load_summary(path: Path, label: str, steps: str | None, step_range, peak_tfl
                 return summary
             except Exception:  # noqa: BLE001 - a damaged or foreign cache entry: recompute
                 pass
-    try:
-        if kineto:
-            trace = load_kineto(path)
-        else:
-            trace = cache.load(progress=True)[0] if cache is not None else load(path, progress=True)
-    except TraceError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if trace.steps.empty:
-        reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (no rank recorded a step)"
+    run = analysed(
+        path,
+        steps=steps,
+        step_range=step_range,
+        peak_tflops=peak_tflops,
+        flops_per_step=flops_per_step,
+        no_cache=no_cache,
+        need_trace=True,
+        quiet=True,
+    )
+    if run.trace.steps.empty:
+        reasons = "\n".join(f"  {s}" for s in run.trace.skipped[:20]) or "  (no rank recorded a step)"
         raise click.ClickException(f"{path}: no steps to compare:\n{reasons}")
-    report = None
+    summary = summarize_run(run.trace, run.report, label)
     if cache is not None:
-        state = cache.get_result(f"report-{fingerprint}")
-        if state is not None:
-            try:
-                report = Report.from_state(state)
-            except Exception:  # noqa: BLE001 - recompute
-                report = None
-    if report is None:
-        report = analyze(trace, steps=step_range, peak_tflops=peak_tflops, flops_per_step=flops_per_step)
-        if cache is not None:
-            cache.put_result(f"report-{fingerprint}", report.to_state())
-    summary = summarize_run(trace, report, label)
-    if cache is not None:
-        cache.put_result(f"compare-{fingerprint}", summary.to_state())
+        cache.put_result(name, summary.to_state())
     return summary
 
 

@@ -88,6 +88,7 @@ def blocks(report) -> list[Block]:
             _memory(c, suffix),
             _busbw(c, suffix),
             _findings(c, suffix),
+            _stability(c, suffix),
         ]
     if report.scaling is not None:
         out.append(_scaling(report.scaling))
@@ -247,6 +248,48 @@ def _findings(c, suffix: str) -> Block:
             for f in found[:TOP_ROWS]
         ]
     return block
+
+
+STABILITY_ROWS = (
+    ("mean loss (matched steps)", "mean_loss"),
+    ("final loss (last matched step)", "final_loss"),
+    ("last step recorded", "last_step"),
+    ("loss at the last step", "last_loss"),
+    ("steps with NaN/inf", "nonfinite_steps"),
+    ("loss spikes", "loss_spikes"),
+)
+
+
+def _stability(c, suffix: str) -> Block | None:
+    s = c.stability
+    if s is None:
+        return None
+    block = Block(f"Training stability{suffix}")
+    block.lines.append(s["summary"])
+    if s["matched_steps"]:
+        block.lines.append(
+            f"loss difference (new - base) at matched steps: mean {s['loss_diff_mean']:+.4g}, "
+            f"final {s['loss_diff_final']:+.4g}, largest {s['loss_diff_max_abs']:.4g} at step {s['loss_diff_max_step']}"
+        )
+    block.table = [["per run (loss: median over ranks)", c.base, c.new]]
+    for label, key in STABILITY_ROWS:
+        block.table.append([label, _value(s["base"][key]), _value(s["new"][key])])
+    block.table.append(["replica divergence", _divergence(s["base"]), _divergence(s["new"])])
+    block.table.append(["ranks departing from peers", _ranks(s["base"]), _ranks(s["new"])])
+    return block
+
+
+def _value(value) -> str:
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _divergence(run: dict) -> str:
+    d = run["divergence"]
+    return "none" if d is None else f"step {d['step']}, ranks {', '.join(map(str, d['ranks']))}"
+
+
+def _ranks(run: dict) -> str:
+    return ", ".join(map(str, run["departing_ranks"])) or "none"
 
 
 def _scaling(scaling) -> Block:

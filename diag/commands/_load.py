@@ -1,0 +1,113 @@
+"""A trace directory and its analysis report, through the cache next to it: the one loader ``diag analyze``,
+``diag compare`` and the dashboard's baseline share, so that each reads the report the others cached (same
+options, same key) and a damaged cache entry or an unusable trace is handled the same way everywhere.
+Never imports torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+
+@dataclass
+class Analysed:
+    """A run's report, and its trace when it was loaded (None when the report came from the cache and the
+    caller did not ask for the trace)."""
+
+    report: object  # diag.analysis.report.Report
+    trace: object | None  # diag.trace.loader.Trace
+    cache: object | None  # diag.trace.cache.TraceCache; None with --no-cache or for torch.profiler directories
+    report_from_cache: bool
+
+
+def open_cache(path: Path, no_cache: bool):
+    """The cache of ``path``, or None: ``--no-cache``, not a directory, or torch.profiler traces (read
+    directly: they are not diag's tables)."""
+    from diag.trace.cache import TraceCache
+    from diag.trace.kineto import is_kineto_dir
+
+    if no_cache or not path.is_dir() or is_kineto_dir(path):
+        return None
+    return TraceCache(path)
+
+
+def result_name(kind: str, steps: str | None, peak_tflops, flops_per_step) -> str:
+    """The cache entry's name of a result computed with these options (``report-...``, ``compare-...``)."""
+    from diag.analysis.report import options_fingerprint
+
+    return f"{kind}-{options_fingerprint(steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step)}"
+
+
+def report_from_state(state: dict):
+    """The cached report, or None when it is of another version or shape (a damaged or planted entry): recompute."""
+    from diag.analysis.report import REPORT_VERSION, Report
+    from diag.views import render
+
+    if state.get("report_version", REPORT_VERSION) != REPORT_VERSION or not isinstance(state.get("run"), dict):
+        return None
+    try:
+        report = Report.from_state(state)
+        render(report, "json")  # a report that cannot be rendered is no report
+    except Exception:  # noqa: BLE001 - whatever a bad cache entry raises, the answer is to recompute
+        return None
+    return report
+
+
+def _nothing_usable(trace) -> bool:
+    return all(getattr(trace, name).empty for name in ("steps", "phases", "collectives", "memory", "telemetry"))
+
+
+def load_trace(path: Path, cache, quiet: bool = False):
+    """The trace of ``path`` (a diag trace directory, through ``cache`` when given, or torch.profiler traces);
+    a ClickException when it cannot be read or holds nothing to analyse, with the reasons."""
+    from diag.trace.kineto import is_kineto_dir, load_kineto
+    from diag.trace.loader import TraceError, load
+
+    try:
+        if is_kineto_dir(path):
+            trace, how = load_kineto(path), "loaded"
+        else:
+            trace, how = cache.load(progress=True) if cache is not None else (load(path, progress=True), "loaded")
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if _nothing_usable(trace):
+        reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
+        raise click.ClickException(f"nothing in {path} could be analysed:\n{reasons}")
+    if how == "cache" and not quiet:
+        click.echo(f"(trace read from the cache in {path}/.diag-cache)", err=True)
+    return trace
+
+
+def analysed(
+    path: Path,
+    *,
+    steps: str | None = None,
+    step_range=None,
+    peak_tflops=None,
+    flops_per_step=None,
+    no_cache: bool = False,
+    need_trace: bool = False,
+    quiet: bool = False,
+) -> Analysed:
+    """``path``'s report for these options: the cached one when there is a valid one, else analysed and cached.
+    ``steps`` is the ``--steps`` text (the cache key), ``step_range`` its parsed form. ``need_trace`` loads the
+    trace even when the report is cached; ``quiet`` says nothing on stderr about the caches."""
+    from diag.analysis.report import analyze
+
+    cache = open_cache(path, no_cache)
+    name = result_name("report", steps, peak_tflops, flops_per_step)
+    report = None
+    if cache is not None:
+        state = cache.get_result(name)
+        report = report_from_state(state) if state is not None else None
+        if report is not None and not quiet:
+            click.echo(f"(report read from the cache in {path}/.diag-cache; use --no-cache to recompute)", err=True)
+    from_cache = report is not None
+    trace = load_trace(path, cache, quiet) if report is None or need_trace else None
+    if report is None:
+        report = analyze(trace, steps=step_range, peak_tflops=peak_tflops, flops_per_step=flops_per_step)
+        if cache is not None:
+            cache.put_result(name, report.to_state())
+    return Analysed(report, trace, cache, from_cache)
