@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from diag.analysis.findings import Finding, FindingContext, ranks_text
+from diag.analysis.memory_deep import DeepMemory
 from diag.analysis.memory_plan import PlanComparison
 from diag.analysis.oom import OomExplanation, byte_text
 
@@ -67,6 +68,7 @@ class MemoryReport:
     spread: list[CategorySpread] = field(default_factory=list)  # categories that differ across ranks, most first
     ooms: list[OomExplanation] = field(default_factory=list)  # why each OOM happened (the first few)
     plan: PlanComparison | None = None  # diag memory-plan's prediction against the measured categories
+    deep: list[DeepMemory] = field(default_factory=list)  # the deep mode's steps, by rank (memory_deep.json)
 
 
 def analyze_memory(
