@@ -93,7 +93,9 @@ def _add_modules(out: DeepMemory, modules: dict, bad: list[int]) -> None:
     if isinstance(categories, dict):
         out.by_category = {str(k): int(v) for k, v in categories.items() if _is_int(v) and v >= 0}
     for entry in _list(modules.get("top_modules")):
-        act, tmp = (_int(entry.get(k)) if isinstance(entry, dict) else None for k in ("activation_bytes", "temporary_bytes"))
+        act, tmp = (
+            _int(entry.get(k)) if isinstance(entry, dict) else None for k in ("activation_bytes", "temporary_bytes")
+        )
         name = entry.get("module") if isinstance(entry, dict) else None
         if not isinstance(name, str) or act is None or tmp is None or act < 0 or tmp < 0:
             bad[0] += 1
@@ -120,7 +122,9 @@ def _add_allocations(out: DeepMemory, allocations: dict, bad: list[int]) -> None
             frames = [f for f in frames if f is not None]
         out.top_allocations.append(DeepAllocation(nbytes, _int(entry.get("count")) or 1, _site(entry), frames))
     out.top_allocations.sort(key=lambda a: -a.bytes)
-    out.oom_requests = [int(o["bytes"]) for o in _list(allocations.get("ooms")) if isinstance(o, dict) and _is_int(o.get("bytes"))]
+    out.oom_requests = [
+        int(o["bytes"]) for o in _list(allocations.get("ooms")) if isinstance(o, dict) and _is_int(o.get("bytes"))
+    ]
 
 
 def _frame_text(frame) -> str | None:
@@ -152,7 +156,9 @@ def deep_lines(deep: DeepMemory, byte_text) -> list[str]:
         if held:
             lines.append(
                 f"{where} at the peak: "
-                + ", ".join(f"{_CATEGORY_TEXT.get(k, k)} {byte_text(v)}" for k, v in sorted(held, key=lambda kv: -kv[1]))
+                + ", ".join(
+                    f"{_CATEGORY_TEXT.get(k, k)} {byte_text(v)}" for k, v in sorted(held, key=lambda kv: -kv[1])
+                )
             )
         if deep.top_modules:
             lines.append(
@@ -163,7 +169,9 @@ def deep_lines(deep: DeepMemory, byte_text) -> list[str]:
         step = f" in step {deep.allocation_peak_step}" if deep.allocation_peak_step is not None else ""
         lines.append(f"{where}: the allocator peaked at {byte_text(deep.allocation_peak_bytes)}{step}")
         for a in deep.top_allocations[:3]:
-            lines.append(f"{where}: {byte_text(a.bytes)} in {a.count} allocation(s) from {a.site or 'an unknown stack'}")
+            lines.append(
+                f"{where}: {byte_text(a.bytes)} in {a.count} allocation(s) from {a.site or 'an unknown stack'}"
+            )
     return lines
 
 

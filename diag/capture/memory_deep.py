@@ -18,6 +18,7 @@ few steps. Any failure is one DiagWarning and the mode turns off; the training l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -75,7 +76,9 @@ def deep_steps_from_env(environ=os.environ) -> tuple[int, int] | None:
             raise ValueError
         return value
     except ValueError:
-        warn_once("memory-deep-env", f"{DEEP_STEPS_ENV}={text!r} is not START,COUNT (count 1-{MAX_DEEP_STEPS}): ignored")
+        warn_once(
+            "memory-deep-env", f"{DEEP_STEPS_ENV}={text!r} is not START,COUNT (count 1-{MAX_DEEP_STEPS}): ignored"
+        )
         return None
 
 
@@ -111,7 +114,7 @@ class DeepMemory:
                 self._history = _AllocatorHistory(self.device)
             self._step_start_us = time.time_ns() // 1000
             self._tracker = _new_tracker(self.device, self._give_up)
-            externals = [*self.categories.modules, *self.categories.optimizers] if self.categories else []
+            externals = _trackable(self.categories)
             if externals:
                 self._tracker.track_external(*externals)
             self._tracker.__enter__()
@@ -168,10 +171,23 @@ class DeepMemory:
             self._tracker.failed = self._tracker.failed or repr(exc)
         history, self._history = self._history, None
         if history is not None:
-            try:
+            with contextlib.suppress(Exception):
                 history.stop()
-            except Exception:
-                pass
+
+
+def _trackable(categories) -> list:
+    """What MemTracker.track_external accepts of the instrumented objects (it raises on anything else): modules,
+    and torch optimizers, also inside a wrapper (DeepSpeed's and Accelerate's keep theirs in ``.optimizer``)."""
+    import torch
+
+    if categories is None:
+        return []
+    out = list(categories.modules)
+    for optimizer in categories.optimizers:
+        inner = optimizer if isinstance(optimizer, torch.optim.Optimizer) else getattr(optimizer, "optimizer", None)
+        if isinstance(inner, torch.optim.Optimizer):
+            out.append(inner)
+    return out
 
 
 # -- by module: MemTracker ---------------------------------------------------------------------------------------
@@ -213,7 +229,16 @@ def _new_tracker(device, on_error):
             return super().__torch_dispatch__(func, types, args, kwargs)
 
         def _pre_fw_hook(self, module, inputs):
-            self._guarded(super()._pre_fw_hook, module, inputs)
+            self._guarded(self._pre_forward, module, inputs)
+
+        def _pre_forward(self, module, inputs):
+            try:
+                MemTracker._pre_fw_hook(self, module, inputs)
+            except NotImplementedError:
+                # the root module's second forward in one step (gradient accumulation): MemTracker keeps one
+                # iteration's per-module statistics and refuses; diag's attribution does not use them
+                self.reset_mod_stats()
+                MemTracker._pre_fw_hook(self, module, inputs)
 
         def _post_fw_hook(self, module, inputs, outputs):
             self._guarded(super()._post_fw_hook, module, inputs, outputs)
@@ -368,9 +393,8 @@ def allocation_summary(snapshot: dict, device_index: int, start_allocated_bytes:
         action = entry.get("action")
         if action == "alloc":
             live[entry.get("addr")] = entry
-        elif action == "free_completed":
-            if live.pop(entry.get("addr"), None) is None:
-                before -= int(entry.get("size") or 0)
+        elif action == "free_completed" and live.pop(entry.get("addr"), None) is None:
+            before -= int(entry.get("size") or 0)
     for entry in live.values():
         frames = _frames(entry.get("frames"))
         key = tuple((f["filename"], f["line"], f["name"]) for f in frames)
@@ -380,7 +404,11 @@ def allocation_summary(snapshot: dict, device_index: int, start_allocated_bytes:
     top = sorted(groups.values(), key=lambda g: -g["bytes"])
     peak_time = trace[peak_index].get("time_us") if peak_index >= 0 else None
     ooms = [
-        {"bytes": int(e.get("size") or 0), "device_free_bytes": e.get("device_free"), "frames": _frames(e.get("frames"))}
+        {
+            "bytes": int(e.get("size") or 0),
+            "device_free_bytes": e.get("device_free"),
+            "frames": _frames(e.get("frames")),
+        }
         for e in trace
         if e.get("action") == "oom"
     ]

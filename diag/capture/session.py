@@ -725,7 +725,13 @@ class Session:
 
     # -- end ----------------------------------------------------------------------------------------------
     def finish(self) -> None:
-        closers = (self._stop_watchdog, self._stop_telemetry, self._drain_device, self._stop_collectives, self._stop_deep)
+        closers = (
+            self._stop_watchdog,
+            self._stop_telemetry,
+            self._drain_device,
+            self._stop_collectives,
+            self._stop_deep,
+        )
         for closer in closers:
             try:
                 closer()

@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from diag.trace.manifest import Manifest, first_of, parse_manifests
-from diag.trace.nccl_log import NcclLog, parse_text
 from diag.trace.memory_deep import read_memory_deep
+from diag.trace.nccl_log import NcclLog, parse_text
 from diag.trace.schema import (
     EVENTS_FILE,
     HEARTBEAT_FILE,

@@ -466,7 +466,9 @@ def _memory_deep(deep) -> Block:
         block.lines.append(f"{size(a.bytes)} in {a.count} allocation(s), stack (innermost first):")
         block.lines += [f"    {frame}" for frame in a.frames[:8]]
     if deep.before_recording_bytes:
-        block.lines.append(f"Allocated before the first recorded step and alive at the peak: {size(deep.before_recording_bytes)}")
+        block.lines.append(
+            f"Allocated before the first recorded step and alive at the peak: {size(deep.before_recording_bytes)}"
+        )
     if deep.history_truncated:
         block.lines.append("The allocator history overflowed its ring buffer: the earliest entries are lost")
     if deep.skipped_entries:
