@@ -34,9 +34,9 @@ WARMUP, DEEP = 3, 5
 def run_session(trace_dir: str, steps: int, deep: bool) -> list[float]:
     """Step times (ms) of one real session."""
     import torch
+    from bench_memory_categories import gpt
 
     import diag
-    from bench_memory_categories import gpt
 
     torch.manual_seed(0)
     model = gpt(layers=4, d_model=256, heads=4, vocab=4096)

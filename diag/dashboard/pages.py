@@ -382,6 +382,7 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
         lines.append(f"Closest to OOM: ranks {', '.join(map(str, report.closest_to_oom))}")
     if len(ooms):
         lines.append(f"Out-of-memory errors: {len(ooms)} (ranks {_ranks_text(sorted(set(ooms['rank'])))})")
+    lines += _deep_memory_lines(report.deep, rank)
     return {
         "summary": html.Ul([html.Li(x) for x in lines]) if lines else html.Div("No leak suspected, no OOM recorded."),
         "timeline": f.memory_figure(band, metric, selected, selected, ooms),
@@ -390,6 +391,15 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
             snap.memo("mem_categories", lambda: category_series(mem)), report.per_rank, rank
         ),
     }
+
+
+def _deep_memory_lines(deep: list, rank: int | None) -> list[str]:
+    """The deep mode's answer (what was behind the peak), for the selected rank or the first few that ran it."""
+    from diag.analysis.memory_deep import deep_lines
+    from diag.views.format import size
+
+    chosen = [x for x in deep if x.rank == rank] if rank is not None else deep[:2]
+    return [line for x in chosen for line in deep_lines(x, size)]
 
 
 # -- telemetry ----------------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from diag.analysis.report import analyze
 from diag.capture import memory_deep
 from diag.capture.memory_deep import allocation_summary
 from diag.cli import main
+from diag.dashboard.data import Snapshot
+from diag.dashboard.pages import update_memory
 from diag.launch import run_ranks
 from diag.trace.schema import MEMORY_DEEP_FILE, MEMORY_DEEP_FORMAT
 from tests.conftest import JOBS, requires_gpu
@@ -57,8 +59,15 @@ def test_ddp_job_names_the_module_whose_activations_hold_each_ranks_peak(tmp_pat
     deep = {d.rank: d for d in report.memory.deep}
     assert sorted(deep) == [0, 1] and deep[1].peak_bytes > deep[0].peak_bytes
     assert deep[1].top_modules[0].activation_bytes == 2 * deep[0].top_modules[0].activation_bytes
+    # the dashboard's memory page says the same for the selected rank
+    snap = Snapshot(version=1, trace_dir=tmp_path, trace=trace, report=report, run_state="finished")
+    summary = str(update_memory(snap, 1)["summary"])
+    assert "rank 1: live activations and temporaries by module: " + ACT in summary
     text = CliRunner().invoke(main, ["analyze", str(tmp_path), "--no-cache"]).output
     assert "Memory at the peak (deep mode): rank 1" in text and ACT in text
+    page = tmp_path / "report.html"
+    CliRunner().invoke(main, ["analyze", str(tmp_path), "--no-cache", "--html", str(page)])
+    assert "At the memory peak (deep mode): live activations and temporaries by module" in page.read_text()
     assert (
         json.loads(CliRunner().invoke(main, ["analyze", str(tmp_path), "--format", "json", "--no-cache"]).output)[
             "memory"
