@@ -762,6 +762,7 @@ class Session:
     def _stop_deep(self):
         if self.memory_deep is not None:  # the last chosen step never came: write what was recorded
             self.memory_deep.finish()
+            self.capture_status["memory_deep"] = self.memory_deep.status  # "off: why" if it stopped
 
     def _drain_device(self):
         self.device_timer.drain()

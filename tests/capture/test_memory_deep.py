@@ -148,6 +148,7 @@ def test_a_tracker_failure_is_one_warning_and_training_goes_on(tmp_path, monkeyp
     assert sorted(trace.steps["step"]) == [0, 1, 2, 3, 4]
     manifest = json.loads((tmp_path / "rank00000" / "manifest.json").read_text())
     assert manifest["finished"] is True
+    assert manifest["capture"]["memory_deep"].startswith("off: RuntimeError(")
 
 
 # -- the CUDA allocator's history ------------------------------------------------------------------------------
