@@ -345,7 +345,8 @@ class _AllocatorHistory:
 
         self.torch = torch
         self.index = device.index if device.index is not None else torch.cuda.current_device()
-        self.owned = not torch._C._cuda_isHistoryEnabled()
+        enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)  # absent from older torch: assume not
+        self.owned = not (enabled() if enabled is not None else False)
         self.start_allocated_bytes = int(torch.cuda.memory_allocated(self.index))
         if self.owned:
             torch.cuda.memory._record_memory_history(
@@ -440,11 +441,13 @@ def _frames(frames) -> list[dict]:
 
 
 def _step_at(time_us, windows_us: dict[int, tuple[int, int]]) -> int | None:
-    """The chosen step whose wall-clock window holds ``time_us`` (torch stamps trace entries in Unix
-    microseconds), or None."""
-    if not isinstance(time_us, (int, float)):
+    """The chosen step whose wall-clock window holds a trace entry's ``time_us``, or None. c10's
+    CUDACachingAllocator says it converts its clock to "epoch time in microseconds"; a value a thousand times
+    too large for that (nanoseconds, 1.7e18 in 2026, against 1.7e15) is read as nanoseconds."""
+    if not isinstance(time_us, (int, float)) or isinstance(time_us, bool):
         return None
-    for step, (start_us, end_us) in windows_us.items():
-        if start_us <= time_us <= end_us:
-            return step
+    for candidate in (time_us, time_us / 1000) if time_us > 1e17 else (time_us,):
+        for step, (start_us, end_us) in windows_us.items():
+            if start_us <= candidate <= end_us:
+                return step
     return None

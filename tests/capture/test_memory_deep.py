@@ -220,6 +220,16 @@ def test_allocator_history_is_replayed_to_its_peak_and_grouped_by_stack():
     assert deep.oom_requests == [2**40] and deep.skipped_entries == 0
 
 
+def test_trace_times_in_nanoseconds_still_find_their_step():
+    """c10 documents time_us as epoch microseconds; should a torch write nanoseconds, the step is still found."""
+    snapshot = hand_shaped_snapshot()
+    start_us = 1_764_000_000_000_000  # 2025-11-24 in microseconds
+    for entry in snapshot["device_traces"][0]:
+        entry["time_us"] = (start_us + entry["time_us"]) * 1000
+    windows = {5: (start_us + 95, start_us + 145), 6: (start_us + 146, start_us + 200)}
+    assert allocation_summary(snapshot, 0, 1_000_000, windows)["peak_step"] == 6
+
+
 def test_a_history_without_the_devices_trace_has_only_what_was_there_before():
     summary = allocation_summary({"segments": [], "device_traces": []}, 0, 2048, {})
     assert summary["peak_bytes"] == 2048 and summary["top_allocations"] == [] and summary["peak_step"] is None
@@ -250,3 +260,50 @@ def test_cuda_run_names_the_stack_behind_the_allocators_peak(tmp_path):
     )
     assert data["modules"]["top_modules"][0]["activation_bytes"] >= 4096 * 8192 * 4
     assert not torch._C._cuda_isHistoryEnabled()  # stopped after the steps
+
+
+# -- reading the side file back ------------------------------------------------------------------------------
+def test_a_pickle_or_foreign_json_in_its_place_is_skipped_with_its_reason_and_never_run(tmp_path):
+    import pickle
+
+    small_run(tmp_path, memory_deep_steps=(1, 1))
+    path = tmp_path / "rank00000" / MEMORY_DEEP_FILE
+    marker = tmp_path / "executed"
+    # a pickle that would create a file if anything unpickled it
+    path.write_bytes(pickle.dumps(_Creates(str(marker))))
+    trace = diag.load(tmp_path)
+    assert trace.memory_deep == {} and not marker.exists()
+    assert any(s.path == str(path) and "unreadable" in s.reason for s in trace.skipped)
+    path.write_text(json.dumps({"format": "something else", "modules": {}}))
+    trace = diag.load(tmp_path)
+    assert trace.memory_deep == {} and any("not a diag.memory_deep/1 object" in s.reason for s in trace.skipped)
+    assert analyze(trace).to_dict()["memory"].get("deep") is None
+
+
+class _Creates:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_malformed_entries_are_counted_and_the_rest_is_read(tmp_path):
+    small_run(tmp_path, memory_deep_steps=(1, 1))
+    path = tmp_path / "rank00000" / MEMORY_DEEP_FILE
+    data = json.loads(path.read_text())
+    good = len(data["modules"]["top_modules"])
+    data["modules"]["top_modules"] += [
+        {"module": 3, "activation_bytes": 1},
+        "x",
+        {"module": "m", "activation_bytes": -1},
+    ]
+    data["allocations"] = {
+        "peak_bytes": "big",
+        "top_allocations": [{"bytes": 10, "frames": [{"line": 1}]}, {"bytes": None}],
+    }
+    path.write_text(json.dumps(data))
+    (deep,) = analyze(diag.load(tmp_path)).memory.deep
+    assert len(deep.top_modules) == good and deep.allocation_peak_bytes is None
+    assert [a.bytes for a in deep.top_allocations] == [10] and deep.top_allocations[0].frames == []
+    assert deep.skipped_entries == 3 + 1 + 1  # three modules, one frame, one allocation
