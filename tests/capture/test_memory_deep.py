@@ -5,6 +5,7 @@ a snapshot shaped by hand from torch's documentation, since no GPU exists on thi
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import pytest
@@ -307,3 +308,50 @@ def test_malformed_entries_are_counted_and_the_rest_is_read(tmp_path):
     assert len(deep.top_modules) == good and deep.allocation_peak_bytes is None
     assert [a.bytes for a in deep.top_allocations] == [10] and deep.top_allocations[0].frames == []
     assert deep.skipped_entries == 3 + 1 + 1  # three modules, one frame, one allocation
+
+
+class _WideThenHuge(torch.nn.Module):
+    """Linear(16, 512), ReLU, Linear(512, 1); with ``fail`` set its forward asks the CPU allocator for 2**50
+    bytes after the ReLU: a real allocator failure."""
+
+    def __init__(self):
+        super().__init__()
+        self.wide, self.act, self.head = torch.nn.Linear(16, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)
+        self.fail = False
+
+    def forward(self, x):
+        hidden = self.act(self.wide(x))
+        if self.fail:
+            torch.empty(2**50, dtype=torch.uint8)
+        return self.head(hidden)
+
+
+def test_an_oom_in_a_recorded_step_writes_the_file_and_the_oom_finding_names_the_peak(tmp_path):
+    """An OOM in step 2, the second recorded step: the mode writes what it saw up to then, and the oom finding's
+    evidence says what was behind the peak (step 1's: the ReLU's 64 x 512 float32 output and its gradient)."""
+    torch.manual_seed(0)
+    model = _WideThenHuge()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    diag.init(tmp_path, telemetry=False, watchdog=False, clock_sync=False, memory_deep_steps=(1, 3))
+    diag.instrument(model, optimizer)
+    failed = []
+    for step in range(4):
+        model.fail = step == 2
+        try:
+            with diag.step():
+                model(torch.randn(64, 16)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        except RuntimeError:
+            failed.append(step)
+    diag.finish()
+    assert failed == [2]
+    data = deep_file(tmp_path)
+    assert data["steps"] == [1, 2] and [p["step"] for p in data["step_peaks"]] == [1, 2]
+    report = analyze(diag.load(tmp_path))
+    finding = next(f for f in report.findings if f.kind == "oom")
+    assert re.search(
+        r"rank 0: tensor memory peaked at [\d.]+ KiB in step 1, during the backward", " ".join(finding.evidence)
+    )
+    relu = 64 * 512 * FLOAT32  # its output (saved for the head's backward), and the gradient it makes
+    assert f"_WideThenHuge.act {relu * 2 / 1024:.2f} KiB" in " ".join(finding.evidence)
