@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from diag.analysis.findings import Finding, FindingContext, ranks_text
+from diag.analysis.memory_deep import DeepMemory
 from diag.analysis.memory_plan import PlanComparison
 from diag.analysis.oom import OomExplanation, byte_text
 
@@ -67,6 +68,7 @@ class MemoryReport:
     spread: list[CategorySpread] = field(default_factory=list)  # categories that differ across ranks, most first
     ooms: list[OomExplanation] = field(default_factory=list)  # why each OOM happened (the first few)
     plan: PlanComparison | None = None  # diag memory-plan's prediction against the measured categories
+    deep: list[DeepMemory] = field(default_factory=list)  # the deep mode's steps, by rank (memory_deep.json)
 
 
 def analyze_memory(
@@ -287,7 +289,7 @@ def memory_findings(mem: MemoryReport, ctx: FindingContext) -> list[Finding]:
         evidence = [
             f"rank {r.rank}: peak reserved {r.peak_reserved_bytes / 2**30:.1f} GiB of {r.device_total_bytes / 2**30:.1f} GiB ({r.headroom_pct:.0f}% free)"
             for r in near[:10]
-        ]
+        ] + _deep_evidence(mem, [r.rank for r in near])
         out.append(
             Finding(
                 "memory_headroom",
@@ -324,6 +326,7 @@ def memory_findings(mem: MemoryReport, ctx: FindingContext) -> list[Finding]:
         evidence = [line for o in mem.ooms[:3] for line in oom_evidence(o)] or [
             f"rank {r.rank}: {r.ooms} OOMs" for r in ooms[:10]
         ]
+        evidence += _deep_evidence(mem, ranks)
         advice = "; ".join(_advice_text(a) for a in mem.ooms[0].advice[:3]) if mem.ooms else ""
         out.append(
             Finding(
@@ -338,6 +341,14 @@ def memory_findings(mem: MemoryReport, ctx: FindingContext) -> list[Finding]:
             )
         )
     return out
+
+
+def _deep_evidence(mem: MemoryReport, ranks: list[int]) -> list[str]:
+    """What the deep mode found behind the peak of the first two of ``ranks`` that ran it (none: no lines)."""
+    from diag.analysis.memory_deep import deep_lines
+
+    chosen = [d for d in mem.deep if d.rank in set(ranks)][:2]
+    return [line for d in chosen for line in deep_lines(d, byte_text)]
 
 
 def oom_evidence(oom: OomExplanation) -> list[str]:

@@ -30,6 +30,7 @@ from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_fin
 from diag.analysis.health import HealthReport, analyze_health, health_findings
 from diag.analysis.links import LinkReport, analyze_links, link_findings
 from diag.analysis.memory import MemoryReport, analyze_memory, memory_findings, memory_pressure
+from diag.analysis.memory_deep import analyze_memory_deep
 from diag.analysis.memory_plan import plan_against_measured
 from diag.analysis.mfu import MfuReport, analyze_mfu, mfu_findings
 from diag.analysis.nccl import NcclReport, analyze_nccl, nccl_findings
@@ -153,6 +154,8 @@ class Report:
                 out[name] = json_safe(getattr(self, name))
         if self.health.recorded:
             out["health"] = json_safe(self.health)
+        if not self.memory.deep:  # the deep memory mode's result, likewise only from runs that used it
+            out["memory"].pop("deep", None)
         return out
 
 
@@ -182,6 +185,7 @@ def analyze(
     memory = analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total, tel_w)
     memory.ooms = explain_ooms(trace.events, memory, trace.manifests, trace.world_size)
     memory.plan = plan_against_measured(trace, memory.per_rank)
+    memory.deep = analyze_memory_deep(trace.memory_deep)
     stragglers = find_stragglers(times, ranks_info, throttled, last_arrival, memory_pressure(memory))
     mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
 

@@ -74,6 +74,9 @@ class Session:
     the user set none of NCCL_DEBUG, NCCL_DEBUG_SUBSYS, NCCL_DEBUG_FILE and NCCL has not started yet.
     model_shape: the transformer's {micro_batch, seq_len, hidden, layers, heads, vocab, recompute,
     flash_attention, dropout, sequence_parallel}, for the activation memory the report predicts (docs/memory.md).
+    memory_deep_steps: (first step, count): for those few steps record what is behind the step's memory peak, by
+    module and (CUDA) by allocation stack, into memory_deep.json (docs/memory.md; each such step runs several times
+    slower); also set by DIAG_MEMORY_DEEP_STEPS=START,COUNT. None (default): off, at no cost.
     """
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
@@ -108,6 +111,7 @@ class Session:
         nccl_log: bool = True,
         nvtx: bool = False,
         model_shape: dict | None = None,
+        memory_deep_steps: tuple[int, int] | None = None,
         device=None,
     ):
         validate_options(
@@ -135,6 +139,7 @@ class Session:
             nccl_log=nccl_log,
             nvtx=nvtx,
             model_shape=model_shape,
+            memory_deep_steps=memory_deep_steps,
         )
         self.trace_dir = Path(trace_dir)
         self.identity: RankIdentity = detect_identity()
@@ -175,6 +180,7 @@ class Session:
         # clock sync still runs: it is a collective the other ranks are waiting in.
         writing = self.writer.enabled
         self.memory = self._start_memory(memory and writing)
+        self.memory_deep = self._start_memory_deep(memory_deep_steps if writing else None)
         self.device_timer = self._make_device_timer()
         self.recorder = self._start_collectives(collectives and writing)
         self._sync_clocks(clock_sync)
@@ -235,6 +241,18 @@ class Session:
     def _start_memory(self, enabled: bool) -> MemorySampler | None:
         self.capture_status["memory"] = "on" if enabled else "off"
         return MemorySampler(self.device) if enabled else None
+
+    def _start_memory_deep(self, steps):
+        """The opt-in deep memory mode (None: off, and the steps pay one ``is None`` check)."""
+        from diag.capture.memory_deep import DeepMemory, deep_steps_from_env
+
+        steps = steps or deep_steps_from_env()
+        if steps is None:
+            return None
+        categories = self.memory.categories if self.memory is not None else None
+        deep = DeepMemory(self.writer, self.device, categories, *steps)
+        self.capture_status["memory_deep"] = deep.status
+        return deep
 
     def _make_device_timer(self):
         from diag.capture.device_timer import DeviceTimer, NoDeviceTimer
@@ -539,6 +557,8 @@ class Session:
             self._step_device_event = self.device_timer.start()
             if self.nvtx is not None:
                 self.nvtx.open("step", f"step {self.current_step}")
+            if self.memory_deep is not None:  # last: what diag does before it would be tracked too
+                self.memory_deep.on_step_begin(self.current_step)
             return True
         except Exception as exc:
             warn_once("step-begin", f"step timing failed ({exc!r})")
@@ -547,6 +567,8 @@ class Session:
     def _end_step(self, samples, tokens, completed: bool) -> None:
         """Write the step's rows (a failed step's too: its time was spent). Only a completed step becomes
         ``last_step``, which hang triage reads as the last step this rank finished."""
+        if self.memory_deep is not None:  # first: diag's own end-of-step work is not the step's memory
+            self.memory_deep.on_step_end(self.current_step, failed=not completed)
         try:
             step = self.current_step
             duration_us = (time.perf_counter_ns() - self._step_start_ns) / 1000
@@ -722,7 +744,14 @@ class Session:
 
     # -- end ----------------------------------------------------------------------------------------------
     def finish(self) -> None:
-        for closer in (self._stop_watchdog, self._stop_telemetry, self._drain_device, self._stop_collectives):
+        closers = (
+            self._stop_watchdog,
+            self._stop_telemetry,
+            self._drain_device,
+            self._stop_collectives,
+            self._stop_deep,
+        )
+        for closer in closers:
             try:
                 closer()
             except Exception as exc:
@@ -750,6 +779,11 @@ class Session:
     def _stop_telemetry(self):
         if self.telemetry is not None:
             self.telemetry.stop()
+
+    def _stop_deep(self):
+        if self.memory_deep is not None:  # the last chosen step never came: write what was recorded
+            self.memory_deep.finish()
+            self.capture_status["memory_deep"] = self.memory_deep.status  # "off: why" if it stopped
 
     def _drain_device(self):
         self.device_timer.drain()
@@ -815,6 +849,11 @@ def validate_options(**options) -> None:
     if "prometheus_addr" in options and not isinstance(options["prometheus_addr"], str):
         problems.append(f"prometheus_addr must be an address string, not {options['prometheus_addr']!r}")
     problems += _model_shape_problems(options.get("model_shape"))
+    from diag.capture.memory_deep import deep_steps_problem
+
+    deep_problem = deep_steps_problem(options.get("memory_deep_steps"))
+    if deep_problem:
+        problems.append(deep_problem)
     if problems:
         raise ValueError("diag.init: " + "; ".join(problems))
 

@@ -521,6 +521,17 @@ def memory_categories_figure(series: pd.DataFrame, per_rank: list, rank: int | N
                 row=1,
                 col=2,
             )
+    outside = [r.non_pytorch_bytes for r in top]
+    if any(v is not None for v in outside):  # NVML's memory of the process beyond PyTorch's reservation
+        fig.add_bar(
+            x=[r.rank for r in top],
+            y=_f32([(v or 0) / BYTES_PER_GIB for v in outside]),
+            name="outside PyTorch",
+            customdata=_ranks([r.rank for r in top]),
+            marker={"color": "#7f7f7f"},
+            row=1,
+            col=2,
+        )
     fig.update_layout(
         barmode="stack",
         title={"text": title, "x": 0.01, "font": {"size": 14}},

@@ -382,6 +382,8 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
         lines.append(f"Closest to OOM: ranks {', '.join(map(str, report.closest_to_oom))}")
     if len(ooms):
         lines.append(f"Out-of-memory errors: {len(ooms)} (ranks {_ranks_text(sorted(set(ooms['rank'])))})")
+    lines += _oom_lines(report.ooms) + _plan_lines(report.plan)
+    lines += _deep_memory_lines(report.deep, rank)
     return {
         "summary": html.Ul([html.Li(x) for x in lines]) if lines else html.Div("No leak suspected, no OOM recorded."),
         "timeline": f.memory_figure(band, metric, selected, selected, ooms),
@@ -390,6 +392,43 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
             snap.memo("mem_categories", lambda: category_series(mem)), report.per_rank, rank
         ),
     }
+
+
+def _oom_lines(ooms: list) -> list[str]:
+    """The first OOM's explanation and its advice, most freed first (the report's, as the text view has it)."""
+    from diag.analysis.memory import oom_evidence
+    from diag.views.format import size
+
+    if not ooms:
+        return []
+    advice = [
+        a.action + (f" (frees ~{size(a.frees_bytes)})" if a.frees_bytes is not None else "") for a in ooms[0].advice
+    ]
+    return oom_evidence(ooms[0]) + ([f"Advice, most freed first: {'; '.join(advice[:3])}"] if advice else [])
+
+
+def _plan_lines(plan) -> list[str]:
+    """diag memory-plan's prediction for the run's own layout against the measured categories (median rank)."""
+    from diag.views.format import size
+
+    if plan is None or not plan.rows:
+        return []
+    labels = {"param_bytes": "parameters", "grad_bytes": "gradients", "optimizer_state_bytes": "optimizer state"}
+    parts = [
+        f"{labels.get(r.category, 'activations')} {size(r.predicted_bytes)} / {size(r.measured_bytes)}"
+        for r in plan.rows
+        if r.predicted_bytes is not None or r.measured_bytes is not None
+    ]
+    return [f"Memory plan ({plan.layout}), predicted / measured per GPU: " + ", ".join(parts)]
+
+
+def _deep_memory_lines(deep: list, rank: int | None) -> list[str]:
+    """The deep mode's answer (what was behind the peak), for the selected rank or the first few that ran it."""
+    from diag.analysis.memory_deep import deep_lines
+    from diag.views.format import size
+
+    chosen = [x for x in deep if x.rank == rank] if rank is not None else deep[:2]
+    return [line for x in chosen for line in deep_lines(x, size)]
 
 
 # -- telemetry ----------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from diag.trace.manifest import Manifest, first_of, parse_manifests
+from diag.trace.memory_deep import read_memory_deep
 from diag.trace.nccl_log import NcclLog, parse_text
 from diag.trace.schema import (
     EVENTS_FILE,
@@ -155,6 +156,7 @@ class Trace:
     # kind and step; None for diag's own traces
     gpu_kernels: pd.DataFrame | None = None
     nccl_logs: dict[int, NcclLog] = field(default_factory=dict)  # NCCL's own log by rank, where nccl.log exists
+    memory_deep: dict[int, dict] = field(default_factory=dict)  # memory_deep.json by rank, where the mode ran
 
     def manifest(self, rank: int) -> Manifest | None:
         return self.manifests.get(rank)
@@ -693,6 +695,7 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         ranks_missing=missing,
         run_id=run_id,
         nccl_logs=data.get("nccl_logs", {}),
+        memory_deep=read_memory_deep(path, list(ranks), skipped),
     )
 
 

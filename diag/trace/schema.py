@@ -41,6 +41,10 @@ FATAL_STACKS_FILE = "fatal_stacks.txt"
 # configure it (diag/capture/nccl_log.py); the loader reads its first MAX_NCCL_LOG_BYTES and parses it
 # (diag/trace/nccl_log.py), never executing anything of it.
 NCCL_LOG_FILE = "nccl.log"
+# The opt-in deep memory mode's result (diag.init(memory_deep_steps=(start, count)), diag/capture/memory_deep.py):
+# plain JSON converted at capture time, never a pickle; read by diag/trace/memory_deep.py (keys: MEMORY_DEEP_KEYS)
+MEMORY_DEEP_FILE = "memory_deep.json"
+MEMORY_DEEP_FORMAT = "diag.memory_deep/1"
 RANK_DIR_PREFIX = "rank"
 MARKER_PREFIX = "#diag-trace"
 
@@ -387,6 +391,24 @@ MANIFEST_KEYS: dict[str, str] = {
 }
 
 
+# Keys of memory_deep.json (all byte counts on the rank's device). Written once, after the last chosen step.
+MEMORY_DEEP_KEYS: dict[str, str] = {
+    "format": f"`{MEMORY_DEEP_FORMAT}`",
+    "device": "torch device string of the rank",
+    "steps": "the steps recorded",
+    "step_peaks": "[{step, peak_bytes}]: each recorded step's peak of the tensor memory the module tracker saw",
+    "modules": "the step with the highest peak, at that peak (torch's MemTracker): {step, peak_bytes, phase "
+    "(forward, backward, optimizer), active_modules (qualified names of the modules running), by_category "
+    "{param_bytes, buffer_bytes, grad_bytes, optimizer_state_bytes, activation_bytes, temporary_bytes, other_bytes}, "
+    "top_modules [{module, activation_bytes, temporary_bytes}] (the activations and temporaries alive at the peak, by "
+    "the module whose forward or backward created them, most first), modules_total}; null when it could not run",
+    "allocations": "CUDA only, from the caching allocator's history with Python stacks: {peak_bytes, peak_step, "
+    "before_recording_bytes (allocated before the first recorded step and still alive at the peak), entries, "
+    "truncated (the history's ring buffer overflowed), top_allocations [{bytes, count, frames [{filename, line, "
+    "name}] innermost first}], stacks_total, ooms [{bytes, device_free_bytes, frames}]}; null on CPU",
+}
+
+
 # c10 ScalarType names, as Flight Recorder and Kineto write a tensor's dtype -> (torch dtype name, bytes each)
 SCALAR_TYPES: dict[str, tuple[str, int]] = {
     "Float": ("float32", 4),
@@ -457,6 +479,7 @@ def render_markdown() -> str:
         f"    {EVENTS_FILE}",
         f"    {HEARTBEAT_FILE}      (written by the hang watchdog)",
         f"    {NCCL_LOG_FILE}            (NCCL's own log, when diag set NCCL_DEBUG for the user)",
+        f"    {MEMORY_DEEP_FILE}    (the deep memory mode's result, when memory_deep_steps was given)",
         "  rank00001/ ...",
         "```",
         "",
@@ -471,6 +494,8 @@ def render_markdown() -> str:
         lines.append("")
     lines += [f"## `{MANIFEST_FILE}`", "", "| key | meaning |", "|---|---|"]
     lines += [f"| `{key}` | {doc} |" for key, doc in MANIFEST_KEYS.items()]
+    lines += ["", f"## `{MEMORY_DEEP_FILE}`", "", "| key | meaning |", "|---|---|"]
+    lines += [f"| `{key}` | {doc} |" for key, doc in MEMORY_DEEP_KEYS.items()]
     lines += ["", "## Throttle reasons", "", "| bit | name |", "|---|---|"]
     lines += [f"| `{bit:#x}` | {name} |" for bit, name in THROTTLE_REASONS.items()]
     return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ def render_html(report) -> str:
             _comms_figure(go, report),
             _memory_figure(go, report),
             _memory_categories_figure(go, report),
+            _memory_deep_figure(go, report),
             _telemetry_figure(go, report),
             _pipeline_figure(report),
             _gpu_time_figure(go, report),
@@ -196,6 +197,33 @@ def _memory_categories_figure(go, report):
         if any(v is not None for v in values):
             fig.add_trace(go.Bar(x=[r.rank for r in ranks], y=[(v or 0) / BYTES_PER_MIB for v in values], name=label))
     fig.update_layout(barmode="stack", title="Memory by category per rank", xaxis_title="rank", yaxis_title="MiB")
+    return fig
+
+
+def _memory_deep_figure(go, report):
+    """The deep mode's answer: live activations and temporaries at the peak by module, one bar per rank; only for
+    runs that used it."""
+    deep = [d for d in report.memory.deep if d.top_modules]
+    if not deep:
+        return None
+    names = list(dict.fromkeys(m.module for d in deep for m in d.top_modules[:10]))[:15]
+    fig = go.Figure()
+    for d in deep[:8]:
+        held = {m.module: m.total_bytes for m in d.top_modules}
+        fig.add_trace(
+            go.Bar(
+                y=names,
+                x=[held.get(n, 0) / BYTES_PER_MIB for n in names],
+                orientation="h",
+                name=f"rank {d.rank} (step {d.peak_step}, {d.phase})",
+            )
+        )
+    fig.update_layout(
+        barmode="group",
+        title="At the memory peak (deep mode): live activations and temporaries by module",
+        xaxis_title="MiB",
+        yaxis={"autorange": "reversed"},
+    )
     return fig
 
 

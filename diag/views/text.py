@@ -428,6 +428,7 @@ def _memory_detail(report) -> list[Block]:
             enough = "-" if a.enough is None else "yes" if a.enough else "no"
             block.table.append([a.action, size(a.frees_bytes) if a.frees_bytes is not None else "?", enough])
         out.append(block)
+    out += [_memory_deep(d) for d in m.deep[:3]]
     if m.plan is not None and m.plan.rows:
         block = Block("Memory plan against measured")
         block.lines.append(f"diag memory-plan for this run ({m.plan.layout}), per GPU; measured: the median rank")
@@ -449,6 +450,30 @@ def _memory_detail(report) -> list[Block]:
             )
         out.append(block)
     return out
+
+
+def _memory_deep(deep) -> Block:
+    """The deep mode's answer for one rank: what was alive at the step's peak, by module and by stack."""
+    from diag.analysis.memory_deep import deep_lines
+
+    block = Block(f"Memory at the peak (deep mode): rank {deep.rank}, steps {_ranks(deep.steps)}")
+    block.lines += deep_lines(deep, size)
+    if deep.top_modules:
+        block.table = [["module (live activations and temporaries)", "activations", "temporaries"]]
+        for m in deep.top_modules[:TOP_ROWS]:
+            block.table.append([m.module, size(m.activation_bytes), size(m.temporary_bytes)])
+    for a in deep.top_allocations[:5]:
+        block.lines.append(f"{size(a.bytes)} in {a.count} allocation(s), stack (innermost first):")
+        block.lines += [f"    {frame}" for frame in a.frames[:8]]
+    if deep.before_recording_bytes:
+        block.lines.append(
+            f"Allocated before the first recorded step and alive at the peak: {size(deep.before_recording_bytes)}"
+        )
+    if deep.history_truncated:
+        block.lines.append("The allocator history overflowed its ring buffer: the earliest entries are lost")
+    if deep.skipped_entries:
+        block.lines.append(f"{deep.skipped_entries} malformed entries of memory_deep.json skipped")
+    return block
 
 
 CATEGORY_LABELS = {

@@ -165,6 +165,15 @@ def test_cpu_oom_report_names_what_the_rank_held_and_how_it_differs(tmp_path):
     assert [t.name for t in per_step] == ["parameters", "gradients", "optimizer state"]
     bars = {t.name: list(t.y) for t in figure.data if t.type == "bar"}
     assert list(figure.data[1].x) == [0, 1] and bars["parameters"][1] > bars["parameters"][0]
+    # the dashboard's memory page explains the OOM and ranks its advice as the report does
+    from diag.dashboard.data import Snapshot
+    from diag.dashboard.pages import update_memory
+
+    snap = Snapshot(version=1, trace_dir=tmp_path, trace=trace, report=report, run_state="finished")
+    summary = [li.children for li in update_memory(snap, None)["summary"].children]
+    assert "rank 1 step 3: asked for 1048576.00 GiB, more than the allocator could give" in summary
+    assert any(line.startswith("Advice, most freed first: offload the optimizer") for line in summary)
+    assert any(line.startswith("Memory plan (2 GPUs, dp=2, no ZeRO), predicted / measured") for line in summary)
 
 
 def test_a_model_the_walk_cannot_count_gives_one_warning_and_the_rows_go_on(tmp_path):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import types
 
+import pytest
+
 import diag
 from diag.analysis.report import analyze
 from diag.capture.memory import memory_row
@@ -97,3 +99,17 @@ def test_memory_outside_pytorch_is_the_process_minus_what_the_allocator_reserved
     assert {s["reserved_bytes.all.current"] for s in steps} == {reserved}
     assert rank.non_pytorch_bytes == 8_179_744_768 - reserved  # 1.91 GB: the CUDA context, cuBLAS, NCCL, CUPTI
     assert rank.other_processes_bytes == 0
+    # the dashboard's per-rank bars stack it on the categories (the run's fp32 weights, 117,549,056 parameters
+    # by the fixtures' README; this recording has no category rows, so the per-step series is the weights alone)
+    import pandas as pd
+
+    from diag.dashboard.figures import memory_categories_figure
+
+    rank.param_bytes = 4 * 117_549_056
+    series = pd.DataFrame(
+        {"rank": [0], "step": [16], "param_bytes": [rank.param_bytes], "grad_bytes": [None]}
+        | {"optimizer_state_bytes": [None], "activation_bytes": [None]}
+    )
+    figure = memory_categories_figure(series, [rank], None)
+    outside = next(t for t in figure.data if t.name == "outside PyTorch")
+    assert outside.type == "bar" and float(outside.y[0]) * 2**30 == pytest.approx(rank.non_pytorch_bytes, rel=1e-6)

@@ -1,0 +1,108 @@
+"""What the opt-in deep memory mode costs a step, and that it costs nothing when off.
+
+One process, CPU, one thread, a GPT-like model (``bench_memory_categories.gpt``: 4 layers, d_model 256, 4 heads,
+vocabulary 4096; micro-batch 4 x 64 tokens) with AdamW, under a real diag session each time:
+
+* ``off``: ``diag.init`` without ``memory_deep_steps`` (the default): step times;
+* ``on``: ``memory_deep_steps=(WARMUP, DEEP)``: the recorded steps' times (the last one includes converting and
+  writing memory_deep.json), and the steps after them, which only pay the mode's ``is None``-cheap checks;
+* the two checks a step makes when the mode is configured but the step is not chosen, timed alone.
+
+The sessions alternate (off, on, off, on, ...) so the shared machine's load falls on both alike. On CUDA the
+allocator history adds torch's ~2 us per allocation (its documentation); not measured here (no GPU).
+
+usage: python benchmarks/bench_memory_deep.py [--rounds 3] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+WARMUP, DEEP = 3, 5
+
+
+def run_session(trace_dir: str, steps: int, deep: bool) -> list[float]:
+    """Step times (ms) of one real session."""
+    import torch
+    from bench_memory_categories import gpt
+
+    import diag
+
+    torch.manual_seed(0)
+    model = gpt(layers=4, d_model=256, heads=4, vocab=4096)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, 4096, (4, 65))
+    options = {"memory_deep_steps": (WARMUP, DEEP)} if deep else {}
+    diag.init(trace_dir, telemetry=False, watchdog=False, clock_sync=False, collectives=False, **options)
+    diag.instrument(model, optimizer)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        with diag.step():
+            logits = model(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 4096), tokens[:, 1:].reshape(-1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        times.append((time.perf_counter() - start) * 1000)
+    diag.finish()
+    return times
+
+
+def unchosen_step_checks_ns(iterations: int) -> float:
+    """ns for on_step_begin + on_step_end of a step outside the chosen ones (the mode configured, not recording)."""
+    import torch
+
+    from diag.capture.memory_deep import DeepMemory
+
+    deep = DeepMemory(None, torch.device("cpu"), None, 10**9, 1)
+    start = time.perf_counter_ns()
+    for step in range(iterations):
+        deep.on_step_begin(step)
+        deep.on_step_end(step)
+    return (time.perf_counter_ns() - start) / iterations
+
+
+def main() -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    off, deep_steps, after = [], [], []
+    for _ in range(args.rounds):
+        with tempfile.TemporaryDirectory() as d:
+            off += run_session(d, args.steps, deep=False)[WARMUP:]
+        with tempfile.TemporaryDirectory() as d:
+            times = run_session(d, args.steps, deep=True)
+            deep_steps += times[WARMUP : WARMUP + DEEP]
+            after += times[WARMUP + DEEP :]
+            size = (Path(d) / "rank00000" / "memory_deep.json").stat().st_size
+    median_off = statistics.median(off)
+    result = {
+        "step_ms_off_median": round(median_off, 2),
+        "step_ms_deep_median": round(statistics.median(deep_steps), 2),
+        "deep_over_off": round(statistics.median(deep_steps) / median_off, 2),
+        "step_ms_after_deep_steps_median": round(statistics.median(after), 2),
+        "unchosen_step_checks_ns": round(unchosen_step_checks_ns(200_000)),
+        "memory_deep_json_bytes": size,
+        "steps_measured": {"off": len(off), "deep": len(deep_steps), "after": len(after)},
+    }
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
