@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # what capture writes by default: the columnar segments (diag/trace/columnar.py)
+CSV_SCHEMA_VERSION = 1  # the CSV tables, still written with diag.init(trace_format=1) and always read
 MANIFEST_FILE = "manifest.json"
 MAX_RANK = 1 << 20  # a rank number (directory name, manifest, world_size) above this is not a real job
 EVENTS_FILE = "events.jsonl"
@@ -123,7 +124,7 @@ class Table:
         return self if count == len(self.columns) else Table(self.name, self.doc, self.columns[:count])
 
     def marker_line(self) -> str:
-        return f"{MARKER_PREFIX} schema={SCHEMA_VERSION} table={self.name}\n"
+        return f"{MARKER_PREFIX} schema={CSV_SCHEMA_VERSION} table={self.name}\n"
 
     def header(self) -> str:
         return self.marker_line() + ",".join(self.column_names) + "\n"
@@ -404,6 +405,11 @@ def hang_dump_number(file_name: str) -> int | None:
     """The number of a hang dump file, or None if the name is not one."""
     match = re.fullmatch(rf"{HANG_DUMP_PREFIX}(\d+)\.json", file_name)
     return int(match.group(1)) if match else None
+
+
+def segment_name(table: str, number: int, suffix: str) -> str:
+    """A schema-2 segment file: ``collectives.000001.arrows`` (live stream) or ``collectives.000001.parquet``."""
+    return f"{table}.{number:06d}.{suffix}"
 
 
 def rank_dir_name(rank: int) -> str:
