@@ -135,44 +135,12 @@ def batch_from_rows(table: Table, rows: list[tuple], dictionaries: dict[str, _Di
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(table))
 
 
-class _Pending:
-    """A file-like sink that only collects what the IPC writer emits, so each flush reaches the file in one
-    write of whole messages (a SIGKILL can cut at most the last one)."""
-
-    closed = False
-
-    def __init__(self):
-        self.parts: list[bytes] = []
-        self.position = 0
-
-    def write(self, data) -> int:
-        data = bytes(data)
-        self.parts.append(data)
-        self.position += len(data)
-        return len(data)
-
-    def tell(self) -> int:
-        return self.position
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-    def writable(self) -> bool:
-        return True
-
-    def take(self) -> bytes:
-        data = b"".join(self.parts)
-        self.parts.clear()
-        return data
-
-
 def parquet_options(table: Table) -> dict:
-    """pyarrow.parquet.write_table options for a table's segments (measured in benchmarks/bench_storage.py):
+    """pyarrow.parquet.ParquetWriter options for a table's segments (measured in benchmarks/bench_storage.py):
     dictionaries for categories and flags, DELTA_BINARY_PACKED for integers (instants and counters grow by
-    small steps), BYTE_STREAM_SPLIT for floats, all zstd."""
+    small steps), BYTE_STREAM_SPLIT for floats, all zstd. Statistics only for the step and time columns (a
+    reader may skip a segment outside its step window); no Arrow schema in the footer (the loader knows the
+    types; ~1 KB a file, which on a short run's small segments is a fifth of the file)."""
     encodings = {}
     dictionary = []
     for column in table.columns:
@@ -187,15 +155,19 @@ def parquet_options(table: Table) -> dict:
         "compression_level": ZSTD_LEVEL,
         "use_dictionary": dictionary,
         "column_encoding": encodings,
-        "row_group_size": 1 << 20,
+        "write_statistics": [c for c in ("step", "start_us", "time_us") if c in table.column_names],
+        "store_schema": False,
     }
 
 
 def write_parquet(table: Table, arrow: pa.Table, path: Path) -> None:
-    """``arrow`` (the table's columns) as a Parquet segment at ``path``, atomically (temporary file, rename)."""
+    """``arrow`` (the table's columns) as a Parquet segment at ``path``, one row group, atomically (a temporary
+    file renamed into place): a reader sees the whole segment or none of it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        pq.write_table(arrow.replace_schema_metadata(arrow_schema(table).metadata), tmp, **parquet_options(table))
+        with pq.ParquetWriter(tmp, arrow.schema, **parquet_options(table)) as writer:
+            writer.write_table(arrow, row_group_size=max(1, arrow.num_rows))
+            writer.add_key_value_metadata({MARKER_KEY: marker(table).encode()})
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
@@ -214,7 +186,7 @@ class StreamSegmentWriter:
         self._number = _next_number(rank_dir, table)
         self._handle = None
         self._ipc = None
-        self._sink = _Pending()
+        self._written = 0  # bytes of the live segment so far
         self._batches: list[pa.RecordBatch] = []
         self._rows = 0
         self._dictionaries: dict[str, _Dictionary] = {}
@@ -224,7 +196,7 @@ class StreamSegmentWriter:
         if self._ipc is None:
             self._open()
         self._ipc.write_batch(batch)
-        self._write(self._sink.take())
+        self._flush()
         self._batches.append(batch)
         self._rows += batch.num_rows
         if self._rows >= self.compact_rows:
@@ -235,7 +207,7 @@ class StreamSegmentWriter:
         if self._ipc is None:
             return
         self._ipc.close()  # the end-of-stream marker
-        self._write(self._sink.take())
+        self._flush()
         self._handle.close()
         stream = self._path(STREAM_SUFFIX)
         arrow = pa.Table.from_batches(self._batches, schema=arrow_schema(self.table))
@@ -244,14 +216,13 @@ class StreamSegmentWriter:
         write_parquet(self.table, arrow, self._path(PARQUET_SUFFIX))
         stream.unlink()
         self._number += 1
+        self._written = 0
 
     def close(self) -> None:
         try:
             self.compact()
         finally:
-            if self._handle is not None:
-                with contextlib.suppress(OSError):
-                    self._handle.close()
+            self.abandon()
 
     def abandon(self) -> None:
         """Close the live segment as it is (the writer failed: it stays a stream, read as one)."""
@@ -261,21 +232,28 @@ class StreamSegmentWriter:
         self._ipc = self._handle = None
 
     def _open(self) -> None:
-        # exclusive creation: a segment of another writer (a second job into the same directory) is never appended to
+        # created exclusively: a segment of another writer (a second job into the same directory) is never appended to
         while True:
             try:
-                self._handle = open(self._path(STREAM_SUFFIX), "xb")  # noqa: SIM115 - kept open for appends
+                self._handle = self._open_sink(self._path(STREAM_SUFFIX))
                 break
             except FileExistsError:
                 self._number += 1
         options = ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=True)
-        self._ipc = ipc.new_stream(self._sink, arrow_schema(self.table), options=options)
+        self._ipc = ipc.new_stream(self._handle, arrow_schema(self.table), options=options)
 
-    def _write(self, data: bytes) -> None:
-        if data:
-            self._handle.write(data)
-            self._handle.flush()
-            self.bytes_written += len(data)
+    @staticmethod
+    def _open_sink(path: Path) -> pa.NativeFile:
+        """A new file, buffered in C++ (the IPC writer's many small writes reach the file as one write per
+        flush, without the GIL); raises FileExistsError if the name is taken."""
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644))
+        return pa.BufferedOutputStream(pa.OSFile(str(path), "a"), buffer_size=1 << 20)
+
+    def _flush(self) -> None:
+        self._handle.flush()
+        position = self._handle.tell()
+        self.bytes_written += position - self._written
+        self._written = position
 
     def _path(self, suffix: str) -> Path:
         return self.rank_dir / segment_name(self.table.name, self._number, suffix)
@@ -348,7 +326,8 @@ class TableSegments:
         self.done.add(number)  # immutable once renamed into place: read once
         already = self.streams.pop(number, _StreamState()).rows
         try:
-            arrow = pq.read_table(pa.BufferReader(_read_regular(path)))
+            categories = [c.name for c in self.table.columns if c.dtype == "category"]
+            arrow = pq.read_table(pa.BufferReader(_read_regular(path)), read_dictionary=categories)
         except (OSError, pa.ArrowException, ValueError) as exc:
             notes.append(Note(str(path), f"unreadable Parquet segment: {_short(exc)}"))
             return None

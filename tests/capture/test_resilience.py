@@ -62,21 +62,21 @@ def test_unwritable_trace_dir_warns_once_and_training_is_unchanged(tmp_path):
     assert len(messages) == 1 and "cannot write traces" in messages[0]
 
 
-def _steps_on_dev_full(session) -> None:
-    """Schema version 2: the writer's steps segment opened on /dev/full (its segment names are chosen as it
-    opens them, so no link can be planted under the name beforehand)."""
-    from diag.trace.columnar import StreamSegmentWriter
-    from diag.trace.schema import STEPS
+def _segments_on_dev_full(monkeypatch) -> None:
+    """Schema version 2: the writer's segments opened on /dev/full (a segment's name is chosen as it is created,
+    exclusively, so no link can be planted under it beforehand)."""
+    import pyarrow as pa
 
-    segments = StreamSegmentWriter(session.writer.rank_dir, STEPS)
-    segments._open()
-    segments._handle.close()
-    segments._handle = open("/dev/full", "ab")  # noqa: SIM115 - closed by the writer
-    session.writer._segments["steps"] = segments
+    from diag.trace.columnar import StreamSegmentWriter
+
+    def on_dev_full(_path):
+        return pa.BufferedOutputStream(pa.OSFile("/dev/full", "a"), buffer_size=1 << 20)
+
+    monkeypatch.setattr(StreamSegmentWriter, "_open_sink", staticmethod(on_dev_full))
 
 
 @pytest.mark.parametrize("trace_format", [1, 2])
-def test_full_disk_warns_once_and_training_is_unchanged(tmp_path, trace_format):
+def test_full_disk_warns_once_and_training_is_unchanged(tmp_path, monkeypatch, trace_format):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
     expected = reference_losses()
@@ -84,12 +84,10 @@ def test_full_disk_warns_once_and_training_is_unchanged(tmp_path, trace_format):
     rank_dir.mkdir()
     if trace_format == 1:
         (rank_dir / "steps.csv").symlink_to("/dev/full")  # every write there fails with ENOSPC
+    else:
+        _segments_on_dev_full(monkeypatch)
     session, losses, messages = train_under_capture(
-        tmp_path,
-        settle_s=0.2,
-        flush_interval_s=0.05,
-        trace_format=trace_format,
-        before_training=_steps_on_dev_full if trace_format == 2 else None,
+        tmp_path, settle_s=0.2, flush_interval_s=0.05, trace_format=trace_format
     )
     assert losses == expected
     assert len(messages) == 1 and "No space left" in messages[0]
