@@ -327,7 +327,10 @@ class TableSegments:
         already = self.streams.pop(number, _StreamState()).rows
         try:
             categories = [c.name for c in self.table.columns if c.dtype == "category"]
-            arrow = pq.read_table(pa.BufferReader(_read_regular(path)), read_dictionary=categories)
+            # ParquetFile, not read_table: no dataset discovery; one thread: the loader reads ranks in parallel
+            arrow = pq.ParquetFile(pa.BufferReader(_read_regular(path)), read_dictionary=categories).read(
+                use_threads=False
+            )
         except (OSError, pa.ArrowException, ValueError) as exc:
             notes.append(Note(str(path), f"unreadable Parquet segment: {_short(exc)}"))
             return None
@@ -385,8 +388,9 @@ class TableSegments:
             )
             return None
         arrays = []
+        present = set(arrow.column_names)
         for column in self.table.columns:
-            names = [n for n in (column.name, column.former_name) if n and n in arrow.column_names]
+            names = [n for n in (column.name, column.former_name) if n and n in present]
             wanted = ARROW_TYPES[column.dtype]
             if not names:
                 if column.dtype not in ("Int64", "Float64", "category"):
