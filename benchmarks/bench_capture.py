@@ -12,7 +12,7 @@
    what diag adds to a real step, measured step by step in one process (``cost_in_a_real_step``).
 3. Bytes on disk per step and per collective record.
 
-usage: python benchmarks/bench_capture.py [--blocks 12] [--block-steps 10]
+usage: python benchmarks/bench_capture.py [--blocks 12] [--block-steps 10] [--trace-format 2]
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def overhead_worker(args) -> None:
     if len(cores) >= dist.get_world_size():  # one core per rank, as launchers pin ranks: less scheduler noise
         os.sched_setaffinity(0, {cores[rank]})
     trace_dir = Path(args.trace_dir)
-    session = diag.init(trace_dir, telemetry=False)
+    session = diag.init(trace_dir, telemetry=False, trace_format=args.trace_format)
     batch = (torch.randn(args.batch, args.hidden), torch.randn(args.batch, 1))
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     order = list(VARIANTS)
@@ -159,6 +159,8 @@ def run_overhead(args) -> dict:
             str(args.batch),
             "--rebuild-every",
             str(args.rebuild_every),
+            "--trace-format",
+            str(args.trace_format),
         ]
         for result in run_ranks(argv, 2, timeout_s=900):
             if result.returncode != 0:
@@ -191,24 +193,23 @@ def paired_ratios(times: dict[str, list[float]], block_steps: int) -> dict[str, 
 
 
 def bytes_on_disk(trace_dir: Path) -> dict:
-    """Bytes per row of rank 0's files, not counting each file's two header lines."""
+    """Bytes per row of rank 0's files: CSV (format 1) not counting each file's two header lines; format 2 the
+    whole of each table's segments (Parquet once compacted at finish)."""
     import diag
 
     trace = diag.load(trace_dir)
     rank_dir = trace_dir / "rank00000"
 
     def body_bytes(name: str) -> int:
+        if not (rank_dir / f"{name}.csv").exists():
+            return sum(p.stat().st_size for p in rank_dir.glob(f"{name}.*") if p.suffix in (".arrows", ".parquet"))
         with open(rank_dir / f"{name}.csv", "rb") as f:
             lines = f.readlines()
         return sum(len(line) for line in lines[2:])
 
     steps = trace.steps[trace.steps["rank"] == 0]
     colls = trace.collectives[trace.collectives["rank"] == 0]
-    all_tables = sum(
-        (rank_dir / f"{n}.csv").stat().st_size
-        for n in ("steps", "collectives", "memory", "phases")
-        if (rank_dir / f"{n}.csv").exists()
-    )
+    all_tables = sum(p.stat().st_size for p in rank_dir.iterdir() if p.name.split(".")[0] in TABLE_NAMES)
     return {
         "bytes_per_step_row": body_bytes("steps") / len(steps),
         "bytes_per_collective_row": body_bytes("collectives") / len(colls),
@@ -217,7 +218,10 @@ def bytes_on_disk(trace_dir: Path) -> dict:
     }
 
 
-def host_costs(iterations: int = 20000) -> dict:
+TABLE_NAMES = ("steps", "collectives", "memory", "phases")
+
+
+def host_costs(trace_format: int, iterations: int = 20000) -> dict:
     """Median microseconds of diag's own host work: one step span, and one recorded collective (the
     wrapper around a collective that does nothing, so that only diag's work is timed)."""
     import torch
@@ -237,15 +241,15 @@ def host_costs(iterations: int = 20000) -> dict:
 
     recorded_no_op = collectives._make_wrapper("all_reduce", no_op_all_reduce)
     with tempfile.TemporaryDirectory() as tmp:
-        diag.init(tmp, telemetry=False, watchdog=False)
+        diag.init(tmp, telemetry=False, watchdog=False, trace_format=trace_format)
         empty_ns = timed(lambda: None, iterations)
         span_ns = timed(span_once, iterations)
         record_ns = timed(lambda: recorded_no_op(tensor, group=group), iterations)
         diag.finish()
-        in_step_us, a_a_us = cost_in_a_real_step(Path(tmp))
+        in_step_us, a_a_us = cost_in_a_real_step(Path(tmp), trace_format)
         # training health: without replica fingerprints, and with diag.record(loss, grad_norm) every step
-        no_health_us, _ = cost_in_a_real_step(Path(tmp), fingerprint_every=0)
-        with_record_us, _ = cost_in_a_real_step(Path(tmp), record_loss=True)
+        no_health_us, _ = cost_in_a_real_step(Path(tmp), trace_format, fingerprint_every=0)
+        with_record_us, _ = cost_in_a_real_step(Path(tmp), trace_format, record_loss=True)
     dist.destroy_process_group()
     return {
         "step_span_us": (span_ns - empty_ns) / 1000,
@@ -258,7 +262,13 @@ def host_costs(iterations: int = 20000) -> dict:
 
 
 def cost_in_a_real_step(
-    tmp: Path, rebuilds: int = 8, steps: int = 800, hidden: int = 900, record_loss: bool = False, **init_options
+    tmp: Path,
+    trace_format: int,
+    rebuilds: int = 8,
+    steps: int = 800,
+    hidden: int = 900,
+    record_loss: bool = False,
+    **init_options,
 ) -> tuple[float, float]:
     """What diag adds to one real step, in microseconds: a one-rank DDP model stepped inside ``diag.step()``
     with its forward, backward, optimizer and DDP buckets instrumented, alternating step by step with the
@@ -282,7 +292,12 @@ def cost_in_a_real_step(
         plain, other = models if pair % 2 else models[::-1]
         optimizers = {id(m): torch.optim.SGD(m.parameters(), lr=1e-3) for m in models}
         if instrument:
-            diag.init(tmp / f"real-step-{pair}-{len(os.listdir(tmp))}", telemetry=False, **init_options)
+            diag.init(
+                tmp / f"real-step-{pair}-{len(os.listdir(tmp))}",
+                telemetry=False,
+                trace_format=trace_format,
+                **init_options,
+            )
             diag.instrument(other, optimizers[id(other)])
         times = {id(m): [] for m in models}
         for _ in range(10):  # warm-up
@@ -333,6 +348,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=900)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rebuild-every", type=int, default=5, help="blocks between fresh models for every variant")
+    parser.add_argument("--trace-format", type=int, default=2, choices=(1, 2), help="trace schema version diag writes")
     args = parser.parse_args()
     if args.worker:
         overhead_worker(args)
@@ -352,7 +368,7 @@ def main() -> None:
         f"  Flight Recorder reads: {fr['reads']}, {fr['read_s'] * 1000:.1f} ms in all, {fr['per_diag_step_ms'] * 1000:.1f} us "
         f"per step's collectives; diag's ratio with that added (an upper bound: a sixth of it is already in): {charged:.4f}"
     )
-    costs = host_costs()
+    costs = host_costs(args.trace_format)
     print(f"host cost of one step span:         {costs['step_span_us']:.2f} us (median)")
     print(f"host cost of recording a collective: {costs['collective_record_us']:.2f} us (median)")
     print(

@@ -9,7 +9,7 @@ Planted (ranks chosen from the world size, see ``Plants.for_world``): a compute 
 straggler, a throttled GPU (hot, low SM clock, slower compute), a memory leak, and a rank with a few
 transient spikes. Files are formatted by pyarrow, a whole rank at a time, so 1,024 ranks take about a minute.
 
-    python benchmarks/synthetic.py /tmp/synth --ranks 64 --steps 200
+    python benchmarks/synthetic.py /tmp/synth --ranks 64 --steps 200 [--format 2]
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from diag.trace.columnar import PARQUET_SUFFIX, arrow_schema, write_parquet
 from diag.trace.schema import (
     COLLECTIVES,
+    CSV_SCHEMA_VERSION,
     MANIFEST_FILE,
     MEMORY,
     SCHEMA_VERSION,
@@ -33,6 +35,7 @@ from diag.trace.schema import (
     TELEMETRY,
     Table,
     rank_dir_name,
+    segment_name,
 )
 
 STEP_COMPUTE_US = 100_000
@@ -68,8 +71,16 @@ class Plants:
 
 
 def generate(
-    out: str | Path, ranks: int, steps: int, collectives_per_step: int = 20, plants: Plants | None = None, seed: int = 0
+    out: str | Path,
+    ranks: int,
+    steps: int,
+    collectives_per_step: int = 20,
+    plants: Plants | None = None,
+    seed: int = 0,
+    trace_format: int = CSV_SCHEMA_VERSION,
 ) -> Plants:
+    """Write the trace; ``trace_format`` 1: CSV tables, 2: one Parquet segment per table and rank, as capture
+    leaves them once compacted (diag/trace/columnar.py)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plants = plants if plants is not None else Plants.for_world(ranks, steps)
@@ -90,6 +101,7 @@ def generate(
             data_us,
             iteration_us,
             step_start_us,
+            trace_format,
         )
     (out / "planted.json").write_text(json.dumps(asdict(plants), indent=1))
     return plants
@@ -112,7 +124,18 @@ def _busy_matrix(ranks: int, steps: int, plants: Plants, rng) -> tuple[np.ndarra
 
 
 def _write_rank(
-    rank_dir: Path, rank, ranks, steps, n_coll, plants: Plants, rng, busy_us, data_us, iteration_us, step_start_us
+    rank_dir: Path,
+    rank,
+    ranks,
+    steps,
+    n_coll,
+    plants: Plants,
+    rng,
+    busy_us,
+    data_us,
+    iteration_us,
+    step_start_us,
+    trace_format,
 ):
     rank_dir.mkdir(parents=True, exist_ok=True)
     offset_us = int(rng.integers(-5_000, 5_000)) if rank else 0
@@ -129,6 +152,7 @@ def _write_rank(
     optimizer = compute - forward - backward
     _write_table(
         rank_dir,
+        trace_format,
         STEPS,
         {
             "step": step,
@@ -150,6 +174,7 @@ def _write_rank(
     n = steps * n_coll
     _write_table(
         rank_dir,
+        trace_format,
         COLLECTIVES,
         {
             "step": np.repeat(step, n_coll),
@@ -170,6 +195,7 @@ def _write_rank(
         allocated += step * plants.leak_bytes_per_step
     _write_table(
         rank_dir,
+        trace_format,
         MEMORY,
         {
             "step": step,
@@ -183,9 +209,9 @@ def _write_rank(
             "rss_bytes": np.full(steps, 12 * 2**30),
         },
     )
-    _write_telemetry(rank_dir, rank, plants, rng, start[::TELEMETRY_EVERY_STEPS])
+    _write_telemetry(rank_dir, trace_format, rank, plants, rng, start[::TELEMETRY_EVERY_STEPS])
     manifest = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": trace_format,
         "run_id": "synthetic",
         "rank": rank,
         "local_rank": rank % 8,
@@ -212,13 +238,14 @@ def _write_rank(
     (rank_dir / MANIFEST_FILE).write_text(json.dumps(manifest))
 
 
-def _write_telemetry(rank_dir: Path, rank: int, plants: Plants, rng, times_us: np.ndarray) -> None:
+def _write_telemetry(rank_dir: Path, trace_format: int, rank: int, plants: Plants, rng, times_us: np.ndarray) -> None:
     n = len(times_us)
     throttled = rank == plants.throttled
     clock = np.where(throttled, 1380.0, 1980.0) - rng.integers(0, 30, size=n)
     reasons = np.full(n, 0x40 | 0x20 if throttled else 0, dtype="int64")
     _write_table(
         rank_dir,
+        trace_format,
         TELEMETRY,
         {
             "time_us": times_us,
@@ -246,7 +273,7 @@ def _const(value: str, n: int) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype="int32")), pa.array([value]))
 
 
-def _write_table(rank_dir: Path, table: Table, columns: dict) -> None:
+def _write_table(rank_dir: Path, trace_format: int, table: Table, columns: dict) -> None:
     arrays = []
     rows = len(next(iter(columns.values())))
     for name in table.column_names:
@@ -259,12 +286,13 @@ def _write_table(rank_dir: Path, table: Table, columns: dict) -> None:
             arrays.append(pa.array(value, mask=np.isnan(value)).cast(pa.int64()))  # nullable integer column
         else:
             arrays.append(pa.array(value, mask=np.isnan(value) if value.dtype.kind == "f" else None))
+    arrow = pa.table(arrays, names=table.column_names)
+    if trace_format == SCHEMA_VERSION:
+        arrow = arrow.cast(arrow_schema(table))  # the schema's types: dictionary-encoded categories, int8 flags
+        write_parquet(table, arrow, rank_dir / segment_name(table.name, 1, PARQUET_SUFFIX))
+        return
     buffer = io.BytesIO()
-    pacsv.write_csv(
-        pa.table(arrays, names=table.column_names),
-        buffer,
-        pacsv.WriteOptions(include_header=False, quoting_style="none"),
-    )
+    pacsv.write_csv(arrow, buffer, pacsv.WriteOptions(include_header=False, quoting_style="none"))
     with open(rank_dir / table.file_name, "wb") as handle:
         handle.write(table.header().encode())
         handle.write(buffer.getvalue())
@@ -277,8 +305,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--collectives-per-step", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--format",
+        type=int,
+        choices=(CSV_SCHEMA_VERSION, SCHEMA_VERSION),
+        default=CSV_SCHEMA_VERSION,
+        help="trace schema version: 1 CSV tables (default), 2 Parquet segments (about 20x smaller)",
+    )
     args = parser.parse_args()
-    plants = generate(args.out, args.ranks, args.steps, args.collectives_per_step, seed=args.seed)
+    plants = generate(
+        args.out, args.ranks, args.steps, args.collectives_per_step, seed=args.seed, trace_format=args.format
+    )
     print(json.dumps(asdict(plants)))
 
 

@@ -22,7 +22,7 @@ from diag.capture.identity import RankIdentity, detect_identity
 from diag.capture.memory import MemorySampler, is_out_of_memory
 from diag.capture.nvtx import start_nvtx
 from diag.trace.schema import PHASES, SCHEMA_VERSION, STEPS, rank_dir_name
-from diag.trace.writer import RankWriter
+from diag.trace.writer import TRACE_FORMATS, RankWriter
 
 log = logging.getLogger("diag")
 
@@ -74,9 +74,13 @@ class Session:
     the user set none of NCCL_DEBUG, NCCL_DEBUG_SUBSYS, NCCL_DEBUG_FILE and NCCL has not started yet.
     model_shape: the transformer's {micro_batch, seq_len, hidden, layers, heads, vocab, recompute,
     flash_attention, dropout, sequence_parallel}, for the activation memory the report predicts (docs/memory.md).
+    nvtx: diag's steps and phases as NVTX ranges, for Nsight Systems timelines (docs/health.md); needs a CUDA
+    build of torch, else off with one warning.
     memory_deep_steps: (first step, count): for those few steps record what is behind the step's memory peak, by
     module and (CUDA) by allocation stack, into memory_deep.json (docs/memory.md; each such step runs several times
     slower); also set by DIAG_MEMORY_DEEP_STEPS=START,COUNT. None (default): off, at no cost.
+    trace_format: 2 (default) writes the tables as Arrow stream segments compacted into Parquet (docs/trace-format.md);
+    1 writes the CSV tables of schema version 1, for tools of your own that read those files.
     """
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
@@ -113,6 +117,7 @@ class Session:
         model_shape: dict | None = None,
         memory_deep_steps: tuple[int, int] | None = None,
         device=None,
+        trace_format: int = SCHEMA_VERSION,
     ):
         validate_options(
             flops_per_step=flops_per_step,
@@ -140,12 +145,15 @@ class Session:
             nvtx=nvtx,
             model_shape=model_shape,
             memory_deep_steps=memory_deep_steps,
+            trace_format=trace_format,
         )
         self.trace_dir = Path(trace_dir)
         self.identity: RankIdentity = detect_identity()
         self.rank = self.identity.rank
         self.world_size = self.identity.world_size
-        self.writer = RankWriter(self.trace_dir / rank_dir_name(self.rank), flush_interval_s=flush_interval_s)
+        self.writer = RankWriter(
+            self.trace_dir / rank_dir_name(self.rank), flush_interval_s=flush_interval_s, schema_version=trace_format
+        )
         self.device = device if device is not None else _current_device()
         self.capture_status: dict[str, str] = {}
         self._start_nccl_log(nccl_log and self.writer.enabled)
@@ -201,7 +209,7 @@ class Session:
         ident = self.identity
         cuda = self.device if self.device.type == "cuda" else None
         return {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": self.writer.schema_version,
             "run_id": os.environ.get("DIAG_RUN_ID") or (ident.job.run_id if ident.job else None),
             "rank": ident.rank,
             "local_rank": ident.local_rank,
@@ -836,6 +844,8 @@ def validate_options(**options) -> None:
     run = options.get("wandb", False)
     if not (isinstance(run, bool) or hasattr(run, "log")):
         problems.append(f"wandb must be True (the active run), False or a W&B run object, not {run!r}")
+    if options.get("trace_format", SCHEMA_VERSION) not in TRACE_FORMATS:
+        problems.append(f"trace_format must be one of {TRACE_FORMATS}, not {options['trace_format']!r}")
     every = options.get("fingerprint_every", 0)
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         problems.append(f"fingerprint_every must be a whole number of steps >= 0 (0: off), not {every!r}")

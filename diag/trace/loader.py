@@ -22,16 +22,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from diag.trace.columnar import ARROW_TYPES, TableSegments
 from diag.trace.manifest import Manifest, first_of, parse_manifests
 from diag.trace.memory_deep import read_memory_deep
 from diag.trace.nccl_log import NcclLog, parse_text
 from diag.trace.schema import (
+    CSV_SCHEMA_VERSION,
     EVENTS_FILE,
     HEARTBEAT_FILE,
     MANIFEST_FILE,
     MAX_RANK,
     NCCL_LOG_FILE,
-    SCHEMA_VERSION,
     TABLES,
     Table,
     parse_marker,
@@ -40,13 +41,7 @@ from diag.trace.schema import (
 RANK_DIR_RE = re.compile(r"^rank(\d+)$")
 READ_THREADS = min(4, os.cpu_count() or 1)  # parsing ranks in parallel; pyarrow releases the GIL
 
-_ARROW_TYPES = {
-    "int64": pa.int64(),
-    "Int64": pa.int64(),
-    "int8": pa.int8(),
-    "Float64": pa.float64(),
-    "category": pa.dictionary(pa.int32(), pa.string()),
-}
+_ARROW_TYPES = ARROW_TYPES  # v1 CSV and v2 segments read into the same Arrow types, so ranks concatenate
 
 
 class TraceError(Exception):
@@ -212,8 +207,10 @@ def read_table_arrow(path: Path, table: Table, offset: int = 0, columns: int | N
         if parsed is None:
             return _rejected(path, end, "not a diag trace file (no marker line)")
         version, name = parsed
-        if version != SCHEMA_VERSION:
-            return _rejected(path, end, f"schema version {version}, this diag reads {SCHEMA_VERSION}")
+        if version != CSV_SCHEMA_VERSION:
+            return _rejected(
+                path, end, f"schema version {version}, this diag reads CSV tables of version {CSV_SCHEMA_VERSION}"
+            )
         columns = table.header_columns(header.decode("utf-8", "replace").split(",")) if name == table.name else None
         if columns is None:
             return _rejected(path, end, f"header does not match table {table.name!r}")
@@ -525,6 +522,7 @@ class TraceReader:
         self._dir_notes: list[Skipped] = []
         self._noted: set[str] = set()
         self._nccl: dict[Path, tuple[tuple[int, int], NcclLog | None]] = {}  # read again only when it changed
+        self._segments: dict[tuple[Path, str], TableSegments] = {}  # schema version 2: what was read of each table
 
     def rank_dirs(self) -> dict[int, Path]:
         if not self.path.exists():
@@ -578,8 +576,10 @@ class TraceReader:
         manifest = _read_json(rank_dir / MANIFEST_FILE, skipped)
         heartbeat = _read_json(rank_dir / HEARTBEAT_FILE, skipped)
         tables = {}
+        names = _listing(rank_dir, skipped)
         for name in self.tables:
             arrow = self._read_new_rows(rank_dir / TABLES[name].file_name, TABLES[name], skipped)
+            arrow = _concat(arrow, self._read_new_segments(rank_dir, names, TABLES[name], skipped))
             if arrow is not None and arrow.num_rows:
                 tables[name] = arrow.add_column(0, "rank", pa.array(np.full(arrow.num_rows, rank, dtype="int32")))
         events_path = rank_dir / EVENTS_FILE
@@ -607,6 +607,31 @@ class TraceReader:
         self._nccl[path] = (key, log)
         return log
 
+    def _read_new_segments(self, rank_dir: Path, names: list[str], table: Table, skipped: list[Skipped]):
+        """Schema version 2: rows appended to the table's segments since the last poll (diag/trace/columnar.py),
+        checked as CSV rows are (finite floats; rows without a required value dropped and counted)."""
+        if not any(n.startswith(table.name + ".") and n.endswith((".arrows", ".parquet")) for n in names):
+            return None
+        key = (rank_dir, table.name)
+        segments = self._segments.get(key)
+        if segments is None:
+            segments = self._segments[key] = TableSegments(table)
+        notes = []
+        arrow = segments.read_new(rank_dir, names, notes)
+        skipped.extend(Skipped(n.path, n.reason, n.rows) for n in notes)
+        if arrow is None:
+            return None
+        checked = _drop_incomplete(_finite_floats(arrow, table), table)
+        if checked.num_rows < arrow.num_rows:
+            skipped.append(
+                Skipped(
+                    str(rank_dir),
+                    f"{table.name}: rows without a required value skipped",
+                    arrow.num_rows - checked.num_rows,
+                )
+            )
+        return checked
+
     def _read_new_rows(self, path: Path, table: Table, skipped: list[Skipped]) -> pa.Table | None:
         if path in self._rejected or not path.exists():
             return None
@@ -630,6 +655,23 @@ class TraceReader:
             self._rejected.add(path)
         self._offsets[path] = chunk.next_offset
         return chunk.table
+
+
+def _listing(rank_dir: Path, skipped: list[Skipped]) -> list[str]:
+    try:
+        return os.listdir(rank_dir)
+    except OSError as exc:
+        skipped.append(Skipped(str(rank_dir), f"unreadable directory: {exc}"))
+        return []
+
+
+def _concat(first: pa.Table | None, second: pa.Table | None) -> pa.Table | None:
+    """A rank's CSV rows (an earlier run written as version 1) then its segments' rows."""
+    if first is None or not first.num_rows:
+        return second
+    if second is None or not second.num_rows:
+        return first
+    return pa.concat_tables([first, second]).unify_dictionaries()
 
 
 def load(path: str | Path, progress: bool = False) -> Trace:

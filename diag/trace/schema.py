@@ -3,12 +3,40 @@
 A trace directory holds one sub-directory per rank, ``rank00007/``, with:
 
 * ``manifest.json``: who this rank is (host, pid, ranks, device, versions, layout, FLOPs, clock anchor).
-* one CSV file per table below (``steps.csv``, ``collectives.csv``, ...). Each starts with a marker line
-  ``#diag-trace schema=1 table=NAME`` and a header line; rows are only ever appended, so a file can be read
-  while it is written. A last line without its newline is a row still being written and is ignored.
-  A text field holding a comma or a double quote is quoted (RFC 4180: ``"a,b"``, inner quotes doubled); a line
-  break in one is written as the two characters ``\\n`` (``\\r``), so every row is one line.
+* the tables below, in one of two formats (the loader reads both, even mixed in one directory):
+
+  * **schema version 2** (what capture writes by default; diag/trace/columnar.py): each table as numbered
+    *segments*, ``steps.000001.arrows``, ``steps.000001.parquet``, ``steps.000002.arrows``, ... A live segment
+    (``.arrows``) is an Arrow IPC stream: a schema message whose metadata ``diag-trace`` holds the marker
+    ``#diag-trace schema=2 table=NAME``, then one record batch per flush of the writer (every 0.5 s by default),
+    its buffers zstd-compressed, category columns dictionary-encoded (int32 indices; new strings arrive as
+    dictionary deltas). Each flush reaches the file in one write, so a reader sees whole messages, or a last one
+    still being written, which it ignores until it is complete. At 65,536 rows, and at ``diag.finish``, the
+    segment is compacted: its rows are written as ``steps.000001.parquet`` (one row group; dictionary encoding
+    for categories and flags, DELTA_BINARY_PACKED for integers, BYTE_STREAM_SPLIT for floats, zstd; statistics
+    for the step and time columns; the marker in the footer's key-value metadata ``diag-trace``), renamed into
+    place, and the stream removed. Where both files of a number exist (a kill between the rename and the
+    removal), the Parquet one is read. A job killed before finish leaves its last segment as a stream, read as
+    it is. A second run into the same directory starts at the next number. Columns are read by name: a segment
+    written before a nullable column was added reads it as empty. Arrow types: int64 for ``int64`` and
+    ``Int64``, float64 for ``Float64``, int8 for ``int8``, dictionary<int32, utf8> for ``category``.
+  * **schema version 1** (``diag.init(trace_format=1)``): one CSV file per table (``steps.csv``,
+    ``collectives.csv``, ...). Each starts with a marker line ``#diag-trace schema=1 table=NAME`` and a header
+    line; rows are only ever appended, so a file can be read while it is written. A last line without its
+    newline is a row still being written and is ignored. A text field holding a comma or a double quote is
+    quoted (RFC 4180: ``"a,b"``, inner quotes doubled); a line break in one is written as the two characters
+    ``\\n`` (``\\r``), so every row is one line. Floats are rounded to 3 decimals.
+
 * ``events.jsonl``: rare, free-form records (OOMs, warnings, watchdog dumps), one JSON object per line.
+
+Why this format (measured with ``benchmarks/bench_storage.py``, figures in docs/benchmarks.md): Parquet with
+those encodings is the smallest of the candidates measured on the same rows (CSV 63-66 B a collective record;
+Arrow IPC file with zstd 5.3; Parquet with its default encodings and zstd 8.4; with delta and byte-stream-split
+encodings 3.0 on synthetic collectives), and reads without parsing. But a Parquet file is only readable once
+its footer is written, so it cannot be appended to every 0.5 s; an Arrow IPC stream can, and is readable
+while written. Small per-flush batches cost ~1 KB of framing each (20-30 B a record at 50-100 rows a flush),
+hence the compaction into Parquet; the live stream is bounded (65,536 rows) so a SIGKILL leaves at most that
+much uncompacted.
 
 Times are wall-clock microseconds since the Unix epoch on the rank's own clock (``*_us`` columns that are
 instants) or microsecond durations (``*_us`` columns that are spans). ``manifest.json``'s
@@ -24,7 +52,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # what capture writes by default: the columnar segments (diag/trace/columnar.py)
+CSV_SCHEMA_VERSION = 1  # the CSV tables, still written with diag.init(trace_format=1) and always read
 MANIFEST_FILE = "manifest.json"
 MAX_RANK = 1 << 20  # a rank number (directory name, manifest, world_size) above this is not a real job
 EVENTS_FILE = "events.jsonl"
@@ -134,7 +163,7 @@ class Table:
         return self if count == len(self.columns) else Table(self.name, self.doc, self.columns[:count])
 
     def marker_line(self) -> str:
-        return f"{MARKER_PREFIX} schema={SCHEMA_VERSION} table={self.name}\n"
+        return f"{MARKER_PREFIX} schema={CSV_SCHEMA_VERSION} table={self.name}\n"
 
     def header(self) -> str:
         return self.marker_line() + ",".join(self.column_names) + "\n"
@@ -438,6 +467,11 @@ def hang_dump_number(file_name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def segment_name(table: str, number: int, suffix: str) -> str:
+    """A schema-2 segment file: ``collectives.000001.arrows`` (live stream) or ``collectives.000001.parquet``."""
+    return f"{table}.{number:06d}.{suffix}"
+
+
 def rank_dir_name(rank: int) -> str:
     return f"{RANK_DIR_PREFIX}{rank:05d}"
 
@@ -475,7 +509,11 @@ def render_markdown() -> str:
         "TRACE_DIR/",
         "  rank00000/",
         f"    {MANIFEST_FILE}",
-        *(f"    {t.file_name}" for t in TABLES.values()),
+        *(
+            f"    {segment_name(t.name, 1, 'parquet')}   (schema 2; or {t.file_name}, schema 1)"
+            for t in TABLES.values()
+        ),
+        f"    {segment_name('collectives', 2, 'arrows')}    (schema 2: a live segment, not yet compacted)",
         f"    {EVENTS_FILE}",
         f"    {HEARTBEAT_FILE}      (written by the hang watchdog)",
         f"    {NCCL_LOG_FILE}            (NCCL's own log, when diag set NCCL_DEBUG for the user)",
@@ -485,7 +523,7 @@ def render_markdown() -> str:
         "",
     ]
     for table in TABLES.values():
-        lines += [f"## `{table.file_name}`", "", table.doc, "", "| column | type | meaning |", "|---|---|---|"]
+        lines += [f"## `{table.name}`", "", table.doc, "", "| column | type | meaning |", "|---|---|---|"]
         lines += [f"| `{c.name}` | {c.dtype} | {c.doc}{_former(c)} |" for c in table.columns]
         lines.append("")
     for table in IMPORTED_TABLES.values():

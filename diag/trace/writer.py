@@ -17,8 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyarrow import ArrowException
+
 from diag._warn import warn_once
-from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, TABLES
+from diag.trace.columnar import StreamSegmentWriter
+from diag.trace.schema import CSV_SCHEMA_VERSION, EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, SCHEMA_VERSION, TABLES
+
+TRACE_FORMATS = (CSV_SCHEMA_VERSION, SCHEMA_VERSION)  # 1: CSV tables; 2: Arrow stream segments compacted to Parquet
 
 # Rows kept in memory at most while the writer thread is behind or dead; beyond this they are dropped.
 MAX_BUFFERED_ROWS = 500_000
@@ -64,11 +69,19 @@ def format_rows(rows: list[tuple], exact_indexes: tuple[int, ...] = ()) -> str:
 
 
 class RankWriter:
-    """Writes ``manifest.json``, the CSV tables and ``events.jsonl`` of one rank directory."""
+    """Writes ``manifest.json``, the tables and ``events.jsonl`` of one rank directory. ``schema_version`` 2
+    (the default) writes each table as Arrow stream segments compacted into Parquet (diag/trace/columnar.py);
+    1 writes the CSV files of schema version 1."""
 
-    def __init__(self, rank_dir: str | os.PathLike, flush_interval_s: float = 0.5):
+    def __init__(
+        self, rank_dir: str | os.PathLike, flush_interval_s: float = 0.5, schema_version: int = SCHEMA_VERSION
+    ):
+        if schema_version not in TRACE_FORMATS:
+            raise ValueError(f"trace format {schema_version!r}: diag writes {TRACE_FORMATS}")
         self.rank_dir = Path(rank_dir)
         self.flush_interval_s = flush_interval_s
+        self.schema_version = schema_version
+        self._segments: dict = {}  # table -> columnar.StreamSegmentWriter (schema version 2)
         self.enabled = True
         self.rows_dropped = 0
         self.bytes_written: dict[str, int] = {}
@@ -136,6 +149,16 @@ class RankWriter:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self.flush()
+        with self._lock:
+            for table, segments in self._segments.items():
+                try:
+                    if self.enabled:
+                        segments.close()  # compacted into Parquet
+                    else:
+                        segments.abandon()
+                except (OSError, ArrowException) as exc:  # the stream is kept: still read as it is
+                    warn_once(f"writer-compact-{self.rank_dir}", f"cannot compact {table} segments ({exc})")
+            self._segments.clear()
         for handle in self._files.values():
             with contextlib.suppress(OSError):
                 handle.close()
@@ -157,9 +180,13 @@ class RankWriter:
             rows = buffer[:]  # list slicing and deletion are atomic under the GIL
             del buffer[: len(rows)]
             self.row_observer(table, rows)
-            if self.enabled:
+            if not self.enabled:
+                continue
+            if self.schema_version == CSV_SCHEMA_VERSION:
                 spec = TABLES[table]
                 self._write(table, spec.file_name, format_rows(rows, spec.exact_indexes), spec.header())
+            else:
+                self._append_segment(table, rows)
         if self._events:
             events = self._events[:]
             del self._events[: len(events)]
@@ -181,6 +208,17 @@ class RankWriter:
             handle.flush()
             self.bytes_written[key] = self.bytes_written.get(key, 0) + len(text)
         except OSError as exc:
+            self._disable(f"cannot write traces to {self.rank_dir} ({exc}); capture is off for this rank")
+
+    def _append_segment(self, table: str, rows: list) -> None:
+        try:
+            segments = self._segments.get(table)
+            if segments is None:
+                segments = self._segments[table] = StreamSegmentWriter(self.rank_dir, TABLES[table])
+            before = segments.bytes_written
+            segments.append(rows)
+            self.bytes_written[table] = self.bytes_written.get(table, 0) + segments.bytes_written - before
+        except (OSError, ArrowException) as exc:
             self._disable(f"cannot write traces to {self.rank_dir} ({exc}); capture is off for this rank")
 
     def _write_json_atomically(self, name: str, payload: dict) -> None:

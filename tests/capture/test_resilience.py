@@ -62,27 +62,50 @@ def test_unwritable_trace_dir_warns_once_and_training_is_unchanged(tmp_path):
     assert len(messages) == 1 and "cannot write traces" in messages[0]
 
 
-def test_full_disk_warns_once_and_training_is_unchanged(tmp_path):
+def _segments_on_dev_full(monkeypatch) -> None:
+    """Schema version 2: the writer's segments opened on /dev/full (a segment's name is chosen as it is created,
+    exclusively, so no link can be planted under it beforehand)."""
+    import pyarrow as pa
+
+    from diag.trace.columnar import StreamSegmentWriter
+
+    def on_dev_full(_path):
+        return pa.BufferedOutputStream(pa.OSFile("/dev/full", "a"), buffer_size=1 << 20)
+
+    monkeypatch.setattr(StreamSegmentWriter, "_open_sink", staticmethod(on_dev_full))
+
+
+@pytest.mark.parametrize("trace_format", [1, 2])
+def test_full_disk_warns_once_and_training_is_unchanged(tmp_path, monkeypatch, trace_format):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
     expected = reference_losses()
     rank_dir = tmp_path / "rank00000"
     rank_dir.mkdir()
-    (rank_dir / "steps.csv").symlink_to("/dev/full")  # every write there fails with ENOSPC
-    session, losses, messages = train_under_capture(tmp_path, settle_s=0.2, flush_interval_s=0.05)
+    if trace_format == 1:
+        (rank_dir / "steps.csv").symlink_to("/dev/full")  # every write there fails with ENOSPC
+    else:
+        _segments_on_dev_full(monkeypatch)
+    session, losses, messages = train_under_capture(
+        tmp_path, settle_s=0.2, flush_interval_s=0.05, trace_format=trace_format
+    )
     assert losses == expected
     assert len(messages) == 1 and "No space left" in messages[0]
     assert not session.writer.enabled
 
 
-def test_writer_thread_failure_warns_once_and_training_is_unchanged(tmp_path, monkeypatch):
+@pytest.mark.parametrize("trace_format", [1, 2])
+def test_writer_thread_failure_warns_once_and_training_is_unchanged(tmp_path, monkeypatch, trace_format):
     expected = reference_losses()
 
-    def broken_format(rows, *args):
+    def broken_format(*_args):
         raise RuntimeError("formatter bug")
 
     monkeypatch.setattr("diag.trace.writer.format_rows", broken_format)
-    session, losses, messages = train_under_capture(tmp_path, settle_s=0.3, flush_interval_s=0.05)
+    monkeypatch.setattr("diag.trace.columnar.batch_from_rows", broken_format)
+    session, losses, messages = train_under_capture(
+        tmp_path, settle_s=0.3, flush_interval_s=0.05, trace_format=trace_format
+    )
     assert losses == expected
     assert len(messages) == 1 and "formatter bug" in messages[0]
     assert not session.writer.enabled
@@ -114,10 +137,11 @@ def test_user_exceptions_propagate_and_are_recorded(tmp_path):
     assert trace.steps["step"].tolist() == [0]
 
 
-def test_sigkill_loses_at_most_about_a_second(tmp_path):
+@pytest.mark.parametrize("trace_format", [1, 2])
+def test_sigkill_loses_at_most_about_a_second(tmp_path, trace_format):
     flush_interval_s = 0.5
     proc = subprocess.Popen(
-        [sys.executable, str(JOBS / "kill_job.py"), str(tmp_path), str(flush_interval_s)],
+        [sys.executable, str(JOBS / "kill_job.py"), str(tmp_path), str(flush_interval_s), str(trace_format)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -131,7 +155,10 @@ def test_sigkill_loses_at_most_about_a_second(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     killed_at = time.time()
     proc.wait()
+    written = "steps.csv" if trace_format == 1 else "steps.000001.arrows"  # killed: never compacted into Parquet
+    assert sorted(p.name for p in (tmp_path / "rank00000").glob("steps*")) == [written]
     trace = diag.load(tmp_path)
+    assert trace.skipped == []  # a row or record batch cut by the kill is one still being written, not damage
     last_recorded = int(trace.steps["step"].max())
     last_printed = int(printed[-1][0])
     assert trace.steps["step"].tolist() == list(range(last_recorded + 1))  # nothing torn or out of order

@@ -96,6 +96,40 @@ def _swap_start_duration(run: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def _to_columnar(run: Path) -> None:
+    """The sample run rewritten in schema version 2, as capture leaves a run still being written: each table's
+    first half in a compacted Parquet segment (000001), the rest in the live Arrow stream (000002)."""
+    from diag.trace.columnar import PARQUET_SUFFIX, StreamSegmentWriter, write_parquet
+    from diag.trace.loader import read_table_arrow
+    from diag.trace.schema import TABLES, segment_name
+
+    for rank_dir in sorted(run.glob("rank*")):
+        for table in TABLES.values():
+            csv_path = rank_dir / table.file_name
+            if not csv_path.exists():
+                continue
+            arrow = read_table_arrow(csv_path, table).table
+            csv_path.unlink()
+            half = arrow.num_rows // 2
+            write_parquet(table, arrow.slice(0, half), rank_dir / segment_name(table.name, 1, PARQUET_SUFFIX))
+            stream = StreamSegmentWriter(rank_dir, table)
+            stream.append([tuple(row.values()) for row in arrow.slice(half).to_pylist()])
+            stream.abandon()  # left live: not compacted
+
+
+def _columnar_case(damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    def build(run: Path) -> None:
+        _to_columnar(run)
+        damage(run)
+
+    return build
+
+
+def _junk_in_middle(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] + os.urandom(4096) + data[len(data) // 2 :])
+
+
 def _kineto(run: Path, body: bytes) -> None:
     """Replace the case by a Kineto directory (no rank directories) holding one damaged trace."""
     for child in run.iterdir():
@@ -160,6 +194,28 @@ _FILE_CASES: dict[str, Callable[[Path], None]] = {
     "pickle_tiny": lambda r: (r / "rank00000/fr_dump.pkl").write_bytes(b"\x80"),
     "pickle_code": lambda r: (r / "rank00000/fr_dump.pkl").write_bytes(
         pickle.dumps({"entries": [_Exploit(r / SENTINEL_NAME)]}, protocol=2)
+    ),
+    "v2_intact": _columnar_case(lambda r: None),
+    "v2_truncated_parquet": _columnar_case(
+        lambda r: (r / "rank00000/collectives.000001.parquet").write_bytes(
+            (r / "rank00000/collectives.000001.parquet").read_bytes()[:-100]
+        )
+    ),
+    "v2_junk_in_stream": _columnar_case(lambda r: _junk_in_middle(r / "rank00000/steps.000002.arrows")),
+    "v2_stream_cut_mid_batch": _columnar_case(
+        lambda r: (r / "rank00001/steps.000002.arrows").write_bytes(
+            (r / "rank00001/steps.000002.arrows").read_bytes()[:-50]
+        )
+    ),
+    "v2_random_bytes_segment": _columnar_case(
+        lambda r: (r / "rank00001/steps.000001.parquet").write_bytes(os.urandom(65536))
+    ),
+    "v2_wrong_table_segment": _columnar_case(
+        lambda r: shutil.copy(r / "rank00002/memory.000001.parquet", r / "rank00002/steps.000001.parquet")
+    ),
+    "v2_fifo_segment": _columnar_case(lambda r: _replace_with_fifo(r / "rank00000/steps.000002.arrows")),
+    "v2_dev_zero_segment": _columnar_case(
+        lambda r: _replace_with_link(r / "rank00000/collectives.000002.arrows", "/dev/zero")
     ),
     "kineto_deep_metadata": lambda r: _kineto(
         r, b'{"deviceProperties": ' + b"[" * 100000 + b"]" * 100000 + b', "traceEvents": []}'

@@ -40,6 +40,9 @@ SAMPLED = [
     "pickle_self_list",
     "pickle_code",
     "kineto_deep_metadata",
+    "v2_truncated_parquet",
+    "v2_junk_in_stream",
+    "v2_fifo_segment",
 ]
 # what the output must say for a case: the skip is named, not silent
 EXPECTED_NOTES = {
@@ -59,6 +62,12 @@ EXPECTED_NOTES = {
     "swapped_start_duration": "negative duration or one over 7 days",
     "pickle_self_list": "cycle",
     "pickle_code": "refused",
+    "v2_truncated_parquet": "unreadable Parquet segment",
+    "v2_junk_in_stream": "damaged Arrow stream segment",
+    "v2_random_bytes_segment": "unreadable Parquet segment",
+    "v2_wrong_table_segment": "expected version 2 'steps'",
+    "v2_fifo_segment": "not a regular file",
+    "v2_dev_zero_segment": "not a regular file",
 }
 ANALYZE_COMMANDS = ("analyze_text", "analyze_json", "analyze_markdown", "analyze_html", "analyze_cached")
 

@@ -23,8 +23,11 @@ def step_row(step: int) -> tuple:
     )
 
 
-def write_rank(root, rank: int, steps: int, run_id: str = "run-a", world_size: int = 2) -> None:
-    writer = RankWriter(root / f"rank{rank:05d}")
+def write_rank(
+    root, rank: int, steps: int, run_id: str = "run-a", world_size: int = 2, schema_version: int = 1
+) -> None:
+    """One rank's files; CSV (schema version 1) unless asked: these tests edit the CSV files by hand."""
+    writer = RankWriter(root / f"rank{rank:05d}", schema_version=schema_version)
     writer.write_manifest({"rank": rank, "world_size": world_size, "run_id": run_id, "schema_version": 1})
     for step in range(steps):
         writer.append("steps", step_row(step))

@@ -1,0 +1,460 @@
+"""Schema version 2: a rank's table as Arrow record batches, written and read segment by segment.
+
+Writing (``StreamSegmentWriter``, driven by ``diag.trace.writer.RankWriter`` on its flushing thread): each flush
+appends one record batch to the table's live segment ``steps.000001.arrows``, an Arrow IPC *stream* (zstd-compressed
+buffers, category columns dictionary-encoded with dictionary deltas), in one write, so a reader sees whole
+messages or a message still being written. When a segment holds ``COMPACT_ROWS`` rows, and at ``finish``, its
+batches (kept in memory) are written as ``steps.000001.parquet`` (one row group, Parquet's delta and
+byte-stream-split encodings, zstd): a temporary file, renamed over, then the stream removed. A reader that sees
+both takes the Parquet one; a stream whose Parquet twin never came (a SIGKILL) is read as it is.
+
+Reading (``TableSegments``, used by ``diag.trace.loader``): segments in number order; a stream incrementally
+from the byte where the last complete message ended (its schema and dictionary messages are kept and replayed
+in front of the new bytes), a Parquet segment once, skipping the rows already read from its stream. A last
+message still being written is left for the next read; anything that is not a diag segment, or is damaged, is
+named in ``skipped`` and its readable rows kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from diag.trace.schema import MARKER_PREFIX, Table, parse_marker, segment_name
+
+COLUMNAR_SCHEMA_VERSION = 2
+MARKER_KEY = b"diag-trace"  # Arrow schema metadata (also kept in the Parquet footer): the table's marker line
+SEGMENT_RE = re.compile(r"^([a-z_]+)\.(\d{6})\.(arrows|parquet)$")
+STREAM_SUFFIX = "arrows"
+PARQUET_SUFFIX = "parquet"
+# A live segment is compacted into Parquet at this many rows: it bounds what a SIGKILL leaves uncompacted (the
+# stream is ~2-5x Parquet's size) and the writer's memory (the segment's batches are kept for compaction)
+COMPACT_ROWS = 1 << 16
+ZSTD_LEVEL = 3
+# Framing of an IPC stream message: 0xFFFFFFFF, then the metadata's length. Metadata is a small flatbuffer and
+# diag's batches are far below these; larger declared lengths are damage, not a message still being written.
+_CONTINUATION = b"\xff\xff\xff\xff"
+MAX_METADATA_BYTES = 1 << 20
+MAX_BODY_BYTES = 1 << 30
+
+ARROW_TYPES = {
+    "int64": pa.int64(),
+    "Int64": pa.int64(),
+    "int8": pa.int8(),
+    "Float64": pa.float64(),
+    "category": pa.dictionary(pa.int32(), pa.string()),
+}
+
+
+def marker(table: Table) -> str:
+    return f"{MARKER_PREFIX} schema={COLUMNAR_SCHEMA_VERSION} table={table.name}"
+
+
+def arrow_schema(table: Table) -> pa.Schema:
+    fields = [pa.field(c.name, ARROW_TYPES[c.dtype]) for c in table.columns]
+    return pa.schema(fields, metadata={MARKER_KEY: marker(table).encode()})
+
+
+def parse_segment_name(name: str) -> tuple[str, int, str] | None:
+    """(table, number, suffix) of a segment file name, or None."""
+    match = SEGMENT_RE.match(name)
+    return (match.group(1), int(match.group(2)), match.group(3)) if match else None
+
+
+# -- writing ---------------------------------------------------------------------------------------------------
+
+
+def _integers(values: tuple, arrow_type: pa.DataType) -> pa.Array:
+    """What v1's CSV would have written as an integer: ints (bools as 0/1), integral floats; anything else null
+    (a required column's null makes the loader drop that row as corrupt, as a garbled CSV row would be)."""
+    try:
+        return pa.array(values, arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        coerced = []
+        for value in values:
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            coerced.append(int(value) if isinstance(value, int) else None)
+        try:
+            return pa.array(coerced, arrow_type)
+        except (pa.ArrowInvalid, OverflowError):  # out of range for the type
+            return pa.nulls(len(values), arrow_type)
+
+
+def _floats(values: tuple) -> pa.Array:
+    try:
+        return pa.array(values, pa.float64(), from_pandas=True)  # NaN -> null, as v1 wrote an empty field
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        coerced = [float(v) if isinstance(v, int | float) else None for v in values]
+        return pa.array(coerced, pa.float64(), from_pandas=True)
+
+
+class _Dictionary:
+    """A category column's strings -> codes, growing over one segment: the stream writer then emits only the
+    new strings (a dictionary delta) with the batch that first uses them."""
+
+    def __init__(self):
+        self.codes: dict[str, int] = {}
+        self.values: list[str] = []
+
+    def encode(self, values: tuple) -> pa.DictionaryArray:
+        codes, known = self.codes, self.values
+        indices = []
+        for value in values:
+            if value is None:
+                indices.append(None)
+                continue
+            text = value if type(value) is str else str(value)
+            code = codes.get(text)
+            if code is None:
+                code = codes[text] = len(known)
+                known.append(text)
+            indices.append(code)
+        return pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), pa.array(known, pa.string()))
+
+
+def batch_from_rows(table: Table, rows: list[tuple], dictionaries: dict[str, _Dictionary]) -> pa.RecordBatch:
+    """One record batch of ``rows`` (tuples in the table's column order, as capture builds them)."""
+    columns = list(zip(*rows)) if rows else [() for _ in table.columns]
+    arrays = []
+    for column, values in zip(table.columns, columns):
+        if column.dtype == "category":
+            arrays.append(dictionaries.setdefault(column.name, _Dictionary()).encode(values))
+        elif column.dtype == "Float64":
+            arrays.append(_floats(values))
+        else:
+            arrays.append(_integers(values, ARROW_TYPES[column.dtype]))
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(table))
+
+
+def parquet_options(table: Table) -> dict:
+    """pyarrow.parquet.ParquetWriter options for a table's segments (measured in benchmarks/bench_storage.py):
+    dictionaries for categories and flags, DELTA_BINARY_PACKED for integers (instants and counters grow by
+    small steps), BYTE_STREAM_SPLIT for floats, all zstd. Statistics only for the step and time columns (a
+    reader may skip a segment outside its step window); no Arrow schema in the footer (the loader knows the
+    types; ~1 KB a file, which on a short run's small segments is a fifth of the file)."""
+    encodings = {}
+    dictionary = []
+    for column in table.columns:
+        if column.dtype in ("category", "int8"):
+            dictionary.append(column.name)
+        elif column.dtype in ("int64", "Int64"):
+            encodings[column.name] = "DELTA_BINARY_PACKED"
+        else:
+            encodings[column.name] = "BYTE_STREAM_SPLIT"
+    return {
+        "compression": "zstd",
+        "compression_level": ZSTD_LEVEL,
+        "use_dictionary": dictionary,
+        "column_encoding": encodings,
+        "write_statistics": [c for c in ("step", "start_us", "time_us") if c in table.column_names],
+        "store_schema": False,
+    }
+
+
+def write_parquet(table: Table, arrow: pa.Table, path: Path) -> None:
+    """``arrow`` (the table's columns) as a Parquet segment at ``path``, one row group, atomically (a temporary
+    file renamed into place): a reader sees the whole segment or none of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with pq.ParquetWriter(tmp, arrow.schema, **parquet_options(table)) as writer:
+            writer.write_table(arrow, row_group_size=max(1, arrow.num_rows))
+            writer.add_key_value_metadata({MARKER_KEY: marker(table).encode()})
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+class StreamSegmentWriter:
+    """The live segments of one table of one rank directory. Not thread-safe: the RankWriter's lock serialises
+    its calls. Raises OSError (the RankWriter disables itself on it)."""
+
+    def __init__(self, rank_dir: Path, table: Table, compact_rows: int = COMPACT_ROWS):
+        self.rank_dir = rank_dir
+        self.table = table
+        self.compact_rows = compact_rows
+        self.bytes_written = 0
+        self._number = _next_number(rank_dir, table)
+        self._handle = None
+        self._ipc = None
+        self._written = 0  # bytes of the live segment so far
+        self._batches: list[pa.RecordBatch] = []
+        self._rows = 0
+        self._dictionaries: dict[str, _Dictionary] = {}
+
+    def append(self, rows: list[tuple]) -> None:
+        batch = batch_from_rows(self.table, rows, self._dictionaries)
+        if self._ipc is None:
+            self._open()
+        self._ipc.write_batch(batch)
+        self._flush()
+        self._batches.append(batch)
+        self._rows += batch.num_rows
+        if self._rows >= self.compact_rows:
+            self.compact()
+
+    def compact(self) -> None:
+        """Close the live segment and rewrite it as Parquet; the next rows start a new segment."""
+        if self._ipc is None:
+            return
+        self._ipc.close()  # the end-of-stream marker
+        self._flush()
+        self._handle.close()
+        stream = self._path(STREAM_SUFFIX)
+        arrow = pa.Table.from_batches(self._batches, schema=arrow_schema(self.table))
+        self._ipc = self._handle = None
+        self._batches, self._rows, self._dictionaries = [], 0, {}
+        write_parquet(self.table, arrow, self._path(PARQUET_SUFFIX))
+        stream.unlink()
+        self._number += 1
+        self._written = 0
+
+    def close(self) -> None:
+        try:
+            self.compact()
+        finally:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Close the live segment as it is (the writer failed: it stays a stream, read as one)."""
+        if self._handle is not None:
+            with contextlib.suppress(OSError):
+                self._handle.close()
+        self._ipc = self._handle = None
+
+    def _open(self) -> None:
+        # created exclusively: a segment of another writer (a second job into the same directory) is never appended to
+        while True:
+            try:
+                self._handle = self._open_sink(self._path(STREAM_SUFFIX))
+                break
+            except FileExistsError:
+                self._number += 1
+        options = ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=True)
+        self._ipc = ipc.new_stream(self._handle, arrow_schema(self.table), options=options)
+
+    @staticmethod
+    def _open_sink(path: Path) -> pa.NativeFile:
+        """A new file, buffered in C++ (the IPC writer's many small writes reach the file as one write per
+        flush, without the GIL); raises FileExistsError if the name is taken."""
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644))
+        return pa.BufferedOutputStream(pa.OSFile(str(path), "a"), buffer_size=1 << 20)
+
+    def _flush(self) -> None:
+        self._handle.flush()
+        position = self._handle.tell()
+        self.bytes_written += position - self._written
+        self._written = position
+
+    def _path(self, suffix: str) -> Path:
+        return self.rank_dir / segment_name(self.table.name, self._number, suffix)
+
+
+def _next_number(rank_dir: Path, table: Table) -> int:
+    """One more than the table's highest segment in ``rank_dir`` (1 in a new directory)."""
+    try:
+        names = os.listdir(rank_dir)
+    except OSError:
+        return 1
+    numbers = [p[1] for p in map(parse_segment_name, names) if p is not None and p[0] == table.name]
+    return max(numbers, default=0) + 1
+
+
+# -- reading ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Note:
+    """Something a read could not use: the loader turns it into a Skipped entry."""
+
+    path: str
+    reason: str
+    rows: int = 0
+
+
+@dataclass
+class _StreamState:
+    offset: int = 0  # byte after the last complete message read
+    prefix: bytes = b""  # the schema and dictionary messages so far, replayed before new record batches
+    rows: int = 0  # rows read from it
+
+
+@dataclass
+class TableSegments:
+    """What has been read of one table's segments in one rank directory."""
+
+    table: Table
+    streams: dict[int, _StreamState] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)  # segments read to the end (Parquet) or given up (damaged)
+
+    def read_new(self, rank_dir: Path, names: list[str], notes: list[Note]) -> pa.Table | None:
+        """Rows appended to the table's segments since the last call, in segment order (``names``: the rank
+        directory's listing)."""
+        segments: dict[int, set[str]] = {}
+        for name in names:
+            parsed = parse_segment_name(name)
+            if parsed is not None and parsed[0] == self.table.name:
+                segments.setdefault(parsed[1], set()).add(parsed[2])
+        parts = []
+        last = max(segments, default=0)
+        for number in sorted(segments):
+            if number in self.done:
+                continue
+            if PARQUET_SUFFIX in segments[number]:
+                part = self._read_parquet(
+                    rank_dir / segment_name(self.table.name, number, PARQUET_SUFFIX), number, notes
+                )
+            else:
+                path = rank_dir / segment_name(self.table.name, number, STREAM_SUFFIX)
+                part = self._read_stream(path, number, number == last, notes)
+            if part is not None and part.num_rows:
+                parts.append(part)
+        if not parts:
+            return None
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+    def _read_parquet(self, path: Path, number: int, notes: list[Note]) -> pa.Table | None:
+        self.done.add(number)  # immutable once renamed into place: read once
+        already = self.streams.pop(number, _StreamState()).rows
+        try:
+            categories = [c.name for c in self.table.columns if c.dtype == "category"]
+            # ParquetFile, not read_table: no dataset discovery; one thread: the loader reads ranks in parallel
+            arrow = pq.ParquetFile(pa.BufferReader(_read_regular(path)), read_dictionary=categories).read(
+                use_threads=False
+            )
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            notes.append(Note(str(path), f"unreadable Parquet segment: {_short(exc)}"))
+            return None
+        conformed = self._conform(arrow, path, notes)
+        return None if conformed is None else conformed.slice(already)
+
+    def _read_stream(self, path: Path, number: int, live: bool, notes: list[Note]) -> pa.Table | None:
+        state = self.streams.setdefault(number, _StreamState())
+        try:
+            data = _read_regular(path, state.offset)
+        except FileNotFoundError:
+            return None  # compacted since the listing: its Parquet twin is read at the next poll
+        except OSError as exc:
+            self.done.add(number)
+            notes.append(Note(str(path), f"unreadable: {_short(exc)}"))
+            return None
+        end, messages, problem = _complete_messages(data)
+        if problem is not None or (end < len(data) and not live and not _is_end_marker(data[end:])):
+            # damage, or a segment that will never be finished (a later one exists): what follows is lost
+            self.done.add(number)
+            why = problem or "ends in an incomplete message (the writer was killed while writing it?)"
+            notes.append(Note(str(path), f"damaged Arrow stream segment from byte {state.offset + end}: {why}"))
+        if not messages:
+            return None
+        if state.offset == 0 and messages[0][0] != "schema":
+            self.done.add(number)
+            notes.append(Note(str(path), "not a diag trace segment (no Arrow schema at its start)"))
+            return None
+        try:
+            arrow = ipc.open_stream(pa.py_buffer(state.prefix + data[:end])).read_all()
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            self.done.add(number)
+            notes.append(Note(str(path), f"unreadable Arrow stream segment: {_short(exc)}"))
+            return None
+        state.prefix += b"".join(data[a:b] for kind, a, b in messages if kind in ("schema", "dictionary"))
+        state.offset += end
+        conformed = self._conform(arrow, path, notes)
+        if conformed is None:
+            self.done.add(number)
+            return None
+        state.rows += conformed.num_rows
+        return conformed
+
+    def _conform(self, arrow: pa.Table, path: Path, notes: list[Note]) -> pa.Table | None:
+        """The table's columns by name (a column added to the schema after the file was written reads as
+        empty), with the schema's Arrow types; None, with a note, if the file is not this table's."""
+        parsed = parse_marker((arrow.schema.metadata or {}).get(MARKER_KEY, b"").decode("utf-8", "replace"))
+        if parsed is None:
+            notes.append(Note(str(path), "not a diag trace segment (no diag-trace marker in its schema)"))
+            return None
+        version, name = parsed
+        if version != COLUMNAR_SCHEMA_VERSION or name != self.table.name:
+            notes.append(
+                Note(str(path), f"schema version {version} table {name!r}, expected version 2 {self.table.name!r}")
+            )
+            return None
+        arrays = []
+        present = set(arrow.column_names)
+        for column in self.table.columns:
+            names = [n for n in (column.name, column.former_name) if n and n in present]
+            wanted = ARROW_TYPES[column.dtype]
+            if not names:
+                if column.dtype not in ("Int64", "Float64", "category"):
+                    notes.append(Note(str(path), f"column {column.name!r} missing"))
+                    return None
+                arrays.append(pa.nulls(arrow.num_rows, wanted))
+                continue
+            values = arrow.column(names[0])
+            try:
+                arrays.append(values if values.type == wanted else values.cast(wanted))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                notes.append(Note(str(path), f"column {column.name!r} is not {column.dtype}: {_short(exc)}"))
+                return None
+        return pa.Table.from_arrays(arrays, names=self.table.column_names)
+
+
+def _complete_messages(data: bytes) -> tuple[int, list[tuple[str, int, int]], str | None]:
+    """How many leading bytes of ``data`` are complete IPC messages, those messages as (type, start, end), and
+    what is wrong with the rest when it is damage rather than a message still being written."""
+    messages: list[tuple[str, int, int]] = []
+    position = 0
+    reader = pa.BufferReader(pa.py_buffer(data))
+    stream = ipc.MessageReader.open_stream(reader)
+    while position < len(data):
+        head = data[position : position + 8]
+        if len(head) < 8 or head == _CONTINUATION + b"\0\0\0\0":
+            break  # a message being written, or the end-of-stream marker
+        if head[:4] != _CONTINUATION:
+            return position, messages, "not an Arrow IPC message"
+        metadata_bytes = int.from_bytes(head[4:], "little", signed=True)
+        if not 0 < metadata_bytes <= MAX_METADATA_BYTES:
+            return position, messages, f"message metadata of {metadata_bytes} bytes"
+        try:
+            message = stream.read_next_message()
+        except StopIteration:
+            break
+        except (pa.ArrowInvalid, OSError) as exc:
+            text = str(exc)
+            if "Expected to" in text or "only" in text:  # fewer bytes than declared: still being written
+                declared = re.search(r"read (\d+)", text)
+                if declared and int(declared.group(1)) > MAX_BODY_BYTES:
+                    return position, messages, f"message of {declared.group(1)} bytes"
+                break
+            return position, messages, _short(exc)
+        end = reader.tell()
+        messages.append((message.type, position, end))
+        position = end
+    return position, messages, None
+
+
+def _is_end_marker(rest: bytes) -> bool:
+    return rest == _CONTINUATION + b"\0\0\0\0"
+
+
+def _read_regular(path: Path, offset: int = 0) -> bytes:
+    """A regular file's bytes from ``offset`` (a FIFO or device under a segment's name is refused unopened)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        handle.seek(offset)
+        return handle.read()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:200]
