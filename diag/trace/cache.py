@@ -36,7 +36,8 @@ from diag.trace.nccl_log import NcclLog
 from diag.trace.schema import TABLES, Table
 
 CACHE_DIR = ".diag-cache"
-CACHE_FORMAT = 4  # bump when what is stored changes (3: parsed NCCL logs; 4: memory and telemetry columns added)
+CACHE_FORMAT = 5  # bump when what is stored changes (3: parsed NCCL logs; 4: memory and telemetry columns added;
+# 5: memory_deep.json's contents)
 _META = "meta.json"
 _ENTRY_NAME_RE = re.compile(r"^\.?[0-9a-f]{32}(-[A-Za-z0-9_]+)?$")  # a signature, or a half-written entry
 _META_KEYS = ("manifests", "events", "heartbeats", "skipped", "world_size", "ranks_found", "ranks_missing", "run_id")
@@ -202,6 +203,9 @@ def _trace_from(meta: dict, tables: dict, path: Path) -> Trace:
         ranks_missing=meta["ranks_missing"],
         run_id=meta["run_id"],
         nccl_logs={int(rank): NcclLog.from_json(log) for rank, log in (meta.get("nccl_logs") or {}).items()},
+        memory_deep={
+            int(rank): data for rank, data in (meta.get("memory_deep") or {}).items() if isinstance(data, dict)
+        },
     )
 
 
@@ -247,6 +251,7 @@ def _write(root: Path, key: str, trace: Trace) -> bool:
             "ranks_missing": [int(r) for r in trace.ranks_missing],
             "run_id": None if trace.run_id is None else str(trace.run_id),
             "nccl_logs": {str(rank): log.to_json() for rank, log in trace.nccl_logs.items()},
+            "memory_deep": {str(rank): data for rank, data in trace.memory_deep.items()},
         }
         (tmp / _META).write_text(json.dumps(meta, default=_json_default))
         os.replace(tmp, root / key)

@@ -355,3 +355,17 @@ def test_an_oom_in_a_recorded_step_writes_the_file_and_the_oom_finding_names_the
     )
     relu = 64 * 512 * FLOAT32  # its output (saved for the head's backward), and the gradient it makes
     assert f"_WideThenHuge.act {relu * 2 / 1024:.2f} KiB" in " ".join(finding.evidence)
+
+
+def test_the_trace_cache_keeps_the_deep_result(tmp_path):
+    """A second `diag analyze` with other options reads the trace from the cache: the deep section must survive."""
+    from diag.trace.cache import TraceCache
+
+    small_run(tmp_path, memory_deep_steps=(1, 1))
+    first, how = TraceCache(tmp_path).load()
+    assert how == "loaded+cached" and set(first.memory_deep) == {0}
+    second, how = TraceCache(tmp_path).load()
+    assert how == "cache" and second.memory_deep == first.memory_deep
+    for steps in ("0:4", "1:3"):  # two option sets: the second report is computed from the cached trace
+        out = CliRunner().invoke(main, ["analyze", str(tmp_path), "--steps", steps, "--format", "json"]).stdout
+        assert json.loads(out)["memory"]["deep"][0]["steps"] == [1]
