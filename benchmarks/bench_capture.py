@@ -248,8 +248,8 @@ def host_costs(trace_format: int, iterations: int = 20000) -> dict:
         diag.finish()
         in_step_us, a_a_us = cost_in_a_real_step(Path(tmp), trace_format)
         # training health: without replica fingerprints, and with diag.record(loss, grad_norm) every step
-        no_health_us, _ = cost_in_a_real_step(Path(tmp), trace_format, fingerprint_every=0)
-        with_record_us, _ = cost_in_a_real_step(Path(tmp), trace_format, record_loss=True)
+        no_health_us, _ = cost_in_a_real_step(Path(tmp), trace_format, with_a_a=False, fingerprint_every=0)
+        with_record_us, _ = cost_in_a_real_step(Path(tmp), trace_format, record_loss=True, with_a_a=False)
     dist.destroy_process_group()
     return {
         "step_span_us": (span_ns - empty_ns) / 1000,
@@ -268,6 +268,7 @@ def cost_in_a_real_step(
     steps: int = 800,
     hidden: int = 900,
     record_loss: bool = False,
+    with_a_a: bool = True,
     **init_options,
 ) -> tuple[float, float]:
     """What diag adds to one real step, in microseconds: a one-rank DDP model stepped inside ``diag.step()``
@@ -280,7 +281,8 @@ def cost_in_a_real_step(
 
     ``record_loss``: the instrumented step also gives diag its loss and gradient norm (``diag.record``), both
     computed in every step of either model (a user's training loop computes them anyway); ``init_options``
-    go to ``diag.init`` (e.g. ``fingerprint_every=0`` to leave replica fingerprints out)."""
+    go to ``diag.init`` (e.g. ``fingerprint_every=0`` to leave replica fingerprints out); ``with_a_a=False``
+    skips the A/A pairs (NaN) when another call in the same run measured them."""
     import torch
 
     import diag
@@ -318,7 +320,7 @@ def cost_in_a_real_step(
             diag.finish()
         return (statistics.median(times[id(other)]) - statistics.median(times[id(plain)])) / 1000
 
-    a_a = statistics.median(difference(False, pair) for pair in range(rebuilds))
+    a_a = statistics.median(difference(False, pair) for pair in range(rebuilds)) if with_a_a else float("nan")
     with_diag = statistics.median(difference(True, pair) for pair in range(rebuilds))
     return with_diag, a_a
 

@@ -63,7 +63,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     with tempfile.TemporaryDirectory() as tmp:
         on_us, a_a_us = cost_in_a_real_step(Path(tmp), SCHEMA_VERSION, nvtx=True)
-        off_us, _ = cost_in_a_real_step(Path(tmp), SCHEMA_VERSION, nvtx=False)
+        off_us, _ = cost_in_a_real_step(Path(tmp), SCHEMA_VERSION, with_a_a=False, nvtx=False)
     print(
         f"diag's cost in a real step (one-rank DDP, step by step against plain): nvtx on {on_us:.1f} us, "
         f"off {off_us:.1f} us (A/A: {a_a_us:.1f} us)"
