@@ -73,10 +73,12 @@ def test_a_file_written_before_columns_were_added_reads_them_empty(tmp_path):
     assert STEPS.header_columns([*header.split(","), "surprise"]) is None  # a column this diag does not know
 
 
-def test_health_values_are_written_with_every_digit(tmp_path):
+@pytest.mark.parametrize("schema_version", [1, 2])
+def test_health_values_are_written_with_every_digit(tmp_path, schema_version):
     """A converged loss far below 1 and a replica fingerprint that differs in its last digits survive the
-    writer (other floats are rounded to 3 decimals, which would write this loss as 0.0 and hide the drift)."""
-    writer = RankWriter(tmp_path / "rank00000", flush_interval_s=60)
+    writer in either format (version 1's CSV rounds other floats to 3 decimals, which would write this loss as
+    0.0 and hide the drift; version 2 stores every float as it is)."""
+    writer = RankWriter(tmp_path / "rank00000", flush_interval_s=60, schema_version=schema_version)
     loss, grad_norm, fingerprint = 1.2345678e-6, 3.3e-9, -1.5470000000012345
     writer.append(
         "steps",
@@ -98,4 +100,4 @@ def test_health_values_are_written_with_every_digit(tmp_path):
     writer.close()
     row = diag.load(tmp_path).steps.iloc[0]
     assert (row["loss"], row["grad_norm"], row["param_fingerprint"]) == (loss, grad_norm, fingerprint)
-    assert row["device_us"] == 12.346  # the rest keep their 3 decimals
+    assert row["device_us"] == (12.346 if schema_version == 1 else 12.34567)  # CSV's other floats: 3 decimals
