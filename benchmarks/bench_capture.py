@@ -221,7 +221,7 @@ def bytes_on_disk(trace_dir: Path) -> dict:
 TABLE_NAMES = ("steps", "collectives", "memory", "phases")
 
 
-def host_costs(trace_format: int, iterations: int = 20000) -> dict:
+def host_costs(trace_format: int, iterations: int = 20000, pairs: int = 8, pair_steps: int = 800) -> dict:
     """Median microseconds of diag's own host work: one step span, and one recorded collective (the
     wrapper around a collective that does nothing, so that only diag's work is timed)."""
     import torch
@@ -246,10 +246,11 @@ def host_costs(trace_format: int, iterations: int = 20000) -> dict:
         span_ns = timed(span_once, iterations)
         record_ns = timed(lambda: recorded_no_op(tensor, group=group), iterations)
         diag.finish()
-        in_step_us, a_a_us = cost_in_a_real_step(Path(tmp), trace_format)
+        sizes = {"rebuilds": pairs, "steps": pair_steps}
+        in_step_us, a_a_us = cost_in_a_real_step(Path(tmp), trace_format, **sizes)
         # training health: without replica fingerprints, and with diag.record(loss, grad_norm) every step
-        no_health_us, _ = cost_in_a_real_step(Path(tmp), trace_format, with_a_a=False, fingerprint_every=0)
-        with_record_us, _ = cost_in_a_real_step(Path(tmp), trace_format, record_loss=True, with_a_a=False)
+        no_health_us, _ = cost_in_a_real_step(Path(tmp), trace_format, **sizes, with_a_a=False, fingerprint_every=0)
+        with_record_us, _ = cost_in_a_real_step(Path(tmp), trace_format, **sizes, record_loss=True, with_a_a=False)
     dist.destroy_process_group()
     return {
         "step_span_us": (span_ns - empty_ns) / 1000,
@@ -351,10 +352,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rebuild-every", type=int, default=5, help="blocks between fresh models for every variant")
     parser.add_argument("--trace-format", type=int, default=2, choices=(1, 2), help="trace schema version diag writes")
+    parser.add_argument("--real-step-pairs", type=int, default=8, help="model pairs of the one-process real-step cost")
+    parser.add_argument("--real-step-steps", type=int, default=800, help="steps of each model of a pair")
+    parser.add_argument("--real-step-only", action="store_true", help="only the host costs and the real-step cost")
     args = parser.parse_args()
     if args.worker:
         overhead_worker(args)
         return
+    if not args.real_step_only:
+        print_overhead(args)
+    print_host_costs(host_costs(args.trace_format, pairs=args.real_step_pairs, pair_steps=args.real_step_steps))
+
+
+def print_overhead(args) -> dict:
     result = run_overhead(args)
     medians = result["median_step_ms"]
     paired = result["paired_ratio"]
@@ -370,7 +380,16 @@ def main() -> None:
         f"  Flight Recorder reads: {fr['reads']}, {fr['read_s'] * 1000:.1f} ms in all, {fr['per_diag_step_ms'] * 1000:.1f} us "
         f"per step's collectives; diag's ratio with that added (an upper bound: a sixth of it is already in): {charged:.4f}"
     )
-    costs = host_costs(args.trace_format)
+    disk = result["disk"]
+    print(
+        f"bytes on disk: {disk['bytes_per_step_row']:.0f} per step row, {disk['bytes_per_collective_row']:.0f} per "
+        f"collective row ({disk['collectives_per_step']:.1f} collectives/step), "
+        f"{disk['bytes_per_step_all_tables']:.0f} per step over all tables"
+    )
+    return result
+
+
+def print_host_costs(costs: dict) -> None:
     print(f"host cost of one step span:         {costs['step_span_us']:.2f} us (median)")
     print(f"host cost of recording a collective: {costs['collective_record_us']:.2f} us (median)")
     print(
@@ -380,12 +399,6 @@ def main() -> None:
     print(
         f"  the same without replica fingerprints (fingerprint_every=0): {costs['in_real_step_no_fingerprints_us']:.1f} us; "
         f"defaults plus diag.record(loss, grad_norm) every step: {costs['in_real_step_with_record_us']:.1f} us"
-    )
-    disk = result["disk"]
-    print(
-        f"bytes on disk: {disk['bytes_per_step_row']:.0f} per step row, {disk['bytes_per_collective_row']:.0f} per "
-        f"collective row ({disk['collectives_per_step']:.1f} collectives/step), "
-        f"{disk['bytes_per_step_all_tables']:.0f} per step over all tables"
     )
 
 
