@@ -28,6 +28,46 @@ def _report_from_cache(state: dict):
     return report
 
 
+PARTITIONED_MIN_RANKS = 64  # above this many rank directories the collectives are reduced rank by rank
+
+
+def _partitioned(trace_dir: Path, choice: bool | None, scheduler: str | None, kineto: bool) -> bool:
+    """Whether to reduce the collectives rank by rank (bounded memory) rather than load them whole: asked, or
+    a cluster given, or more than PARTITIONED_MIN_RANKS ranks (where the whole table costs gigabytes)."""
+    if kineto:
+        return False
+    if choice is not None or scheduler is not None:
+        return bool(choice is None or choice)
+    from diag.trace.loader import find_rank_dirs
+
+    return trace_dir.is_dir() and len(find_rank_dirs(trace_dir)) > PARTITIONED_MIN_RANKS
+
+
+def _analyse_partitioned(trace_dir: Path, step_range, peak_tflops, flops_per_step, scheduler: str | None):
+    from diag.analysis.partitioned import analyze_partitioned
+    from diag.trace.loader import TraceError
+
+    client = None
+    if scheduler is not None:
+        try:
+            from distributed import Client
+        except ImportError as exc:
+            raise click.ClickException(
+                "--scheduler needs Dask distributed: pip install 'diag[scale]' (or dask[distributed])"
+            ) from exc
+        try:
+            client = Client(scheduler, timeout=30)
+        except (OSError, TimeoutError) as exc:
+            raise click.ClickException(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
+    try:
+        return analyze_partitioned(trace_dir, step_range, peak_tflops, flops_per_step, client=client, progress=True)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        if client is not None:
+            client.close()
+
+
 def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step, kineto: bool = False):
     from diag.analysis.report import analyze
     from diag.trace.loader import TraceError, load
@@ -83,7 +123,20 @@ def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step, ki
     is_flag=True,
     help="Do not read or write the cache in TRACE_DIR/.diag-cache (loaded tables and reports).",
 )
-def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_cache):
+@click.option(
+    "--partitioned/--in-memory",
+    "partitioned",
+    default=None,
+    help="Reduce the collectives rank by rank in bounded memory, or load them whole "
+    f"(default: rank by rank above {PARTITIONED_MIN_RANKS} ranks or with --scheduler). See docs/scale.md.",
+)
+@click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    help="Run the per-rank reduction on this Dask cluster (tcp://host:8786); its workers read TRACE_DIR "
+    "themselves, so it must be on a filesystem they share. Needs pip install 'diag[scale]'.",
+)
+def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_cache, partitioned, scheduler):
     """Analyse a trace directory: stragglers, MFU, communication, memory and GPU telemetry,
     with findings ranked by the time each one costs. TRACE_DIR may also be a directory of
     torch.profiler (Kineto) traces, one *.json or *.json.gz per rank: GPU time is then split
@@ -124,6 +177,10 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
             click.echo(
                 f"(report read from the cache in {trace_dir}/.diag-cache; use --no-cache to recompute)", err=True
             )
+    if report is None and _partitioned(trace_dir, partitioned, scheduler, kineto):
+        report = _analyse_partitioned(trace_dir, step_range, peak_tflops, flops_per_step, scheduler)
+        if cache is not None:
+            cache.put_result(result_name, report.to_state())
     if report is None:
         report = _analyse(trace_dir, cache, step_range, peak_tflops, flops_per_step, kineto)
         if cache is not None:

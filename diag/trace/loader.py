@@ -729,19 +729,7 @@ def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
     steps = data["steps"]
     if steps.empty:
         return data
-    cuts: dict[int, float] = {}
-    positional: dict[int, int] = {}
-    for rank, group in steps.groupby("rank", sort=False):
-        numbers = group["step"].to_numpy()
-        back = np.flatnonzero(numbers[1:] <= numbers[:-1])
-        if not len(back):
-            continue
-        first = int(back[-1]) + 1
-        previous_end = float(group["start_us"].iloc[first - 1] + group["duration_us"].iloc[first - 1])
-        if float(group["start_us"].iloc[first]) >= previous_end:
-            cuts[int(rank)] = previous_end
-        else:
-            positional[int(rank)] = int(group.index[first])
+    cuts, positional = latest_run_cuts(steps)
     if not cuts and not positional:
         return data
     out = dict(data)
@@ -770,6 +758,25 @@ def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
         )
     )
     return out
+
+
+def latest_run_cuts(steps: pd.DataFrame) -> tuple[dict[int, float], dict[int, int]]:
+    """Ranks whose step numbers start again (a second run appended): rank -> the time before which rows belong
+    to the earlier run, and rank -> the steps row index where the latest run begins when its clock went back."""
+    cuts: dict[int, float] = {}
+    positional: dict[int, int] = {}
+    for rank, group in steps.groupby("rank", sort=False):
+        numbers = group["step"].to_numpy()
+        back = np.flatnonzero(numbers[1:] <= numbers[:-1])
+        if not len(back):
+            continue
+        first = int(back[-1]) + 1
+        previous_end = float(group["start_us"].iloc[first - 1] + group["duration_us"].iloc[first - 1])
+        if float(group["start_us"].iloc[first]) >= previous_end:
+            cuts[int(rank)] = previous_end
+        else:
+            positional[int(rank)] = int(group.index[first])
+    return cuts, positional
 
 
 def _world_size(manifests: dict[int, Manifest], ranks: list[int], skipped: list[Skipped], path: Path) -> int | None:
