@@ -38,7 +38,6 @@ from diag.trace.loader import (
     TraceReader,
     assemble_trace,
     empty_table,
-    latest_run_cuts,
 )
 from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES
 
@@ -637,7 +636,7 @@ def _bar(total: int, desc: str):
 def rank_tasks(trace: Trace) -> list[RankTask]:
     """One task per rank of the run (ranks of other runs were left out by the load)."""
     rank_dirs = TraceReader(trace.path).rank_dirs()
-    cuts, _ = latest_run_cuts(trace.steps) if len(trace.steps) else ({}, {})
+    cuts = trace.earlier_run_cuts_us
     offsets = trace.clock_offsets_us()
     return [
         RankTask(str(trace.path), rank, str(rank_dirs[rank]), cuts.get(rank), float(offsets.get(rank, 0.0)))

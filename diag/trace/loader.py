@@ -155,6 +155,9 @@ class Trace:
     # kind and step; None for diag's own traces
     gpu_kernels: pd.DataFrame | None = None
     nccl_logs: dict[int, NcclLog] = field(default_factory=dict)  # NCCL's own log by rank, where nccl.log exists
+    # rank -> the time before which its rows belong to an earlier run appended to the same files (dropped): for
+    # tables read later, rank by rank (diag.analysis.partitioned)
+    earlier_run_cuts_us: dict[int, float] = field(default_factory=dict)
 
     def manifest(self, rank: int) -> Manifest | None:
         return self.manifests.get(rank)
@@ -693,6 +696,7 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         ranks_missing=missing,
         run_id=run_id,
         nccl_logs=data.get("nccl_logs", {}),
+        earlier_run_cuts_us=data.get("earlier_run_cuts_us", {}),
     )
 
 
@@ -733,6 +737,7 @@ def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
     if not cuts and not positional:
         return data
     out = dict(data)
+    out["earlier_run_cuts_us"] = cuts
     dropped = 0
     for name in TABLES:
         frame = out[name]
