@@ -29,6 +29,7 @@ def _report_from_cache(state: dict):
 
 
 PARTITIONED_MIN_RANKS = 64  # above this many rank directories the collectives are reduced rank by rank
+SCHEDULER_CONNECT_TIMEOUT_S = 10
 
 
 def _partitioned(trace_dir: Path, choice: bool | None, scheduler: str | None, kineto: bool) -> bool:
@@ -56,7 +57,7 @@ def _analyse_partitioned(trace_dir: Path, step_range, peak_tflops, flops_per_ste
                 "--scheduler needs Dask distributed: pip install 'diag[scale]' (or dask[distributed])"
             ) from exc
         try:
-            client = Client(scheduler, timeout=30)
+            client = Client(scheduler, timeout=SCHEDULER_CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             raise click.ClickException(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
     try:
