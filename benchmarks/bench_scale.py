@@ -42,20 +42,22 @@ def analyze_run(trace_dir: Path, *args: str):
 
 
 def moved_bytes(trace_dir: Path) -> dict:
-    """Pickled size of what one rank sends between the passes, and of the instance table, in a child process
-    (keeps this process small, as measured.py asks)."""
+    """What moves between the passes on a cluster, per rank: the pickled combined partial and the merged sums of
+    one batch of ranks (a Dask task), divided by its ranks; and the instance table broadcast to every worker.
+    Measured in a child process (keeps this process small, as measured.py asks)."""
     code = f"""
 import pickle, json
 from diag.analysis import partitioned as P
 from diag.analysis.window import choose_window
 trace = P.load_without_collectives({str(trace_dir)!r})
 window = choose_window(trace.steps, None, [])
-tasks = P.rank_tasks(trace)
-part, partial = P.read_part(tasks[1], window)
-inst = P.instance_table(P.combine_partials(partial))
-sums = P.finish_part(part, P.match_table(inst))
-print(json.dumps({{"part": part.nbytes, "rows": part.rows, "partial": len(pickle.dumps(partial)),
-                   "sums": len(pickle.dumps(sums)), "instances": len(pickle.dumps(P.match_table(inst)))}}))
+batch = P.rank_tasks(trace)[: P.BATCH_RANKS_MAX]
+parts, partial, _ = P.read_batch(batch, window)
+inst = P.instance_table(partial)
+sums = P.finish_batch(parts, P.match_table(inst))
+print(json.dumps({{"part": sum(p.nbytes for p in parts) / len(batch), "rows": sum(p.rows for p in parts) / len(batch),
+                   "partial": len(pickle.dumps(partial)) / len(batch), "sums": len(pickle.dumps(sums)) / len(batch),
+                   "instances": len(pickle.dumps(P.match_table(inst)))}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
@@ -145,7 +147,7 @@ def main() -> None:
     dask_head = " on Dask: client | peak RSS | workers' peak RSS |" if args.dask_workers else ""
     print(
         "| ranks | collective rows | --in-memory | peak RSS | --partitioned | peak RSS |"
-        f"{dask_head} part held/rank | moved/rank (partial + sums) | instance table | report |"
+        f"{dask_head} part held/rank | moved/rank (batch of 64: partial + sums) | instance table | report |"
     )
     print("|---|---|---|---|---|---|" + ("---|---|---|" if args.dask_workers else "") + "---|---|---|---|")
     for ranks in args.ranks:

@@ -55,10 +55,42 @@ class Stages:
         return result
 
 
+def partitioned_breakdown(trace_dir: Path) -> None:
+    """RSS after loading every table but the collectives, then after each stage of the partitioned analysis."""
+    from diag.analysis.partitioned import LocalEngine, collectives_reducer, load_without_collectives
+
+    base = rss_gb()
+    start = time.perf_counter()
+    trace = load_without_collectives(trace_dir)
+    print(
+        f"load without collectives: {time.perf_counter() - start:.1f} s, RSS {rss_gb():.2f} GB (+{rss_gb() - base:.2f})"
+    )
+    tables = sum(int(getattr(trace, n).memory_usage(deep=True).sum()) for n in TABLES)
+    print(f"tables in pandas: {tables / 1e9:.3f} GB")
+    reduce = collectives_reducer(trace, LocalEngine())
+    window = choose_window(trace.steps, None, [])
+    start = time.perf_counter()
+    waits = reduce(window)
+    print(
+        f"both passes: {time.perf_counter() - start:.1f} s, RSS {rss_gb():.2f} GB, peak RSS {peak_rss_gb():.2f} GB; "
+        f"per (rank, step) waits {waits.per_rank_step.memory_usage(deep=True) / 1e9:.3f} GB, "
+        f"{len(waits.instances):,} instances"
+    )
+    start = time.perf_counter()
+    rep.analyze(trace, reduce_collectives=lambda _: waits)
+    print(f"the analyses: {time.perf_counter() - start:.1f} s; process peak RSS {peak_rss_gb():.2f} GB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace_dir", type=Path)
+    parser.add_argument(
+        "--partitioned", action="store_true", help="the new path: tables without collectives, then the reduction"
+    )
     args = parser.parse_args()
+    if args.partitioned:
+        partitioned_breakdown(args.trace_dir)
+        return
     base = rss_gb()
     start = time.perf_counter()
     trace = load(args.trace_dir)

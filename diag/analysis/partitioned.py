@@ -569,28 +569,66 @@ class LocalEngine:
 
 
 class DaskEngine:
-    """Both passes on a Dask cluster's workers: parts stay in the workers' memory between the passes; only
-    instance partials, the instance table (broadcast) and the reduced sums move, merged in trees."""
+    """Both passes on a Dask cluster's workers, a batch of ranks per task: parts stay in the workers' memory
+    between the passes; only one combined partial and one sum per batch, the instance table (broadcast) and
+    the accounting move, merged in trees."""
 
-    def __init__(self, client, progress=None):
-        self.client, self.progress = client, progress
+    def __init__(self, client, progress=None, batch_ranks: int | None = None):
+        self.client, self.progress, self.batch_ranks = client, progress, batch_ranks
 
     def run(self, tasks: list[RankTask], window: StepWindow):
         client = self.client
-        both = client.map(read_part, tasks, window=window, pure=False)
+        size = self.batch_ranks or batch_size(len(tasks), len(client.scheduler_info()["workers"]))
+        batches = [tasks[i : i + size] for i in range(0, len(tasks), size)]
+        both = client.map(read_batch, batches, window=window, pure=False)
         parts = [client.submit(operator.getitem, f, 0, pure=False) for f in both]
         partials = [client.submit(operator.getitem, f, 1, pure=False) for f in both]
+        accounting = [
+            a for batch in client.gather([client.submit(operator.getitem, f, 2) for f in both]) for a in batch
+        ]
         del both
-        accounting = client.gather(client.map(_accounting, parts, pure=False))
-        inst = instance_table(_tree(client, combine_partials, partials).result())
+        # no reference kept to a tree's leaves or to the parts once their consumers are submitted: the
+        # scheduler frees each on the workers as soon as the task reading it is done
+        root = _tree(client, combine_partials, partials)
+        del partials
+        inst = instance_table(root.result())
+        del root
         match = client.scatter(match_table(inst), broadcast=True)
-        sums = _tree(client, merge_sums, client.map(finish_part, parts, match=match, pure=False)).result()
+        finished = client.map(finish_batch, parts, match=match, pure=False)
+        del parts
+        sums = _tree(client, merge_sums, finished)
+        del finished
+        sums = sums.result()
         if self.progress is not None:
             self.progress(len(tasks) * 2)
         return sums, inst, accounting
 
 
+BATCH_RANKS_MAX = 64
+
+
+def batch_size(ranks: int, workers: int) -> int:
+    """Ranks per task: at least four tasks per worker (balance), at most BATCH_RANKS_MAX (memory per task)."""
+    return max(1, min(BATCH_RANKS_MAX, -(-ranks // (4 * max(workers, 1)))))
+
+
+def read_batch(tasks: list[RankTask], window: StepWindow):
+    """Pass 1 for a batch of ranks on one worker: their parts, their partials combined (what moves), and
+    their accounting."""
+    parts, partials = [], []
+    for task in tasks:
+        part, partial = read_part(task, window)
+        parts.append(part)
+        partials.append(partial)
+    return parts, combine_partials(*partials), [_accounting(p) for p in parts]
+
+
+def finish_batch(parts: list[RankPart], match: MatchTable) -> CollectiveSums:
+    return merge_sums(*(finish_part(part, match) for part in parts))
+
+
 def _tree(client, combine, futures: list):
+    futures = list(futures)  # the caller drops its list: each level's inputs are freed once combined
     while len(futures) > 1:
         futures = [
             client.submit(combine, *futures[i : i + COMBINE_FANIN], pure=False)

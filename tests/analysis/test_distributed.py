@@ -105,7 +105,7 @@ def test_cluster_report_equals_the_single_machine_report(cluster, tmp_path):
 
 @pytest.mark.slow
 def test_both_workers_did_the_partitions(cluster, tmp_path):
-    """The ranks are read by the workers, not the client: each worker ran some of the per-rank tasks."""
+    """The ranks are read by the workers, not the client: each worker ran some of the batches of ranks."""
     from distributed import Client
 
     make_trace(tmp_path, ranks=16, steps=40)
@@ -118,8 +118,8 @@ def test_both_workers_did_the_partitions(cluster, tmp_path):
 
 
 def _tasks_run_here(dask_worker) -> int:
-    """read_part tasks this worker took to memory (its transition log names every task it handled)."""
-    done = {str(entry[0]) for entry in dask_worker.state.log if "read_part" in str(entry[0]) and "memory" in entry}
+    """read_batch tasks this worker took to memory (its transition log names every task it handled)."""
+    done = {str(entry[0]) for entry in dask_worker.state.log if "read_batch" in str(entry[0]) and "memory" in entry}
     return len(done)
 
 
