@@ -268,8 +268,10 @@ def _combine_pg(a: PgPartial, b: PgPartial) -> PgPartial:
         out.latest_us[at] = np.maximum(out.latest_us[at], g.latest_us)
         out.ranks[at] += g.ranks
         remap = np.array([names.index(n) for n in g.op_names] + [-1], dtype="int32")
-        mine = out.op[at]
-        out.op[at] = np.where(mine >= 0, mine, remap[g.op])  # any row's op: every rank issues the same
+        theirs = remap[g.op]
+        # every rank issues the same op; where a damaged row says otherwise, the last rank's wins, as in
+        # comms.collective_waits (partials combine in rank order, here and in Dask's trees)
+        out.op[at] = np.where(theirs >= 0, theirs, out.op[at])
     return out
 
 

@@ -20,7 +20,7 @@ import pytest
 from diag.analysis.comms import ValueCounts
 from diag.analysis.partitioned import LocalEngine, analyze_partitioned, collectives_reducer, load_without_collectives
 from diag.analysis.report import analyze
-from diag.trace.loader import load
+from diag.trace.loader import TraceError, load
 from tests.analysis.helpers import REPO, make_trace
 from tests.analysis.test_golden_reports import GOLDEN, PLACEHOLDER, SAMPLE_RUNS, differences
 
@@ -148,3 +148,34 @@ def test_value_counts_percentiles_are_numpys():
         for q in (0, 1, 25, 50, 99, 100):
             assert counts.percentile(q) == np.percentile(values, q)
         assert counts.sum() == pytest.approx(values.sum(), rel=1e-12)
+
+
+def _corpus_cases() -> list[str]:
+    from tests.reliability.corpus import build_cases
+
+    return [name for name in build_cases() if "kineto" not in name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _corpus_cases())
+def test_corruption_corpus_same_report_or_same_error(name, tmp_path):
+    """Every case of the reliability corpus (each class of damage applied to the real sample run): the two
+    paths give the same report, or refuse the trace with the same error."""
+    import warnings
+
+    from tests.reliability.corpus import make_case
+
+    case = make_case(name, tmp_path / "case")
+    outcomes = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for run in (in_memory, partitioned):
+            try:
+                outcomes.append(run(case))
+            except TraceError as exc:
+                outcomes.append(f"TraceError: {exc}")
+    old, new = outcomes
+    if isinstance(old, str) or isinstance(new, str):
+        assert old == new
+    else:
+        assert differences(old, new) == []
