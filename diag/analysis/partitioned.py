@@ -76,6 +76,7 @@ class RankPart:
     skipped: list[Skipped] = field(default_factory=list)
     dropped_insane: int = 0
     dropped_earlier_run: int = 0
+    rows_read: int = 0  # valid rows in the files, before the checks and the window
 
     @property
     def nbytes(self) -> int:
@@ -183,6 +184,7 @@ def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
         ),
         dropped_insane=int(insane.sum()),
         dropped_earlier_run=int(earlier.sum()),
+        rows_read=arrow.num_rows,
     )
     part._ops = op_all[matched]  # for the partial only; not kept (see _partial)
     part._bytes = nbytes[matched]
@@ -639,8 +641,8 @@ def _tree(client, combine, futures: list):
     return futures[0]
 
 
-def _accounting(part: RankPart) -> tuple[int, list[Skipped], int, int]:
-    return part.rank, part.skipped, part.dropped_insane, part.dropped_earlier_run
+def _accounting(part: RankPart) -> tuple[int, list[Skipped], int, int, int]:
+    return part.rank, part.skipped, part.dropped_insane, part.dropped_earlier_run, part.rows_read
 
 
 # -- the trace without its collectives ---------------------------------------------------------------------------
@@ -699,7 +701,10 @@ def collectives_reducer(trace: Trace, engine, progress: bool = False):
             if bar is not None:
                 bar.close()
         _account(trace, accounting)
+        reduce.rows_read = sum(a[4] for a in accounting)
         return reduced_waits(sums, inst)
+
+    reduce.rows_read = 0  # collective rows read, before the checks and the window: 0 when there are none
 
     return reduce
 
@@ -711,7 +716,7 @@ def _account(trace: Trace, accounting: list) -> None:
     """The loader's notes for the collectives: each file's skipped rows in its rank's place, the rows with
     insane durations, and those of an earlier run added to the note that names it."""
     mine = _FILE_ORDER.get(TABLES[COLLECTIVES].file_name, 4)
-    for rank, skipped, _, _ in accounting:
+    for rank, skipped, *_ in accounting:
         for s in skipped:
             trace.skipped.insert(_position(trace.skipped, trace.path, rank, mine), s)
     insane = sum(a[2] for a in accounting)
@@ -770,17 +775,16 @@ def analyze_partitioned(
     flops_per_step: float | None = None,
     client=None,
     progress: bool = False,
+    with_trace: bool = False,
 ):
     """``analyze(load(path))`` with the collectives reduced rank by rank: on this machine, or on the workers of
-    the Dask ``client`` (which read ``path`` themselves: a filesystem they share)."""
+    the Dask ``client`` (which read ``path`` themselves: a filesystem they share). ``with_trace``: return
+    (trace without its collectives, report, collective rows read)."""
     from diag.analysis.report import analyze
 
     trace = load_without_collectives(path, progress=progress)
     engine = DaskEngine(client) if client is not None else LocalEngine()
-    return analyze(
-        trace,
-        steps=steps,
-        peak_tflops=peak_tflops,
-        flops_per_step=flops_per_step,
-        reduce_collectives=collectives_reducer(trace, engine, progress),
-    )
+    reducer = collectives_reducer(trace, engine, progress)
+    report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
+                     reduce_collectives=reducer)  # fmt: skip
+    return (trace, report, reducer.rows_read) if with_trace else report

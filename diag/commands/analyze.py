@@ -61,12 +61,18 @@ def _analyse_partitioned(trace_dir: Path, step_range, peak_tflops, flops_per_ste
         except (OSError, TimeoutError) as exc:
             raise click.ClickException(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
     try:
-        return analyze_partitioned(trace_dir, step_range, peak_tflops, flops_per_step, client=client, progress=True)
+        trace, report, collective_rows = analyze_partitioned(
+            trace_dir, step_range, peak_tflops, flops_per_step, client=client, progress=True, with_trace=True
+        )
     except TraceError as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
         if client is not None:
             client.close()
+    if _nothing_usable(trace) and not collective_rows:
+        reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
+        raise click.ClickException(f"nothing in {trace_dir} could be analysed:\n{reasons}")
+    return report
 
 
 def _analyse(trace_dir: Path, cache, step_range, peak_tflops, flops_per_step, kineto: bool = False):

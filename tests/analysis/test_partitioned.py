@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from diag.analysis.comms import ValueCounts
 from diag.analysis.partitioned import LocalEngine, analyze_partitioned, collectives_reducer, load_without_collectives
 from diag.analysis.report import analyze
 from diag.trace.loader import TraceError, load
-from tests.analysis.helpers import REPO, make_trace
+from tests.analysis.helpers import REPO, cli_json, make_trace, run_cli
 from tests.analysis.test_golden_reports import GOLDEN, PLACEHOLDER, SAMPLE_RUNS, differences
 
 SYNTHETIC_RANKS = 64
@@ -179,3 +180,25 @@ def test_corruption_corpus_same_report_or_same_error(name, tmp_path):
         assert old == new
     else:
         assert differences(old, new) == []
+
+
+def test_nothing_usable_is_the_same_clear_error_on_both_paths(tmp_path):
+    for rank in range(2):
+        (tmp_path / f"rank{rank:05d}").mkdir()
+    for flag in ("--in-memory", "--partitioned"):
+        result = run_cli(tmp_path, "--no-cache", flag)
+        assert result.exit_code == 1
+        assert f"nothing in {tmp_path} could be analysed" in result.output
+
+
+def test_a_trace_of_collectives_only_is_analysed_on_both_paths(tmp_path):
+    """Ranks whose steps and memory files are gone: a report (no step window, so no collective in it), not
+    "nothing could be analysed", on both paths."""
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "sample_traces" / "straggler", run)
+    for table in ("steps.csv", "memory.csv"):
+        for path in run.glob(f"rank*/{table}"):
+            path.unlink()
+    old, new = cli_json(run, "--in-memory"), cli_json(run, "--partitioned")
+    assert new["run"]["ranks_found"] == [0, 1, 2]
+    assert differences(old, new) == []
