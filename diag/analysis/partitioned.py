@@ -103,6 +103,18 @@ def read_rank_collectives(task: RankTask):
 def read_part(task: RankTask, window: StepWindow) -> tuple[RankPart, dict[str, PgPartial]]:
     """Pass 1 for one rank: its compact part and its partial of each collective instance. An unreadable
     partition is an empty part that names it in ``skipped``, never an exception on a worker."""
+    if not Path(task.rank_dir).is_dir():  # a worker without the shared filesystem: say so, do not skip silently
+        import socket
+
+        part = _empty_part(task.rank)
+        part.skipped = [
+            Skipped(
+                task.rank_dir,
+                f"not found on {socket.gethostname()}: its collectives left out (is the trace directory on a "
+                "filesystem every Dask worker sees at the same path?)",
+            )
+        ]
+        return part, _partial(part)
     try:
         arrow, skipped = read_rank_collectives(task)
         part = _part_of(task, arrow, window)
@@ -681,9 +693,14 @@ def rank_tasks(trace: Trace) -> list[RankTask]:
     cuts = trace.earlier_run_cuts_us
     offsets = trace.clock_offsets_us()
     return [
-        RankTask(str(trace.path), rank, str(rank_dirs[rank]), cuts.get(rank), float(offsets.get(rank, 0.0)))
+        RankTask(
+            str(trace.path),
+            rank,
+            str(rank_dirs.get(rank, trace.path / f"rank{rank:05d}")),  # gone since the load: read_part says so
+            cuts.get(rank),
+            float(offsets.get(rank, 0.0)),
+        )
         for rank in trace.ranks_found
-        if rank in rank_dirs
     ]
 
 

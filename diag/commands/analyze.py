@@ -66,6 +66,14 @@ def _analyse_partitioned(trace_dir: Path, step_range, peak_tflops, flops_per_ste
         )
     except TraceError as exc:
         raise click.ClickException(str(exc)) from exc
+    except Exception as exc:
+        if client is None:
+            raise
+        # a worker without diag (or another diag), or one that died: the cluster's error, said plainly
+        raise click.ClickException(
+            f"the Dask cluster at {scheduler} failed to reduce the collectives: {exc!r} (do its workers have "
+            "this version of diag installed, and see TRACE_DIR at the same path?)"
+        ) from exc
     finally:
         if client is not None:
             client.close()

@@ -202,3 +202,20 @@ def test_a_trace_of_collectives_only_is_analysed_on_both_paths(tmp_path):
     old, new = cli_json(run, "--in-memory"), cli_json(run, "--partitioned")
     assert new["run"]["ranks_found"] == [0, 1, 2]
     assert differences(old, new) == []
+
+
+def test_a_rank_directory_missing_where_it_is_read_is_named(planted):
+    """A rank's directory gone between the load and the reduction (on a cluster: a worker that does not see the
+    trace directory) is named in run.skipped, not silently left out."""
+    path, _ = planted
+    trace = load_without_collectives(path)
+    gone = path / "rank00003"
+    hidden = path.parent / "hidden-rank00003"
+    gone.rename(hidden)
+    try:
+        report = analyze(trace, reduce_collectives=collectives_reducer(trace, LocalEngine())).to_dict()
+    finally:
+        hidden.rename(gone)
+    notes = [s for s in report["run"]["skipped"] if s["path"] == str(gone)]
+    assert notes and "filesystem every Dask worker sees" in notes[0]["reason"]
+    assert report["comms"]["per_rank"]  # the other ranks are analysed
