@@ -566,6 +566,7 @@ class LocalEngine:
                 self._tick()
             inst = instance_table(combine_partials(combined, *partials))
             match = match_table(inst)
+            release_arrow_memory()
 
             def second(task: RankTask) -> CollectiveSums:
                 part = held.pop(task.rank, None) or read_part(task, window)[0]
@@ -577,6 +578,7 @@ class LocalEngine:
                 if len(batch) >= COMBINE_FANIN * 4:
                     sums, batch = merge_sums(sums, *batch), []
                 self._tick()
+        release_arrow_memory()
         return merge_sums(sums, *batch), inst, accounting
 
     def _tick(self):
@@ -676,7 +678,28 @@ def load_without_collectives(path: str | Path, progress: bool = False) -> Trace:
         if bar is not None:
             bar.close()
     data[COLLECTIVES] = empty_table(TABLES[COLLECTIVES])
-    return assemble_trace(Path(path), data)
+    trace = assemble_trace(Path(path), data)
+    release_arrow_memory()
+    return trace
+
+
+def release_arrow_memory() -> None:
+    """Give back to the OS what Arrow's allocator keeps of freed parse buffers (mimalloc/jemalloc hold them):
+    1,024 ranks' per-step tables leave ~0.23 GB that nothing else would reuse (numpy allocates elsewhere)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+
+
+def release_heap_memory() -> None:
+    """glibc keeps the freed parts (thousands of arrays under its mmap threshold) in its heap: trimmed, the
+    process peak at 1,024 ranks goes from 1.29 to ~0.91 GB (the analyses reuse nothing of it). No-op elsewhere."""
+    import contextlib
+    import ctypes
+    import ctypes.util
+
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc (musl, macOS): nothing to trim
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
 
 
 def _bar(total: int, desc: str):
@@ -719,6 +742,8 @@ def collectives_reducer(trace: Trace, engine, progress: bool = False):
                 bar.close()
         _account(trace, accounting)
         reduce.rows_read = sum(a[4] for a in accounting)
+        del accounting
+        release_heap_memory()
         return reduced_waits(sums, inst)
 
     reduce.rows_read = 0  # collective rows read, before the checks and the window: 0 when there are none
