@@ -195,7 +195,7 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
     if report is None and _partitioned(trace_dir, partitioned, scheduler, kineto):
         report = _analyse_partitioned(trace_dir, step_range, peak_tflops, flops_per_step, scheduler)
         if cache is not None:
-            cache.put_result(result_name, report.to_state())
+            cache.put_result(result_name, report.to_state(), create=True)
     if report is None:
         report = _analyse(trace_dir, cache, step_range, peak_tflops, flops_per_step, kineto)
         if cache is not None:

@@ -219,3 +219,14 @@ def test_a_rank_directory_missing_where_it_is_read_is_named(planted):
     notes = [s for s in report["run"]["skipped"] if s["path"] == str(gone)]
     assert notes and "filesystem every Dask worker sees" in notes[0]["reason"]
     assert report["comms"]["per_rank"]  # the other ranks are analysed
+
+
+def test_partitioned_report_is_cached_and_read_back(tmp_path):
+    """A repeat with the same options reads the report (the issue's repeat <= 10 s), though no tables were
+    cached; the cached report equals the computed one."""
+    make_trace(tmp_path, ranks=8, steps=30)
+    first = run_cli(tmp_path, "--format", "json", "--partitioned")
+    second = run_cli(tmp_path, "--format", "json", "--partitioned")
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    assert "report read from the cache" in second.stderr
+    assert json.loads(second.stdout) == json.loads(first.stdout)
