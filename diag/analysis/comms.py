@@ -102,6 +102,81 @@ class CollectiveWaits:
         return len(self.wait_us)
 
 
+@dataclass
+class ValueCounts:
+    """A multiset of numbers as sorted distinct values and their counts: exact percentiles and sums over many
+    rows in the memory of their distinct values (durations in whole microseconds repeat a lot)."""
+
+    values: np.ndarray  # float64, ascending, distinct
+    counts: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> ValueCounts:
+        distinct, counts = np.unique(np.asarray(values, dtype="float64"), return_counts=True)
+        return cls(distinct, counts.astype("int64"))
+
+    @classmethod
+    def merged(cls, parts: list[ValueCounts]) -> ValueCounts:
+        parts = [p for p in parts if len(p.values)]
+        if len(parts) <= 1:
+            return parts[0] if parts else cls(np.zeros(0), np.zeros(0, dtype="int64"))
+        values = np.concatenate([p.values for p in parts])
+        counts = np.concatenate([p.counts for p in parts])
+        distinct, where = np.unique(values, return_inverse=True)
+        return cls(distinct, np.bincount(where, weights=counts, minlength=len(distinct)).astype("int64"))
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def sum(self) -> float:
+        return float(np.dot(self.values, self.counts))
+
+    def percentile(self, q: float) -> float:
+        """``np.percentile(rows, q)`` (linear interpolation, numpy's own lerp) without the rows."""
+        n = self.total
+        position = q / 100 * (n - 1)
+        low = int(np.floor(position))
+        t = position - low
+        ends = np.cumsum(self.counts)
+        a = self.values[np.searchsorted(ends, low, side="right")]
+        b = self.values[np.searchsorted(ends, min(low + 1, n - 1), side="right")]
+        return float(b - (b - a) * (1 - t)) if t >= 0.5 else float(a + (b - a) * t)
+
+
+@dataclass
+class OpGroup:
+    """One (op, process group, size bucket) of the comms table, reduced from its rows and instances."""
+
+    op: str
+    pg: str
+    bucket: int
+    count: int = 0  # instances
+    ranks_max: int = 0
+    transfer: ValueCounts | None = None  # per timed instance: its shortest duration
+    bytes_max: ValueCounts | None = None  # per instance
+    durations: ValueCounts | None = None  # per timed row
+    rows: int = 0
+    wait_sum_us: float = 0.0
+
+
+@dataclass
+class ReducedWaits:
+    """What the analyses read of CollectiveWaits, reduced partition by partition (diag.analysis.partitioned):
+    no per-row arrays, so its size follows ranks x steps and the instances, not the collective records."""
+
+    per_rank_step: pd.Series  # wait_per_rank_step's result
+    last_arrivals: np.ndarray  # by rank: rows where the rank arrived last
+    rows_per_rank: np.ndarray  # by rank: rows
+    groups: list[OpGroup]
+    instances: pd.DataFrame  # matched instances: pg, seq, op, bytes_max, transfer_us, ranks (links reads them)
+    members: dict[str, list[int]]  # ranks that recorded each group's collectives in the window
+    rows: int
+
+    def __len__(self) -> int:
+        return self.rows
+
+
 def collective_waits(
     coll: pd.DataFrame, mask: np.ndarray | None = None, clock_offsets_us: dict[int, float] | None = None
 ) -> CollectiveWaits | None:
@@ -252,7 +327,9 @@ class CommsReport:
     note: str | None = None
 
 
-def analyze_comms(waits: CollectiveWaits | None, steps_w: pd.DataFrame, pg_sizes: dict[str, int]) -> CommsReport:
+def analyze_comms(
+    waits: CollectiveWaits | ReducedWaits | None, steps_w: pd.DataFrame, pg_sizes: dict[str, int]
+) -> CommsReport:
     report = CommsReport()
     report.per_rank = _per_rank(waits, steps_w)
     if len(steps_w):
@@ -261,7 +338,9 @@ def analyze_comms(waits: CollectiveWaits | None, steps_w: pd.DataFrame, pg_sizes
     if waits is None:
         report.note = "no collectives recorded in the window"
         return report
-    report.collectives = _per_op(waits, pg_sizes)
+    report.collectives = (
+        _per_op_reduced(waits, pg_sizes) if isinstance(waits, ReducedWaits) else _per_op(waits, pg_sizes)
+    )
     untimed = sum(c.count - c.timed_count for c in report.collectives)
     if untimed:
         total = sum(c.count for c in report.collectives)
@@ -320,18 +399,57 @@ def _per_op(waits: CollectiveWaits, pg_sizes: dict[str, int]) -> list[Collective
     return sorted(stats, key=lambda s: (s.total_time_s or 0.0, s.wait_total_s, s.bytes_total), reverse=True)
 
 
+def _per_op_reduced(waits: ReducedWaits, pg_sizes: dict[str, int]) -> list[CollectiveStats]:
+    """``_per_op`` from groups reduced partition by partition: the same figures (percentiles exact, sums in
+    another order)."""
+    stats = []
+    for g in waits.groups:
+        n = pg_sizes.get(g.pg) or g.ranks_max
+        transfer, durations, sizes = g.transfer, g.durations, g.bytes_max
+        t50 = transfer.percentile(50) if transfer.total else None
+        b50 = sizes.percentile(50)
+        algbw = algbw_size_bytes(g.op, b50, n) / t50 / 1e3 if t50 else None
+        timed_rows = durations.total
+        stats.append(
+            CollectiveStats(
+                op=g.op,
+                pg=g.pg,
+                size_bucket=bucket_label(g.bucket),
+                size_bucket_min_bytes=g.bucket,
+                pg_size=n,
+                count=g.count,
+                rows=g.rows,
+                bytes_total=int(round(sizes.sum())),
+                bytes_median=int(b50),
+                timed_count=transfer.total,
+                duration_p50_us=durations.percentile(50) if timed_rows else None,
+                duration_p99_us=durations.percentile(99) if timed_rows else None,
+                transfer_p50_us=t50,
+                transfer_p99_us=transfer.percentile(99) if transfer.total else None,
+                algbw_gbps=algbw,
+                busbw_gbps=algbw * busbw_factor(g.op, n) if algbw is not None else None,
+                wait_total_s=g.wait_sum_us / 1e6,
+                wait_from=_wait_from(timed_rows, g.rows),
+                total_time_s=durations.sum() / 1e6 if timed_rows else None,
+            )
+        )
+    return sorted(stats, key=lambda s: (s.total_time_s or 0.0, s.wait_total_s, s.bytes_total), reverse=True)
+
+
 def _wait_from(timed_rows: int, all_rows: int) -> str:
     if timed_rows == all_rows:
         return "durations"
     return "issue times" if timed_rows == 0 else "durations and issue times"
 
 
-def wait_per_rank_step(waits: CollectiveWaits) -> pd.Series:
+def wait_per_rank_step(waits: CollectiveWaits | ReducedWaits) -> pd.Series:
     """Time each rank waited for its peers in each step, indexed by (rank, step).
 
     Blocking collectives run one after the other, so their waits add up. Asynchronous ones (DDP buckets,
     NCCL on GPUs) overlap: all of a step's buckets wait for the same late rank at once, so their largest wait
     is counted, not the sum."""
+    if isinstance(waits, ReducedWaits):
+        return waits.per_rank_step
     rank_lo, step_lo = int(waits.rank.min()), int(waits.step.min())
     n_steps = int(waits.step.max()) - step_lo + 1
     n_ranks = int(waits.rank.max()) - rank_lo + 1
@@ -350,7 +468,18 @@ def wait_per_rank_step(waits: CollectiveWaits) -> pd.Series:
     return pd.Series((blocking_sum + async_max)[seen], index=index)
 
 
-def _per_rank(waits: CollectiveWaits | None, steps_w: pd.DataFrame) -> list[RankCommWait]:
+def _arrivals(waits: CollectiveWaits | ReducedWaits, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """By rank (at least ``size`` of them): rows where it arrived last, and rows."""
+    if isinstance(waits, ReducedWaits):
+        last, rows = waits.last_arrivals, waits.rows_per_rank
+    else:
+        last = np.bincount(waits.rank, weights=waits.is_last)
+        rows = np.bincount(waits.rank)
+    grow = max(size - len(rows), 0)
+    return np.pad(last.astype("float64"), (0, grow)), np.pad(rows, (0, grow))
+
+
+def _per_rank(waits: CollectiveWaits | ReducedWaits | None, steps_w: pd.DataFrame) -> list[RankCommWait]:
     """Each rank's waits for its peers over the window, as a share of its step time.
 
     Per step, the waits of overlapping asynchronous collectives (DDP buckets) are counted once, not summed
@@ -366,9 +495,8 @@ def _per_rank(waits: CollectiveWaits | None, steps_w: pd.DataFrame) -> list[Rank
     if waits is not None:
         per_step = wait_per_rank_step(waits).reindex(iteration.index, fill_value=0.0)
         wait = np.minimum(per_step, iteration).groupby(level="rank").sum().reindex(step_time.index, fill_value=0.0)
-        size = int(max(waits.rank.max(), step_time.index.max())) + 1
-        last_all = np.bincount(waits.rank, weights=waits.is_last, minlength=size)
-        rows_all = np.bincount(waits.rank, minlength=size)
+        size = int(step_time.index.max()) + 1
+        last_all, rows_all = _arrivals(waits, size)
         idx = step_time.index.to_numpy()
         last = np.divide(last_all[idx], rows_all[idx], out=np.zeros(len(idx)), where=rows_all[idx] > 0)
     out = []

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from diag.analysis.comms import CollectiveWaits, algbw_size_bytes, busbw_factor, canonical_op, size_bucket
+from diag.analysis.comms import CollectiveWaits, ReducedWaits, algbw_size_bytes, busbw_factor, canonical_op, size_bucket
 from diag.analysis.findings import Finding, FindingContext, severity_for
 
 SLOW_RATIO = 0.6  # a group at less than 60% of its fast peers' busbw is slow
@@ -76,7 +76,7 @@ class LinkReport:
 
 
 def analyze_links(
-    waits: CollectiveWaits | None, pg_ranks: dict[str, list[int]], hosts: dict[int, str]
+    waits: CollectiveWaits | ReducedWaits | None, pg_ranks: dict[str, list[int]], hosts: dict[int, str]
 ) -> LinkReport | None:
     """None without at least two groups whose collectives can be compared (same op, size class, group size)."""
     if waits is None:
@@ -113,7 +113,7 @@ def analyze_links(
 
 
 def _instance_speeds(
-    waits: CollectiveWaits, members: dict[str, list[int]], hosts: dict[int, str]
+    waits: CollectiveWaits | ReducedWaits, members: dict[str, list[int]], hosts: dict[int, str]
 ) -> pd.DataFrame | None:
     """One row per timed collective of more than one rank: pg, class, busbw, transfer. The class is the op, the
     size's power of two, the group's size and how many hosts it spans: a group inside one node (NVLink) is not
@@ -175,8 +175,10 @@ def _ratios(medians: pd.DataFrame, reference: pd.Series) -> pd.Series:
     return medians["median"] / reference
 
 
-def _members(waits: CollectiveWaits, pg_ranks: dict[str, list[int]]) -> dict[str, list[int]]:
+def _members(waits: CollectiveWaits | ReducedWaits, pg_ranks: dict[str, list[int]]) -> dict[str, list[int]]:
     """Each group's ranks: from the manifests, else the ranks that recorded its collectives."""
+    if isinstance(waits, ReducedWaits):
+        return {**waits.members, **{pg: sorted(ranks) for pg, ranks in pg_ranks.items() if ranks}}
     pg_of_row = waits.instances["pg"].astype(str).to_numpy()[waits.instance]
     seen = pd.DataFrame({"pg": pg_of_row, "rank": waits.rank}).drop_duplicates()
     out = {str(pg): sorted(int(r) for r in rows["rank"]) for pg, rows in seen.groupby("pg")}

@@ -164,7 +164,10 @@ def analyze(
     steps: str | tuple | None = None,
     peak_tflops: float | None = None,
     flops_per_step: float | None = None,
+    reduce_collectives=None,
 ) -> Report:
+    """``reduce_collectives``: ``window -> ReducedWaits | None``, the collectives' waits reduced partition by
+    partition (diag.analysis.partitioned) when ``trace.collectives`` was not loaded; None: from the table."""
     step_range = parse_step_range(steps) if isinstance(steps, str) else steps
     failures = find_failures(trace.events, trace.heartbeats, trace.manifests, trace.clock_offsets_us())
     window = choose_window(trace.steps, step_range, failures.failed_steps)
@@ -172,9 +175,12 @@ def analyze(
     ranks_info = _ranks_info(trace)
     hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
 
-    coll = trace.collectives
-    in_steps = in_window(coll["step"], window).to_numpy()
-    waits = collective_waits(coll, in_steps, trace.clock_offsets_us()) if len(coll) else None
+    if reduce_collectives is not None:
+        waits = reduce_collectives(window)
+    else:
+        coll = trace.collectives
+        in_steps = in_window(coll["step"], window).to_numpy()
+        waits = collective_waits(coll, in_steps, trace.clock_offsets_us()) if len(coll) else None
     times = rank_step_times(steps_w, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
     tel_w = _telemetry_in_window(trace.telemetry, steps_w)

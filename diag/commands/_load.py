@@ -55,6 +55,70 @@ def report_from_state(state: dict):
     return report
 
 
+PARTITIONED_MIN_RANKS = 64  # above this many rank directories the collectives are reduced rank by rank
+SCHEDULER_CONNECT_TIMEOUT_S = 10
+
+
+def use_partitioned(path: Path, choice: bool | None, scheduler: str | None) -> bool:
+    """Whether to reduce the collectives rank by rank (bounded memory, docs/scale.md) rather than load them
+    whole: asked (``--partitioned``), a cluster given, or more than PARTITIONED_MIN_RANKS ranks (where the
+    whole table costs gigabytes). Never for torch.profiler directories."""
+    from diag.trace.kineto import is_kineto_dir
+    from diag.trace.loader import find_rank_dirs
+
+    if not path.is_dir() or is_kineto_dir(path):
+        return False
+    if choice is not None or scheduler is not None:
+        return bool(choice is None or choice)
+    return len(find_rank_dirs(path)) > PARTITIONED_MIN_RANKS
+
+
+def _dask_client(scheduler: str):
+    try:
+        from distributed import Client
+    except ImportError as exc:
+        raise click.ClickException(
+            "--scheduler needs Dask distributed: pip install 'diag[scale]' (or dask[distributed])"
+        ) from exc
+    try:
+        return Client(scheduler, timeout=SCHEDULER_CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as exc:
+        raise click.ClickException(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
+
+
+def analyse_partitioned(path: Path, step_range, peak_tflops, flops_per_step, scheduler: str | None):
+    """The report with the collectives reduced rank by rank, here or on the Dask cluster at ``scheduler``."""
+    from diag.analysis.partitioned import analyze_partitioned
+    from diag.trace.loader import TraceError
+
+    client = _dask_client(scheduler) if scheduler is not None else None
+    try:
+        trace, report, collective_rows = analyze_partitioned(
+            path, step_range, peak_tflops, flops_per_step, client=client, progress=True, with_trace=True
+        )
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except Exception as exc:
+        if client is None:
+            raise
+        # a worker without diag (or another diag), or one that died: the cluster's error, said plainly
+        raise click.ClickException(
+            f"the Dask cluster at {scheduler} failed to reduce the collectives: {exc!r} (do its workers have "
+            "this version of diag installed, and see TRACE_DIR at the same path?)"
+        ) from exc
+    finally:
+        if client is not None:
+            client.close()
+    if _nothing_usable(trace) and not collective_rows:
+        _raise_nothing_usable(path, trace)
+    return report
+
+
+def _raise_nothing_usable(path: Path, trace):
+    reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
+    raise click.ClickException(f"nothing in {path} could be analysed:\n{reasons}")
+
+
 def _nothing_usable(trace) -> bool:
     return all(getattr(trace, name).empty for name in ("steps", "phases", "collectives", "memory", "telemetry"))
 
@@ -73,8 +137,7 @@ def load_trace(path: Path, cache, quiet: bool = False):
     except TraceError as exc:
         raise click.ClickException(str(exc)) from exc
     if _nothing_usable(trace):
-        reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
-        raise click.ClickException(f"nothing in {path} could be analysed:\n{reasons}")
+        _raise_nothing_usable(path, trace)
     if how == "cache" and not quiet:
         click.echo(f"(trace read from the cache in {path}/.diag-cache)", err=True)
     return trace
@@ -90,10 +153,14 @@ def analysed(
     no_cache: bool = False,
     need_trace: bool = False,
     quiet: bool = False,
+    partitioned: bool | None = None,
+    scheduler: str | None = None,
 ) -> Analysed:
     """``path``'s report for these options: the cached one when there is a valid one, else analysed and cached.
     ``steps`` is the ``--steps`` text (the cache key), ``step_range`` its parsed form. ``need_trace`` loads the
-    trace even when the report is cached; ``quiet`` says nothing on stderr about the caches."""
+    trace even when the report is cached; ``quiet`` says nothing on stderr about the caches. ``partitioned``,
+    ``scheduler``: see ``use_partitioned`` (the same report, in bounded memory; not with ``need_trace``, whose
+    caller wants every table)."""
     from diag.analysis.report import analyze
 
     cache = open_cache(path, no_cache)
@@ -105,6 +172,11 @@ def analysed(
         if report is not None and not quiet:
             click.echo(f"(report read from the cache in {path}/.diag-cache; use --no-cache to recompute)", err=True)
     from_cache = report is not None
+    if report is None and not need_trace and use_partitioned(path, partitioned, scheduler):
+        report = analyse_partitioned(path, step_range, peak_tflops, flops_per_step, scheduler)
+        if cache is not None:
+            cache.put_result(name, report.to_state(), create=True)  # no table cache: a results-only entry
+        return Analysed(report, None, cache, False)
     trace = load_trace(path, cache, quiet) if report is None or need_trace else None
     if report is None:
         report = analyze(trace, steps=step_range, peak_tflops=peak_tflops, flops_per_step=flops_per_step)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from diag.commands import sample_run
+from diag.commands._load import PARTITIONED_MIN_RANKS
 
 
 @click.command("analyze")
@@ -43,7 +44,20 @@ from diag.commands import sample_run
     is_flag=True,
     help="Do not read or write the cache in TRACE_DIR/.diag-cache (loaded tables and reports).",
 )
-def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_cache):
+@click.option(
+    "--partitioned/--in-memory",
+    "partitioned",
+    default=None,
+    help="Reduce the collectives rank by rank in bounded memory, or load them whole "
+    f"(default: rank by rank above {PARTITIONED_MIN_RANKS} ranks or with --scheduler). See docs/scale.md.",
+)
+@click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    help="Run the per-rank reduction on this Dask cluster (tcp://host:8786); its workers read TRACE_DIR "
+    "themselves, so it must be on a filesystem they share. Needs pip install 'diag[scale]'.",
+)
+def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_cache, partitioned, scheduler):
     """Analyse a trace directory: stragglers, MFU, communication, memory and GPU telemetry,
     with findings ranked by the time each one costs. TRACE_DIR may also be a directory of
     torch.profiler (Kineto) traces, one *.json or *.json.gz per rank: GPU time is then split
@@ -75,6 +89,8 @@ def command(trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_ca
         peak_tflops=peak_tflops,
         flops_per_step=flops_per_step,
         no_cache=no_cache,
+        partitioned=partitioned,
+        scheduler=scheduler,
     ).report
     click.echo(render(report, fmt))
     if html_path is not None:

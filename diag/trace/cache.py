@@ -138,8 +138,15 @@ class TraceCache:
                 return payload
         return None
 
-    def put_result(self, name: str, payload: dict) -> bool:
+    def put_result(self, name: str, payload: dict, create: bool = False) -> bool:
+        """``create``: make this trace's entry when there is none (diag analyze --partitioned caches its report
+        without the tables, which it never loads whole); it is keyed like any entry, so it goes stale with it."""
         text = json.dumps(payload, default=_json_default)
+        if create and not any(True for _ in self._trusted_entries()):
+            for root in self.roots:
+                if private_dir(root, create=True) and private_dir(root / self.key, create=True):
+                    _remove_stale(root, keep=self.key)
+                    break
         for entry in self._trusted_entries():  # only next to a cached trace, so stale results go with it
             try:
                 tmp = entry / f".{name}.json.tmp"

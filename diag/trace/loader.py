@@ -152,6 +152,9 @@ class Trace:
     gpu_kernels: pd.DataFrame | None = None
     nccl_logs: dict[int, NcclLog] = field(default_factory=dict)  # NCCL's own log by rank, where nccl.log exists
     memory_deep: dict[int, dict] = field(default_factory=dict)  # memory_deep.json by rank, where the mode ran
+    # rank -> the time before which its rows belong to an earlier run appended to the same files (dropped): for
+    # tables read later, rank by rank (diag.analysis.partitioned)
+    earlier_run_cuts_us: dict[int, float] = field(default_factory=dict)
 
     def manifest(self, rank: int) -> Manifest | None:
         return self.manifests.get(rank)
@@ -738,6 +741,7 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         run_id=run_id,
         nccl_logs=data.get("nccl_logs", {}),
         memory_deep=read_memory_deep(path, list(ranks), skipped),
+        earlier_run_cuts_us=data.get("earlier_run_cuts_us", {}),
     )
 
 
@@ -774,22 +778,11 @@ def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
     steps = data["steps"]
     if steps.empty:
         return data
-    cuts: dict[int, float] = {}
-    positional: dict[int, int] = {}
-    for rank, group in steps.groupby("rank", sort=False):
-        numbers = group["step"].to_numpy()
-        back = np.flatnonzero(numbers[1:] <= numbers[:-1])
-        if not len(back):
-            continue
-        first = int(back[-1]) + 1
-        previous_end = float(group["start_us"].iloc[first - 1] + group["duration_us"].iloc[first - 1])
-        if float(group["start_us"].iloc[first]) >= previous_end:
-            cuts[int(rank)] = previous_end
-        else:
-            positional[int(rank)] = int(group.index[first])
+    cuts, positional = latest_run_cuts(steps)
     if not cuts and not positional:
         return data
     out = dict(data)
+    out["earlier_run_cuts_us"] = cuts
     dropped = 0
     for name in TABLES:
         frame = out[name]
@@ -815,6 +808,25 @@ def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
         )
     )
     return out
+
+
+def latest_run_cuts(steps: pd.DataFrame) -> tuple[dict[int, float], dict[int, int]]:
+    """Ranks whose step numbers start again (a second run appended): rank -> the time before which rows belong
+    to the earlier run, and rank -> the steps row index where the latest run begins when its clock went back."""
+    cuts: dict[int, float] = {}
+    positional: dict[int, int] = {}
+    for rank, group in steps.groupby("rank", sort=False):
+        numbers = group["step"].to_numpy()
+        back = np.flatnonzero(numbers[1:] <= numbers[:-1])
+        if not len(back):
+            continue
+        first = int(back[-1]) + 1
+        previous_end = float(group["start_us"].iloc[first - 1] + group["duration_us"].iloc[first - 1])
+        if float(group["start_us"].iloc[first]) >= previous_end:
+            cuts[int(rank)] = previous_end
+        else:
+            positional[int(rank)] = int(group.index[first])
+    return cuts, positional
 
 
 def _world_size(manifests: dict[int, Manifest], ranks: list[int], skipped: list[Skipped], path: Path) -> int | None:

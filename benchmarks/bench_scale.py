@@ -1,0 +1,174 @@
+"""`diag analyze` cold, old path against new: the collectives loaded whole in pandas (``--in-memory``) or reduced
+rank by rank (``--partitioned``, bounded memory), on synthetic traces of 256, 512 and 1,024 ranks x 1,000 steps x
+20 collectives (benchmarks/synthetic.py, problems planted). Each run is its own process, without the cache;
+wall time, CPU time and peak RSS from os.wait4. Both reports must be equal (1e-9 relative) and find the
+planted problems.
+
+With ``--dask-workers N`` the partitioned run is also made on a Dask cluster started here (a scheduler and N
+single-threaded worker processes on 127.0.0.1): the client's peak RSS, and each worker's, are given.
+
+Also measured once per size: the bytes that move between the passes per rank (pickled instance partial and
+reduced sums of one rank), and the instance table's, for docs/scale.md's extrapolation.
+
+    python benchmarks/bench_scale.py                       # 256, 512, 1024 ranks
+    python benchmarks/bench_scale.py --ranks 64 --steps 200 --dask-workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import synthetic  # noqa: E402
+from bench_analyze import check_planted  # noqa: E402
+from measured import run_measured  # noqa: E402
+
+from tests.analysis.test_golden_reports import differences  # noqa: E402
+
+
+def analyze_run(trace_dir: Path, *args: str):
+    return run_measured(
+        [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", "--no-cache", *args]
+    )
+
+
+def moved_bytes(trace_dir: Path) -> dict:
+    """What moves between the passes on a cluster, per rank: the pickled combined partial and the merged sums of
+    one batch of ranks (a Dask task), divided by its ranks; and the instance table broadcast to every worker.
+    Measured in a child process (keeps this process small, as measured.py asks)."""
+    code = f"""
+import pickle, json
+from diag.analysis import partitioned as P
+from diag.analysis.window import choose_window
+trace = P.load_without_collectives({str(trace_dir)!r})
+window = choose_window(trace.steps, None, [])
+batch = P.rank_tasks(trace)[: P.BATCH_RANKS_MAX]
+parts, partial, _ = P.read_batch(batch, window)
+inst = P.instance_table(partial)
+sums = P.finish_batch(parts, P.match_table(inst))
+print(json.dumps({{"part": sum(p.nbytes for p in parts) / len(batch), "rows": sum(p.rows for p in parts) / len(batch),
+                   "partial": len(pickle.dumps(partial)) / len(batch), "sums": len(pickle.dumps(sums)) / len(batch),
+                   "instances": len(pickle.dumps(P.match_table(inst)))}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+class Cluster:
+    """A dask scheduler and ``workers`` worker processes on 127.0.0.1, as a user starts them."""
+
+    def __init__(self, workers: int, root: Path):
+        self.root, self.procs = root, []
+        scheduler_file = root / "scheduler.json"
+        self._start("distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                    "--scheduler-file", str(scheduler_file))  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists():
+            if time.monotonic() > deadline:
+                raise SystemExit("dask scheduler did not start")
+            time.sleep(0.2)
+        for i in range(workers):
+            self._start("distributed.cli.dask_worker", "--scheduler-file", str(scheduler_file), "--nthreads", "1",
+                        "--nworkers", "1", "--no-dashboard", "--host", "127.0.0.1",
+                        "--local-directory", str(root / f"w{i}"))  # fmt: skip
+        self.address = json.loads(scheduler_file.read_text())["address"]
+        from distributed import Client
+
+        self.client = Client(self.address)
+        self.client.wait_for_workers(workers, timeout=60)
+
+    def _start(self, *args: str) -> None:
+        log = (self.root / f"{len(self.procs)}.log").open("w")
+        self.procs.append(subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT))
+
+    def worker_peak_rss_gb(self) -> list[float]:
+        import resource
+
+        peaks = self.client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6)
+        return sorted(peaks.values())
+
+    def close(self) -> None:
+        self.client.close()
+        for proc in reversed(self.procs):
+            proc.terminate()
+        for proc in self.procs:
+            proc.wait(timeout=30)
+
+
+def bench(ranks: int, steps: int, collectives: int, root: Path, dask_workers: int) -> dict:
+    trace_dir = root / f"diag-scale-{ranks}"
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    try:
+        plants = synthetic.generate(trace_dir, ranks, steps, collectives)
+        old = analyze_run(trace_dir, "--in-memory")
+        new = analyze_run(trace_dir, "--partitioned")
+        old_report, new_report = json.loads(old.stdout), json.loads(new.stdout)
+        problems = check_planted(new_report, plants) if ranks >= 5 else []
+        diffs = differences(old_report, new_report)
+        if diffs:
+            problems.append(f"{len(diffs)} differences old/new, e.g. {diffs[:2]}")
+        result = {"ranks": ranks, "rows": ranks * steps * collectives, "old": old, "new": new, "problems": problems}
+        result["moved"] = moved_bytes(trace_dir)
+        if dask_workers:
+            cluster = Cluster(dask_workers, Path(tempfile.mkdtemp(prefix="diag-dask-", dir=root)))
+            try:
+                run = analyze_run(trace_dir, "--scheduler", cluster.address)
+                result["dask"] = run
+                result["dask_workers_gb"] = cluster.worker_peak_rss_gb()
+                if differences(old_report, json.loads(run.stdout)):
+                    problems.append("the cluster's report differs")
+            finally:
+                cluster.close()
+                shutil.rmtree(cluster.root, ignore_errors=True)
+        return result
+    finally:
+        shutil.rmtree(trace_dir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[256, 512, 1024])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--collectives-per-step", type=int, default=20)
+    parser.add_argument("--dask-workers", type=int, default=0)
+    parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
+    args = parser.parse_args()
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
+    print("Times are wall (CPU user+system) per diag analyze process, cold (--no-cache).")
+    dask_head = " on Dask: client | peak RSS | workers' peak RSS |" if args.dask_workers else ""
+    print(
+        "| ranks | collective rows | --in-memory | peak RSS | --partitioned | peak RSS |"
+        f"{dask_head} part held/rank | moved/rank (batch of 64: partial + sums) | instance table | report |"
+    )
+    print("|---|---|---|---|---|---|" + ("---|---|---|" if args.dask_workers else "") + "---|---|---|---|")
+    for ranks in args.ranks:
+        r = bench(ranks, args.steps, args.collectives_per_step, args.root, args.dask_workers)
+        old, new, moved = r["old"], r["new"], r["moved"]
+        dask = ""
+        if "dask" in r:
+            workers = ", ".join(f"{gb:.2f}" for gb in r["dask_workers_gb"])
+            dask = (
+                f" {r['dask'].wall_s:.1f} s ({r['dask'].cpu_s:.1f} s) | {r['dask'].peak_rss_gb:.2f} GB | {workers} GB |"
+            )
+        print(
+            f"| {ranks} | {r['rows']:,} | {old.wall_s:.1f} s ({old.cpu_s:.1f} s) | {old.peak_rss_gb:.2f} GB | "
+            f"{new.wall_s:.1f} s ({new.cpu_s:.1f} s) | {new.peak_rss_gb:.2f} GB |{dask} "
+            f"{moved['part'] / 1e6:.2f} MB ({moved['part'] / moved['rows']:.1f} B/row) | "
+            f"{(moved['partial'] + moved['sums']) / 1e6:.2f} MB | {moved['instances'] / 1e6:.2f} MB | "
+            f"{'equal, planted problems found' if not r['problems'] else '; '.join(r['problems'])} |",
+            flush=True,
+        )
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,832 @@
+"""The collectives analysed rank by rank, in bounded memory, on this machine or on a Dask cluster.
+
+The collectives are ~95% of a trace's records (20 per rank-step) and, loaded whole, ~5 GB per thousand ranks
+(docs/scale.md). Here they are never loaded whole. Each rank's collectives are a partition, read on its own
+(the loader's per-rank read, so whatever the file format) and reduced in two passes:
+
+1. ``read_part``: the rank's rows after the loader's whole-trace checks (insane durations, an earlier run
+   appended to the same files, the step window), kept compact (``RankPart``, ~20 bytes a row), and a partial
+   of each collective instance (pg, seq): its shortest duration, largest size, latest issue, rows. Partials
+   combine associatively (``combine_partials``) into the instance table: one row per collective instance,
+   whatever the number of ranks in it.
+2. ``finish_part``: with the instance table, each row's wait for the last rank, reduced to what the analyses
+   read (``CollectiveSums``: wait per step, arrivals, per op/group/size sums and exact value counts), which
+   again merge associatively (``merge_sums``).
+
+``ReducedWaits`` (diag.analysis.comms) is the result; comms and links read it as they read CollectiveWaits.
+Every function here is top-level and pickles its arguments: a Dask worker runs it as the local path does.
+"""
+
+from __future__ import annotations
+
+import operator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op, size_bucket
+from diag.analysis.window import StepWindow, in_window
+from diag.trace.loader import (
+    MAX_DURATION_US,
+    READ_THREADS,
+    Skipped,
+    Trace,
+    TraceError,
+    TraceReader,
+    assemble_trace,
+    empty_table,
+)
+from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES
+
+COLLECTIVES = "collectives"
+HELD_BYTES_MAX = 2 << 30  # compact parts kept between the passes on one machine; beyond, a rank is read again
+COMBINE_FANIN = 16  # partials and sums merged this many at a time (a tree on a cluster)
+_SIDE_FILES = {MANIFEST_FILE, HEARTBEAT_FILE, EVENTS_FILE, NCCL_LOG_FILE}
+
+
+@dataclass(frozen=True)
+class RankTask:
+    """What a worker needs to read one rank's collectives: the directory (shared filesystem) and what the
+    whole-trace checks decided for the rank."""
+
+    trace_dir: str
+    rank: int
+    rank_dir: str
+    cut_us: float | None  # rows issued before this belong to an earlier run appended to the same files
+    offset_us: float  # the rank's clock minus rank 0's
+
+
+@dataclass
+class RankPart:
+    """One rank's collectives in the window, compact. Matched rows (same (pg, seq) on every rank of the group)
+    as arrays; rows matched with no other rank (point-to-point, unknown seq) as a small frame."""
+
+    rank: int
+    pg_names: list[str]
+    pg: np.ndarray  # int16 codes into pg_names
+    seq: np.ndarray  # int32 where it fits
+    duration_us: np.ndarray  # float32 where exact, else float64; NaN: untimed
+    step: np.ndarray  # int32
+    blocking: np.ndarray  # bool
+    start_us: np.ndarray  # float64 on rank 0's clock, for the untimed rows only (in their order)
+    unmatched: pd.DataFrame  # pg, op, bytes, duration_us, step, blocking
+    skipped: list[Skipped] = field(default_factory=list)
+    dropped_insane: int = 0
+    dropped_earlier_run: int = 0
+    rows_read: int = 0  # valid rows in the files, before the checks and the window
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.pg, self.seq, self.duration_us, self.step, self.blocking, self.start_us)
+        return sum(a.nbytes for a in arrays) + int(self.unmatched.memory_usage(deep=True).sum())
+
+    @property
+    def rows(self) -> int:
+        return len(self.seq) + len(self.unmatched)
+
+
+# -- pass 1 ----------------------------------------------------------------------------------------------------
+
+
+def read_rank_collectives(task: RankTask):
+    """The rank's collectives as Arrow (None: none) and what was skipped reading them, by the loader's own
+    per-rank read."""
+    reader = TraceReader(task.trace_dir, tables=(COLLECTIVES,))
+    _, _, tables, _, skipped, _ = reader._read_rank(task.rank, Path(task.rank_dir))
+    mine = [s for s in skipped if Path(s.path).name not in _SIDE_FILES]  # the first load reported those
+    return tables.get(COLLECTIVES), mine
+
+
+def read_part(task: RankTask, window: StepWindow) -> tuple[RankPart, dict[str, PgPartial]]:
+    """Pass 1 for one rank: its compact part and its partial of each collective instance. An unreadable
+    partition is an empty part that names it in ``skipped``, never an exception on a worker."""
+    if not Path(task.rank_dir).is_dir():  # a worker without the shared filesystem: say so, do not skip silently
+        import socket
+
+        part = _empty_part(task.rank)
+        part.skipped = [
+            Skipped(
+                task.rank_dir,
+                f"not found on {socket.gethostname()}: its collectives left out (is the trace directory on a "
+                "filesystem every Dask worker sees at the same path?)",
+            )
+        ]
+        return part, _partial(part)
+    try:
+        arrow, skipped = read_rank_collectives(task)
+        part = _part_of(task, arrow, window)
+    except Exception as exc:  # noqa: BLE001 - a damaged partition is skipped and named, the others analysed
+        part = _empty_part(task.rank)
+        skipped = [Skipped(str(task.rank_dir), f"collectives unreadable, rank left out of them: {exc!r}")]
+    part.skipped = skipped + part.skipped
+    return part, _partial(part)
+
+
+def _empty_part(rank: int) -> RankPart:
+    none = np.zeros(0)
+    unmatched = pd.DataFrame(
+        {
+            "pg": pd.Series(dtype=object),
+            "op": pd.Series(dtype=object),
+            "bytes": pd.Series(dtype="int64"),
+            "duration_us": pd.Series(dtype="float64"),
+            "step": pd.Series(dtype="int64"),
+            "blocking": pd.Series(dtype=bool),
+        }
+    )
+    return RankPart(rank, [], none.astype("int16"), none.astype("int32"), none, none.astype("int32"),
+                    none.astype(bool), none, unmatched)  # fmt: skip
+
+
+def _column(arrow, name: str) -> np.ndarray:
+    return arrow.column(name).to_numpy()
+
+
+def _strings(arrow, name: str) -> np.ndarray:
+    values = arrow.column(name).cast("string").to_pandas()
+    return values.fillna("").to_numpy(dtype=object)
+
+
+def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
+    if arrow is None or arrow.num_rows == 0:
+        return _empty_part(task.rank)
+    duration = arrow.column("duration_us").to_numpy(zero_copy_only=False).astype("float64")
+    start = _column(arrow, "start_us").astype("float64")
+    # the loader's whole-trace checks, in its order: insane durations, then rows of an earlier run
+    insane = ~np.isnan(duration) & ((duration < 0) | (duration > MAX_DURATION_US))
+    keep = ~insane
+    earlier = np.zeros(len(keep), dtype=bool)
+    if task.cut_us is not None:
+        earlier = keep & (start < task.cut_us)
+        keep &= ~earlier
+    step = _column(arrow, "step").astype("int64")
+    keep &= in_window(pd.Series(step), window).to_numpy()
+    pg_all, op_all = _strings(arrow, "pg"), _strings(arrow, "op")
+    seq_all = _column(arrow, "seq").astype("int64")
+    p2p_ops = {name for name in set(op_all) if canonical_op(name) in ("send", "recv")}
+    unmatched_rows = np.isin(op_all, list(p2p_ops)) | (seq_all < 0) if p2p_ops else seq_all < 0
+    blocking = _column(arrow, "blocking") != 0
+    nbytes = _column(arrow, "bytes").astype("int64")
+    matched = keep & ~unmatched_rows
+    loose = keep & unmatched_rows
+    codes, names = pd.factorize(pg_all[matched])
+    duration_m = duration[matched]
+    untimed = np.isnan(duration_m)
+    part = RankPart(
+        rank=task.rank,
+        pg_names=[str(n) for n in names],
+        pg=codes.astype("int16" if len(names) < 2**15 else "int32"),
+        seq=_compact_int(seq_all[matched]),
+        duration_us=_compact_float(duration_m),
+        step=step[matched].astype("int32"),
+        blocking=blocking[matched],
+        start_us=start[matched][untimed] - task.offset_us,
+        unmatched=pd.DataFrame(
+            {
+                "pg": pg_all[loose],
+                "op": op_all[loose],
+                "bytes": nbytes[loose],
+                "duration_us": duration[loose],
+                "step": step[loose],
+                "blocking": blocking[loose],
+            }
+        ),
+        dropped_insane=int(insane.sum()),
+        dropped_earlier_run=int(earlier.sum()),
+        rows_read=arrow.num_rows,
+    )
+    part._ops = op_all[matched]  # for the partial only; not kept (see _partial)
+    part._bytes = nbytes[matched]
+    return part
+
+
+def _compact_int(values: np.ndarray) -> np.ndarray:
+    if not len(values) or (values.min() >= -(2**31) and values.max() < 2**31):
+        return values.astype("int32")
+    return values
+
+
+def _compact_float(values: np.ndarray) -> np.ndarray:
+    """float32 when every value survives the round trip (whole microseconds below 2**24 do), else float64."""
+    narrow = values.astype("float32")
+    return narrow if np.array_equal(narrow.astype("float64"), values, equal_nan=True) else values
+
+
+@dataclass
+class PgPartial:
+    """One process group's collective instances as dense arrays over its seq range (a group's sequence numbers
+    count up, so the range is about the instances): combining two is elementwise, no hashing."""
+
+    lo: int  # seq of slot 0
+    op_names: list[str]
+    op: np.ndarray  # int32 codes into op_names (-1: no row)
+    transfer_us: np.ndarray  # shortest timed duration (NaN: none timed)
+    bytes_max: np.ndarray  # int64
+    latest_us: np.ndarray  # latest untimed issue, rank 0's clock (-inf: none)
+    ranks: np.ndarray  # int64 rows (0: no instance at this seq)
+
+
+def _partial(part: RankPart) -> dict[str, PgPartial]:
+    """Per process group, per seq, this rank's instance fields. Drops the op and size arrays from the part:
+    pass 2 does not need them."""
+    ops, nbytes = getattr(part, "_ops", None), getattr(part, "_bytes", None)
+    for name in ("_ops", "_bytes"):
+        part.__dict__.pop(name, None)
+    if ops is None or not len(part.seq):
+        return {}
+    duration = part.duration_us.astype("float64")
+    latest = np.full(len(duration), -np.inf)
+    latest[np.isnan(duration)] = part.start_us
+    op_codes, op_names = pd.factorize(ops)
+    out = {}
+    for code, name in enumerate(part.pg_names):
+        rows = np.flatnonzero(part.pg == code)
+        seq = part.seq[rows].astype("int64")
+        lo = int(seq.min())
+        slot = seq - lo
+        size = int(slot.max()) + 1
+        g = _blank(lo, [str(o) for o in op_names], size)
+        np.fmin.at(g.transfer_us, slot, duration[rows])
+        np.maximum.at(g.bytes_max, slot, nbytes[rows])
+        np.maximum.at(g.latest_us, slot, latest[rows])
+        np.add.at(g.ranks, slot, 1)
+        g.op[slot] = op_codes[rows]
+        out[name] = g
+    return out
+
+
+def _blank(lo: int, op_names: list[str], size: int) -> PgPartial:
+    return PgPartial(
+        lo,
+        op_names,
+        np.full(size, -1, dtype="int32"),
+        np.full(size, np.nan),
+        np.zeros(size, dtype="int64"),
+        np.full(size, -np.inf),
+        np.zeros(size, dtype="int64"),
+    )
+
+
+def _combine_pg(a: PgPartial, b: PgPartial) -> PgPartial:
+    lo = min(a.lo, b.lo)
+    size = max(a.lo + len(a.ranks), b.lo + len(b.ranks)) - lo
+    names = list(dict.fromkeys([*a.op_names, *b.op_names]))
+    out = _blank(lo, names, size)
+    for g in (a, b):
+        at = slice(g.lo - lo, g.lo - lo + len(g.ranks))
+        out.transfer_us[at] = np.fmin(out.transfer_us[at], g.transfer_us)
+        out.bytes_max[at] = np.maximum(out.bytes_max[at], g.bytes_max)
+        out.latest_us[at] = np.maximum(out.latest_us[at], g.latest_us)
+        out.ranks[at] += g.ranks
+        remap = np.array([names.index(n) for n in g.op_names] + [-1], dtype="int32")
+        theirs = remap[g.op]
+        # every rank issues the same op; where a damaged row says otherwise, the last rank's wins, as in
+        # comms.collective_waits (partials combine in rank order, here and in Dask's trees)
+        out.op[at] = np.where(theirs >= 0, theirs, out.op[at])
+    return out
+
+
+def combine_partials(*partials: dict[str, PgPartial]) -> dict[str, PgPartial]:
+    """Partials of several ranks (or of several combinations) as one: associative, for a tree."""
+    out: dict[str, PgPartial] = {}
+    for partial in partials:
+        for name, g in partial.items():
+            out[name] = _combine_pg(out[name], g) if name in out else g
+    return out
+
+
+def _empty_partial() -> dict[str, PgPartial]:
+    return {}
+
+
+# -- between the passes: the instance table ----------------------------------------------------------------------
+
+
+@dataclass
+class MatchTable:
+    """The collective instances by process group: seq index, shortest duration, latest untimed issue, rows, and
+    the (op, pg, size bucket) group of each."""
+
+    by_pg: dict[str, tuple[pd.Index, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    keys: list[tuple[str, str, int]]  # group id -> (op, pg, bucket)
+
+
+def instance_table(partial: dict[str, PgPartial]) -> pd.DataFrame:
+    """The combined partial as comms' instances frame (pg, seq, op, bytes_max, transfer_us, ranks), plus
+    latest_us and each instance's group key."""
+    frames = []
+    for name, g in partial.items():
+        used = np.flatnonzero(g.ranks > 0)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "pg": name,
+                    "seq": used + g.lo,
+                    "op": np.asarray(g.op_names, dtype=object)[g.op[used]],
+                    "transfer_us": g.transfer_us[used],
+                    "bytes_max": g.bytes_max[used],
+                    "latest_us": g.latest_us[used],
+                    "ranks": g.ranks[used],
+                }
+            )
+        )
+    columns = ["pg", "seq", "op", "transfer_us", "bytes_max", "latest_us", "ranks"]
+    inst = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+    inst = inst.astype({"seq": "int64", "transfer_us": "float64", "bytes_max": "int64", "ranks": "int64"})
+    inst["op_name"] = inst["op"].astype(str).map(canonical_op)
+    inst["bucket"] = size_bucket(inst["bytes_max"].to_numpy())
+    return inst
+
+
+def match_table(inst: pd.DataFrame) -> MatchTable:
+    keys_frame = inst[["op_name", "pg", "bucket"]].astype({"pg": str})
+    group = keys_frame.groupby(["op_name", "pg", "bucket"], sort=True).ngroup().to_numpy()
+    keys = [tuple(k) for k in keys_frame.drop_duplicates().sort_values(["op_name", "pg", "bucket"]).to_numpy()]
+    by_pg = {}
+    for pg, rows in inst.groupby("pg", sort=False).indices.items():
+        sub = inst.iloc[rows]
+        by_pg[str(pg)] = (
+            pd.Index(sub["seq"].to_numpy()),
+            sub["transfer_us"].to_numpy(dtype="float64"),
+            sub["latest_us"].to_numpy(dtype="float64"),
+            sub["ranks"].to_numpy(dtype="int64"),
+            group[rows],
+        )
+    return MatchTable(by_pg, [(str(o), str(p), int(b)) for o, p, b in keys])
+
+
+# -- pass 2 ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CollectiveSums:
+    """What the analyses read of the collectives, for some ranks: merges with ``merge_sums``."""
+
+    step_cells: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)  # rank, steps, wait_us
+    arrivals: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (arrived last, rows)
+    members: dict[str, set[int]] = field(default_factory=dict)
+    groups: dict[tuple[str, str, int], OpGroup] = field(default_factory=dict)  # row sums; unmatched instances too
+
+
+def finish_part(part: RankPart, match: MatchTable) -> CollectiveSums:
+    """Pass 2 for one rank: each row's wait for the last rank to arrive, reduced."""
+    sums = CollectiveSums()
+    n = len(part.seq)
+    duration = part.duration_us.astype("float64")
+    wait = np.zeros(n)
+    ranks = np.zeros(n, dtype="int64")
+    group = np.zeros(n, dtype="int64")
+    timed = ~np.isnan(duration)
+    start = np.full(n, np.nan)
+    start[~timed] = part.start_us
+    for code, name in enumerate(part.pg_names):
+        rows = np.flatnonzero(part.pg == code)
+        index, transfer, latest, inst_ranks, inst_group = match.by_pg[name]
+        at = index.get_indexer(part.seq[rows].astype("int64"))
+        wait[rows] = np.where(timed[rows], duration[rows] - transfer[at], latest[at] - start[rows])
+        ranks[rows], group[rows] = inst_ranks[at], inst_group[at]
+    is_last = (wait == 0) & (ranks > 1)
+    wait = np.nan_to_num(wait, nan=0.0)
+    loose = part.unmatched
+    steps = np.concatenate([part.step.astype("int64"), loose["step"].to_numpy(dtype="int64")])
+    waits = np.concatenate([wait, np.zeros(len(loose))])  # matched with no one: nobody to wait for
+    blocking = np.concatenate([part.blocking, loose["blocking"].to_numpy(dtype=bool)])
+    if len(steps):
+        sums.step_cells.append((part.rank, *_per_step(steps, waits, blocking)))
+        sums.arrivals[part.rank] = (int(is_last.sum()), len(steps))
+    for name in {*part.pg_names, *loose["pg"].astype(str)}:
+        sums.members[name] = {part.rank}
+    for g in np.unique(group):
+        rows = group == g
+        d = duration[rows & timed]
+        key = match.keys[g]
+        sums.groups[key] = OpGroup(
+            *key, durations=ValueCounts.of(d), rows=int(rows.sum()), wait_sum_us=float(wait[rows].sum())
+        )
+    for key, rows in _loose_groups(loose).items():
+        d = rows["duration_us"].to_numpy(dtype="float64")
+        timed_d = d[~np.isnan(d)]
+        one = OpGroup(
+            *key,
+            count=len(rows),
+            ranks_max=1,
+            transfer=ValueCounts.of(timed_d),
+            bytes_max=ValueCounts.of(rows["bytes"].to_numpy()),
+            durations=ValueCounts.of(timed_d),
+            rows=len(rows),
+        )
+        _add_group(sums.groups, one)
+    return sums
+
+
+def _per_step(steps: np.ndarray, waits: np.ndarray, blocking: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """comms.wait_per_rank_step for one rank: blocking waits add up, overlapping asynchronous ones count once."""
+    distinct, cell = np.unique(steps, return_inverse=True)
+    total = np.bincount(cell[blocking], weights=waits[blocking], minlength=len(distinct))
+    async_max = np.zeros(len(distinct))
+    np.maximum.at(async_max, cell[~blocking], waits[~blocking])
+    return distinct, total + async_max
+
+
+def _loose_groups(loose: pd.DataFrame) -> dict[tuple[str, str, int], pd.DataFrame]:
+    if loose.empty:
+        return {}
+    keys = pd.DataFrame(
+        {
+            "op_name": loose["op"].astype(str).map(canonical_op),
+            "pg": loose["pg"].astype(str),
+            "bucket": size_bucket(loose["bytes"].to_numpy()),
+        }
+    )
+    return {(str(o), str(p), int(b)): loose.loc[rows.index] for (o, p, b), rows in keys.groupby(list(keys.columns))}
+
+
+def _add_group(groups: dict, g: OpGroup) -> None:
+    key = (g.op, g.pg, g.bucket)
+    if key not in groups:
+        groups[key] = g
+        return
+    a = groups[key]
+    groups[key] = OpGroup(
+        *key,
+        count=a.count + g.count,
+        ranks_max=max(a.ranks_max, g.ranks_max),
+        transfer=_merge_vc(a.transfer, g.transfer),
+        bytes_max=_merge_vc(a.bytes_max, g.bytes_max),
+        durations=_merge_vc(a.durations, g.durations),
+        rows=a.rows + g.rows,
+        wait_sum_us=a.wait_sum_us + g.wait_sum_us,
+    )
+
+
+def _merge_vc(a: ValueCounts | None, b: ValueCounts | None) -> ValueCounts | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return ValueCounts.merged([a, b])
+
+
+def merge_sums(*parts: CollectiveSums) -> CollectiveSums:
+    """Sums of several ranks as one: associative, for a tree."""
+    out = CollectiveSums()
+    for p in parts:
+        out.step_cells.extend(p.step_cells)
+        out.arrivals.update(p.arrivals)
+        for name, ranks in p.members.items():
+            out.members.setdefault(name, set()).update(ranks)
+    keys = {k for p in parts for k in p.groups}
+    for key in keys:
+        found = [p.groups[key] for p in parts if key in p.groups]
+        out.groups[key] = OpGroup(
+            *key,
+            count=sum(g.count for g in found),
+            ranks_max=max(g.ranks_max for g in found),
+            transfer=ValueCounts.merged([g.transfer for g in found if g.transfer is not None]),
+            bytes_max=ValueCounts.merged([g.bytes_max for g in found if g.bytes_max is not None]),
+            durations=ValueCounts.merged([g.durations for g in found if g.durations is not None]),
+            rows=sum(g.rows for g in found),
+            wait_sum_us=sum(g.wait_sum_us for g in found),
+        )
+    return out
+
+
+def reduced_waits(sums: CollectiveSums, inst: pd.DataFrame) -> ReducedWaits | None:
+    """The merged sums and the instance table as comms' ReducedWaits (None: no collective in the window)."""
+    rows = sum(r for _, r in sums.arrivals.values())
+    if rows == 0:
+        return None
+    groups = dict(sums.groups)
+    for key, members in inst.groupby(["op_name", "pg", "bucket"], sort=False):
+        key = (str(key[0]), str(key[1]), int(key[2]))
+        timed = members["transfer_us"].dropna().to_numpy()
+        _add_group(
+            groups,
+            OpGroup(
+                *key,
+                count=len(members),
+                ranks_max=int(members["ranks"].max()),
+                transfer=ValueCounts.of(timed),
+                bytes_max=ValueCounts.of(members["bytes_max"].to_numpy()),
+            ),
+        )
+    cells = sorted(sums.step_cells, key=lambda c: c[0])
+    index = pd.MultiIndex.from_arrays(
+        [np.concatenate([np.full(len(s), r, dtype="int64") for r, s, _ in cells]),
+         np.concatenate([s for _, s, _ in cells])],
+        names=["rank", "step"],
+    )  # fmt: skip
+    per_rank_step = pd.Series(np.concatenate([w for _, _, w in cells]), index=index)
+    size = max(sums.arrivals) + 1
+    last, counts = np.zeros(size), np.zeros(size, dtype="int64")
+    for rank, (arrived_last, n) in sums.arrivals.items():
+        last[rank], counts[rank] = arrived_last, n
+    for g in groups.values():  # a group of only matched rows has no instance-level fields yet, and vice versa
+        g.transfer = g.transfer or ValueCounts.of(np.zeros(0))
+        g.bytes_max = g.bytes_max or ValueCounts.of(np.zeros(0))
+        g.durations = g.durations or ValueCounts.of(np.zeros(0))
+    return ReducedWaits(
+        per_rank_step=per_rank_step,
+        last_arrivals=last,
+        rows_per_rank=counts,
+        groups=[groups[k] for k in sorted(groups)],
+        instances=inst[["pg", "seq", "op", "bytes_max", "transfer_us", "ranks"]],
+        members={pg: sorted(ranks) for pg, ranks in sorted(sums.members.items())},
+        rows=rows,
+    )
+
+
+# -- engines ---------------------------------------------------------------------------------------------------
+
+
+class LocalEngine:
+    """Both passes on this machine, a few ranks at a time (pyarrow parses without the GIL). Compact parts are
+    kept between the passes up to HELD_BYTES_MAX, then ranks are read again: memory stays bounded."""
+
+    def __init__(self, threads: int = READ_THREADS, held_bytes_max: int = HELD_BYTES_MAX, progress=None):
+        self.threads, self.held_bytes_max, self.progress = threads, held_bytes_max, progress
+
+    def run(self, tasks: list[RankTask], window: StepWindow):
+        held: dict[int, RankPart] = {}
+        held_bytes = 0
+        accounting = []
+        partials: list[dict[str, PgPartial]] = []
+        combined = _empty_partial()
+        with ThreadPoolExecutor(max_workers=self.threads) as pool:
+            for task, (part, partial) in zip(tasks, pool.map(lambda t: read_part(t, window), tasks)):
+                accounting.append(_accounting(part))
+                partials.append(partial)
+                if len(partials) >= COMBINE_FANIN:
+                    combined = combine_partials(combined, *partials)
+                    partials = []
+                if held_bytes + part.nbytes <= self.held_bytes_max:
+                    held[task.rank] = part
+                    held_bytes += part.nbytes
+                self._tick()
+            inst = instance_table(combine_partials(combined, *partials))
+            match = match_table(inst)
+            release_arrow_memory()
+
+            def second(task: RankTask) -> CollectiveSums:
+                part = held.pop(task.rank, None) or read_part(task, window)[0]
+                return finish_part(part, match)
+
+            sums, batch = CollectiveSums(), []
+            for result in pool.map(second, tasks):
+                batch.append(result)
+                if len(batch) >= COMBINE_FANIN * 4:
+                    sums, batch = merge_sums(sums, *batch), []
+                self._tick()
+        release_arrow_memory()
+        return merge_sums(sums, *batch), inst, accounting
+
+    def _tick(self):
+        if self.progress is not None:
+            self.progress(1)
+
+
+class DaskEngine:
+    """Both passes on a Dask cluster's workers, a batch of ranks per task: parts stay in the workers' memory
+    between the passes; only one combined partial and one sum per batch, the instance table (broadcast) and
+    the accounting move, merged in trees."""
+
+    def __init__(self, client, progress=None, batch_ranks: int | None = None):
+        self.client, self.progress, self.batch_ranks = client, progress, batch_ranks
+
+    def run(self, tasks: list[RankTask], window: StepWindow):
+        client = self.client
+        size = self.batch_ranks or batch_size(len(tasks), len(client.scheduler_info()["workers"]))
+        batches = [tasks[i : i + size] for i in range(0, len(tasks), size)]
+        both = client.map(read_batch, batches, window=window, pure=False)
+        parts = [client.submit(operator.getitem, f, 0, pure=False) for f in both]
+        partials = [client.submit(operator.getitem, f, 1, pure=False) for f in both]
+        accounting = [
+            a for batch in client.gather([client.submit(operator.getitem, f, 2) for f in both]) for a in batch
+        ]
+        del both
+        # no reference kept to a tree's leaves or to the parts once their consumers are submitted: the
+        # scheduler frees each on the workers as soon as the task reading it is done
+        root = _tree(client, combine_partials, partials)
+        del partials
+        inst = instance_table(root.result())
+        del root
+        match = client.scatter(match_table(inst), broadcast=True)
+        finished = client.map(finish_batch, parts, match=match, pure=False)
+        del parts
+        sums = _tree(client, merge_sums, finished)
+        del finished
+        sums = sums.result()
+        if self.progress is not None:
+            self.progress(len(tasks) * 2)
+        return sums, inst, accounting
+
+
+BATCH_RANKS_MAX = 64
+
+
+def batch_size(ranks: int, workers: int) -> int:
+    """Ranks per task: at least four tasks per worker (balance), at most BATCH_RANKS_MAX (memory per task)."""
+    return max(1, min(BATCH_RANKS_MAX, -(-ranks // (4 * max(workers, 1)))))
+
+
+def read_batch(tasks: list[RankTask], window: StepWindow):
+    """Pass 1 for a batch of ranks on one worker: their parts, their partials combined (what moves), and
+    their accounting."""
+    parts, partials = [], []
+    for task in tasks:
+        part, partial = read_part(task, window)
+        parts.append(part)
+        partials.append(partial)
+    return parts, combine_partials(*partials), [_accounting(p) for p in parts]
+
+
+def finish_batch(parts: list[RankPart], match: MatchTable) -> CollectiveSums:
+    return merge_sums(*(finish_part(part, match) for part in parts))
+
+
+def _tree(client, combine, futures: list):
+    futures = list(futures)  # the caller drops its list: each level's inputs are freed once combined
+    while len(futures) > 1:
+        futures = [
+            client.submit(combine, *futures[i : i + COMBINE_FANIN], pure=False)
+            for i in range(0, len(futures), COMBINE_FANIN)
+        ]
+    return futures[0]
+
+
+def _accounting(part: RankPart) -> tuple[int, list[Skipped], int, int, int]:
+    return part.rank, part.skipped, part.dropped_insane, part.dropped_earlier_run, part.rows_read
+
+
+# -- the trace without its collectives ---------------------------------------------------------------------------
+
+
+def load_without_collectives(path: str | Path, progress: bool = False) -> Trace:
+    """``diag.load`` of every table but the collectives (left empty: reduced by partition instead)."""
+    tables = tuple(name for name in TABLES if name != COLLECTIVES)
+    reader = TraceReader(path, tables=tables)
+    rank_dirs = reader.rank_dirs()
+    if not rank_dirs:
+        raise TraceError(
+            f"no diag traces in {path}: expected rank00000/, rank00001/, ... sub-directories written by diag.init"
+        )
+    bar = _bar(len(rank_dirs), "loading ranks") if progress else None
+    try:
+        data = reader.poll(progress=bar.update if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    data[COLLECTIVES] = empty_table(TABLES[COLLECTIVES])
+    trace = assemble_trace(Path(path), data)
+    release_arrow_memory()
+    return trace
+
+
+def release_arrow_memory() -> None:
+    """Give back to the OS what Arrow's allocator keeps of freed parse buffers (mimalloc/jemalloc hold them):
+    1,024 ranks' per-step tables leave ~0.23 GB that nothing else would reuse (numpy allocates elsewhere)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+
+
+def release_heap_memory() -> None:
+    """glibc keeps the freed parts (thousands of arrays under its mmap threshold) in its heap: trimmed, the
+    process peak at 1,024 ranks goes from 1.29 to ~0.91 GB (the analyses reuse nothing of it). No-op elsewhere."""
+    import contextlib
+    import ctypes
+    import ctypes.util
+
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc (musl, macOS): nothing to trim
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+
+
+def _bar(total: int, desc: str):
+    if total <= 64:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="rank", leave=False)
+
+
+def rank_tasks(trace: Trace) -> list[RankTask]:
+    """One task per rank of the run (ranks of other runs were left out by the load)."""
+    rank_dirs = TraceReader(trace.path).rank_dirs()
+    cuts = trace.earlier_run_cuts_us
+    offsets = trace.clock_offsets_us()
+    return [
+        RankTask(
+            str(trace.path),
+            rank,
+            str(rank_dirs.get(rank, trace.path / f"rank{rank:05d}")),  # gone since the load: read_part says so
+            cuts.get(rank),
+            float(offsets.get(rank, 0.0)),
+        )
+        for rank in trace.ranks_found
+    ]
+
+
+def collectives_reducer(trace: Trace, engine, progress: bool = False):
+    """``window -> ReducedWaits | None`` for ``analyze(..., reduce_collectives=)``: runs both passes on
+    ``engine`` and adds what they skipped or dropped to ``trace.skipped`` as the loader would have."""
+
+    def reduce(window: StepWindow) -> ReducedWaits | None:
+        tasks = rank_tasks(trace)
+        bar = _bar(2 * len(tasks), "collectives by rank") if progress else None
+        engine.progress = bar.update if bar is not None else None
+        try:
+            sums, inst, accounting = engine.run(tasks, window)
+        finally:
+            if bar is not None:
+                bar.close()
+        _account(trace, accounting)
+        reduce.rows_read = sum(a[4] for a in accounting)
+        del accounting
+        release_heap_memory()
+        return reduced_waits(sums, inst)
+
+    reduce.rows_read = 0  # collective rows read, before the checks and the window: 0 when there are none
+
+    return reduce
+
+
+_FILE_ORDER = {MANIFEST_FILE: 0, HEARTBEAT_FILE: 1, **{t.file_name: 2 + i for i, t in enumerate(TABLES.values())}}
+
+
+def _account(trace: Trace, accounting: list) -> None:
+    """The loader's notes for the collectives: each file's skipped rows in its rank's place, the rows with
+    insane durations, and those of an earlier run added to the note that names it."""
+    mine = _FILE_ORDER.get(TABLES[COLLECTIVES].file_name, 4)
+    for rank, skipped, *_ in accounting:
+        for s in skipped:
+            trace.skipped.insert(_position(trace.skipped, trace.path, rank, mine), s)
+    insane = sum(a[2] for a in accounting)
+    earlier = sum(a[3] for a in accounting)
+    if insane:
+        note = Skipped(
+            str(trace.path),
+            f"{COLLECTIVES}: rows with a negative duration or one over 7 days (start and duration swapped?) dropped",
+            insane,
+        )
+        later = [
+            i for i, s in enumerate(trace.skipped) if _insane_note_of(s) in ("memory", "telemetry", "microbatches")
+        ]
+        before = [i for i, s in enumerate(trace.skipped) if "step numbers start again" in s.reason]
+        trace.skipped.insert((later or before or [len(trace.skipped)])[0], note)
+    if earlier:
+        for s in trace.skipped:
+            if "step numbers start again" in s.reason:
+                s.lines += earlier
+                break
+
+
+def _insane_note_of(s: Skipped) -> str | None:
+    return s.reason.split(":")[0] if "rows with a negative duration" in s.reason else None
+
+
+def _position(skipped: list[Skipped], root: Path, rank: int, order: int) -> int:
+    """Where the loader would have listed a note of ``rank``'s file of ``order``: before the first note of a
+    later file of the rank or of a later rank, after the directory notes."""
+    last_keyed = None
+    for i, s in enumerate(skipped):
+        key = _rank_file_key(Path(s.path), root)
+        if key is None:
+            continue
+        if key > (rank, order):
+            return i
+        last_keyed = i
+    if last_keyed is not None:
+        return last_keyed + 1
+    return sum(1 for s in skipped if Path(s.path).parent == root and s.path != str(root))
+
+
+def _rank_file_key(path: Path, root: Path) -> tuple[int, int] | None:
+    from diag.trace.loader import RANK_DIR_RE
+
+    match = RANK_DIR_RE.match(path.parent.name)
+    if path.parent.parent != root or match is None:
+        return None
+    return int(match.group(1)), _FILE_ORDER.get(path.name, 8 if path.name == EVENTS_FILE else 9)
+
+
+def analyze_partitioned(
+    path: str | Path,
+    steps=None,
+    peak_tflops: float | None = None,
+    flops_per_step: float | None = None,
+    client=None,
+    progress: bool = False,
+    with_trace: bool = False,
+):
+    """``analyze(load(path))`` with the collectives reduced rank by rank: on this machine, or on the workers of
+    the Dask ``client`` (which read ``path`` themselves: a filesystem they share). ``with_trace``: return
+    (trace without its collectives, report, collective rows read)."""
+    from diag.analysis.report import analyze
+
+    trace = load_without_collectives(path, progress=progress)
+    engine = DaskEngine(client) if client is not None else LocalEngine()
+    reducer = collectives_reducer(trace, engine, progress)
+    report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
+                     reduce_collectives=reducer)  # fmt: skip
+    return (trace, report, reducer.rows_read) if with_trace else report
