@@ -31,7 +31,13 @@ def installed_venv(tmp_path_factory) -> Path:
     env_dir = root / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
     (wheel,) = wheel_dir.glob("diag-*.whl")
-    subprocess.run([env_dir / "bin" / "pip", "install", "-q", "--no-deps", wheel], check=True, capture_output=True)
+    # --force-reinstall: a diag of the same version installed system-wide (an editable install of a checkout)
+    # would otherwise count as already there, and the venv would import that one instead of the wheel
+    subprocess.run(
+        [env_dir / "bin" / "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel],
+        check=True,
+        capture_output=True,
+    )
     return env_dir
 
 
