@@ -18,10 +18,10 @@ blocks of steps, so slow stretches stay together; ``RESAMPLES`` resamples, fixed
 "no change" when the 95% interval contains 0 or the change is under the noise floor or ``THRESHOLD_PCT``,
 else "regression" or "improvement". The interval covers the noise within each run's steps, not a machine busier
 during one run than the other; the **noise floor** estimates that from the runs themselves: each run's drift is
-the standard deviation of its steady step time over ``DRIFT_WINDOWS`` consecutive windows of its steps, and the
+the robust standard deviation of its steady step time over ``DRIFT_WINDOWS`` consecutive windows of its steps, and the
 floor is ``NOISE_Z`` times the two drifts added in quadrature (the same job's level moving between runs as it
 moves between parts of one run). Measured with benchmarks/bench_compare_noise.py (docs/benchmarks.md): it cut
-false changes between sequential runs of one job on a shared 2-core machine from 8 and 10 of 12 pairs to 3 and
+false changes between sequential runs of one job on a shared 2-core machine from 8 and 10 of 12 pairs to 4 and
 4, and costs detection of changes as large as a run's own drift. The median's change and interval are reported beside it, and a median that moved while the
 steady time did not is called out (slower steps only: interference or intermittent stalls).
 
@@ -78,6 +78,7 @@ DRIFT_MIN_WINDOW_STEPS = 5  # ... of at least this many steps each; fewer than 3
 DRIFT_QUANTILE = (
     STEADY_QUANTILE  # the level of a window: its steady (lower-decile) step time, as the verdict reads a run
 )
+MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 NOISE_Z = 2.0  # the noise floor: this many standard deviations of the difference of two runs' levels
 CONFIDENCE = 0.95
 CENTRAL_FRACTION = 0.2  # the attribution averages the middle 20% of the steps by step time ...
@@ -411,7 +412,8 @@ def bootstrap_change(
 
 def drift_pct(step_ms) -> float | None:
     """How much a run's step time varies within itself: its steps split into ``DRIFT_WINDOWS`` consecutive
-    windows (at least ``DRIFT_MIN_WINDOW_STEPS`` steps each), the standard deviation of the windows' levels
+    windows (at least ``DRIFT_MIN_WINDOW_STEPS`` steps each), the robust standard deviation (1.4826 x the median
+    absolute deviation) of the windows' levels
     (their steady step time, as the verdict reads a run), in % of the run's steady step time. None with fewer
     than 3 windows."""
     x = np.asarray(step_ms, dtype="float64")
@@ -420,8 +422,10 @@ def drift_pct(step_ms) -> float | None:
     steady = float(np.quantile(x, STEADY_QUANTILE)) if len(x) else 0.0
     if windows < 3 or steady <= 0:
         return None
-    levels = [np.quantile(part, DRIFT_QUANTILE) for part in np.array_split(x, windows)]
-    return float(100 * np.std(levels, ddof=1) / steady)
+    levels = np.array([np.quantile(part, DRIFT_QUANTILE) for part in np.array_split(x, windows)])
+    # a robust standard deviation: one stalled stretch (which the steady quantile itself leaves out) must not set
+    # the floor; with the plain one, one window of a run at a load average of 11 made it 105% against 8%
+    return float(100 * MAD_TO_SIGMA * np.median(np.abs(levels - np.median(levels))) / steady)
 
 
 def noise_floor_pct(base_ms, new_ms) -> float | None:
