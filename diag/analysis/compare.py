@@ -13,17 +13,17 @@ while its fastest steps stayed within a few percent. So the verdict is read from
 lower decile (``STEADY_QUANTILE``) of each run's per-step distribution, which a change in the job itself
 (code, model, configuration) moves and outside interference barely does (over 16 pairs of the same job on
 that machine the lower quartile still gave one false regression, the lower decile none, with narrower
-intervals). Its change is bootstrapped (moving
-blocks of steps, so slow stretches stay together; ``RESAMPLES`` resamples, fixed seed): the verdict is
-"no change" when the 95% interval contains 0 or the change is under the noise floor or ``THRESHOLD_PCT``,
-else "regression" or "improvement". The interval covers the noise within each run's steps, not a machine busier
-during one run than the other; the **noise floor** estimates that from the runs themselves: each run's drift is
-the robust standard deviation of its steady step time over ``DRIFT_WINDOWS`` consecutive windows of its steps, and the
-floor is ``NOISE_Z`` times the two drifts added in quadrature (the same job's level moving between runs as it
-moves between parts of one run). Measured with benchmarks/bench_compare_noise.py (docs/benchmarks.md): it cut
-false changes between sequential runs of one job on a shared 2-core machine from 8 and 10 of 12 pairs to 4 and
-4, and costs detection of changes as large as a run's own drift. The median's change and interval are reported beside it, and a median that moved while the
-steady time did not is called out (slower steps only: interference or intermittent stalls).
+intervals). Its change is bootstrapped (moving blocks of steps, so slow stretches stay together;
+``RESAMPLES`` resamples, fixed seed): the verdict is "no change" when the 95% interval contains 0 or the change
+is under the noise floor or ``THRESHOLD_PCT``, else "regression" or "improvement". The interval covers the
+noise within each run's steps, not a machine busier during one run than the other; the **noise floor**
+estimates that from the runs themselves: each run's drift is the robust standard deviation of its steady step
+time over ``DRIFT_WINDOWS`` consecutive windows of its steps, and the floor is ``NOISE_Z`` times the two drifts
+added in quadrature (the same job's level moving between runs as it moves between parts of one run). Measured
+with benchmarks/bench_compare_noise.py (docs/benchmarks.md): it cut false changes between sequential runs of
+one job on a shared 2-core machine from 8 and 10 of 12 pairs to 4 and 4, and costs detection of changes as
+large as a run's own drift. The median's change and interval are reported beside it, and a median that moved
+while the steady time did not is called out (slower steps only: interference or intermittent stalls).
 
 **Attribution.** Per step, the step time splits exactly into components, from the steps table and the
 report's per-step series (``report.timeline.per_step``: iteration and busy time of the median and busiest
@@ -413,9 +413,8 @@ def bootstrap_change(
 def drift_pct(step_ms) -> float | None:
     """How much a run's step time varies within itself: its steps split into ``DRIFT_WINDOWS`` consecutive
     windows (at least ``DRIFT_MIN_WINDOW_STEPS`` steps each), the robust standard deviation (1.4826 x the median
-    absolute deviation) of the windows' levels
-    (their steady step time, as the verdict reads a run), in % of the run's steady step time. None with fewer
-    than 3 windows."""
+    absolute deviation) of the windows' levels (their steady step time, as the verdict reads a run), in % of the
+    run's steady step time. None with fewer than 3 windows."""
     x = np.asarray(step_ms, dtype="float64")
     x = x[np.isfinite(x)]
     windows = min(DRIFT_WINDOWS, len(x) // DRIFT_MIN_WINDOW_STEPS)
