@@ -13,11 +13,17 @@ while its fastest steps stayed within a few percent. So the verdict is read from
 lower decile (``STEADY_QUANTILE``) of each run's per-step distribution, which a change in the job itself
 (code, model, configuration) moves and outside interference barely does (over 16 pairs of the same job on
 that machine the lower quartile still gave one false regression, the lower decile none, with narrower
-intervals). Its change is bootstrapped (moving
-blocks of steps, so slow stretches stay together; ``RESAMPLES`` resamples, fixed seed): the verdict is
-"no change" when the 95% interval contains 0 or the change is under ``THRESHOLD_PCT``, else "regression" or
-"improvement". The median's change and interval are reported beside it, and a median that moved while the
-steady time did not is called out (slower steps only: interference or intermittent stalls).
+intervals). Its change is bootstrapped (moving blocks of steps, so slow stretches stay together;
+``RESAMPLES`` resamples, fixed seed): the verdict is "no change" when the 95% interval contains 0 or the change
+is under the noise floor or ``THRESHOLD_PCT``, else "regression" or "improvement". The interval covers the
+noise within each run's steps, not a machine busier during one run than the other; the **noise floor**
+estimates that from the runs themselves: each run's drift is the robust standard deviation of its steady step
+time over ``DRIFT_WINDOWS`` consecutive windows of its steps, and the floor is ``NOISE_Z`` times the two drifts
+added in quadrature (the same job's level moving between runs as it moves between parts of one run). Measured
+with benchmarks/bench_compare_noise.py (docs/benchmarks.md): it cut false changes between sequential runs of
+one job on a shared 2-core machine from 8 and 10 of 12 pairs to 4 and 4, and costs detection of changes as
+large as a run's own drift. The median's change and interval are reported beside it, and a median that moved
+while the steady time did not is called out (slower steps only: interference or intermittent stalls).
 
 **Attribution.** Per step, the step time splits exactly into components, from the steps table and the
 report's per-step series (``report.timeline.per_step``: iteration and busy time of the median and busiest
@@ -67,6 +73,13 @@ RESAMPLES = 2000
 SEED = 0
 STEADY_QUANTILE = 0.10  # the verdict's statistic: the lower decile of per-step times
 THRESHOLD_PCT = 2.0  # a change smaller than this is "no change" whatever its interval
+DRIFT_WINDOWS = 6  # a run's steps split into this many consecutive windows for its own drift (noise_floor)
+DRIFT_MIN_WINDOW_STEPS = 5  # ... of at least this many steps each; fewer than 3 windows: no drift estimate
+DRIFT_QUANTILE = (
+    STEADY_QUANTILE  # the level of a window: its steady (lower-decile) step time, as the verdict reads a run
+)
+MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
+NOISE_Z = 2.0  # the noise floor: this many standard deviations of the difference of two runs' levels
 CONFIDENCE = 0.95
 CENTRAL_FRACTION = 0.2  # the attribution averages the middle 20% of the steps by step time ...
 CENTRAL_MIN_STEPS = 5  # ... and at least this many
@@ -397,6 +410,38 @@ def bootstrap_change(
     return Change(b / 1e3, n / 1e3, 100 * (n - b) / b, ci)
 
 
+def drift_pct(step_ms) -> float | None:
+    """How much a run's step time varies within itself: its steps split into ``DRIFT_WINDOWS`` consecutive
+    windows (at least ``DRIFT_MIN_WINDOW_STEPS`` steps each), the robust standard deviation (1.4826 x the median
+    absolute deviation) of the windows' levels (their steady step time, as the verdict reads a run), in % of the
+    run's steady step time. None with fewer than 3 windows."""
+    x = np.asarray(step_ms, dtype="float64")
+    x = x[np.isfinite(x)]
+    windows = min(DRIFT_WINDOWS, len(x) // DRIFT_MIN_WINDOW_STEPS)
+    steady = float(np.quantile(x, STEADY_QUANTILE)) if len(x) else 0.0
+    if windows < 3 or steady <= 0:
+        return None
+    levels = np.array([np.quantile(part, DRIFT_QUANTILE) for part in np.array_split(x, windows)])
+    # a robust standard deviation: one stalled stretch (which the steady quantile itself leaves out) must not set
+    # the floor; with the plain one, one window of a run at a load average of 11 made it 105% against 8%
+    return float(100 * MAD_TO_SIGMA * np.median(np.abs(levels - np.median(levels))) / steady)
+
+
+def noise_floor_pct(base_ms, new_ms) -> float | None:
+    """The smallest change of the steady step time that is not the runs' own noise: the same job's level moves
+    between runs as it moves between windows of one run (load from outside the job comes and goes), so the
+    difference of two runs' levels has a standard deviation of about the two drifts added in quadrature;
+    ``NOISE_Z`` of those. A drift that cannot be estimated (too few steps) counts as 0."""
+    drifts = [drift_pct(base_ms), drift_pct(new_ms)]
+    if all(d is None for d in drifts):
+        return None
+    return float(NOISE_Z * math.hypot(*(d or 0.0 for d in drifts)))
+
+
+def _drift_text(s) -> str:
+    return " and ".join("-" if d is None else f"{d:.1f}%" for d in s.drift_pct)
+
+
 def significant(change: Change, threshold_pct: float) -> int:
     """+1 (slower), -1 (faster) or 0 (within the interval or the threshold)."""
     if change.change_pct is None or change.ci_pct is None:
@@ -438,6 +483,8 @@ class StepTime:
     steady_change_pct: float | None
     steady_ci_pct: list[float] | None
     threshold_pct: float
+    drift_pct: list[float | None]  # each run's own drift: std of its windows' levels, % of its steady step time
+    noise_floor_pct: float | None  # NOISE_Z x the two drifts added in quadrature: smaller changes are noise
     steps_base: int
     steps_new: int
     resamples: int
@@ -583,6 +630,8 @@ def _compare(base: RunSummary, new: RunSummary, threshold_pct: float, resamples:
         steady_change_pct=steady.change_pct,
         steady_ci_pct=steady.ci_pct,
         threshold_pct=threshold_pct,
+        drift_pct=[drift_pct(b), drift_pct(n)],
+        noise_floor_pct=noise_floor_pct(b, n),
         steps_base=len(b),
         steps_new=len(n),
         resamples=resamples,
@@ -593,9 +642,17 @@ def _compare(base: RunSummary, new: RunSummary, threshold_pct: float, resamples:
         verdict = "unknown"
         notes.append(f"too few steps analysed ({len(b)} and {len(n)}; at least {MIN_STEPS} each) for a verdict")
     else:
-        direction = significant(steady, threshold_pct)
+        floor = step_time.noise_floor_pct or 0.0
+        direction = significant(steady, max(threshold_pct, floor))
         verdict = {1: "regression", -1: "improvement", 0: "no change"}[direction]
-        moved = significant(median, threshold_pct)
+        if direction == 0 and floor > threshold_pct and significant(steady, threshold_pct):
+            notes.append(
+                f"the steady step time moved {steady.change_pct:+.1f}%, within what these runs vary by within "
+                f"themselves (noise floor {floor:.1f}%: their windows' levels drift by {_drift_text(step_time)}): "
+                "no change that other load on the machine could not explain; compare runs made at the same "
+                "time, or longer runs, to tell"
+            )
+        moved = significant(median, max(threshold_pct, floor))
         if direction == 0 and moved:
             notes.append(
                 f"the median step moved {median.change_pct:+.1f}% but the steady (lower-decile) step time did not: "

@@ -6,7 +6,7 @@ Pure functions over each run's ``HealthReport`` (``report.health``; every step r
 window, since the first NaN is often what ended a run) and the number of steps with a non-finite value (from
 the trace's ``nonfinite`` events, counted by ``nonfinite_steps`` when the run is summarised). The loss of a step
 is the median over ranks (under data parallelism each rank's loss is of its own batch). None when neither run
-recorded a loss, a gradient norm or a fingerprint (``diag.record``).
+recorded a loss or a gradient norm (``diag.record``), a non-finite value or diverged replicas.
 """
 
 from __future__ import annotations
@@ -35,6 +35,13 @@ def losses(health: HealthReport) -> dict[int, float]:
         for p in health.per_step
         if p.get("loss_median") is not None and np.isfinite(p["loss_median"])
     }
+
+
+def _has_values(health: HealthReport) -> bool:
+    """A loss or gradient norm recorded, a non-finite one, or replicas that diverged (parameter fingerprints
+    alone, which DDP runs record by default, are not a training curve to compare)."""
+    recorded = any(p.get("loss_median") is not None or p.get("grad_norm_median") is not None for p in health.per_step)
+    return recorded or bool(health.first_nonfinite) or health.divergence is not None
 
 
 def _run(health: HealthReport, nonfinite: int, matched: list[int]) -> dict:
@@ -66,7 +73,7 @@ def compare_stability(
     base: HealthReport, new: HealthReport, base_nonfinite: int = 0, new_nonfinite: int = 0
 ) -> dict | None:
     """The ``stability`` section of a comparison (docs/compare.md), or None when neither run recorded any."""
-    if not (base.recorded or new.recorded or base_nonfinite or new_nonfinite):
+    if not any(_has_values(h) for h in (base, new)) and not (base_nonfinite or new_nonfinite):
         return None
     b, n = losses(base), losses(new)
     matched = sorted(set(b) & set(n))

@@ -74,7 +74,7 @@ def command(trace_dir, host, port, token, refresh_s, baseline):
         from diag.commands.compare import load_summary
         from diag.dashboard.compare_page import set_baseline
 
-        set_baseline(load_summary(baseline, baseline.resolve().name or str(baseline), None, None, None, None, False))
+        set_baseline(load_summary(baseline, baseline.resolve().name or str(baseline)), baseline)
 
     started = time.perf_counter()
     live = LiveTrace(trace_dir, poll_interval_s=refresh_s)

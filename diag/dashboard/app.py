@@ -125,6 +125,8 @@ def _register_callbacks(app: dash.Dash, live: LiveTrace) -> None:
 
     for page in PAGES.values():
         _register_page(app, live, page)
+        if page.register:
+            page.register(app, live, page)
 
 
 def rank_from_click(click: dict | None) -> int | None:
@@ -155,7 +157,7 @@ def _register_page(app: dash.Dash, live: LiveTrace, page: Page) -> None:
     )
     def update(_opened, _tick, rank, shown):
         snap = live.snapshot
-        key = [snap.version, rank]
+        key = [snap.version, rank, page.state() if page.state else None]
         if shown == key:
             raise PreventUpdate  # nothing new since this page was drawn
         content = render_page(page, snap, rank)

@@ -29,6 +29,9 @@ class Page:
     texts: tuple[str, ...]
     update: Callable  # (Snapshot, selected_rank) -> {name: figure or children}
     intro: str = ""
+    controls: Callable | None = None  # () -> components above the page's content (the Compare page's picker)
+    register: Callable | None = None  # (app, live, page) -> None: callbacks of those controls
+    state: Callable | None = None  # () -> a value that changes when the page must be drawn again (its baseline)
 
     def graph_id(self, name: str) -> dict:
         return {"kind": "graph", "name": f"{self.key}-{name}"}
@@ -52,6 +55,7 @@ class Page:
 
     def layout(self):
         children = [html.H2(self.title), html.P(self.intro, className="intro") if self.intro else None]
+        children.append(self.controls() if self.controls else None)
         children += [html.Div(id=self.text_id(name), className="text-block") for name in self.texts]
         children += [
             dcc.Graph(id=self.graph_id(name), config={"displaylogo": False}, className="graph") for name in self.graphs
@@ -603,6 +607,9 @@ PAGES: dict[str, Page] = {
             compare_page.TEXTS,
             compare_page.update_compare,
             compare_page.INTRO,
+            controls=compare_page.controls,
+            register=compare_page.register,
+            state=compare_page.state_key,
         ),
     )
 }

@@ -136,8 +136,14 @@ def _verdict(c, suffix: str) -> Block:
         f"steady step (lower decile; the verdict's): {ms_from_s(s.steady_base_s)} -> "
         f"{ms_from_s(s.steady_new_s)}, {_signed_pct(s.steady_change_pct)} (95% interval {_ci(s.steady_ci_pct)})"
     )
+    floor = "-" if s.noise_floor_pct is None else f"{s.noise_floor_pct:.1f}%"
+    drifts = " and ".join("-" if d is None else f"{d:.1f}%" for d in s.drift_pct)
     block.lines.append(
-        f"no change when the interval holds 0 or the change is under {s.threshold_pct:g}%; "
+        f"noise floor {floor}: each run's steady step time drifts by {drifts} (std over windows of its steps); "
+        "a change smaller than the floor is what the runs vary by within themselves"
+    )
+    block.lines.append(
+        f"no change when the interval holds 0 or the change is under the floor or {s.threshold_pct:g}%; "
         f"{s.resamples} bootstrap resamples of {s.steps_base} and {s.steps_new} steps "
         f"(blocks of {s.block_steps[0]} and {s.block_steps[1]})"
     )

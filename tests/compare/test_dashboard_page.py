@@ -1,5 +1,6 @@
-"""The dashboard's Compare page: the followed run against the baseline given with --baseline, drawn from the
-same comparison as diag compare; without a baseline it says how to give one. In headless Chromium too."""
+"""The dashboard's Compare page: the followed run against the baseline given with --baseline or picked on the page
+(a run beside it from the list, or a typed path, validated), drawn from the same comparison as diag compare;
+without a baseline it says how to give one. In headless Chromium too."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dash-compare")
     make_trace(root / "base", 8, 40, plants=synthetic.Plants(), seed=0)
     make_trace(root / "straggler", 8, 40, plants=synthetic.Plants(compute_straggler=2), seed=1)
+    (root / "notes").mkdir()  # beside the runs, not a trace: never listed, refused when typed
+    (root / "notes" / "todo.txt").write_text("not a trace")
+    (root / "empty-run" / "rank00000").mkdir(parents=True)  # a rank directory without a manifest
     return root
 
 
@@ -25,7 +29,7 @@ def runs(tmp_path_factory):
 def with_baseline(runs):
     from diag.commands.compare import load_summary
 
-    compare_page.set_baseline(load_summary(runs / "base", "base", None, None, None, None, True))
+    compare_page.set_baseline(load_summary(runs / "base", "base", no_cache=True), runs / "base")
     yield
     compare_page.set_baseline(None)
 
@@ -75,3 +79,91 @@ def test_compare_page_in_the_browser(runs, with_baseline, browser, serve):  # no
     assert "Compare" in text and "regression" in text and "Where the time went" in text
     assert "straggler loss" in text
     assert len(b.figure(browser, "compare-steps")["data"]) == 2
+
+
+@pytest.fixture
+def no_baseline():
+    compare_page.set_baseline(None)
+    yield
+    compare_page.set_baseline(None)
+
+
+def test_only_diag_trace_directories_beside_the_run_are_listed(runs):
+    assert [p.name for p in compare_page.sibling_runs(runs / "straggler")] == ["base"]
+
+
+@pytest.mark.parametrize(
+    ("typed", "says"),
+    [
+        ("", "give a directory"),
+        ("nope", "does not exist"),
+        ("notes/todo.txt", "is not a directory"),
+        ("notes", "is not a diag trace directory"),
+        ("empty-run", "is not a diag trace directory"),
+        ("straggler", "is this run itself"),
+    ],
+)
+def test_a_bad_baseline_gets_a_message_and_leaves_the_page_as_it_was(runs, no_baseline, typed, says):
+    done, message = compare_page.use_baseline(typed, runs / "straggler")
+    assert not done and says in message and "Traceback" not in message
+    assert compare_page.baseline() is None
+
+
+def test_a_typed_baseline_relative_to_the_runs_parent_or_absolute_is_compared(runs, no_baseline):
+    from diag.dashboard.app import render_page
+
+    before = compare_page.state_key()
+    done, message = compare_page.use_baseline("base", runs / "straggler")
+    assert done and message.startswith(f"baseline: {runs / 'base'}")
+    assert compare_page.state_key() != before  # an open page is drawn again
+    content = render_page(PAGES["/compare"], _live(runs / "straggler").snapshot, None)
+    assert "regression" in str(content["body"]) and "straggler loss" in str(content["body"])
+    assert compare_page.use_baseline(str(runs / "base"), runs / "straggler")[0]
+
+
+@pytest.mark.slow
+def test_picking_a_baseline_in_the_browser(runs, no_baseline, browser, serve):  # noqa: F811
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from diag.dashboard.app import create_app
+    from tests.dashboard import browser as b
+
+    base = serve(create_app(runs / "straggler", live=_live(runs / "straggler"), refresh_ms=500))
+    b.open_page(browser, base + "/compare", 2)
+    assert "No baseline" in b.text(browser, "page")
+    path = browser.find_element(By.ID, compare_page.PATH_ID)
+    for typed, says in (("notes", "is not a diag trace directory"), ("/no/such/run", "does not exist")):
+        _type(path, typed)
+        browser.find_element(By.ID, compare_page.USE_ID).click()
+        b.wait_for(browser, lambda d, says=says: says in (b.text(d, compare_page.MESSAGE_ID) or ""), says)
+        assert "No baseline" in b.text(browser, "page")
+    # the list of runs beside this one: open it and pick "base"
+    browser.find_element(By.CSS_SELECTOR, f"#{compare_page.PICK_ID}").click()
+    option = b.wait_for(browser, lambda d: _option(d, "base"), "the run 'base' in the list")
+    option.click()
+    b.wait_for(browser, lambda d: "regression" in (b.text(d, "page") or ""), "the comparison with base")
+    assert "straggler loss" in b.text(browser, "page")
+    assert f"baseline: {runs / 'base'}" in b.text(browser, compare_page.MESSAGE_ID)
+    assert len(b.figure(browser, "compare-steps")["data"]) == 2
+    # a typed path with Enter works too, and a bad one afterwards keeps the comparison drawn
+    _type(path, "notes", Keys.ENTER)
+    b.wait_for(browser, lambda d: "not a diag trace" in (b.text(d, compare_page.MESSAGE_ID) or ""), "refusal")
+    assert "regression" in b.text(browser, "page")
+
+
+def _type(element, *keys) -> None:
+    """Replace the input's text (WebElement.clear() does not reach React's state: the old text would stay)."""
+    from selenium.webdriver.common.keys import Keys
+
+    element.send_keys(Keys.CONTROL, "a")
+    element.send_keys(Keys.DELETE, *keys)
+
+
+def _option(driver, label: str):
+    from selenium.webdriver.common.by import By
+
+    for element in driver.find_elements(By.XPATH, f"//*[normalize-space(text())='{label}']"):
+        if element.is_displayed() and element.get_attribute("id") != compare_page.PICK_ID:
+            return element
+    return None

@@ -1,10 +1,10 @@
 """diag compare on real gloo DDP jobs (tests/compare/compare_job.py, CPU): the same job run twice (three pairs),
 one knob turned at a time (a slow data loader, a larger model, tiny DDP buckets), and 1, 2 and 4 ranks.
 
-This machine has 2 cores shared with other work, and its load moves a job's step time by 10-15% from one run
-to the next, the fastest steps too (measured: 16 of 51 sequential pairs of the same job differ by more than
-2% beyond their intervals, none by more than 15%; docs/compare.md). A comparison of two runs cannot tell that
-from a change in the job, so each pair compared here runs at the same time, sharing the machine's conditions,
+This machine has 2 cores shared with other work, and its load moves a job's step time by up to 30% from one
+run to the next, the fastest steps too (benchmarks/bench_compare_noise.py; docs/compare.md, "Noise"). A
+comparison of two runs can only tell that from a change in the job as far as the runs vary within themselves
+(the verdict's noise floor), so each pair compared here runs at the same time, sharing the machine's conditions,
 as an A/B comparison on a shared machine should, with rank r of both jobs pinned to the same core (at a load
 average of 16, unpinned pairs of the same job still read a 12% change once; pinned, four pairs moved their
 medians by 3% at most). The 1-, 2- and 4-rank runs run one after the other (running them together would
@@ -36,23 +36,21 @@ def _pair(root, name: str, *args: str):
     return base, variant
 
 
-NOISE_PCT = 15  # what repeated runs of one job differ by on this machine (docs/compare.md, "Noise")
-
-
 def test_the_same_job_run_twice_reads_no_change(root):
-    """With the threshold set to this machine's run-to-run noise, as docs/compare.md tells users of a shared
-    machine to do: even pinned and run together, one pair in twelve of the same job read a 12% change (one
-    job's ranks kept in step with each other better than the other's) with an interval that excluded 0."""
-    widths = []
+    """At the default threshold: the verdict's noise floor (what each run varies by within itself) covers what
+    differs between two runs of the same job that is not the job (pinned and run together, one pair in twelve
+    read a 12% change before the floor: one job's ranks kept in step with each other better than the
+    other's)."""
+    floors = []
     for i in range(PAIRS):
-        data = compare_json(*_pair(root, f"again{i}", *BASE), extra=("--threshold-pct", str(NOISE_PCT)))
+        data = compare_json(*_pair(root, f"again{i}", *BASE))
         st = data["step_time"]
-        widths.append(round(st["steady_ci_pct"][1] - st["steady_ci_pct"][0], 1))
+        floors.append((round(st["steady_change_pct"], 1), round(st["noise_floor_pct"] or 0.0, 1)))
         assert data["verdict"] == "no change", data["summary"]
-        assert abs(st["steady_change_pct"]) < NOISE_PCT
+        assert st["threshold_pct"] == 2.0
         assert data["config_differences"] == []
         assert all(a["share_pct"] is None for a in data["attribution"])
-    print("same-job steady interval widths (percentage points):", widths)
+    print("same-job steady change and noise floor (%):", floors)
 
 
 def test_a_slow_data_loader_reads_a_regression_in_data_wait(root):

@@ -216,3 +216,34 @@ def test_bootstrap_of_a_long_run_is_done_in_chunks(monkeypatch):
     base, new = _steps(20_000, 100.0, 3.0, 1), _steps(20_000, 103.0, 3.0, 2)
     change = C.bootstrap_change(base, new, 0.5, resamples=30)
     assert change.ci_pct[0] > 2.5 and change.change_pct == pytest.approx(3.0, abs=0.2)
+
+
+def test_a_run_that_drifts_within_itself_has_a_noise_floor_a_steady_run_has_little():
+    steady = _steps(60, 20.0, 0.2, 1)
+    drifting = _steps(60, 20.0, 0.2, 2) * np.repeat([1.0, 1.15, 1.0, 1.15, 1.0, 1.15], 10)  # load comes and goes
+    assert C.drift_pct(steady) < 1.5
+    # windows alternate between two levels 15% apart: each 7.5% from their median, x 1.4826 (robust sd)
+    assert C.drift_pct(drifting) == pytest.approx(100 * C.MAD_TO_SIGMA * 0.075, rel=0.2)
+    stalled = steady.copy()
+    stalled[20:30] *= 1.6  # one stretch of the run stalled: the floor does not follow it
+    assert C.drift_pct(stalled) < 2 * C.drift_pct(steady) + 1.0
+    assert C.noise_floor_pct(steady, drifting) == pytest.approx(
+        C.NOISE_Z * np.hypot(C.drift_pct(steady), C.drift_pct(drifting))
+    )
+    assert C.drift_pct(steady[:10]) is None  # fewer than 3 windows of 5 steps: no estimate
+
+
+def test_a_change_within_the_runs_own_drift_is_no_change_and_one_beyond_it_is_a_regression():
+    """The second run's machine was 10% slower throughout: beyond its interval, but the runs themselves move
+    their steady level by about 8% from one part to another, so it could be the machine."""
+    shape = np.repeat([1.0, 1.08, 1.0, 1.08, 1.0, 1.08], 10)
+    base = _steps(60, 20.0, 0.1, 1) * shape
+    new = _steps(60, 22.0, 0.1, 2) * shape
+    c = C.compare_runs([summary("base", {"step_rest": base}), summary("new", {"step_rest": new})]).comparisons[0]
+    assert c.step_time.steady_ci_pct[0] > 2.0  # the interval alone would call it a regression
+    assert c.step_time.noise_floor_pct > c.step_time.steady_change_pct
+    assert c.verdict == "no change"
+    assert any("within what these runs vary by within themselves" in n for n in c.notes)
+    slower = _steps(60, 30.0, 0.1, 3) * shape  # +50%: far beyond the floor
+    c = C.compare_runs([summary("base", {"step_rest": base}), summary("new", {"step_rest": slower})]).comparisons[0]
+    assert c.verdict == "regression"

@@ -1,0 +1,165 @@
+"""Does ``diag compare`` read the same job run twice as "no change", and planted changes as changes, at its
+default threshold? Real 2-rank gloo DDP runs of tests/compare/compare_job.py, one after the other.
+
+Each round runs, in this order: the base job, the same job with its data loader sleeping 8 ms a batch
+(``data``), with DDP buckets of 100 bytes (``tiny-buckets``), then the base job at 256 samples a step
+(``large-base``) and a model 16x larger at that batch (``large``). Reported, at the default threshold:
+
+* false changes: pairs of base runs (consecutive rounds, and all pairs) whose verdict is not "no change";
+* detection: each planted variant against the base run of its own round: the verdict must be "regression".
+
+``--interference N`` starts N background processes that each burn a CPU for random stretches (0.3-4 s busy,
+0.3-4 s idle, seeded), standing for the other jobs of a shared machine: they slow runs by different amounts
+at different times, within a run and between runs. ``--keep DIR`` keeps the traces (and ``--from DIR``
+re-reads them, to evaluate another rule on the same runs without running them again).
+
+    python benchmarks/bench_compare_noise.py --rounds 13
+    python benchmarks/bench_compare_noise.py --rounds 13 --interference 1 --keep /tmp/noise-runs
+    python benchmarks/bench_compare_noise.py --from /tmp/noise-runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from diag.analysis.compare import THRESHOLD_PCT, compare_runs, summarize_run  # noqa: E402
+from diag.analysis.report import analyze  # noqa: E402
+from diag.launch import run_ranks  # noqa: E402
+from diag.trace.loader import load  # noqa: E402
+
+JOB = ROOT / "tests" / "compare" / "compare_job.py"
+BASE = ("--steps", "60", "--width", "128", "--depth", "8", "--batch", "64")
+LARGE = ("--steps", "40", "--depth", "8", "--batch", "256")
+VARIANTS = {  # name -> arguments, in the order a round runs them
+    "base": BASE,
+    "data": (*BASE, "--data-sleep-ms", "8"),
+    "tiny-buckets": (*BASE, "--bucket-cap-mb", "0.0001"),
+    "large-base": (*LARGE, "--width", "128"),
+    "large": (*LARGE, "--width", "512"),
+}
+PLANTED = {"data": "base", "tiny-buckets": "base", "large": "large-base"}  # variant -> its base
+
+
+def burn(seed: int, stop) -> None:
+    """Busy for 0.3-4 s, idle for 0.3-4 s, until ``stop`` is set: another job on a shared machine."""
+    rng = random.Random(seed)
+    while not stop.is_set():
+        until = time.perf_counter() + rng.uniform(0.3, 4.0)
+        while time.perf_counter() < until and not stop.is_set():
+            pass
+        stop.wait(rng.uniform(0.3, 4.0))
+
+
+def run_rounds(root: Path, rounds: int) -> None:
+    for i in range(rounds):
+        for name, args in VARIANTS.items():
+            path = root / f"{name}-{i:02d}"
+            load_before = os.getloadavg()[0]
+            results = run_ranks([str(JOB), str(path), *args], 2, timeout_s=300)
+            for result in results:
+                if result.returncode != 0:
+                    sys.exit(f"{path}: rank {result.rank} failed:\n{result.stderr[-2000:]}")
+            (path / "bench-load.json").write_text(json.dumps({"load_average": load_before}))
+        print(f"round {i + 1}/{rounds} done (load average {os.getloadavg()[0]:.1f})", flush=True)
+
+
+def summaries(root: Path) -> dict[str, list]:
+    out: dict[str, list] = {name: [] for name in VARIANTS}
+    for name in VARIANTS:
+        for path in sorted(root.glob(f"{name}-[0-9][0-9]")):
+            trace = load(path)
+            out[name].append(summarize_run(trace, analyze(trace), path.name))
+    return out
+
+
+def verdict(base, new, threshold_pct: float) -> dict:
+    c = compare_runs([base, new], threshold_pct=threshold_pct).comparisons[0]
+    return {"verdict": c.verdict, "change_pct": c.step_time.steady_change_pct, "summary": c.summary}
+
+
+def evaluate(runs: dict[str, list], threshold_pct: float) -> dict:
+    base = runs["base"]
+    consecutive = [verdict(a, b, threshold_pct) for a, b in itertools.pairwise(base)]
+    all_pairs = [verdict(a, b, threshold_pct) for a, b in itertools.combinations(base, 2)]
+    out = {
+        "runs": len(base),
+        "false_consecutive": sum(v["verdict"] != "no change" for v in consecutive),
+        "consecutive": len(consecutive),
+        "false_all": sum(v["verdict"] != "no change" for v in all_pairs),
+        "all": len(all_pairs),
+        "false_examples": [v["summary"] for v in all_pairs if v["verdict"] != "no change"][:5],
+        "detected": {},
+    }
+    for variant, of in PLANTED.items():
+        pairs = [verdict(b, v, threshold_pct) for b, v in zip(runs[of], runs[variant], strict=False)]
+        out["detected"][variant] = {
+            "regression": sum(p["verdict"] == "regression" for p in pairs),
+            "pairs": len(pairs),
+            "steady_change_pct": sorted(round(p["change_pct"], 1) for p in pairs),
+            "missed": [p["summary"] for p in pairs if p["verdict"] != "regression"][:3],
+        }
+    return out
+
+
+def report(result: dict, threshold_pct: float) -> None:
+    print(f"threshold {threshold_pct}% (the default: {THRESHOLD_PCT}%), {result['runs']} runs of the same job")
+    print("| same job, sequential runs | read as a change |\n|---|---|")
+    print(f"| consecutive pairs | {result['false_consecutive']} of {result['consecutive']} |")
+    print(f"| all pairs | {result['false_all']} of {result['all']} |")
+    for example in result["false_examples"]:
+        print(f"  false: {example}")
+    print("| planted change | read as a regression | steady change, % |\n|---|---|---|")
+    for variant, d in result["detected"].items():
+        print(f"| {variant} | {d['regression']} of {d['pairs']} | {d['steady_change_pct']} |")
+        for missed in d["missed"]:
+            print(f"  missed: {missed}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=13, help="runs of each job (13: 12 consecutive pairs)")
+    parser.add_argument("--interference", type=int, default=0, help="background CPU burners")
+    parser.add_argument("--threshold-pct", type=float, default=THRESHOLD_PCT)
+    parser.add_argument("--keep", type=Path, help="keep the traces in this directory")
+    parser.add_argument("--from", dest="source", type=Path, help="evaluate the traces kept by an earlier --keep")
+    args = parser.parse_args()
+    if args.source is not None:
+        report(evaluate(summaries(args.source), args.threshold_pct), args.threshold_pct)
+        return
+    root = args.keep or Path(tempfile.mkdtemp(prefix="diag-bench-noise-"))
+    root.mkdir(parents=True, exist_ok=True)
+    stop = multiprocessing.Event()
+    burners = [multiprocessing.Process(target=burn, args=(seed, stop)) for seed in range(args.interference)]
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.interference} burners")
+    started = time.perf_counter()
+    try:
+        for proc in burners:
+            proc.start()
+        run_rounds(root, args.rounds)
+    finally:
+        stop.set()
+        for proc in burners:
+            proc.join()
+    print(f"ran {args.rounds} rounds in {time.perf_counter() - started:.0f} s")
+    try:
+        report(evaluate(summaries(root), args.threshold_pct), args.threshold_pct)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
