@@ -87,7 +87,8 @@ def _dask_client(scheduler: str):
 
 
 def analyse_partitioned(path: Path, step_range, peak_tflops, flops_per_step, scheduler: str | None):
-    """The report with the collectives reduced rank by rank, here or on the Dask cluster at ``scheduler``."""
+    """(trace without its collectives, report): the collectives reduced rank by rank, here or on the Dask
+    cluster at ``scheduler``."""
     from diag.analysis.partitioned import analyze_partitioned
     from diag.trace.loader import TraceError
 
@@ -111,7 +112,18 @@ def analyse_partitioned(path: Path, step_range, peak_tflops, flops_per_step, sch
             client.close()
     if _nothing_usable(trace) and not collective_rows:
         _raise_nothing_usable(path, trace)
-    return report
+    return trace, report
+
+
+def load_per_step_tables(path: Path):
+    """The trace without its collectives (the large table, which the partitioned path never holds whole)."""
+    from diag.analysis.partitioned import load_without_collectives
+    from diag.trace.loader import TraceError
+
+    try:
+        return load_without_collectives(path, progress=True)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _raise_nothing_usable(path: Path, trace):
@@ -159,8 +171,8 @@ def analysed(
     """``path``'s report for these options: the cached one when there is a valid one, else analysed and cached.
     ``steps`` is the ``--steps`` text (the cache key), ``step_range`` its parsed form. ``need_trace`` loads the
     trace even when the report is cached; ``quiet`` says nothing on stderr about the caches. ``partitioned``,
-    ``scheduler``: see ``use_partitioned`` (the same report, in bounded memory; not with ``need_trace``, whose
-    caller wants every table)."""
+    ``scheduler``: see ``use_partitioned`` (the same report, in bounded memory); the trace it gives then has
+    every table but the collectives, which were reduced rank by rank."""
     from diag.analysis.report import analyze
 
     cache = open_cache(path, no_cache)
@@ -172,11 +184,13 @@ def analysed(
         if report is not None and not quiet:
             click.echo(f"(report read from the cache in {path}/.diag-cache; use --no-cache to recompute)", err=True)
     from_cache = report is not None
-    if report is None and not need_trace and use_partitioned(path, partitioned, scheduler):
-        report = analyse_partitioned(path, step_range, peak_tflops, flops_per_step, scheduler)
+    if use_partitioned(path, partitioned, scheduler):
+        if report is not None:  # cached: the per-step tables only, when asked for
+            return Analysed(report, load_per_step_tables(path) if need_trace else None, cache, True)
+        trace, report = analyse_partitioned(path, step_range, peak_tflops, flops_per_step, scheduler)
         if cache is not None:
             cache.put_result(name, report.to_state(), create=True)  # no table cache: a results-only entry
-        return Analysed(report, None, cache, False)
+        return Analysed(report, trace, cache, False)
     trace = load_trace(path, cache, quiet) if report is None or need_trace else None
     if report is None:
         report = analyze(trace, steps=step_range, peak_tflops=peak_tflops, flops_per_step=flops_per_step)
