@@ -198,3 +198,18 @@ def test_values_of_the_wrong_type_are_coerced_or_dropped_not_fatal(tmp_path):
     assert trace.steps["step"].tolist() == [0]
     assert trace.steps["samples"].tolist() == [1] and trace.steps["forward_us"].tolist() == [5000]
     assert [(s.reason, s.lines) for s in trace.skipped] == [("steps: rows without a required value skipped", 1)]
+
+
+def test_kill_between_compaction_and_removal_reads_each_row_once(tmp_path):
+    """Compaction renames the Parquet segment into place, then removes the stream: killed in between, both
+    exist, and the Parquet one (the same rows) is read."""
+    path = rank_dir(tmp_path)
+    segments = StreamSegmentWriter(path, STEPS)
+    segments.append([step_row(0), step_row(1)])
+    stream = path / "steps.000001.arrows"
+    live = stream.read_bytes()
+    segments.close()
+    stream.write_bytes(live)  # as if the process died before unlinking it
+    trace = load(tmp_path)
+    assert trace.steps["step"].tolist() == [0, 1] and trace.skipped == []
+    assert names(path) == ["manifest.json", "steps.000001.arrows", "steps.000001.parquet"]
