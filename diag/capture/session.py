@@ -20,8 +20,8 @@ from diag.capture.device_timer import host_value
 from diag.capture.flight_recorder import StepSpans
 from diag.capture.identity import RankIdentity, detect_identity
 from diag.capture.memory import MemorySampler, is_out_of_memory
-from diag.trace.schema import PHASES, SCHEMA_VERSION, STEPS, rank_dir_name
-from diag.trace.writer import TRACE_FORMATS, RankWriter
+from diag.trace.schema import PHASES, STEPS, rank_dir_name
+from diag.trace.writer import DEFAULT_TRACE_FORMAT, TRACE_FORMATS, RankWriter
 
 log = logging.getLogger("diag")
 
@@ -72,8 +72,8 @@ class Session:
     the user set none of NCCL_DEBUG, NCCL_DEBUG_SUBSYS, NCCL_DEBUG_FILE and NCCL has not started yet.
     model_shape: the transformer's {micro_batch, seq_len, hidden, layers, heads, vocab, recompute,
     flash_attention, dropout, sequence_parallel}, for the activation memory the report predicts (docs/memory.md).
-    trace_format: 2 (default) writes the tables as Arrow stream segments compacted into Parquet (docs/trace-format.md);
-    1 writes the CSV tables of schema version 1, for tools of your own that read those files.
+    trace_format: 1 (default) writes the CSV tables of schema version 1; 2 writes them as Arrow stream segments
+    compacted into Parquet, ~9x smaller (docs/trace-format.md).
     """
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
@@ -108,7 +108,7 @@ class Session:
         nccl_log: bool = True,
         model_shape: dict | None = None,
         device=None,
-        trace_format: int = SCHEMA_VERSION,
+        trace_format: int = DEFAULT_TRACE_FORMAT,
     ):
         validate_options(
             flops_per_step=flops_per_step,
@@ -787,7 +787,7 @@ def validate_options(**options) -> None:
     run = options.get("wandb", False)
     if not (isinstance(run, bool) or hasattr(run, "log")):
         problems.append(f"wandb must be True (the active run), False or a W&B run object, not {run!r}")
-    if options.get("trace_format", SCHEMA_VERSION) not in TRACE_FORMATS:
+    if options.get("trace_format", DEFAULT_TRACE_FORMAT) not in TRACE_FORMATS:
         problems.append(f"trace_format must be one of {TRACE_FORMATS}, not {options['trace_format']!r}")
     every = options.get("fingerprint_every", 0)
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
