@@ -213,3 +213,17 @@ def test_kill_between_compaction_and_removal_reads_each_row_once(tmp_path):
     trace = load(tmp_path)
     assert trace.steps["step"].tolist() == [0, 1] and trace.skipped == []
     assert names(path) == ["manifest.json", "steps.000001.arrows", "steps.000001.parquet"]
+
+
+def test_synthetic_trace_in_v2_loads_the_same_frames_as_in_csv(tmp_path):
+    """benchmarks/synthetic.py --format 2 (the scale benchmarks' traces): the same rows, types and report."""
+    from tests.analysis.helpers import synthetic
+
+    for trace_format in (1, 2):
+        synthetic.generate(tmp_path / f"v{trace_format}", 8, 40, 5, trace_format=trace_format)
+    csv, columnar = load(tmp_path / "v1"), load(tmp_path / "v2")
+    assert not list((tmp_path / "v2").glob("rank*/*.csv")) and csv.skipped == columnar.skipped == []
+    for table in ("steps", "collectives", "memory", "telemetry"):
+        expected, actual = getattr(csv, table), getattr(columnar, table)
+        assert len(expected) and list(expected.dtypes.astype(str)) == list(actual.dtypes.astype(str))
+        assert expected.astype(object).equals(actual.astype(object)), table
