@@ -351,7 +351,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=900)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rebuild-every", type=int, default=5, help="blocks between fresh models for every variant")
-    parser.add_argument("--trace-format", type=int, default=2, choices=(1, 2), help="trace schema version diag writes")
+    parser.add_argument(
+        "--trace-format", type=int, default=1, choices=(1, 2), help="trace schema version diag writes (1: the default)"
+    )
     parser.add_argument("--real-step-pairs", type=int, default=8, help="model pairs of the one-process real-step cost")
     parser.add_argument("--real-step-steps", type=int, default=800, help="steps of each model of a pair")
     parser.add_argument("--real-step-only", action="store_true", help="only the host costs and the real-step cost")

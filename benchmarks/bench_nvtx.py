@@ -50,7 +50,7 @@ def main() -> None:
     from bench_capture import cost_in_a_real_step
 
     from diag.launch import free_port
-    from diag.trace.schema import SCHEMA_VERSION
+    from diag.trace.writer import DEFAULT_TRACE_FORMAT
 
     empty_ns = median_ns(lambda: None, args.iterations)
     if not nvtx_available():
@@ -62,8 +62,8 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("gloo")
     with tempfile.TemporaryDirectory() as tmp:
-        on_us, a_a_us = cost_in_a_real_step(Path(tmp), SCHEMA_VERSION, nvtx=True)
-        off_us, _ = cost_in_a_real_step(Path(tmp), SCHEMA_VERSION, with_a_a=False, nvtx=False)
+        on_us, a_a_us = cost_in_a_real_step(Path(tmp), DEFAULT_TRACE_FORMAT, nvtx=True)
+        off_us, _ = cost_in_a_real_step(Path(tmp), DEFAULT_TRACE_FORMAT, with_a_a=False, nvtx=False)
     print(
         f"diag's cost in a real step (one-rank DDP, step by step against plain): nvtx on {on_us:.1f} us, "
         f"off {off_us:.1f} us (A/A: {a_a_us:.1f} us)"

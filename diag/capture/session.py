@@ -21,8 +21,8 @@ from diag.capture.flight_recorder import StepSpans
 from diag.capture.identity import RankIdentity, detect_identity
 from diag.capture.memory import MemorySampler, is_out_of_memory
 from diag.capture.nvtx import start_nvtx
-from diag.trace.schema import PHASES, SCHEMA_VERSION, STEPS, rank_dir_name
-from diag.trace.writer import TRACE_FORMATS, RankWriter
+from diag.trace.schema import PHASES, STEPS, rank_dir_name
+from diag.trace.writer import DEFAULT_TRACE_FORMAT, TRACE_FORMATS, RankWriter
 
 log = logging.getLogger("diag")
 
@@ -79,8 +79,8 @@ class Session:
     memory_deep_steps: (first step, count): for those few steps record what is behind the step's memory peak, by
     module and (CUDA) by allocation stack, into memory_deep.json (docs/memory.md; each such step runs several times
     slower); also set by DIAG_MEMORY_DEEP_STEPS=START,COUNT. None (default): off, at no cost.
-    trace_format: 2 (default) writes the tables as Arrow stream segments compacted into Parquet (docs/trace-format.md);
-    1 writes the CSV tables of schema version 1, for tools of your own that read those files.
+    trace_format: 1 (default) writes the CSV tables of schema version 1; 2 writes them as Arrow stream segments
+    compacted into Parquet, ~9x smaller (docs/trace-format.md).
     """
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
@@ -117,7 +117,7 @@ class Session:
         model_shape: dict | None = None,
         memory_deep_steps: tuple[int, int] | None = None,
         device=None,
-        trace_format: int = SCHEMA_VERSION,
+        trace_format: int = DEFAULT_TRACE_FORMAT,
     ):
         validate_options(
             flops_per_step=flops_per_step,
@@ -844,7 +844,7 @@ def validate_options(**options) -> None:
     run = options.get("wandb", False)
     if not (isinstance(run, bool) or hasattr(run, "log")):
         problems.append(f"wandb must be True (the active run), False or a W&B run object, not {run!r}")
-    if options.get("trace_format", SCHEMA_VERSION) not in TRACE_FORMATS:
+    if options.get("trace_format", DEFAULT_TRACE_FORMAT) not in TRACE_FORMATS:
         problems.append(f"trace_format must be one of {TRACE_FORMATS}, not {options['trace_format']!r}")
     every = options.get("fingerprint_every", 0)
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:

@@ -239,7 +239,8 @@ class StreamSegmentWriter:
                 break
             except FileExistsError:
                 self._number += 1
-        options = ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=True)
+        # use_threads=False: no Arrow thread pool in the training process (compressing one small batch gains nothing)
+        options = ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=True, use_threads=False)
         self._ipc = ipc.new_stream(self._handle, arrow_schema(self.table), options=options)
 
     @staticmethod

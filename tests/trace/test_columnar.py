@@ -61,7 +61,7 @@ def test_sample_run_in_v2_gives_the_golden_report(run, tmp_path):
 def test_live_segment_read_incrementally_through_compaction(tmp_path):
     """Each poll gives only the rows flushed since the last, whether they are in the live stream or, after
     compaction, in the Parquet segment that replaced it (rows already read from the stream are not repeated)."""
-    writer = RankWriter(rank_dir(tmp_path))
+    writer = RankWriter(rank_dir(tmp_path), schema_version=2)
     reader = TraceReader(tmp_path)
     seen = []
     for step in range(12):
@@ -102,7 +102,7 @@ def test_half_written_record_batch_is_left_for_the_next_poll(tmp_path):
 
 def test_damaged_segments_are_named_and_the_rest_read(tmp_path):
     good = rank_dir(tmp_path, 0)
-    writer = RankWriter(good)
+    writer = RankWriter(good, schema_version=2)
     for step in range(6):
         writer.append("steps", step_row(step))
         writer.flush()
@@ -168,7 +168,7 @@ def test_a_csv_run_then_a_v2_run_in_one_directory_are_both_read(tmp_path):
     csv = RankWriter(path, schema_version=1)
     csv.append("steps", step_row(0))
     csv.close()
-    columnar = RankWriter(path)
+    columnar = RankWriter(path, schema_version=2)
     columnar.append("steps", step_row(1))
     columnar.close()
     assert names(path) == ["manifest.json", "steps.000001.parquet", "steps.csv"]
@@ -176,7 +176,7 @@ def test_a_csv_run_then_a_v2_run_in_one_directory_are_both_read(tmp_path):
 
 
 def test_cache_serves_a_v2_trace_and_notices_compaction(tmp_path):
-    writer = RankWriter(rank_dir(tmp_path))
+    writer = RankWriter(rank_dir(tmp_path), schema_version=2)
     writer.append("steps", step_row(0))
     writer.flush()
     assert load_cached(tmp_path)[1] == "loaded+cached"
@@ -190,7 +190,7 @@ def test_cache_serves_a_v2_trace_and_notices_compaction(tmp_path):
 def test_values_of_the_wrong_type_are_coerced_or_dropped_not_fatal(tmp_path):
     """What capture hands the writer is not checked on the training thread: a bool flag, an integral float, a
     number as a category; a value that cannot be its column's drops its row (counted), as a garbled CSV row."""
-    writer = RankWriter(rank_dir(tmp_path))
+    writer = RankWriter(rank_dir(tmp_path), schema_version=2)
     writer.append("steps", step_row(0)._replace(samples=True, forward_us=5000.0))
     writer.append("steps", step_row(1)._replace(start_us="not a number"))
     writer.close()
@@ -198,3 +198,32 @@ def test_values_of_the_wrong_type_are_coerced_or_dropped_not_fatal(tmp_path):
     assert trace.steps["step"].tolist() == [0]
     assert trace.steps["samples"].tolist() == [1] and trace.steps["forward_us"].tolist() == [5000]
     assert [(s.reason, s.lines) for s in trace.skipped] == [("steps: rows without a required value skipped", 1)]
+
+
+def test_kill_between_compaction_and_removal_reads_each_row_once(tmp_path):
+    """Compaction renames the Parquet segment into place, then removes the stream: killed in between, both
+    exist, and the Parquet one (the same rows) is read."""
+    path = rank_dir(tmp_path)
+    segments = StreamSegmentWriter(path, STEPS)
+    segments.append([step_row(0), step_row(1)])
+    stream = path / "steps.000001.arrows"
+    live = stream.read_bytes()
+    segments.close()
+    stream.write_bytes(live)  # as if the process died before unlinking it
+    trace = load(tmp_path)
+    assert trace.steps["step"].tolist() == [0, 1] and trace.skipped == []
+    assert names(path) == ["manifest.json", "steps.000001.arrows", "steps.000001.parquet"]
+
+
+def test_synthetic_trace_in_v2_loads_the_same_frames_as_in_csv(tmp_path):
+    """benchmarks/synthetic.py --format 2 (the scale benchmarks' traces): the same rows, types and report."""
+    from tests.analysis.helpers import synthetic
+
+    for trace_format in (1, 2):
+        synthetic.generate(tmp_path / f"v{trace_format}", 8, 40, 5, trace_format=trace_format)
+    csv, columnar = load(tmp_path / "v1"), load(tmp_path / "v2")
+    assert not list((tmp_path / "v2").glob("rank*/*.csv")) and csv.skipped == columnar.skipped == []
+    for table in ("steps", "collectives", "memory", "telemetry"):
+        expected, actual = getattr(csv, table), getattr(columnar, table)
+        assert len(expected) and list(expected.dtypes.astype(str)) == list(actual.dtypes.astype(str))
+        assert expected.astype(object).equals(actual.astype(object)), table
