@@ -11,23 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-def median_ns(function, iterations: int) -> float:
-    samples = []
-    for _ in range(iterations):
-        start = time.perf_counter_ns()
-        function()
-        samples.append(time.perf_counter_ns() - start)
-    return statistics.median(samples)
 
 
 def nvtx_available() -> bool:
@@ -47,16 +36,16 @@ def main() -> None:
     import torch
     import torch.cuda.nvtx as nvtx
     import torch.distributed as dist
-    from bench_capture import cost_in_a_real_step
+    from bench_capture import cost_in_a_real_step, timed
 
     from diag.launch import free_port
     from diag.trace.writer import DEFAULT_TRACE_FORMAT
 
-    empty_ns = median_ns(lambda: None, args.iterations)
+    empty_ns = timed(lambda: None, args.iterations)
     if not nvtx_available():
         print(f"torch {torch.__version__}: no NVTX in this build; nvtx=True turns itself off (one warning)")
         return
-    range_ns = median_ns(lambda: nvtx.range_end(nvtx.range_start("diag.step 0")), args.iterations) - empty_ns
+    range_ns = timed(lambda: nvtx.range_end(nvtx.range_start("diag.step 0")), args.iterations) - empty_ns
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
     print(f"one NVTX range (range_start + range_end), host: {range_ns / 1000:.3f} us (median of {args.iterations})")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
