@@ -257,8 +257,13 @@ class Session:
         steps = steps or deep_steps_from_env()
         if steps is None:
             return None
-        categories = self.memory.categories if self.memory is not None else None
-        deep = DeepMemory(self.writer, self.device, categories, *steps)
+        try:
+            categories = self.memory.categories if self.memory is not None else None
+            deep = DeepMemory(self.writer, self.device, categories, *steps)
+        except Exception as exc:  # the rest of capture goes on without it
+            warn_once("memory-deep", f"the deep memory mode could not start ({exc!r}); it is off")
+            self.capture_status["memory_deep"] = f"off: could not start ({exc!r})"
+            return None
         self.capture_status["memory_deep"] = deep.status
         return deep
 
