@@ -64,6 +64,7 @@ class Watchdog:
         self._previous_wakeup_fd = -1
         self._signal_handled_us: dict[int, int] = {}  # signal -> when the main thread's handler ran
         self._signal_dumped_us: dict[int, int] = {}  # signal -> when its dump was written
+        self._signal_dump_done: dict[int, threading.Event] = {}  # signal -> set once its records are on disk
         self._fatal_file = None
         self._in_signal_handler = False  # a second SIGTERM must not cut the first one's dump short
         self._pid = os.getpid()  # a forked child (DataLoader worker) inherits the handlers, not the rank
@@ -350,13 +351,26 @@ class Watchdog:
         with self._dump_lock:
             if signum == signal.SIGTERM and self._exit is None:
                 self._exit = ExitRecord(how="terminated", signal="SIGTERM", time_us=now_us)
-            if now_us - self._signal_dumped_us.get(signum, 0) < 1_000_000:
-                return
-            self._signal_dumped_us[signum] = now_us
-        if signum == signal.SIGTERM:  # the process may end any moment now: the records first
-            self._safely("flush", self._flush_records)
-        self.dump(f"signal {signal.Signals(signum).name}")
-        self._safely("heartbeat", self._write_heartbeat, "running")
+            in_progress = now_us - self._signal_dumped_us.get(signum, 0) < 1_000_000
+            if in_progress:
+                done = self._signal_dump_done.get(signum)
+            else:
+                self._signal_dumped_us[signum] = now_us
+                done = self._signal_dump_done[signum] = threading.Event()
+        if in_progress:
+            # The other thread is writing this signal's records. Wait for them (bounded): on SIGTERM the main
+            # thread's handler ends the process next, and ending it mid-dump lost the exit record, so a job
+            # stopped from outside read as ranks that died.
+            if done is not None:
+                done.wait(SIGTERM_GRACE_S)
+            return
+        try:
+            if signum == signal.SIGTERM:  # the process may end any moment now: the records first
+                self._safely("flush", self._flush_records)
+            self.dump(f"signal {signal.Signals(signum).name}")
+            self._safely("heartbeat", self._write_heartbeat, "running")
+        finally:
+            done.set()
 
     def _flush_records(self) -> None:
         """Everything capture holds to the disk: Flight Recorder's unread entries, then the writer's buffers."""
