@@ -16,21 +16,11 @@ from diag.trace.schema import STEPS, TELEMETRY, segment_name
 from diag.trace.writer import RankWriter
 from tests.analysis.test_golden_reports import GOLDEN, REPO, SAMPLE_RUNS, differences, report_json
 from tests.reliability.corpus import _to_columnar
+from tests.trace.test_loader import step_row as loader_step_row
 
 
 def step_row(step: int, loss=None) -> tuple:
-    return STEPS.row(
-        step=step,
-        start_us=1_795_000_000_000_000 + step * 20_000,
-        duration_us=20_000,
-        data_wait_us=10,
-        forward_us=5_000,
-        backward_us=9_000,
-        optimizer_us=1_000,
-        comm_wait_us=2_000,
-        samples=32,
-        loss=loss,
-    )
+    return loader_step_row(step, loss=loss, first_start_us=1_795_000_000_000_000)  # a real epoch time
 
 
 def rank_dir(tmp_path: Path, rank: int = 0) -> Path:

@@ -9,10 +9,10 @@ from diag.trace.schema import COLLECTIVES, STEPS
 from diag.trace.writer import RankWriter
 
 
-def step_row(step: int) -> tuple:
+def step_row(step: int, loss=None, first_start_us: int = 1_000_000) -> tuple:
     return STEPS.row(
         step=step,
-        start_us=1_000_000 + step * 20_000,
+        start_us=first_start_us + step * 20_000,
         duration_us=20_000,
         data_wait_us=10,
         forward_us=5_000,
@@ -20,6 +20,7 @@ def step_row(step: int) -> tuple:
         optimizer_us=1_000,
         comm_wait_us=2_000,
         samples=32,
+        loss=loss,
     )
 
 
