@@ -8,10 +8,12 @@ vocabulary 4096; micro-batch 4 x 64 tokens) with AdamW, under a real diag sessio
   writing memory_deep.json), and the steps after them, which only pay the mode's ``is None``-cheap checks;
 * the two checks a step makes when the mode is configured but the step is not chosen, timed alone.
 
-The sessions alternate (off, on, off, on, ...) so the shared machine's load falls on both alike. On CUDA the
-allocator history adds torch's ~2 us per allocation (its documentation); not measured here (no GPU).
+The sessions alternate (off, on, off, on, ...) so the shared machine's load falls on both alike. With
+``--device cuda`` the same model runs on the GPU (each step ends with a device synchronise so its wall time is the
+step's), where the recorded steps also keep CUDA's allocator history (torch's ~2 us per allocation by its
+documentation) and memory_deep.json holds the allocator's segments.
 
-usage: python benchmarks/bench_memory_deep.py [--rounds 3] [--steps 20]
+usage: python benchmarks/bench_memory_deep.py [--rounds 3] [--steps 20] [--device cuda]
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 WARMUP, DEEP = 3, 5
 
 
-def run_session(trace_dir: str, steps: int, deep: bool) -> list[float]:
+def run_session(trace_dir: str, steps: int, deep: bool, device: str = "cpu") -> list[float]:
     """Step times (ms) of one real session."""
     import torch
     from bench_memory_categories import gpt
@@ -39,9 +41,9 @@ def run_session(trace_dir: str, steps: int, deep: bool) -> list[float]:
     import diag
 
     torch.manual_seed(0)
-    model = gpt(layers=4, d_model=256, heads=4, vocab=4096)
+    model = gpt(layers=4, d_model=256, heads=4, vocab=4096).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, 4096, (4, 65))
+    tokens = torch.randint(0, 4096, (4, 65), device=device)
     options = {"memory_deep_steps": (WARMUP, DEEP)} if deep else {}
     diag.init(trace_dir, telemetry=False, watchdog=False, clock_sync=False, collectives=False, **options)
     diag.instrument(model, optimizer)
@@ -54,6 +56,8 @@ def run_session(trace_dir: str, steps: int, deep: bool) -> list[float]:
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
+            if device == "cuda":
+                torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1000)
     diag.finish()
     return times
@@ -79,15 +83,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     off, deep_steps, after = [], [], []
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory() as d:
-            off += run_session(d, args.steps, deep=False)[WARMUP:]
+            off += run_session(d, args.steps, deep=False, device=args.device)[WARMUP:]
         with tempfile.TemporaryDirectory() as d:
-            times = run_session(d, args.steps, deep=True)
+            times = run_session(d, args.steps, deep=True, device=args.device)
             deep_steps += times[WARMUP : WARMUP + DEEP]
             after += times[WARMUP + DEEP :]
             size = (Path(d) / "rank00000" / "memory_deep.json").stat().st_size

@@ -60,7 +60,19 @@ def job(trace_dir: str, steps: int, slow_rank: int, mode: str, extra_ms: float) 
     batch_size = 64
     flops = 6 * sum(p.numel() for p in model.parameters()) * batch_size  # forward + backward of the weights
     gpu = device.type == "cuda"
-    diag.init(trace_dir, flops_per_step=flops, dtype="float32", telemetry=gpu, telemetry_interval_s=0.1, watchdog=False)
+    # a GPU recording may ask for the columnar schema and the deep memory mode ("START,COUNT" steps)
+    options = {"trace_format": int(os.environ.get("DIAG_JOB_TRACE_FORMAT", 1))}
+    if os.environ.get("DIAG_JOB_MEMORY_DEEP"):
+        options["memory_deep_steps"] = tuple(int(n) for n in os.environ["DIAG_JOB_MEMORY_DEEP"].split(","))
+    diag.init(
+        trace_dir,
+        flops_per_step=flops,
+        dtype="float32",
+        telemetry=gpu,
+        telemetry_interval_s=0.1,
+        watchdog=False,
+        **options,
+    )
     model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     diag.instrument(model, optimizer)
@@ -84,7 +96,9 @@ def make_sample(out: Path = HERE / "straggler") -> None:
 
     tmp = out.with_name(out.name + ".new")
     shutil.rmtree(tmp, ignore_errors=True)
-    results = run_ranks([__file__, "job", str(tmp), str(STEPS), str(SLOW_RANK), "compute", str(EXTRA_MS)], WORLD, timeout_s=300)
+    results = run_ranks(
+        [__file__, "job", str(tmp), str(STEPS), str(SLOW_RANK), "compute", str(EXTRA_MS)], WORLD, timeout_s=300
+    )
     for result in results:
         if result.returncode != 0:
             sys.exit(f"rank {result.rank} failed:\n{result.stderr[-3000:]}")

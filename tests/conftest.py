@@ -18,7 +18,9 @@ def has_cuda() -> bool:
         return False
 
 
-requires_gpu = pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU with CUDA")
+def requires_gpu(test):
+    """Skipped without a CUDA GPU, and marked ``gpu`` so that ``pytest -m gpu`` runs exactly these on a GPU."""
+    return pytest.mark.gpu(pytest.mark.skipif(not has_cuda(), reason="needs an NVIDIA GPU with CUDA")(test))
 
 
 @pytest.fixture
