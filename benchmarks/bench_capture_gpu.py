@@ -8,7 +8,7 @@ one inside ``diag.step()`` with everything instrumented, the other plain; each s
 synchronise so its wall time is the step's, for both alike. The median over pairs of the difference of median
 step times, and the same with two plain models (A/A).
 
-usage (on a machine with an NVIDIA GPU): python benchmarks/bench_capture_gpu.py [--real-step [--pairs 4]]
+usage (on a machine with an NVIDIA GPU): python benchmarks/bench_capture_gpu.py [--real-step [--pairs 4] [--breakdown]]
 """
 
 import argparse
@@ -64,7 +64,28 @@ def gpu_train_step(model, optimizer, tokens) -> None:
     torch.cuda.synchronize()
 
 
-def real_step_cost(tmp: Path, device, trace_format: int, pairs: int, steps: int, layers: int, d_model: int) -> dict:
+# --breakdown: diag's defaults less one part at a time (and NVTX on), to see what the added time is made of
+BREAKDOWN = {
+    "defaults": {},
+    "no DDP bucket hook": {"ddp_buckets": False},
+    "no NVML telemetry": {"telemetry": False},
+    "no replica fingerprints": {"fingerprint_every": 0},
+    "no memory rows": {"memory": False},
+    "nvtx on": {"nvtx": True},
+}
+
+
+def real_step_cost(
+    tmp: Path,
+    device,
+    trace_format: int,
+    pairs: int,
+    steps: int,
+    layers: int,
+    d_model: int,
+    with_a_a: bool = True,
+    **init_options,
+) -> dict:
     """Median step time of the plain model and diag's added ms (and %), with the A/A figure beside it."""
     tokens = torch.randint(0, VOCAB, (8, 1025), device=device)
 
@@ -73,7 +94,9 @@ def real_step_cost(tmp: Path, device, trace_format: int, pairs: int, steps: int,
         plain, other = models if pair % 2 else models[::-1]
         optimizers = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-4) for m in models}
         if instrument:
-            diag.init(tmp / f"real-{trace_format}-{pair}", trace_format=trace_format)
+            diag.init(
+                tmp / f"real-{trace_format}-{pair}-{len(os.listdir(tmp))}", trace_format=trace_format, **init_options
+            )
             diag.instrument(other, optimizers[id(other)])
         for _ in range(5):  # warm-up: cuBLAS handles, the allocator's pools
             for model in models:
@@ -94,13 +117,14 @@ def real_step_cost(tmp: Path, device, trace_format: int, pairs: int, steps: int,
         torch.cuda.empty_cache()
         return statistics.median(times[id(plain)]) / 1e6, statistics.median(times[id(other)]) / 1e6
 
-    a_a = [pair_medians(False, pair) for pair in range(pairs)]
+    a_a = [pair_medians(False, pair) for pair in range(pairs)] if with_a_a else [(1.0, float("nan"))]
     with_diag = [pair_medians(True, pair) for pair in range(pairs)]
     plain_ms = statistics.median(p for p, _ in with_diag)
     added_ms = statistics.median(o - p for p, o in with_diag)
     a_a_ms = statistics.median(o - p for p, o in a_a)
     return {
         "trace_format": trace_format,
+        "options": init_options,
         "plain_step_ms": round(plain_ms, 3),
         "diag_added_ms": round(added_ms, 4),
         "diag_added_pct": round(100 * added_ms / plain_ms, 2),
@@ -118,10 +142,15 @@ def print_real_step(args) -> None:
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
+    shape = (args.pairs, args.steps, args.layers, args.d_model)
     with tempfile.TemporaryDirectory() as tmp:
-        for trace_format in (1, 2):
-            result = real_step_cost(Path(tmp), device, trace_format, args.pairs, args.steps, args.layers, args.d_model)
-            print(json.dumps(result))
+        if args.breakdown:
+            for number, (name, options) in enumerate(BREAKDOWN.items()):
+                result = real_step_cost(Path(tmp), device, 2, *shape, with_a_a=number == 0, **options)
+                print(json.dumps({"variant": name, **result}))
+        else:
+            for trace_format in (1, 2):
+                print(json.dumps(real_step_cost(Path(tmp), device, trace_format, *shape)))
     torch.distributed.destroy_process_group()
 
 
@@ -130,6 +159,7 @@ def main() -> None:
         raise SystemExit("needs a CUDA GPU")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--real-step", action="store_true", help="what diag adds to a real GPU training step")
+    parser.add_argument("--breakdown", action="store_true", help="with --real-step: diag's parts, one at a time")
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=60, help="steps of each model of a pair")
     parser.add_argument("--layers", type=int, default=12)

@@ -4,7 +4,7 @@ real step (diag with nvtx on against diag with it off, step by step as in bench_
 Needs a torch build with NVTX (a CUDA build); on a CPU build it says so and stops (the option turns itself off
 there). The real step is bench_capture.py's one-rank DDP model on the CPU: NVTX ranges are host-side calls.
 
-usage: python benchmarks/bench_nvtx.py [--iterations 100000]
+usage: python benchmarks/bench_nvtx.py [--iterations 100000] [--range-only]
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def nvtx_available() -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=100_000)
+    # on a GPU, bench_capture_gpu.py --real-step --breakdown measures the ranges in a real GPU step
+    parser.add_argument("--range-only", action="store_true", help="only one range's host cost")
     args = parser.parse_args()
     import torch
     import torch.cuda.nvtx as nvtx
@@ -48,6 +50,8 @@ def main() -> None:
     range_ns = timed(lambda: nvtx.range_end(nvtx.range_start("diag.step 0")), args.iterations) - empty_ns
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}")
     print(f"one NVTX range (range_start + range_end), host: {range_ns / 1000:.3f} us (median of {args.iterations})")
+    if args.range_only:
+        return
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("gloo")
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,7 @@
 # The checks a session runs when it is lent a GPU (one H100/H200): the GPU tests (pytest -m gpu), diag's cost
 # on a real GPU step, the NVTX ranges' and the deep memory mode's cost on CUDA, and a real GPU sample run
 # (3 ranks on one GPU, schema 2, deep memory mode), analysed there. Logs and the run go to $OUT.
-#   OUT=/tmp/gpu-out bash benchmarks/gpu_checks.sh [sections...]   (sections: env tests capture nvtx memdeep sample)
+#   OUT=/tmp/gpu-out bash benchmarks/gpu_checks.sh [sections...]   (sections: env tests capture breakdown sample memdeep nvtx)
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -20,7 +20,8 @@ for section in $sections; do
     env) run env 60 bash -c 'nvidia-smi; python3 -c "import torch, pandas, pyarrow; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), pandas.__version__, pyarrow.__version__)"' ;;
     tests) run tests 200 python3 -m pytest -m gpu -v -rs -p no:cacheprovider --timeout 200 tests/ ;;
     capture) run capture 170 bash -c 'python3 benchmarks/bench_capture_gpu.py && python3 benchmarks/bench_capture_gpu.py --real-step --pairs 3 --steps 40' ;;
-    nvtx) run nvtx 60 python3 benchmarks/bench_nvtx.py --iterations 50000 ;;
+    breakdown) run breakdown 200 python3 benchmarks/bench_capture_gpu.py --real-step --breakdown --pairs 3 --steps 40 ;;
+    nvtx) run nvtx 60 python3 benchmarks/bench_nvtx.py --iterations 50000 --range-only ;;
     memdeep) run memdeep 70 python3 benchmarks/bench_memory_deep.py --device cuda --rounds 2 --steps 15 ;;
     sample) run sample 100 bash -c 'DIAG_JOB_DEVICE=cuda DIAG_JOB_TRACE_FORMAT=2 DIAG_JOB_MEMORY_DEEP=5,2 python3 -c "
 import sys; from pathlib import Path; sys.path.insert(0, \"sample_traces\"); import make_samples as m

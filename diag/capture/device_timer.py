@@ -1,13 +1,16 @@
 """GPU time of steps and phases from CUDA events, resolved later so the step never waits for the device.
 
 At each span's end two recorded events and the row they belong to are queued. ``poll()`` (called at each
-step start) writes the rows whose events have completed, using ``Event.query()``, which never blocks;
-``drain()`` at finish synchronises once. Rows of a span are therefore written a step or two late on GPU.
+step start, and by the trace writer's thread before each timed flush) writes the rows whose events have
+completed, using ``Event.query()``, which never blocks; ``drain()`` at finish synchronises once. Rows of a span
+are therefore written a step or two late on GPU, and at most a flush interval after the GPU finished the span
+when the training loop has stopped (a hang, the loop's end): the live metrics and ``diag triage`` see them.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 
 HEALTH_VALUES = ("loss", "grad_norm")  # a non-finite one is an event: the CSV keeps only finite numbers
@@ -50,6 +53,8 @@ class DeviceTimer:
         self._torch = torch
         self._writer = writer
         self._queue: deque = deque()
+        # two threads poll (training, writer): the queue's head is read then popped, so one at a time
+        self._lock = threading.Lock()
 
     def start(self):
         event = self._torch.cuda.Event(enable_timing=True)
@@ -63,14 +68,20 @@ class DeviceTimer:
         self._queue.append((start_event, end_event, table, row))
 
     def poll(self) -> None:
-        while self._queue and self._queue[0][1].query():
-            self._resolve(self._queue.popleft())
+        if not self._lock.acquire(blocking=False):
+            return  # the other thread is polling: the training thread never waits for the writer's
+        try:
+            while self._queue and self._queue[0][1].query():
+                self._resolve(self._queue.popleft())
+        finally:
+            self._lock.release()
 
     def drain(self) -> None:
-        while self._queue:
-            start_event, end_event, *_ = entry = self._queue.popleft()
-            end_event.synchronize()
-            self._resolve(entry)
+        with self._lock:
+            while self._queue:
+                start_event, end_event, *_ = entry = self._queue.popleft()
+                end_event.synchronize()
+                self._resolve(entry)
 
     def _resolve(self, entry) -> None:
         start_event, end_event, table, row = entry

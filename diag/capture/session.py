@@ -272,7 +272,9 @@ class Session:
 
         if self.device.type == "cuda":
             self.capture_status["device_time"] = "on: CUDA events"
-            return DeviceTimer(self.writer)
+            timer = DeviceTimer(self.writer)
+            self.writer.before_flush = timer.poll  # rows out within a flush interval, even if the loop stops
+            return timer
         self.capture_status["device_time"] = "off: no CUDA device"
         return NoDeviceTimer(self.writer)
 

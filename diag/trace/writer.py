@@ -50,6 +50,10 @@ def _quote(text: str) -> str:
     return '"' + text.translate(_LINE_BREAKS).replace('"', '""') + '"'
 
 
+def _nothing() -> None:
+    pass
+
+
 def _ignore_rows(table: str, rows: list) -> None:
     pass
 
@@ -96,6 +100,10 @@ class RankWriter:
         # Sees every batch of rows as it is flushed, on the flushing thread (the Prometheus sink); never on
         # the training thread. It must not raise: the session's sinks catch their own errors.
         self.row_observer: Callable[[str, list], None] = _ignore_rows
+        # called on the writer's thread before each timed flush: rows that wait on something outside the
+        # training thread (a GPU span's CUDA events) are resolved there, so they reach the files and the live
+        # metrics within a flush interval even when the training loop has stopped or hangs
+        self.before_flush: Callable[[], None] = _nothing
         try:
             self.rank_dir.mkdir(parents=True, exist_ok=True)
             probe = self.rank_dir / ".write-probe"
@@ -169,6 +177,14 @@ class RankWriter:
     # -- writer thread --------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
+            try:
+                self.before_flush()
+            except Exception as exc:  # the rows it resolves still come at the next step or at finish
+                warn_once(
+                    f"writer-before-flush-{self.rank_dir}",
+                    f"cannot resolve pending rows on the writer thread ({exc!r})",
+                )
+                self.before_flush = _nothing
             try:
                 self.flush()
             except Exception as exc:  # never let the thread die silently with records piling up
