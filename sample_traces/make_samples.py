@@ -6,7 +6,10 @@ diag, with a compute straggler planted at rank 1 (an extra matrix-multiply loop 
 
 ``sample_traces/straggler-h100/`` is the same job (30 steps, +40 ms on rank 1) with all three ranks on one
 NVIDIA H100 80GB HBM3 (DIAG_JOB_DEVICE=cuda, gloo), recorded once on a GPU machine: real CUDA timings, NVML
-telemetry and allocator statistics for tests that run without a GPU.
+telemetry and allocator statistics for tests that run without a GPU. ``sample_traces/straggler-h200/`` is the
+same again (30 steps) on one NVIDIA H200, in schema 2 (columnar) with the deep memory mode at steps 5-6 (CUDA's
+allocator history): ``DIAG_JOB_TRACE_FORMAT=2 DIAG_JOB_MEMORY_DEEP=5,2``, recorded by ``benchmarks/gpu_checks.sh
+sample``.
 
 The same script is the job the analysis tests run (``job`` sub-command; DIAG_JOB_DEVICE=cuda puts every rank
 on the GPU, still over gloo so that several ranks can share one GPU):

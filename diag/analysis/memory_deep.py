@@ -36,6 +36,14 @@ class DeepAllocation:
     site: str | None  # "file:line in function" of the first frame outside torch, None without frames
     frames: list[str] = field(default_factory=list)  # "file:line in function", innermost first
 
+    def frames_from_site(self) -> tuple[list[str], int]:
+        """The stack from its first frame outside torch outwards, and how many torch frames inside it were
+        left out (on CUDA the innermost are the dispatcher's and MemTracker's: how, not where)."""
+        for index, frame in enumerate(self.frames):
+            if not _LIBRARY_FRAME.search(frame):
+                return self.frames[index:], index
+        return self.frames, 0
+
 
 @dataclass
 class DeepMemory:

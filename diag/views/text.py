@@ -463,8 +463,10 @@ def _memory_deep(deep) -> Block:
         for m in deep.top_modules[:TOP_ROWS]:
             block.table.append([m.module, size(m.activation_bytes), size(m.temporary_bytes)])
     for a in deep.top_allocations[:5]:
-        block.lines.append(f"{size(a.bytes)} in {a.count} allocation(s), stack (innermost first):")
-        block.lines += [f"    {frame}" for frame in a.frames[:8]]
+        frames, hidden = a.frames_from_site()
+        inside = f", below {hidden} frame(s) inside torch" if hidden else ""
+        block.lines.append(f"{size(a.bytes)} in {a.count} allocation(s), stack (innermost first{inside}):")
+        block.lines += [f"    {frame}" for frame in frames[:8]]
     if deep.before_recording_bytes:
         block.lines.append(
             f"Allocated before the first recorded step and alive at the peak: {size(deep.before_recording_bytes)}"

@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
-SAMPLE_RUNS = ("straggler", "pipeline", "hang", "straggler-h100")
+SAMPLE_RUNS = ("straggler", "pipeline", "hang", "straggler-h100", "straggler-h200")
 KINETO_TRACE = "kineto_h100_ddp_bf16_rank0.pt.trace.json.gz"
 PLACEHOLDER = "<TRACE_DIR>"
 

@@ -264,6 +264,23 @@ def test_cuda_run_names_the_stack_behind_the_allocators_peak(tmp_path):
 
 
 # -- reading the side file back ------------------------------------------------------------------------------
+def test_the_recorded_h200_run_shows_each_peak_stack_from_the_users_frame():
+    """sample_traces/straggler-h200 was recorded on an H200 with the deep mode on at steps 5-6 (CUDA's allocator
+    history): the stacks alive at the allocator's peak begin with the dispatcher's and MemTracker's frames;
+    the report names the user's line and prints each stack from it."""
+    from tests.conftest import REPO
+
+    run = REPO / "sample_traces" / "straggler-h200"
+    deep = deep_of(0, json.loads((run / "rank00000" / MEMORY_DEEP_FILE).read_text()))
+    assert deep.device == "cuda:0" and deep.steps == [5, 6] and deep.top_allocations
+    top = deep.top_allocations[0]
+    frames, hidden = top.frames_from_site()
+    assert hidden > 0 and "torch" in top.frames[0] and frames[0] == top.site
+    assert re.search(r"make_samples\.py:\d+ in busy_compute$", top.site)
+    text = CliRunner().invoke(main, ["analyze", str(run), "--no-cache"]).output
+    assert f"stack (innermost first, below {hidden} frame(s) inside torch):\n    {top.site}\n" in text
+
+
 def test_a_pickle_or_foreign_json_in_its_place_is_skipped_with_its_reason_and_never_run(tmp_path):
     import pickle
 
