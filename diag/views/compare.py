@@ -133,20 +133,31 @@ def _verdict(c, suffix: str) -> Block:
         f"(95% interval {_ci(s.ci_pct)})"
     )
     block.lines.append(
-        f"steady step (lower decile; the verdict's): {ms_from_s(s.steady_base_s)} -> "
+        f"steady step (lower decile{', all steps' if s.repeats else '; the verdict' + chr(39) + 's'}): "
+        f"{ms_from_s(s.steady_base_s)} -> "
         f"{ms_from_s(s.steady_new_s)}, {_signed_pct(s.steady_change_pct)} (95% interval {_ci(s.steady_ci_pct)})"
     )
-    floor = "-" if s.noise_floor_pct is None else f"{s.noise_floor_pct:.1f}%"
-    drifts = " and ".join("-" if d is None else f"{d:.1f}%" for d in s.drift_pct)
-    block.lines.append(
-        f"noise floor {floor}: each run's steady step time drifts by {drifts} (std over windows of its steps); "
-        "a change smaller than the floor is what the runs vary by within themselves"
-    )
-    block.lines.append(
-        f"no change when the interval holds 0 or the change is under the floor or {s.threshold_pct:g}%; "
-        f"{s.resamples} bootstrap resamples of {s.steps_base} and {s.steps_new} steps "
-        f"(blocks of {s.block_steps[0]} and {s.block_steps[1]})"
-    )
+    if s.repeats is not None:
+        r = s.repeats
+        block.lines.append(
+            f"repeats (the verdict's): {r.pairs} pairs, steady change per pair "
+            f"{', '.join(_signed_pct(x) for x in r.changes_pct)}; mean {_signed_pct(r.change_pct)} "
+            f"(95% t interval {_ci(r.ci_pct)}); one run's level varies by {r.run_noise_pct:.1f}% between repeats"
+        )
+        block.lines.append(f"no change when the pairs' interval holds 0 or their change is under {s.threshold_pct:g}%")
+    else:
+        floor = "-" if s.noise_floor_pct is None else f"{s.noise_floor_pct:.1f}%"
+        drifts = " and ".join("-" if d is None else f"{d:.1f}%" for d in s.drift_pct)
+        block.lines.append(
+            f"noise floor {floor}: run-to-run noise {s.run_noise_pct:.1f}% ({s.run_noise_source}), or a run's own "
+            f"drift when larger ({drifts}: std over windows of its steps); a change under the floor is what runs of "
+            "one job differ by"
+        )
+        block.lines.append(
+            f"no change when the interval holds 0 or the change is under the floor or {s.threshold_pct:g}%; "
+            f"{s.resamples} bootstrap resamples of {s.steps_base} and {s.steps_new} steps "
+            f"(blocks of {s.block_steps[0]} and {s.block_steps[1]})"
+        )
     block.lines += [f"note: {n}" for n in c.notes]
     return block
 
