@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from diag.analysis.compare_stability import compare_stability, nonfinite_steps
+from diag.analysis.compare_stability import compare_stability, losses, nonfinite_steps
 from diag.analysis.report import Report, json_safe, ranks_sharing_tokens
 from diag.analysis.window import select
 
@@ -649,6 +649,8 @@ class RunBrief:
     components_ms: dict[str, float]  # central means
     config: dict
     wait_phase: str | None = None  # the part of the step body its communication waits were taken out of
+    loss_steps: list[int] = field(default_factory=list)  # every step with a finite loss (diag.record) ...
+    loss: list[float] = field(default_factory=list)  # ... and its loss, the median over ranks (the loss figure)
 
 
 @dataclass
@@ -721,6 +723,7 @@ def pool_runs(runs: list[RunSummary]) -> RunSummary:
 def _brief(run: RunSummary) -> RunBrief:
     step_ms = np.asarray(run.step_ms, dtype="float64")
     _, means = central_means(run)
+    loss = losses(run.report.health)
     return RunBrief(
         label=run.label,
         path=run.path,
@@ -732,6 +735,8 @@ def _brief(run: RunSummary) -> RunBrief:
         components_ms=means,
         config=run.config,
         wait_phase=run.wait_phase,
+        loss_steps=sorted(loss),
+        loss=[loss[k] for k in sorted(loss)],
     )
 
 

@@ -347,7 +347,8 @@ def _scaling(scaling) -> Block:
 def render_compare_html(report) -> str:
     from diag.views.html import html_page
 
-    figures = [f for f in (components_figure(report), steps_figure(report), scaling_figure(report)) if f]
+    figures = [components_figure(report), steps_figure(report), loss_figure(report), scaling_figure(report)]
+    figures = [f for f in figures if f is not None]
     title = "diag compare: " + " vs ".join(r.label for r in report.runs)
     return html_page(title, blocks(report), figures, figure_height_px=420)
 
@@ -392,6 +393,30 @@ def steps_figure(report):
         fig.add_box(y=r.per_step_ms, name=r.label, boxpoints="all", jitter=0.4, pointpos=0, boxmean=False)
     fig.update_layout(title="Step time per step (each point a step; box: quartiles and median)", showlegend=False)
     fig.update_yaxes(title="ms")
+    return fig
+
+
+def loss_figure(report):
+    """Loss against step, one line per run that recorded it (median over ranks; steps without a finite loss left out), when a
+    comparison has a stability section; None otherwise."""
+    import plotly.graph_objects as go
+
+    runs = [r for r in report.runs if r.loss_steps]
+    if not runs or not any(c.stability for c in report.comparisons):
+        return None
+    fig = go.Figure()
+    for r in runs:
+        fig.add_scatter(
+            x=r.loss_steps,
+            y=r.loss,
+            name=r.label,
+            mode="lines+markers",
+            marker={"size": 4},
+            hovertemplate="step %{x}: loss %{y:.4g}<extra>" + r.label + "</extra>",
+        )
+    fig.update_layout(title="Loss per step (median over ranks)")
+    fig.update_xaxes(title="step")
+    fig.update_yaxes(title="loss")
     return fig
 
 

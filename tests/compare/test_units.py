@@ -316,3 +316,23 @@ def test_pooled_repeats_keep_every_step_and_fill_a_component_one_repeat_lacks():
         "step_rest": [10.0] * 5 + [12.0] * 4,
         "exposed_comm:all_reduce@0": [1.0] * 5 + [0.0] * 4,
     }
+
+
+def test_the_html_view_plots_both_runs_loss_when_they_recorded_it():
+    from diag.views.compare import loss_figure
+
+    runs = [summary(name, {"step_rest": _steps(20, 10.0, 0.1, i)}) for i, name in enumerate(("base", "new"))]
+    assert loss_figure(C.compare_runs(runs)) is None  # no loss recorded: no stability section, no figure
+    curves = {"base": {s: 2.0 / (s + 1) for s in range(20)}, "new": {s: 2.5 / (s + 1) for s in range(20) if s != 7}}
+    for run in runs:
+        run.report.health.per_step = [
+            {"step": s, "loss_median": v, "grad_norm_median": None} for s, v in curves[run.label].items()
+        ]
+    report = C.compare_runs(runs)
+    assert report.comparisons[0].stability is not None
+    fig = loss_figure(report)
+    assert [t.name for t in fig.data] == ["base", "new"]
+    for trace in fig.data:
+        assert list(trace.x) == sorted(curves[trace.name]) and list(trace.y) == [curves[trace.name][s] for s in trace.x]
+    assert json.loads(render_compare(report, "json"))["runs"][1]["loss_steps"] == sorted(curves["new"])
+    assert "Loss per step" in render_compare(report, "html")
