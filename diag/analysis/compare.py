@@ -16,13 +16,16 @@ that machine the lower quartile still gave one false regression, the lower decil
 intervals). Its change is bootstrapped (moving blocks of steps, so slow stretches stay together;
 ``RESAMPLES`` resamples, fixed seed): the verdict is "no change" when the 95% interval contains 0 or the change
 is under the noise floor or ``THRESHOLD_PCT``, else "regression" or "improvement". The interval covers the
-noise within each run's steps, not a machine busier during one run than the other; the **noise floor**
-estimates that from the runs themselves: each run's drift is the robust standard deviation of its steady step
-time over ``DRIFT_WINDOWS`` consecutive windows of its steps, and the floor is ``NOISE_Z`` times the two drifts
-added in quadrature (the same job's level moving between runs as it moves between parts of one run). Measured
-with benchmarks/bench_compare_noise.py (docs/benchmarks.md): it cut false changes between sequential runs of
-one job on a shared 2-core machine from 8 and 10 of 12 pairs to 4 and 4, and costs detection of changes as
-large as a run's own drift. The median's change and interval are reported beside it, and a median that moved
+noise within each run's steps, not what differs between runs and is not the job; the **noise floor** holds
+that: each run's level is off the job's by the run-to-run noise measured for its kind of machine
+(``RUN_NOISE_PCT``: load that stays for a whole run, which no run shows by itself) or by its own drift when
+larger (the robust standard deviation of its steady step time over ``DRIFT_WINDOWS`` consecutive windows: load
+that came and went), and the floor is ``NOISE_Z`` times the two runs' added in quadrature. Measured with
+benchmarks/bench_compare_noise.py (docs/benchmarks.md): false changes between sequential runs of one job on a
+shared 2-core machine fell from 4 of 12 pairs to 1 and, on new runs, 0 of 12. A change the steps show under
+the floor is "no change" with ``within_noise`` set. With repeats (``interleaved``: BASE NEW BASE NEW ...) the
+verdict is the t interval of the pairs' changes instead (``repeats_change``): their spread measures the noise.
+The median's change and interval are reported beside it, and a median that moved
 while the steady time did not is called out (slower steps only: interference or intermittent stalls).
 
 **Attribution.** Per step, the step time splits exactly into components, from the steps table and the
