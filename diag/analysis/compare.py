@@ -1105,4 +1105,9 @@ def _scaling_line(row: ScalingRun, ref_world: int) -> str:
     top = next((g for g in row.grew if g.component != "unattributed" and g.share_pct is not None), None)
     if top is None or top.ms <= 0:
         return head + f"; the loss is {row.loss_ms:.1f} ms/step"
+    if top.share_pct > 100:  # other components shrank: a share beyond the whole reads as an error
+        return head + (
+            f"; the loss ({row.loss_ms:.1f} ms/step) is {top.label}, which grew {top.ms:.1f} ms/step while other "
+            "parts shrank"
+        )
     return head + f"; the loss ({row.loss_ms:.1f} ms/step) is {top.share_pct:.0f}% {top.label}"

@@ -336,3 +336,52 @@ def test_the_html_view_plots_both_runs_loss_when_they_recorded_it():
         assert list(trace.x) == sorted(curves[trace.name]) and list(trace.y) == [curves[trace.name][s] for s in trace.x]
     assert json.loads(render_compare(report, "json"))["runs"][1]["loss_steps"] == sorted(curves["new"])
     assert "Loss per step" in render_compare(report, "html")
+
+
+def _collective(op: str, pg: str, bucket: str, min_bytes: int, count: int, timed: int, busbw: float | None):
+    from diag.analysis.comms import CollectiveStats
+
+    return CollectiveStats(
+        op, pg, bucket, min_bytes, 2, count, 2 * count, min_bytes * count, min_bytes, timed,
+        None, None, None, None, None, busbw, 0.0, "durations", None,
+    )  # fmt: skip
+
+
+def test_bus_bandwidth_is_compared_per_op_and_size_class_weighted_by_timed_calls_over_groups():
+    """One 4 MiB all_reduce a step became many 64 KiB ones (tiny DDP buckets): each size class is a row, with
+    each run's bandwidth (timed-call weighted over process groups) and call count."""
+    base = summary("base", {"step_rest": [10.0] * 5})
+    new = summary("new", {"step_rest": [12.0] * 5})
+    base.report.comms.collectives = [
+        _collective("all_reduce", "0", "4-8 MiB", 4 << 20, 100, 100, 2.0),
+        _collective("all_reduce", "1", "4-8 MiB", 4 << 20, 100, 50, 4.0),  # a second group, half of it timed
+    ]
+    new.report.comms.collectives = [
+        _collective("all_reduce", "0", "4-8 MiB", 4 << 20, 10, 10, 1.5),
+        _collective("all_reduce", "0", "64-128 KiB", 64 << 10, 6400, 6400, 0.2),
+        _collective("broadcast", "0", "64-128 KiB", 64 << 10, 1, 0, None),  # never timed: a count, no bandwidth
+    ]
+    rows = {(r["op"], r["size_class"]): r for r in C.compare_runs([base, new]).comparisons[0].busbw}
+    big = rows[("all_reduce", "4-8 MiB")]
+    assert big["base_gbps"] == pytest.approx((2.0 * 100 + 4.0 * 50) / 150) and big["new_gbps"] == 1.5
+    assert (big["base_count"], big["new_count"]) == (200, 10)
+    assert big["change_pct"] == pytest.approx(100 * (1.5 - 8 / 3) / (8 / 3))
+    small = rows[("all_reduce", "64-128 KiB")]
+    assert (small["base_gbps"], small["new_gbps"], small["base_count"], small["new_count"]) == (None, 0.2, 0, 6400)
+    assert rows[("broadcast", "64-128 KiB")]["new_gbps"] is None
+    # ordered by op, then size class
+    assert list(rows) == [("all_reduce", "64-128 KiB"), ("all_reduce", "4-8 MiB"), ("broadcast", "64-128 KiB")]
+
+
+def test_the_scaling_line_names_a_component_that_grew_beyond_the_whole_loss_without_a_share_over_100():
+    row = C.ScalingRun("r2", 2, 0.0102, None, None, None, 98.0, 0.01, 0.2)
+    row.grew = [C.ScalingGrowth("straggler", C.LABELS["straggler"], 0.46, 230.0)]
+    line = C._scaling_line(row, 1)
+    assert line == (
+        "98% efficient at 2 ranks (against 1); the loss (0.2 ms/step) is straggler loss (waiting for the slowest "
+        "rank), which grew 0.5 ms/step while other parts shrank"
+    )
+    row.grew[0].share_pct = 70.0
+    assert C._scaling_line(row, 1).endswith(
+        "the loss (0.2 ms/step) is 70% straggler loss (waiting for the slowest rank)"
+    )
