@@ -6,16 +6,20 @@ Each round runs, in this order: the base job, the same job with its data loader 
 (``large-base``) and a model 16x larger at that batch (``large``). Reported, at the default threshold:
 
 * false changes: pairs of base runs (consecutive rounds, and all pairs) whose verdict is not "no change";
-* detection: each planted variant against the base run of its own round: the verdict must be "regression".
+* detection: each planted variant against the base run of its own round: the verdict must be "regression";
+* the same with repeats (``diag compare --interleaved``, 3 and 4 pairs): the same job as base runs of
+  consecutive rounds alternately on each side, each variant against the base runs of the same rounds;
+* the run-to-run noise the consecutive same-job pairs measure (what ``RUN_NOISE_PCT`` holds for CPU runs).
 
 ``--interference N`` starts N background processes that each burn a CPU for random stretches (0.3-4 s busy,
 0.3-4 s idle, seeded), standing for the other jobs of a shared machine: they slow runs by different amounts
 at different times, within a run and between runs. ``--keep DIR`` keeps the traces (and ``--from DIR``
-re-reads them, to evaluate another rule on the same runs without running them again).
+re-reads them, to evaluate another rule on the same runs without running them again; ``--details`` adds each
+base run's windows and drift and each consecutive pair's verdict, interval and floor: why a pair reads a change).
 
     python benchmarks/bench_compare_noise.py --rounds 13
     python benchmarks/bench_compare_noise.py --rounds 13 --interference 1 --keep /tmp/noise-runs
-    python benchmarks/bench_compare_noise.py --from /tmp/noise-runs
+    python benchmarks/bench_compare_noise.py --from /tmp/noise-runs --details
 """
 
 from __future__ import annotations
