@@ -483,15 +483,24 @@ class Repeats:
     run_noise_pct: float  # one run's level, std between repeats: the pairs' std / sqrt(2)
 
 
-def repeats_change(bases: list, news: list) -> Repeats:
-    """Paired comparison of the steady (``STEADY_QUANTILE``) step time of ``bases[i]`` and ``news[i]``."""
-    levels = [
-        (float(np.quantile(b.step_ms, STEADY_QUANTILE)), float(np.quantile(n.step_ms, STEADY_QUANTILE)))
-        for b, n in zip(bases, news, strict=True)
-    ]
+def repeats_change(bases: list, news: list) -> Repeats | None:
+    """Paired comparison of the steady (``STEADY_QUANTILE``) step time of ``bases[i]`` and ``news[i]``; a pair
+    where either run has fewer than ``MIN_STEPS`` finite steps is left out; None with fewer than
+    ``MIN_REPEATS`` pairs left."""
+
+    def level(run) -> float | None:
+        x = np.asarray(run.step_ms, dtype="float64")
+        x = x[np.isfinite(x)]
+        value = float(np.quantile(x, STEADY_QUANTILE)) if len(x) >= MIN_STEPS else 0.0
+        return value if value > 0 else None
+
+    levels = [(level(b), level(n)) for b, n in zip(bases, news, strict=True)]
+    levels = [(b, n) for b, n in levels if b is not None and n is not None]
+    if len(levels) < MIN_REPEATS:
+        return None
     d = np.array([math.log(n / b) for b, n in levels])
     k = len(d)
-    mean, sd = float(d.mean()), float(d.std(ddof=1)) if k > 1 else math.inf
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
     half = t95(k - 1) * sd / math.sqrt(k)
     pct = [100 * math.expm1(x) for x in (mean, mean - half, mean + half)]
     return Repeats(
@@ -756,8 +765,8 @@ def _compare(
     median = bootstrap_change(b, n, 0.5, resamples, seed)
     steady = bootstrap_change(b, n, STEADY_QUANTILE, resamples, seed + 1)
     pairs = repeats_change(*repeats) if repeats is not None else None
-    if pairs is not None:
-        noise, source = pairs.run_noise_pct, f"measured by {pairs.pairs} pairs of repeats"
+    if repeats is not None:
+        noise, source = (pairs.run_noise_pct, f"measured by {pairs.pairs} pairs of repeats") if pairs else (0.0, "")
     elif run_noise_pct is not None:
         noise, source = run_noise_pct, "--run-noise-pct"
     else:
@@ -774,8 +783,8 @@ def _compare(
         steady_ci_pct=steady.ci_pct,
         threshold_pct=threshold_pct,
         # with repeats the pairs measure the noise: a pooled run's windows would mix its repeats' levels
-        drift_pct=[None, None] if pairs else [drift_pct(b), drift_pct(n)],
-        noise_floor_pct=None if pairs else noise_floor_pct(b, n, noise),
+        drift_pct=[None, None] if repeats else [drift_pct(b), drift_pct(n)],
+        noise_floor_pct=None if repeats else noise_floor_pct(b, n, noise),
         steps_base=len(b),
         steps_new=len(n),
         resamples=resamples,
@@ -788,6 +797,12 @@ def _compare(
     if min(len(b), len(n)) < MIN_STEPS:
         verdict = "unknown"
         notes.append(f"too few steps analysed ({len(b)} and {len(n)}; at least {MIN_STEPS} each) for a verdict")
+    elif repeats is not None and pairs is None:
+        verdict = "unknown"
+        notes.append(
+            f"fewer than {MIN_REPEATS} pairs of repeats with at least {MIN_STEPS} steps in both runs: no verdict "
+            "from the repeats"
+        )
     else:
         floor = step_time.noise_floor_pct or 0.0
         if pairs is not None:  # the pairs' interval is the verdict's: their spread is the run-to-run noise

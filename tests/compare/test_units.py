@@ -305,6 +305,12 @@ def test_interleaved_repeats_measure_the_noise_from_the_pairs():
     assert c.step_time.repeats.ci_pct[0] > 20 and "over 4 pairs of repeats" in c.summary
     with pytest.raises(ValueError, match="pairs of runs"):
         C.compare_runs(slow[:3], interleaved=True)
+    # a pair whose run has too few steps is left out; with fewer than 2 pairs left, no verdict
+    short = [*slow[:2], _cpu_run("a9", 20.0, 9, n=2), _cpu_run("b9", 25.0, 10)]
+    c = C.compare_runs(short, interleaved=True).comparisons[0]
+    assert c.verdict == "unknown" and c.step_time.repeats is None and "fewer than 2 pairs" in c.notes[0]
+    json.dumps(C.compare_runs(short, interleaved=True).to_dict(), allow_nan=False)
+    assert C.compare_runs([*slow, *short[2:]], interleaved=True).comparisons[0].step_time.repeats.pairs == 4
 
 
 def test_pooled_repeats_keep_every_step_and_fill_a_component_one_repeat_lacks():
