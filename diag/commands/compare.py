@@ -104,8 +104,8 @@ def load_summary(
 @click.option("--no-cache", is_flag=True, help="Do not read or write the caches in each RUN/.diag-cache.")
 def command(runs, fmt, output, steps, threshold_pct, run_noise_pct, interleaved, peak_tflops, flops_per_step, no_cache):
     """Compare runs: BASE against NEW (and MORE, each against BASE). Says whether step time regressed,
-    improved or did not change (a bootstrap interval over the steps, so the same job run twice reads
-    "no change"), which components the change came from (data wait, forward, backward, optimizer, exposed
+    improved or did not change (a bootstrap interval over the steps, and a noise floor of what runs of one
+    job differ by, so the same job run twice reads "no change"; repeats with --interleaved measure it), which components the change came from (data wait, forward, backward, optimizer, exposed
     communication per collective and group, stragglers, pipeline bubble), throughput, MFU, memory,
     bandwidth per collective size and the findings that appeared or disappeared. Runs of different world
     sizes also get scaling efficiency (throughput per GPU against the smallest run) and what grew with scale.

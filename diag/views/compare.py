@@ -9,6 +9,7 @@ from diag.views.format import ms_from_s
 from diag.views.text import Block, blocks_to_markdown, blocks_to_text
 
 TOP_ROWS = 12
+WHOSE_STEADY = {False: "; the verdict's", True: ", all steps"}  # with repeats the verdict is the pairs'
 
 
 def render_compare(report, fmt: str) -> str:
@@ -133,8 +134,7 @@ def _verdict(c, suffix: str) -> Block:
         f"(95% interval {_ci(s.ci_pct)})"
     )
     block.lines.append(
-        f"steady step (lower decile{', all steps' if s.repeats else '; the verdict' + chr(39) + 's'}): "
-        f"{ms_from_s(s.steady_base_s)} -> "
+        f"steady step (lower decile{WHOSE_STEADY[s.repeats is not None]}): {ms_from_s(s.steady_base_s)} -> "
         f"{ms_from_s(s.steady_new_s)}, {_signed_pct(s.steady_change_pct)} (95% interval {_ci(s.steady_ci_pct)})"
     )
     if s.repeats is not None:
