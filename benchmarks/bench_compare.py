@@ -12,6 +12,7 @@ The planted straggler must come out as the largest component of B's regression. 
 
     python benchmarks/bench_compare.py                  # 1024 ranks x 1000 steps x 20 collectives per step
     python benchmarks/bench_compare.py --ranks 64 --steps 200
+    python benchmarks/bench_compare.py --format 2      # the traces as Parquet segments (trace schema 2)
 """
 
 from __future__ import annotations
@@ -43,17 +44,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--collectives-per-step", type=int, default=20)
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--format", type=int, choices=(1, 2), default=1, help="trace format: 1 CSV, 2 Parquet")
     args = parser.parse_args()
     base, new = args.root / f"diag-bench-compare-{args.ranks}-a", args.root / f"diag-bench-compare-{args.ranks}-b"
     try:
         for path in (base, new):
             shutil.rmtree(path, ignore_errors=True)
         print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
-        synthetic.generate(base, args.ranks, args.steps, args.collectives_per_step, plants=synthetic.Plants(), seed=0)
-        plants = synthetic.Plants(compute_straggler=args.ranks // 3)
-        synthetic.generate(new, args.ranks, args.steps, args.collectives_per_step, plants=plants, seed=1)
+        plants = [synthetic.Plants(), synthetic.Plants(compute_straggler=args.ranks // 3)]
+        for seed, (path, plant) in enumerate(zip((base, new), plants, strict=True)):
+            synthetic.generate(
+                path,
+                args.ranks,
+                args.steps,
+                args.collectives_per_step,
+                plants=plant,
+                seed=seed,
+                trace_format=args.format,
+            )
         rows = args.ranks * args.steps * args.collectives_per_step
-        print(f"{args.ranks} ranks x {args.steps} steps, {rows:,} collective rows per run")
+        print(f"{args.ranks} ranks x {args.steps} steps, {rows:,} collective rows per run, trace format {args.format}")
         print("| command | wall | CPU | peak RSS |\n|---|---|---|---|")
         analyze = diag("analyze", str(base), "--format", "json", "--no-cache")
         print(line("diag analyze A --no-cache", analyze), flush=True)

@@ -16,13 +16,16 @@ that machine the lower quartile still gave one false regression, the lower decil
 intervals). Its change is bootstrapped (moving blocks of steps, so slow stretches stay together;
 ``RESAMPLES`` resamples, fixed seed): the verdict is "no change" when the 95% interval contains 0 or the change
 is under the noise floor or ``THRESHOLD_PCT``, else "regression" or "improvement". The interval covers the
-noise within each run's steps, not a machine busier during one run than the other; the **noise floor**
-estimates that from the runs themselves: each run's drift is the robust standard deviation of its steady step
-time over ``DRIFT_WINDOWS`` consecutive windows of its steps, and the floor is ``NOISE_Z`` times the two drifts
-added in quadrature (the same job's level moving between runs as it moves between parts of one run). Measured
-with benchmarks/bench_compare_noise.py (docs/benchmarks.md): it cut false changes between sequential runs of
-one job on a shared 2-core machine from 8 and 10 of 12 pairs to 4 and 4, and costs detection of changes as
-large as a run's own drift. The median's change and interval are reported beside it, and a median that moved
+noise within each run's steps, not what differs between runs and is not the job; the **noise floor** holds
+that: each run's level is off the job's by the run-to-run noise measured for its kind of machine
+(``RUN_NOISE_PCT``: load that stays for a whole run, which no run shows by itself) or by its own drift when
+larger (the robust standard deviation of its steady step time over ``DRIFT_WINDOWS`` consecutive windows: load
+that came and went), and the floor is ``NOISE_Z`` times the two runs' added in quadrature. Measured with
+benchmarks/bench_compare_noise.py (docs/benchmarks.md): false changes between sequential runs of one job on a
+shared 2-core machine fell from 4 of 12 pairs to 1 and, on new runs, 0 of 12. A change the steps show under
+the floor is "no change" with ``within_noise`` set. With repeats (``interleaved``: BASE NEW BASE NEW ...) the
+verdict is the t interval of the pairs' changes instead (``repeats_change``): their spread measures the noise.
+The median's change and interval are reported beside it, and a median that moved
 while the steady time did not is called out (slower steps only: interference or intermittent stalls).
 
 **Attribution.** Per step, the step time splits exactly into components, from the steps table and the
@@ -65,7 +68,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from diag.analysis.compare_stability import compare_stability, nonfinite_steps
+from diag.analysis.compare_stability import compare_stability, losses, nonfinite_steps
 from diag.analysis.report import Report, json_safe, ranks_sharing_tokens
 from diag.analysis.window import select
 
@@ -80,6 +83,18 @@ DRIFT_QUANTILE = (
 )
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 NOISE_Z = 2.0  # the noise floor: this many standard deviations of the difference of two runs' levels
+# Run-to-run noise: how far one run's steady step time sits from the job's own level, as a robust standard
+# deviation in %, on the kinds of machine where it was measured with repeats of the same job
+# (benchmarks/bench_compare_noise.py, docs/benchmarks.md). Load that stays for the whole of a run (another job,
+# a busier neighbour) moves all of that run's windows alike, so no run can show it by itself (its drift), and
+# two runs alone cannot tell it from a change of the job. Keyed by the runs' device; only CPU runs (gloo on
+# shared cores) have been measured: elsewhere none is assumed, and --run-noise-pct or repeats (--interleaved)
+# supply it.
+RUN_NOISE_PCT = {"cpu": 8.7}  # bench_compare_noise.py, first series of 2026-11-25: 13 runs, 12 consecutive pairs
+# two-sided 95% quantiles of Student's t by degrees of freedom (the repeats' interval; 1.96 beyond the table)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
+MIN_REPEATS = 2  # --interleaved: at least this many pairs of runs
 CONFIDENCE = 0.95
 CENTRAL_FRACTION = 0.2  # the attribution averages the middle 20% of the steps by step time ...
 CENTRAL_MIN_STEPS = 5  # ... and at least this many
@@ -427,15 +442,93 @@ def drift_pct(step_ms) -> float | None:
     return float(100 * MAD_TO_SIGMA * np.median(np.abs(levels - np.median(levels))) / steady)
 
 
-def noise_floor_pct(base_ms, new_ms) -> float | None:
-    """The smallest change of the steady step time that is not the runs' own noise: the same job's level moves
-    between runs as it moves between windows of one run (load from outside the job comes and goes), so the
-    difference of two runs' levels has a standard deviation of about the two drifts added in quadrature;
-    ``NOISE_Z`` of those. A drift that cannot be estimated (too few steps) counts as 0."""
+def noise_floor_pct(base_ms, new_ms, run_noise_pct: float = 0.0) -> float | None:
+    """The smallest change of the steady step time that is not the runs' own noise. Each run's level is off the
+    job's by its run-to-run noise (``run_noise_pct``: load that stays for a whole run), or by its own drift
+    when the run moved more than that within itself (load that came and went during it); the difference of two
+    runs' levels has a standard deviation of the two added in quadrature, and the floor is ``NOISE_Z`` of those.
+    A drift that cannot be estimated (too few steps) counts as 0; None when nothing is known."""
     drifts = [drift_pct(base_ms), drift_pct(new_ms)]
-    if all(d is None for d in drifts):
+    if all(d is None for d in drifts) and not run_noise_pct:
         return None
-    return float(NOISE_Z * math.hypot(*(d or 0.0 for d in drifts)))
+    return float(NOISE_Z * math.hypot(*(max(d or 0.0, run_noise_pct) for d in drifts)))
+
+
+def default_run_noise_pct(base_config: dict, new_config: dict) -> tuple[float, str]:
+    """The measured run-to-run noise for the runs' kind of machine (``RUN_NOISE_PCT``), and where it came from;
+    0 where none was measured (both runs must be of that kind)."""
+    devices = {base_config.get("device"), new_config.get("device")}
+    if len(devices) == 1 and (device := devices.pop()) in RUN_NOISE_PCT:
+        return RUN_NOISE_PCT[device], f"measured default for {device} runs"
+    return 0.0, "none measured for this kind of machine"
+
+
+def t95(df: int) -> float:
+    """Two-sided 95% quantile of Student's t with ``df`` degrees of freedom (the nearest tabled df below)."""
+    if df < 1:
+        return math.inf
+    return T95[max(k for k in T95 if k <= df)] if df <= max(T95) else 1.96
+
+
+@dataclass
+class Repeats:
+    """The verdict's evidence from repeats: pairs of runs (base, new) made one after the other or at the same
+    time; each pair's change of the steady step time, and the t interval of their mean (log scale, so that the
+    changes compose): the pairs' spread is the run-to-run noise, measured instead of assumed."""
+
+    pairs: int
+    changes_pct: list[float]  # per pair, new against base
+    change_pct: float
+    ci_pct: list[float]
+    run_noise_pct: float  # one run's level, std between repeats: the pairs' std / sqrt(2)
+
+
+def repeats_change(bases: list, news: list) -> Repeats | None:
+    """Paired comparison of the steady (``STEADY_QUANTILE``) step time of ``bases[i]`` and ``news[i]``; a pair
+    where either run has fewer than ``MIN_STEPS`` finite steps is left out; None with fewer than
+    ``MIN_REPEATS`` pairs left."""
+
+    def level(run) -> float | None:
+        x = np.asarray(run.step_ms, dtype="float64")
+        x = x[np.isfinite(x)]
+        value = float(np.quantile(x, STEADY_QUANTILE)) if len(x) >= MIN_STEPS else 0.0
+        return value if value > 0 else None
+
+    levels = [(level(b), level(n)) for b, n in zip(bases, news, strict=True)]
+    levels = [(b, n) for b, n in levels if b is not None and n is not None]
+    if len(levels) < MIN_REPEATS:
+        return None
+    d = np.array([math.log(n / b) for b, n in levels])
+    k = len(d)
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    half = t95(k - 1) * sd / math.sqrt(k)
+    pct = [100 * math.expm1(x) for x in (mean, mean - half, mean + half)]
+    return Repeats(
+        pairs=k,
+        changes_pct=[100 * math.expm1(x) for x in d],
+        change_pct=pct[0],
+        ci_pct=[pct[1], pct[2]],
+        run_noise_pct=100 * sd / math.sqrt(2),
+    )
+
+
+def _within_noise_note(s: StepTime) -> str:
+    """Why a change the steps show is "no change": it is within what runs of one job differ by."""
+    if s.repeats is not None:
+        r = s.repeats
+        return (
+            f"the steady step time moved {s.steady_change_pct:+.1f}% over all the steps, but the {r.pairs} pairs of "
+            f"repeats moved by {', '.join(f'{c:+.1f}%' for c in r.changes_pct)}: their interval "
+            f"[{r.ci_pct[0]:+.1f}%, {r.ci_pct[1]:+.1f}%] holds 0 or stays under {s.threshold_pct:g}%; more pairs "
+            "narrow it"
+        )
+    return (
+        f"within noise: the steady step time moved {s.steady_change_pct:+.1f}%, under the noise floor of "
+        f"{s.noise_floor_pct:.1f}% (each run's level is off the job's by {s.run_noise_pct:.1f}% from run to run "
+        f"[{s.run_noise_source}], or by its own drift when larger: {_drift_text(s)}); two runs cannot tell a "
+        "change this small from other load on the machine: give repeats, BASE NEW BASE NEW ... --interleaved, "
+        "or set --run-noise-pct for a quieter machine"
+    )
 
 
 def _drift_text(s) -> str:
@@ -489,6 +582,10 @@ class StepTime:
     steps_new: int
     resamples: int
     block_steps: list[int]  # bootstrap block length in each run
+    run_noise_pct: float = 0.0  # one run's level off the job's (run-to-run noise), in the floor with the drifts
+    run_noise_source: str = ""  # where run_noise_pct came from: the measured default, --run-noise-pct, repeats
+    within_noise: bool = False  # "no change" although the steps alone show one: it is under the noise floor
+    repeats: Repeats | None = None  # --interleaved: the verdict's evidence from pairs of runs
 
 
 @dataclass
@@ -564,6 +661,8 @@ class RunBrief:
     components_ms: dict[str, float]  # central means
     config: dict
     wait_phase: str | None = None  # the part of the step body its communication waits were taken out of
+    loss_steps: list[int] = field(default_factory=list)  # every step with a finite loss (diag.record) ...
+    loss: list[float] = field(default_factory=list)  # ... and its loss, the median over ranks (the loss figure)
 
 
 @dataclass
@@ -589,18 +688,54 @@ COMPARE_VERSION = 1
 
 
 def compare_runs(
-    runs: list[RunSummary], threshold_pct: float = THRESHOLD_PCT, resamples: int = RESAMPLES, seed: int = SEED
+    runs: list[RunSummary],
+    threshold_pct: float = THRESHOLD_PCT,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    run_noise_pct: float | None = None,
+    interleaved: bool = False,
 ) -> CompareReport:
+    """Every run after the first against the first; with ``interleaved``, the runs alternate base and new
+    (BASE NEW BASE NEW ...: repeats of the same two jobs) and are compared as one pooled base against one pooled
+    new, the verdict read from the pairs (``repeats_change``). ``run_noise_pct``: the run-to-run noise of the
+    floor (None: the measured default for the runs' kind of machine, ``RUN_NOISE_PCT``)."""
     if len(runs) < 2:
         raise ValueError("compare needs at least two runs")
     briefs = [_brief(r) for r in runs]
-    comparisons = [_compare(runs[0], r, threshold_pct, resamples, seed) for r in runs[1:]]
+    if interleaved:
+        if len(runs) % 2 or len(runs) < 2 * MIN_REPEATS:
+            raise ValueError(
+                f"--interleaved needs pairs of runs, BASE NEW BASE NEW ... (at least {MIN_REPEATS} pairs), "
+                f"got {len(runs)} runs"
+            )
+        bases, news = runs[0::2], runs[1::2]
+        pooled = [pool_runs(bases), pool_runs(news)]
+        comparison = _compare(*pooled, threshold_pct, resamples, seed, run_noise_pct, (bases, news))
+        return CompareReport(briefs, [comparison], analyze_scaling(pooled))
+    comparisons = [_compare(runs[0], r, threshold_pct, resamples, seed, run_noise_pct) for r in runs[1:]]
     return CompareReport(briefs, comparisons, analyze_scaling(runs))
+
+
+def pool_runs(runs: list[RunSummary]) -> RunSummary:
+    """Repeats of one job as one run: their steps one after the other (for the step-time distribution and the
+    attribution); the report (findings, memory, collectives, stability) and configuration are the first's."""
+    first = runs[0]
+    keys = list(dict.fromkeys(k for r in runs for k in r.components_ms))
+    # a component one repeat lacks (no collective of that group in it) was 0 in each of its steps
+    components = {k: [v for r in runs for v in r.components_ms.get(k, [0.0] * len(r.step_ms))] for k in keys}
+    return dataclasses.replace(
+        first,
+        label=f"{first.label} (+{len(runs) - 1} repeats)",
+        steps=[s for r in runs for s in r.steps],
+        step_ms=[v for r in runs for v in r.step_ms],
+        components_ms=components,
+    )
 
 
 def _brief(run: RunSummary) -> RunBrief:
     step_ms = np.asarray(run.step_ms, dtype="float64")
     _, means = central_means(run)
+    loss = losses(run.report.health)
     return RunBrief(
         label=run.label,
         path=run.path,
@@ -612,13 +747,30 @@ def _brief(run: RunSummary) -> RunBrief:
         components_ms=means,
         config=run.config,
         wait_phase=run.wait_phase,
+        loss_steps=sorted(loss),
+        loss=[loss[k] for k in sorted(loss)],
     )
 
 
-def _compare(base: RunSummary, new: RunSummary, threshold_pct: float, resamples: int, seed: int) -> Comparison:
+def _compare(
+    base: RunSummary,
+    new: RunSummary,
+    threshold_pct: float,
+    resamples: int,
+    seed: int,
+    run_noise_pct: float | None = None,
+    repeats: tuple[list[RunSummary], list[RunSummary]] | None = None,
+) -> Comparison:
     b, n = np.asarray(base.step_ms), np.asarray(new.step_ms)
     median = bootstrap_change(b, n, 0.5, resamples, seed)
     steady = bootstrap_change(b, n, STEADY_QUANTILE, resamples, seed + 1)
+    pairs = repeats_change(*repeats) if repeats is not None else None
+    if repeats is not None:
+        noise, source = (pairs.run_noise_pct, f"measured by {pairs.pairs} pairs of repeats") if pairs else (0.0, "")
+    elif run_noise_pct is not None:
+        noise, source = run_noise_pct, "--run-noise-pct"
+    else:
+        noise, source = default_run_noise_pct(base.config, new.config)
     step_time = StepTime(
         base_s=median.base_s,
         new_s=median.new_s,
@@ -630,30 +782,40 @@ def _compare(base: RunSummary, new: RunSummary, threshold_pct: float, resamples:
         steady_change_pct=steady.change_pct,
         steady_ci_pct=steady.ci_pct,
         threshold_pct=threshold_pct,
-        drift_pct=[drift_pct(b), drift_pct(n)],
-        noise_floor_pct=noise_floor_pct(b, n),
+        # with repeats the pairs measure the noise: a pooled run's windows would mix its repeats' levels
+        drift_pct=[None, None] if repeats else [drift_pct(b), drift_pct(n)],
+        noise_floor_pct=None if repeats else noise_floor_pct(b, n, noise),
         steps_base=len(b),
         steps_new=len(n),
         resamples=resamples,
         block_steps=[block_length(len(b)), block_length(len(n))],
+        run_noise_pct=noise,
+        run_noise_source=source,
+        repeats=pairs,
     )
     notes = []
     if min(len(b), len(n)) < MIN_STEPS:
         verdict = "unknown"
         notes.append(f"too few steps analysed ({len(b)} and {len(n)}; at least {MIN_STEPS} each) for a verdict")
+    elif repeats is not None and pairs is None:
+        verdict = "unknown"
+        notes.append(
+            f"fewer than {MIN_REPEATS} pairs of repeats with at least {MIN_STEPS} steps in both runs: no verdict "
+            "from the repeats"
+        )
     else:
         floor = step_time.noise_floor_pct or 0.0
-        direction = significant(steady, max(threshold_pct, floor))
+        if pairs is not None:  # the pairs' interval is the verdict's: their spread is the run-to-run noise
+            evidence = Change(steady.base_s, steady.new_s, pairs.change_pct, pairs.ci_pct)
+            direction = significant(evidence, threshold_pct)
+        else:
+            direction = significant(steady, max(threshold_pct, floor))
         verdict = {1: "regression", -1: "improvement", 0: "no change"}[direction]
-        if direction == 0 and floor > threshold_pct and significant(steady, threshold_pct):
-            notes.append(
-                f"the steady step time moved {steady.change_pct:+.1f}%, within what these runs vary by within "
-                f"themselves (noise floor {floor:.1f}%: their windows' levels drift by {_drift_text(step_time)}): "
-                "no change that other load on the machine could not explain; compare runs made at the same "
-                "time, or longer runs, to tell"
-            )
+        step_time.within_noise = direction == 0 and significant(steady, threshold_pct) != 0
+        if step_time.within_noise:
+            notes.append(_within_noise_note(step_time))
         moved = significant(median, max(threshold_pct, floor))
-        if direction == 0 and moved:
+        if direction == 0 and moved and not step_time.within_noise:
             notes.append(
                 f"the median step moved {median.change_pct:+.1f}% but the steady (lower-decile) step time did not: "
                 "only some steps were slower (faster): other load on the host, or intermittent stalls; rerun on a "
@@ -848,17 +1010,31 @@ def _summary(c: Comparison) -> str:
     s = c.step_time
     if c.verdict == "unknown":
         return "no verdict: too few steps"
+    if s.repeats is not None:  # the verdict's change is the pairs' mean
+        r = s.repeats
+        head = (
+            f"{c.verdict}: step time {_ms(s.base_s)} -> {_ms(s.new_s)} ({_signed(s.change_pct)} median over all "
+            f"steps; steady {_signed(r.change_pct)} [{_signed(r.ci_pct[0])}, {_signed(r.ci_pct[1])}] over "
+            f"{r.pairs} pairs of repeats)"
+        )
+        return head + _largest(c)
     head = (
         f"{c.verdict}: step time {_ms(s.base_s)} -> {_ms(s.new_s)} ({_signed(s.change_pct)} median, steady "
         f"{_signed(s.steady_change_pct)} [{_signed(s.steady_ci_pct[0])}, {_signed(s.steady_ci_pct[1])}])"
         if s.steady_ci_pct
         else f"{c.verdict}: step time {_ms(s.base_s)} -> {_ms(s.new_s)}"
     )
+    if c.verdict == "no change" and s.within_noise:
+        head = head.replace("no change:", "no change (within noise):", 1)
+    return head + _largest(c)
+
+
+def _largest(c: Comparison) -> str:
     if c.verdict in ("regression", "improvement"):
         top = next((a for a in c.attribution if a.component != "unattributed"), None)
         if top is not None and top.share_pct is not None:
-            head += f"; largest: {top.label} {top.delta_ms:+.1f} ms/step ({top.share_pct:.0f}% of the change)"
-    return head
+            return f"; largest: {top.label} {top.delta_ms:+.1f} ms/step ({top.share_pct:.0f}% of the change)"
+    return ""
 
 
 def _ms(seconds) -> str:
@@ -944,4 +1120,9 @@ def _scaling_line(row: ScalingRun, ref_world: int) -> str:
     top = next((g for g in row.grew if g.component != "unattributed" and g.share_pct is not None), None)
     if top is None or top.ms <= 0:
         return head + f"; the loss is {row.loss_ms:.1f} ms/step"
+    if top.share_pct > 100:  # other components shrank: a share beyond the whole reads as an error
+        return head + (
+            f"; the loss ({row.loss_ms:.1f} ms/step) is {top.label}, which grew {top.ms:.1f} ms/step while other "
+            "parts shrank"
+        )
     return head + f"; the loss ({row.loss_ms:.1f} ms/step) is {top.share_pct:.0f}% {top.label}"

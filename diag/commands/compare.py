@@ -80,6 +80,18 @@ def load_summary(
     help="A change of the steady step time under this is 'no change', whatever its interval.",
 )
 @click.option(
+    "--run-noise-pct",
+    type=click.FloatRange(min=0),
+    help="How far one run's step time sits from the job's own level from run to run (std, %), in the noise "
+    "floor; default: the value measured for the runs' kind of machine (CPU runs only; docs/compare.md).",
+)
+@click.option(
+    "--interleaved",
+    is_flag=True,
+    help="The runs are repeats: BASE NEW BASE NEW ... (each pair run one after the other, or together); the "
+    "verdict is read from the pairs, whose spread measures the run-to-run noise.",
+)
+@click.option(
     "--peak-tflops",
     type=click.FloatRange(min=0, min_open=True),
     help="Dense peak TFLOP/s per GPU for MFU (overrides the manifests and the datasheet table).",
@@ -90,10 +102,10 @@ def load_summary(
     help="Model FLOPs of one step on one rank, for every run (overrides the manifests).",
 )
 @click.option("--no-cache", is_flag=True, help="Do not read or write the caches in each RUN/.diag-cache.")
-def command(runs, fmt, output, steps, threshold_pct, peak_tflops, flops_per_step, no_cache):
+def command(runs, fmt, output, steps, threshold_pct, run_noise_pct, interleaved, peak_tflops, flops_per_step, no_cache):
     """Compare runs: BASE against NEW (and MORE, each against BASE). Says whether step time regressed,
-    improved or did not change (a bootstrap interval over the steps, so the same job run twice reads
-    "no change"), which components the change came from (data wait, forward, backward, optimizer, exposed
+    improved or did not change (a bootstrap interval over the steps, and a noise floor of what runs of one
+    job differ by, so the same job run twice reads "no change"; repeats with --interleaved measure it), which components the change came from (data wait, forward, backward, optimizer, exposed
     communication per collective and group, stragglers, pipeline bubble), throughput, MFU, memory,
     bandwidth per collective size and the findings that appeared or disappeared. Runs of different world
     sizes also get scaling efficiency (throughput per GPU against the smallest run) and what grew with scale.
@@ -106,6 +118,7 @@ def command(runs, fmt, output, steps, threshold_pct, peak_tflops, flops_per_step
       diag compare traces/1gpu traces/2gpu traces/4gpu      (scaling efficiency)
       diag compare traces/before traces/after --format json -o compare.json
       diag compare traces/before traces/after --format html -o compare.html
+      diag compare a1 b1 a2 b2 a3 b3 --interleaved             (repeats: a verdict that measures the noise)
     """
     from diag.analysis.compare import compare_runs
     from diag.analysis.window import parse_step_range
@@ -121,7 +134,13 @@ def command(runs, fmt, output, steps, threshold_pct, peak_tflops, flops_per_step
         load_summary(path, label, steps, step_range, peak_tflops, flops_per_step, no_cache)
         for path, label in zip(runs, _labels(list(runs)), strict=True)
     ]
-    text = render_compare(compare_runs(summaries, threshold_pct=threshold_pct), fmt)
+    try:
+        report = compare_runs(
+            summaries, threshold_pct=threshold_pct, run_noise_pct=run_noise_pct, interleaved=interleaved
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    text = render_compare(report, fmt)
     if output is None:
         click.echo(text)
         return

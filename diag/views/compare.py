@@ -9,6 +9,7 @@ from diag.views.format import ms_from_s
 from diag.views.text import Block, blocks_to_markdown, blocks_to_text
 
 TOP_ROWS = 12
+WHOSE_STEADY = {False: "; the verdict's", True: ", all steps"}  # with repeats the verdict is the pairs'
 
 
 def render_compare(report, fmt: str) -> str:
@@ -133,20 +134,30 @@ def _verdict(c, suffix: str) -> Block:
         f"(95% interval {_ci(s.ci_pct)})"
     )
     block.lines.append(
-        f"steady step (lower decile; the verdict's): {ms_from_s(s.steady_base_s)} -> "
+        f"steady step (lower decile{WHOSE_STEADY[s.repeats is not None]}): {ms_from_s(s.steady_base_s)} -> "
         f"{ms_from_s(s.steady_new_s)}, {_signed_pct(s.steady_change_pct)} (95% interval {_ci(s.steady_ci_pct)})"
     )
-    floor = "-" if s.noise_floor_pct is None else f"{s.noise_floor_pct:.1f}%"
-    drifts = " and ".join("-" if d is None else f"{d:.1f}%" for d in s.drift_pct)
-    block.lines.append(
-        f"noise floor {floor}: each run's steady step time drifts by {drifts} (std over windows of its steps); "
-        "a change smaller than the floor is what the runs vary by within themselves"
-    )
-    block.lines.append(
-        f"no change when the interval holds 0 or the change is under the floor or {s.threshold_pct:g}%; "
-        f"{s.resamples} bootstrap resamples of {s.steps_base} and {s.steps_new} steps "
-        f"(blocks of {s.block_steps[0]} and {s.block_steps[1]})"
-    )
+    if s.repeats is not None:
+        r = s.repeats
+        block.lines.append(
+            f"repeats (the verdict's): {r.pairs} pairs, steady change per pair "
+            f"{', '.join(_signed_pct(x) for x in r.changes_pct)}; mean {_signed_pct(r.change_pct)} "
+            f"(95% t interval {_ci(r.ci_pct)}); one run's level varies by {r.run_noise_pct:.1f}% between repeats"
+        )
+        block.lines.append(f"no change when the pairs' interval holds 0 or their change is under {s.threshold_pct:g}%")
+    elif s.run_noise_source:  # empty: --interleaved without enough pairs (the note says so)
+        floor = "-" if s.noise_floor_pct is None else f"{s.noise_floor_pct:.1f}%"
+        drifts = " and ".join("-" if d is None else f"{d:.1f}%" for d in s.drift_pct)
+        block.lines.append(
+            f"noise floor {floor}: run-to-run noise {s.run_noise_pct:.1f}% ({s.run_noise_source}), or a run's own "
+            f"drift when larger ({drifts}: std over windows of its steps); a change under the floor is what runs of "
+            "one job differ by"
+        )
+        block.lines.append(
+            f"no change when the interval holds 0 or the change is under the floor or {s.threshold_pct:g}%; "
+            f"{s.resamples} bootstrap resamples of {s.steps_base} and {s.steps_new} steps "
+            f"(blocks of {s.block_steps[0]} and {s.block_steps[1]})"
+        )
     block.lines += [f"note: {n}" for n in c.notes]
     return block
 
@@ -336,7 +347,8 @@ def _scaling(scaling) -> Block:
 def render_compare_html(report) -> str:
     from diag.views.html import html_page
 
-    figures = [f for f in (components_figure(report), steps_figure(report), scaling_figure(report)) if f]
+    figures = [components_figure(report), steps_figure(report), loss_figure(report), scaling_figure(report)]
+    figures = [f for f in figures if f is not None]
     title = "diag compare: " + " vs ".join(r.label for r in report.runs)
     return html_page(title, blocks(report), figures, figure_height_px=420)
 
@@ -381,6 +393,30 @@ def steps_figure(report):
         fig.add_box(y=r.per_step_ms, name=r.label, boxpoints="all", jitter=0.4, pointpos=0, boxmean=False)
     fig.update_layout(title="Step time per step (each point a step; box: quartiles and median)", showlegend=False)
     fig.update_yaxes(title="ms")
+    return fig
+
+
+def loss_figure(report):
+    """Loss against step, one line per run that recorded it (median over ranks; steps without a finite loss left out), when a
+    comparison has a stability section; None otherwise."""
+    import plotly.graph_objects as go
+
+    runs = [r for r in report.runs if r.loss_steps]
+    if not runs or not any(c.stability for c in report.comparisons):
+        return None
+    fig = go.Figure()
+    for r in runs:
+        fig.add_scatter(
+            x=r.loss_steps,
+            y=r.loss,
+            name=r.label,
+            mode="lines+markers",
+            marker={"size": 4},
+            hovertemplate="step %{x}: loss %{y:.4g}<extra>" + r.label + "</extra>",
+        )
+    fig.update_layout(title="Loss per step (median over ranks)")
+    fig.update_xaxes(title="step")
+    fig.update_yaxes(title="loss")
     return fig
 
 

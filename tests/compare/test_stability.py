@@ -64,7 +64,12 @@ def test_stability_in_text_markdown_and_html(runs, tmp_path):
     assert "## Training stability" in markdown and "| loss spikes | 0 | " in markdown
     page = tmp_path / "c.html"
     assert CliRunner().invoke(main, [*args, "--format", "html", "-o", str(page)]).exit_code == 0
-    assert "Training stability" in page.read_text()
+    html = page.read_text()
+    assert "Training stability" in html and "Loss per step (median over ranks)" in html
+    # the figure holds both runs' curves: each run's losses, as its JSON gives them
+    data = compare_json(runs / "none", runs / "spike", extra=("--no-cache",))
+    for run in data["runs"]:
+        assert len(run["loss_steps"]) == STEPS and json.dumps(run["loss"][PLANT_STEP])[:8] in html
 
 
 def test_runs_without_loss_have_no_stability_section():

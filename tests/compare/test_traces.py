@@ -52,6 +52,18 @@ def test_two_runs_of_one_synthetic_job_read_no_change(synthetic_runs):
     assert data["findings_added"] == data["findings_removed"] == []
 
 
+def test_interleaved_repeats_from_the_command_line(synthetic_runs):
+    """BASE NEW BASE NEW --interleaved: one comparison of the pooled runs, its verdict from the pairs."""
+    base, again, straggler = (str(synthetic_runs / n) for n in ("base", "again", "straggler"))
+    data = compare_json(base, straggler, again, straggler, extra=("--interleaved", "--no-cache"))
+    assert data["verdict"] == "regression" and len(data["comparisons"]) == 1 and len(data["runs"]) == 4
+    repeats = data["step_time"]["repeats"]
+    assert repeats["pairs"] == 2 and repeats["ci_pct"][0] > 0 and len(repeats["changes_pct"]) == 2
+    assert data["attribution"][0]["component"] == "straggler"
+    result = CliRunner().invoke(main, ["compare", base, straggler, again, "--interleaved", "--no-cache"])
+    assert result.exit_code == 2 and "pairs of runs" in result.output
+
+
 def test_a_run_against_itself_changes_nothing(synthetic_runs):
     data = compare_json(synthetic_runs / "base", synthetic_runs / "base", extra=("--no-cache",))
     assert data["verdict"] == "no change"

@@ -243,7 +243,151 @@ def test_a_change_within_the_runs_own_drift_is_no_change_and_one_beyond_it_is_a_
     assert c.step_time.steady_ci_pct[0] > 2.0  # the interval alone would call it a regression
     assert c.step_time.noise_floor_pct > c.step_time.steady_change_pct
     assert c.verdict == "no change"
-    assert any("within what these runs vary by within themselves" in n for n in c.notes)
+    assert c.step_time.within_noise and c.summary.startswith("no change (within noise)")
+    assert any(n.startswith("within noise") for n in c.notes)
     slower = _steps(60, 30.0, 0.1, 3) * shape  # +50%: far beyond the floor
     c = C.compare_runs([summary("base", {"step_rest": base}), summary("new", {"step_rest": slower})]).comparisons[0]
     assert c.verdict == "regression"
+
+
+def _cpu_run(label: str, ms: float, seed: int, n: int = 60, **components) -> object:
+    """A run on a CPU (the kind of machine whose run-to-run noise was measured), steady within itself."""
+    return summary(label, {"step_rest": _steps(n, ms, 0.1, seed), **components}, config={"device": "cpu"})
+
+
+def test_a_whole_run_shifted_by_load_is_within_the_measured_run_to_run_noise():
+    """The second run is 10% slower in every window (load that stayed for the whole run): no drift shows it, so
+    only the run-to-run noise measured for CPU runs (RUN_NOISE_PCT) tells it from a change of the job."""
+    base, new = _cpu_run("base", 20.0, 1), _cpu_run("new", 22.0, 2)
+    c = C.compare_runs([base, new]).comparisons[0]
+    s = c.step_time
+    assert max(s.drift_pct) < 1.0 and s.steady_ci_pct[0] > 8  # the steps alone say +10%, sharply
+    assert s.run_noise_pct == C.RUN_NOISE_PCT["cpu"] and s.run_noise_source == "measured default for cpu runs"
+    assert s.noise_floor_pct == pytest.approx(C.NOISE_Z * np.sqrt(2) * C.RUN_NOISE_PCT["cpu"])
+    assert (c.verdict, s.within_noise) == ("no change", True)
+    assert all(a.share_pct is None for a in c.attribution)
+    # on a machine known to be quiet the user says so, and the same runs read a regression
+    quiet = C.compare_runs([base, new], run_noise_pct=1.0).comparisons[0]
+    assert (quiet.verdict, quiet.step_time.run_noise_source, quiet.step_time.within_noise) == (
+        "regression",
+        "--run-noise-pct",
+        False,
+    )
+    # a change beyond the floor is one whatever the machine
+    assert C.compare_runs([base, _cpu_run("slow", 30.0, 3)]).comparisons[0].verdict == "regression"
+
+
+def test_no_run_to_run_noise_is_assumed_where_none_was_measured():
+    base = summary("base", {"step_rest": _steps(60, 20.0, 0.1, 1)}, config={"device": "NVIDIA H100 80GB HBM3"})
+    new = summary("new", {"step_rest": _steps(60, 22.0, 0.1, 2)}, config={"device": "NVIDIA H100 80GB HBM3"})
+    s = C.compare_runs([base, new]).comparisons[0].step_time
+    assert (s.run_noise_pct, s.run_noise_source) == (0.0, "none measured for this kind of machine")
+    assert C.compare_runs([base, new]).comparisons[0].verdict == "regression"
+    mixed = C.default_run_noise_pct({"device": "cpu"}, {"device": "NVIDIA H100 80GB HBM3"})
+    assert mixed == (0.0, "none measured for this kind of machine")
+
+
+def test_interleaved_repeats_measure_the_noise_from_the_pairs():
+    """BASE NEW BASE NEW ...: each pair's runs share their time's load; the pairs' spread is the noise."""
+    load = [1.0, 1.12, 0.95, 1.08]  # the machine's load moves every pair's level alike
+    same = [_cpu_run(f"{side}{i}", 20.0 * f, 2 * i + j) for i, f in enumerate(load) for j, side in enumerate("ab")]
+    c = C.compare_runs(same, interleaved=True).comparisons[0]
+    r = c.step_time.repeats
+    assert r.pairs == 4 and r.ci_pct[0] < 0 < r.ci_pct[1] and abs(r.change_pct) < 1
+    assert c.verdict == "no change" and c.step_time.noise_floor_pct is None
+    assert c.step_time.run_noise_source == "measured by 4 pairs of repeats"
+    assert (c.base, c.new) == ("a0 (+3 repeats)", "b0 (+3 repeats)") and c.step_time.steps_base == 4 * 60
+    # a 25% slower new job, in every pair, although the load moved the pairs' levels by 17%
+    slow = [_cpu_run(f"{side}{i}", 20.0 * f * (1.25 if side == "b" else 1.0), 2 * i + j)
+            for i, f in enumerate(load) for j, side in enumerate("ab")]  # fmt: skip
+    c = C.compare_runs(slow, interleaved=True).comparisons[0]
+    assert c.verdict == "regression" and c.step_time.repeats.change_pct == pytest.approx(25.0, abs=1.0)
+    assert c.step_time.repeats.ci_pct[0] > 20 and "over 4 pairs of repeats" in c.summary
+    with pytest.raises(ValueError, match="pairs of runs"):
+        C.compare_runs(slow[:3], interleaved=True)
+    # a pair whose run has too few steps is left out; with fewer than 2 pairs left, no verdict
+    short = [*slow[:2], _cpu_run("a9", 20.0, 9, n=2), _cpu_run("b9", 25.0, 10)]
+    c = C.compare_runs(short, interleaved=True).comparisons[0]
+    assert c.verdict == "unknown" and c.step_time.repeats is None and "fewer than 2 pairs" in c.notes[0]
+    json.dumps(C.compare_runs(short, interleaved=True).to_dict(), allow_nan=False)
+    assert C.compare_runs([*slow, *short[2:]], interleaved=True).comparisons[0].step_time.repeats.pairs == 4
+
+
+def test_pooled_repeats_keep_every_step_and_fill_a_component_one_repeat_lacks():
+    a = summary("a", {"step_rest": [10.0] * 5, "exposed_comm:all_reduce@0": [1.0] * 5})
+    b = summary("b", {"step_rest": [12.0] * 4})
+    pooled = C.pool_runs([a, b])
+    assert pooled.step_ms == [11.0] * 5 + [12.0] * 4
+    assert pooled.components_ms == {
+        "step_rest": [10.0] * 5 + [12.0] * 4,
+        "exposed_comm:all_reduce@0": [1.0] * 5 + [0.0] * 4,
+    }
+
+
+def test_the_html_view_plots_both_runs_loss_when_they_recorded_it():
+    from diag.views.compare import loss_figure
+
+    runs = [summary(name, {"step_rest": _steps(20, 10.0, 0.1, i)}) for i, name in enumerate(("base", "new"))]
+    assert loss_figure(C.compare_runs(runs)) is None  # no loss recorded: no stability section, no figure
+    curves = {"base": {s: 2.0 / (s + 1) for s in range(20)}, "new": {s: 2.5 / (s + 1) for s in range(20) if s != 7}}
+    for run in runs:
+        run.report.health.per_step = [
+            {"step": s, "loss_median": v, "grad_norm_median": None} for s, v in curves[run.label].items()
+        ]
+    report = C.compare_runs(runs)
+    assert report.comparisons[0].stability is not None
+    fig = loss_figure(report)
+    assert [t.name for t in fig.data] == ["base", "new"]
+    for trace in fig.data:
+        assert list(trace.x) == sorted(curves[trace.name]) and list(trace.y) == [curves[trace.name][s] for s in trace.x]
+    assert json.loads(render_compare(report, "json"))["runs"][1]["loss_steps"] == sorted(curves["new"])
+    assert "Loss per step" in render_compare(report, "html")
+
+
+def _collective(op: str, pg: str, bucket: str, min_bytes: int, count: int, timed: int, busbw: float | None):
+    from diag.analysis.comms import CollectiveStats
+
+    return CollectiveStats(
+        op, pg, bucket, min_bytes, 2, count, 2 * count, min_bytes * count, min_bytes, timed,
+        None, None, None, None, None, busbw, 0.0, "durations", None,
+    )  # fmt: skip
+
+
+def test_bus_bandwidth_is_compared_per_op_and_size_class_weighted_by_timed_calls_over_groups():
+    """One 4 MiB all_reduce a step became many 64 KiB ones (tiny DDP buckets): each size class is a row, with
+    each run's bandwidth (timed-call weighted over process groups) and call count."""
+    base = summary("base", {"step_rest": [10.0] * 5})
+    new = summary("new", {"step_rest": [12.0] * 5})
+    base.report.comms.collectives = [
+        _collective("all_reduce", "0", "4-8 MiB", 4 << 20, 100, 100, 2.0),
+        _collective("all_reduce", "1", "4-8 MiB", 4 << 20, 100, 50, 4.0),  # a second group, half of it timed
+    ]
+    new.report.comms.collectives = [
+        _collective("all_reduce", "0", "4-8 MiB", 4 << 20, 10, 10, 1.5),
+        _collective("all_reduce", "0", "64-128 KiB", 64 << 10, 6400, 6400, 0.2),
+        _collective("broadcast", "0", "64-128 KiB", 64 << 10, 1, 0, None),  # never timed: a count, no bandwidth
+    ]
+    rows = {(r["op"], r["size_class"]): r for r in C.compare_runs([base, new]).comparisons[0].busbw}
+    big = rows[("all_reduce", "4-8 MiB")]
+    assert big["base_gbps"] == pytest.approx((2.0 * 100 + 4.0 * 50) / 150) and big["new_gbps"] == 1.5
+    assert (big["base_count"], big["new_count"]) == (200, 10)
+    assert big["change_pct"] == pytest.approx(100 * (1.5 - 8 / 3) / (8 / 3))
+    small = rows[("all_reduce", "64-128 KiB")]
+    assert (small["base_gbps"], small["new_gbps"], small["base_count"], small["new_count"]) == (None, 0.2, 0, 6400)
+    assert rows[("broadcast", "64-128 KiB")]["new_gbps"] is None
+    # ordered by op, then size class
+    assert list(rows) == [("all_reduce", "64-128 KiB"), ("all_reduce", "4-8 MiB"), ("broadcast", "64-128 KiB")]
+
+
+def test_the_scaling_line_names_a_component_that_grew_beyond_the_whole_loss_without_a_share_over_100():
+    row = C.ScalingRun("r2", 2, 0.0102, None, None, None, 98.0, 0.01, 0.2)
+    row.grew = [C.ScalingGrowth("straggler", C.LABELS["straggler"], 0.46, 230.0)]
+    line = C._scaling_line(row, 1)
+    assert line == (
+        "98% efficient at 2 ranks (against 1); the loss (0.2 ms/step) is straggler loss (waiting for the slowest "
+        "rank), which grew 0.5 ms/step while other parts shrank"
+    )
+    row.grew[0].share_pct = 70.0
+    assert C._scaling_line(row, 1).endswith(
+        "the loss (0.2 ms/step) is 70% straggler loss (waiting for the slowest rank)"
+    )
