@@ -83,7 +83,12 @@ class RankWriter:
         self.schema_version = schema_version
         self._segments: dict = {}  # table -> columnar.StreamSegmentWriter (schema version 2)
         if schema_version == SCHEMA_VERSION:
-            import diag.trace.columnar  # noqa: F401 - pyarrow imported here, at init, not by the writer thread mid-run
+            # pyarrow (and what it imports lazily on first use: pandas) loaded here, at init, not by the writer
+            # thread mid-run, where holding the GIL for ~0.4 s stalled the training thread
+            from diag.trace.columnar import warm_up
+
+            with contextlib.suppress(Exception):  # only a head start: a real failure warns at the first flush
+                warm_up()
         self.enabled = True
         self.rows_dropped = 0
         self.bytes_written: dict[str, int] = {}
