@@ -13,6 +13,8 @@
 3. Bytes on disk per step and per collective record.
 
 usage: python benchmarks/bench_capture.py [--blocks 12] [--block-steps 10] [--trace-format 2]
+       python benchmarks/bench_capture.py --formats-side-by-side [--real-step-pairs 6 --real-step-steps 400]
+         (4. schema 1 against schema 2: the real-step cost of each and the A/A pairs, interleaved)
 """
 
 from __future__ import annotations
@@ -284,46 +286,107 @@ def cost_in_a_real_step(
     computed in every step of either model (a user's training loop computes them anyway); ``init_options``
     go to ``diag.init`` (e.g. ``fingerprint_every=0`` to leave replica fingerprints out); ``with_a_a=False``
     skips the A/A pairs (NaN) when another call in the same run measured them."""
+
+    def difference(instrument: bool, pair: int) -> float:
+        return real_step_difference(tmp, trace_format, instrument, pair, steps, hidden, record_loss, init_options)[0]
+
+    a_a = statistics.median(difference(False, pair) for pair in range(rebuilds)) if with_a_a else float("nan")
+    with_diag = statistics.median(difference(True, pair) for pair in range(rebuilds))
+    return with_diag, a_a
+
+
+def real_step_difference(
+    tmp: Path,
+    trace_format: int,
+    instrument: bool,
+    pair: int,
+    steps: int,
+    hidden: int = 900,
+    record_loss: bool = False,
+    init_options: dict | None = None,
+) -> tuple[float, float]:
+    """One pair of ``cost_in_a_real_step``: (median step of the instrumented model - median step of the plain
+    one, in us; the CPU time of the writer's flushes per second of the run, in ms: its share of a core, 0
+    without diag)."""
     import torch
 
     import diag
 
     batch = (torch.randn(64, hidden), torch.randn(64, 1))
+    models = [make_ddp(hidden, 0), make_ddp(hidden, 0)]
+    plain, other = models if pair % 2 else models[::-1]
+    optimizers = {id(m): torch.optim.SGD(m.parameters(), lr=1e-3) for m in models}
+    session = None
+    if instrument:
+        session = diag.init(
+            tmp / f"real-step-{pair}-{len(os.listdir(tmp))}",
+            telemetry=False,
+            trace_format=trace_format,
+            **(init_options or {}),
+        )
+        diag.instrument(other, optimizers[id(other)])
+    times = {id(m): [] for m in models}
+    for _ in range(10):  # warm-up
+        for model in models:
+            train_step(model, optimizers[id(model)], batch)
+    started = time.perf_counter()
+    for _ in range(steps):
+        for model in (plain, other):
+            start = time.perf_counter_ns()
+            if instrument and model is other:
+                with diag.step():
+                    loss, grad_norm = train_step(model, optimizers[id(model)], batch, record_loss)
+                    if record_loss:
+                        diag.record(loss=loss, grad_norm=grad_norm)
+            else:
+                train_step(model, optimizers[id(model)], batch, record_loss)
+            times[id(model)].append(time.perf_counter_ns() - start)
+    flush_ms_per_s = 0.0
+    if session is not None:
+        flush_ms_per_s = session.writer.flush_s * 1e3 / (time.perf_counter() - started)  # before finish's flush
+        diag.finish()
+    return (statistics.median(times[id(other)]) - statistics.median(times[id(plain)])) / 1000, flush_ms_per_s
 
-    def difference(instrument: bool, pair: int) -> float:
-        models = [make_ddp(hidden, 0), make_ddp(hidden, 0)]
-        plain, other = models if pair % 2 else models[::-1]
-        optimizers = {id(m): torch.optim.SGD(m.parameters(), lr=1e-3) for m in models}
-        if instrument:
-            diag.init(
-                tmp / f"real-step-{pair}-{len(os.listdir(tmp))}",
-                telemetry=False,
-                trace_format=trace_format,
-                **init_options,
-            )
-            diag.instrument(other, optimizers[id(other)])
-        times = {id(m): [] for m in models}
-        for _ in range(10):  # warm-up
-            for model in models:
-                train_step(model, optimizers[id(model)], batch)
-        for _ in range(steps):
-            for model in (plain, other):
-                start = time.perf_counter_ns()
-                if instrument and model is other:
-                    with diag.step():
-                        loss, grad_norm = train_step(model, optimizers[id(model)], batch, record_loss)
-                        if record_loss:
-                            diag.record(loss=loss, grad_norm=grad_norm)
-                else:
-                    train_step(model, optimizers[id(model)], batch, record_loss)
-                times[id(model)].append(time.perf_counter_ns() - start)
-        if instrument:
-            diag.finish()
-        return (statistics.median(times[id(other)]) - statistics.median(times[id(plain)])) / 1000
 
-    a_a = statistics.median(difference(False, pair) for pair in range(rebuilds)) if with_a_a else float("nan")
-    with_diag = statistics.median(difference(True, pair) for pair in range(rebuilds))
-    return with_diag, a_a
+def formats_side_by_side(pairs: int, pair_steps: int) -> dict:
+    """diag's cost in a real step writing schema 1 and schema 2, and the A/A pairs, interleaved pair by pair in
+    one process (each pair's order rotated), so the machine's drift falls on all three alike."""
+    import torch.distributed as dist
+
+    from diag.launch import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
+    results: dict[str, list] = {"a_a": [], "v1": [], "v2": [], "flush_v1": [], "flush_v2": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for pair in range(pairs):
+            kinds = ["a_a", "v1", "v2"]
+            for kind in kinds[pair % 3 :] + kinds[: pair % 3]:
+                fmt = 2 if kind == "v2" else 1
+                diff_us, flush_ms_per_s = real_step_difference(Path(tmp), fmt, kind != "a_a", pair, pair_steps)
+                results[kind].append(diff_us)
+                if kind != "a_a":
+                    results[f"flush_{kind}"].append(flush_ms_per_s)
+    dist.destroy_process_group()
+    return results
+
+
+def print_formats_side_by_side(results: dict) -> None:
+    med = statistics.median
+    v2_minus_v1 = [b - a for a, b in zip(results["v1"], results["v2"])]
+    print(f"diag's cost in a real step, {len(results['v1'])} pairs each, interleaved (us, median over pairs):")
+    print(f"  schema 1 (CSV):      {med(results['v1']):8.1f}   per pair: {_listed(results['v1'])}")
+    print(f"  schema 2 (columnar): {med(results['v2']):8.1f}   per pair: {_listed(results['v2'])}")
+    print(f"  A/A (plain, plain):  {med(results['a_a']):8.1f}   per pair: {_listed(results['a_a'])}")
+    print(f"  schema 2 - schema 1: {med(v2_minus_v1):8.1f}   per pair: {_listed(v2_minus_v1)}")
+    print(
+        f"  writer thread's flushes, CPU ms per second of the run: schema 1 {med(results['flush_v1']):.2f}, "
+        f"schema 2 {med(results['flush_v2']):.2f} (off the training thread, but mostly holding the GIL)"
+    )
+
+
+def _listed(values: list[float]) -> str:
+    return " ".join(f"{v:.1f}" for v in values)
 
 
 def span_once() -> None:
@@ -352,14 +415,26 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rebuild-every", type=int, default=5, help="blocks between fresh models for every variant")
     parser.add_argument(
-        "--trace-format", type=int, default=1, choices=(1, 2), help="trace schema version diag writes (1: the default)"
+        "--trace-format",
+        type=int,
+        default=2,
+        choices=(1, 2),
+        help="trace schema version diag writes (2: capture's default; 1: CSV, what figures before 2026-11-26 used)",
     )
     parser.add_argument("--real-step-pairs", type=int, default=8, help="model pairs of the one-process real-step cost")
     parser.add_argument("--real-step-steps", type=int, default=800, help="steps of each model of a pair")
     parser.add_argument("--real-step-only", action="store_true", help="only the host costs and the real-step cost")
+    parser.add_argument(
+        "--formats-side-by-side",
+        action="store_true",
+        help="only the real-step cost, schema 1 and 2 and the A/A pairs interleaved (--real-step-pairs/-steps)",
+    )
     args = parser.parse_args()
     if args.worker:
         overhead_worker(args)
+        return
+    if args.formats_side_by_side:
+        print_formats_side_by_side(formats_side_by_side(args.real_step_pairs, args.real_step_steps))
         return
     if not args.real_step_only:
         print_overhead(args)

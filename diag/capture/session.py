@@ -79,8 +79,8 @@ class Session:
     memory_deep_steps: (first step, count): for those few steps record what is behind the step's memory peak, by
     module and (CUDA) by allocation stack, into memory_deep.json (docs/memory.md; each such step runs several times
     slower); also set by DIAG_MEMORY_DEEP_STEPS=START,COUNT. None (default): off, at no cost.
-    trace_format: 1 (default) writes the CSV tables of schema version 1; 2 writes them as Arrow stream segments
-    compacted into Parquet, ~9x smaller (docs/trace-format.md).
+    trace_format: 2 (default) writes the tables as Arrow stream segments compacted into Parquet (schema version
+    2, ~9x smaller than CSV); 1 writes the CSV tables of schema version 1 (docs/trace-format.md).
     """
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from diag.trace.schema import MARKER_PREFIX, Table, parse_marker, segment_name
+from diag.trace.schema import MARKER_PREFIX, TABLES, Table, parse_marker, segment_name
 
 COLUMNAR_SCHEMA_VERSION = 2
 MARKER_KEY = b"diag-trace"  # Arrow schema metadata (also kept in the Parquet footer): the table's marker line
@@ -172,6 +172,23 @@ def write_parquet(table: Table, arrow: pa.Table, path: Path) -> None:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
+
+
+def warm_up() -> None:
+    """Run pyarrow's conversion and IPC paths once, on the calling thread (``diag.init``'s). Converting a Python
+    sequence the first time makes pyarrow import pandas (its check for pandas objects), ~0.4 s holding the GIL:
+    on the writer thread's first flush that stalled the training thread mid-step (and widened races, e.g. a
+    flush the training thread waited on). Paid here, once, before the first step."""
+    for table in TABLES.values():
+        sample = tuple(_SAMPLE_VALUES[c.dtype] for c in table.columns)
+        batch = batch_from_rows(table, [sample], {})
+        sink = pa.BufferOutputStream()
+        options = ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=True, use_threads=False)
+        with ipc.new_stream(sink, batch.schema, options=options) as stream:
+            stream.write_batch(batch)
+
+
+_SAMPLE_VALUES = {"int64": 0, "Int64": 0, "int8": 0, "Float64": 0.5, "category": "x"}
 
 
 class StreamSegmentWriter:

@@ -5,7 +5,7 @@ A trace directory holds one sub-directory per rank, ``rank00007/``, with:
 * ``manifest.json``: who this rank is (host, pid, ranks, device, versions, layout, FLOPs, clock anchor).
 * the tables below, in one of two formats (the loader reads both, even mixed in one directory):
 
-  * **schema version 2** (``diag.init(trace_format=2)``, ``benchmarks/synthetic.py --format 2``;
+  * **schema version 2** (what capture writes by default; ``benchmarks/synthetic.py --format 2``;
     diag/trace/columnar.py): each table as numbered
     *segments*, ``steps.000001.arrows``, ``steps.000001.parquet``, ``steps.000002.arrows``, ... A live segment
     (``.arrows``) is an Arrow IPC stream: a schema message whose metadata ``diag-trace`` holds the marker
@@ -21,7 +21,7 @@ A trace directory holds one sub-directory per rank, ``rank00007/``, with:
     it is. A second run into the same directory starts at the next number. Columns are read by name: a segment
     written before a nullable column was added reads it as empty. Arrow types: int64 for ``int64`` and
     ``Int64``, float64 for ``Float64``, int8 for ``int8``, dictionary<int32, utf8> for ``category``.
-  * **schema version 1** (what capture writes by default, for now: see below): one CSV file per table (``steps.csv``,
+  * **schema version 1** (``diag.init(trace_format=1)``; the default before version 2): one CSV file per table (``steps.csv``,
     ``collectives.csv``, ...). Each starts with a marker line ``#diag-trace schema=1 table=NAME`` and a header
     line; rows are only ever appended, so a file can be read while it is written. A last line without its
     newline is a row still being written and is ignored. A text field holding a comma or a double quote is
@@ -39,16 +39,14 @@ while written. Small per-flush batches cost ~1 KB of framing each (20-30 B a rec
 hence the compaction into Parquet; the live stream is bounded (65,536 rows) so a SIGKILL leaves at most that
 much uncompacted.
 
-Why capture still writes version 1 by default: with version 2, a real 4-rank job SIGTERMed about a second after
-it started (tests/triage/test_real_failures.py::test_healthy_job_preempted_by_sigterm_is_not_a_hang) lost some
-ranks' exit records: 4 of 6 runs on this 2-core box under load. The cause was the watchdog, not the format: the
-main thread's SIGTERM handler, finding the watchdog thread already writing the signal's records, ended the
-process without waiting for them, and version 2's slower first flush made that race likely. Fixed (the handler
-waits, at most the 2 s grace): 6 of 6 runs then passed with version 2 as the default, against 2 of 4 before.
-Still open before version 2 becomes the default: tests/prometheus/test_rank_metrics.py failed 1 of 3 runs with
-it (a collective count off), not understood yet, and bench_capture with version 2 was not resolved from its
-A/A noise. The other reliability tests (SIGKILL, full disk, writer failure, the corruption corpus) pass for
-both formats.
+Version 2 became the default once its last open questions were answered. A real 4-rank job SIGTERMed a
+second after it started lost ranks' exit records (the watchdog's SIGTERM handler did not wait for the other
+thread writing them; fixed). tests/prometheus/test_rank_metrics.py failed 7 of 12 runs: pyarrow imports pandas
+the first time it converts Python values, and that happened on the writer thread's first flush, ~0.4 s holding
+the GIL mid-training; it is now done at ``diag.init`` (``columnar.warm_up``: init ~0.25 s longer, the first
+flush ~0.4 s shorter), and the test no longer races the Flight Recorder follower. Capture cost, the SIGKILL
+and reliability tests: docs/benchmarks.md ("Schema 2 as the default"). ``diag.init(trace_format=1)`` still
+writes CSV, and the loader reads both.
 
 Times are wall-clock microseconds since the Unix epoch on the rank's own clock (``*_us`` columns that are
 instants) or microsecond durations (``*_us`` columns that are spans). ``manifest.json``'s

@@ -21,9 +21,9 @@ from diag._warn import warn_once
 from diag.trace.schema import CSV_SCHEMA_VERSION, EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, SCHEMA_VERSION, TABLES
 
 TRACE_FORMATS = (CSV_SCHEMA_VERSION, SCHEMA_VERSION)  # 1: CSV tables; 2: Arrow stream segments compacted to Parquet
-# What capture writes unless asked: still CSV, until schema 2's last open question is answered (a Prometheus
-# metrics test failing 1 run of 3 with it) and its capture cost is measured: see docs/trace-format.md
-DEFAULT_TRACE_FORMAT = CSV_SCHEMA_VERSION
+# What capture writes unless asked: schema 2 (docs/trace-format.md says why it became the default);
+# diag.init(trace_format=1) still writes CSV
+DEFAULT_TRACE_FORMAT = SCHEMA_VERSION
 
 # Rows kept in memory at most while the writer thread is behind or dead; beyond this they are dropped.
 MAX_BUFFERED_ROWS = 500_000
@@ -73,9 +73,9 @@ def format_rows(rows: list[tuple], exact_indexes: tuple[int, ...] = ()) -> str:
 
 
 class RankWriter:
-    """Writes ``manifest.json``, the tables and ``events.jsonl`` of one rank directory. ``schema_version`` 1
-    (the default) writes the CSV files of schema version 1; 2 writes each table as Arrow stream segments
-    compacted into Parquet (diag/trace/columnar.py)."""
+    """Writes ``manifest.json``, the tables and ``events.jsonl`` of one rank directory. ``schema_version`` 2
+    (the default) writes each table as Arrow stream segments compacted into Parquet (diag/trace/columnar.py);
+    1 writes the CSV files of schema version 1."""
 
     def __init__(
         self, rank_dir: str | os.PathLike, flush_interval_s: float = 0.5, schema_version: int = DEFAULT_TRACE_FORMAT
@@ -87,9 +87,15 @@ class RankWriter:
         self.schema_version = schema_version
         self._segments: dict = {}  # table -> columnar.StreamSegmentWriter (schema version 2)
         if schema_version == SCHEMA_VERSION:
-            import diag.trace.columnar  # noqa: F401 - pyarrow imported here, at init, not by the writer thread mid-run
+            # pyarrow (and what it imports lazily on first use: pandas) loaded here, at init, not by the writer
+            # thread mid-run, where holding the GIL for ~0.4 s stalled the training thread
+            from diag.trace.columnar import warm_up
+
+            with contextlib.suppress(Exception):  # only a head start: a real failure warns at the first flush
+                warm_up()
         self.enabled = True
         self.rows_dropped = 0
+        self.flush_s = 0.0  # CPU time of the flushing threads, in flushes (docs/benchmarks.md)
         self.bytes_written: dict[str, int] = {}
         self._buffers: dict[str, list] = {name: [] for name in TABLES}
         self._events: list[dict] = []
@@ -152,7 +158,11 @@ class RankWriter:
 
     def flush(self) -> None:
         with self._lock:
-            self._flush_locked()
+            started = time.thread_time()
+            try:
+                self._flush_locked()
+            finally:
+                self.flush_s += time.thread_time() - started
 
     def close(self) -> None:
         self._stop.set()

@@ -47,6 +47,9 @@ for batch in diag.wrap_loader([torch.randn(8, 32) for _ in range(steps)]):
         dist.broadcast(torch.zeros(10, dtype=torch.float64), src=0)
         explicit["broadcast"] += 1
 
+# Flight Recorder's rows (DDP's constructor broadcasts, its shape check's all_gather) reach the metrics when its
+# follower next reads the ring (every ~1 s): read it now, so the scrape sees them whatever the timing
+session.recorder.flight_recorder.read(final=True)  # final: every Python-side collective has completed
 session.writer.flush()  # everything recorded so far reaches the metrics now, not at the next flush
 (control / f"truth_rank{rank}.json").write_text(
     json.dumps({"steps": steps, "explicit": explicit, "status": session.capture_status["prometheus"]})

@@ -4,6 +4,8 @@ and damage named, never a crash."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -217,3 +219,26 @@ def test_synthetic_trace_in_v2_loads_the_same_frames_as_in_csv(tmp_path):
         expected, actual = getattr(csv, table), getattr(columnar, table)
         assert len(expected) and list(expected.dtypes.astype(str)) == list(actual.dtypes.astype(str))
         assert expected.astype(object).equals(actual.astype(object)), table
+
+
+_FIRST_FLUSH_IMPORTS = """
+import sys, tempfile
+from diag.trace.schema import TABLES
+from diag.trace.writer import RankWriter
+writer = RankWriter(tempfile.mkdtemp(), schema_version=2)
+before = set(sys.modules)
+for name, spec in TABLES.items():
+    writer.append(name, tuple({"category": "x", "Float64": 0.5}.get(c.dtype, 1) for c in spec.columns))
+writer.flush()
+writer.close()
+print(sorted(m.split(".")[0] for m in set(sys.modules) - before))
+"""
+
+
+def test_first_v2_flush_imports_nothing(tmp_path):
+    """pyarrow imports pandas the first time it converts Python values: done at init, not by the writer thread's
+    first flush, where it held the GIL ~0.4 s mid-step (and made tests/prometheus' scrape race its follower)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", _FIRST_FLUSH_IMPORTS], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
