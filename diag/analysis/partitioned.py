@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op, size_bucket
 from diag.analysis.window import StepWindow, in_window
@@ -38,8 +40,9 @@ from diag.trace.loader import (
     TraceReader,
     assemble_trace,
     empty_table,
+    to_frame,
 )
-from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES
+from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES, Table
 
 COLLECTIVES = "collectives"
 HELD_BYTES_MAX = 2 << 30  # compact parts kept between the passes on one machine; beyond, a rank is read again
@@ -66,10 +69,10 @@ class RankPart:
 
     rank: int
     pg_names: list[str]
-    pg: np.ndarray  # int16 codes into pg_names
-    seq: np.ndarray  # int32 where it fits
+    pg: np.ndarray  # int8 codes into pg_names (int16, int32 with more groups)
+    seq: np.ndarray  # minus seq_lo: uint16 where the rank's range fits (~10 B a row in all), else int32/int64
     duration_us: np.ndarray  # float32 where exact, else float64; NaN: untimed
-    step: np.ndarray  # int32
+    step: np.ndarray  # minus step_lo, as seq
     blocking: np.ndarray  # bool
     start_us: np.ndarray  # float64 on rank 0's clock, for the untimed rows only (in their order)
     unmatched: pd.DataFrame  # pg, op, bytes, duration_us, step, blocking
@@ -77,6 +80,14 @@ class RankPart:
     dropped_insane: int = 0
     dropped_earlier_run: int = 0
     rows_read: int = 0  # valid rows in the files, before the checks and the window
+    seq_lo: int = 0
+    step_lo: int = 0
+
+    def seqs(self) -> np.ndarray:
+        return self.seq.astype("int64") + self.seq_lo
+
+    def steps(self) -> np.ndarray:
+        return self.step.astype("int64") + self.step_lo
 
     @property
     def nbytes(self) -> int:
@@ -145,9 +156,28 @@ def _column(arrow, name: str) -> np.ndarray:
     return arrow.column(name).to_numpy()
 
 
-def _strings(arrow, name: str) -> np.ndarray:
-    values = arrow.column(name).cast("string").to_pandas()
-    return values.fillna("").to_numpy(dtype=object)
+def _coded(arrow, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A text column as (int32 codes, names as an object array; null reads as ""), from Arrow's dictionary
+    encoding: 20,000 rows of a handful of distinct names never become 20,000 Python strings (that, and
+    factorising them, was a third of pass 1)."""
+    column = arrow.column(name)
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column.cast(pa.string()))
+    column = column.unify_dictionaries().combine_chunks() if column.num_chunks > 1 else column.chunk(0)
+    names = column.dictionary.cast(pa.string()).to_pandas().fillna("").to_numpy(dtype=object)
+    codes = column.indices.fill_null(len(names)).to_numpy(zero_copy_only=False).astype("int32")
+    if column.null_count:  # a null is one more name, ""
+        names = np.append(names, "")
+    return codes, names
+
+
+def _first_seen(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Codes renumbered in order of first appearance, and their names: what pd.factorize gives of the strings
+    (equal names from a damaged dictionary merge, as they would as strings)."""
+    as_names = names.astype(str)
+    merged, canonical = np.unique(as_names, return_inverse=True)
+    first, uniques = pd.factorize(canonical[codes]) if len(codes) else (np.zeros(0, dtype="int64"), np.zeros(0))
+    return first, [str(merged[u]) for u in uniques]
 
 
 def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
@@ -164,30 +194,35 @@ def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
         keep &= ~earlier
     step = _column(arrow, "step").astype("int64")
     keep &= in_window(pd.Series(step), window).to_numpy()
-    pg_all, op_all = _strings(arrow, "pg"), _strings(arrow, "op")
+    pg_codes, pg_dict = _coded(arrow, "pg")
+    op_codes, op_dict = _coded(arrow, "op")
     seq_all = _column(arrow, "seq").astype("int64")
-    p2p_ops = {name for name in set(op_all) if canonical_op(name) in ("send", "recv")}
-    unmatched_rows = np.isin(op_all, list(p2p_ops)) | (seq_all < 0) if p2p_ops else seq_all < 0
+    p2p = np.array([canonical_op(str(name)) in ("send", "recv") for name in op_dict], dtype=bool)
+    unmatched_rows = (p2p[op_codes] if len(p2p) else np.zeros(len(seq_all), dtype=bool)) | (seq_all < 0)
     blocking = _column(arrow, "blocking") != 0
     nbytes = _column(arrow, "bytes").astype("int64")
     matched = keep & ~unmatched_rows
     loose = keep & unmatched_rows
-    codes, names = pd.factorize(pg_all[matched])
+    codes, names = _first_seen(pg_codes[matched], pg_dict)
     duration_m = duration[matched]
     untimed = np.isnan(duration_m)
+    seq_lo, seq = _offset_int(seq_all[matched])
+    step_lo, step_m = _offset_int(step[matched])
     part = RankPart(
         rank=task.rank,
         pg_names=[str(n) for n in names],
-        pg=codes.astype("int16" if len(names) < 2**15 else "int32"),
-        seq=_compact_int(seq_all[matched]),
+        pg=codes.astype("int8" if len(names) < 2**7 else "int16" if len(names) < 2**15 else "int32"),
+        seq=seq,
+        seq_lo=seq_lo,
         duration_us=_compact_float(duration_m),
-        step=step[matched].astype("int32"),
+        step=step_m,
+        step_lo=step_lo,
         blocking=blocking[matched],
         start_us=start[matched][untimed] - task.offset_us,
         unmatched=pd.DataFrame(
             {
-                "pg": pg_all[loose],
-                "op": op_all[loose],
+                "pg": pg_dict[pg_codes[loose]],
+                "op": op_dict[op_codes[loose]],
                 "bytes": nbytes[loose],
                 "duration_us": duration[loose],
                 "step": step[loose],
@@ -198,15 +233,20 @@ def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
         dropped_earlier_run=int(earlier.sum()),
         rows_read=arrow.num_rows,
     )
-    part._ops = op_all[matched]  # for the partial only; not kept (see _partial)
+    part._ops = _first_seen(op_codes[matched], op_dict)  # for the partial only; not kept (see _partial)
     part._bytes = nbytes[matched]
     return part
 
 
-def _compact_int(values: np.ndarray) -> np.ndarray:
-    if not len(values) or (values.min() >= -(2**31) and values.max() < 2**31):
-        return values.astype("int32")
-    return values
+def _offset_int(values: np.ndarray) -> tuple[int, np.ndarray]:
+    """(lo, values - lo) as uint16 when the range fits (a rank's steps, its seqs: ~20,000 collectives of a
+    group), else (0, int32 or int64 values)."""
+    if not len(values):
+        return 0, values.astype("int32")
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo < 2**16:
+        return lo, (values - lo).astype("uint16")
+    return 0, values.astype("int32") if lo >= -(2**31) and hi < 2**31 else values
 
 
 def _compact_float(values: np.ndarray) -> np.ndarray:
@@ -240,11 +280,12 @@ def _partial(part: RankPart) -> dict[str, PgPartial]:
     duration = part.duration_us.astype("float64")
     latest = np.full(len(duration), -np.inf)
     latest[np.isnan(duration)] = part.start_us
-    op_codes, op_names = pd.factorize(ops)
+    op_codes, op_names = ops
     out = {}
+    seqs = part.seqs()
     for code, name in enumerate(part.pg_names):
         rows = np.flatnonzero(part.pg == code)
-        seq = part.seq[rows].astype("int64")
+        seq = seqs[rows]
         lo = int(seq.min())
         slot = seq - lo
         size = int(slot.max()) + 1
@@ -305,12 +346,38 @@ def _empty_partial() -> dict[str, PgPartial]:
 # -- between the passes: the instance table ----------------------------------------------------------------------
 
 
+class SeqIndex:
+    """seq -> row of one process group's instances. A group's sequence numbers count up, so a dense array over
+    their range is a few bytes per instance and a lookup is one gather (pass 2's hash lookups were a fifth of
+    its time); a sparse range (seqs far apart) keeps a hash index."""
+
+    def __init__(self, seq: np.ndarray):
+        self.lo = int(seq.min()) if len(seq) else 0
+        span = int(seq.max()) - self.lo + 1 if len(seq) else 0
+        self.dense, self.index = None, None
+        if span <= 4 * len(seq) + 1024:
+            self.dense = np.full(span, -1, dtype="int64")
+            self.dense[seq - self.lo] = np.arange(len(seq))
+        else:
+            self.index = pd.Index(seq)
+
+    def get_indexer(self, seq: np.ndarray) -> np.ndarray:
+        """Rows of ``seq`` (-1: not an instance), as pd.Index.get_indexer."""
+        if self.dense is None:
+            return self.index.get_indexer(seq)
+        pos = seq - self.lo
+        inside = (pos >= 0) & (pos < len(self.dense))
+        out = np.full(len(seq), -1, dtype="int64")
+        out[inside] = self.dense[pos[inside]]
+        return out
+
+
 @dataclass
 class MatchTable:
     """The collective instances by process group: seq index, shortest duration, latest untimed issue, rows, and
     the (op, pg, size bucket) group of each."""
 
-    by_pg: dict[str, tuple[pd.Index, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    by_pg: dict[str, tuple[SeqIndex, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
     keys: list[tuple[str, str, int]]  # group id -> (op, pg, bucket)
 
 
@@ -349,7 +416,7 @@ def match_table(inst: pd.DataFrame) -> MatchTable:
     for pg, rows in inst.groupby("pg", sort=False).indices.items():
         sub = inst.iloc[rows]
         by_pg[str(pg)] = (
-            pd.Index(sub["seq"].to_numpy()),
+            SeqIndex(sub["seq"].to_numpy(dtype="int64")),
             sub["transfer_us"].to_numpy(dtype="float64"),
             sub["latest_us"].to_numpy(dtype="float64"),
             sub["ranks"].to_numpy(dtype="int64"),
@@ -382,16 +449,17 @@ def finish_part(part: RankPart, match: MatchTable) -> CollectiveSums:
     timed = ~np.isnan(duration)
     start = np.full(n, np.nan)
     start[~timed] = part.start_us
+    seqs = part.seqs()
     for code, name in enumerate(part.pg_names):
         rows = np.flatnonzero(part.pg == code)
         index, transfer, latest, inst_ranks, inst_group = match.by_pg[name]
-        at = index.get_indexer(part.seq[rows].astype("int64"))
+        at = index.get_indexer(seqs[rows])
         wait[rows] = np.where(timed[rows], duration[rows] - transfer[at], latest[at] - start[rows])
         ranks[rows], group[rows] = inst_ranks[at], inst_group[at]
     is_last = (wait == 0) & (ranks > 1)
     wait = np.nan_to_num(wait, nan=0.0)
     loose = part.unmatched
-    steps = np.concatenate([part.step.astype("int64"), loose["step"].to_numpy(dtype="int64")])
+    steps = np.concatenate([part.steps(), loose["step"].to_numpy(dtype="int64")])
     waits = np.concatenate([wait, np.zeros(len(loose))])  # matched with no one: nobody to wait for
     blocking = np.concatenate([part.blocking, loose["blocking"].to_numpy(dtype=bool)])
     if len(steps):
@@ -662,10 +730,59 @@ def _accounting(part: RankPart) -> tuple[int, list[Skipped], int, int, int]:
 # -- the trace without its collectives ---------------------------------------------------------------------------
 
 
-def load_without_collectives(path: str | Path, progress: bool = False) -> Trace:
-    """``diag.load`` of every table but the collectives (left empty: reduced by partition instead)."""
+# The columns of the per-step tables that ``analyze`` reads (report.py and the analyses it runs). The others
+# (the step's forward/backward/optimizer split, PCIe throughput, ...) are for the views and diag compare, which
+# ask for the whole tables (``analyzed_columns_only=False``).
+ANALYSED_COLUMNS = {
+    "steps": ("step", "start_us", "duration_us", "data_wait_us", "comm_wait_us", "samples", "tokens", "loss",
+              "grad_norm", "param_fingerprint"),
+    "memory": ("step", "time_us", "allocated_bytes", "allocated_peak_bytes", "reserved_bytes", "reserved_peak_bytes",
+               "alloc_retries", "ooms", "rss_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes"),
+    "telemetry": ("time_us", "gpu", "util_pct", "mem_total_bytes", "power_w", "power_limit_w", "temp_c",
+                  "sm_clock_mhz", "sm_clock_max_mhz", "throttle_reasons", "ecc_corrected", "ecc_uncorrected", "xid",
+                  "process_mem_used_bytes", "other_processes_mem_used_bytes"),
+}  # fmt: skip
+INT32_SAFE_MAX = 2**30  # int64 columns below this are kept as int32: the sum of two (iteration = data wait + step) fits
+
+
+class AnalysedColumnsReader(TraceReader):
+    """The loader's per-rank read, each rank's per-step tables cut to the columns the analyses read as soon as
+    they are read (before the ranks are concatenated), and whole microsecond counts that fit kept as int32: at
+    16,384 ranks x 1,000 steps the steps table is ~16 M rows, and each int64 column dropped or halved is 65-130
+    MB less on the client (docs/scale.md)."""
+
+    def _read_rank(self, rank: int, rank_dir: Path):
+        manifest, heartbeat, tables, events, skipped, nccl_log = super()._read_rank(rank, rank_dir)
+        for name, keep in ANALYSED_COLUMNS.items():
+            if name in tables:
+                tables[name] = tables[name].select(["rank", *keep])
+        return manifest, heartbeat, tables, events, skipped, nccl_log
+
+    def _frame(self, name: str, chunks: list) -> pd.DataFrame:
+        keep = ANALYSED_COLUMNS.get(name)
+        if keep is None or not chunks:  # no rows: the whole empty table, every column an analysis may look for
+            return super()._frame(name, chunks)
+        table = TABLES[name]
+        narrow = Table(table.name, table.doc, tuple(c for c in table.columns if c.name in keep))
+        frame = to_frame(chunks, narrow, rank_column=True)
+        for column in narrow.columns:
+            values = frame[column.name]
+            if (
+                column.dtype == "int64"
+                and len(values)
+                and values.min() >= -INT32_SAFE_MAX
+                and values.max() < INT32_SAFE_MAX
+            ):
+                frame[column.name] = values.astype("int32")
+        return frame
+
+
+def load_without_collectives(path: str | Path, progress: bool = False, analysed_columns_only: bool = False) -> Trace:
+    """``diag.load`` of every table but the collectives (left empty: reduced by partition instead).
+    ``analysed_columns_only``: the per-step tables with only the columns ``analyze`` reads (AnalysedColumnsReader),
+    for a report; the views want them whole."""
     tables = tuple(name for name in TABLES if name != COLLECTIVES)
-    reader = TraceReader(path, tables=tables)
+    reader = (AnalysedColumnsReader if analysed_columns_only else TraceReader)(path, tables=tables)
     rank_dirs = reader.rank_dirs()
     if not rank_dirs:
         raise TraceError(
@@ -818,13 +935,15 @@ def analyze_partitioned(
     client=None,
     progress: bool = False,
     with_trace: bool = False,
+    analysed_columns_only: bool = True,
 ):
     """``analyze(load(path))`` with the collectives reduced rank by rank: on this machine, or on the workers of
     the Dask ``client`` (which read ``path`` themselves: a filesystem they share). ``with_trace``: return
-    (trace without its collectives, report, collective rows read)."""
+    (trace without its collectives, report, collective rows read); ``analysed_columns_only``: that trace's per-step
+    tables hold only the columns the analyses read (False: whole, for views that draw the others)."""
     from diag.analysis.report import analyze
 
-    trace = load_without_collectives(path, progress=progress)
+    trace = load_without_collectives(path, progress=progress, analysed_columns_only=analysed_columns_only)
     engine = DaskEngine(client) if client is not None else LocalEngine()
     reducer = collectives_reducer(trace, engine, progress)
     report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
