@@ -727,6 +727,194 @@ def _accounting(part: RankPart) -> tuple[int, list[Skipped], int, int, int]:
     return part.rank, part.skipped, part.dropped_insane, part.dropped_earlier_run, part.rows_read
 
 
+# -- memory and telemetry, analysed rank by rank ------------------------------------------------------------------
+
+RANK_TABLES = ("memory", "telemetry")  # per-step tables whose analyses are per rank: never loaded whole here
+
+
+@dataclass(frozen=True)
+class RankTablesTask:
+    """What a worker needs to analyse one rank's memory and telemetry: where, the loader's cut of an earlier
+    run, and the rank's telemetry window (its first step's start to its last step's end; NaN: no step)."""
+
+    trace_dir: str
+    rank: int
+    rank_dir: str
+    cut_us: float | None
+    first_us: float
+    last_us: float
+
+
+@dataclass
+class RankTables:
+    """One rank's memory and telemetry, reduced: its report rows and what the combination needs."""
+
+    rank: int
+    memory: list  # [RankMemory]: none without readings in the window
+    gpus: list  # [GpuTelemetry]
+    device_total: int | None  # largest mem_total_bytes in its telemetry
+    has_allocated: bool  # a CUDA allocator reading in the window (the run's metric is allocated_bytes if any)
+    memory_steps: np.ndarray  # distinct steps of its readings in the window
+    skipped: list[Skipped] = field(default_factory=list)
+    dropped_earlier_run: int = 0
+    rows_read: int = 0
+
+
+def read_rank_tables(task: RankTablesTask) -> tuple[pd.DataFrame, pd.DataFrame, list[Skipped], int, int]:
+    """The rank's memory and telemetry frames as ``diag.load`` gives its rows (the loader's per-rank read, its
+    dtypes, an earlier run's rows cut), what was skipped, rows dropped as an earlier run's, rows read."""
+    reader = TraceReader(task.trace_dir, tables=RANK_TABLES)
+    _, _, tables, _, skipped, _ = reader._read_rank(task.rank, Path(task.rank_dir))
+    skipped = [s for s in skipped if Path(s.path).name not in _SIDE_FILES]  # the first load reported those
+    frames, dropped, rows = [], 0, 0
+    for name in RANK_TABLES:
+        arrow = tables.get(name)
+        frame = to_frame([arrow] if arrow is not None else [], TABLES[name], rank_column=True)
+        rows += len(frame)
+        if task.cut_us is not None and len(frame):  # as loader._latest_run_only
+            early = frame["time_us"].to_numpy(dtype="float64", na_value=np.nan) < task.cut_us
+            dropped += int(early.sum())
+            frame = frame[~early].reset_index(drop=True)
+        frames.append(frame)
+    return frames[0], frames[1], skipped, dropped, rows
+
+
+def reduce_rank_tables(task: RankTablesTask, window: StepWindow, hosts: dict, metric: str, n_steps: int) -> RankTables:
+    """One rank's memory and telemetry analysed by the in-memory analyses themselves, on its rows only: every
+    figure of the report is per rank (the run's ``metric`` and ``n_steps`` given), so the rows are the
+    whole-trace report's. An unreadable partition is an empty result that names it, never an exception."""
+    from diag.analysis.memory import analyze_memory
+    from diag.analysis.telemetry import analyze_telemetry
+
+    try:
+        mem, tel, skipped, dropped, rows = read_rank_tables(task)
+    except Exception as exc:  # noqa: BLE001 - a damaged partition is skipped and named, the others analysed
+        note = Skipped(str(task.rank_dir), f"memory and telemetry unreadable, rank left out of them: {exc!r}")
+        return RankTables(task.rank, [], [], None, False, np.zeros(0, dtype="int64"), [note])
+    mem_w = mem[in_window(mem["step"], window)]
+    time_us = tel["time_us"].to_numpy()
+    tel_w = tel[(time_us >= task.first_us) & (time_us <= task.last_us)]  # NaN bounds: no row, as report does
+    totals = tel["mem_total_bytes"].dropna()
+    total = int(totals.max()) if len(totals) else None
+    memory = analyze_memory(mem_w, {task.rank: total} if total else {}, tel_w, metric=metric, n_steps=n_steps)
+    return RankTables(
+        rank=task.rank,
+        memory=memory.per_rank,
+        gpus=analyze_telemetry(tel_w, hosts).gpus if len(tel_w) else [],
+        device_total=total,
+        has_allocated=bool(mem_w["allocated_bytes"].notna().any()),
+        memory_steps=np.unique(mem_w["step"].to_numpy(dtype="int64")),
+        skipped=skipped,
+        dropped_earlier_run=dropped,
+        rows_read=rows,
+    )
+
+
+def reduce_rank_tables_batch(tasks: list, window: StepWindow, hosts: dict, metric: str, n_steps: int) -> list:
+    """``reduce_rank_tables`` over a batch of ranks (one Dask task)."""
+    return [reduce_rank_tables(t, window, {t.rank: hosts.get(t.rank)}, metric, n_steps) for t in tasks]
+
+
+def rank_tables_reducer(trace: Trace, client=None, progress: bool = False, threads: int = READ_THREADS):
+    """``(window, steps_w, hosts) -> (TelemetryReport, MemoryReport)`` for ``analyze(..., reduce_rank_tables=)``:
+    each rank's memory and telemetry read and analysed on its own (threads here, or batches on the Dask
+    ``client``'s workers), so the client holds report rows, not the tables. The run's memory metric and its
+    count of steps are guessed (allocated bytes, the window's steps) and the ranks done again in the rare
+    run where the guess was wrong (CPU runs without allocator readings: small)."""
+
+    def reduce(window: StepWindow, steps_w: pd.DataFrame, hosts: dict):
+        from diag.analysis.memory import MemoryReport, compare_ranks
+        from diag.analysis.report import telemetry_bounds
+        from diag.analysis.telemetry import TelemetryReport
+
+        bounds = telemetry_bounds(steps_w) if len(steps_w) else pd.DataFrame(columns=["first_us", "last_us"])
+        tasks = [_tables_task(t, bounds) for t in rank_tasks(trace)]
+        metric, n_steps = "allocated_bytes", window.steps_analysed
+        results = _map_ranks(tasks, window, hosts, metric, n_steps, client, progress, threads)
+        found = [r for r in results if r.memory]
+        actual_metric = "allocated_bytes" if any(r.has_allocated for r in results) else "rss_bytes"
+        steps = np.unique(np.concatenate([r.memory_steps for r in results])) if results else np.zeros(0)
+        if found and (actual_metric != metric or len(steps) != n_steps):
+            results = _map_ranks(tasks, window, hosts, actual_metric, len(steps), client, progress, threads)
+            found = [r for r in results if r.memory]
+        _account_rank_tables(trace, results)
+        reduce.rows_read = sum(r.rows_read for r in results)
+        gpus = [g for r in results for g in r.gpus]
+        telemetry = TelemetryReport(gpus=gpus) if gpus else TelemetryReport(note=_NO_TELEMETRY)
+        memory = (
+            compare_ranks(MemoryReport(per_rank=[m for r in found for m in r.memory]))
+            if found
+            else MemoryReport(note="no memory readings in the window")
+        )
+        return telemetry, memory
+
+    reduce.rows_read = 0
+    return reduce
+
+
+_NO_TELEMETRY = "no GPU telemetry (CPU run, or NVML unavailable)"  # analyze_telemetry's note for no samples
+
+
+def _tables_task(task: RankTask, bounds: pd.DataFrame) -> RankTablesTask:
+    first = float(bounds["first_us"].get(task.rank, np.nan)) if len(bounds) else np.nan
+    last = float(bounds["last_us"].get(task.rank, np.nan)) if len(bounds) else np.nan
+    return RankTablesTask(task.trace_dir, task.rank, task.rank_dir, task.cut_us, first, last)
+
+
+def _map_ranks(tasks, window, hosts, metric, n_steps, client, progress, threads) -> list[RankTables]:
+    bar = _bar(len(tasks), "memory and telemetry by rank") if progress else None
+    try:
+        if client is not None:
+            size = batch_size(len(tasks), len(client.scheduler_info()["workers"]))
+            batches = [tasks[i : i + size] for i in range(0, len(tasks), size)]
+            futures = client.map(
+                reduce_rank_tables_batch,
+                batches,
+                window=window,
+                hosts={t.rank: hosts.get(t.rank) for t in tasks},
+                metric=metric,
+                n_steps=n_steps,
+                pure=False,
+            )
+            results = [r for batch in client.gather(futures) for r in batch]
+            if bar is not None:
+                bar.update(len(tasks))
+            return results
+        results = []
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            work = pool.map(lambda t: reduce_rank_tables(t, window, hosts, metric, n_steps), tasks)
+            for result in work:
+                results.append(result)
+                if bar is not None:
+                    bar.update(1)
+        return results
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _account_rank_tables(trace: Trace, results: list[RankTables]) -> None:
+    """The loader's notes for the ranks' memory and telemetry files, where it would have listed them, the rows
+    of an earlier run added to the note that names it, and the per-rank device totals as trace.telemetry (what
+    memory_plan reads of it)."""
+    for r in results:
+        for s in r.skipped:
+            trace.skipped.insert(_position(trace.skipped, trace.path, r.rank, _file_order(Path(s.path).name)), s)
+    earlier = sum(r.dropped_earlier_run for r in results)
+    if earlier:
+        for s in trace.skipped:
+            if "step numbers start again" in s.reason:
+                s.lines += earlier
+                break
+    totals = [(r.rank, r.device_total) for r in results if r.device_total is not None]
+    trace.telemetry = pd.DataFrame(
+        {
+            "rank": np.asarray([r for r, _ in totals], dtype="int32"),
+            "mem_total_bytes": pd.array([t for _, t in totals], dtype="Int64"),
+        }
+    )
+
+
 # -- the trace without its collectives ---------------------------------------------------------------------------
 
 
@@ -777,11 +965,14 @@ class AnalysedColumnsReader(TraceReader):
         return frame
 
 
-def load_without_collectives(path: str | Path, progress: bool = False, analysed_columns_only: bool = False) -> Trace:
-    """``diag.load`` of every table but the collectives (left empty: reduced by partition instead).
-    ``analysed_columns_only``: the per-step tables with only the columns ``analyze`` reads (AnalysedColumnsReader),
-    for a report; the views want them whole."""
-    tables = tuple(name for name in TABLES if name != COLLECTIVES)
+def load_without_collectives(
+    path: str | Path, progress: bool = False, analysed_columns_only: bool = False, without: tuple[str, ...] = ()
+) -> Trace:
+    """``diag.load`` of every table but the collectives (left empty: reduced by partition instead) and those in
+    ``without`` (likewise: memory and telemetry, analysed rank by rank). ``analysed_columns_only``: the per-step
+    tables with only the columns ``analyze`` reads (AnalysedColumnsReader), for a report; the views want them
+    whole."""
+    tables = tuple(name for name in TABLES if name != COLLECTIVES and name not in without)
     reader = (AnalysedColumnsReader if analysed_columns_only else TraceReader)(path, tables=tables)
     rank_dirs = reader.rank_dirs()
     if not rank_dirs:
@@ -794,7 +985,8 @@ def load_without_collectives(path: str | Path, progress: bool = False, analysed_
     finally:
         if bar is not None:
             bar.close()
-    data[COLLECTIVES] = empty_table(TABLES[COLLECTIVES])
+    for name in (COLLECTIVES, *without):
+        data[name] = empty_table(TABLES[name])
     trace = assemble_trace(Path(path), data)
     release_arrow_memory()
     return trace
@@ -869,6 +1061,17 @@ def collectives_reducer(trace: Trace, engine, progress: bool = False):
 
 
 _FILE_ORDER = {MANIFEST_FILE: 0, HEARTBEAT_FILE: 1, **{t.file_name: 2 + i for i, t in enumerate(TABLES.values())}}
+_TABLE_ORDER = {name: 2 + i for i, name in enumerate(TABLES)}
+
+
+def _file_order(name: str) -> int:
+    """Where the loader reads a rank's file: manifest, heartbeat, then the tables in schema order (a CSV file or
+    a schema-2 segment, ``memory.000001.parquet``), events, then anything else."""
+    if name in _FILE_ORDER:
+        return _FILE_ORDER[name]
+    if name == EVENTS_FILE:
+        return 8
+    return _TABLE_ORDER.get(name.split(".")[0], 9)
 
 
 def _account(trace: Trace, accounting: list) -> None:
@@ -924,7 +1127,7 @@ def _rank_file_key(path: Path, root: Path) -> tuple[int, int] | None:
     match = RANK_DIR_RE.match(path.parent.name)
     if path.parent.parent != root or match is None:
         return None
-    return int(match.group(1)), _FILE_ORDER.get(path.name, 8 if path.name == EVENTS_FILE else 9)
+    return int(match.group(1)), _file_order(path.name)
 
 
 def analyze_partitioned(
@@ -943,9 +1146,13 @@ def analyze_partitioned(
     tables hold only the columns the analyses read (False: whole, for views that draw the others)."""
     from diag.analysis.report import analyze
 
-    trace = load_without_collectives(path, progress=progress, analysed_columns_only=analysed_columns_only)
+    # memory and telemetry are analysed rank by rank too, unless the caller wants the trace's tables whole
+    per_rank = RANK_TABLES if analysed_columns_only else ()
+    trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank)
     engine = DaskEngine(client) if client is not None else LocalEngine()
     reducer = collectives_reducer(trace, engine, progress)
+    tables = rank_tables_reducer(trace, client, progress) if per_rank else None
     report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
-                     reduce_collectives=reducer)  # fmt: skip
-    return (trace, report, reducer.rows_read) if with_trace else report
+                     reduce_collectives=reducer, reduce_rank_tables=tables)  # fmt: skip
+    rows_read = reducer.rows_read + (tables.rows_read if tables is not None else 0)
+    return (trace, report, rows_read) if with_trace else report
