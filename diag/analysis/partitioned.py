@@ -747,79 +747,92 @@ class RankTablesTask:
 
 @dataclass
 class RankTables:
-    """One rank's memory and telemetry, reduced: its report rows and what the combination needs."""
+    """A batch of ranks' memory and telemetry, reduced: their report rows and what the combination needs."""
 
-    rank: int
-    memory: list  # [RankMemory]: none without readings in the window
+    memory: list  # [RankMemory], one per rank with readings in the window, by rank
     gpus: list  # [GpuTelemetry]
-    device_total: int | None  # largest mem_total_bytes in its telemetry
+    device_totals: dict[int, int]  # rank -> largest mem_total_bytes in its telemetry
     has_allocated: bool  # a CUDA allocator reading in the window (the run's metric is allocated_bytes if any)
-    memory_steps: np.ndarray  # distinct steps of its readings in the window
-    skipped: list[Skipped] = field(default_factory=list)
+    memory_steps: np.ndarray  # distinct steps of the readings in the window
+    skipped: list[tuple[int, Skipped]] = field(default_factory=list)  # (rank, note)
     dropped_earlier_run: int = 0
     rows_read: int = 0
 
 
-def read_rank_tables(task: RankTablesTask) -> tuple[pd.DataFrame, pd.DataFrame, list[Skipped], int, int]:
-    """The rank's memory and telemetry frames as ``diag.load`` gives its rows (the loader's per-rank read, its
-    dtypes, an earlier run's rows cut), what was skipped, rows dropped as an earlier run's, rows read."""
-    reader = TraceReader(task.trace_dir, tables=RANK_TABLES)
-    _, _, tables, _, skipped, _ = reader._read_rank(task.rank, Path(task.rank_dir))
-    skipped = [s for s in skipped if Path(s.path).name not in _SIDE_FILES]  # the first load reported those
+RANK_TABLES_BATCH = 64  # ranks analysed together: pandas' per-call cost (~20 ms a rank alone) shared
+
+
+def read_rank_tables(tasks: list[RankTablesTask]):
+    """The ranks' memory and telemetry frames as ``diag.load`` gives their rows (the loader's per-rank read, its
+    dtypes, an earlier run's rows cut as loader._latest_run_only does), (rank, note) of what was skipped, rows
+    dropped as an earlier run's, rows read. A rank that cannot be read is named and left out."""
+    chunks: dict[str, list] = {name: [] for name in RANK_TABLES}
+    notes: list[tuple[int, Skipped]] = []
+    for task in tasks:
+        reader = TraceReader(task.trace_dir, tables=RANK_TABLES)
+        try:
+            _, _, tables, _, skipped, _ = reader._read_rank(task.rank, Path(task.rank_dir))
+        except Exception as exc:  # noqa: BLE001 - a damaged partition is skipped and named, the others analysed
+            notes.append(
+                (task.rank, Skipped(task.rank_dir, f"memory and telemetry unreadable, rank left out of them: {exc!r}"))
+            )
+            continue
+        notes += [(task.rank, s) for s in skipped if Path(s.path).name not in _SIDE_FILES]  # the load said those
+        for name, arrow in tables.items():
+            chunks[name].append(arrow)
+    cuts = {t.rank: t.cut_us for t in tasks if t.cut_us is not None}
     frames, dropped, rows = [], 0, 0
     for name in RANK_TABLES:
-        arrow = tables.get(name)
-        frame = to_frame([arrow] if arrow is not None else [], TABLES[name], rank_column=True)
+        frame = to_frame(chunks.pop(name), TABLES[name], rank_column=True)
         rows += len(frame)
-        if task.cut_us is not None and len(frame):  # as loader._latest_run_only
-            early = frame["time_us"].to_numpy(dtype="float64", na_value=np.nan) < task.cut_us
+        if cuts and len(frame):
+            limit = frame["rank"].map(cuts).to_numpy(dtype="float64", na_value=np.nan)
+            early = frame["time_us"].to_numpy(dtype="float64", na_value=np.nan) < limit
             dropped += int(early.sum())
             frame = frame[~early].reset_index(drop=True)
         frames.append(frame)
-    return frames[0], frames[1], skipped, dropped, rows
+    return frames[0], frames[1], notes, dropped, rows
 
 
-def reduce_rank_tables(task: RankTablesTask, window: StepWindow, hosts: dict, metric: str, n_steps: int) -> RankTables:
-    """One rank's memory and telemetry analysed by the in-memory analyses themselves, on its rows only: every
-    figure of the report is per rank (the run's ``metric`` and ``n_steps`` given), so the rows are the
-    whole-trace report's. An unreadable partition is an empty result that names it, never an exception."""
+def reduce_rank_tables(
+    tasks: list[RankTablesTask], window: StepWindow, hosts: dict, metric: str, n_steps: int
+) -> RankTables:
+    """A batch of ranks' memory and telemetry analysed by the in-memory analyses themselves, on their rows
+    only: every figure of those reports is per rank (given the run's ``metric`` and ``n_steps``), so the rows
+    are the whole-trace report's."""
     from diag.analysis.memory import analyze_memory
     from diag.analysis.telemetry import analyze_telemetry
 
-    try:
-        mem, tel, skipped, dropped, rows = read_rank_tables(task)
-    except Exception as exc:  # noqa: BLE001 - a damaged partition is skipped and named, the others analysed
-        note = Skipped(str(task.rank_dir), f"memory and telemetry unreadable, rank left out of them: {exc!r}")
-        return RankTables(task.rank, [], [], None, False, np.zeros(0, dtype="int64"), [note])
+    mem, tel, notes, dropped, rows = read_rank_tables(tasks)
     mem_w = mem[in_window(mem["step"], window)]
-    time_us = tel["time_us"].to_numpy()
-    tel_w = tel[(time_us >= task.first_us) & (time_us <= task.last_us)]  # NaN bounds: no row, as report does
-    totals = tel["mem_total_bytes"].dropna()
-    total = int(totals.max()) if len(totals) else None
-    memory = analyze_memory(mem_w, {task.rank: total} if total else {}, tel_w, metric=metric, n_steps=n_steps)
+    first = {t.rank: t.first_us for t in tasks}
+    last = {t.rank: t.last_us for t in tasks}
+    time_us = tel["time_us"].to_numpy(dtype="float64")
+    ranks = tel["rank"]
+    keep = (time_us >= ranks.map(first).to_numpy(dtype="float64")) & (
+        time_us <= ranks.map(last).to_numpy(dtype="float64")
+    )  # NaN bounds (a rank without steps in the window): no row, as report._telemetry_in_window
+    tel_w = tel[keep]
+    totals = tel.groupby("rank")["mem_total_bytes"].max().dropna() if len(tel) else pd.Series(dtype="float64")
+    device_totals = {int(r): int(t) for r, t in totals.items()}
+    memory = analyze_memory(mem_w, device_totals, tel_w, metric=metric, n_steps=n_steps)
     return RankTables(
-        rank=task.rank,
         memory=memory.per_rank,
         gpus=analyze_telemetry(tel_w, hosts).gpus if len(tel_w) else [],
-        device_total=total,
+        device_totals=device_totals,
         has_allocated=bool(mem_w["allocated_bytes"].notna().any()),
         memory_steps=np.unique(mem_w["step"].to_numpy(dtype="int64")),
-        skipped=skipped,
+        skipped=notes,
         dropped_earlier_run=dropped,
         rows_read=rows,
     )
 
 
-def reduce_rank_tables_batch(tasks: list, window: StepWindow, hosts: dict, metric: str, n_steps: int) -> list:
-    """``reduce_rank_tables`` over a batch of ranks (one Dask task)."""
-    return [reduce_rank_tables(t, window, {t.rank: hosts.get(t.rank)}, metric, n_steps) for t in tasks]
-
-
 def rank_tables_reducer(trace: Trace, client=None, progress: bool = False, threads: int = READ_THREADS):
     """``(window, steps_w, hosts) -> (TelemetryReport, MemoryReport)`` for ``analyze(..., reduce_rank_tables=)``:
-    each rank's memory and telemetry read and analysed on its own (threads here, or batches on the Dask
-    ``client``'s workers), so the client holds report rows, not the tables. The run's memory metric and its
-    count of steps are guessed (allocated bytes, the window's steps) and the ranks done again in the rare
+    the ranks' memory and telemetry read and analysed a batch of ranks at a time (threads here, or tasks on the
+    Dask ``client``'s workers), so the client holds report rows, not the tables. The run's memory metric and
+    its count of steps are guessed (allocated bytes, the window's steps) and the batches done again in the rare
     run where the guess was wrong (CPU runs without allocator readings: small)."""
 
     def reduce(window: StepWindow, steps_w: pd.DataFrame, hosts: dict):
@@ -827,25 +840,21 @@ def rank_tables_reducer(trace: Trace, client=None, progress: bool = False, threa
         from diag.analysis.report import telemetry_bounds
         from diag.analysis.telemetry import TelemetryReport
 
-        bounds = telemetry_bounds(steps_w) if len(steps_w) else pd.DataFrame(columns=["first_us", "last_us"])
+        bounds = telemetry_bounds(steps_w) if len(steps_w) else None
         tasks = [_tables_task(t, bounds) for t in rank_tasks(trace)]
         metric, n_steps = "allocated_bytes", window.steps_analysed
-        results = _map_ranks(tasks, window, hosts, metric, n_steps, client, progress, threads)
-        found = [r for r in results if r.memory]
+        results = _map_batches(tasks, window, hosts, metric, n_steps, client, progress, threads)
+        found = any(r.memory for r in results)
         actual_metric = "allocated_bytes" if any(r.has_allocated for r in results) else "rss_bytes"
         steps = np.unique(np.concatenate([r.memory_steps for r in results])) if results else np.zeros(0)
         if found and (actual_metric != metric or len(steps) != n_steps):
-            results = _map_ranks(tasks, window, hosts, actual_metric, len(steps), client, progress, threads)
-            found = [r for r in results if r.memory]
+            results = _map_batches(tasks, window, hosts, actual_metric, len(steps), client, progress, threads)
         _account_rank_tables(trace, results)
         reduce.rows_read = sum(r.rows_read for r in results)
         gpus = [g for r in results for g in r.gpus]
+        per_rank = [m for r in results for m in r.memory]
         telemetry = TelemetryReport(gpus=gpus) if gpus else TelemetryReport(note=_NO_TELEMETRY)
-        memory = (
-            compare_ranks(MemoryReport(per_rank=[m for r in found for m in r.memory]))
-            if found
-            else MemoryReport(note="no memory readings in the window")
-        )
+        memory = compare_ranks(MemoryReport(per_rank=per_rank)) if per_rank else MemoryReport(note=_NO_MEMORY)
         return telemetry, memory
 
     reduce.rows_read = 0
@@ -853,40 +862,38 @@ def rank_tables_reducer(trace: Trace, client=None, progress: bool = False, threa
 
 
 _NO_TELEMETRY = "no GPU telemetry (CPU run, or NVML unavailable)"  # analyze_telemetry's note for no samples
+_NO_MEMORY = "no memory readings in the window"  # analyze_memory's
 
 
-def _tables_task(task: RankTask, bounds: pd.DataFrame) -> RankTablesTask:
-    first = float(bounds["first_us"].get(task.rank, np.nan)) if len(bounds) else np.nan
-    last = float(bounds["last_us"].get(task.rank, np.nan)) if len(bounds) else np.nan
+def _tables_task(task: RankTask, bounds: pd.DataFrame | None) -> RankTablesTask:
+    first = float(bounds["first_us"].get(task.rank, np.nan)) if bounds is not None else np.nan
+    last = float(bounds["last_us"].get(task.rank, np.nan)) if bounds is not None else np.nan
     return RankTablesTask(task.trace_dir, task.rank, task.rank_dir, task.cut_us, first, last)
 
 
-def _map_ranks(tasks, window, hosts, metric, n_steps, client, progress, threads) -> list[RankTables]:
+def _map_batches(tasks, window, hosts, metric, n_steps, client, progress, threads) -> list[RankTables]:
+    """``reduce_rank_tables`` over batches of ranks, results in rank order."""
+    size = RANK_TABLES_BATCH
+    if client is not None:
+        size = batch_size(len(tasks), len(client.scheduler_info()["workers"]))
+    batches = [tasks[i : i + size] for i in range(0, len(tasks), size)]
     bar = _bar(len(tasks), "memory and telemetry by rank") if progress else None
     try:
         if client is not None:
-            size = batch_size(len(tasks), len(client.scheduler_info()["workers"]))
-            batches = [tasks[i : i + size] for i in range(0, len(tasks), size)]
-            futures = client.map(
-                reduce_rank_tables_batch,
-                batches,
-                window=window,
-                hosts={t.rank: hosts.get(t.rank) for t in tasks},
-                metric=metric,
-                n_steps=n_steps,
-                pure=False,
-            )
-            results = [r for batch in client.gather(futures) for r in batch]
+            futures = client.map(reduce_rank_tables, batches, window=window, hosts=hosts, metric=metric,
+                                 n_steps=n_steps, pure=False)  # fmt: skip
+            results = client.gather(futures)
             if bar is not None:
                 bar.update(len(tasks))
             return results
         results = []
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            work = pool.map(lambda t: reduce_rank_tables(t, window, hosts, metric, n_steps), tasks)
-            for result in work:
+            for batch, result in zip(
+                batches, pool.map(lambda b: reduce_rank_tables(b, window, hosts, metric, n_steps), batches)
+            ):
                 results.append(result)
                 if bar is not None:
-                    bar.update(1)
+                    bar.update(len(batch))
         return results
     finally:
         if bar is not None:
@@ -898,15 +905,15 @@ def _account_rank_tables(trace: Trace, results: list[RankTables]) -> None:
     of an earlier run added to the note that names it, and the per-rank device totals as trace.telemetry (what
     memory_plan reads of it)."""
     for r in results:
-        for s in r.skipped:
-            trace.skipped.insert(_position(trace.skipped, trace.path, r.rank, _file_order(Path(s.path).name)), s)
+        for rank, s in r.skipped:
+            trace.skipped.insert(_position(trace.skipped, trace.path, rank, _file_order(Path(s.path).name)), s)
     earlier = sum(r.dropped_earlier_run for r in results)
     if earlier:
         for s in trace.skipped:
             if "step numbers start again" in s.reason:
                 s.lines += earlier
                 break
-    totals = [(r.rank, r.device_total) for r in results if r.device_total is not None]
+    totals = [(rank, total) for r in results for rank, total in r.device_totals.items()]
     trace.telemetry = pd.DataFrame(
         {
             "rank": np.asarray([r for r, _ in totals], dtype="int32"),
