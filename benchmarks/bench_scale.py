@@ -19,6 +19,7 @@ schema-2 trace (``--format 2``), then ``diag analyze`` cold (no cache yet: it wr
 same command again (the cached report), the planted problems checked on the cold report:
 
     python benchmarks/bench_scale.py --cold-and-repeat --format 2 --ranks 1024 4096 16384 --root /tmp/scale2
+    python benchmarks/bench_scale.py --cold-and-repeat --trace-dir /tmp/scale2/s16384   # a trace written before
 """
 
 from __future__ import annotations
@@ -142,15 +143,21 @@ def bench(ranks: int, steps: int, collectives: int, root: Path, dask_workers: in
 
 
 def cold_and_repeat(
-    ranks: int, steps: int, collectives: int, root: Path, trace_format: int, in_memory_max: int
+    ranks: int, steps: int, collectives: int, root: Path, trace_format: int, in_memory_max: int, existing: Path | None
 ) -> dict:
-    """Generation, then the partitioned path cold (writing the report cache) and repeated (reading it)."""
-    trace_dir = root / f"diag-scale-{ranks}-v{trace_format}"
-    shutil.rmtree(trace_dir, ignore_errors=True)
+    """Generation, then the partitioned path cold (writing the report cache) and repeated (reading it).
+    ``existing``: a trace synthetic.py already wrote (its planted.json), kept; only its report cache is removed."""
+    trace_dir = existing or root / f"diag-scale-{ranks}-v{trace_format}"
+    if existing is None:
+        shutil.rmtree(trace_dir, ignore_errors=True)
+    shutil.rmtree(trace_dir / ".diag-cache", ignore_errors=True)
     try:
         start = time.perf_counter()
-        plants = synthetic.generate(trace_dir, ranks, steps, collectives, trace_format=trace_format)
-        generate_s = time.perf_counter() - start
+        if existing is None:
+            plants = synthetic.generate(trace_dir, ranks, steps, collectives, trace_format=trace_format)
+        else:
+            plants = synthetic.Plants(**json.loads((existing / "planted.json").read_text()))
+        generate_s = time.perf_counter() - start if existing is None else float("nan")
         size_gb = sum(f.stat().st_size for f in trace_dir.rglob("*") if f.is_file()) / 1e9
         argv = [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json"]
         cold = run_measured(argv)
@@ -168,7 +175,7 @@ def cold_and_repeat(
         return {"ranks": ranks, "generate_s": generate_s, "size_gb": size_gb, "cold": cold, "repeat": repeat,
                 "problems": problems, "compared": ranks <= in_memory_max}  # fmt: skip
     finally:
-        shutil.rmtree(trace_dir, ignore_errors=True)
+        shutil.rmtree(trace_dir if existing is None else trace_dir / ".diag-cache", ignore_errors=True)
 
 
 def main_cold_and_repeat(args) -> None:
@@ -178,7 +185,8 @@ def main_cold_and_repeat(args) -> None:
     print("| ranks | collective rows | trace on disk | generation | cold (partitioned) | peak RSS | repeat (cache) | "
           "peak RSS | report |\n|---|---|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
     for ranks in args.ranks:
-        r = cold_and_repeat(ranks, args.steps, args.collectives_per_step, args.root, args.format, args.in_memory_max)
+        r = cold_and_repeat(ranks, args.steps, args.collectives_per_step, args.root, args.format, args.in_memory_max,
+                            args.trace_dir)  # fmt: skip
         cold, repeat = r["cold"], r["repeat"]
         verdict = "planted problems found" + (", equal to --in-memory" if r["compared"] else "")
         print(
@@ -200,11 +208,14 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--cold-and-repeat", action="store_true", help="the partitioned path alone: cold, then repeat")
     parser.add_argument("--format", type=int, default=1, choices=(1, 2), help="trace schema version (2: columnar)")
+    parser.add_argument("--trace-dir", type=Path, help="with --cold-and-repeat: a trace synthetic.py wrote (one size)")
     parser.add_argument(
         "--in-memory-max", type=int, default=2048, help="compare with --in-memory up to this many ranks"
     )
     args = parser.parse_args()
     if args.cold_and_repeat:
+        if args.trace_dir is not None:
+            args.ranks = [len(list(args.trace_dir.glob("rank*")))]
         main_cold_and_repeat(args)
         return
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
