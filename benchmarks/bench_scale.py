@@ -216,6 +216,8 @@ def main() -> None:
     if args.cold_and_repeat:
         if args.trace_dir is not None:
             args.ranks = [len(list(args.trace_dir.glob("rank*")))]
+            manifest = json.loads((args.trace_dir / "rank00000" / "manifest.json").read_text())
+            args.format = 2 if manifest.get("schema_version") == 2 else 1
         main_cold_and_repeat(args)
         return
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
