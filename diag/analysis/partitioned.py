@@ -331,12 +331,39 @@ def _combine_pg(a: PgPartial, b: PgPartial) -> PgPartial:
     return out
 
 
+def _combine_into(out: PgPartial, g: PgPartial) -> PgPartial:
+    """``_combine_pg(out, g)``, in place in ``out`` when its seq range covers g's (every rank of a group issues
+    the same collectives: the usual case). Allocating the combination anew for each of 16,384 ranks cost ~19 s."""
+    if g.lo < out.lo or g.lo + len(g.ranks) > out.lo + len(out.ranks):
+        return _combine_pg(out, g)
+    at = slice(g.lo - out.lo, g.lo - out.lo + len(g.ranks))
+    np.fmin(out.transfer_us[at], g.transfer_us, out=out.transfer_us[at])
+    np.maximum(out.bytes_max[at], g.bytes_max, out=out.bytes_max[at])
+    np.maximum(out.latest_us[at], g.latest_us, out=out.latest_us[at])
+    out.ranks[at] += g.ranks
+    index = {n: i for i, n in enumerate(out.op_names)}
+    for n in g.op_names:
+        if n not in index:
+            index[n] = len(out.op_names)
+            out.op_names.append(n)
+    remap = np.array([index[n] for n in g.op_names] + [-1], dtype="int32")
+    theirs = remap[g.op]
+    out.op[at] = np.where(theirs >= 0, theirs, out.op[at])  # as _combine_pg: the later rank's op wins
+    return out
+
+
+def _copy_pg(g: PgPartial) -> PgPartial:
+    return PgPartial(g.lo, list(g.op_names), g.op.copy(), g.transfer_us.copy(), g.bytes_max.copy(),
+                     g.latest_us.copy(), g.ranks.copy())  # fmt: skip
+
+
 def combine_partials(*partials: dict[str, PgPartial]) -> dict[str, PgPartial]:
-    """Partials of several ranks (or of several combinations) as one: associative, for a tree."""
+    """Partials of several ranks (or of several combinations) as one: associative, for a tree. The inputs are
+    left as they were (Dask may hand the same one to other tasks)."""
     out: dict[str, PgPartial] = {}
     for partial in partials:
         for name, g in partial.items():
-            out[name] = _combine_pg(out[name], g) if name in out else g
+            out[name] = _combine_into(out[name], g) if name in out else _copy_pg(g)
     return out
 
 
