@@ -45,7 +45,7 @@ from diag.trace.loader import (
 from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES, Table
 
 COLLECTIVES = "collectives"
-HELD_BYTES_MAX = 2 << 30  # compact parts kept between the passes on one machine; beyond, a rank is read again
+HELD_BYTES_MAX = 3584 << 20  # compact parts (~10 B/row) kept between the passes here; beyond, a rank is read again
 COMBINE_FANIN = 16  # partials and sums merged this many at a time (a tree on a cluster)
 _SIDE_FILES = {MANIFEST_FILE, HEARTBEAT_FILE, EVENTS_FILE, NCCL_LOG_FILE}
 
