@@ -12,6 +12,14 @@ reduced sums of one rank), and the instance table's, for docs/scale.md's extrapo
 
     python benchmarks/bench_scale.py                       # 256, 512, 1024 ranks
     python benchmarks/bench_scale.py --ranks 64 --steps 200 --dask-workers 2
+
+``--cold-and-repeat`` measures the partitioned path alone, as a user runs it at scale (no ``--in-memory``
+comparison above ``--in-memory-max`` ranks: the whole tables do not fit): generation time and size of a
+schema-2 trace (``--format 2``), then ``diag analyze`` cold (no cache yet: it writes the report cache), then the
+same command again (the cached report), the planted problems checked on the cold report:
+
+    python benchmarks/bench_scale.py --cold-and-repeat --format 2 --ranks 1024 4096 16384 --root /tmp/scale2
+    python benchmarks/bench_scale.py --cold-and-repeat --trace-dir /tmp/scale2/s16384   # a trace written before
 """
 
 from __future__ import annotations
@@ -134,6 +142,63 @@ def bench(ranks: int, steps: int, collectives: int, root: Path, dask_workers: in
         shutil.rmtree(trace_dir, ignore_errors=True)
 
 
+def cold_and_repeat(
+    ranks: int, steps: int, collectives: int, root: Path, trace_format: int, in_memory_max: int, existing: Path | None
+) -> dict:
+    """Generation, then the partitioned path cold (writing the report cache) and repeated (reading it).
+    ``existing``: a trace synthetic.py already wrote (its planted.json), kept; only its report cache is removed."""
+    trace_dir = existing or root / f"diag-scale-{ranks}-v{trace_format}"
+    if existing is None:
+        shutil.rmtree(trace_dir, ignore_errors=True)
+    shutil.rmtree(trace_dir / ".diag-cache", ignore_errors=True)
+    try:
+        start = time.perf_counter()
+        if existing is None:
+            plants = synthetic.generate(trace_dir, ranks, steps, collectives, trace_format=trace_format)
+        else:
+            plants = synthetic.Plants(**json.loads((existing / "planted.json").read_text()))
+        generate_s = time.perf_counter() - start if existing is None else float("nan")
+        size_gb = sum(f.stat().st_size for f in trace_dir.rglob("*") if f.is_file()) / 1e9
+        argv = [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json"]
+        cold = run_measured(argv)
+        repeat = run_measured(argv)
+        problems = check_planted(json.loads(cold.stdout), plants) if ranks >= 5 else []
+        if repeat.stdout != cold.stdout:
+            problems.append("the repeat's report differs")
+        if "report read from the cache" not in repeat.stderr:
+            problems.append("the repeat did not read the cached report")
+        if ranks <= in_memory_max:
+            old = analyze_run(trace_dir, "--in-memory")
+            diffs = differences(json.loads(old.stdout), json.loads(cold.stdout))
+            if diffs:
+                problems.append(f"{len(diffs)} differences from --in-memory, e.g. {diffs[:2]}")
+        return {"ranks": ranks, "generate_s": generate_s, "size_gb": size_gb, "cold": cold, "repeat": repeat,
+                "problems": problems, "compared": ranks <= in_memory_max}  # fmt: skip
+    finally:
+        shutil.rmtree(trace_dir if existing is None else trace_dir / ".diag-cache", ignore_errors=True)
+
+
+def main_cold_and_repeat(args) -> None:
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
+    print(f"Schema {args.format}, {args.steps} steps x {args.collectives_per_step} collectives per rank. Times are wall "
+          "(CPU user+system) of each diag analyze process.")  # fmt: skip
+    print("| ranks | collective rows | trace on disk | generation | cold (partitioned) | peak RSS | repeat (cache) | "
+          "peak RSS | report |\n|---|---|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
+    for ranks in args.ranks:
+        r = cold_and_repeat(ranks, args.steps, args.collectives_per_step, args.root, args.format, args.in_memory_max,
+                            args.trace_dir)  # fmt: skip
+        cold, repeat = r["cold"], r["repeat"]
+        verdict = "planted problems found" + (", equal to --in-memory" if r["compared"] else "")
+        print(
+            f"| {ranks:,} | {ranks * args.steps * args.collectives_per_step:,} | {r['size_gb'] * 1e3:,.0f} MB | "
+            f"{r['generate_s']:.0f} s | {cold.wall_s:.1f} s ({cold.cpu_s:.1f} s) | {cold.peak_rss_gb:.2f} GB | "
+            f"{repeat.wall_s:.1f} s ({repeat.cpu_s:.1f} s) | {repeat.peak_rss_gb:.2f} GB | "
+            f"{verdict if not r['problems'] else '; '.join(r['problems'])} |",
+            flush=True,
+        )
+        print(f"load average now: {os.getloadavg()[0]:.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[256, 512, 1024])
@@ -141,7 +206,20 @@ def main() -> None:
     parser.add_argument("--collectives-per-step", type=int, default=20)
     parser.add_argument("--dask-workers", type=int, default=0)
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--cold-and-repeat", action="store_true", help="the partitioned path alone: cold, then repeat")
+    parser.add_argument("--format", type=int, default=1, choices=(1, 2), help="trace schema version (2: columnar)")
+    parser.add_argument("--trace-dir", type=Path, help="with --cold-and-repeat: a trace synthetic.py wrote (one size)")
+    parser.add_argument(
+        "--in-memory-max", type=int, default=2048, help="compare with --in-memory up to this many ranks"
+    )
     args = parser.parse_args()
+    if args.cold_and_repeat:
+        if args.trace_dir is not None:
+            args.ranks = [len(list(args.trace_dir.glob("rank*")))]
+            manifest = json.loads((args.trace_dir / "rank00000" / "manifest.json").read_text())
+            args.format = 2 if manifest.get("schema_version") == 2 else 1
+        main_cold_and_repeat(args)
+        return
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
     print("Times are wall (CPU user+system) per diag analyze process, cold (--no-cache).")
     dask_head = " on Dask: client | peak RSS | workers' peak RSS |" if args.dask_workers else ""

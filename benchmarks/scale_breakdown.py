@@ -57,14 +57,27 @@ class Stages:
 
 def partitioned_breakdown(trace_dir: Path) -> None:
     """RSS after loading every table but the collectives, then after each stage of the partitioned analysis."""
-    from diag.analysis.partitioned import LocalEngine, collectives_reducer, load_without_collectives
+    from diag.analysis.partitioned import (
+        RANK_TABLES,
+        LocalEngine,
+        collectives_reducer,
+        load_without_collectives,
+        rank_tables_reducer,
+    )
 
     base = rss_gb()
     start = time.perf_counter()
-    trace = load_without_collectives(trace_dir)
+    trace = load_without_collectives(trace_dir, analysed_columns_only=True, without=RANK_TABLES)
     print(
         f"load without collectives: {time.perf_counter() - start:.1f} s, RSS {rss_gb():.2f} GB (+{rss_gb() - base:.2f})"
     )
+    for name in TABLES:
+        frame = getattr(trace, name)
+        if len(frame):
+            size = int(frame.memory_usage(deep=True).sum())
+            print(
+                f"  {name}: {len(frame):,} rows x {frame.shape[1]} columns, {size / 1e9:.3f} GB ({size / len(frame):.0f} B/row)"
+            )
     tables = sum(int(getattr(trace, n).memory_usage(deep=True).sum()) for n in TABLES)
     print(f"tables in pandas: {tables / 1e9:.3f} GB")
     reduce = collectives_reducer(trace, LocalEngine())
@@ -77,8 +90,15 @@ def partitioned_breakdown(trace_dir: Path) -> None:
         f"{len(waits.instances):,} instances"
     )
     start = time.perf_counter()
-    rep.analyze(trace, reduce_collectives=lambda _: waits)
-    print(f"the analyses: {time.perf_counter() - start:.1f} s; process peak RSS {peak_rss_gb():.2f} GB")
+    tracemalloc.start()
+    held, _ = tracemalloc.get_traced_memory()
+    rep.analyze(trace, reduce_collectives=lambda _: waits, reduce_rank_tables=rank_tables_reducer(trace))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    print(
+        f"the analyses, memory and telemetry read and reduced by batch: {time.perf_counter() - start:.1f} s (under tracemalloc), their peak {(peak - held) / 1e9:.3f} GB "
+        f"above what was held; process peak RSS {peak_rss_gb():.2f} GB"
+    )
 
 
 def main() -> None:

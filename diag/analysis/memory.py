@@ -72,12 +72,18 @@ class MemoryReport:
 
 
 def analyze_memory(
-    mem_w: pd.DataFrame, device_total: dict[int, int], tel_w: pd.DataFrame | None = None
+    mem_w: pd.DataFrame,
+    device_total: dict[int, int],
+    tel_w: pd.DataFrame | None = None,
+    metric: str | None = None,
+    n_steps: int | None = None,
 ) -> MemoryReport:
-    """Per-rank memory over the window; ``tel_w``: the window's telemetry, for memory outside PyTorch."""
+    """Per-rank memory over the window; ``tel_w``: the window's telemetry, for memory outside PyTorch.
+    ``metric`` and ``n_steps`` (the window's distinct steps with readings) are found from ``mem_w`` unless given:
+    the partitioned path analyses one rank at a time with the whole run's (diag.analysis.partitioned)."""
     if mem_w.empty:
         return MemoryReport(note="no memory readings in the window")
-    metric = memory_metric(mem_w)
+    metric = metric or memory_metric(mem_w)
     growth = _growth(mem_w, metric)
     g = mem_w.groupby("rank")
     agg = pd.DataFrame(
@@ -93,7 +99,7 @@ def analyze_memory(
     reserved = mem_w["reserved_bytes"].astype("float64")
     unused = (reserved - mem_w["allocated_bytes"].astype("float64")) / reserved.where(reserved > 0)
     agg["frag"] = (100 * unused).groupby(mem_w["rank"]).mean()
-    n_steps = mem_w["step"].nunique()
+    n_steps = mem_w["step"].nunique() if n_steps is None else n_steps
     report = MemoryReport()
     for rank, row in agg.iterrows():
         slope, r2 = growth.get(rank, (None, None))
@@ -129,9 +135,16 @@ def analyze_memory(
                 near_oom=headroom is not None and headroom < NEAR_OOM_HEADROOM_PCT,
             )
         )
+    _add_categories(report, mem_w, tel_w)
+    return compare_ranks(report)
+
+
+def compare_ranks(report: MemoryReport) -> MemoryReport:
+    """The cross-rank parts of the report from its per-rank rows: the ranks closest to OOM, the categories'
+    spread (also how the partitioned path combines ranks analysed one at a time)."""
     with_headroom = [r for r in report.per_rank if r.headroom_pct is not None]
     report.closest_to_oom = [r.rank for r in sorted(with_headroom, key=lambda r: r.headroom_pct)[:5]]
-    _add_categories(report, mem_w, tel_w)
+    report.spread = _spread(report.per_rank)
     return report
 
 
@@ -162,7 +175,6 @@ def _add_categories(report: MemoryReport, mem_w: pd.DataFrame, tel_w: pd.DataFra
                 target.param_bytes, target.grad_bytes, target.optimizer_state_bytes = (_int(row[c]) for c in CATEGORIES)
                 target.activation_peak_bytes = _int(peaks.get(rank))
     _add_outside_pytorch(by_rank, mem_w, tel_w)
-    report.spread = _spread(report.per_rank)
 
 
 def _add_outside_pytorch(by_rank: dict, mem_w: pd.DataFrame, tel_w: pd.DataFrame | None) -> None:

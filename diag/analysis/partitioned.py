@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op, size_bucket
 from diag.analysis.window import StepWindow, in_window
@@ -38,11 +40,12 @@ from diag.trace.loader import (
     TraceReader,
     assemble_trace,
     empty_table,
+    to_frame,
 )
-from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES
+from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES, Table
 
 COLLECTIVES = "collectives"
-HELD_BYTES_MAX = 2 << 30  # compact parts kept between the passes on one machine; beyond, a rank is read again
+HELD_BYTES_MAX = 3584 << 20  # compact parts (~10 B/row) kept between the passes here; beyond, a rank is read again
 COMBINE_FANIN = 16  # partials and sums merged this many at a time (a tree on a cluster)
 _SIDE_FILES = {MANIFEST_FILE, HEARTBEAT_FILE, EVENTS_FILE, NCCL_LOG_FILE}
 
@@ -66,10 +69,10 @@ class RankPart:
 
     rank: int
     pg_names: list[str]
-    pg: np.ndarray  # int16 codes into pg_names
-    seq: np.ndarray  # int32 where it fits
+    pg: np.ndarray  # int8 codes into pg_names (int16, int32 with more groups)
+    seq: np.ndarray  # minus seq_lo: uint16 where the rank's range fits (~10 B a row in all), else int32/int64
     duration_us: np.ndarray  # float32 where exact, else float64; NaN: untimed
-    step: np.ndarray  # int32
+    step: np.ndarray  # minus step_lo, as seq
     blocking: np.ndarray  # bool
     start_us: np.ndarray  # float64 on rank 0's clock, for the untimed rows only (in their order)
     unmatched: pd.DataFrame  # pg, op, bytes, duration_us, step, blocking
@@ -77,11 +80,20 @@ class RankPart:
     dropped_insane: int = 0
     dropped_earlier_run: int = 0
     rows_read: int = 0  # valid rows in the files, before the checks and the window
+    seq_lo: int = 0
+    step_lo: int = 0
+
+    def seqs(self) -> np.ndarray:
+        return self.seq.astype("int64") + self.seq_lo
+
+    def steps(self) -> np.ndarray:
+        return self.step.astype("int64") + self.step_lo
 
     @property
     def nbytes(self) -> int:
         arrays = (self.pg, self.seq, self.duration_us, self.step, self.blocking, self.start_us)
-        return sum(a.nbytes for a in arrays) + int(self.unmatched.memory_usage(deep=True).sum())
+        loose = int(self.unmatched.memory_usage(deep=True).sum()) if len(self.unmatched) else 0  # ~1 ms: often none
+        return sum(a.nbytes for a in arrays) + loose
 
     @property
     def rows(self) -> int:
@@ -145,9 +157,28 @@ def _column(arrow, name: str) -> np.ndarray:
     return arrow.column(name).to_numpy()
 
 
-def _strings(arrow, name: str) -> np.ndarray:
-    values = arrow.column(name).cast("string").to_pandas()
-    return values.fillna("").to_numpy(dtype=object)
+def _coded(arrow, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A text column as (int32 codes, names as an object array; null reads as ""), from Arrow's dictionary
+    encoding: 20,000 rows of a handful of distinct names never become 20,000 Python strings (that, and
+    factorising them, was a third of pass 1)."""
+    column = arrow.column(name)
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column.cast(pa.string()))
+    column = column.unify_dictionaries().combine_chunks() if column.num_chunks > 1 else column.chunk(0)
+    names = column.dictionary.cast(pa.string()).to_pandas().fillna("").to_numpy(dtype=object)
+    codes = column.indices.fill_null(len(names)).to_numpy(zero_copy_only=False).astype("int32")
+    if column.null_count:  # a null is one more name, ""
+        names = np.append(names, "")
+    return codes, names
+
+
+def _first_seen(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Codes renumbered in order of first appearance, and their names: what pd.factorize gives of the strings
+    (equal names from a damaged dictionary merge, as they would as strings)."""
+    as_names = names.astype(str)
+    merged, canonical = np.unique(as_names, return_inverse=True)
+    first, uniques = pd.factorize(canonical[codes]) if len(codes) else (np.zeros(0, dtype="int64"), np.zeros(0))
+    return first, [str(merged[u]) for u in uniques]
 
 
 def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
@@ -164,30 +195,35 @@ def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
         keep &= ~earlier
     step = _column(arrow, "step").astype("int64")
     keep &= in_window(pd.Series(step), window).to_numpy()
-    pg_all, op_all = _strings(arrow, "pg"), _strings(arrow, "op")
+    pg_codes, pg_dict = _coded(arrow, "pg")
+    op_codes, op_dict = _coded(arrow, "op")
     seq_all = _column(arrow, "seq").astype("int64")
-    p2p_ops = {name for name in set(op_all) if canonical_op(name) in ("send", "recv")}
-    unmatched_rows = np.isin(op_all, list(p2p_ops)) | (seq_all < 0) if p2p_ops else seq_all < 0
+    p2p = np.array([canonical_op(str(name)) in ("send", "recv") for name in op_dict], dtype=bool)
+    unmatched_rows = (p2p[op_codes] if len(p2p) else np.zeros(len(seq_all), dtype=bool)) | (seq_all < 0)
     blocking = _column(arrow, "blocking") != 0
     nbytes = _column(arrow, "bytes").astype("int64")
     matched = keep & ~unmatched_rows
     loose = keep & unmatched_rows
-    codes, names = pd.factorize(pg_all[matched])
+    codes, names = _first_seen(pg_codes[matched], pg_dict)
     duration_m = duration[matched]
     untimed = np.isnan(duration_m)
+    seq_lo, seq = _offset_int(seq_all[matched])
+    step_lo, step_m = _offset_int(step[matched])
     part = RankPart(
         rank=task.rank,
         pg_names=[str(n) for n in names],
-        pg=codes.astype("int16" if len(names) < 2**15 else "int32"),
-        seq=_compact_int(seq_all[matched]),
+        pg=codes.astype("int8" if len(names) < 2**7 else "int16" if len(names) < 2**15 else "int32"),
+        seq=seq,
+        seq_lo=seq_lo,
         duration_us=_compact_float(duration_m),
-        step=step[matched].astype("int32"),
+        step=step_m,
+        step_lo=step_lo,
         blocking=blocking[matched],
         start_us=start[matched][untimed] - task.offset_us,
         unmatched=pd.DataFrame(
             {
-                "pg": pg_all[loose],
-                "op": op_all[loose],
+                "pg": pg_dict[pg_codes[loose]],
+                "op": op_dict[op_codes[loose]],
                 "bytes": nbytes[loose],
                 "duration_us": duration[loose],
                 "step": step[loose],
@@ -198,15 +234,20 @@ def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
         dropped_earlier_run=int(earlier.sum()),
         rows_read=arrow.num_rows,
     )
-    part._ops = op_all[matched]  # for the partial only; not kept (see _partial)
+    part._ops = _first_seen(op_codes[matched], op_dict)  # for the partial only; not kept (see _partial)
     part._bytes = nbytes[matched]
     return part
 
 
-def _compact_int(values: np.ndarray) -> np.ndarray:
-    if not len(values) or (values.min() >= -(2**31) and values.max() < 2**31):
-        return values.astype("int32")
-    return values
+def _offset_int(values: np.ndarray) -> tuple[int, np.ndarray]:
+    """(lo, values - lo) as uint16 when the range fits (a rank's steps, its seqs: ~20,000 collectives of a
+    group), else (0, int32 or int64 values)."""
+    if not len(values):
+        return 0, values.astype("int32")
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo < 2**16:
+        return lo, (values - lo).astype("uint16")
+    return 0, values.astype("int32") if lo >= -(2**31) and hi < 2**31 else values
 
 
 def _compact_float(values: np.ndarray) -> np.ndarray:
@@ -240,11 +281,12 @@ def _partial(part: RankPart) -> dict[str, PgPartial]:
     duration = part.duration_us.astype("float64")
     latest = np.full(len(duration), -np.inf)
     latest[np.isnan(duration)] = part.start_us
-    op_codes, op_names = pd.factorize(ops)
+    op_codes, op_names = ops
     out = {}
+    seqs = part.seqs()
     for code, name in enumerate(part.pg_names):
         rows = np.flatnonzero(part.pg == code)
-        seq = part.seq[rows].astype("int64")
+        seq = seqs[rows]
         lo = int(seq.min())
         slot = seq - lo
         size = int(slot.max()) + 1
@@ -289,12 +331,39 @@ def _combine_pg(a: PgPartial, b: PgPartial) -> PgPartial:
     return out
 
 
+def _combine_into(out: PgPartial, g: PgPartial) -> PgPartial:
+    """``_combine_pg(out, g)``, in place in ``out`` when its seq range covers g's (every rank of a group issues
+    the same collectives: the usual case). Allocating the combination anew for each of 16,384 ranks cost ~19 s."""
+    if g.lo < out.lo or g.lo + len(g.ranks) > out.lo + len(out.ranks):
+        return _combine_pg(out, g)
+    at = slice(g.lo - out.lo, g.lo - out.lo + len(g.ranks))
+    np.fmin(out.transfer_us[at], g.transfer_us, out=out.transfer_us[at])
+    np.maximum(out.bytes_max[at], g.bytes_max, out=out.bytes_max[at])
+    np.maximum(out.latest_us[at], g.latest_us, out=out.latest_us[at])
+    out.ranks[at] += g.ranks
+    index = {n: i for i, n in enumerate(out.op_names)}
+    for n in g.op_names:
+        if n not in index:
+            index[n] = len(out.op_names)
+            out.op_names.append(n)
+    remap = np.array([index[n] for n in g.op_names] + [-1], dtype="int32")
+    theirs = remap[g.op]
+    out.op[at] = np.where(theirs >= 0, theirs, out.op[at])  # as _combine_pg: the later rank's op wins
+    return out
+
+
+def _copy_pg(g: PgPartial) -> PgPartial:
+    return PgPartial(g.lo, list(g.op_names), g.op.copy(), g.transfer_us.copy(), g.bytes_max.copy(),
+                     g.latest_us.copy(), g.ranks.copy())  # fmt: skip
+
+
 def combine_partials(*partials: dict[str, PgPartial]) -> dict[str, PgPartial]:
-    """Partials of several ranks (or of several combinations) as one: associative, for a tree."""
+    """Partials of several ranks (or of several combinations) as one: associative, for a tree. The inputs are
+    left as they were (Dask may hand the same one to other tasks)."""
     out: dict[str, PgPartial] = {}
     for partial in partials:
         for name, g in partial.items():
-            out[name] = _combine_pg(out[name], g) if name in out else g
+            out[name] = _combine_into(out[name], g) if name in out else _copy_pg(g)
     return out
 
 
@@ -305,12 +374,38 @@ def _empty_partial() -> dict[str, PgPartial]:
 # -- between the passes: the instance table ----------------------------------------------------------------------
 
 
+class SeqIndex:
+    """seq -> row of one process group's instances. A group's sequence numbers count up, so a dense array over
+    their range is a few bytes per instance and a lookup is one gather (pass 2's hash lookups were a fifth of
+    its time); a sparse range (seqs far apart) keeps a hash index."""
+
+    def __init__(self, seq: np.ndarray):
+        self.lo = int(seq.min()) if len(seq) else 0
+        span = int(seq.max()) - self.lo + 1 if len(seq) else 0
+        self.dense, self.index = None, None
+        if span <= 4 * len(seq) + 1024:
+            self.dense = np.full(span, -1, dtype="int64")
+            self.dense[seq - self.lo] = np.arange(len(seq))
+        else:
+            self.index = pd.Index(seq)
+
+    def get_indexer(self, seq: np.ndarray) -> np.ndarray:
+        """Rows of ``seq`` (-1: not an instance), as pd.Index.get_indexer."""
+        if self.dense is None:
+            return self.index.get_indexer(seq)
+        pos = seq - self.lo
+        inside = (pos >= 0) & (pos < len(self.dense))
+        out = np.full(len(seq), -1, dtype="int64")
+        out[inside] = self.dense[pos[inside]]
+        return out
+
+
 @dataclass
 class MatchTable:
     """The collective instances by process group: seq index, shortest duration, latest untimed issue, rows, and
     the (op, pg, size bucket) group of each."""
 
-    by_pg: dict[str, tuple[pd.Index, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    by_pg: dict[str, tuple[SeqIndex, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
     keys: list[tuple[str, str, int]]  # group id -> (op, pg, bucket)
 
 
@@ -349,7 +444,7 @@ def match_table(inst: pd.DataFrame) -> MatchTable:
     for pg, rows in inst.groupby("pg", sort=False).indices.items():
         sub = inst.iloc[rows]
         by_pg[str(pg)] = (
-            pd.Index(sub["seq"].to_numpy()),
+            SeqIndex(sub["seq"].to_numpy(dtype="int64")),
             sub["transfer_us"].to_numpy(dtype="float64"),
             sub["latest_us"].to_numpy(dtype="float64"),
             sub["ranks"].to_numpy(dtype="int64"),
@@ -382,16 +477,17 @@ def finish_part(part: RankPart, match: MatchTable) -> CollectiveSums:
     timed = ~np.isnan(duration)
     start = np.full(n, np.nan)
     start[~timed] = part.start_us
+    seqs = part.seqs()
     for code, name in enumerate(part.pg_names):
         rows = np.flatnonzero(part.pg == code)
         index, transfer, latest, inst_ranks, inst_group = match.by_pg[name]
-        at = index.get_indexer(part.seq[rows].astype("int64"))
+        at = index.get_indexer(seqs[rows])
         wait[rows] = np.where(timed[rows], duration[rows] - transfer[at], latest[at] - start[rows])
         ranks[rows], group[rows] = inst_ranks[at], inst_group[at]
     is_last = (wait == 0) & (ranks > 1)
     wait = np.nan_to_num(wait, nan=0.0)
     loose = part.unmatched
-    steps = np.concatenate([part.step.astype("int64"), loose["step"].to_numpy(dtype="int64")])
+    steps = np.concatenate([part.steps(), loose["step"].to_numpy(dtype="int64")])
     waits = np.concatenate([wait, np.zeros(len(loose))])  # matched with no one: nobody to wait for
     blocking = np.concatenate([part.blocking, loose["blocking"].to_numpy(dtype=bool)])
     if len(steps):
@@ -659,13 +755,260 @@ def _accounting(part: RankPart) -> tuple[int, list[Skipped], int, int, int]:
     return part.rank, part.skipped, part.dropped_insane, part.dropped_earlier_run, part.rows_read
 
 
+# -- memory and telemetry, analysed rank by rank ------------------------------------------------------------------
+
+RANK_TABLES = ("memory", "telemetry")  # per-step tables whose analyses are per rank: never loaded whole here
+
+
+@dataclass(frozen=True)
+class RankTablesTask:
+    """What a worker needs to analyse one rank's memory and telemetry: where, the loader's cut of an earlier
+    run, and the rank's telemetry window (its first step's start to its last step's end; NaN: no step)."""
+
+    trace_dir: str
+    rank: int
+    rank_dir: str
+    cut_us: float | None
+    first_us: float
+    last_us: float
+
+
+@dataclass
+class RankTables:
+    """A batch of ranks' memory and telemetry, reduced: their report rows and what the combination needs."""
+
+    memory: list  # [RankMemory], one per rank with readings in the window, by rank
+    gpus: list  # [GpuTelemetry]
+    device_totals: dict[int, int]  # rank -> largest mem_total_bytes in its telemetry
+    has_allocated: bool  # a CUDA allocator reading in the window (the run's metric is allocated_bytes if any)
+    memory_steps: np.ndarray  # distinct steps of the readings in the window
+    skipped: list[tuple[int, Skipped]] = field(default_factory=list)  # (rank, note)
+    dropped_earlier_run: int = 0
+    rows_read: int = 0
+
+
+RANK_TABLES_BATCH = 64  # ranks analysed together: pandas' per-call cost (~20 ms a rank alone) shared
+
+
+def read_rank_tables(tasks: list[RankTablesTask]):
+    """The ranks' memory and telemetry frames as ``diag.load`` gives their rows (the loader's per-rank read, its
+    dtypes, an earlier run's rows cut as loader._latest_run_only does), (rank, note) of what was skipped, rows
+    dropped as an earlier run's, rows read. A rank that cannot be read is named and left out."""
+    chunks: dict[str, list] = {name: [] for name in RANK_TABLES}
+    notes: list[tuple[int, Skipped]] = []
+    for task in tasks:
+        reader = TraceReader(task.trace_dir, tables=RANK_TABLES)
+        try:
+            _, _, tables, _, skipped, _ = reader._read_rank(task.rank, Path(task.rank_dir))
+        except Exception as exc:  # noqa: BLE001 - a damaged partition is skipped and named, the others analysed
+            notes.append(
+                (task.rank, Skipped(task.rank_dir, f"memory and telemetry unreadable, rank left out of them: {exc!r}"))
+            )
+            continue
+        notes += [(task.rank, s) for s in skipped if Path(s.path).name not in _SIDE_FILES]  # the load said those
+        for name, arrow in tables.items():
+            chunks[name].append(arrow)
+    cuts = {t.rank: t.cut_us for t in tasks if t.cut_us is not None}
+    frames, dropped, rows = [], 0, 0
+    for name in RANK_TABLES:
+        frame = to_frame(chunks.pop(name), TABLES[name], rank_column=True)
+        rows += len(frame)
+        if cuts and len(frame):
+            limit = frame["rank"].map(cuts).to_numpy(dtype="float64", na_value=np.nan)
+            early = frame["time_us"].to_numpy(dtype="float64", na_value=np.nan) < limit
+            dropped += int(early.sum())
+            frame = frame[~early].reset_index(drop=True)
+        frames.append(frame)
+    return frames[0], frames[1], notes, dropped, rows
+
+
+def reduce_rank_tables(
+    tasks: list[RankTablesTask], window: StepWindow, hosts: dict, metric: str, n_steps: int
+) -> RankTables:
+    """A batch of ranks' memory and telemetry analysed by the in-memory analyses themselves, on their rows
+    only: every figure of those reports is per rank (given the run's ``metric`` and ``n_steps``), so the rows
+    are the whole-trace report's."""
+    from diag.analysis.memory import analyze_memory
+    from diag.analysis.telemetry import analyze_telemetry
+
+    mem, tel, notes, dropped, rows = read_rank_tables(tasks)
+    mem_w = mem[in_window(mem["step"], window)]
+    first = {t.rank: t.first_us for t in tasks}
+    last = {t.rank: t.last_us for t in tasks}
+    time_us = tel["time_us"].to_numpy(dtype="float64")
+    ranks = tel["rank"]
+    keep = (time_us >= ranks.map(first).to_numpy(dtype="float64")) & (
+        time_us <= ranks.map(last).to_numpy(dtype="float64")
+    )  # NaN bounds (a rank without steps in the window): no row, as report._telemetry_in_window
+    tel_w = tel[keep]
+    totals = tel.groupby("rank")["mem_total_bytes"].max().dropna() if len(tel) else pd.Series(dtype="float64")
+    device_totals = {int(r): int(t) for r, t in totals.items()}
+    memory = analyze_memory(mem_w, device_totals, tel_w, metric=metric, n_steps=n_steps)
+    return RankTables(
+        memory=memory.per_rank,
+        gpus=analyze_telemetry(tel_w, hosts).gpus if len(tel_w) else [],
+        device_totals=device_totals,
+        has_allocated=bool(mem_w["allocated_bytes"].notna().any()),
+        memory_steps=np.unique(mem_w["step"].to_numpy(dtype="int64")),
+        skipped=notes,
+        dropped_earlier_run=dropped,
+        rows_read=rows,
+    )
+
+
+def rank_tables_reducer(trace: Trace, client=None, progress: bool = False, threads: int = READ_THREADS):
+    """``(window, steps_w, hosts) -> (TelemetryReport, MemoryReport)`` for ``analyze(..., reduce_rank_tables=)``:
+    the ranks' memory and telemetry read and analysed a batch of ranks at a time (threads here, or tasks on the
+    Dask ``client``'s workers), so the client holds report rows, not the tables. The run's memory metric and
+    its count of steps are guessed (allocated bytes, the window's steps) and the batches done again in the rare
+    run where the guess was wrong (CPU runs without allocator readings: small)."""
+
+    def reduce(window: StepWindow, steps_w: pd.DataFrame, hosts: dict):
+        from diag.analysis.memory import MemoryReport, compare_ranks
+        from diag.analysis.report import telemetry_bounds
+        from diag.analysis.telemetry import TelemetryReport
+
+        bounds = telemetry_bounds(steps_w) if len(steps_w) else None
+        tasks = [_tables_task(t, bounds) for t in rank_tasks(trace)]
+        metric, n_steps = "allocated_bytes", window.steps_analysed
+        results = _map_batches(tasks, window, hosts, metric, n_steps, client, progress, threads)
+        found = any(r.memory for r in results)
+        actual_metric = "allocated_bytes" if any(r.has_allocated for r in results) else "rss_bytes"
+        steps = np.unique(np.concatenate([r.memory_steps for r in results])) if results else np.zeros(0)
+        if found and (actual_metric != metric or len(steps) != n_steps):
+            results = _map_batches(tasks, window, hosts, actual_metric, len(steps), client, progress, threads)
+        _account_rank_tables(trace, results)
+        reduce.rows_read = sum(r.rows_read for r in results)
+        gpus = [g for r in results for g in r.gpus]
+        per_rank = [m for r in results for m in r.memory]
+        telemetry = TelemetryReport(gpus=gpus) if gpus else TelemetryReport(note=_NO_TELEMETRY)
+        memory = compare_ranks(MemoryReport(per_rank=per_rank)) if per_rank else MemoryReport(note=_NO_MEMORY)
+        return telemetry, memory
+
+    reduce.rows_read = 0
+    return reduce
+
+
+_NO_TELEMETRY = "no GPU telemetry (CPU run, or NVML unavailable)"  # analyze_telemetry's note for no samples
+_NO_MEMORY = "no memory readings in the window"  # analyze_memory's
+
+
+def _tables_task(task: RankTask, bounds: pd.DataFrame | None) -> RankTablesTask:
+    first = float(bounds["first_us"].get(task.rank, np.nan)) if bounds is not None else np.nan
+    last = float(bounds["last_us"].get(task.rank, np.nan)) if bounds is not None else np.nan
+    return RankTablesTask(task.trace_dir, task.rank, task.rank_dir, task.cut_us, first, last)
+
+
+def _map_batches(tasks, window, hosts, metric, n_steps, client, progress, threads) -> list[RankTables]:
+    """``reduce_rank_tables`` over batches of ranks, results in rank order."""
+    size = RANK_TABLES_BATCH
+    if client is not None:
+        size = batch_size(len(tasks), len(client.scheduler_info()["workers"]))
+    batches = [tasks[i : i + size] for i in range(0, len(tasks), size)]
+    bar = _bar(len(tasks), "memory and telemetry by rank") if progress else None
+    try:
+        if client is not None:
+            futures = client.map(reduce_rank_tables, batches, window=window, hosts=hosts, metric=metric,
+                                 n_steps=n_steps, pure=False)  # fmt: skip
+            results = client.gather(futures)
+            if bar is not None:
+                bar.update(len(tasks))
+            return results
+        results = []
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            for batch, result in zip(
+                batches, pool.map(lambda b: reduce_rank_tables(b, window, hosts, metric, n_steps), batches)
+            ):
+                results.append(result)
+                if bar is not None:
+                    bar.update(len(batch))
+        return results
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _account_rank_tables(trace: Trace, results: list[RankTables]) -> None:
+    """The loader's notes for the ranks' memory and telemetry files, where it would have listed them, the rows
+    of an earlier run added to the note that names it, and the per-rank device totals as trace.telemetry (what
+    memory_plan reads of it)."""
+    for r in results:
+        for rank, s in r.skipped:
+            trace.skipped.insert(_position(trace.skipped, trace.path, rank, _file_order(Path(s.path).name)), s)
+    earlier = sum(r.dropped_earlier_run for r in results)
+    if earlier:
+        for s in trace.skipped:
+            if "step numbers start again" in s.reason:
+                s.lines += earlier
+                break
+    totals = [(rank, total) for r in results for rank, total in r.device_totals.items()]
+    trace.telemetry = pd.DataFrame(
+        {
+            "rank": np.asarray([r for r, _ in totals], dtype="int32"),
+            "mem_total_bytes": pd.array([t for _, t in totals], dtype="Int64"),
+        }
+    )
+
+
 # -- the trace without its collectives ---------------------------------------------------------------------------
 
 
-def load_without_collectives(path: str | Path, progress: bool = False) -> Trace:
-    """``diag.load`` of every table but the collectives (left empty: reduced by partition instead)."""
-    tables = tuple(name for name in TABLES if name != COLLECTIVES)
-    reader = TraceReader(path, tables=tables)
+# The columns of the per-step tables that ``analyze`` reads (report.py and the analyses it runs). The others
+# (the step's forward/backward/optimizer split, PCIe throughput, ...) are for the views and diag compare, which
+# ask for the whole tables (``analyzed_columns_only=False``).
+ANALYSED_COLUMNS = {
+    "steps": ("step", "start_us", "duration_us", "data_wait_us", "comm_wait_us", "samples", "tokens", "loss",
+              "grad_norm", "param_fingerprint"),
+    "memory": ("step", "time_us", "allocated_bytes", "allocated_peak_bytes", "reserved_bytes", "reserved_peak_bytes",
+               "alloc_retries", "ooms", "rss_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes"),
+    "telemetry": ("time_us", "gpu", "util_pct", "mem_total_bytes", "power_w", "power_limit_w", "temp_c",
+                  "sm_clock_mhz", "sm_clock_max_mhz", "throttle_reasons", "ecc_corrected", "ecc_uncorrected", "xid",
+                  "process_mem_used_bytes", "other_processes_mem_used_bytes"),
+}  # fmt: skip
+INT32_SAFE_MAX = 2**30  # int64 columns below this are kept as int32: the sum of two (iteration = data wait + step) fits
+
+
+class AnalysedColumnsReader(TraceReader):
+    """The loader's per-rank read, each rank's per-step tables cut to the columns the analyses read as soon as
+    they are read (before the ranks are concatenated), and whole microsecond counts that fit kept as int32: at
+    16,384 ranks x 1,000 steps the steps table is ~16 M rows, and each int64 column dropped or halved is 65-130
+    MB less on the client (docs/scale.md)."""
+
+    def _read_rank(self, rank: int, rank_dir: Path):
+        manifest, heartbeat, tables, events, skipped, nccl_log = super()._read_rank(rank, rank_dir)
+        for name, keep in ANALYSED_COLUMNS.items():
+            if name in tables:
+                tables[name] = tables[name].select(["rank", *keep])
+        return manifest, heartbeat, tables, events, skipped, nccl_log
+
+    def _frame(self, name: str, chunks: list) -> pd.DataFrame:
+        keep = ANALYSED_COLUMNS.get(name)
+        if keep is None or not chunks:  # no rows: the whole empty table, every column an analysis may look for
+            return super()._frame(name, chunks)
+        table = TABLES[name]
+        narrow = Table(table.name, table.doc, tuple(c for c in table.columns if c.name in keep))
+        frame = to_frame(chunks, narrow, rank_column=True)
+        for column in narrow.columns:
+            values = frame[column.name]
+            if (
+                column.dtype == "int64"
+                and len(values)
+                and values.min() >= -INT32_SAFE_MAX
+                and values.max() < INT32_SAFE_MAX
+            ):
+                frame[column.name] = values.astype("int32")
+        return frame
+
+
+def load_without_collectives(
+    path: str | Path, progress: bool = False, analysed_columns_only: bool = False, without: tuple[str, ...] = ()
+) -> Trace:
+    """``diag.load`` of every table but the collectives (left empty: reduced by partition instead) and those in
+    ``without`` (likewise: memory and telemetry, analysed rank by rank). ``analysed_columns_only``: the per-step
+    tables with only the columns ``analyze`` reads (AnalysedColumnsReader), for a report; the views want them
+    whole."""
+    tables = tuple(name for name in TABLES if name != COLLECTIVES and name not in without)
+    reader = (AnalysedColumnsReader if analysed_columns_only else TraceReader)(path, tables=tables)
     rank_dirs = reader.rank_dirs()
     if not rank_dirs:
         raise TraceError(
@@ -677,7 +1020,8 @@ def load_without_collectives(path: str | Path, progress: bool = False) -> Trace:
     finally:
         if bar is not None:
             bar.close()
-    data[COLLECTIVES] = empty_table(TABLES[COLLECTIVES])
+    for name in (COLLECTIVES, *without):
+        data[name] = empty_table(TABLES[name])
     trace = assemble_trace(Path(path), data)
     release_arrow_memory()
     return trace
@@ -752,6 +1096,17 @@ def collectives_reducer(trace: Trace, engine, progress: bool = False):
 
 
 _FILE_ORDER = {MANIFEST_FILE: 0, HEARTBEAT_FILE: 1, **{t.file_name: 2 + i for i, t in enumerate(TABLES.values())}}
+_TABLE_ORDER = {name: 2 + i for i, name in enumerate(TABLES)}
+
+
+def _file_order(name: str) -> int:
+    """Where the loader reads a rank's file: manifest, heartbeat, then the tables in schema order (a CSV file or
+    a schema-2 segment, ``memory.000001.parquet``), events, then anything else."""
+    if name in _FILE_ORDER:
+        return _FILE_ORDER[name]
+    if name == EVENTS_FILE:
+        return 8
+    return _TABLE_ORDER.get(name.split(".")[0], 9)
 
 
 def _account(trace: Trace, accounting: list) -> None:
@@ -807,7 +1162,7 @@ def _rank_file_key(path: Path, root: Path) -> tuple[int, int] | None:
     match = RANK_DIR_RE.match(path.parent.name)
     if path.parent.parent != root or match is None:
         return None
-    return int(match.group(1)), _FILE_ORDER.get(path.name, 8 if path.name == EVENTS_FILE else 9)
+    return int(match.group(1)), _file_order(path.name)
 
 
 def analyze_partitioned(
@@ -818,15 +1173,21 @@ def analyze_partitioned(
     client=None,
     progress: bool = False,
     with_trace: bool = False,
+    analysed_columns_only: bool = True,
 ):
     """``analyze(load(path))`` with the collectives reduced rank by rank: on this machine, or on the workers of
     the Dask ``client`` (which read ``path`` themselves: a filesystem they share). ``with_trace``: return
-    (trace without its collectives, report, collective rows read)."""
+    (trace without its collectives, report, collective rows read); ``analysed_columns_only``: that trace's per-step
+    tables hold only the columns the analyses read (False: whole, for views that draw the others)."""
     from diag.analysis.report import analyze
 
-    trace = load_without_collectives(path, progress=progress)
+    # memory and telemetry are analysed rank by rank too, unless the caller wants the trace's tables whole
+    per_rank = RANK_TABLES if analysed_columns_only else ()
+    trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank)
     engine = DaskEngine(client) if client is not None else LocalEngine()
     reducer = collectives_reducer(trace, engine, progress)
+    tables = rank_tables_reducer(trace, client, progress) if per_rank else None
     report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
-                     reduce_collectives=reducer)  # fmt: skip
-    return (trace, report, reducer.rows_read) if with_trace else report
+                     reduce_collectives=reducer, reduce_rank_tables=tables)  # fmt: skip
+    rows_read = reducer.rows_read + (tables.rows_read if tables is not None else 0)
+    return (trace, report, rows_read) if with_trace else report

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -165,9 +166,12 @@ def analyze(
     peak_tflops: float | None = None,
     flops_per_step: float | None = None,
     reduce_collectives=None,
+    reduce_rank_tables=None,
 ) -> Report:
     """``reduce_collectives``: ``window -> ReducedWaits | None``, the collectives' waits reduced partition by
-    partition (diag.analysis.partitioned) when ``trace.collectives`` was not loaded; None: from the table."""
+    partition (diag.analysis.partitioned) when ``trace.collectives`` was not loaded; None: from the table.
+    ``reduce_rank_tables``: ``(window, steps_w, hosts) -> (TelemetryReport, MemoryReport)``, the memory and
+    telemetry tables analysed rank by rank when they were not loaded; None: from the tables."""
     step_range = parse_step_range(steps) if isinstance(steps, str) else steps
     failures = find_failures(trace.events, trace.heartbeats, trace.manifests, trace.clock_offsets_us())
     window = choose_window(trace.steps, step_range, failures.failed_steps)
@@ -183,12 +187,15 @@ def analyze(
         waits = collective_waits(coll, in_steps, trace.clock_offsets_us()) if len(coll) else None
     times = rank_step_times(steps_w, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
-    tel_w = _telemetry_in_window(trace.telemetry, steps_w)
-    telemetry = analyze_telemetry(tel_w, hosts)
+    if reduce_rank_tables is not None:
+        telemetry, memory = reduce_rank_tables(window, steps_w, hosts)
+    else:
+        tel_w = _telemetry_in_window(trace.telemetry, steps_w)
+        telemetry = analyze_telemetry(tel_w, hosts)
+        device_total = {int(r): int(t) for r, t in _device_totals(trace.telemetry)}
+        memory = analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total, tel_w)
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus if g.throttled}
     last_arrival = {r.rank: r.last_arrival_fraction for r in comms.per_rank} if waits is not None else {}
-    device_total = {int(r): int(t) for r, t in _device_totals(trace.telemetry)}
-    memory = analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total, tel_w)
     memory.ooms = explain_ooms(trace.events, memory, trace.manifests, trace.world_size)
     memory.plan = plan_against_measured(trace, memory.per_rank)
     memory.deep = analyze_memory_deep(trace.memory_deep)
@@ -281,13 +288,20 @@ def _telemetry_in_window(tel: pd.DataFrame, steps_w: pd.DataFrame) -> pd.DataFra
     """Telemetry samples taken while the rank ran the steps of the window (on the rank's own clock)."""
     if tel.empty or steps_w.empty:
         return tel.iloc[0:0] if steps_w.empty else tel
-    bounds = steps_w.groupby("rank").agg(first_us=("start_us", "min"), last_us=("start_us", "max"))
-    bounds["last_us"] += steps_w.groupby("rank")["duration_us"].max()
+    bounds = telemetry_bounds(steps_w)
     first = bounds["first_us"].reindex(tel["rank"]).to_numpy()
     last = bounds["last_us"].reindex(tel["rank"]).to_numpy()
     time_us = tel["time_us"].to_numpy()
     keep = (time_us >= first) & (time_us <= last)
     return tel[keep]
+
+
+def telemetry_bounds(steps_w: pd.DataFrame) -> pd.DataFrame:
+    """Per rank, first_us and last_us: from the start of its first step in the window to the end of its last
+    (its longest step after the last start), on its own clock."""
+    bounds = steps_w.groupby("rank").agg(first_us=("start_us", "min"), last_us=("start_us", "max"))
+    bounds["last_us"] += steps_w.groupby("rank")["duration_us"].max()
+    return bounds
 
 
 def _device_totals(tel: pd.DataFrame):
@@ -387,9 +401,16 @@ def options_fingerprint(**options) -> str:
     return digest.hexdigest()
 
 
+@functools.cache
+def _type_hints(cls) -> dict:
+    """A dataclass's resolved annotations, once per class: resolving them for each of the ~70,000 per-rank rows of
+    a 16,384-rank report was most of a cached report's load."""
+    return typing.get_type_hints(cls)
+
+
 def _build(cls, data):
     """Rebuild dataclass ``cls`` from its ``_plain`` form (lists of dataclasses, optional fields)."""
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in data:

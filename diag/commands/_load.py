@@ -86,16 +86,26 @@ def _dask_client(scheduler: str):
         raise click.ClickException(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
 
 
-def analyse_partitioned(path: Path, step_range, peak_tflops, flops_per_step, scheduler: str | None):
+def analyse_partitioned(
+    path: Path, step_range, peak_tflops, flops_per_step, scheduler: str | None, whole_tables: bool = False
+):
     """(trace without its collectives, report): the collectives reduced rank by rank, here or on the Dask
-    cluster at ``scheduler``."""
+    cluster at ``scheduler``. The trace's per-step tables hold only the columns the analyses read unless
+    ``whole_tables`` (a caller that draws or compares the others)."""
     from diag.analysis.partitioned import analyze_partitioned
     from diag.trace.loader import TraceError
 
     client = _dask_client(scheduler) if scheduler is not None else None
     try:
         trace, report, collective_rows = analyze_partitioned(
-            path, step_range, peak_tflops, flops_per_step, client=client, progress=True, with_trace=True
+            path,
+            step_range,
+            peak_tflops,
+            flops_per_step,
+            client=client,
+            progress=True,
+            with_trace=True,
+            analysed_columns_only=not whole_tables,
         )
     except TraceError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -187,7 +197,7 @@ def analysed(
     if use_partitioned(path, partitioned, scheduler):
         if report is not None:  # cached: the per-step tables only, when asked for
             return Analysed(report, load_per_step_tables(path) if need_trace else None, cache, True)
-        trace, report = analyse_partitioned(path, step_range, peak_tflops, flops_per_step, scheduler)
+        trace, report = analyse_partitioned(path, step_range, peak_tflops, flops_per_step, scheduler, need_trace)
         if cache is not None:
             cache.put_result(name, report.to_state(), create=True)  # no table cache: a results-only entry
         return Analysed(report, trace, cache, False)

@@ -564,7 +564,7 @@ class TraceReader:
                     progress(1)
         result = {}
         for name in self.tables:
-            result[name] = to_frame(chunks[name], TABLES[name], rank_column=True)
+            result[name] = self._frame(name, chunks[name])
             chunks[name] = []  # free the Arrow copy before converting the next table
         result["manifests"] = manifests  # the JSON objects: assemble_trace parses them
         result["heartbeats"] = pd.DataFrame(heartbeats)
@@ -573,6 +573,10 @@ class TraceReader:
         result["ranks"] = list(rank_dirs)
         result["nccl_logs"] = nccl_logs  # every rank's, not only what changed: a log is parsed whole
         return result
+
+    def _frame(self, name: str, chunks: list[pa.Table]) -> pd.DataFrame:
+        """One table of every rank read, as pandas (a subclass may keep fewer columns: diag.analysis.partitioned)."""
+        return to_frame(chunks, TABLES[name], rank_column=True)
 
     def _read_rank(self, rank: int, rank_dir: Path):
         skipped: list[Skipped] = []

@@ -22,7 +22,7 @@ from diag.analysis.comms import ValueCounts
 from diag.analysis.partitioned import LocalEngine, analyze_partitioned, collectives_reducer, load_without_collectives
 from diag.analysis.report import analyze
 from diag.trace.loader import TraceError, load
-from tests.analysis.helpers import REPO, cli_json, make_trace, run_cli
+from tests.analysis.helpers import REPO, cli_json, make_trace, run_cli, synthetic
 from tests.analysis.test_golden_reports import GOLDEN, PLACEHOLDER, SAMPLE_RUNS, differences
 
 SYNTHETIC_RANKS = 64
@@ -230,3 +230,58 @@ def test_partitioned_report_is_cached_and_read_back(tmp_path):
     assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
     assert "report read from the cache" in second.stderr
     assert json.loads(second.stdout) == json.loads(first.stdout)
+
+
+def _planted_problems(report: dict, plants) -> list[str]:
+    """What the report got wrong about the planted problems: benchmarks/bench_analyze.py's own check (stragglers
+    with their causes, the transient one, the memory leak, the throttled GPU)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_analyze import check_planted
+
+    return check_planted(report, plants)
+
+
+@pytest.mark.slow
+def test_per_step_analyses_same_report_and_every_planted_problem_at_256_ranks_schema_2(tmp_path):
+    """256 ranks in schema 2 (what capture writes at scale): memory and telemetry analysed rank by rank and
+    the steps cut to the analysed columns give the in-memory report, every finding included (straggler,
+    transient spike, memory leak, GPU throttling), and every planted problem is found."""
+    plants = synthetic.generate(tmp_path, 256, 60, 4, trace_format=2)
+    old, new = in_memory(tmp_path), partitioned(tmp_path)
+    assert differences(old, new) == []
+    assert [f["kind"] for f in new["findings"]] == [f["kind"] for f in old["findings"]]
+    assert _planted_problems(new, plants) == []
+    leak = next(r for r in new["memory"]["per_rank"] if r["rank"] == plants.leak)
+    assert leak["leak_suspected"] and leak["growth_bytes_per_step"] > 0
+    throttled = next(g for g in new["telemetry"]["per_gpu"] if g["rank"] == plants.throttled)
+    assert throttled["throttled"] and len(new["telemetry"]["per_gpu"]) == 256
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.slow
+def test_unreadable_partitions_at_scale_are_skipped_and_named(tmp_path):
+    """A 96-rank schema-2 run (partitioned by default: over 64 ranks) with one rank's collectives segment and
+    another's memory segment cut in half (a node that died mid-write) and a third's telemetry segment replaced by
+    garbage: `diag analyze` reports on the rest, names each damaged file in run.skipped, and says what the
+    in-memory path says."""
+    plants = synthetic.generate(tmp_path, 96, 40, 4, trace_format=2)
+    damaged = {
+        tmp_path / "rank00005" / "collectives.000001.parquet": _truncate,
+        tmp_path / "rank00017" / "memory.000001.parquet": _truncate,
+        tmp_path / "rank00033" / "telemetry.000001.parquet": lambda p: p.write_bytes(b"PAR1 not parquet" * 64),
+    }
+    for path, damage in damaged.items():
+        assert path.exists(), path
+        damage(path)
+    result = run_cli(tmp_path, "--format", "json", "--no-cache")  # no flag: partitioned above 64 ranks
+    assert result.exit_code == 0, result.output
+    new = json.loads(result.stdout)
+    named = {s["path"] for s in new["run"]["skipped"]}
+    assert {str(p) for p in damaged} <= named, new["run"]["skipped"]
+    assert differences(in_memory(tmp_path), new) == []
+    assert len(new["telemetry"]["per_gpu"]) == 95  # every rank's GPU but the one whose telemetry is unreadable
+    assert plants.compute_straggler in {s["rank"] for s in new["stragglers"]}

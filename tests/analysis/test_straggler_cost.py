@@ -83,3 +83,15 @@ def test_others_median_leaves_each_element_out_of_its_own_cell():
     cells = np.array([0, 0, 1, 1, 1, 2, 3, 3, 3, 3])
     expected = [140.0, 100.0, 2.5, 2.0, 1.5, np.nan, 4.0, 4.0, 4.0, 4.0]
     np.testing.assert_array_equal(others_median(values, cells), expected)
+
+
+def test_others_median_of_equal_cells_is_the_brute_force_one():
+    """Every rank in every step (cells of equal size, the matrix fast path) with ties: each element gets the
+    median of its cell without it, computed one by one."""
+    rng = np.random.default_rng(5)
+    ranks, steps = 9, 13
+    values = rng.integers(0, 6, ranks * steps).astype("float64")  # few distinct values: many ties
+    cells = np.tile(np.arange(steps), ranks)  # the (rank, step) frame's order
+    index = np.arange(len(values))
+    expected = [np.median(values[(cells == c) & (index != i)]) for i, c in enumerate(cells)]
+    np.testing.assert_array_equal(others_median(values, cells), expected)
