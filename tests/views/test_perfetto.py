@@ -60,3 +60,23 @@ def test_clock_offsets_put_a_skewed_host_back_on_rank_0s_timeline(tmp_path):
 def test_ranks_filter(tmp_path):
     events = export(tmp_path, "--ranks", "1", "--steps", "0:3")
     assert {e["pid"] for e in events} == {1}
+
+
+def test_rank_by_rank_export_writes_the_same_events_as_the_whole_trace(tmp_path):
+    """``diag export`` reads one rank at a time (memory bounded by a rank, time by the steps asked): on every
+    sample run, whole and windowed, with a rank filter, its events are those of ``write_chrome_trace`` of the
+    whole loaded trace."""
+    from diag.views.perfetto import write_chrome_trace_dir
+
+    for name in ("straggler", "pipeline", "hang", "straggler-h100"):
+        run = REPO / "sample_traces" / name
+        trace = diag.load(run)
+        for steps, ranks in ((None, None), ((2, 5), None), ((1, 3), [1])):
+            write_chrome_trace(trace, tmp_path / "whole.json", steps, ranks)
+            count, written, _ = write_chrome_trace_dir(run, tmp_path / "by_rank.json", steps, ranks)
+            whole = json.loads((tmp_path / "whole.json").read_text())["traceEvents"]
+            by_rank = json.loads((tmp_path / "by_rank.json").read_text())["traceEvents"]
+            assert count == len(by_rank) == len(whole) > 0
+            assert written == (ranks or trace.ranks_found)
+            key = lambda e: json.dumps(e, sort_keys=True)  # noqa: E731 - events are dicts: compare as text
+            assert sorted(map(key, by_rank)) == sorted(map(key, whole)), (name, steps, ranks)
