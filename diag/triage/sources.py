@@ -176,9 +176,8 @@ def _read_tails(reader: TraceReader, rank_dirs: dict[int, Path], rows: int) -> t
     manifests, heartbeats, events, nccl_logs, infos = [], [], [], {}, {}
     cut = 0
     with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        for rank, result in zip(
-            rank_dirs, pool.map(lambda item: _read_rank_tail(reader, *item, rows), rank_dirs.items())
-        ):
+        results = pool.map(lambda item: _read_rank_tail(reader, *item, rows), rank_dirs.items())
+        for rank, result in zip(rank_dirs, results):
             manifest, heartbeat, tables, new_events, rank_skipped, nccl_log, info, rank_cut = result
             if nccl_log is not None:
                 nccl_logs[rank] = nccl_log

@@ -47,7 +47,9 @@ def read_tail(reader: TraceReader, rank_dir: Path, names: list[str], table: Tabl
         return Tail(None, csv.cut or segments.cut)
     arrow = pa.concat_tables(parts).unify_dictionaries() if len(parts) > 1 else parts[0]
     cut = csv.cut or segments.cut or arrow.num_rows > rows
-    return Tail(arrow.slice(max(0, arrow.num_rows - rows)), cut)
+    if arrow.num_rows > rows:  # a copy: a slice would keep the whole decoded table alive (or pickle it whole)
+        arrow = arrow.take(pa.array(range(arrow.num_rows - rows, arrow.num_rows)))
+    return Tail(arrow, cut)
 
 
 def _csv_tail(reader: TraceReader, path: Path, table: Table, rows: int, skipped: list) -> Tail:
