@@ -106,7 +106,7 @@ TRIAGE_TABLES = ("steps", "collectives")  # telemetry, memory and phases are not
 # A hang is decided by each rank's last collectives: of a large trace only each rank's last rows of the steps and
 # collectives are read, TAIL_ROWS_BUDGET rows in all (at least TAIL_ROWS_MIN a rank). Traces of up to
 # TAIL_ROWS_BUDGET / TAIL_ROWS_MIN ranks with fewer rows than that a rank are read whole, as diag.load reads them.
-TAIL_ROWS_BUDGET = 2_000_000
+TAIL_ROWS_BUDGET = 1_000_000
 TAIL_ROWS_MIN = 64
 
 
