@@ -194,15 +194,15 @@ def main() -> None:
     parser.add_argument("--old", action="store_true", help="with --scale: also the previous whole-table reader")
     parser.add_argument("--keep", action="store_true", help="with --scale: keep the generated traces")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, help="steps per rank (default 200; with --scale 1000)")
     parser.add_argument("--collectives", type=int, default=4, help="all_reduces per step")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--watchdog", action="store_true", help="measure the capture-side watchdog instead")
     args = parser.parse_args()
     if args.scale:
-        bench_scale(args.out, args.ranks, 1000 if args.steps == 200 else args.steps, args.format, args.old, args.keep)
+        bench_scale(args.out, args.ranks, args.steps or 1000, args.format, args.old, args.keep)
         return
-    args.ranks = args.ranks[0]
+    args.ranks, args.steps = args.ranks[0], args.steps or 200
     if args.watchdog:
         bench_watchdog(args.out, repeat=args.repeat)
         return
