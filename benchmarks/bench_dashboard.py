@@ -9,6 +9,10 @@ Measures, once the server has loaded the traces (loading is reported but not par
 
     python benchmarks/bench_dashboard.py /tmp/synth1024            # generates the run there if absent
     python benchmarks/bench_dashboard.py /tmp/synth64 --ranks 64 --steps 200
+    python benchmarks/bench_dashboard.py /tmp/synth4096 --ranks 4096 --format 2 --no-browser
+
+Above 64 ranks the server never loads the collectives (reduced rank by rank, diag.analysis.partitioned); the
+peak RSS of this process after the load is printed, and the rank-group pickers' callbacks are measured too.
 """
 
 from __future__ import annotations
@@ -178,6 +182,8 @@ def main() -> None:
     parser.add_argument("trace_dir", type=Path)
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--format", type=int, default=1, choices=(1, 2), help="trace schema version generated")
+    parser.add_argument("--no-browser", action="store_true", help="skip the headless Chromium measurement")
     args = parser.parse_args()
     import logging
 
@@ -191,14 +197,20 @@ def main() -> None:
         from synthetic import generate
 
         started = time.perf_counter()
-        generate(args.trace_dir, args.ranks, args.steps)
+        generate(args.trace_dir, args.ranks, args.steps, trace_format=args.format)
         print(f"generated {args.ranks} ranks x {args.steps} steps in {time.perf_counter() - started:.0f} s")
     planted = json.loads((args.trace_dir / "planted.json").read_text())
 
     started = time.perf_counter()
     live = LiveTrace(args.trace_dir, poll_interval_s=3600)  # no polling during the measurements
     live.refresh()
-    print(f"server load (read + analyse, not a target): {time.perf_counter() - started:.1f} s")
+    import resource
+
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    print(
+        f"server load (read + analyse + aggregate): {time.perf_counter() - started:.1f} s, peak RSS {peak_gb:.2f} GB, "
+        f"collectives {'reduced rank by rank' if live.partitioned else 'loaded whole'}"
+    )
     started = time.perf_counter()
     live.wait_for_triage(600)
     print(
@@ -224,7 +236,15 @@ def main() -> None:
     page_callbacks(client, PAGES, selected, f"rank {selected} selected: ", results)
     t, size, resp = client.call("status.children", {"tick.n_intervals": 2, "selected-rank.data": selected})
     results.append(("status line", t, size, 0))
-    first_browser = first_page_browser(app)
+    t, size, resp = client.call("group-select.options", {"tick.n_intervals": 3}, {"groups-version.data": None})
+    groups = resp["response"]["group-select"]["options"]
+    results.append((f"rank groups picker ({len(groups)} groups)", t, size, 0))
+    slow_group = max(g["value"] for g in groups if g["value"] <= planted["compute_straggler"])
+    t, size, resp = client.call("group-rank-select.options", {"group-select.value": slow_group})
+    listed = resp["response"]["group-rank-select"]["options"]
+    results.append((f"ranks of the straggler's group ({len(listed)})", t, size, 0))
+    assert listed[0]["value"] == planted["compute_straggler"], listed[:3]  # slowest first
+    first_browser = None if args.no_browser else first_page_browser(app)
 
     print(
         f"\n{ranks} ranks x {steps} steps; planted compute straggler: rank {planted['compute_straggler']}, selected by the click: rank {selected}"

@@ -5,6 +5,11 @@ Wall time, CPU time and peak RSS per process (os.wait4); the file's size and eve
 is one valid JSON document in the Chrome trace event format. The generated directory is deleted afterwards.
 
     python benchmarks/bench_export.py --ranks 64 --steps 1000
+    python benchmarks/bench_export.py --ranks 1024 --format 2 --windows 1 10 100 --no-whole --previous
+
+``--windows``: export ``--steps 500:500+N`` for each N (time and memory should follow N, not the run);
+``--previous``: also the previous export (``diag.load`` of every table, then ``write_chrome_trace``) of the first
+window, in its own process; ``--trace DIR``: an existing synthetic run instead of generating one (kept).
 """
 
 from __future__ import annotations
@@ -44,31 +49,67 @@ def parsed_event_count(path: Path) -> int:
     return int(subprocess.run([sys.executable, "-c", check, str(path)], capture_output=True, check=True).stdout)
 
 
+PREVIOUS_EXPORT = """
+import sys
+import diag
+from diag.views.perfetto import write_chrome_trace
+a, b = map(int, sys.argv[3].split(":"))
+print(write_chrome_trace(diag.load(sys.argv[1]), sys.argv[2], (a, b)), file=sys.stderr)
+"""
+
+
+def run_previous(trace_dir: Path, out: Path, window: str) -> dict:
+    """The export as it was before it read rank by rank: every table of every rank loaded, then written."""
+    run = run_measured([sys.executable, "-c", PREVIOUS_EXPORT, str(trace_dir), str(out), window])
+    events = int(run.stderr.strip().splitlines()[-1])
+    assert parsed_event_count(out) == events
+    return {"wall_s": run.wall_s, "cpu_s": run.cpu_s, "peak_rss_gb": run.peak_rss_gb,
+            "file_mb": out.stat().st_size / 1e6, "events": events}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--collectives-per-step", type=int, default=20)
+    parser.add_argument("--format", type=int, default=1, choices=(1, 2), help="trace schema version generated")
+    parser.add_argument("--windows", type=int, nargs="+", default=[10], help="steps per exported window")
+    parser.add_argument("--no-whole", action="store_true", help="skip the export of the whole run")
+    parser.add_argument("--previous", action="store_true", help="also the previous (load everything) export")
+    parser.add_argument("--trace", type=Path, help="an existing synthetic run (not generated, not deleted)")
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
-    trace_dir = args.root / f"diag-bench-export-{args.ranks}"
-    shutil.rmtree(trace_dir, ignore_errors=True)
+    trace_dir = args.trace or args.root / f"diag-bench-export-{args.ranks}"
+    if args.trace is None:
+        shutil.rmtree(trace_dir, ignore_errors=True)
     try:
-        synthetic.generate(trace_dir, args.ranks, args.steps, args.collectives_per_step)
+        if args.trace is None:
+            synthetic.generate(trace_dir, args.ranks, args.steps, args.collectives_per_step, trace_format=args.format)
         size_mb = sum(f.stat().st_size for f in trace_dir.rglob("*") if f.is_file()) / 1e6
-        print(
-            f"{args.ranks} ranks x {args.steps} steps x {args.collectives_per_step} collectives per step: "
-            f"{size_mb:.0f} MB of traces; load average {os.getloadavg()[0]:.1f}"
-        )
-        print(f"{'export':<22} {'wall s':>7} {'CPU s':>7} {'peak RSS GB':>12} {'file MB':>8} {'events':>11}")
-        for label, extra in (("whole run", ()), ("--steps 500:510", ("--steps", "500:510"))):
-            result = run_export(trace_dir, trace_dir / "out.json", *extra)
-            print(
-                f"{label:<22} {result['wall_s']:>7.1f} {result['cpu_s']:>7.1f} {result['peak_rss_gb']:>12.2f} "
-                f"{result['file_mb']:>8.0f} {result['events']:>11,}"
+        ranks = len([d for d in trace_dir.iterdir() if d.name.startswith("rank")])
+        print(f"{ranks} ranks: {size_mb:.0f} MB of traces; load average {os.getloadavg()[0]:.1f}")
+        print(f"{'export':<32} {'wall s':>7} {'CPU s':>7} {'peak RSS GB':>12} {'file MB':>8} {'events':>11}")
+        runs = [] if args.no_whole else [("whole run", ())]
+        runs += [(f"--steps 500:{500 + n}", ("--steps", f"500:{500 + n}")) for n in args.windows]
+        for label, extra in runs:
+            show(label, run_export(trace_dir, trace_dir.parent / "diag-bench-export.json", *extra))
+        if args.previous:
+            window = f"500:{500 + args.windows[0]}"
+            show(
+                f"previous, --steps {window}",
+                run_previous(trace_dir, trace_dir.parent / "diag-bench-export.json", window),
             )
     finally:
-        shutil.rmtree(trace_dir, ignore_errors=True)
+        (trace_dir.parent / "diag-bench-export.json").unlink(missing_ok=True)
+        if args.trace is None:
+            shutil.rmtree(trace_dir, ignore_errors=True)
+
+
+def show(label: str, result: dict) -> None:
+    print(
+        f"{label:<32} {result['wall_s']:>7.1f} {result['cpu_s']:>7.1f} {result['peak_rss_gb']:>12.2f} "
+        f"{result['file_mb']:>8.1f} {result['events']:>11,}"
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,14 @@ shows the loader. Heartbeats, manifests, steps and collectives as capture writes
 
     python benchmarks/bench_triage.py /tmp/triage_bench --ranks 1024 --steps 200
     python benchmarks/bench_triage.py /tmp/watchdog_bench --watchdog   # capture side: watchdog cost
+
+At scale (``--scale``): ``diag triage`` as its own process (wall, CPU, peak RSS) on hangs written by
+``synthetic.py --hang`` (1,000 steps x 20 collectives per rank, schema version 2 unless ``--format 1``), one run
+of ``--ranks`` each, generated in OUT/hangN when absent and kept (``--keep``) or deleted afterwards; with
+``--old`` also the previous reader (every row of every rank, ``read_diag_trace(path, 10**12)``) on the same
+trace, and the two verdicts compared:
+
+    python benchmarks/bench_triage.py /tmp/triage_scale --scale --ranks 1024 2048 4096 [--old]
 """
 
 from __future__ import annotations
@@ -134,15 +142,67 @@ def bench_watchdog(out: Path, steps: int = 5000, repeat: int = 3) -> None:
     print(f"one hang dump (stacks, no FR buffer): median {statistics.median(r[2] for r in results['on']):.2f} ms")
 
 
+SCALE_TRIAGE = """
+import json, sys
+from pathlib import Path
+from diag.triage.analysis import triage
+from diag.triage.sources import read_diag_trace
+rows = int(sys.argv[2]) if len(sys.argv) > 2 else None
+print(json.dumps(triage(read_diag_trace(Path(sys.argv[1]), rows)).to_json()))
+"""
+
+
+def bench_scale(out: Path, ranks: list[int], steps: int, trace_format: int, old: bool, keep: bool) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import synthetic
+    from measured import run_measured
+
+    print(f"{'ranks':>6} {'reader':<26} {'wall s':>7} {'CPU s':>7} {'peak RSS GB':>12}  verdict")
+    for world in ranks:
+        trace = out / f"hang{world}"
+        if not (trace / "planted.json").exists():
+            shutil.rmtree(trace, ignore_errors=True)
+            t0 = time.perf_counter()
+            synthetic.generate(trace, world, steps, 20, trace_format=trace_format, hang=True)
+            print(f"generated {world} ranks x {steps} steps in {time.perf_counter() - t0:.0f} s")
+        stuck = json.loads((trace / "planted.json").read_text())["hang_stuck"]
+        verdicts = {}
+        readers = [("last rows (default)", [])] + ([("every row (previous)", ["1000000000000"])] if old else [])
+        for label, extra in readers:
+            run = run_measured([sys.executable, "-c", SCALE_TRIAGE, str(trace), *extra])
+            verdict = json.loads(run.stdout)
+            verdicts[label] = verdict
+            assert verdict["verdict"] == "missing_ranks" and verdict["culprit_ranks"] == [stuck], verdict["verdict"]
+            print(
+                f"{world:>6} {label:<26} {run.wall_s:7.1f} {run.cpu_s:7.1f} {run.peak_rss_gb:12.2f}  "
+                f"{verdict['verdict']} {verdict['culprit_ranks']}"
+            )
+        if old:
+            same = {k: v for k, v in verdicts["last rows (default)"].items() if k != "evidence"}
+            assert same == {k: v for k, v in verdicts["every row (previous)"].items() if k != "evidence"}
+            print(f"{world:>6} verdict, culprits, collective, every rank's state: equal")
+        if not keep:
+            shutil.rmtree(trace)
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--ranks", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--scale", action="store_true", help="diag triage at scale on synthetic.py --hang runs")
+    parser.add_argument("--format", type=int, default=2, choices=(1, 2), help="with --scale: the trace format")
+    parser.add_argument("--old", action="store_true", help="with --scale: also the previous whole-table reader")
+    parser.add_argument("--keep", action="store_true", help="with --scale: keep the generated traces")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1024])
+    parser.add_argument("--steps", type=int, help="steps per rank (default 200; with --scale 1000)")
     parser.add_argument("--collectives", type=int, default=4, help="all_reduces per step")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--watchdog", action="store_true", help="measure the capture-side watchdog instead")
     args = parser.parse_args()
+    if args.scale:
+        bench_scale(args.out, args.ranks, args.steps or 1000, args.format, args.old, args.keep)
+        return
+    args.ranks, args.steps = args.ranks[0], args.steps or 200
     if args.watchdog:
         bench_watchdog(args.out, repeat=args.repeat)
         return

@@ -9,7 +9,7 @@ Planted (ranks chosen from the world size, see ``Plants.for_world``): a compute 
 straggler, a throttled GPU (hot, low SM clock, slower compute), a memory leak, and a rank with a few
 transient spikes. Files are formatted by pyarrow, a whole rank at a time, so 1,024 ranks take about a minute.
 
-    python benchmarks/synthetic.py /tmp/synth --ranks 64 --steps 200 [--format 2]
+    python benchmarks/synthetic.py /tmp/synth --ranks 64 --steps 200 [--format 2] [--hang]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from diag.trace.columnar import PARQUET_SUFFIX, arrow_schema, write_parquet
 from diag.trace.schema import (
     COLLECTIVES,
     CSV_SCHEMA_VERSION,
+    HEARTBEAT_FILE,
     MANIFEST_FILE,
     MEMORY,
     SCHEMA_VERSION,
@@ -61,6 +62,7 @@ class Plants:
     throttle_slowdown: float = 1.15
     leak_bytes_per_step: int = 8 * 2**20
     spike_us: int = 500_000
+    hang_stuck: int | None = None  # --hang: the rank stuck in its data loader while the others wait for it
 
     @classmethod
     def for_world(cls, ranks: int, steps: int) -> Plants:
@@ -78,9 +80,10 @@ def generate(
     plants: Plants | None = None,
     seed: int = 0,
     trace_format: int = CSV_SCHEMA_VERSION,
+    hang: bool = False,
 ) -> Plants:
     """Write the trace; ``trace_format`` 1: CSV tables, 2: one Parquet segment per table and rank, as capture
-    leaves them once compacted (diag/trace/columnar.py)."""
+    leaves them once compacted (diag/trace/columnar.py). ``hang``: the job then hangs (``plant_hang``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plants = plants if plants is not None else Plants.for_world(ranks, steps)
@@ -103,8 +106,60 @@ def generate(
             step_start_us,
             trace_format,
         )
+    if hang:
+        plants.hang_stuck = hang_rank(ranks)
+        end_us = int(step_start_us[-1] + iteration_us[-1] + collectives_per_step * TRANSFER_US)
+        for rank in range(ranks):
+            plant_hang(out / rank_dir_name(rank), rank, steps, steps * collectives_per_step, end_us, plants.hang_stuck)
     (out / "planted.json").write_text(json.dumps(asdict(plants), indent=1))
     return plants
+
+
+def hang_rank(ranks: int) -> int:
+    return ranks // 2 + 5 if ranks > 8 else ranks - 1
+
+
+HANG_STALL_S = 180.0
+LOADER_STACK = [
+    {"file": "/job/train.py", "line": 88, "name": "<module>"},
+    {"file": "/job/train.py", "line": 61, "name": "train"},
+    {"file": "/site-packages/diag/capture/session.py", "line": 356, "name": "wrap_loader"},
+    {"file": "/site-packages/torch/utils/data/dataloader.py", "line": 733, "name": "__next__"},
+    {"file": "/site-packages/torch/utils/data/dataloader.py", "line": 1480, "name": "_next_data"},
+    {"file": "/usr/lib/python3.11/threading.py", "line": 327, "name": "wait"},
+]
+COLLECTIVE_STACK = [
+    {"file": "/job/train.py", "line": 88, "name": "<module>"},
+    {"file": "/job/train.py", "line": 70, "name": "train"},
+    {"file": "/site-packages/torch/distributed/distributed_c10d.py", "line": 3252, "name": "all_reduce"},
+]
+
+
+def plant_hang(rank_dir: Path, rank: int, steps: int, last_seq: int, end_us: int, stuck: int) -> None:
+    """After the last recorded step, every rank but ``stuck`` enters the next step's first all_reduce (seq
+    ``last_seq + 1``) and stays there; ``stuck`` sits in its data loader. What capture leaves of such a job:
+    manifests not finished, each rank's watchdog dump (pending collective and main-thread stack) and its last
+    heartbeat, written HANG_STALL_S after the hang began."""
+    now_us = end_us + int(HANG_STALL_S * 1e6)
+    if rank == stuck:
+        dump = {"reason": f"stall: no progress for {HANG_STALL_S} s (after step {steps - 1}, phase data_wait)"}
+        dump.update(step=None, last_step=steps - 1, phase="data_wait", pending=[])
+        dump["threads"] = [{"name": "MainThread", "main": True, "frames": LOADER_STACK}]
+    else:
+        pending = {"pg": "0", "seq": last_seq + 1, "op": "allreduce", "bytes": BUCKET_BYTES, "dtype": "bfloat16"}
+        pending.update(peer=None, start_us=end_us + 50_000, step=steps, source="ddp")
+        dump = {"reason": f"stall: allreduce seq {last_seq + 1} in group 0 pending {HANG_STALL_S} s"}
+        dump.update(step=steps, last_step=steps - 1, phase="backward", pending=[pending])
+        dump["threads"] = [{"name": "MainThread", "main": True, "frames": COLLECTIVE_STACK}]
+    dump["time_us"] = now_us
+    (rank_dir / "hang_dump_001.json").write_text(json.dumps(dump))
+    heartbeat = {"rank": rank, "pid": 1000 + rank, "time_us": now_us, "state": "stalled", "interval_s": 5.0}
+    heartbeat.update(last_step=steps - 1, step=dump["step"], phase=dump["phase"], pending=dump["pending"], exit=None)
+    (rank_dir / HEARTBEAT_FILE).write_text(json.dumps(heartbeat))
+    manifest_path = rank_dir / MANIFEST_FILE
+    manifest = json.loads(manifest_path.read_text())
+    manifest["finished"] = False
+    manifest_path.write_text(json.dumps(manifest))
 
 
 def _busy_matrix(ranks: int, steps: int, plants: Plants, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -312,9 +367,21 @@ def main() -> None:
         default=CSV_SCHEMA_VERSION,
         help="trace schema version: 1 CSV tables (default), 2 Parquet segments (about 20x smaller)",
     )
+    parser.add_argument(
+        "--hang",
+        action="store_true",
+        help="the job hangs after its last step: one rank stuck in its data loader, the others in an all_reduce "
+        "(watchdog dumps and heartbeats as capture writes them)",
+    )
     args = parser.parse_args()
     plants = generate(
-        args.out, args.ranks, args.steps, args.collectives_per_step, seed=args.seed, trace_format=args.format
+        args.out,
+        args.ranks,
+        args.steps,
+        args.collectives_per_step,
+        seed=args.seed,
+        trace_format=args.format,
+        hang=args.hang,
     )
     print(json.dumps(asdict(plants)))
 

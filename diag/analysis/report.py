@@ -378,11 +378,18 @@ def _timeline(times: pd.DataFrame, hosts: dict) -> Timeline:
     )
 
 
-def all_step_times(trace: Trace) -> RankStepTimes | None:
+def all_step_times(trace: Trace, reduce_collectives=None) -> RankStepTimes | None:
     """Per (rank, step) timings over every recorded step, split as ``analyze`` splits its window's (the Report
-    keeps only the window's medians; the dashboard draws every step). None without steps."""
+    keeps only the window's medians; the dashboard draws every step). None without steps.
+    ``reduce_collectives``: as ``analyze``'s, when the collectives were not loaded (given every step)."""
     if trace.steps.empty:
         return None
+    if reduce_collectives is not None:
+        first, last = int(trace.steps["step"].min()), int(trace.steps["step"].max())
+        waits = reduce_collectives(StepWindow(first, last, last - first + 1, int(trace.steps["step"].nunique())))
+        return rank_step_times(
+            trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
+        )
     coll = trace.collectives
     waits = collective_waits(coll, None, trace.clock_offsets_us()) if len(coll) else None
     return rank_step_times(

@@ -15,7 +15,7 @@ from dash import ALL, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from diag.dashboard import figures as f
-from diag.dashboard.data import LiveTrace
+from diag.dashboard.data import LiveTrace, group_options, rank_options
 from diag.dashboard.pages import PAGES, Page, prepare, unavailable
 
 REFRESH_MS = 3000
@@ -27,7 +27,7 @@ CSS = """
 body { font-family: system-ui, sans-serif; margin: 0; color: #222; }
 .header { background: #24292f; color: white; padding: 8px 16px; display: flex; gap: 16px; align-items: center; flex-wrap: wrap; }
 .header a { color: #c9d1d9; text-decoration: none; } .header a:hover { color: white; }
-.header .title { font-weight: bold; font-size: 18px; }
+.header .title { font-weight: bold; font-size: 18px; } .header .picker { color: #222; font-size: 13px; }
 .status { padding: 4px 16px; background: #f6f8fa; border-bottom: 1px solid #ddd; font-size: 13px; }
 .page { padding: 0 16px 24px 16px; } .intro { color: #555; }
 .cards { display: flex; flex-wrap: wrap; gap: 8px; } .card { border: 1px solid #ddd; border-radius: 6px; padding: 6px 10px; }
@@ -86,6 +86,17 @@ def _layout(refresh_ms: int):
                             ),
                         ]
                     ),
+                    # thousands of ranks: pick a group (a node, or a block of ranks), then one of its ranks
+                    dcc.Dropdown(
+                        id="group-select", placeholder="rank group", className="picker", style={"width": "320px"}
+                    ),
+                    dcc.Dropdown(
+                        id="group-rank-select",
+                        placeholder="rank in group",
+                        className="picker",
+                        style={"width": "300px"},
+                    ),
+                    dcc.Store(id="groups-version"),
                 ],
                 className="header",
             ),
@@ -108,16 +119,37 @@ def _register_callbacks(app: dash.Dash, live: LiveTrace) -> None:
         return _status_text(live, rank)
 
     @app.callback(
+        Output("group-select", "options"),
+        Output("groups-version", "data"),
+        Input("tick", "n_intervals"),
+        State("groups-version", "data"),
+    )
+    def groups(_, version):
+        snap = live.snapshot
+        if version == snap.version:
+            raise PreventUpdate  # the options the browser has are this snapshot's
+        return group_options(snap), snap.version
+
+    @app.callback(Output("group-rank-select", "options"), Input("group-select", "value"))
+    def ranks_of_group(group_key):
+        return rank_options(live.snapshot, group_key)
+
+    @app.callback(
         Output("selected-rank", "data"),
         Output("rank-input", "value"),
         Input({"kind": "graph", "name": ALL}, "clickData"),
         Input("rank-input", "value"),
+        Input("group-rank-select", "value"),
         prevent_initial_call=True,
     )
-    def select(_clicks, typed):
+    def select(_clicks, typed, picked):
         trigger = dash.ctx.triggered_id
         if trigger == "rank-input":
             return (int(typed), dash.no_update) if typed is not None else (None, dash.no_update)
+        if trigger == "group-rank-select":
+            if picked is None:
+                raise PreventUpdate
+            return int(picked), int(picked)
         rank = rank_from_click(dash.ctx.triggered[0]["value"] if dash.ctx.triggered else None)
         if rank is None:
             raise PreventUpdate

@@ -22,12 +22,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from diag.trace.loader import Trace, TraceError, TraceReader, assemble_trace
+from diag.trace.loader import Trace, TraceError, TraceReader, assemble_trace, empty_table
 from diag.trace.schema import TABLES
 
 STALE_AFTER_S = 30.0  # a rank whose newest record is this much older than the freshest rank's is stale
 POLL_INTERVAL_S = 2.0
 TRIAGE_MIN_INTERVAL_S = 30.0  # triage re-reads the whole directory: not more often than this
+# Above this many rank directories the collectives (20 rows per rank-step, ~5 GB per thousand ranks loaded) are
+# never loaded: they are reduced rank by rank (diag.analysis.partitioned), as `diag analyze` does
+PARTITIONED_MIN_RANKS = 64
 
 # State of a rank, as the pages show it.
 LIVE, STALE, FINISHED, NO_DATA = "live", "stale", "finished", "no data"
@@ -78,6 +81,7 @@ class LiveTrace:
         self.stale_after_s = stale_after_s
         self.triage_enabled = triage
         self._reader = TraceReader(self.trace_dir)
+        self.partitioned: bool | None = None  # decided at the first read, from the number of ranks
         self._tables: dict[str, pd.DataFrame] = {}
         self._pending: dict[str, list[pd.DataFrame]] = {}  # rows read since the last publication
         self._dirty = False  # something was read that the published snapshot lacks
@@ -104,6 +108,8 @@ class LiveTrace:
     def refresh(self) -> bool:
         """Read what was appended; publish a new snapshot if anything changed. Never raises."""
         try:
+            if self.partitioned is None:
+                self._choose_reader()
             data = self._reader.poll()
         except (TraceError, OSError) as exc:
             self._publish_error(str(exc))
@@ -121,10 +127,23 @@ class LiveTrace:
         self._publish_states_only()
         return False
 
+    def _choose_reader(self) -> None:
+        """Many ranks: read every table but the collectives, which the analyses reduce rank by rank."""
+        from diag.trace.loader import find_rank_dirs
+
+        self.partitioned = (
+            len(find_rank_dirs(self.trace_dir)) > PARTITIONED_MIN_RANKS if self.trace_dir.is_dir() else False
+        )
+        if self.partitioned:
+            self._reader = TraceReader(self.trace_dir, tables=tuple(t for t in TABLES if t != "collectives"))
+
     def _absorb(self, data: dict) -> bool:
         changed = False
         for name in TABLES:
-            new = data[name]
+            new = data.get(name)
+            if new is None:  # not read (the collectives of a partitioned trace)
+                self._tables.setdefault(name, empty_table(TABLES[name]))
+                continue
             if len(new):
                 changed = True
                 self._note_records(name, new)
@@ -192,10 +211,11 @@ class LiveTrace:
         try:
             from diag.analysis.report import all_step_times, analyze
 
-            snap.report = analyze(trace) if len(trace.steps) else None
+            reduce_window, reduce_all = self._reducers(trace)
+            snap.report = analyze(trace, reduce_collectives=reduce_window) if len(trace.steps) else None
             if snap.report is None:
                 snap.analysis_error = "no steps recorded yet (steps.csv is empty or missing in every rank directory)"
-            times = all_step_times(trace)
+            times = all_step_times(trace, reduce_collectives=reduce_all)
             snap.times = times.frame if times is not None else None
         except Exception as exc:  # a trace the analyses cannot handle must not take the dashboard down
             snap.analysis_error = f"analysis failed: {exc!r}"
@@ -209,6 +229,17 @@ class LiveTrace:
             snap.version = self.snapshot.version + 1
             self.snapshot = snap
         self._maybe_triage()
+
+    def _reducers(self, trace: Trace):
+        """(for the report's window, for every step): the collectives reduced rank by rank when partitioned,
+        else None (read from the loaded table). The second notes what it skipped on a copy of the trace: the
+        first already put those notes in ``trace.skipped``."""
+        if not self.partitioned:
+            return None, None
+        from diag.analysis.partitioned import LocalEngine, collectives_reducer
+
+        scratch = dataclasses.replace(trace, skipped=[])
+        return collectives_reducer(trace, LocalEngine()), collectives_reducer(scratch, LocalEngine())
 
     def _publish_states_only(self) -> None:
         """No new rows: the data stays, but ranks may have become stale and the run quiet."""
@@ -474,3 +505,83 @@ def telemetry_frame(trace: Trace) -> pd.DataFrame:
     return out.assign(
         t_s=(aligned - aligned.min()) / 1e6, throttled=throttled_samples(tel["throttle_reasons"]).astype("float64")
     )
+
+
+# -- rank groups: drill-down at thousands of ranks --------------------------------------------------------------
+MAX_RANK_GROUPS = 256  # a group picker longer than this is no help; beyond, ranks go in contiguous blocks
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    label: str
+    ranks: tuple[int, ...]
+
+    @property
+    def key(self) -> int:
+        return self.ranks[0]  # the picker's value: its first rank (stable while ranks are added)
+
+
+def rank_groups(trace: Trace, max_groups: int = MAX_RANK_GROUPS) -> list[RankGroup]:
+    """The run's ranks in groups to pick from before picking a rank: one per node (the manifests' host) when
+    every rank names its host and there are 2 to ``max_groups`` nodes, else contiguous blocks of ranks, at most
+    ``max_groups`` of them."""
+    ranks = sorted(set(trace.ranks_found) | set(trace.ranks_missing))
+    hosts = {r: m.host for r, m in trace.manifests.items() if m.host}
+    if ranks and all(r in hosts for r in ranks):
+        by_host: dict[str, list[int]] = {}
+        for rank in ranks:
+            by_host.setdefault(hosts[rank], []).append(rank)
+        if 1 < len(by_host) <= max_groups:
+            groups = sorted(by_host.items(), key=lambda item: item[1][0])
+            return [RankGroup(f"{host}: {_span_text(members)}", tuple(members)) for host, members in groups]
+    width = max(1, int(np.ceil(len(ranks) / max_groups)))
+    blocks = [ranks[i : i + width] for i in range(0, len(ranks), width)]
+    return [RankGroup(_span_text(block), tuple(block)) for block in blocks]
+
+
+def _span_text(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    contiguous = ranks[-1] - ranks[0] + 1 == len(ranks)
+    return f"ranks {ranks[0]}-{ranks[-1]}" if contiguous else f"{len(ranks)} ranks from {ranks[0]}"
+
+
+def median_busy_ms(times: pd.DataFrame | None) -> dict[int, float]:
+    """Each rank's median busy time per step (compute and data wait, not waiting for peers; ms): what tells a
+    slow rank in a synchronous job, for the pickers' labels."""
+    if times is None or times.empty or "busy_us" not in times:
+        return {}
+    return (times.groupby("rank")["busy_us"].median() / 1000).to_dict()
+
+
+def group_options(snap: Snapshot) -> list[dict]:
+    """The group picker's options: each group with its slowest rank's median busy time."""
+    if snap.trace is None:
+        return []
+    busy = snap.memo("median_busy_ms", lambda: median_busy_ms(snap.times))
+    options = []
+    for group in snap.memo("rank_groups", lambda: rank_groups(snap.trace)):
+        worst = max((busy[r] for r in group.ranks if r in busy), default=None)
+        suffix = f" (slowest {worst:.1f} ms busy/step)" if worst is not None else ""
+        options.append({"label": group.label + suffix, "value": group.key})
+    return options
+
+
+def rank_options(snap: Snapshot, group_key: int | None) -> list[dict]:
+    """The rank picker's options: the ranks of the group picked (``group_key``: its first rank), slowest
+    first, each with its median busy time and state."""
+    if snap.trace is None or group_key is None:
+        return []
+    group = next((g for g in snap.memo("rank_groups", lambda: rank_groups(snap.trace)) if g.key == group_key), None)
+    if group is None:
+        return []
+    busy = snap.memo("median_busy_ms", lambda: median_busy_ms(snap.times))
+    states = {}
+    if snap.rank_states is not None:
+        states = dict(zip(snap.rank_states["rank"].tolist(), snap.rank_states["state"].tolist(), strict=False))
+    ordered = sorted(group.ranks, key=lambda r: (-busy.get(r, -1.0), r))
+    options = []
+    for rank in ordered:
+        time_text = f", {busy[rank]:.1f} ms busy/step" if rank in busy else ""
+        options.append({"label": f"rank {rank}{time_text}, {states.get(rank, NO_DATA)}", "value": rank})
+    return options

@@ -621,3 +621,5 @@ def prepare(snap: d.Snapshot) -> None:
     for page in PAGES.values():
         with contextlib.suppress(Exception):
             page.update(snap, None)
+    with contextlib.suppress(Exception):
+        d.group_options(snap)  # the rank groups and their labels

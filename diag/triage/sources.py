@@ -10,25 +10,32 @@ dumps. No torch.
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from diag.trace.loader import (
+    READ_THREADS,
     Skipped,
     TraceError,
     TraceReader,
+    _listing,
     assemble_trace,
     empty_table,
     find_rank_dirs,
     load_json_limited,
     read_file_bytes,
+    to_frame,
 )
 from diag.trace.manifest import Manifest
 from diag.trace.records import HangDump, Heartbeat
 from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, MAX_RANK, SCALAR_TYPES, TABLES, hang_dump_number
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
+from diag.triage.tail import read_tail
 
 OPS_COLUMNS = [
     "rank",
@@ -96,16 +103,33 @@ def read_input(path: str | Path) -> TriageInput:
 
 
 TRIAGE_TABLES = ("steps", "collectives")  # telemetry, memory and phases are not needed: not parsed
+# A hang is decided by each rank's last collectives: of a large trace only each rank's last rows of the steps and
+# collectives are read, TAIL_ROWS_BUDGET rows in all (at least TAIL_ROWS_MIN a rank). Traces of up to
+# TAIL_ROWS_BUDGET / TAIL_ROWS_MIN ranks with fewer rows than that a rank are read whole, as diag.load reads them.
+TAIL_ROWS_BUDGET = 1_000_000
+TAIL_ROWS_MIN = 64
 
 
-def read_diag_trace(path: Path) -> TriageInput:
-    trace = _load_tables(path, TRIAGE_TABLES)
-    rank_dirs = find_rank_dirs(path)
+def tail_rows(ranks: int) -> int:
+    """How many of its last rows of each table triage reads per rank, in a trace of ``ranks`` ranks."""
+    return max(TAIL_ROWS_MIN, TAIL_ROWS_BUDGET // max(1, ranks))
+
+
+def read_diag_trace(path: Path, rows_per_rank: int | None = None) -> TriageInput:
+    """``rows_per_rank``: the last rows of each rank's steps and collectives read (``tail_rows`` by default)."""
+    reader = TraceReader(path, tables=())  # side files only: the tables are read from their ends below
+    rank_dirs = reader.rank_dirs()
+    rows = rows_per_rank or tail_rows(len(rank_dirs))
+    data, infos, cut = _read_tails(reader, rank_dirs, rows)
+    trace = assemble_trace(path, data)
     heartbeats = _records_by_rank(trace.heartbeats)  # one pass: per-rank DataFrame filters are O(ranks²)
-    ranks = {
-        rank: _rank_info(rank, rank_dir, trace.manifest(rank) or Manifest(rank), heartbeats.get(rank))
-        for rank, rank_dir in rank_dirs.items()
-    }
+    ranks = {}
+    for rank, info in infos.items():
+        info.heartbeat = Heartbeat.from_json(heartbeats.get(rank))
+        manifest = trace.manifest(rank) or Manifest(rank)
+        info.finished = manifest.finished
+        info.host, info.pid, info.backend = manifest.host, manifest.pid, manifest.backend
+        ranks[rank] = info
     skipped = list(trace.skipped)
     ops = _diag_ops(trace.collectives)
     ops = _add_pending_from_dumps(ops, ranks)
@@ -122,6 +146,13 @@ def read_diag_trace(path: Path) -> TriageInput:
     for rank in trace.ranks_missing:
         ranks[rank] = RankInfo(rank, has_data=False)
     steps = trace.steps[["rank", "step", "duration_us", "comm_wait_us", "data_wait_us"]] if len(trace.steps) else None
+    notes = []
+    if cut:
+        notes.append(
+            f"{cut} of {len(rank_dirs)} ranks have more records than triage reads: only the last {rows} steps and "
+            "collectives of each rank were read (a desync or step divergence before those is not seen; the "
+            "slowest rank is judged on those steps)"
+        )
     return TriageInput(
         path,
         "diag",
@@ -131,16 +162,60 @@ def read_diag_trace(path: Path) -> TriageInput:
         _pg_ranks_from_manifests(trace, world_size),
         skipped,
         steps,
+        notes=notes,
         nccl_logs=trace.nccl_logs,
     )
 
 
-def _load_tables(path: Path, tables: tuple[str, ...]):
-    """diag.load, reading only ``tables`` (the others come back empty)."""
-    data = TraceReader(path, tables=tables).poll()
-    for name, table in TABLES.items():
-        data.setdefault(name, empty_table(table))
-    return assemble_trace(path, data)
+def _read_tails(reader: TraceReader, rank_dirs: dict[int, Path], rows: int) -> tuple[dict, dict[int, RankInfo], int]:
+    """What ``TraceReader.poll`` gives (``assemble_trace``'s input), with only the last ``rows`` rows of the steps
+    and collectives of each rank; each rank's hang dumps; how many ranks had more rows than that. Ranks are read
+    by a few threads, as the loader reads them."""
+    skipped: list[Skipped] = list(reader._dir_notes)
+    chunks: dict[str, list[pa.Table]] = {name: [] for name in TRIAGE_TABLES}
+    manifests, heartbeats, events, nccl_logs, infos = [], [], [], {}, {}
+    cut = 0
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        results = pool.map(lambda item: _read_rank_tail(reader, *item, rows), rank_dirs.items())
+        for rank, result in zip(rank_dirs, results):
+            manifest, heartbeat, tables, new_events, rank_skipped, nccl_log, info, rank_cut = result
+            if nccl_log is not None:
+                nccl_logs[rank] = nccl_log
+            if manifest is not None:
+                manifests.append(manifest)
+            if heartbeat is not None:
+                heartbeats.append(heartbeat)
+            for name, arrow in tables.items():
+                chunks[name].append(arrow)
+            events.extend(new_events)
+            skipped.extend(rank_skipped)
+            infos[rank] = info
+            cut += rank_cut
+    data = {name: empty_table(table) for name, table in TABLES.items()}
+    for name in TRIAGE_TABLES:
+        data[name] = to_frame(chunks[name], TABLES[name], rank_column=True)
+    data.update(
+        manifests=manifests,
+        heartbeats=pd.DataFrame(heartbeats),
+        events=pd.DataFrame(events),
+        skipped=skipped,
+        ranks=list(rank_dirs),
+        nccl_logs=nccl_logs,
+    )
+    return data, infos, cut
+
+
+def _read_rank_tail(reader: TraceReader, rank: int, rank_dir: Path, rows: int):
+    manifest, heartbeat, _, new_events, skipped, nccl_log = reader._read_rank(rank, rank_dir)
+    names = _listing(rank_dir, [])  # unreadable: _read_rank said so
+    tables, cut = {}, False
+    for name in TRIAGE_TABLES:
+        tail = read_tail(reader, rank_dir, names, TABLES[name], rows, skipped)
+        cut |= tail.cut
+        if tail.arrow is not None and tail.arrow.num_rows:
+            column = pa.array(np.full(tail.arrow.num_rows, rank, dtype="int32"))
+            tables[name] = tail.arrow.add_column(0, "rank", column)
+    return manifest, heartbeat, tables, new_events, skipped, nccl_log, _dump_info(rank, rank_dir, names), cut
 
 
 def _records_by_rank(frame: pd.DataFrame) -> dict[int, dict]:
@@ -151,11 +226,11 @@ def _records_by_rank(frame: pd.DataFrame) -> dict[int, dict]:
     }
 
 
-def _rank_info(rank: int, rank_dir: Path, manifest: Manifest, heartbeat: dict | None) -> RankInfo:
-    info = RankInfo(rank, heartbeat=Heartbeat.from_json(heartbeat))
-    info.finished = manifest.finished
-    info.host, info.pid, info.backend = manifest.host, manifest.pid, manifest.backend
-    numbered = ((hang_dump_number(p.name), p) for p in rank_dir.iterdir())
+def _dump_info(rank: int, rank_dir: Path, names: list[str]) -> RankInfo:
+    """What the rank's hang dumps and fatal-signal stacks say (``names``: its directory's listing); the
+    heartbeat and manifest fields are filled in by the caller."""
+    info = RankInfo(rank)
+    numbered = ((hang_dump_number(name), rank_dir / name) for name in names)
     dumps = sorted((number, p) for number, p in numbered if number is not None)
     info.dumps = len(dumps)
     for _number, dump_path in reversed(dumps[-MAX_DUMPS_READ:]):
@@ -263,7 +338,8 @@ def _pg_ranks_from_manifests(trace, world_size: int) -> dict[str, list[int]]:
     groups: dict[str, list[int]] = {}
     for manifest in trace.manifests.values():
         for name, group in manifest.process_groups.items():
-            groups.setdefault(name, list(group.ranks))
+            if group.ranks:  # a group whose members were not listed (or none valid) tells nothing of them
+                groups.setdefault(name, list(group.ranks))
     groups.setdefault("0", list(range(world_size)))
     return groups
 

@@ -152,3 +152,203 @@ def _telemetry(frame: pd.DataFrame, window_us, offsets: dict[int, float]) -> Ite
 
 def _args(row) -> dict:
     return {k: (None if pd.isna(v) else v.item() if hasattr(v, "item") else v) for k, v in row._asdict().items()}
+
+
+# -- a trace directory, rank by rank -------------------------------------------------------------------------------
+
+EXPORT_TABLES = ("steps", "phases", "microbatches", "collectives", "telemetry")  # memory is not on the timeline
+
+
+def write_chrome_trace_dir(
+    trace_dir: Path,
+    path: Path,
+    steps: tuple[int, int] | None = None,
+    ranks: list[int] | None = None,
+    progress: bool = False,
+) -> tuple[int, list[int], list]:
+    """``write_chrome_trace`` of a trace directory, read one rank at a time: memory holds one rank's tables
+    (and its events of the chosen steps), never the whole trace, and nothing of the steps left out is
+    converted or written. A first pass reads every rank's manifest (to keep one run, as ``diag.load`` does)
+    and, with ``steps``, its steps (the chosen steps' wall-clock span selects the telemetry samples); the
+    second reads each chosen rank's tables and writes its events. Returns (events, ranks written, skipped)."""
+    from diag.trace.loader import TraceError, TraceReader
+
+    reader = TraceReader(trace_dir, tables=("steps",) if steps is not None else ())
+    rank_dirs = reader.rank_dirs()
+    if not rank_dirs:
+        raise TraceError(
+            f"no diag traces in {trace_dir}: expected rank00000/, rank00001/, ... sub-directories written by diag.init"
+        )
+    chosen = {r: d for r, d in rank_dirs.items() if ranks is None or r in set(ranks)}
+    skipped = list(reader._dir_notes)
+    with _bar(progress, len(rank_dirs) + len(chosen), "exporting ranks") as tick:
+        others, window_us = _first_pass(reader, rank_dirs, steps, tick)
+        if others:
+            skipped.append(_other_runs_note(trace_dir, others))
+        written = [r for r in chosen if r not in others]
+        count = 0
+        full = TraceReader(trace_dir, tables=EXPORT_TABLES)
+        with open(path, "w") as out:
+            out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
+            for rank in written:
+                trace = _rank_trace(full, trace_dir, rank, chosen[rank], skipped, steps, window_us)
+                count = _write_events(out, _events_of_rank(trace, rank, steps, window_us), count)
+                tick()
+            out.write("\n]}\n")
+    return count, written, skipped
+
+
+class _bar:
+    """A progress bar over ranks for runs of more than 64 ranks (``tick()`` per rank and pass)."""
+
+    def __init__(self, enabled: bool, total: int, desc: str):
+        self._bar = None
+        if enabled and total > 128:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit="rank", leave=False)
+
+    def __enter__(self):
+        return (lambda: self._bar.update(1)) if self._bar is not None else (lambda: None)
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _first_pass(reader, rank_dirs: dict, steps, tick) -> tuple[set[int], tuple | None]:
+    """Over every rank: those of other runs than the one most ranks have (left out, as ``assemble_trace``
+    does), and with ``steps`` the wall-clock span of those steps over the kept ranks (``_window_us``: None when
+    no rank recorded a step)."""
+    run_ids, spans = {}, {}
+    for rank, rank_dir in rank_dirs.items():
+        if steps is None:
+            manifest = reader._read_rank(rank, rank_dir)[0]
+        else:
+            recorded: dict = {}
+            trace = _rank_trace(reader, reader.path, rank, rank_dir, [], steps, recorded=recorded)
+            manifest = {"run_id": trace.run_id}
+            chosen = _select(trace.steps, steps, {rank})
+            if not recorded.get("steps"):
+                spans[rank] = None  # no steps recorded
+            elif chosen.empty:
+                spans[rank] = ()  # steps, none of them chosen
+            else:
+                spans[rank] = (
+                    float(chosen["start_us"].min()),
+                    float((chosen["start_us"] + chosen["duration_us"]).max()),
+                )
+        run_id = (manifest or {}).get("run_id")
+        run_ids[rank] = run_id if isinstance(run_id, str) and run_id else None
+        tick()
+    counts = pd.Series([v for v in run_ids.values() if v is not None], dtype="object").value_counts()
+    kept = counts.index[0] if len(counts) else None
+    others = {r for r, v in run_ids.items() if v is not None and v != kept} if len(counts) > 1 else set()
+    window_us = None
+    kept_spans = [s for r, s in spans.items() if s is not None and r not in others]
+    if kept_spans:  # some rank recorded steps: the span of the chosen ones, (0, 0) when none was chosen
+        found = [s for s in kept_spans if s]
+        window_us = (min(s[0] for s in found), max(s[1] for s in found)) if found else (0.0, 0.0)
+    return others, window_us
+
+
+def _other_runs_note(trace_dir: Path, others: set[int]):
+    from diag.trace.loader import Skipped
+
+    return Skipped(str(trace_dir), f"ranks {sorted(others)} belong to other runs; left out")
+
+
+def _rank_trace(
+    reader, trace_dir: Path, rank: int, rank_dir: Path, skipped: list, steps=None, window_us=None, recorded=None
+):
+    """One rank's tables (those ``reader`` reads) as a Trace, with the loader's checks of a rank's own rows
+    (insane durations, an earlier run appended to the same files). With ``steps``, only the rows of those
+    steps (and the telemetry samples in ``window_us``) are converted: the rest is dropped while still in
+    Arrow, so the work per rank follows the steps asked. ``recorded``: gets each table's rows as read."""
+    from diag.trace.loader import assemble_trace, to_frame
+    from diag.trace.schema import TABLES
+
+    reader._offsets.clear()  # each rank read once, from the start; nothing kept of ranks already written
+    reader._segments.clear()
+    manifest, heartbeat, tables, events, rank_skipped, _ = reader._read_rank(rank, rank_dir)
+    if recorded is not None:
+        recorded.update({name: arrow.num_rows for name, arrow in tables.items()})
+    if steps is not None and not _restarted(tables.get("steps")):
+        # no second run appended to the files (which the loader cuts by the steps' times): the window can be
+        # taken before the conversion, with _select's and _telemetry's own predicates
+        tables = {name: _in_window(name, arrow, steps, window_us) for name, arrow in tables.items()}
+    data = {name: _empty(name) for name in TABLES}
+    for name, arrow in tables.items():
+        data[name] = to_frame([arrow], TABLES[name], rank_column=True)
+    data.update(
+        manifests=[] if manifest is None else [manifest],
+        heartbeats=pd.DataFrame(),
+        events=pd.DataFrame(),
+        skipped=rank_skipped,
+        ranks=[rank],
+        nccl_logs={},
+    )
+    trace = assemble_trace(trace_dir, data)
+    skipped.extend(trace.skipped)
+    return trace
+
+
+def _restarted(steps_arrow) -> bool:
+    """Step numbers that do not strictly increase: a second run appended to the same files (as
+    ``latest_run_cuts`` finds them)."""
+    import numpy as np
+
+    if steps_arrow is None or steps_arrow.num_rows < 2:
+        return False
+    numbers = steps_arrow.column("step").to_numpy(zero_copy_only=False)
+    return bool((np.diff(numbers) <= 0).any())
+
+
+def _in_window(name: str, arrow, steps, window_us):
+    import pyarrow.compute as pc
+
+    if name == "telemetry":
+        if window_us is None:
+            return arrow
+        time_us = arrow.column("time_us")
+        keep = pc.and_(pc.greater_equal(time_us, window_us[0]), pc.less_equal(time_us, window_us[1]))
+    elif "step" in arrow.column_names:
+        step = arrow.column("step")
+        keep = pc.and_(pc.greater_equal(step, steps[0]), pc.less(step, steps[1]))
+    else:
+        return arrow
+    return arrow.filter(pc.fill_null(keep, False))
+
+
+_EMPTY: dict = {}
+
+
+def _empty(name: str) -> pd.DataFrame:
+    """An empty table of ``name`` (building one costs ~8 ms, column by column: once, then copied)."""
+    from diag.trace.loader import empty_table
+    from diag.trace.schema import TABLES
+
+    if name not in _EMPTY:
+        _EMPTY[name] = empty_table(TABLES[name])
+    return _EMPTY[name].copy()
+
+
+def _events_of_rank(trace, rank: int, steps, window_us) -> Iterator[dict]:
+    offsets = trace.clock_offsets_us()
+    wanted = {rank}
+    yield from _metadata(trace, wanted)
+    for name, frame in (("steps", trace.steps), ("phases", trace.phases), ("pipeline", trace.microbatches)):
+        yield from _spans(name, _select(frame, steps, wanted), offsets)
+    yield from _collectives(_select(trace.collectives, steps, wanted), offsets)
+    yield from _telemetry(trace.telemetry, window_us, offsets)
+
+
+def _write_events(out, events: Iterator[dict], count: int) -> int:
+    for event in events:
+        try:
+            text = json.dumps(event, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # inf/nan from a damaged row: JSON has no Infinity, and Perfetto rejects the file
+            text = json.dumps(_finite(event), separators=(",", ":"), allow_nan=False)
+        out.write((",\n" if count else "") + text)
+        count += 1
+    return count

@@ -1,0 +1,124 @@
+"""The dashboard on a many-rank run (320 ranks: above PARTITIONED_MIN_RANKS, so the collectives are reduced rank
+by rank and never loaded): the same report and step times as the whole trace loaded, ranks aggregated into
+groups (one per node here), drill-down to one rank in headless Chromium (pick its node, then the rank), and
+every figure's payload bounded whatever the ranks."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from plotly.utils import PlotlyJSONEncoder
+
+from diag.dashboard.data import MAX_RANK_GROUPS, LiveTrace, group_options, rank_groups, rank_options
+from tests.analysis.test_golden_reports import differences
+
+pytestmark = pytest.mark.slow
+RANKS, STEPS, PER_STEP = 320, 12, 4
+FIGURE_LIMIT_BYTES = 2 * 2**20
+
+
+@pytest.fixture(scope="module")
+def many_ranks(tmp_path_factory):
+    from tests.analysis.helpers import synthetic
+
+    out = tmp_path_factory.mktemp("dash320")
+    plants = synthetic.generate(out, RANKS, STEPS, PER_STEP)
+    return out, plants
+
+
+@pytest.fixture(scope="module")
+def live(many_ranks):
+    live = LiveTrace(many_ranks[0], poll_interval_s=3600, triage=False)
+    live.refresh()
+    yield live
+    live.stop()
+
+
+def test_collectives_are_reduced_rank_by_rank_with_the_same_results(many_ranks, live):
+    whole = LiveTrace(many_ranks[0], triage=False)
+    whole.partitioned = False  # the old path: every table loaded
+    whole.refresh()
+    assert live.partitioned and live.snapshot.trace.collectives.empty
+    assert len(whole.snapshot.trace.collectives) == RANKS * STEPS * PER_STEP
+    assert differences(live.snapshot.report.to_dict(), whole.snapshot.report.to_dict()) == []
+    key = ["rank", "step"]
+    mine = live.snapshot.times.sort_values(key).reset_index(drop=True)
+    theirs = whole.snapshot.times.sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(mine, theirs, rtol=1e-9, check_dtype=False)
+
+
+def test_ranks_are_grouped_per_node_then_in_blocks(many_ranks, live):
+    trace = live.snapshot.trace
+    groups = rank_groups(trace)
+    assert len(groups) == RANKS // 8 and groups[0].label == "node0000: ranks 0-7"  # 8 ranks per host
+    assert sorted(r for g in groups for r in g.ranks) == list(range(RANKS))
+    blocks = rank_groups(trace, max_groups=30)  # more nodes than that: contiguous blocks
+    assert len(blocks) <= 30 and blocks[0].label == "ranks 0-10" and sum(len(g.ranks) for g in blocks) == RANKS
+    assert len(group_options(live.snapshot)) <= MAX_RANK_GROUPS
+    slow = many_ranks[1].compute_straggler
+    node = next(g for g in groups if slow in g.ranks)
+    listed = rank_options(live.snapshot, node.key)  # the node's ranks, slowest first
+    assert [o["value"] for o in listed][0] == slow and sorted(o["value"] for o in listed) == list(node.ranks)
+
+
+def test_every_figure_is_bounded(live):
+    """Figures are aggregated (rank groups x step windows, bands, one point per rank at most): each page's
+    figures stay far below the 2 MB limit, with and without a rank selected."""
+    from diag.dashboard.app import render_page
+    from diag.dashboard.pages import PAGES, prepare
+
+    prepare(live.snapshot)
+    for rank in (None, 7):
+        for page in PAGES.values():
+            content = render_page(page, live.snapshot, rank)
+            for name in page.graphs:
+                size = len(json.dumps(content[name], cls=PlotlyJSONEncoder))  # as Dash sends it
+                assert size <= FIGURE_LIMIT_BYTES, (page.title, name, size)
+    heatmap = json.loads(
+        json.dumps(render_page(PAGES["/stragglers"], live.snapshot, None)["compute"], cls=PlotlyJSONEncoder)
+    )
+    z = heatmap["data"][0]["z"]
+    rows = int(z["shape"].split(",")[0]) if isinstance(z, dict) else len(z)
+    assert rows <= 256  # rank groups, not ranks
+
+
+def test_drill_down_from_a_node_to_its_slow_rank_in_the_browser(many_ranks, live, browser, serve):
+
+    from diag.dashboard.app import create_app
+    from tests.dashboard import browser as b
+
+    slow = many_ranks[1].compute_straggler
+    node = f"node{slow // 8:04d}"
+    base = serve(create_app(many_ranks[0], live=live, refresh_ms=500))
+    b.open_page(browser, base + "/stragglers", 4)
+
+    def pick(dropdown_id: str, typed: str) -> None:
+        """Open the dropdown, type into its search box, click the option that shows ``typed``."""
+        browser.find_element("id", dropdown_id).click()
+        search = b.wait_for(browser, lambda d: _search_box(d), f"the search box of {dropdown_id}")
+        search.send_keys(typed)
+        option = b.wait_for(browser, lambda d: _option(d, typed), f"an option with {typed!r}")
+        option.click()
+
+    pick("group-select", node)
+    b.wait_for(browser, lambda d: node in (b.text(d, "group-select-value") or ""), "the node picked")
+    pick("group-rank-select", f"rank {slow},")
+    b.wait_for(browser, lambda d: f"selected rank: {slow}" in b.status(d), "the straggler selected")
+    assert browser.find_element("id", "rank-input").get_attribute("value") == str(slow)
+    b.wait_for(
+        browser,
+        lambda d: any(f"rank {slow}" in a for a in b.figure(d, "stragglers-compute")["annotations"]),
+        "the selected rank marked on the heatmap",
+    )
+
+
+def _search_box(driver):
+    active = driver.switch_to.active_element
+    return active if "dash-dropdown-search" in (active.get_attribute("class") or "") else None
+
+
+def _option(driver, typed: str):
+    options = driver.find_elements("css selector", ".dash-dropdown-option")
+    return next((o for o in options if typed in o.text), None)
