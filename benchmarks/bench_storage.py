@@ -12,8 +12,13 @@
    are in the OS page cache, as right after they were written): wall time and peak RSS, for each format, and
    through the cache (``load_cached``) on a repeat.
 
+5. ``loader.to_frame`` alone (``--skip ... load`` keeps it; ``--skip to_frame`` leaves it out): the same ranks'
+   Arrow tables converted to pandas by today's ``to_frame`` and by the conversion it replaced (the whole
+   concatenated table through ``Table.to_pandas``, then ``astype`` to the nullable dtypes), each in a fresh
+   process, alternated: CPU time (the calling thread) and wall time of the conversion, and the process's peak RSS.
+
 usage: python benchmarks/bench_storage.py [--work DIR] [--load-ranks 256 1024] [--steps 1000] [--job-steps 400]
-       [--repeats 3] [--skip real synthetic candidates writer load]
+       [--repeats 3] [--skip real synthetic candidates writer load to_frame]
 """
 
 from __future__ import annotations
@@ -267,6 +272,75 @@ def load_times(work: Path, ranks: int, steps: int, repeats: int) -> dict:
     return out
 
 
+TO_FRAME_SNIPPET = """
+import resource, sys, time
+import pyarrow as pa
+from concurrent.futures import ThreadPoolExecutor
+from diag.trace import loader
+from diag.trace.schema import TABLES
+
+def whole_table_to_pandas(parts, table):  # the conversion loader.to_frame did before 2026-11-26
+    arrow = pa.concat_tables(parts).unify_dictionaries() if len(parts) > 1 else parts[0]
+    parts.clear()
+    frame = arrow.to_pandas(split_blocks=True, self_destruct=True)
+    del arrow
+    for column in table.columns:
+        if str(frame[column.name].dtype) != column.dtype:
+            frame[column.name] = frame[column.name].astype(column.dtype)
+    return frame
+
+reader = loader.TraceReader(sys.argv[1])
+chunks = {name: [] for name in reader.tables}
+with ThreadPoolExecutor(max_workers=loader.READ_THREADS) as pool:
+    for result in pool.map(lambda item: reader._read_rank(*item), reader.rank_dirs().items()):
+        for name, arrow in result[2].items():
+            chunks[name].append(arrow)
+convert = whole_table_to_pandas if sys.argv[2] == "before" else loader.to_frame
+cpu, wall = time.thread_time(), time.perf_counter()  # this thread: Table.to_pandas also converts on a pool
+frames = {name: convert(chunks[name], TABLES[name]) for name in reader.tables if chunks[name]}
+print(time.thread_time() - cpu, time.perf_counter() - wall, sum(len(f) for f in frames.values()), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def to_frame_times(work: Path, ranks: int, steps: int, repeats: int) -> dict:
+    """``loader.to_frame`` against the whole-table conversion it replaced, on a schema-2 synthetic trace: fresh
+    processes alternated (a process's first large allocations fault pages in: the second conversion in one
+    process would look faster whichever it is)."""
+    trace_dir = work / f"synth-{ranks}-v2-to-frame"
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    synthetic.generate(trace_dir, ranks, steps, 20, trace_format=2)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs: dict[str, list] = {"before": [], "after": []}
+    for _ in range(repeats):
+        for which in runs:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", TO_FRAME_SNIPPET, str(trace_dir), which],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=str(work),  # not the repository's parent: -c puts the working directory first on sys.path
+            )
+            stdout, stderr = proc.communicate()
+            if proc.returncode != 0:
+                raise RuntimeError(stderr.decode()[-2000:])
+            cpu_s, wall_s, rows, peak_kb = stdout.decode().split()
+            runs[which].append(
+                {"cpu_s": float(cpu_s), "wall_s": float(wall_s), "rows": int(rows), "peak_rss_mb": int(peak_kb) // 1024}
+            )
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    return {
+        which: {
+            "cpu_s_median": round(statistics.median(r["cpu_s"] for r in each), 2),
+            "wall_s_median": round(statistics.median(r["wall_s"] for r in each), 2),
+            "cpu_s_each": [round(r["cpu_s"], 2) for r in each],
+            "wall_s_each": [round(r["wall_s"], 2) for r in each],
+            "peak_rss_mb_max": max(r["peak_rss_mb"] for r in each),
+            "rows": each[0]["rows"],
+        }
+        for which, each in runs.items()
+    } | {"load_average_1min": round(os.getloadavg()[0], 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
@@ -275,7 +349,9 @@ def main() -> None:
     parser.add_argument("--job-steps", type=int, default=400)
     parser.add_argument("--step-ms", type=float, default=50.0)
     parser.add_argument("--repeats", type=int, default=3, help="cold loads of each format, alternated")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["real", "synthetic", "candidates", "writer", "load"])
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["real", "synthetic", "candidates", "writer", "load", "to_frame"]
+    )
     args = parser.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-storage-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -300,6 +376,10 @@ def main() -> None:
         for ranks in args.load_ranks:
             results[f"load_{ranks}"] = load_times(work, ranks, args.steps, args.repeats)
             print(json.dumps({f"load_{ranks}": results[f"load_{ranks}"]}), flush=True)
+    if "to_frame" not in args.skip:
+        for ranks in args.load_ranks:
+            results[f"to_frame_{ranks}"] = to_frame_times(work, ranks, args.steps, args.repeats)
+            print(json.dumps({f"to_frame_{ranks}": results[f"to_frame_{ranks}"]}), flush=True)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(results, indent=1))

@@ -415,17 +415,35 @@ def _sane_numbers(values: pd.Series, dtype: str) -> pd.Series:
     return numbers.where(sane)
 
 
+_NULLABLE_DTYPES = {"Int64": pd.Int64Dtype(), "Float64": pd.Float64Dtype()}
+
+
 def to_frame(parts: list[pa.Table], table: Table, rank_column: bool = False) -> pd.DataFrame:
-    """One pandas frame, with the schema's dtypes, from Arrow tables of one table (all from the same schema)."""
+    """One pandas frame, with the schema's dtypes, from Arrow tables of one table (all from the same schema).
+
+    The parts are concatenated once (no copy) and converted column by column straight to the schema's dtypes:
+    nullable integers and floats through ``types_mapper`` (Arrow's validity bitmap becomes the mask; converting
+    to float64 with NaN, then ``astype("Int64")``, scanned every value again: a third of a cold load), dictionary
+    columns to categoricals (the ranks' dictionaries unified in the conversion). ``Table.to_pandas`` of the
+    whole table also rebuilt pandas' metadata and consolidated blocks. ``parts`` is emptied: each column's
+    Arrow buffers are freed once converted."""
     if not parts:
         frame = empty_table(table)
         return frame if rank_column else frame[table.column_names]
-    arrow = pa.concat_tables(parts).unify_dictionaries() if len(parts) > 1 else parts[0]
-    frame = arrow.to_pandas(split_blocks=True, self_destruct=True)
+    arrow = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    parts.clear()
+    dtypes = {"rank": "int32", **table.dtypes}
+    columns = {}
+    for name in arrow.column_names:
+        nullable = _NULLABLE_DTYPES.get(dtypes.get(name, ""))
+        mapper = (lambda _type, dtype=nullable: dtype) if nullable is not None else None
+        columns[name] = arrow.column(name).to_pandas(types_mapper=mapper)
+        arrow = arrow.drop_columns([name])  # its buffers are freed now, not after the last column
     del arrow
-    for column in table.columns:
-        if str(frame[column.name].dtype) != column.dtype:
-            frame[column.name] = frame[column.name].astype(column.dtype)
+    frame = pd.DataFrame(columns, copy=False)
+    for name, dtype in dtypes.items():
+        if name in frame and str(frame[name].dtype) != dtype:
+            frame[name] = frame[name].astype(dtype)
     return frame
 
 

@@ -242,3 +242,21 @@ def test_first_v2_flush_imports_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-c", _FIRST_FLUSH_IMPORTS], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_capture_writes_schema_2_by_default_and_csv_when_asked(tmp_path):
+    import diag
+
+    for trace_dir, options in ((tmp_path / "default", {}), (tmp_path / "csv", {"trace_format": 1})):
+        diag.init(trace_dir, telemetry=False, watchdog=False, **options)
+        for _ in range(3):
+            with diag.step():
+                pass
+        diag.finish()
+    default_files = sorted(p.name for p in (tmp_path / "default" / "rank00000").glob("steps*"))
+    csv_files = sorted(p.name for p in (tmp_path / "csv" / "rank00000").glob("steps*"))
+    assert default_files == ["steps.000001.parquet"] and csv_files == ["steps.csv"]
+    for trace_dir in ("default", "csv"):
+        trace = diag.load(tmp_path / trace_dir)
+        assert trace.steps["step"].tolist() == [0, 1, 2]
+    assert json.loads((tmp_path / "default" / "rank00000" / "manifest.json").read_text())["schema_version"] == 2
