@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 SCHEMA_VERSION = 2  # the newest: the columnar segments (diag/trace/columnar.py), diag.init(trace_format=2)
-CSV_SCHEMA_VERSION = 1  # the CSV tables: what capture writes by default, always read
+CSV_SCHEMA_VERSION = 1  # the CSV tables: diag.init(trace_format=1) and traces before version 2, always read
 MANIFEST_FILE = "manifest.json"
 MAX_RANK = 1 << 20  # a rank number (directory name, manifest, world_size) above this is not a real job
 EVENTS_FILE = "events.jsonl"
