@@ -31,22 +31,12 @@ from pathlib import Path
 
 from diag.trace.schema import COLLECTIVES, HEARTBEAT_FILE, MANIFEST_FILE, STEPS, rank_dir_name
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic import COLLECTIVE_STACK, LOADER_STACK  # noqa: E402  the hang's stacks, as synthetic.py --hang plants them
+
 START_US = 1_795_000_000_000_000
 STEP_US = 100_000
 GRAD_BYTES = 25 * 2**20
-LOADER_STACK = [
-    {"file": "/job/train.py", "line": 88, "name": "<module>"},
-    {"file": "/job/train.py", "line": 61, "name": "train"},
-    {"file": "/site-packages/diag/capture/session.py", "line": 356, "name": "wrap_loader"},
-    {"file": "/site-packages/torch/utils/data/dataloader.py", "line": 733, "name": "__next__"},
-    {"file": "/site-packages/torch/utils/data/dataloader.py", "line": 1480, "name": "_next_data"},
-    {"file": "/usr/lib/python3.11/threading.py", "line": 327, "name": "wait"},
-]
-COLLECTIVE_STACK = [
-    {"file": "/job/train.py", "line": 88, "name": "<module>"},
-    {"file": "/job/train.py", "line": 70, "name": "train"},
-    {"file": "/site-packages/torch/distributed/distributed_c10d.py", "line": 3252, "name": "all_reduce"},
-]
 
 
 def write_rank(root: Path, rank: int, world: int, steps: int, per_step: int, stuck: int) -> None:

@@ -26,16 +26,9 @@ TELEMETRY_COUNTERS = {
 
 def write_chrome_trace(trace, path: Path, steps: tuple[int, int] | None = None, ranks: list[int] | None = None) -> int:
     """Write ``trace`` (steps ``A <= step < B`` and ``ranks`` when given) to ``path``; returns the event count."""
-    count = 0
     with open(path, "w") as out:
         out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
-        for event in _events(trace, steps, ranks):
-            try:
-                text = json.dumps(event, separators=(",", ":"), allow_nan=False)
-            except ValueError:  # inf/nan from a damaged row: JSON has no Infinity, and Perfetto rejects the file
-                text = json.dumps(_finite(event), separators=(",", ":"), allow_nan=False)
-            out.write((",\n" if count else "") + text)
-            count += 1
+        count = _write_events(out, _events(trace, steps, ranks), 0)
         out.write("\n]}\n")
     return count
 
