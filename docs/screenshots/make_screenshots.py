@@ -26,7 +26,11 @@ def main() -> None:
     parser.add_argument("trace_dir", nargs="?", default=str(REPO / "sample_traces" / "straggler"))
     parser.add_argument("--prefix", default="")
     parser.add_argument("--rank", type=int, default=1, help="rank to select before the screenshots")
-    parser.add_argument("--pages", nargs="*", default=["overview", "stragglers", "communication", "memory", "telemetry", "pipeline", "triage"])
+    parser.add_argument(
+        "--pages",
+        nargs="*",
+        default=["overview", "stragglers", "communication", "memory", "telemetry", "pipeline", "triage"],
+    )
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
 
@@ -45,7 +49,13 @@ def main() -> None:
     server = make_server("127.0.0.1", 0, app.server, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     options = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900", "--hide-scrollbars"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+        "--hide-scrollbars",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     try:
