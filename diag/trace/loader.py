@@ -531,6 +531,36 @@ def find_rank_dirs(root: Path, skipped: list[Skipped] | None = None) -> dict[int
     return dict(sorted(ranks.items()))
 
 
+def gather_rank_reads(reads, table_names, skipped: list, progress=None) -> tuple[dict[str, list[pa.Table]], dict]:
+    """Per-rank reads ``(rank, (manifest, heartbeat, tables, events, skipped, nccl_log))``, in rank order, gathered:
+    each table's Arrow chunks, and ``TraceReader.poll``'s other entries (manifests as their JSON objects, which
+    assemble_trace parses; heartbeats and events as frames; what was skipped, after ``skipped``; every rank's
+    NCCL log, not only what changed: a log is parsed whole)."""
+    chunks: dict[str, list[pa.Table]] = {name: [] for name in table_names}
+    manifests, heartbeats, events, nccl_logs = [], [], [], {}
+    for rank, (manifest, heartbeat, tables, new_events, rank_skipped, nccl_log) in reads:
+        if nccl_log is not None:
+            nccl_logs[rank] = nccl_log
+        if manifest is not None:
+            manifests.append(manifest)
+        if heartbeat is not None:
+            heartbeats.append(heartbeat)
+        for name, arrow in tables.items():
+            chunks[name].append(arrow)
+        events.extend(new_events)
+        skipped.extend(rank_skipped)
+        if progress is not None:
+            progress(1)
+    side = {
+        "manifests": manifests,
+        "heartbeats": pd.DataFrame(heartbeats),
+        "events": pd.DataFrame(events),
+        "skipped": skipped,
+        "nccl_logs": nccl_logs,
+    }
+    return chunks, side
+
+
 class TraceReader:
     """Incremental reader of a trace directory: each ``poll()`` reads only what was appended since."""
 
@@ -563,34 +593,14 @@ class TraceReader:
         rank_dirs = self.rank_dirs()
         skipped: list[Skipped] = [s for s in self._dir_notes if s.path not in self._noted]
         self._noted.update(s.path for s in skipped)  # said once, not at every poll of a live view
-        chunks: dict[str, list[pa.Table]] = {name: [] for name in self.tables}
-        manifests, heartbeats, events, nccl_logs = [], [], [], {}
         with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-            for rank, rank_result in zip(rank_dirs, pool.map(lambda item: self._read_rank(*item), rank_dirs.items())):
-                manifest, heartbeat, tables, new_events, rank_skipped, nccl_log = rank_result
-                if nccl_log is not None:
-                    nccl_logs[rank] = nccl_log
-                if manifest is not None:
-                    manifests.append(manifest)
-                if heartbeat is not None:
-                    heartbeats.append(heartbeat)
-                for name, arrow in tables.items():
-                    chunks[name].append(arrow)
-                events.extend(new_events)
-                skipped.extend(rank_skipped)
-                if progress is not None:
-                    progress(1)
+            reads = zip(rank_dirs, pool.map(lambda item: self._read_rank(*item), rank_dirs.items()))
+            chunks, side = gather_rank_reads(reads, self.tables, skipped, progress)
         result = {}
         for name in self.tables:
             result[name] = self._frame(name, chunks[name])
             chunks[name] = []  # free the Arrow copy before converting the next table
-        result["manifests"] = manifests  # the JSON objects: assemble_trace parses them
-        result["heartbeats"] = pd.DataFrame(heartbeats)
-        result["events"] = pd.DataFrame(events)
-        result["skipped"] = skipped
-        result["ranks"] = list(rank_dirs)
-        result["nccl_logs"] = nccl_logs  # every rank's, not only what changed: a log is parsed whole
-        return result
+        return {**result, **side, "ranks": list(rank_dirs)}
 
     def _frame(self, name: str, chunks: list[pa.Table]) -> pd.DataFrame:
         """One table of every rank read, as pandas (a subclass may keep fewer columns: diag.analysis.partitioned)."""

@@ -27,6 +27,7 @@ from diag.trace.loader import (
     assemble_trace,
     empty_table,
     find_rank_dirs,
+    gather_rank_reads,
     load_json_limited,
     read_file_bytes,
     to_frame,
@@ -171,37 +172,22 @@ def _read_tails(reader: TraceReader, rank_dirs: dict[int, Path], rows: int) -> t
     """What ``TraceReader.poll`` gives (``assemble_trace``'s input), with only the last ``rows`` rows of the steps
     and collectives of each rank; each rank's hang dumps; how many ranks had more rows than that. Ranks are read
     by a few threads, as the loader reads them."""
-    skipped: list[Skipped] = list(reader._dir_notes)
-    chunks: dict[str, list[pa.Table]] = {name: [] for name in TRIAGE_TABLES}
-    manifests, heartbeats, events, nccl_logs, infos = [], [], [], {}, {}
-    cut = 0
+    per_rank: dict[int, tuple[RankInfo, bool]] = {}  # each rank's hang dumps and whether its tail was cut
+
+    def read(item):
+        *read_rank, info, rank_cut = _read_rank_tail(reader, *item, rows)
+        per_rank[item[0]] = (info, rank_cut)
+        return read_rank
+
     with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        results = pool.map(lambda item: _read_rank_tail(reader, *item, rows), rank_dirs.items())
-        for rank, result in zip(rank_dirs, results):
-            manifest, heartbeat, tables, new_events, rank_skipped, nccl_log, info, rank_cut = result
-            if nccl_log is not None:
-                nccl_logs[rank] = nccl_log
-            if manifest is not None:
-                manifests.append(manifest)
-            if heartbeat is not None:
-                heartbeats.append(heartbeat)
-            for name, arrow in tables.items():
-                chunks[name].append(arrow)
-            events.extend(new_events)
-            skipped.extend(rank_skipped)
-            infos[rank] = info
-            cut += rank_cut
+        reads = zip(rank_dirs, pool.map(read, rank_dirs.items()))
+        chunks, side = gather_rank_reads(reads, TRIAGE_TABLES, list(reader._dir_notes))
     data = {name: empty_table(table) for name, table in TABLES.items()}
     for name in TRIAGE_TABLES:
         data[name] = to_frame(chunks[name], TABLES[name], rank_column=True)
-    data.update(
-        manifests=manifests,
-        heartbeats=pd.DataFrame(heartbeats),
-        events=pd.DataFrame(events),
-        skipped=skipped,
-        ranks=list(rank_dirs),
-        nccl_logs=nccl_logs,
-    )
+    data.update(side, ranks=list(rank_dirs))
+    infos = {rank: per_rank[rank][0] for rank in rank_dirs}
+    cut = sum(per_rank[rank][1] for rank in rank_dirs)
     return data, infos, cut
 
 
