@@ -300,6 +300,8 @@ class LiveTrace:
             try:
                 self.refresh()
             except Exception:  # keep polling: a bad read now may be a good one later
+                if not threading.main_thread().is_alive():
+                    return  # the process is exiting (its thread pools refuse work): nobody is left to show
                 traceback.print_exc()
 
 
