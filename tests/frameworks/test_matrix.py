@@ -2,7 +2,7 @@
 baseline and with rank 1 planted 40 ms slower in its forward, adopted as docs/frameworks.md says. Each row
 checks the steps, the collectives per step against the rank's own Flight Recorder, non-zero forward, backward
 and optimizer time that cover the step, and the straggler's rank, cause and cost (within 25% of the slowdown
-measured between the two runs).
+measured between the two runs, or of the plant: see cost_truths_s).
 
 One row per framework runs by default; the others are marked ``slow`` (each DeepSpeed job takes ~1.5 min on a
 loaded 2-core machine, most of it importing and initialising DeepSpeed; the others ~10 s).
@@ -15,6 +15,7 @@ import pytest
 
 import diag
 from diag.launch import run_ranks
+from tests.analysis.helpers import cost_truths_s
 from tests.frameworks import HERE
 from tests.integrations.helpers import analyze_json, rank_steps
 
@@ -146,7 +147,11 @@ def test_straggler_rank_cause_and_cost(row):
     assert straggler["cause"] == "compute"
     slowdown_s = measured_slowdown_s(base_truths, slow_truths)
     assert slowdown_s > 0.5 * SLOW_MS / 1000  # the plant really slowed the job
-    assert straggler["time_saved_per_step_s"] == pytest.approx(slowdown_s, rel=0.25), (framework, slowdown_s)
+    truths_s = cost_truths_s(slowdown_s, SLOW_MS / 1000)
+    assert any(straggler["time_saved_per_step_s"] == pytest.approx(t, rel=0.25) for t in truths_s), (
+        framework,
+        truths_s,
+    )
 
 
 def test_memory_by_category_is_recorded(row):
