@@ -60,7 +60,7 @@ from diag.analysis.window import choose_window
 trace = P.load_without_collectives({str(trace_dir)!r})
 window = choose_window(trace.steps, None, [])
 batch = P.rank_tasks(trace)[: P.BATCH_RANKS_MAX]
-parts, partial, _ = P.read_batch(batch, window)
+parts, partial, _, _ = P.read_batch(batch, window)
 inst = P.instance_table(partial)
 sums = P.finish_batch(parts, P.match_table(inst))
 print(json.dumps({{"part": sum(p.nbytes for p in parts) / len(batch), "rows": sum(p.rows for p in parts) / len(batch),
