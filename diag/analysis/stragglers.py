@@ -300,6 +300,8 @@ def _saved_per_rank_step(f: pd.DataFrame) -> pd.Series:
     Only the busiest rank of a step can shorten it, and only down to the next busiest: that rank's busy time
     is at least the others' median, which is what the busiest would come down to."""
     busy, step, peers = f["busy_us"].to_numpy(), f["step"].to_numpy(), f["peers"].to_numpy()
+    if len(busy) >= 1 << 16 and not np.isnan(busy.astype("float64")).any():
+        return _saved_per_rank_step_by_cell(f)
     order = np.lexsort((-busy, step, peers))
     busy, step, peers, rank = busy[order], step[order], peers[order], f["rank"].to_numpy()[order]
     new_cell = np.r_[True, (step[1:] != step[:-1]) | (peers[1:] != peers[:-1])]
@@ -308,6 +310,28 @@ def _saved_per_rank_step(f: pd.DataFrame) -> pd.Series:
     has_second = (top + 1 < len(step)) & ~new_cell[nxt]
     saved = np.where(has_second, np.clip(busy[top] - busy[nxt], 0, None), 0.0)
     return pd.Series(saved, index=rank[top]).groupby(level=0).sum()
+
+
+def _saved_per_rank_step_by_cell(f: pd.DataFrame) -> pd.Series:
+    """``_saved_per_rank_step`` without sorting the rows (its lexsort of 16 M rank-steps was ~7 s at 16,384
+    ranks): each step's busiest and second busiest by a maximum per cell. The same Series: the busiest is the
+    first row (in the frame's order) at the cell's maximum, as the stable lexsort puts it; the cells are summed
+    per rank in the same (peers, step) order. No NaN busy time (the caller checks)."""
+    busy = f["busy_us"].to_numpy(dtype="float64")
+    cell = f.groupby(["peers", "step"], sort=True).ngroup().to_numpy()
+    cells = int(cell.max()) + 1
+    first = np.full(cells, -np.inf)
+    np.maximum.at(first, cell, busy)
+    at_max = np.flatnonzero(busy == first[cell])  # about one row per cell (ties are rare)
+    _, earliest = np.unique(cell[at_max], return_index=True)
+    top = at_max[earliest]  # by cell, in (peers, step) order
+    rest = busy.copy()
+    rest[top] = -np.inf
+    second = np.full(cells, -np.inf)
+    np.maximum.at(second, cell, rest)
+    has_second = np.bincount(cell, minlength=cells) > 1
+    saved = np.where(has_second, np.clip(first - second, 0, None), 0.0)
+    return pd.Series(saved, index=f["rank"].to_numpy()[top]).groupby(level=0).sum()
 
 
 def _assign_causes(
