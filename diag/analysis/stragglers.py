@@ -89,6 +89,7 @@ class RankStepTimes:
     wait_source: str  # "steps.comm_wait_us", "collectives" or "none"
     step_median_busy_us: pd.Series | None = None  # per step, computed once when first needed
     step_max_busy_us: pd.Series | None = None
+    step_cell: np.ndarray | None = field(default=None, repr=False)  # each row's (peers, step) group, when needed
 
 
 @dataclass
@@ -290,8 +291,28 @@ def joint_saving_us(times: RankStepTimes, ranks: list[int]) -> float:
         times.step_median_busy_us = f.groupby(["peers", "step"])["busy_us"].median()
         times.step_max_busy_us = f.groupby(["peers", "step"])["busy_us"].max()
     median, slowest = times.step_median_busy_us, times.step_max_busy_us
-    others = f[~f["rank"].isin(ranks)].groupby(["peers", "step"])["busy_us"].max().reindex(slowest.index)
+    others = _others_max(times, ranks) if len(f) >= 1 << 16 else None
+    if others is None:
+        others = f[~f["rank"].isin(ranks)].groupby(["peers", "step"])["busy_us"].max().reindex(slowest.index)
     return float((slowest - others.fillna(median)).clip(lower=0).sum())
+
+
+def _others_max(times: RankStepTimes, ranks: list[int]) -> pd.Series | None:
+    """Per (peers, step), the busiest of the ranks not in ``ranks`` (NaN: none), indexed as step_max_busy_us:
+    a maximum per cell over the rows instead of a filtered copy of the frame and a groupby for each call
+    (~1.7 s each at 16,384 ranks x 1,000 steps). None where the groups are not one per cell (a NaN key)."""
+    f, slowest = times.frame, times.step_max_busy_us
+    if times.step_cell is None:
+        times.step_cell = f.groupby(["peers", "step"], sort=True).ngroup().to_numpy()
+    cell, cells = times.step_cell, len(slowest)
+    if not len(cell) or cell.min() < 0 or cell.max() + 1 != cells:
+        return None
+    busy = f["busy_us"].to_numpy(dtype="float64")
+    keep = ~np.isin(f["rank"].to_numpy(), np.asarray(list(ranks))) & ~np.isnan(busy)  # groupby's max skips NaN
+    best = np.full(cells, -np.inf)
+    np.maximum.at(best, cell[keep], busy[keep])
+    best[np.bincount(cell[keep], minlength=cells) == 0] = np.nan
+    return pd.Series(best, index=slowest.index)
 
 
 def _saved_per_rank_step(f: pd.DataFrame) -> pd.Series:
