@@ -1486,17 +1486,21 @@ def analyze_partitioned(
     progress: bool = False,
     with_trace: bool = False,
     analysed_columns_only: bool = True,
+    engine=None,
 ):
     """``analyze(load(path))`` with the collectives reduced rank by rank: on this machine, or on the workers of
     the Dask ``client`` (which read ``path`` themselves: a filesystem they share). ``with_trace``: return
     (trace without its collectives, report, collective rows read); ``analysed_columns_only``: that trace's per-step
-    tables hold only the columns the analyses read (False: whole, for views that draw the others)."""
+    tables hold only the columns the analyses read (False: whole, for views that draw the others); ``engine``:
+    the per-rank passes' engine (default: Dask with ``client``, else ``local_engine``: worker processes from
+    PROCESS_MIN_RANKS ranks)."""
     from diag.analysis.report import analyze
 
     # memory and telemetry are analysed rank by rank too, unless the caller wants the trace's tables whole
     per_rank = RANK_TABLES if analysed_columns_only else ()
     trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank)
-    engine = DaskEngine(client) if client is not None else local_engine(len(trace.ranks_found))
+    if engine is None:  # a caller inside a threaded server may ask for LocalEngine() (no fork)
+        engine = DaskEngine(client) if client is not None else local_engine(len(trace.ranks_found))
     tables = rank_tables_reducer(trace, client, progress) if per_rank else None
     reducer = collectives_reducer(trace, engine, progress, rank_tables=tables)
     report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
