@@ -60,7 +60,7 @@ from diag.analysis.window import choose_window
 trace = P.load_without_collectives({str(trace_dir)!r})
 window = choose_window(trace.steps, None, [])
 batch = P.rank_tasks(trace)[: P.BATCH_RANKS_MAX]
-parts, partial, _ = P.read_batch(batch, window)
+parts, partial, _, _ = P.read_batch(batch, window)
 inst = P.instance_table(partial)
 sums = P.finish_batch(parts, P.match_table(inst))
 print(json.dumps({{"part": sum(p.nbytes for p in parts) / len(batch), "rows": sum(p.rows for p in parts) / len(batch),
@@ -182,8 +182,8 @@ def main_cold_and_repeat(args) -> None:
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
     print(f"Schema {args.format}, {args.steps} steps x {args.collectives_per_step} collectives per rank. Times are wall "
           "(CPU user+system) of each diag analyze process.")  # fmt: skip
-    print("| ranks | collective rows | trace on disk | generation | cold (partitioned) | peak RSS | repeat (cache) | "
-          "peak RSS | report |\n|---|---|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
+    print("| ranks | collective rows | trace on disk | generation | cold (partitioned) | peak RSS | process tree peak PSS "
+          "| repeat (cache) | peak RSS | report |\n|---|---|---|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
     for ranks in args.ranks:
         r = cold_and_repeat(ranks, args.steps, args.collectives_per_step, args.root, args.format, args.in_memory_max,
                             args.trace_dir)  # fmt: skip
@@ -192,6 +192,7 @@ def main_cold_and_repeat(args) -> None:
         print(
             f"| {ranks:,} | {ranks * args.steps * args.collectives_per_step:,} | {r['size_gb'] * 1e3:,.0f} MB | "
             f"{r['generate_s']:.0f} s | {cold.wall_s:.1f} s ({cold.cpu_s:.1f} s) | {cold.peak_rss_gb:.2f} GB | "
+            f"{cold.tree_peak_gb:.2f} GB | "
             f"{repeat.wall_s:.1f} s ({repeat.cpu_s:.1f} s) | {repeat.peak_rss_gb:.2f} GB | "
             f"{verdict if not r['problems'] else '; '.join(r['problems'])} |",
             flush=True,

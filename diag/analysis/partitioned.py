@@ -20,6 +20,7 @@ Every function here is top-level and pickles its arguments: a Dask worker runs i
 from __future__ import annotations
 
 import operator
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op, size_bucket
-from diag.analysis.window import StepWindow, in_window
+from diag.analysis.window import StepWindow, in_window, in_window_array
+from diag.trace.columnar import TableSegments
 from diag.trace.loader import (
     MAX_DURATION_US,
     READ_THREADS,
@@ -38,6 +40,7 @@ from diag.trace.loader import (
     Trace,
     TraceError,
     TraceReader,
+    _listing,
     assemble_trace,
     empty_table,
     to_frame,
@@ -47,6 +50,9 @@ from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_L
 COLLECTIVES = "collectives"
 HELD_BYTES_MAX = 3584 << 20  # compact parts (~10 B/row) kept between the passes here; beyond, a rank is read again
 COMBINE_FANIN = 16  # partials and sums merged this many at a time (a tree on a cluster)
+LOCAL_BATCH_RANKS = (
+    32  # ranks per pass-1 task here: their memory and telemetry analysed together (pandas' per-call cost)
+)
 _SIDE_FILES = {MANIFEST_FILE, HEARTBEAT_FILE, EVENTS_FILE, NCCL_LOG_FILE}
 
 
@@ -60,6 +66,10 @@ class RankTask:
     rank_dir: str
     cut_us: float | None  # rows issued before this belong to an earlier run appended to the same files
     offset_us: float  # the rank's clock minus rank 0's
+    # the rank's telemetry window (its first step's start to its last step's end in the step window; NaN: no
+    # step), when pass 1 also reduces its memory and telemetry (TablesJob)
+    first_us: float = float("nan")
+    last_us: float = float("nan")
 
 
 @dataclass
@@ -106,7 +116,7 @@ class RankPart:
 def read_rank_collectives(task: RankTask):
     """The rank's collectives as Arrow (None: none) and what was skipped reading them, by the loader's own
     per-rank read."""
-    reader = TraceReader(task.trace_dir, tables=(COLLECTIVES,))
+    reader = narrow_reader(task.trace_dir, Path(task.rank_dir), (COLLECTIVES,))
     _, _, tables, _, skipped, _ = reader._read_rank(task.rank, Path(task.rank_dir))
     mine = [s for s in skipped if Path(s.path).name not in _SIDE_FILES]  # the first load reported those
     return tables.get(COLLECTIVES), mine
@@ -115,6 +125,67 @@ def read_rank_collectives(task: RankTask):
 def read_part(task: RankTask, window: StepWindow) -> tuple[RankPart, dict[str, PgPartial]]:
     """Pass 1 for one rank: its compact part and its partial of each collective instance. An unreadable
     partition is an empty part that names it in ``skipped``, never an exception on a worker."""
+    part, partial, _, _ = read_rank_once(task, window, with_tables=False)
+    return part, partial
+
+
+def read_rank_once(task: RankTask, window: StepWindow, with_tables: bool):
+    """Pass 1 for one rank, its files read once: its collectives' part and partial (as ``read_part``) and,
+    ``with_tables``, its memory and telemetry as Arrow ({name: table}) with (rank, note) of what was skipped
+    reading them. Reading them in a separate task paid the directory listing, a TraceReader and the JSON side
+    files again for each rank (~0.8 ms of ~4 ms of reading a rank)."""
+    rank_dir = Path(task.rank_dir)
+    if with_tables and rank_dir.is_dir():
+        files_notes: list[Skipped] = []
+        files = _listing(rank_dir, files_notes)
+        reader = narrow_reader(task.trace_dir, rank_dir, (COLLECTIVES, *RANK_TABLES))
+        tables, notes = _read_tables(reader, task, files, files_notes)
+        part, partial = _read_part(task, window, lambda: _read_collectives(reader, task, files, files_notes))
+        return part, partial, tables, notes
+    part, partial = _read_part(task, window, lambda: read_rank_collectives(task))
+    if not with_tables:
+        return part, partial, {}, []
+    tables, notes = _read_tables(narrow_reader(task.trace_dir, rank_dir, RANK_TABLES), task, None, [])
+    return part, partial, tables, notes
+
+
+# The columns read of a rank's Parquet segments here: what the reductions use. The others are nullable and read
+# as nulls (TableSegments.columns): a collective's dtype, peer and source are never analysed.
+COLLECTIVE_COLUMNS = ("step", "pg", "seq", "op", "bytes", "start_us", "duration_us", "blocking")
+
+
+def narrow_reader(trace_dir: str, rank_dir: Path, names: tuple[str, ...]) -> TraceReader:
+    """A reader of one rank's tables ``names`` that decodes only the columns analysed of its Parquet segments."""
+    reader = TraceReader(trace_dir, tables=names)
+    for name in names:
+        columns = COLLECTIVE_COLUMNS if name == COLLECTIVES else ANALYSED_COLUMNS[name]
+        reader._segments[(rank_dir, name)] = TableSegments(TABLES[name], columns=columns)
+    return reader
+
+
+def _read_collectives(reader: TraceReader, task: RankTask, files: list[str], files_notes: list[Skipped]):
+    """``read_rank_collectives`` from a listing already made: the listing's note, then the file's."""
+    skipped = list(files_notes)
+    tables = reader.read_rank_tables(task.rank, Path(task.rank_dir), (COLLECTIVES,), skipped, files)
+    return tables.get(COLLECTIVES), skipped
+
+
+def _read_tables(reader: TraceReader, task, files: list[str] | None, files_notes: list[Skipped]):
+    """One rank's memory and telemetry as Arrow, and (rank, note) of what was skipped reading them, as
+    ``read_rank_tables`` reads them; a rank that cannot be read is named and left out."""
+    skipped = list(files_notes)
+    try:
+        if files is None:
+            _, _, tables, _, skipped, _ = reader._read_rank(task.rank, Path(task.rank_dir))
+        else:
+            tables = reader.read_rank_tables(task.rank, Path(task.rank_dir), RANK_TABLES, skipped, files)
+    except Exception as exc:  # noqa: BLE001 - a damaged partition is skipped and named, the others analysed
+        note = Skipped(task.rank_dir, f"memory and telemetry unreadable, rank left out of them: {exc!r}")
+        return {}, [(task.rank, note)]
+    return tables, [(task.rank, s) for s in skipped if Path(s.path).name not in _SIDE_FILES]
+
+
+def _read_part(task: RankTask, window: StepWindow, read) -> tuple[RankPart, dict[str, PgPartial]]:
     if not Path(task.rank_dir).is_dir():  # a worker without the shared filesystem: say so, do not skip silently
         import socket
 
@@ -128,7 +199,7 @@ def read_part(task: RankTask, window: StepWindow) -> tuple[RankPart, dict[str, P
         ]
         return part, _partial(part)
     try:
-        arrow, skipped = read_rank_collectives(task)
+        arrow, skipped = read()
         part = _part_of(task, arrow, window)
     except Exception as exc:  # noqa: BLE001 - a damaged partition is skipped and named, the others analysed
         part = _empty_part(task.rank)
@@ -139,18 +210,29 @@ def read_part(task: RankTask, window: StepWindow) -> tuple[RankPart, dict[str, P
 
 def _empty_part(rank: int) -> RankPart:
     none = np.zeros(0)
-    unmatched = pd.DataFrame(
-        {
-            "pg": pd.Series(dtype=object),
-            "op": pd.Series(dtype=object),
-            "bytes": pd.Series(dtype="int64"),
-            "duration_us": pd.Series(dtype="float64"),
-            "step": pd.Series(dtype="int64"),
-            "blocking": pd.Series(dtype=bool),
-        }
-    )
     return RankPart(rank, [], none.astype("int16"), none.astype("int32"), none, none.astype("int32"),
-                    none.astype(bool), none, unmatched)  # fmt: skip
+                    none.astype(bool), none, _NO_UNMATCHED)  # fmt: skip
+
+
+def _unmatched_frame(pg, op, nbytes, duration, step, blocking) -> pd.DataFrame:
+    """A part's rows matched with no other rank; most ranks have none, and every part then shares one empty
+    frame (read only): building a DataFrame per rank was ~1 ms, a tenth of pass 1."""
+    if not len(pg):
+        return _NO_UNMATCHED
+    return pd.DataFrame({"pg": pg, "op": op, "bytes": nbytes, "duration_us": duration, "step": step,
+                         "blocking": blocking})  # fmt: skip
+
+
+_NO_UNMATCHED = pd.DataFrame(
+    {
+        "pg": pd.Series(dtype=object),
+        "op": pd.Series(dtype=object),
+        "bytes": pd.Series(dtype="int64"),
+        "duration_us": pd.Series(dtype="float64"),
+        "step": pd.Series(dtype="int64"),
+        "blocking": pd.Series(dtype=bool),
+    }
+)
 
 
 def _column(arrow, name: str) -> np.ndarray:
@@ -165,7 +247,8 @@ def _coded(arrow, name: str) -> tuple[np.ndarray, np.ndarray]:
     if not pa.types.is_dictionary(column.type):
         column = pc.dictionary_encode(column.cast(pa.string()))
     column = column.unify_dictionaries().combine_chunks() if column.num_chunks > 1 else column.chunk(0)
-    names = column.dictionary.cast(pa.string()).to_pandas().fillna("").to_numpy(dtype=object)
+    # a handful of names: a Python list is cheaper than a pandas round trip (~0.3 ms a column)
+    names = np.array(["" if n is None else n for n in column.dictionary.cast(pa.string()).to_pylist()], dtype=object)
     codes = column.indices.fill_null(len(names)).to_numpy(zero_copy_only=False).astype("int32")
     if column.null_count:  # a null is one more name, ""
         names = np.append(names, "")
@@ -177,8 +260,20 @@ def _first_seen(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, list[
     (equal names from a damaged dictionary merge, as they would as strings)."""
     as_names = names.astype(str)
     merged, canonical = np.unique(as_names, return_inverse=True)
-    first, uniques = pd.factorize(canonical[codes]) if len(codes) else (np.zeros(0, dtype="int64"), np.zeros(0))
-    return first, [str(merged[u]) for u in uniques]
+    if not len(codes):
+        return np.zeros(0, dtype="int64"), []
+    values = canonical[codes]
+    if len(merged) > 16:
+        first, uniques = pd.factorize(values)
+        return first, [str(merged[u]) for u in uniques]
+    # a handful of groups or ops: where each first appears, by one pass per name (pd.factorize hashed every
+    # row: ~0.5 ms a column, a tenth of pass 1)
+    present = np.flatnonzero(np.bincount(values, minlength=len(merged)))
+    first_at = np.array([np.argmax(values == v) for v in present])
+    uniques = present[np.argsort(first_at, kind="stable")]
+    renumber = np.zeros(len(merged), dtype="int64")
+    renumber[uniques] = np.arange(len(uniques))
+    return renumber[values], [str(merged[u]) for u in uniques]
 
 
 def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
@@ -194,7 +289,7 @@ def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
         earlier = keep & (start < task.cut_us)
         keep &= ~earlier
     step = _column(arrow, "step").astype("int64")
-    keep &= in_window(pd.Series(step), window).to_numpy()
+    keep &= in_window_array(step, window)
     pg_codes, pg_dict = _coded(arrow, "pg")
     op_codes, op_dict = _coded(arrow, "op")
     seq_all = _column(arrow, "seq").astype("int64")
@@ -220,16 +315,14 @@ def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
         step_lo=step_lo,
         blocking=blocking[matched],
         start_us=start[matched][untimed] - task.offset_us,
-        unmatched=pd.DataFrame(
-            {
-                "pg": pg_dict[pg_codes[loose]],
-                "op": op_dict[op_codes[loose]],
-                "bytes": nbytes[loose],
-                "duration_us": duration[loose],
-                "step": step[loose],
-                "blocking": blocking[loose],
-            }
-        ),
+        unmatched=_unmatched_frame(
+            pg_dict[pg_codes[loose]],
+            op_dict[op_codes[loose]],
+            nbytes[loose],
+            duration[loose],
+            step[loose],
+            blocking[loose],
+        ),  # fmt: skip
         dropped_insane=int(insane.sum()),
         dropped_earlier_run=int(earlier.sum()),
         rows_read=arrow.num_rows,
@@ -487,20 +580,22 @@ def finish_part(part: RankPart, match: MatchTable) -> CollectiveSums:
     is_last = (wait == 0) & (ranks > 1)
     wait = np.nan_to_num(wait, nan=0.0)
     loose = part.unmatched
-    steps = np.concatenate([part.steps(), loose["step"].to_numpy(dtype="int64")])
-    waits = np.concatenate([wait, np.zeros(len(loose))])  # matched with no one: nobody to wait for
-    blocking = np.concatenate([part.blocking, loose["blocking"].to_numpy(dtype=bool)])
+    steps, waits, blocking = part.steps(), wait, part.blocking
+    if len(loose):  # matched with no one: nobody to wait for
+        steps = np.concatenate([steps, loose["step"].to_numpy(dtype="int64")])
+        waits = np.concatenate([wait, np.zeros(len(loose))])
+        blocking = np.concatenate([blocking, loose["blocking"].to_numpy(dtype=bool)])
     if len(steps):
         sums.step_cells.append((part.rank, *_per_step(steps, waits, blocking)))
         sums.arrivals[part.rank] = (int(is_last.sum()), len(steps))
-    for name in {*part.pg_names, *loose["pg"].astype(str)}:
+    for name in {*part.pg_names, *(loose["pg"].astype(str) if len(loose) else ())}:
         sums.members[name] = {part.rank}
     for g in np.unique(group):
         rows = group == g
         d = duration[rows & timed]
         key = match.keys[g]
         sums.groups[key] = OpGroup(
-            *key, durations=ValueCounts.of(d), rows=int(rows.sum()), wait_sum_us=float(wait[rows].sum())
+            *key, durations=_value_counts(d), rows=int(rows.sum()), wait_sum_us=float(wait[rows].sum())
         )
     for key, rows in _loose_groups(loose).items():
         d = rows["duration_us"].to_numpy(dtype="float64")
@@ -520,11 +615,39 @@ def finish_part(part: RankPart, match: MatchTable) -> CollectiveSums:
 
 def _per_step(steps: np.ndarray, waits: np.ndarray, blocking: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """comms.wait_per_rank_step for one rank: blocking waits add up, overlapping asynchronous ones count once."""
-    distinct, cell = np.unique(steps, return_inverse=True)
+    distinct, cell = _distinct(steps)
     total = np.bincount(cell[blocking], weights=waits[blocking], minlength=len(distinct))
     async_max = np.zeros(len(distinct))
     np.maximum.at(async_max, cell[~blocking], waits[~blocking])
     return distinct, total + async_max
+
+
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` of integers; by counting when their range is about their
+    number (a rank's steps: 20 rows a step), which is several times cheaper than unique's sort."""
+    if not len(values):
+        return np.unique(values, return_inverse=True)
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo > 4 * len(values) + 1024:
+        return np.unique(values, return_inverse=True)
+    offset = values - lo
+    present = np.bincount(offset, minlength=hi - lo + 1) > 0
+    index = np.cumsum(present) - 1
+    return np.flatnonzero(present) + lo, index[offset]
+
+
+def _value_counts(values: np.ndarray) -> ValueCounts:
+    """``ValueCounts.of(values)`` by hashing (pandas' value_counts) and sorting only the distinct values: a
+    rank's ~20,000 durations have ~1,000 distinct values, and np.unique's sort of all of them was 0.7 ms a
+    group and rank (0.3 ms so). Small arrays, NaN or -0.0 (which unique and a hash may spell differently):
+    np.unique."""
+    values = np.asarray(values, dtype="float64")
+    if len(values) < 1024 or not np.isfinite(values).all() or np.signbit(values[values == 0]).any():
+        return ValueCounts.of(values)
+    counted = pd.Series(values).value_counts(sort=False)
+    distinct = counted.index.to_numpy(dtype="float64")
+    order = np.argsort(distinct, kind="stable")
+    return ValueCounts(distinct[order], counted.to_numpy(dtype="int64")[order])
 
 
 def _loose_groups(loose: pd.DataFrame) -> dict[tuple[str, str, int], pd.DataFrame]:
@@ -643,24 +766,28 @@ class LocalEngine:
     def __init__(self, threads: int = READ_THREADS, held_bytes_max: int = HELD_BYTES_MAX, progress=None):
         self.threads, self.held_bytes_max, self.progress = threads, held_bytes_max, progress
 
-    def run(self, tasks: list[RankTask], window: StepWindow):
+    def run(self, tasks: list[RankTask], window: StepWindow, tables: TablesJob | None = None):
+        """(merged sums, instance table, accounting, [RankTables] of the batches with ``tables``, else None)."""
         held: dict[int, RankPart] = {}
         held_bytes = 0
         accounting = []
-        partials: list[dict[str, PgPartial]] = []
+        reduced = []
         combined = _empty_partial()
+        batches = [tasks[i : i + LOCAL_BATCH_RANKS] for i in range(0, len(tasks), LOCAL_BATCH_RANKS)]
         with ThreadPoolExecutor(max_workers=self.threads) as pool:
-            for task, (part, partial) in zip(tasks, pool.map(lambda t: read_part(t, window), tasks)):
-                accounting.append(_accounting(part))
-                partials.append(partial)
-                if len(partials) >= COMBINE_FANIN:
-                    combined = combine_partials(combined, *partials)
-                    partials = []
-                if held_bytes + part.nbytes <= self.held_bytes_max:
-                    held[task.rank] = part
-                    held_bytes += part.nbytes
-                self._tick()
-            inst = instance_table(combine_partials(combined, *partials))
+            for parts, partial, batch_accounting, batch_tables in pool.map(
+                lambda b: read_batch(b, window, tables), batches
+            ):
+                accounting += batch_accounting
+                reduced.append(batch_tables)
+                combined = combine_partials(combined, partial)
+                for part in parts:
+                    if held_bytes + part.nbytes <= self.held_bytes_max:
+                        held[part.rank] = part
+                        held_bytes += part.nbytes
+                    self._tick()
+                del parts
+            inst = instance_table(combined)
             match = match_table(inst)
             release_arrow_memory()
 
@@ -675,11 +802,112 @@ class LocalEngine:
                     sums, batch = merge_sums(sums, *batch), []
                 self._tick()
         release_arrow_memory()
-        return merge_sums(sums, *batch), inst, accounting
+        return merge_sums(sums, *batch), inst, accounting, reduced if tables is not None else None
 
     def _tick(self):
         if self.progress is not None:
             self.progress(1)
+
+
+class ProcessEngine:
+    """Both passes in ``workers`` processes of this machine, each reading a contiguous share of the ranks and
+    keeping its parts between the passes; this process combines their partials and sums (in rank order: the
+    op of a damaged instance is the last rank's, as on one process). The per-rank work is mostly Python and
+    numpy on small arrays, which threads run one at a time under the GIL: processes use every core. Only the
+    combined partial, the accounting and the memory and telemetry rows of each share, the match table and each
+    share's merged sums move (pickled through a pipe). Sums add in another order than on one process (the
+    float sums of waits agree to ~1e-15 relative, as on Dask)."""
+
+    def __init__(self, workers: int = 2, progress=None):
+        self.workers, self.progress = workers, progress
+
+    def run(self, tasks: list[RankTask], window: StepWindow, tables: TablesJob | None = None):
+        import multiprocessing
+
+        # fork: a worker starts in milliseconds, imports nothing again and re-runs no __main__ (spawn would run
+        # a caller's script without a main guard); it reads with one thread (use_threads=False), so Arrow's
+        # thread pools, idle in this process, are never used in it
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        shares = [list(share) for share in np.array_split(np.arange(len(tasks)), self.workers) if len(share)]
+        pipes, procs = [], []
+        try:
+            for share in shares:
+                mine, theirs = context.Pipe()
+                proc = context.Process(target=_worker_main, args=(theirs,), daemon=True)
+                proc.start()
+                theirs.close()
+                mine.send(("pass1", [tasks[i] for i in share], window, tables))
+                pipes.append(mine)
+                procs.append(proc)
+            first = [self._answer(pipe) for pipe in pipes]
+            accounting = [a for _, acc, _ in first for a in acc]
+            reduced = [r for _, _, red in first for r in red] if tables is not None else None
+            inst = instance_table(combine_partials(*(partial for partial, _, _ in first)))
+            del first
+            match = match_table(inst)
+            for pipe in pipes:
+                pipe.send(("pass2", match))
+            sums = merge_sums(*(self._answer(pipe) for pipe in pipes))
+            for pipe in pipes:
+                pipe.send(("stop",))
+        finally:
+            for proc in procs:
+                proc.join(timeout=30)
+                if proc.is_alive():
+                    proc.kill()
+        return sums, inst, accounting, reduced
+
+    def _answer(self, pipe):
+        """The worker's result, its progress ticks counted on the way; its error raised here."""
+        while True:
+            message = pipe.recv()
+            if message[0] == "tick":
+                if self.progress is not None:
+                    self.progress(message[1])
+            elif message[0] == "error":
+                raise RuntimeError(f"a worker process of the partitioned analysis failed:\n{message[1]}")
+            else:
+                return message[1]
+
+
+def _worker_main(pipe) -> None:
+    """A ProcessEngine worker: pass 1 on its share (parts kept here), then pass 2 with the match table."""
+    import traceback
+
+    parts: list[RankPart] = []
+    try:
+        while True:
+            message = pipe.recv()
+            if message[0] == "pass1":
+                _, tasks, window, tables = message
+                combined, accounting, reduced = _empty_partial(), [], []
+                for i in range(0, len(tasks), LOCAL_BATCH_RANKS):
+                    batch, partial, batch_accounting, batch_tables = read_batch(
+                        tasks[i : i + LOCAL_BATCH_RANKS], window, tables
+                    )
+                    parts += batch
+                    combined = combine_partials(combined, partial)
+                    accounting += batch_accounting
+                    reduced.append(batch_tables)
+                    pipe.send(("tick", len(batch)))
+                release_arrow_memory()
+                pipe.send(("done", (combined, accounting, reduced)))
+            elif message[0] == "pass2":
+                match = message[1]
+                sums, batch = CollectiveSums(), []
+                for part in parts:
+                    batch.append(finish_part(part, match))
+                    if len(batch) >= COMBINE_FANIN * 4:  # merged as LocalEngine merges them
+                        sums, batch = merge_sums(sums, *batch), []
+                        pipe.send(("tick", COMBINE_FANIN * 4))
+                pipe.send(("tick", len(batch)))
+                parts = []
+                pipe.send(("done", merge_sums(sums, *batch)))
+            else:
+                return
+    except Exception:  # noqa: BLE001 - said to the engine, which raises it in the analysing process
+        pipe.send(("error", traceback.format_exc()))
 
 
 class DaskEngine:
@@ -690,16 +918,18 @@ class DaskEngine:
     def __init__(self, client, progress=None, batch_ranks: int | None = None):
         self.client, self.progress, self.batch_ranks = client, progress, batch_ranks
 
-    def run(self, tasks: list[RankTask], window: StepWindow):
+    def run(self, tasks: list[RankTask], window: StepWindow, tables: TablesJob | None = None):
+        """As LocalEngine.run: the memory and telemetry reduced on the workers in pass 1 with ``tables``."""
         client = self.client
         size = self.batch_ranks or batch_size(len(tasks), len(client.scheduler_info()["workers"]))
         batches = [tasks[i : i + size] for i in range(0, len(tasks), size)]
-        both = client.map(read_batch, batches, window=window, pure=False)
+        both = client.map(read_batch, batches, window=window, tables=tables, pure=False)
         parts = [client.submit(operator.getitem, f, 0, pure=False) for f in both]
         partials = [client.submit(operator.getitem, f, 1, pure=False) for f in both]
         accounting = [
             a for batch in client.gather([client.submit(operator.getitem, f, 2) for f in both]) for a in batch
         ]
+        reduced = client.gather([client.submit(operator.getitem, f, 3) for f in both]) if tables is not None else None
         del both
         # no reference kept to a tree's leaves or to the parts once their consumers are submitted: the
         # scheduler frees each on the workers as soon as the task reading it is done
@@ -715,7 +945,7 @@ class DaskEngine:
         sums = sums.result()
         if self.progress is not None:
             self.progress(len(tasks) * 2)
-        return sums, inst, accounting
+        return sums, inst, accounting, reduced
 
 
 BATCH_RANKS_MAX = 64
@@ -726,15 +956,38 @@ def batch_size(ranks: int, workers: int) -> int:
     return max(1, min(BATCH_RANKS_MAX, -(-ranks // (4 * max(workers, 1)))))
 
 
-def read_batch(tasks: list[RankTask], window: StepWindow):
-    """Pass 1 for a batch of ranks on one worker: their parts, their partials combined (what moves), and
-    their accounting."""
+@dataclass(frozen=True)
+class TablesJob:
+    """What pass 1 needs to reduce the ranks' memory and telemetry as it reads their collectives (each rank's
+    files read once): the run's hosts, and the memory metric and count of steps guessed for the run (see
+    rank_tables_reducer). The ranks' telemetry windows are in their RankTask."""
+
+    hosts: dict
+    metric: str
+    n_steps: int
+
+
+def read_batch(tasks: list[RankTask], window: StepWindow, tables: TablesJob | None = None):
+    """Pass 1 for a batch of ranks on one worker: their parts, their partials combined (what moves), their
+    accounting and, with ``tables``, their memory and telemetry reduced (RankTables; else None), every file of
+    a rank read once."""
     parts, partials = [], []
+    chunks: dict[str, list] = {name: [] for name in RANK_TABLES}
+    notes: list[tuple[int, Skipped]] = []
     for task in tasks:
-        part, partial = read_part(task, window)
+        part, partial, arrows, mine = read_rank_once(task, window, with_tables=tables is not None)
         parts.append(part)
         partials.append(partial)
-    return parts, combine_partials(*partials), [_accounting(p) for p in parts]
+        notes += mine
+        for name, arrow in arrows.items():
+            chunks[name].append(arrow)
+    reduced = None
+    if tables is not None:
+        mem, tel, dropped, rows = _tables_frames(chunks, tasks)
+        del chunks
+        reduced = _reduce_frames(mem, tel, notes, dropped, rows, tasks, window, tables.hosts, tables.metric,
+                                 tables.n_steps)  # fmt: skip
+    return parts, combine_partials(*partials), [_accounting(p) for p in parts], reduced
 
 
 def finish_batch(parts: list[RankPart], match: MatchTable) -> CollectiveSums:
@@ -797,17 +1050,17 @@ def read_rank_tables(tasks: list[RankTablesTask]):
     chunks: dict[str, list] = {name: [] for name in RANK_TABLES}
     notes: list[tuple[int, Skipped]] = []
     for task in tasks:
-        reader = TraceReader(task.trace_dir, tables=RANK_TABLES)
-        try:
-            _, _, tables, _, skipped, _ = reader._read_rank(task.rank, Path(task.rank_dir))
-        except Exception as exc:  # noqa: BLE001 - a damaged partition is skipped and named, the others analysed
-            notes.append(
-                (task.rank, Skipped(task.rank_dir, f"memory and telemetry unreadable, rank left out of them: {exc!r}"))
-            )
-            continue
-        notes += [(task.rank, s) for s in skipped if Path(s.path).name not in _SIDE_FILES]  # the load said those
+        tables, mine = _read_tables(narrow_reader(task.trace_dir, Path(task.rank_dir), RANK_TABLES), task, None, [])
+        notes += mine  # the load said those of the side files
         for name, arrow in tables.items():
             chunks[name].append(arrow)
+    mem, tel, dropped, rows = _tables_frames(chunks, tasks)
+    return mem, tel, notes, dropped, rows
+
+
+def _tables_frames(chunks: dict[str, list], tasks: list) -> tuple[pd.DataFrame, pd.DataFrame, int, int]:
+    """The ranks' memory and telemetry Arrow chunks as frames, an earlier run's rows cut; rows dropped so, and
+    rows read."""
     cuts = {t.rank: t.cut_us for t in tasks if t.cut_us is not None}
     frames, dropped, rows = [], 0, 0
     for name in RANK_TABLES:
@@ -819,7 +1072,7 @@ def read_rank_tables(tasks: list[RankTablesTask]):
             dropped += int(early.sum())
             frame = frame[~early].reset_index(drop=True)
         frames.append(frame)
-    return frames[0], frames[1], notes, dropped, rows
+    return frames[0], frames[1], dropped, rows
 
 
 def reduce_rank_tables(
@@ -828,10 +1081,14 @@ def reduce_rank_tables(
     """A batch of ranks' memory and telemetry analysed by the in-memory analyses themselves, on their rows
     only: every figure of those reports is per rank (given the run's ``metric`` and ``n_steps``), so the rows
     are the whole-trace report's."""
+    mem, tel, notes, dropped, rows = read_rank_tables(tasks)
+    return _reduce_frames(mem, tel, notes, dropped, rows, tasks, window, hosts, metric, n_steps)
+
+
+def _reduce_frames(mem, tel, notes, dropped, rows, tasks, window, hosts, metric, n_steps) -> RankTables:
     from diag.analysis.memory import analyze_memory
     from diag.analysis.telemetry import analyze_telemetry
 
-    mem, tel, notes, dropped, rows = read_rank_tables(tasks)
     mem_w = mem[in_window(mem["step"], window)]
     first = {t.rank: t.first_us for t in tasks}
     last = {t.rank: t.last_us for t in tasks}
@@ -861,21 +1118,35 @@ def rank_tables_reducer(trace: Trace, client=None, progress: bool = False, threa
     the ranks' memory and telemetry read and analysed a batch of ranks at a time (threads here, or tasks on the
     Dask ``client``'s workers), so the client holds report rows, not the tables. The run's memory metric and
     its count of steps are guessed (allocated bytes, the window's steps) and the batches done again in the rare
-    run where the guess was wrong (CPU runs without allocator readings: small)."""
+    run where the guess was wrong (CPU runs without allocator readings: small).
+
+    Given to ``collectives_reducer(..., rank_tables=)`` as well, the batches are done in the collectives' pass 1
+    (each rank's files read once: ``plan`` says what that pass needs, ``fused`` keeps its results for this call).
+    """
 
     def reduce(window: StepWindow, steps_w: pd.DataFrame, hosts: dict):
         from diag.analysis.memory import MemoryReport, compare_ranks
         from diag.analysis.report import telemetry_bounds
         from diag.analysis.telemetry import TelemetryReport
 
-        bounds = telemetry_bounds(steps_w) if len(steps_w) else None
-        tasks = [_tables_task(t, bounds) for t in rank_tasks(trace)]
-        metric, n_steps = "allocated_bytes", window.steps_analysed
-        results = _map_batches(tasks, window, hosts, metric, n_steps, client, progress, threads)
+        fused, reduce.fused = reduce.fused, None
+        if fused is not None and fused[0] is window and fused[1].hosts == hosts:  # done in pass 1
+            _, job, results = fused
+            tasks = None
+            metric, n_steps = job.metric, job.n_steps
+        else:
+            bounds = telemetry_bounds(steps_w) if len(steps_w) else None
+            tasks = [_tables_task(t, bounds) for t in rank_tasks(trace)]
+            metric, n_steps = "allocated_bytes", window.steps_analysed
+            results = _map_batches(tasks, window, hosts, metric, n_steps, client, progress, threads)
         found = any(r.memory for r in results)
         actual_metric = "allocated_bytes" if any(r.has_allocated for r in results) else "rss_bytes"
         steps = np.unique(np.concatenate([r.memory_steps for r in results])) if results else np.zeros(0)
         if found and (actual_metric != metric or len(steps) != n_steps):
+            if tasks is None:
+                tasks = [
+                    _tables_task(t, telemetry_bounds(steps_w) if len(steps_w) else None) for t in rank_tasks(trace)
+                ]
             results = _map_batches(tasks, window, hosts, actual_metric, len(steps), client, progress, threads)
         _account_rank_tables(trace, results)
         reduce.rows_read = sum(r.rows_read for r in results)
@@ -885,7 +1156,21 @@ def rank_tables_reducer(trace: Trace, client=None, progress: bool = False, threa
         memory = compare_ranks(MemoryReport(per_rank=per_rank)) if per_rank else MemoryReport(note=_NO_MEMORY)
         return telemetry, memory
 
+    def plan(window: StepWindow) -> tuple[TablesJob, pd.DataFrame | None]:
+        """What pass 1 needs to do the batches for ``window`` (as ``analyze`` will call ``reduce``: the window's
+        steps, the manifests' hosts, the guessed metric), and the ranks' telemetry windows."""
+        from diag.analysis.report import _ranks_info, telemetry_bounds
+        from diag.analysis.window import select
+
+        steps_w = select(trace.steps, window)
+        ranks_info = _ranks_info(trace)
+        hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
+        bounds = telemetry_bounds(steps_w) if len(steps_w) else None
+        return TablesJob(hosts, "allocated_bytes", window.steps_analysed), bounds
+
     reduce.rows_read = 0
+    reduce.fused = None
+    reduce.plan = plan
     return reduce
 
 
@@ -1054,11 +1339,14 @@ def _bar(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="rank", leave=False)
 
 
-def rank_tasks(trace: Trace) -> list[RankTask]:
-    """One task per rank of the run (ranks of other runs were left out by the load)."""
+def rank_tasks(trace: Trace, bounds: pd.DataFrame | None = None) -> list[RankTask]:
+    """One task per rank of the run (ranks of other runs were left out by the load); ``bounds``: the ranks'
+    telemetry windows (report.telemetry_bounds), for a pass 1 that reduces their memory and telemetry too."""
     rank_dirs = TraceReader(trace.path).rank_dirs()
     cuts = trace.earlier_run_cuts_us
     offsets = trace.clock_offsets_us()
+    first = bounds["first_us"].to_dict() if bounds is not None else {}
+    last = bounds["last_us"].to_dict() if bounds is not None else {}
     return [
         RankTask(
             str(trace.path),
@@ -1066,24 +1354,35 @@ def rank_tasks(trace: Trace) -> list[RankTask]:
             str(rank_dirs.get(rank, trace.path / f"rank{rank:05d}")),  # gone since the load: read_part says so
             cuts.get(rank),
             float(offsets.get(rank, 0.0)),
+            float(first.get(rank, np.nan)),
+            float(last.get(rank, np.nan)),
         )
         for rank in trace.ranks_found
     ]
 
 
-def collectives_reducer(trace: Trace, engine, progress: bool = False):
+def collectives_reducer(trace: Trace, engine, progress: bool = False, rank_tables=None):
     """``window -> ReducedWaits | None`` for ``analyze(..., reduce_collectives=)``: runs both passes on
-    ``engine`` and adds what they skipped or dropped to ``trace.skipped`` as the loader would have."""
+    ``engine`` and adds what they skipped or dropped to ``trace.skipped`` as the loader would have.
+    ``rank_tables``: a ``rank_tables_reducer`` of the same trace, whose batches pass 1 then does as it reads
+    each rank (its memory and telemetry files read in the same task as its collectives)."""
 
     def reduce(window: StepWindow) -> ReducedWaits | None:
-        tasks = rank_tasks(trace)
-        bar = _bar(2 * len(tasks), "collectives by rank") if progress else None
+        job, bounds = rank_tables.plan(window) if rank_tables is not None else (None, None)
+        tasks = rank_tasks(trace, bounds)
+        bar = (
+            _bar(2 * len(tasks), "collectives, memory and telemetry by rank" if job else "collectives by rank")
+            if progress
+            else None
+        )
         engine.progress = bar.update if bar is not None else None
         try:
-            sums, inst, accounting = engine.run(tasks, window)
+            sums, inst, accounting, tables = engine.run(tasks, window, job)
         finally:
             if bar is not None:
                 bar.close()
+        if job is not None:
+            rank_tables.fused = (window, job, tables)
         _account(trace, accounting)
         reduce.rows_read = sum(a[4] for a in accounting)
         del accounting
@@ -1165,6 +1464,19 @@ def _rank_file_key(path: Path, root: Path) -> tuple[int, int] | None:
     return int(match.group(1)), _file_order(path.name)
 
 
+PROCESS_MIN_RANKS = 512  # from this many ranks the passes run in worker processes (their start, ~1 s, then pays)
+PROCESS_WORKERS_MAX = 4  # each holds its share's parts; more than a few cores' worth is the Dask engine's job
+
+
+def local_engine(ranks: int):
+    """The engine for ``ranks`` on this machine: worker processes on every core (up to PROCESS_WORKERS_MAX) for a
+    large run, threads for a small one (and on one core)."""
+    workers = min(os.cpu_count() or 1, PROCESS_WORKERS_MAX)
+    if ranks >= PROCESS_MIN_RANKS and workers >= 2:
+        return ProcessEngine(workers)
+    return LocalEngine()
+
+
 def analyze_partitioned(
     path: str | Path,
     steps=None,
@@ -1174,19 +1486,23 @@ def analyze_partitioned(
     progress: bool = False,
     with_trace: bool = False,
     analysed_columns_only: bool = True,
+    engine=None,
 ):
     """``analyze(load(path))`` with the collectives reduced rank by rank: on this machine, or on the workers of
     the Dask ``client`` (which read ``path`` themselves: a filesystem they share). ``with_trace``: return
     (trace without its collectives, report, collective rows read); ``analysed_columns_only``: that trace's per-step
-    tables hold only the columns the analyses read (False: whole, for views that draw the others)."""
+    tables hold only the columns the analyses read (False: whole, for views that draw the others); ``engine``:
+    the per-rank passes' engine (default: Dask with ``client``, else ``local_engine``: worker processes from
+    PROCESS_MIN_RANKS ranks)."""
     from diag.analysis.report import analyze
 
     # memory and telemetry are analysed rank by rank too, unless the caller wants the trace's tables whole
     per_rank = RANK_TABLES if analysed_columns_only else ()
     trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank)
-    engine = DaskEngine(client) if client is not None else LocalEngine()
-    reducer = collectives_reducer(trace, engine, progress)
+    if engine is None:  # a caller inside a threaded server may ask for LocalEngine() (no fork)
+        engine = DaskEngine(client) if client is not None else local_engine(len(trace.ranks_found))
     tables = rank_tables_reducer(trace, client, progress) if per_rank else None
+    reducer = collectives_reducer(trace, engine, progress, rank_tables=tables)
     report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
                      reduce_collectives=reducer, reduce_rank_tables=tables)  # fmt: skip
     rows_read = reducer.rows_read + (tables.rows_read if tables is not None else 0)

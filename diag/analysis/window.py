@@ -115,6 +115,17 @@ def in_window(step: pd.Series, window: StepWindow) -> pd.Series:
     return mask
 
 
+def in_window_array(step: np.ndarray, window: StepWindow) -> np.ndarray:
+    """``in_window`` on a numpy array of steps: the per-rank reductions call it thousands of times, where
+    building a Series for each (~0.6 ms) was a tenth of reading a rank's collectives."""
+    if window.first_step is None:
+        return np.zeros(len(step), dtype=bool)
+    mask = (step >= window.first_step) & (step <= window.last_step)
+    if window.steps_analysed < window.last_step - window.first_step + 1:  # holes: incomplete steps inside
+        mask &= np.isin(step, window.step_indices)
+    return mask
+
+
 def _warmup_steps(steps: pd.DataFrame, complete: np.ndarray) -> list[int]:
     if len(complete) < 4:
         return []

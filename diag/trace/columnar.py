@@ -313,6 +313,10 @@ class TableSegments:
     table: Table
     streams: dict[int, _StreamState] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)  # segments read to the end (Parquet) or given up (damaged)
+    # Parquet segments: read only these columns (None: all); the others read as nulls, so only nullable ones
+    # may be left out (diag.analysis.partitioned: a collective's dtype, peer and source are never analysed,
+    # and not decoding them is ~0.4 of the ~1.3 ms of reading a rank's 20,000 collectives)
+    columns: tuple[str, ...] | None = None
 
     def read_new(self, rank_dir: Path, names: list[str], notes: list[Note]) -> pa.Table | None:
         """Rows appended to the table's segments since the last call, in segment order (``names``: the rank
@@ -346,14 +350,20 @@ class TableSegments:
         try:
             categories = [c.name for c in self.table.columns if c.dtype == "category"]
             # ParquetFile, not read_table: no dataset discovery; one thread: the loader reads ranks in parallel
-            arrow = pq.ParquetFile(pa.BufferReader(_read_regular(path)), read_dictionary=categories).read(
-                use_threads=False
-            )
+            parquet = pq.ParquetFile(pa.BufferReader(_read_regular(path)), read_dictionary=categories)
+            arrow = parquet.read(columns=self._wanted(parquet.schema_arrow.names), use_threads=False)
         except (OSError, pa.ArrowException, ValueError) as exc:
             notes.append(Note(str(path), f"unreadable Parquet segment: {_short(exc)}"))
             return None
         conformed = self._conform(arrow, path, notes)
         return None if conformed is None else conformed.slice(already)
+
+    def _wanted(self, present: list[str]) -> list[str] | None:
+        """The file's columns to read: those asked for, under their name or their former one."""
+        if self.columns is None:
+            return None
+        wanted = {n for c in self.table.columns if c.name in self.columns for n in (c.name, c.former_name) if n}
+        return [n for n in present if n in wanted]
 
     def _read_stream(self, path: Path, number: int, live: bool, notes: list[Note]) -> pa.Table | None:
         state = self.streams.setdefault(number, _StreamState())

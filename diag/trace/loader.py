@@ -610,13 +610,7 @@ class TraceReader:
         skipped: list[Skipped] = []
         manifest = _read_json(rank_dir / MANIFEST_FILE, skipped)
         heartbeat = _read_json(rank_dir / HEARTBEAT_FILE, skipped)
-        tables = {}
-        names = _listing(rank_dir, skipped)
-        for name in self.tables:
-            arrow = self._read_new_rows(rank_dir / TABLES[name].file_name, TABLES[name], skipped)
-            arrow = _concat(arrow, self._read_new_segments(rank_dir, names, TABLES[name], skipped))
-            if arrow is not None and arrow.num_rows:
-                tables[name] = arrow.add_column(0, "rank", pa.array(np.full(arrow.num_rows, rank, dtype="int32")))
+        tables = self.read_rank_tables(rank, rank_dir, self.tables, skipped)
         events_path = rank_dir / EVENTS_FILE
         new_events, self._offsets[events_path] = _read_events(events_path, self._offsets.get(events_path, 0), skipped)
         return (
@@ -627,6 +621,21 @@ class TraceReader:
             skipped,
             self._read_nccl_log(rank_dir / NCCL_LOG_FILE, skipped),
         )
+
+    def read_rank_tables(
+        self, rank: int, rank_dir: Path, names: tuple[str, ...], skipped: list[Skipped], files: list[str] | None = None
+    ) -> dict[str, pa.Table]:
+        """New rows of the tables ``names`` of one rank, with its rank column (tables without rows left out).
+        ``files``: the rank directory's listing, when the caller has it (diag.analysis.partitioned reads a
+        rank's tables in two groups from one listing)."""
+        files = _listing(rank_dir, skipped) if files is None else files
+        tables = {}
+        for name in names:
+            arrow = self._read_new_rows(rank_dir / TABLES[name].file_name, TABLES[name], skipped)
+            arrow = _concat(arrow, self._read_new_segments(rank_dir, files, TABLES[name], skipped))
+            if arrow is not None and arrow.num_rows:
+                tables[name] = arrow.add_column(0, "rank", pa.array(np.full(arrow.num_rows, rank, dtype="int32")))
+        return tables
 
     def _read_nccl_log(self, path: Path, skipped: list[Skipped]) -> NcclLog | None:
         """nccl.log parsed, again only when its size or time changed (NCCL appends while a live view polls)."""

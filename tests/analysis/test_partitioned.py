@@ -18,8 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diag.analysis import partitioned as partitioned_module
 from diag.analysis.comms import ValueCounts
-from diag.analysis.partitioned import LocalEngine, analyze_partitioned, collectives_reducer, load_without_collectives
+from diag.analysis.partitioned import (
+    LocalEngine,
+    ProcessEngine,
+    analyze_partitioned,
+    collectives_reducer,
+    load_without_collectives,
+)
 from diag.analysis.report import analyze
 from diag.trace.loader import TraceError, load
 from tests.analysis.helpers import REPO, cli_json, make_trace, run_cli, synthetic
@@ -70,6 +77,21 @@ def test_ranks_read_again_instead_of_held_give_the_same_report(planted):
     trace = load_without_collectives(path)
     reread = analyze(trace, reduce_collectives=collectives_reducer(trace, LocalEngine(held_bytes_max=0))).to_dict()
     assert differences(partitioned(path), reread) == []
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_report(planted, monkeypatch):
+    """The passes in two worker processes (ProcessEngine, the default from PROCESS_MIN_RANKS ranks on a machine
+    with two cores), each rank's memory and telemetry reduced in the same task as its collectives: the report of
+    the whole tables in memory, whole window and a step range."""
+    path, plants = planted
+    monkeypatch.setattr(partitioned_module, "PROCESS_MIN_RANKS", 1)
+    monkeypatch.setattr(partitioned_module.os, "cpu_count", lambda: 2, raising=False)
+    assert isinstance(partitioned_module.local_engine(SYNTHETIC_RANKS), ProcessEngine)
+    new = partitioned(path)
+    assert differences(in_memory(path), new) == []
+    assert plants.compute_straggler in {s["rank"] for s in new["stragglers"]}
+    assert differences(in_memory(path, steps="30:90"), partitioned(path, steps="30:90")) == []
 
 
 @pytest.mark.slow
@@ -206,19 +228,25 @@ def test_a_trace_of_collectives_only_is_analysed_on_both_paths(tmp_path):
 
 def test_a_rank_directory_missing_where_it_is_read_is_named(planted):
     """A rank's directory gone between the load and the reduction (on a cluster: a worker that does not see the
-    trace directory) is named in run.skipped, not silently left out."""
+    trace directory) is named in run.skipped, not silently left out: on threads and in worker processes."""
     path, _ = planted
-    trace = load_without_collectives(path)
+    engines = {"threads": LocalEngine(), "processes": ProcessEngine(2)}
+    traces = {name: load_without_collectives(path) for name in engines}
     gone = path / "rank00003"
     hidden = path.parent / "hidden-rank00003"
     gone.rename(hidden)
     try:
-        report = analyze(trace, reduce_collectives=collectives_reducer(trace, LocalEngine())).to_dict()
+        reports = {
+            name: analyze(traces[name], reduce_collectives=collectives_reducer(traces[name], engine)).to_dict()
+            for name, engine in engines.items()
+        }
     finally:
         hidden.rename(gone)
-    notes = [s for s in report["run"]["skipped"] if s["path"] == str(gone)]
-    assert notes and "filesystem every Dask worker sees" in notes[0]["reason"]
-    assert report["comms"]["per_rank"]  # the other ranks are analysed
+    for report in reports.values():
+        notes = [s for s in report["run"]["skipped"] if s["path"] == str(gone)]
+        assert notes and "filesystem every Dask worker sees" in notes[0]["reason"]
+        assert report["comms"]["per_rank"]  # the other ranks are analysed
+    assert differences(reports["threads"], reports["processes"]) == []
 
 
 def test_partitioned_report_is_cached_and_read_back(tmp_path):
@@ -263,7 +291,8 @@ def _truncate(path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_unreadable_partitions_at_scale_are_skipped_and_named(tmp_path):
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_unreadable_partitions_at_scale_are_skipped_and_named(tmp_path, monkeypatch, processes):
     """A 96-rank schema-2 run (partitioned by default: over 64 ranks) with one rank's collectives segment and
     another's memory segment cut in half (a node that died mid-write) and a third's telemetry segment replaced by
     garbage: `diag analyze` reports on the rest, names each damaged file in run.skipped, and says what the
@@ -277,6 +306,8 @@ def test_unreadable_partitions_at_scale_are_skipped_and_named(tmp_path):
     for path, damage in damaged.items():
         assert path.exists(), path
         damage(path)
+    if processes:  # the passes in worker processes, as from PROCESS_MIN_RANKS ranks
+        monkeypatch.setattr(partitioned_module, "PROCESS_MIN_RANKS", 1)
     result = run_cli(tmp_path, "--format", "json", "--no-cache")  # no flag: partitioned above 64 ranks
     assert result.exit_code == 0, result.output
     new = json.loads(result.stdout)
