@@ -4,13 +4,15 @@ Writing (``StreamSegmentWriter``, driven by ``diag.trace.writer.RankWriter`` on 
 appends one record batch to the table's live segment ``steps.000001.arrows``, an Arrow IPC *stream* (zstd-compressed
 buffers, category columns dictionary-encoded with dictionary deltas), in one write, so a reader sees whole
 messages or a message still being written. When a segment holds ``COMPACT_ROWS`` rows, and at ``finish``, its
-batches (kept in memory) are written as ``steps.000001.parquet`` (one row group, Parquet's delta and
-byte-stream-split encodings, zstd): a temporary file, renamed over, then the stream removed. A reader that sees
+batches (kept in memory) are written as ``steps.000001.parquet`` (row groups of ``ROW_GROUP_ROWS`` rows,
+Parquet's delta and byte-stream-split encodings, zstd): a temporary file, renamed over, then the stream removed. A reader that sees
 both takes the Parquet one; a stream whose Parquet twin never came (a SIGKILL) is read as it is.
 
 Reading (``TableSegments``, used by ``diag.trace.loader``): segments in number order; a stream incrementally
 from the byte where the last complete message ended (its schema and dictionary messages are kept and replayed
-in front of the new bytes), a Parquet segment once, skipping the rows already read from its stream. A last
+in front of the new bytes), a Parquet segment once, skipping the rows already read from its stream. A tail read
+(``tail_rows``: ``diag triage``) goes from the newest segment back and decodes only a Parquet segment's last row
+groups, until it has the rows asked. A last
 message still being written is left for the next read; anything that is not a diag segment, or is damaged, is
 named in ``skipped`` and its readable rows kept.
 """
@@ -38,6 +40,11 @@ PARQUET_SUFFIX = "parquet"
 # A live segment is compacted into Parquet at this many rows: it bounds what a SIGKILL leaves uncompacted (the
 # stream is ~2-5x Parquet's size) and the writer's memory (the segment's batches are kept for compaction)
 COMPACT_ROWS = 1 << 16
+# Rows per Parquet row group: a reader of a segment's last rows (diag triage) decodes only its last row groups
+# instead of the whole segment (at 20,000 collectives a segment: ~0.8 ms instead of ~4 ms). Smaller groups cost
+# size (more column chunks, restarted encodings): collectives 2.94 -> 3.36 B/row at 4,096, 4.66 at 1,024
+# (benchmarks/bench_triage.py, docs/benchmarks.md)
+ROW_GROUP_ROWS = 4096
 ZSTD_LEVEL = 3
 # Framing of an IPC stream message: 0xFFFFFFFF, then the metadata's length. Metadata is a small flatbuffer and
 # diag's batches are far below these; larger declared lengths are damage, not a message still being written.
@@ -161,12 +168,12 @@ def parquet_options(table: Table) -> dict:
 
 
 def write_parquet(table: Table, arrow: pa.Table, path: Path) -> None:
-    """``arrow`` (the table's columns) as a Parquet segment at ``path``, one row group, atomically (a temporary
-    file renamed into place): a reader sees the whole segment or none of it."""
+    """``arrow`` (the table's columns) as a Parquet segment at ``path``, in row groups of ``ROW_GROUP_ROWS`` rows,
+    atomically (a temporary file renamed into place): a reader sees the whole segment or none of it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with pq.ParquetWriter(tmp, arrow.schema, **parquet_options(table)) as writer:
-            writer.write_table(arrow, row_group_size=max(1, arrow.num_rows))
+            writer.write_table(arrow, row_group_size=ROW_GROUP_ROWS)
             writer.add_key_value_metadata({MARKER_KEY: marker(table).encode()})
         os.replace(tmp, path)
     finally:
@@ -313,10 +320,15 @@ class TableSegments:
     table: Table
     streams: dict[int, _StreamState] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)  # segments read to the end (Parquet) or given up (damaged)
+    cut: bool = False  # the last tail read (read_new's tail_rows) left earlier rows unread
 
-    def read_new(self, rank_dir: Path, names: list[str], notes: list[Note]) -> pa.Table | None:
+    def read_new(
+        self, rank_dir: Path, names: list[str], notes: list[Note], tail_rows: int | None = None
+    ) -> pa.Table | None:
         """Rows appended to the table's segments since the last call, in segment order (``names``: the rank
-        directory's listing)."""
+        directory's listing). ``tail_rows``: only the last rows, at least that many where there are: segments
+        from the newest back, a Parquet segment's last row groups only; ``self.cut`` then says whether earlier
+        rows were left unread."""
         segments: dict[int, set[str]] = {}
         for name in names:
             parsed = parse_segment_name(name)
@@ -324,31 +336,45 @@ class TableSegments:
                 segments.setdefault(parsed[1], set()).add(parsed[2])
         parts = []
         last = max(segments, default=0)
-        for number in sorted(segments):
+        have = 0
+        self.cut = False
+        order = sorted(segments, reverse=tail_rows is not None)
+        for number in order:
             if number in self.done:
                 continue
+            if tail_rows is not None and have >= tail_rows:
+                self.cut = True
+                break
             if PARQUET_SUFFIX in segments[number]:
-                part = self._read_parquet(
-                    rank_dir / segment_name(self.table.name, number, PARQUET_SUFFIX), number, notes
-                )
+                path = rank_dir / segment_name(self.table.name, number, PARQUET_SUFFIX)
+                part = self._read_parquet(path, number, notes, None if tail_rows is None else tail_rows - have)
             else:
                 path = rank_dir / segment_name(self.table.name, number, STREAM_SUFFIX)
                 part = self._read_stream(path, number, number == last, notes)
             if part is not None and part.num_rows:
                 parts.append(part)
+                have += part.num_rows
         if not parts:
             return None
+        if tail_rows is not None:
+            parts.reverse()
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
-    def _read_parquet(self, path: Path, number: int, notes: list[Note]) -> pa.Table | None:
+    def _read_parquet(self, path: Path, number: int, notes: list[Note], last_rows: int | None = None):
+        """The segment's rows not read yet from its stream; ``last_rows``: only its last row groups that hold
+        at least that many rows."""
         self.done.add(number)  # immutable once renamed into place: read once
         already = self.streams.pop(number, _StreamState()).rows
         try:
             categories = [c.name for c in self.table.columns if c.dtype == "category"]
             # ParquetFile, not read_table: no dataset discovery; one thread: the loader reads ranks in parallel
-            arrow = pq.ParquetFile(pa.BufferReader(_read_regular(path)), read_dictionary=categories).read(
-                use_threads=False
-            )
+            file = pq.ParquetFile(pa.BufferReader(_read_regular(path)), read_dictionary=categories)
+            first = _first_group(file.metadata, last_rows)
+            if first == 0:
+                arrow = file.read(use_threads=False)
+            else:
+                arrow = file.read_row_groups(range(first, file.metadata.num_row_groups), use_threads=False)
+                self.cut = True
         except (OSError, pa.ArrowException, ValueError) as exc:
             notes.append(Note(str(path), f"unreadable Parquet segment: {_short(exc)}"))
             return None
@@ -423,6 +449,17 @@ class TableSegments:
                 notes.append(Note(str(path), f"column {column.name!r} is not {column.dtype}: {_short(exc)}"))
                 return None
         return pa.Table.from_arrays(arrays, names=self.table.column_names)
+
+
+def _first_group(metadata: pq.FileMetaData, last_rows: int | None) -> int:
+    """The first of the last row groups that together hold ``last_rows`` rows (0: the whole file)."""
+    if last_rows is None:
+        return 0
+    first, rows = metadata.num_row_groups, 0
+    while first > 0 and rows < last_rows:
+        first -= 1
+        rows += metadata.row_group(first).num_rows
+    return first
 
 
 def _complete_messages(data: bytes) -> tuple[int, list[tuple[str, int, int]], str | None]:

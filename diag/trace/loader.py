@@ -642,9 +642,12 @@ class TraceReader:
         self._nccl[path] = (key, log)
         return log
 
-    def _read_new_segments(self, rank_dir: Path, names: list[str], table: Table, skipped: list[Skipped]):
+    def _read_new_segments(
+        self, rank_dir: Path, names: list[str], table: Table, skipped: list[Skipped], tail_rows: int | None = None
+    ):
         """Schema version 2: rows appended to the table's segments since the last poll (diag/trace/columnar.py),
-        checked as CSV rows are (finite floats; rows without a required value dropped and counted)."""
+        checked as CSV rows are (finite floats; rows without a required value dropped and counted). ``tail_rows``:
+        only the last rows (``TableSegments.read_new``; diag triage)."""
         if not any(n.startswith(table.name + ".") and n.endswith((".arrows", ".parquet")) for n in names):
             return None
         key = (rank_dir, table.name)
@@ -652,7 +655,7 @@ class TraceReader:
         if segments is None:
             segments = self._segments[key] = TableSegments(table)
         notes = []
-        arrow = segments.read_new(rank_dir, names, notes)
+        arrow = segments.read_new(rank_dir, names, notes, tail_rows)
         skipped.extend(Skipped(n.path, n.reason, n.rows) for n in notes)
         if arrow is None:
             return None
