@@ -20,6 +20,7 @@ named in ``skipped`` and its readable rows kept.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import stat
@@ -431,6 +432,8 @@ class TableSegments:
                 Note(str(path), f"schema version {version} table {name!r}, expected version 2 {self.table.name!r}")
             )
             return None
+        if arrow.column_names == self.table.column_names and arrow.schema.types == _arrow_types(self.table):
+            return pa.Table.from_arrays(arrow.columns, names=self.table.column_names)  # as written: nothing to do
         arrays = []
         present = set(arrow.column_names)
         for column in self.table.columns:
@@ -449,6 +452,11 @@ class TableSegments:
                 notes.append(Note(str(path), f"column {column.name!r} is not {column.dtype}: {_short(exc)}"))
                 return None
         return pa.Table.from_arrays(arrays, names=self.table.column_names)
+
+
+@functools.cache
+def _arrow_types(table: Table) -> list[pa.DataType]:
+    return [ARROW_TYPES[c.dtype] for c in table.columns]
 
 
 def _first_group(metadata: pq.FileMetaData, last_rows: int | None) -> int:

@@ -287,8 +287,8 @@ def _finite_floats(arrow: pa.Table, table: Table) -> pa.Table:
         if column.dtype != "Float64":
             continue
         values = arrow.column(i)
-        finite = pc.is_finite(values)
-        if pc.all(pc.or_kleene(finite, pc.is_null(values))).as_py() is False:
+        finite = pc.is_finite(values)  # null where the value is null, which all() skips
+        if pc.all(finite).as_py() is False:
             arrow = arrow.set_column(i, column.name, pc.if_else(finite, values, pa.scalar(None, pa.float64())))
     return arrow
 

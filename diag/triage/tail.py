@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from diag.trace.loader import Skipped, TraceReader, read_file_bytes
@@ -48,7 +49,7 @@ def read_tail(reader: TraceReader, rank_dir: Path, names: list[str], table: Tabl
     arrow = pa.concat_tables(parts).unify_dictionaries() if len(parts) > 1 else parts[0]
     cut = csv.cut or segments.cut or arrow.num_rows > rows
     if arrow.num_rows > rows:  # a copy: a slice would keep the whole decoded table alive (or pickle it whole)
-        arrow = arrow.take(pa.array(range(arrow.num_rows - rows, arrow.num_rows)))
+        arrow = arrow.take(np.arange(arrow.num_rows - rows, arrow.num_rows))
     return Tail(arrow, cut)
 
 
