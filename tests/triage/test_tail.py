@@ -83,25 +83,27 @@ def test_tail_of_parquet_segments_in_many_row_groups(tmp_path, monkeypatch):
 
 def test_tail_of_compacted_segments_and_a_live_stream(tmp_path, monkeypatch):
     """What capture leaves of a job still running: Parquet segments compacted every 40 rows (in row groups of 8
-    rows), then the live Arrow stream of the last flushes. A tail read goes from the newest back and gives the
-    last rows exactly as the whole read does, decoding at most one row group or stream more than asked."""
+    rows), then the live Arrow stream of the last flushes (5 rows each). A tail read goes from the newest back
+    and gives the last rows exactly as the whole read does, decoding at most one row group or record batch more
+    than asked."""
     monkeypatch.setattr(columnar, "ROW_GROUP_ROWS", 8)
     path = tmp_path / "rank00000"
     path.mkdir()
     (path / "manifest.json").write_text(json.dumps({"rank": 0, "world_size": 1, "run_id": "r", "schema_version": 2}))
     writer = StreamSegmentWriter(path, TABLES["steps"], compact_rows=40)
-    for flush in range(13):  # 10 rows a flush: segments 1-3 compacted, segment 4 live with 10 rows
-        writer.append([step_row(flush * 10 + i) for i in range(10)])
+    for flush in range(27):  # segments 1-3 compacted (40 rows each), segment 4 live: 3 record batches, 15 rows
+        writer.append([step_row(flush * 5 + i) for i in range(5)])
     assert sorted(p.suffix for p in path.glob("steps.*")) == [".arrows", ".parquet", ".parquet", ".parquet"]
     names = sorted(p.name for p in path.iterdir())
+    total = 135
     whole = TraceReader(tmp_path).poll()["steps"]["step"].tolist()
-    assert whole == list(range(130))
-    for rows in (1, 10, 11, 17, 45, 129, 130, 1000):
+    assert whole == list(range(total))
+    for rows in (1, 5, 6, 11, 15, 16, 17, 45, 129, total, 1000):
         reader, skipped = TraceReader(tmp_path, tables=()), []
         arrow = reader._read_new_segments(path, names, TABLES["steps"], skipped, tail_rows=rows)
         steps = arrow.column("step").to_pylist()
         assert skipped == []
-        assert steps == whole[-len(steps) :] and len(steps) >= min(rows, 130), rows
-        assert len(steps) < rows + 10, rows  # the live stream (10 rows) or one row group (8 rows) beyond
-        assert reader._segments[(path, "steps")].cut == (len(steps) < 130), rows
+        assert steps == whole[-len(steps) :] and len(steps) >= min(rows, total), rows
+        assert len(steps) < rows + 8, rows  # one record batch (5 rows) or one row group (8 rows) beyond
+        assert reader._segments[(path, "steps")].cut == (len(steps) < total), rows
     writer.close()
