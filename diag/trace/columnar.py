@@ -42,10 +42,10 @@ PARQUET_SUFFIX = "parquet"
 # stream is ~2-5x Parquet's size) and the writer's memory (the segment's batches are kept for compaction)
 COMPACT_ROWS = 1 << 16
 # Rows per Parquet row group: a reader of a segment's last rows (diag triage) decodes only its last row groups
-# instead of the whole segment (at 20,000 collectives a segment: ~0.8 ms instead of ~4 ms). Smaller groups cost
-# size (more column chunks, restarted encodings): collectives 2.94 -> 3.36 B/row at 4,096, 4.66 at 1,024
-# (benchmarks/bench_triage.py, docs/benchmarks.md)
-ROW_GROUP_ROWS = 4096
+# instead of the whole segment (a 60,000-row collectives segment: 0.64 ms instead of 3.0 ms). Smaller groups cost
+# the readers of whole segments (diag.load: 3.0 -> 4.0 ms at 16,384 rows, 6.2 ms at 4,096: each group's
+# dictionaries unified) and size (2.90 -> 3.01 B/row; 3.37 at 4,096). Measured in docs/benchmarks.md.
+ROW_GROUP_ROWS = 16384
 ZSTD_LEVEL = 3
 # Framing of an IPC stream message: 0xFFFFFFFF, then the metadata's length. Metadata is a small flatbuffer and
 # diag's batches are far below these; larger declared lengths are damage, not a message still being written.
