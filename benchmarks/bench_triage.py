@@ -15,6 +15,12 @@ of ``--ranks`` each, generated in OUT/hangN when absent and kept (``--keep``) or
 trace, and the two verdicts compared:
 
     python benchmarks/bench_triage.py /tmp/triage_scale --scale --ranks 1024 2048 4096 [--old]
+
+``--baseline DIR``: also the same read by the code of another checkout (``PYTHONPATH=DIR``, e.g. main's), on the
+same trace, back to back, and the two verdicts compared whole (evidence included). ``--live``: the hang as a
+still-running job leaves it (what capture writes, not ``synthetic.py``'s one Parquet segment a table): each
+rank's steps and collectives rewritten as a live Arrow stream segment, one record batch per 0.5 s flush (5 steps,
+100 collectives), never compacted (20,000 rows is below the 65,536 that trigger compaction); in OUT/liveN.
 """
 
 from __future__ import annotations
@@ -142,24 +148,76 @@ print(json.dumps(triage(read_diag_trace(Path(sys.argv[1]), rows)).to_json()))
 """
 
 
-def bench_scale(out: Path, ranks: list[int], steps: int, trace_format: int, old: bool, keep: bool) -> None:
+def to_live_streams(trace: Path, rows_per_step: dict[str, int], steps_per_flush: int = 5) -> None:
+    """Each rank's steps and collectives (one Parquet segment each) rewritten as capture leaves them in a job
+    still running: a live Arrow stream segment with capture's IPC options (zstd buffers, dictionary deltas), one
+    record batch per flush, no end-of-stream marker. (Record batches of slices of the table rather than capture's
+    own writer, which builds each batch from Python rows: ~0.8 s a rank here; the bytes differ only in the
+    dictionaries, sent whole with the first batch instead of growing by deltas.)"""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    from diag.trace.columnar import arrow_schema
+    from diag.trace.loader import find_rank_dirs
+    from diag.trace.schema import TABLES, segment_name
+
+    options = ipc.IpcWriteOptions(compression="zstd", emit_dictionary_deltas=True, use_threads=False)
+    for rank_dir in find_rank_dirs(trace).values():
+        for name, per_step in rows_per_step.items():
+            table = TABLES[name]
+            parquet = rank_dir / segment_name(name, 1, "parquet")
+            categories = [c.name for c in table.columns if c.dtype == "category"]
+            schema = arrow_schema(table)
+            arrow = pq.read_table(parquet, read_dictionary=categories).cast(schema.remove_metadata())
+            with pa.OSFile(str(rank_dir / segment_name(name, 1, "arrows")), "wb") as sink:
+                stream = ipc.new_stream(sink, schema, options=options)
+                for batch in arrow.to_batches(max_chunksize=per_step * steps_per_flush):
+                    stream.write_batch(batch.replace_schema_metadata(schema.metadata))
+                # not closed: a live stream has no end-of-stream marker
+            parquet.unlink()
+
+
+def bench_scale(
+    out: Path,
+    ranks: list[int],
+    steps: int,
+    trace_format: int,
+    old: bool,
+    keep: bool,
+    baseline: Path | None = None,
+    live: bool = False,
+    rows: int | None = None,
+) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import synthetic
     from measured import run_measured
 
     print(f"{'ranks':>6} {'reader':<26} {'wall s':>7} {'CPU s':>7} {'peak RSS GB':>12}  verdict")
     for world in ranks:
-        trace = out / f"hang{world}"
+        trace = out / f"{'live' if live else 'hang'}{world}"
         if not (trace / "planted.json").exists():
             shutil.rmtree(trace, ignore_errors=True)
             t0 = time.perf_counter()
             synthetic.generate(trace, world, steps, 20, trace_format=trace_format, hang=True)
+            if live:
+                (trace / "planted.json").rename(trace / "planted.tmp")  # a half-converted trace is not reused
+                to_live_streams(trace, {"steps": 1, "collectives": 20})
+                (trace / "planted.tmp").rename(trace / "planted.json")
             print(f"generated {world} ranks x {steps} steps in {time.perf_counter() - t0:.0f} s")
         stuck = json.loads((trace / "planted.json").read_text())["hang_stuck"]
         verdicts = {}
-        readers = [("last rows (default)", [])] + ([("every row (previous)", ["1000000000000"])] if old else [])
-        for label, extra in readers:
-            run = run_measured([sys.executable, "-c", SCALE_TRIAGE, str(trace), *extra])
+        asked = [str(rows)] if rows else []  # rows a rank, as triage reads of a larger trace (64 at 16,384 ranks)
+        readers = [("last rows (default)" if not rows else f"last {rows} rows", asked, [])]
+        # env(1) execs python in the same process (os.wait4 measures python), in the baseline's directory: python -c
+        # imports from the working directory first
+        if baseline is not None:
+            prefix = ["env", "-C", str(baseline), f"PYTHONPATH={baseline}"]
+            readers.append((f"{readers[0][0]} ({baseline.name})", asked, prefix))
+        if old:
+            readers.append(("every row (previous)", ["1000000000000"], []))
+        for label, extra, prefix in readers:
+            run = run_measured([*prefix, sys.executable, "-c", SCALE_TRIAGE, str(trace.resolve()), *extra])
             verdict = json.loads(run.stdout)
             verdicts[label] = verdict
             assert verdict["verdict"] == "missing_ranks" and verdict["culprit_ranks"] == [stuck], verdict["verdict"]
@@ -167,8 +225,11 @@ def bench_scale(out: Path, ranks: list[int], steps: int, trace_format: int, old:
                 f"{world:>6} {label:<26} {run.wall_s:7.1f} {run.cpu_s:7.1f} {run.peak_rss_gb:12.2f}  "
                 f"{verdict['verdict']} {verdict['culprit_ranks']}"
             )
+        if baseline is not None:
+            assert verdicts[readers[0][0]] == verdicts[readers[1][0]]
+            print(f"{world:>6} verdict with {baseline.name}'s code: equal, evidence and every rank's state included")
         if old:
-            same = {k: v for k, v in verdicts["last rows (default)"].items() if k != "evidence"}
+            same = {k: v for k, v in verdicts[readers[0][0]].items() if k != "evidence"}
             assert same == {k: v for k, v in verdicts["every row (previous)"].items() if k != "evidence"}
             print(f"{world:>6} verdict, culprits, collective, every rank's state: equal")
         if not keep:
@@ -183,6 +244,9 @@ def main() -> None:
     parser.add_argument("--format", type=int, default=2, choices=(1, 2), help="with --scale: the trace format")
     parser.add_argument("--old", action="store_true", help="with --scale: also the previous whole-table reader")
     parser.add_argument("--keep", action="store_true", help="with --scale: keep the generated traces")
+    parser.add_argument("--baseline", type=Path, help="with --scale: also another checkout's code (PYTHONPATH)")
+    parser.add_argument("--live", action="store_true", help="with --scale: the hang as live stream segments")
+    parser.add_argument("--rows", type=int, help="with --scale: rows a rank read (default: triage's own choice)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024])
     parser.add_argument("--steps", type=int, help="steps per rank (default 200; with --scale 1000)")
     parser.add_argument("--collectives", type=int, default=4, help="all_reduces per step")
@@ -190,7 +254,9 @@ def main() -> None:
     parser.add_argument("--watchdog", action="store_true", help="measure the capture-side watchdog instead")
     args = parser.parse_args()
     if args.scale:
-        bench_scale(args.out, args.ranks, args.steps or 1000, args.format, args.old, args.keep)
+        bench_scale(
+            args.out, args.ranks, args.steps or 1000, args.format, args.old, args.keep, args.baseline, args.live
+        )
         return
     args.ranks, args.steps = args.ranks[0], args.steps or 200
     if args.watchdog:

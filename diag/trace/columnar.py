@@ -4,13 +4,15 @@ Writing (``StreamSegmentWriter``, driven by ``diag.trace.writer.RankWriter`` on 
 appends one record batch to the table's live segment ``steps.000001.arrows``, an Arrow IPC *stream* (zstd-compressed
 buffers, category columns dictionary-encoded with dictionary deltas), in one write, so a reader sees whole
 messages or a message still being written. When a segment holds ``COMPACT_ROWS`` rows, and at ``finish``, its
-batches (kept in memory) are written as ``steps.000001.parquet`` (one row group, Parquet's delta and
-byte-stream-split encodings, zstd): a temporary file, renamed over, then the stream removed. A reader that sees
+batches (kept in memory) are written as ``steps.000001.parquet`` (row groups of ``ROW_GROUP_ROWS`` rows,
+Parquet's delta and byte-stream-split encodings, zstd): a temporary file, renamed over, then the stream removed. A reader that sees
 both takes the Parquet one; a stream whose Parquet twin never came (a SIGKILL) is read as it is.
 
 Reading (``TableSegments``, used by ``diag.trace.loader``): segments in number order; a stream incrementally
 from the byte where the last complete message ended (its schema and dictionary messages are kept and replayed
-in front of the new bytes), a Parquet segment once, skipping the rows already read from its stream. A last
+in front of the new bytes), a Parquet segment once, skipping the rows already read from its stream. A tail read
+(``tail_rows``: ``diag triage``) goes from the newest segment back and decodes only a Parquet segment's last row
+groups, until it has the rows asked. A last
 message still being written is left for the next read; anything that is not a diag segment, or is damaged, is
 named in ``skipped`` and its readable rows kept.
 """
@@ -18,6 +20,7 @@ named in ``skipped`` and its readable rows kept.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import stat
@@ -38,6 +41,11 @@ PARQUET_SUFFIX = "parquet"
 # A live segment is compacted into Parquet at this many rows: it bounds what a SIGKILL leaves uncompacted (the
 # stream is ~2-5x Parquet's size) and the writer's memory (the segment's batches are kept for compaction)
 COMPACT_ROWS = 1 << 16
+# Rows per Parquet row group: a reader of a segment's last rows (diag triage) decodes only its last row groups
+# instead of the whole segment (a 60,000-row collectives segment: 0.64 ms instead of 3.0 ms). Smaller groups cost
+# the readers of whole segments (diag.load: 3.0 -> 4.0 ms at 16,384 rows, 6.2 ms at 4,096: each group's
+# dictionaries unified) and size (2.90 -> 3.01 B/row; 3.37 at 4,096). Measured in docs/benchmarks.md.
+ROW_GROUP_ROWS = 16384
 ZSTD_LEVEL = 3
 # Framing of an IPC stream message: 0xFFFFFFFF, then the metadata's length. Metadata is a small flatbuffer and
 # diag's batches are far below these; larger declared lengths are damage, not a message still being written.
@@ -161,12 +169,12 @@ def parquet_options(table: Table) -> dict:
 
 
 def write_parquet(table: Table, arrow: pa.Table, path: Path) -> None:
-    """``arrow`` (the table's columns) as a Parquet segment at ``path``, one row group, atomically (a temporary
-    file renamed into place): a reader sees the whole segment or none of it."""
+    """``arrow`` (the table's columns) as a Parquet segment at ``path``, in row groups of ``ROW_GROUP_ROWS`` rows,
+    atomically (a temporary file renamed into place): a reader sees the whole segment or none of it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with pq.ParquetWriter(tmp, arrow.schema, **parquet_options(table)) as writer:
-            writer.write_table(arrow, row_group_size=max(1, arrow.num_rows))
+            writer.write_table(arrow, row_group_size=ROW_GROUP_ROWS)
             writer.add_key_value_metadata({MARKER_KEY: marker(table).encode()})
         os.replace(tmp, path)
     finally:
@@ -317,10 +325,16 @@ class TableSegments:
     # may be left out (diag.analysis.partitioned: a collective's dtype, peer and source are never analysed,
     # and not decoding them is ~0.4 of the ~1.3 ms of reading a rank's 20,000 collectives)
     columns: tuple[str, ...] | None = None
+    cut: bool = False  # the last tail read (read_new's tail_rows) left earlier rows unread
 
-    def read_new(self, rank_dir: Path, names: list[str], notes: list[Note]) -> pa.Table | None:
+    def read_new(
+        self, rank_dir: Path, names: list[str], notes: list[Note], tail_rows: int | None = None
+    ) -> pa.Table | None:
         """Rows appended to the table's segments since the last call, in segment order (``names``: the rank
-        directory's listing)."""
+        directory's listing). ``tail_rows``: only the last rows, at least that many where there are: segments
+        from the newest back, a Parquet segment's last row groups only, a stream's last record batches only;
+        ``self.cut`` then says whether earlier rows were left unread (read so, the segments are not read
+        incrementally after)."""
         segments: dict[int, set[str]] = {}
         for name in names:
             parsed = parse_segment_name(name)
@@ -328,30 +342,49 @@ class TableSegments:
                 segments.setdefault(parsed[1], set()).add(parsed[2])
         parts = []
         last = max(segments, default=0)
-        for number in sorted(segments):
+        have = 0
+        self.cut = False
+        order = sorted(segments, reverse=tail_rows is not None)
+        for number in order:
             if number in self.done:
                 continue
+            if tail_rows is not None and have >= tail_rows:
+                self.cut = True
+                break
             if PARQUET_SUFFIX in segments[number]:
-                part = self._read_parquet(
-                    rank_dir / segment_name(self.table.name, number, PARQUET_SUFFIX), number, notes
-                )
+                path = rank_dir / segment_name(self.table.name, number, PARQUET_SUFFIX)
+                part = self._read_parquet(path, number, notes, None if tail_rows is None else tail_rows - have)
             else:
                 path = rank_dir / segment_name(self.table.name, number, STREAM_SUFFIX)
-                part = self._read_stream(path, number, number == last, notes)
+                part = self._read_stream(
+                    path, number, number == last, notes, None if tail_rows is None else tail_rows - have
+                )
             if part is not None and part.num_rows:
                 parts.append(part)
+                have += part.num_rows
         if not parts:
             return None
+        if tail_rows is not None:
+            parts.reverse()
         return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
-    def _read_parquet(self, path: Path, number: int, notes: list[Note]) -> pa.Table | None:
+    def _read_parquet(self, path: Path, number: int, notes: list[Note], last_rows: int | None = None):
+        """The segment's rows not read yet from its stream; ``last_rows``: only its last row groups that hold
+        at least that many rows."""
         self.done.add(number)  # immutable once renamed into place: read once
         already = self.streams.pop(number, _StreamState()).rows
         try:
             categories = [c.name for c in self.table.columns if c.dtype == "category"]
             # ParquetFile, not read_table: no dataset discovery; one thread: the loader reads ranks in parallel
-            parquet = pq.ParquetFile(pa.BufferReader(_read_regular(path)), read_dictionary=categories)
-            arrow = parquet.read(columns=self._wanted(parquet.schema_arrow.names), use_threads=False)
+            file = pq.ParquetFile(pa.BufferReader(_read_regular(path)), read_dictionary=categories)
+            columns = self._wanted(file.schema_arrow.names)
+            first = _first_group(file.metadata, last_rows)
+            if first == 0:
+                arrow = file.read(columns=columns, use_threads=False)
+            else:
+                groups = range(first, file.metadata.num_row_groups)
+                arrow = file.read_row_groups(groups, columns=columns, use_threads=False)
+                self.cut = True
         except (OSError, pa.ArrowException, ValueError) as exc:
             notes.append(Note(str(path), f"unreadable Parquet segment: {_short(exc)}"))
             return None
@@ -365,7 +398,11 @@ class TableSegments:
         wanted = {n for c in self.table.columns if c.name in self.columns for n in (c.name, c.former_name) if n}
         return [n for n in present if n in wanted]
 
-    def _read_stream(self, path: Path, number: int, live: bool, notes: list[Note]) -> pa.Table | None:
+    def _read_stream(
+        self, path: Path, number: int, live: bool, notes: list[Note], last_rows: int | None = None
+    ) -> pa.Table | None:
+        """The stream's record batches not read yet; ``last_rows``: only its last batches that hold at least
+        that many rows (the stream is then not read incrementally after)."""
         state = self.streams.setdefault(number, _StreamState())
         try:
             data = _read_regular(path, state.offset)
@@ -388,7 +425,10 @@ class TableSegments:
             notes.append(Note(str(path), "not a diag trace segment (no Arrow schema at its start)"))
             return None
         try:
-            arrow = ipc.open_stream(pa.py_buffer(state.prefix + data[:end])).read_all()
+            if last_rows is None:
+                arrow = ipc.open_stream(pa.py_buffer(state.prefix + data[:end])).read_all()
+            else:
+                arrow = self._stream_tail(state.prefix, data, messages, last_rows)
         except (pa.ArrowException, OSError, ValueError) as exc:
             self.done.add(number)
             notes.append(Note(str(path), f"unreadable Arrow stream segment: {_short(exc)}"))
@@ -401,6 +441,22 @@ class TableSegments:
             return None
         state.rows += conformed.num_rows
         return conformed
+
+    def _stream_tail(self, prefix: bytes, data: bytes, messages: list, last_rows: int) -> pa.Table:
+        """The last record batches of a stream, at least ``last_rows`` rows where it has them: its schema and
+        every dictionary message (deltas in their order), then only those batches, decoded. Decoding costs per
+        batch (~0.25 ms: each batch's buffers decompressed apart), and a live stream holds a batch per flush."""
+        head = prefix + b"".join(data[a:b] for kind, a, b in messages if kind != "record batch")
+        batches = [(a, b) for kind, a, b in messages if kind == "record batch"]
+        take = 1
+        while True:
+            body = b"".join(data[a:b] for a, b in batches[len(batches) - take :])
+            arrow = ipc.open_stream(pa.py_buffer(head + body)).read_all()
+            if arrow.num_rows >= last_rows or take >= len(batches):
+                self.cut |= take < len(batches)
+                return arrow
+            per_batch = max(1, arrow.num_rows // max(1, take))
+            take = min(len(batches), max(take + 1, -(-last_rows // per_batch)))
 
     def _conform(self, arrow: pa.Table, path: Path, notes: list[Note]) -> pa.Table | None:
         """The table's columns by name (a column added to the schema after the file was written reads as
@@ -415,6 +471,8 @@ class TableSegments:
                 Note(str(path), f"schema version {version} table {name!r}, expected version 2 {self.table.name!r}")
             )
             return None
+        if arrow.column_names == self.table.column_names and arrow.schema.types == _arrow_types(self.table):
+            return pa.Table.from_arrays(arrow.columns, names=self.table.column_names)  # as written: nothing to do
         arrays = []
         present = set(arrow.column_names)
         for column in self.table.columns:
@@ -433,6 +491,22 @@ class TableSegments:
                 notes.append(Note(str(path), f"column {column.name!r} is not {column.dtype}: {_short(exc)}"))
                 return None
         return pa.Table.from_arrays(arrays, names=self.table.column_names)
+
+
+@functools.cache
+def _arrow_types(table: Table) -> list[pa.DataType]:
+    return [ARROW_TYPES[c.dtype] for c in table.columns]
+
+
+def _first_group(metadata: pq.FileMetaData, last_rows: int | None) -> int:
+    """The first of the last row groups that together hold ``last_rows`` rows (0: the whole file)."""
+    if last_rows is None:
+        return 0
+    first, rows = metadata.num_row_groups, 0
+    while first > 0 and rows < last_rows:
+        first -= 1
+        rows += metadata.row_group(first).num_rows
+    return first
 
 
 def _complete_messages(data: bytes) -> tuple[int, list[tuple[str, int, int]], str | None]:

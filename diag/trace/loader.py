@@ -287,8 +287,8 @@ def _finite_floats(arrow: pa.Table, table: Table) -> pa.Table:
         if column.dtype != "Float64":
             continue
         values = arrow.column(i)
-        finite = pc.is_finite(values)
-        if pc.all(pc.or_kleene(finite, pc.is_null(values))).as_py() is False:
+        finite = pc.is_finite(values)  # null where the value is null, which all() skips
+        if pc.all(finite).as_py() is False:
             arrow = arrow.set_column(i, column.name, pc.if_else(finite, values, pa.scalar(None, pa.float64())))
     return arrow
 
@@ -651,9 +651,12 @@ class TraceReader:
         self._nccl[path] = (key, log)
         return log
 
-    def _read_new_segments(self, rank_dir: Path, names: list[str], table: Table, skipped: list[Skipped]):
+    def _read_new_segments(
+        self, rank_dir: Path, names: list[str], table: Table, skipped: list[Skipped], tail_rows: int | None = None
+    ):
         """Schema version 2: rows appended to the table's segments since the last poll (diag/trace/columnar.py),
-        checked as CSV rows are (finite floats; rows without a required value dropped and counted)."""
+        checked as CSV rows are (finite floats; rows without a required value dropped and counted). ``tail_rows``:
+        only the last rows (``TableSegments.read_new``; diag triage)."""
         if not any(n.startswith(table.name + ".") and n.endswith((".arrows", ".parquet")) for n in names):
             return None
         key = (rank_dir, table.name)
@@ -661,7 +664,7 @@ class TraceReader:
         if segments is None:
             segments = self._segments[key] = TableSegments(table)
         notes = []
-        arrow = segments.read_new(rank_dir, names, notes)
+        arrow = segments.read_new(rank_dir, names, notes, tail_rows)
         skipped.extend(Skipped(n.path, n.reason, n.rows) for n in notes)
         if arrow is None:
             return None
@@ -856,6 +859,10 @@ def latest_run_cuts(steps: pd.DataFrame) -> tuple[dict[int, float], dict[int, in
     to the earlier run, and rank -> the steps row index where the latest run begins when its clock went back."""
     cuts: dict[int, float] = {}
     positional: dict[int, int] = {}
+    order = np.argsort(steps["rank"].to_numpy(), kind="stable")  # each rank's rows in their order
+    ranks, numbers = steps["rank"].to_numpy()[order], steps["step"].to_numpy()[order]
+    if not ((ranks[1:] == ranks[:-1]) & (numbers[1:] <= numbers[:-1])).any():
+        return cuts, positional  # no rank's steps start again: no per-rank loop (2.4 s at 16,384 ranks)
     for rank, group in steps.groupby("rank", sort=False):
         numbers = group["step"].to_numpy()
         back = np.flatnonzero(numbers[1:] <= numbers[:-1])

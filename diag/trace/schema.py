@@ -13,8 +13,9 @@ A trace directory holds one sub-directory per rank, ``rank00007/``, with:
     its buffers zstd-compressed, category columns dictionary-encoded (int32 indices; new strings arrive as
     dictionary deltas). Each flush reaches the file in one write, so a reader sees whole messages, or a last one
     still being written, which it ignores until it is complete. At 65,536 rows, and at ``diag.finish``, the
-    segment is compacted: its rows are written as ``steps.000001.parquet`` (one row group; dictionary encoding
-    for categories and flags, DELTA_BINARY_PACKED for integers, BYTE_STREAM_SPLIT for floats, zstd; statistics
+    segment is compacted: its rows are written as ``steps.000001.parquet`` (row groups of 16,384 rows, so a reader
+    of the last rows decodes only the last groups; dictionary encoding for categories and flags,
+    DELTA_BINARY_PACKED for integers, BYTE_STREAM_SPLIT for floats, zstd; statistics
     for the step and time columns; the marker in the footer's key-value metadata ``diag-trace``), renamed into
     place, and the stream removed. Where both files of a number exist (a kill between the rename and the
     removal), the Parquet one is read. A job killed before finish leaves its last segment as a stream, read as

@@ -4,7 +4,8 @@ A hang is decided by the collectives each rank issued last (the pending one, the
 issue order just before): reading every record of every rank costs minutes and gigabytes at thousands of
 ranks (153 s and 9.4 GB at 1,024 ranks x 20,000 collectives, docs/benchmarks.md). Here each table of a rank is
 read from its end: a version-1 CSV file from a byte offset near its end (its header checked from its first
-lines), version-2 segments from the newest back, until ``rows`` rows are read. The rows go through the
+lines), version-2 segments from the newest back, until ``rows`` rows are read (of a Parquet segment, only its last
+row groups). The rows go through the
 loader's own per-file reads (``TraceReader``), so they get the same checks (corrupt rows dropped and counted,
 non-finite floats null, rows without a required value dropped) as ``diag.load`` gives them.
 """
@@ -14,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
-from diag.trace.columnar import parse_segment_name
 from diag.trace.loader import Skipped, TraceReader, read_file_bytes
 from diag.trace.schema import CSV_SCHEMA_VERSION, Table, parse_marker
 
@@ -48,7 +49,7 @@ def read_tail(reader: TraceReader, rank_dir: Path, names: list[str], table: Tabl
     arrow = pa.concat_tables(parts).unify_dictionaries() if len(parts) > 1 else parts[0]
     cut = csv.cut or segments.cut or arrow.num_rows > rows
     if arrow.num_rows > rows:  # a copy: a slice would keep the whole decoded table alive (or pickle it whole)
-        arrow = arrow.take(pa.array(range(arrow.num_rows - rows, arrow.num_rows)))
+        arrow = arrow.take(np.arange(arrow.num_rows - rows, arrow.num_rows))
     return Tail(arrow, cut)
 
 
@@ -107,21 +108,10 @@ def _line_start(path: Path, near: int) -> int:
 
 
 def _segments_tail(reader: TraceReader, rank_dir: Path, names: list[str], table: Table, rows: int, skipped: list):
-    """Version-2 segments from the newest back until ``rows`` rows: each try reads the chosen segments afresh
-    through the loader (a live stream stays live: the newest segment is always among those read)."""
-    numbers = sorted({p[1] for p in map(parse_segment_name, names) if p is not None and p[0] == table.name})
-    if not numbers:
-        return Tail(None, False)
-    take = 1
-    while True:
-        chosen = set(numbers[-take:])
-        subset = [
-            n for n in names if (p := parse_segment_name(n)) is not None and p[0] == table.name and p[1] in chosen
-        ]
-        reader._segments.pop((rank_dir, table.name), None)
-        found: list[Skipped] = []
-        arrow = reader._read_new_segments(rank_dir, subset, table, found)
-        if take >= len(numbers) or (arrow is not None and arrow.num_rows >= rows):
-            skipped.extend(found)
-            return Tail(arrow, take < len(numbers))
-        take = min(len(numbers), take * 2)
+    """Version-2 segments from the newest back until ``rows`` rows, a Parquet segment's last row groups only
+    (``TableSegments.read_new``), read afresh through the loader (a live stream stays live: the newest segment
+    is always read)."""
+    reader._segments.pop((rank_dir, table.name), None)
+    arrow = reader._read_new_segments(rank_dir, names, table, skipped, tail_rows=rows)
+    segments = reader._segments.get((rank_dir, table.name))
+    return Tail(arrow, segments is not None and segments.cut)

@@ -5,15 +5,20 @@ the bundled hang sample; only the evidence gains a line saying what was not read
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
-from diag.trace.schema import CSV_SCHEMA_VERSION, SCHEMA_VERSION
+from diag.trace import columnar
+from diag.trace.columnar import StreamSegmentWriter
+from diag.trace.loader import TraceReader
+from diag.trace.schema import CSV_SCHEMA_VERSION, SCHEMA_VERSION, TABLES
 from diag.triage.analysis import triage
 from diag.triage.sources import read_diag_trace, tail_rows
 from tests.analysis.helpers import synthetic
 from tests.conftest import REPO
+from tests.trace.test_loader import step_row
 
 RANKS, STEPS, PER_STEP = 12, 40, 5
 
@@ -63,3 +68,42 @@ def test_bundled_hang_sample_same_verdict_from_its_last_rows(tmp_path):
 def test_rows_read_per_rank_shrink_with_the_ranks():
     assert tail_rows(3) >= 10**5  # a small job is read whole
     assert tail_rows(16_384) * 16_384 <= 1_100_000 and tail_rows(16_384) >= 64
+
+
+def test_tail_of_parquet_segments_in_many_row_groups(tmp_path, monkeypatch):
+    """Segments written in row groups of 16 rows (ROW_GROUP_ROWS is 4,096; smaller here so a small trace has
+    many): a tail read decodes only the last row groups and gives the whole trace's verdict."""
+    monkeypatch.setattr(columnar, "ROW_GROUP_ROWS", 16)
+    plants = synthetic.generate(tmp_path, RANKS, STEPS, PER_STEP, trace_format=SCHEMA_VERSION, hang=True)
+    whole = verdict_of(tmp_path, rows_per_rank=10**9)
+    assert whole["verdict"] == "missing_ranks" and whole["culprit_ranks"] == [plants.hang_stuck]
+    for rows in (1, 15, 16, 17, 33):
+        assert without_read_note(verdict_of(tmp_path, rows_per_rank=rows)) == whole, rows
+
+
+def test_tail_of_compacted_segments_and_a_live_stream(tmp_path, monkeypatch):
+    """What capture leaves of a job still running: Parquet segments compacted every 40 rows (in row groups of 8
+    rows), then the live Arrow stream of the last flushes (5 rows each). A tail read goes from the newest back
+    and gives the last rows exactly as the whole read does, decoding at most one row group or record batch more
+    than asked."""
+    monkeypatch.setattr(columnar, "ROW_GROUP_ROWS", 8)
+    path = tmp_path / "rank00000"
+    path.mkdir()
+    (path / "manifest.json").write_text(json.dumps({"rank": 0, "world_size": 1, "run_id": "r", "schema_version": 2}))
+    writer = StreamSegmentWriter(path, TABLES["steps"], compact_rows=40)
+    for flush in range(27):  # segments 1-3 compacted (40 rows each), segment 4 live: 3 record batches, 15 rows
+        writer.append([step_row(flush * 5 + i) for i in range(5)])
+    assert sorted(p.suffix for p in path.glob("steps.*")) == [".arrows", ".parquet", ".parquet", ".parquet"]
+    names = sorted(p.name for p in path.iterdir())
+    total = 135
+    whole = TraceReader(tmp_path).poll()["steps"]["step"].tolist()
+    assert whole == list(range(total))
+    for rows in (1, 5, 6, 11, 15, 16, 17, 45, 129, total, 1000):
+        reader, skipped = TraceReader(tmp_path, tables=()), []
+        arrow = reader._read_new_segments(path, names, TABLES["steps"], skipped, tail_rows=rows)
+        steps = arrow.column("step").to_pylist()
+        assert skipped == []
+        assert steps == whole[-len(steps) :] and len(steps) >= min(rows, total), rows
+        assert len(steps) < rows + 8, rows  # one record batch (5 rows) or one row group (8 rows) beyond
+        assert reader._segments[(path, "steps")].cut == (len(steps) < total), rows
+    writer.close()
