@@ -135,7 +135,7 @@ class LiveTrace:
             len(find_rank_dirs(self.trace_dir)) > PARTITIONED_MIN_RANKS if self.trace_dir.is_dir() else False
         )
         if self.partitioned:
-            self._reader = TraceReader(self.trace_dir, tables=tuple(t for t in TABLES if t != "collectives"))
+            self._reader = ViewColumnsReader(self.trace_dir, tables=tuple(t for t in TABLES if t != "collectives"))
 
     def _absorb(self, data: dict) -> bool:
         changed = False
@@ -209,14 +209,9 @@ class LiveTrace:
         snap.rank_states = rank_states(trace, self._last_record_us, self.stale_after_s)
         snap.run_state = run_state(snap.rank_states, self._last_new_rows_s, self.stale_after_s)
         try:
-            from diag.analysis.report import all_step_times, analyze
-
-            reduce_window, reduce_all = self._reducers(trace)
-            snap.report = analyze(trace, reduce_collectives=reduce_window) if len(trace.steps) else None
+            snap.report, snap.times = self._analyse(trace)
             if snap.report is None:
                 snap.analysis_error = "no steps recorded yet (steps.csv is empty or missing in every rank directory)"
-            times = all_step_times(trace, reduce_collectives=reduce_all)
-            snap.times = times.frame if times is not None else None
         except Exception as exc:  # a trace the analyses cannot handle must not take the dashboard down
             snap.analysis_error = f"analysis failed: {exc!r}"
             traceback.print_exc()
@@ -230,16 +225,37 @@ class LiveTrace:
             self.snapshot = snap
         self._maybe_triage()
 
-    def _reducers(self, trace: Trace):
-        """(for the report's window, for every step): the collectives reduced rank by rank when partitioned,
-        else None (read from the loaded table). The second notes what it skipped on a copy of the trace: the
-        first already put those notes in ``trace.skipped``."""
-        if not self.partitioned:
-            return None, None
-        from diag.analysis.partitioned import LocalEngine, collectives_reducer
+    def _analyse(self, trace: Trace):
+        """(report, per rank-step times of every step). Few ranks: the collectives are loaded, and the times of
+        every step come from them (all_step_times). Many ranks: the collectives are reduced rank by rank ONCE, for
+        the report's window, and the times of every step are split with those waits; a step outside the window
+        (warm-up, a step not every rank finished yet, a failed one) has only the wait its rank measured itself
+        (steps' comm_wait_us). Reducing a second time for every step (as before) doubled the load."""
+        from diag.analysis.report import all_step_times, analyze
 
-        scratch = dataclasses.replace(trace, skipped=[])
-        return collectives_reducer(trace, LocalEngine()), collectives_reducer(scratch, LocalEngine())
+        if not len(trace.steps):
+            return None, None
+        if not self.partitioned:
+            times = all_step_times(trace)
+            return analyze(trace), times.frame if times is not None else None
+        from diag.analysis.comms import wait_per_rank_step
+        from diag.analysis.partitioned import LocalEngine, collectives_reducer
+        from diag.analysis.report import _pipeline_stages
+        from diag.analysis.stragglers import rank_step_times
+
+        reducer = collectives_reducer(trace, LocalEngine())
+        reduced = []
+
+        def reduce_once(window):
+            reduced.append(reducer(window))
+            return reduced[-1]
+
+        report = analyze(trace, reduce_collectives=reduce_once)
+        waits = reduced[-1] if reduced else None
+        times = rank_step_times(
+            trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
+        )
+        return report, compact_times(times.frame)
 
     def _publish_states_only(self) -> None:
         """No new rows: the data stays, but ranks may have become stale and the run quiet."""
@@ -330,6 +346,71 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
         ):
             out[column] = out[column].astype("category")
     return out
+
+
+def compact_times(frame: pd.DataFrame) -> pd.DataFrame:
+    """The per rank-step times as the figures need them: rank and step as int32, durations as float32 (half the
+    memory of float64: 16 M rank-steps at 16,384 ranks x 1,000 steps; float32 keeps 7 digits, plenty for a
+    figure in ms)."""
+    out = {}
+    for column in frame.columns:
+        values = frame[column]
+        if column in ("rank", "step", "peers"):
+            out[column] = values.to_numpy(dtype="int32")
+        elif column.endswith("_us"):
+            out[column] = values.to_numpy(dtype="float32", na_value=np.nan)
+        else:
+            out[column] = values
+    return pd.DataFrame(out)
+
+
+# Columns the pages draw beyond what the analyses read (partitioned.ANALYSED_COLUMNS): the step's components,
+# for the Compare page (diag.analysis.compare.summarize_run).
+VIEW_EXTRA_COLUMNS = {"steps": ("device_us", "forward_us", "backward_us", "optimizer_us")}
+
+
+def view_columns() -> dict[str, tuple[str, ...]]:
+    from diag.analysis.partitioned import ANALYSED_COLUMNS
+
+    return {name: (*keep, *VIEW_EXTRA_COLUMNS.get(name, ())) for name, keep in ANALYSED_COLUMNS.items()}
+
+
+class ViewColumnsReader(TraceReader):
+    """The loader's incremental reader with each rank's per-step tables cut, as soon as they are read, to the
+    columns the analyses and the pages use, and whole microsecond counts that fit kept as int32
+    (partitioned.AnalysedColumnsReader's rule, with the pages' few extra columns): what keeps the server's
+    memory bounded at thousands of ranks, where the steps, memory and telemetry tables hold one row per
+    rank-step each."""
+
+    def _read_rank(self, rank: int, rank_dir: Path):
+        manifest, heartbeat, tables, events, skipped, nccl_log = super()._read_rank(rank, rank_dir)
+        for name, keep in view_columns().items():
+            if name in tables:
+                present = set(tables[name].column_names)
+                tables[name] = tables[name].select([c for c in ("rank", *keep) if c in present])
+        return manifest, heartbeat, tables, events, skipped, nccl_log
+
+    def _frame(self, name: str, chunks: list) -> pd.DataFrame:
+        from diag.analysis.partitioned import INT32_SAFE_MAX
+        from diag.trace.loader import to_frame
+        from diag.trace.schema import Table
+
+        keep = view_columns().get(name)
+        if keep is None or not chunks:  # no rows: the whole empty table, every column a page may look for
+            return super()._frame(name, chunks)
+        table = TABLES[name]
+        narrow = Table(table.name, table.doc, tuple(c for c in table.columns if c.name in keep))
+        frame = to_frame(chunks, narrow, rank_column=True)
+        for column in narrow.columns:
+            values = frame[column.name]
+            if (
+                column.dtype == "int64"
+                and len(values)
+                and values.min() >= -INT32_SAFE_MAX
+                and values.max() < INT32_SAFE_MAX
+            ):
+                frame[column.name] = values.astype("int32")
+        return frame
 
 
 def _record_instant_us(name: str, frame: pd.DataFrame) -> pd.Series | None:
