@@ -108,7 +108,8 @@ def update_overview(snap: d.Snapshot, rank: int | None) -> dict:
     out = {"ranks": f.rank_state_figure(snap.rank_states, rank), "problems": _problems(snap)}
     reason = _missing_reason(snap)
     if reason:
-        out["summary"] = html.Div(f"Cannot analyse this trace: {reason}", className="missing")
+        head = "Analysis in progress" if snap.analysing else "Cannot analyse this trace"
+        out["summary"] = html.Div(f"{head}: {reason}", className="missing")
         out["findings"] = html.Div()
         for name in ("steps", "mfu", "throughput", "health"):
             out[name] = f.message_figure(name, reason)
@@ -189,7 +190,7 @@ def _problems(snap: d.Snapshot) -> html.Div:
     lines = []
     if snap.error:
         lines.append(snap.error)
-    if snap.analysis_error:
+    if snap.analysis_error and not snap.analysing:  # in progress is not a problem: the summary says so
         lines.append(snap.analysis_error)
     trace = snap.trace
     if trace is not None:

@@ -60,6 +60,26 @@ def test_collectives_are_reduced_rank_by_rank_with_the_same_results(many_ranks, 
     assert len(outside) == len(theirs[~inside])
 
 
+def test_first_load_publishes_the_ranks_before_the_report(many_ranks):
+    """Many ranks: the first load publishes what was read (rank states, the groups and their pickers, every
+    step's times with the waits the ranks measured themselves) before the collectives are reduced, then the
+    snapshot with the report."""
+    seen = []
+    first = LiveTrace(many_ranks[0], poll_interval_s=3600, triage=False)
+    first.prepare = lambda snap: seen.append(snap)
+    first.refresh()
+    assert [s.report is None for s in seen] == [True, False]
+    early, done = seen
+    assert early.analysing and "being computed" in early.analysis_error and not done.analysing
+    assert len(early.rank_states) == RANKS and (early.rank_states["state"] != "no data").all()
+    assert early.times is not None and len(early.times) == RANKS * STEPS
+    assert len(group_options(early)) == RANKS // 8
+    slow = many_ranks[1].compute_straggler
+    node = next(g for g in rank_groups(early.trace) if slow in g.ranks)
+    assert rank_options(early, node.key)[0]["value"] == slow  # drill-down works before the report
+    assert first.snapshot is done and done.version == early.version + 1
+
+
 def test_ranks_are_grouped_per_node_then_in_blocks(many_ranks, live):
     trace = live.snapshot.trace
     groups = rank_groups(trace)
