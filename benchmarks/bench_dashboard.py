@@ -280,7 +280,8 @@ def main() -> None:
         f"first page ready over HTTP (index, layout, dependencies, router, overview): {first_http:.3f} s (target <= {FIRST_PAGE_LIMIT_S} s)"
     )
     if first_browser is None:
-        print("first page ready in a browser: not measured (chromium/chromedriver not installed)")
+        why = "--no-browser" if args.no_browser else "chromium/chromedriver not installed"
+        print(f"first page ready in a browser: not measured ({why})")
     else:
         cold, warm = first_browser
         print(

@@ -51,6 +51,10 @@ class Snapshot:
     error: str | None = None  # nothing could be read: why, and what was expected
     analysis_error: str | None = None
     analysing: bool = False  # published before its report (many ranks, first load): analysis_error says so
+    # many ranks: memory and telemetry are never held whole; these compact views (rank_table_views) stand in
+    # for trace.memory and telemetry_frame(trace) on the pages (None: few ranks, the trace's tables are whole)
+    memory_view: pd.DataFrame | None = None
+    telemetry_view: pd.DataFrame | None = None
     loaded_at_s: float = 0.0  # wall clock of this snapshot
     last_new_rows_s: float | None = None  # wall clock when new rows last arrived
     triage: dict | None = None  # Verdict.to_json(), when triage ran
@@ -137,7 +141,8 @@ class LiveTrace:
             len(find_rank_dirs(self.trace_dir)) > PARTITIONED_MIN_RANKS if self.trace_dir.is_dir() else False
         )
         if self.partitioned:
-            self._reader = ViewColumnsReader(self.trace_dir, tables=tuple(t for t in TABLES if t != "collectives"))
+            per_rank = ("collectives", *RANK_VIEW_TABLES)  # reduced or viewed rank by rank, never loaded whole
+            self._reader = ViewColumnsReader(self.trace_dir, tables=tuple(t for t in TABLES if t not in per_rank))
 
     def _absorb(self, data: dict) -> bool:
         changed = False
@@ -214,6 +219,8 @@ class LiveTrace:
         snap.run_state = run_state(snap.rank_states, self._last_new_rows_s, self.stale_after_s)
         try:
             snap.report, snap.times = self._analyse(trace)
+            if self.partitioned and snap.report is not None:
+                snap.memory_view, snap.telemetry_view = rank_table_views(trace)
             if snap.report is None:
                 snap.analysis_error = "no steps recorded yet (steps.csv is empty or missing in every rank directory)"
         except Exception as exc:  # a trace the analyses cannot handle must not take the dashboard down
@@ -278,7 +285,10 @@ class LiveTrace:
             reduced.append(reducer(window))
             return reduced[-1]
 
-        report = analyze(trace, reduce_collectives=reduce_once)
+        from diag.analysis.partitioned import rank_tables_reducer
+
+        # memory and telemetry analysed a batch of ranks at a time, as `diag analyze` does (the same report)
+        report = analyze(trace, reduce_collectives=reduce_once, reduce_rank_tables=rank_tables_reducer(trace))
         waits = reduced[-1] if reduced else None
         times = rank_step_times(
             trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
@@ -439,6 +449,66 @@ class ViewColumnsReader(TraceReader):
             ):
                 frame[column.name] = values.astype("int32")
         return frame
+
+
+RANK_VIEW_TABLES = ("memory", "telemetry")
+MEMORY_VIEW_COLUMNS = ("allocated_bytes", "rss_bytes", "reserved_bytes", "ooms")
+TELEMETRY_VIEW_COLUMNS = ("util_pct", "sm_clock_mhz", "power_w", "temp_c")
+RANK_VIEW_BATCH = 64  # ranks read together: pandas' per-call cost shared
+
+
+def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Memory and telemetry of every rank, read a batch of ranks at a time (the loader's per-rank read, an
+    earlier run's rows cut: partitioned.read_rank_tables) and kept only as the pages draw them: the memory
+    readings a step's band and a rank's line need, and telemetry_frame's columns, as float32 (~16 bytes a
+    reading instead of ~100 as loaded). 16,384 ranks x 1,000 steps: ~0.3 GB for memory, ~0.1 GB for telemetry."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from diag.analysis.partitioned import RankTablesTask, rank_tasks
+    from diag.trace.loader import READ_THREADS
+
+    tasks = [RankTablesTask(t.trace_dir, t.rank, t.rank_dir, t.cut_us, np.nan, np.nan) for t in rank_tasks(trace)]
+    batches = [tasks[i : i + RANK_VIEW_BATCH] for i in range(0, len(tasks), RANK_VIEW_BATCH)]
+    offsets = {int(r): float(o) for r, o in trace.clock_offsets_us().items()}
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        parts = list(pool.map(lambda batch: _batch_views(batch, offsets), batches))
+    memory = pd.concat([m for m, _ in parts], ignore_index=True) if parts else pd.DataFrame()
+    telemetry = pd.concat([t for _, t in parts], ignore_index=True) if parts else pd.DataFrame()
+    if len(telemetry):  # seconds since the first sample, as telemetry_frame gives them
+        aligned = telemetry.pop("aligned_us").to_numpy()
+        telemetry["t_s"] = ((aligned - aligned.min()) / 1e6).astype("float32")
+    return memory, telemetry
+
+
+def _batch_views(tasks: list, offsets: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from diag.analysis.partitioned import read_rank_tables
+    from diag.analysis.telemetry import throttled_samples
+
+    mem, tel, *_ = read_rank_tables(tasks)  # what it skipped, the report's load already said
+    memory = pd.DataFrame({"rank": mem["rank"].to_numpy(dtype="int32"), "step": mem["step"].to_numpy(dtype="int32")})
+    for column in MEMORY_VIEW_COLUMNS:
+        memory[column] = mem[column].to_numpy(dtype="float32", na_value=np.nan)
+    telemetry = pd.DataFrame(
+        {"rank": tel["rank"].to_numpy(dtype="int32"), "gpu": tel["gpu"].to_numpy(dtype="int32", na_value=-1)}
+    )
+    for column in TELEMETRY_VIEW_COLUMNS:
+        telemetry[column] = tel[column].to_numpy(dtype="float32", na_value=np.nan)
+    shift = tel["rank"].map(offsets).fillna(0.0).to_numpy(dtype="float64")
+    telemetry["aligned_us"] = tel["time_us"].to_numpy(dtype="float64", na_value=np.nan) - shift
+    telemetry["throttled"] = throttled_samples(tel["throttle_reasons"]).astype("float32")
+    return memory, telemetry
+
+
+def one_rank_table(trace_dir: Path, rank: int, name: str) -> pd.DataFrame:
+    """One rank's whole table, read on demand from its own files only (drill-down at thousands of ranks)."""
+    from diag.trace.loader import to_frame
+
+    reader = TraceReader(trace_dir, tables=(name,))
+    rank_dir = reader.rank_dirs().get(rank)
+    if rank_dir is None:
+        return empty_table(TABLES[name])
+    tables = reader._read_rank(rank, rank_dir)[2]
+    return to_frame([tables[name]] if name in tables else [], TABLES[name], rank_column=True)
 
 
 def _record_instant_us(name: str, frame: pd.DataFrame) -> pd.Series | None:

@@ -370,8 +370,9 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
     reason = _missing_reason(snap)
     if reason:
         return unavailable(PAGES["/memory"], reason)
-    mem, report = snap.trace.memory, snap.report.memory
-    metric = memory_metric(mem)
+    report = snap.report.memory
+    mem = snap.memory_view if snap.memory_view is not None else snap.trace.memory  # many ranks: compact view
+    metric = memory_metric(mem) if len(mem) else "rss_bytes"
     band = snap.memo("mem_band", lambda: d.fleet_band(mem, "step", metric))
     ooms = snap.memo("ooms", lambda: oom_steps(snap.trace.events, mem))
     selected = d.one_rank(mem, rank)
@@ -393,10 +394,26 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
         "summary": html.Ul([html.Li(x) for x in lines]) if lines else html.Div("No leak suspected, no OOM recorded."),
         "timeline": f.memory_figure(band, metric, selected, selected, ooms),
         "per_rank": f.memory_per_rank_figure(report.per_rank, rank),
-        "categories": f.memory_categories_figure(
-            snap.memo("mem_categories", lambda: category_series(mem)), report.per_rank, rank
-        ),
+        "categories": f.memory_categories_figure(_category_series(snap, rank), report.per_rank, rank),
     }
+
+
+def _category_series(snap: d.Snapshot, rank: int | None) -> pd.DataFrame:
+    """Every rank's memory categories per step; with many ranks (no memory table held) only the rank the figure
+    shows (the selected one, else the one holding most), read from its own files when asked."""
+    if snap.memory_view is None:
+        return snap.memo("mem_categories", lambda: category_series(snap.trace.memory))
+    held = {
+        r.rank: (r.param_bytes or 0) + (r.grad_bytes or 0) + (r.optimizer_state_bytes or 0)
+        for r in snap.report.memory.per_rank
+        if r.param_bytes is not None
+    }
+    if not held:
+        return category_series(snap.trace.memory)  # empty: the figure says nothing was recorded
+    shown = rank if rank in held else max(held, key=held.get)
+    return snap.memo(
+        ("mem_categories", shown), lambda: category_series(d.one_rank_table(snap.trace_dir, shown, "memory"))
+    )
 
 
 def _oom_lines(ooms: list) -> list[str]:
@@ -441,7 +458,11 @@ def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
     reason = _missing_reason(snap)
     if reason:
         return unavailable(PAGES["/telemetry"], reason)
-    tel = snap.memo("tel", lambda: d.telemetry_frame(snap.trace))
+    tel = (
+        snap.telemetry_view
+        if snap.telemetry_view is not None
+        else snap.memo("tel", lambda: d.telemetry_frame(snap.trace))
+    )
     # one window per sampling interval (about one sample of every GPU in each): finer windows would hold
     # only some GPUs and the band would jump between them
     windows = int(min(500, tel.groupby("rank").size().median())) if len(tel) else 1

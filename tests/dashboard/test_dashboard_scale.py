@@ -11,7 +11,14 @@ import pandas as pd
 import pytest
 from plotly.utils import PlotlyJSONEncoder
 
-from diag.dashboard.data import MAX_RANK_GROUPS, LiveTrace, group_options, rank_groups, rank_options
+from diag.dashboard.data import (
+    MAX_RANK_GROUPS,
+    LiveTrace,
+    group_options,
+    one_rank_table,
+    rank_groups,
+    rank_options,
+)
 from tests.analysis.test_golden_reports import differences
 
 pytestmark = pytest.mark.slow
@@ -58,6 +65,39 @@ def test_collectives_are_reduced_rank_by_rank_with_the_same_results(many_ranks, 
     outside = mine[~inside]
     assert (outside["wait_us"].to_numpy() == steps.loc[~inside, "comm_wait_us"].to_numpy(dtype="float32")).all()
     assert len(outside) == len(theirs[~inside])
+
+
+def test_memory_and_telemetry_are_viewed_rank_by_rank_with_the_same_figures(many_ranks, live):
+    """Many ranks: memory and telemetry are never held whole (the report reduces them rank by rank, the pages
+    draw compact float32 views); the bands, OOMs, a selected rank's line and the categories of the rank shown
+    (read from its own files) are the whole trace's."""
+    from diag.dashboard.pages import update_memory, update_telemetry
+
+    whole = LiveTrace(many_ranks[0], triage=False)
+    whole.partitioned = False
+    whole.refresh()
+    mine, theirs = live.snapshot, whole.snapshot
+    assert mine.trace.memory.empty and len(theirs.trace.memory) == RANKS * STEPS
+    assert len(mine.memory_view) == RANKS * STEPS and mine.memory_view["allocated_bytes"].dtype == "float32"
+    assert len(mine.telemetry_view) == len(theirs.trace.telemetry) > 0
+    slow = many_ranks[1].compute_straggler
+    for snap in (mine, theirs):
+        update_memory(snap, slow)
+        update_telemetry(snap, slow)
+    pd.testing.assert_frame_equal(mine._memo["mem_band"], theirs._memo["mem_band"], rtol=1e-6, check_dtype=False)
+    assert mine._memo["ooms"].sort_values(["rank", "step"]).values.tolist() == (
+        theirs._memo["ooms"].sort_values(["rank", "step"]).values.tolist()
+    )
+    for name, band in theirs._memo["tel_bands"].items():
+        pd.testing.assert_frame_equal(mine._memo["tel_bands"][name], band, rtol=1e-5, check_dtype=False)
+    for rank in (None, slow):  # this synthetic run records no categories: both say so
+        a = update_memory(mine, rank)["categories"].to_plotly_json()
+        b = update_memory(theirs, rank)["categories"].to_plotly_json()
+        assert a["data"] == b["data"] and a["layout"]["annotations"] == b["layout"]["annotations"]
+    # the drill-down's read of one rank's own files gives that rank's rows of the whole table
+    one = one_rank_table(many_ranks[0], slow, "memory")
+    rows = theirs.trace.memory[theirs.trace.memory["rank"] == slow].reset_index(drop=True)
+    pd.testing.assert_frame_equal(one.reset_index(drop=True), rows, check_dtype=False, check_categorical=False)
 
 
 def test_first_load_publishes_the_ranks_before_the_report(many_ranks):
