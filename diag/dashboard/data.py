@@ -120,6 +120,11 @@ class LiveTrace:
         except (TraceError, OSError) as exc:
             self._publish_error(str(exc))
             return False
+        if self.partitioned:  # give back what Arrow's pool and glibc keep of the parse buffers, as diag analyze does
+            from diag.analysis.partitioned import release_arrow_memory, release_heap_memory
+
+            release_arrow_memory()
+            release_heap_memory()
         changed = self._absorb(data)
         if not self._ranks:
             self._publish_error(

@@ -223,13 +223,20 @@ def update_stragglers(snap: d.Snapshot, rank: int | None) -> dict:
         return unavailable(PAGES["/stragglers"], reason)
     report, times = snap.report, snap.times
     stragglers = report.stragglers.stragglers
-    window = times[times["step"].between(report.run.window.first_step or 0, report.run.window.last_step or 0)]
+
     compute = snap.memo("m_compute", lambda: d.rank_step_matrix(times, "compute_us"))
     wait = snap.memo("m_wait", lambda: d.rank_step_matrix(times, "wait_us"))
-    # colour range from the analysed window's rank medians, so warm-up steps and spikes do not wash it out
-    zmax_compute = snap.memo("z_compute", lambda: _zmax_ms(window, "compute_us"))
-    zmax_wait = snap.memo("z_wait", lambda: _zmax_ms(window, "wait_us"))
-    quantiles = snap.memo("q_busy", lambda: d.per_rank_quantiles(window if len(window) else times, "busy_us"))
+
+    def window_aggregates():  # the window's rows selected once per snapshot (16 M rank-steps at 16,384 ranks)
+        rows = times[times["step"].between(report.run.window.first_step or 0, report.run.window.last_step or 0)]
+        # colour range from the analysed window's rank medians, so warm-up steps and spikes do not wash it out
+        return (
+            _zmax_ms(rows, "compute_us"),
+            _zmax_ms(rows, "wait_us"),
+            d.per_rank_quantiles(rows if len(rows) else times, "busy_us"),
+        )
+
+    zmax_compute, zmax_wait, quantiles = snap.memo("window_aggregates", window_aggregates)
     return {
         "named": _stragglers_text(report),
         "compute": f.heatmap_figure(compute, "Compute time per rank and step", stragglers, rank, zmax_compute),
@@ -465,7 +472,7 @@ def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
     )
     # one window per sampling interval (about one sample of every GPU in each): finer windows would hold
     # only some GPUs and the band would jump between them
-    windows = int(min(500, tel.groupby("rank").size().median())) if len(tel) else 1
+    windows = snap.memo("tel_windows", lambda: int(min(500, tel.groupby("rank").size().median())) if len(tel) else 1)
     bands = snap.memo(
         "tel_bands", lambda: {c: d.fleet_band(tel, "t_s", c, max_points=windows) for c, _ in f.TELEMETRY_PANELS}
     )
