@@ -469,7 +469,7 @@ def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     reading instead of ~100 as loaded). 16,384 ranks x 1,000 steps: ~0.3 GB for memory, ~0.1 GB for telemetry."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from diag.analysis.partitioned import RankTablesTask, rank_tasks
+    from diag.analysis.partitioned import RankTablesTask, rank_tasks, release_arrow_memory, release_heap_memory
     from diag.trace.loader import READ_THREADS
 
     tasks = [RankTablesTask(t.trace_dir, t.rank, t.rank_dir, t.cut_us, np.nan, np.nan) for t in rank_tasks(trace)]
@@ -479,6 +479,9 @@ def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
         parts = list(pool.map(lambda batch: _batch_views(batch, offsets), batches))
     memory = pd.concat([m for m, _ in parts], ignore_index=True) if parts else pd.DataFrame()
     telemetry = pd.concat([t for _, t in parts], ignore_index=True) if parts else pd.DataFrame()
+    del parts
+    release_arrow_memory()  # the batches' parse buffers and whole frames: nothing reuses them
+    release_heap_memory()
     if len(telemetry):  # seconds since the first sample, as telemetry_frame gives them
         aligned = telemetry.pop("aligned_us").to_numpy()
         telemetry["t_s"] = ((aligned - aligned.min()) / 1e6).astype("float32")
