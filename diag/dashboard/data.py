@@ -32,11 +32,6 @@ TRIAGE_MIN_INTERVAL_S = 30.0  # triage re-reads the whole directory: not more of
 # Above this many rank directories the collectives (20 rows per rank-step, ~5 GB per thousand ranks loaded) are
 # never loaded: they are reduced rank by rank (diag.analysis.partitioned), as `diag analyze` does
 PARTITIONED_MIN_RANKS = 64
-# Compact collective parts the reduction keeps between its two passes (partitioned.LocalEngine; diag analyze
-# gives it 3.5 GB): the server holds the steps table and the first snapshot's times besides (~1.5 GB at 16,384
-# ranks), so it gives 2 GB; beyond, a rank's collectives are read again in the second pass (more CPU, not memory).
-# Below ~6,000 ranks every part fits either way.
-REDUCTION_HELD_BYTES_MAX = 2 << 30
 
 # State of a rank, as the pages show it.
 LIVE, STALE, FINISHED, NO_DATA = "live", "stale", "finished", "no data"
@@ -288,7 +283,7 @@ class LiveTrace:
         from diag.analysis.report import _pipeline_stages
         from diag.analysis.stragglers import rank_step_times
 
-        reducer = collectives_reducer(trace, LocalEngine(held_bytes_max=REDUCTION_HELD_BYTES_MAX))
+        reducer = collectives_reducer(trace, LocalEngine())
         reduced = []
 
         def reduce_once(window):
