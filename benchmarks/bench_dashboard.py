@@ -184,6 +184,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--format", type=int, default=1, choices=(1, 2), help="trace schema version generated")
     parser.add_argument("--no-browser", action="store_true", help="skip the headless Chromium measurement")
+    parser.add_argument("--no-triage", action="store_true", help="skip the triage verdict (minutes at 16,384 ranks)")
     args = parser.parse_args()
     import logging
 
@@ -206,7 +207,7 @@ def main() -> None:
     from diag.dashboard.pages import prepare
 
     started, cpu_started = time.perf_counter(), time.process_time()
-    live = LiveTrace(args.trace_dir, poll_interval_s=3600)  # no polling during the measurements
+    live = LiveTrace(args.trace_dir, poll_interval_s=3600, triage=not args.no_triage)  # no polling meanwhile
     published = []  # (wall s, CPU s, with its report) of each snapshot the load publishes
 
     def timed_prepare(snap):
