@@ -184,6 +184,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--format", type=int, default=1, choices=(1, 2), help="trace schema version generated")
     parser.add_argument("--no-browser", action="store_true", help="skip the headless Chromium measurement")
+    parser.add_argument("--no-triage", action="store_true", help="skip the triage verdict (minutes at 16,384 ranks)")
     args = parser.parse_args()
     import logging
 
@@ -201,14 +202,30 @@ def main() -> None:
         print(f"generated {args.ranks} ranks x {args.steps} steps in {time.perf_counter() - started:.0f} s")
     planted = json.loads((args.trace_dir / "planted.json").read_text())
 
-    started = time.perf_counter()
-    live = LiveTrace(args.trace_dir, poll_interval_s=3600)  # no polling during the measurements
-    live.refresh()
     import resource
 
+    from diag.dashboard.pages import prepare
+
+    started, cpu_started = time.perf_counter(), time.process_time()
+    live = LiveTrace(args.trace_dir, poll_interval_s=3600, triage=not args.no_triage)  # no polling meanwhile
+    published = []  # (wall s, CPU s, with its report) of each snapshot the load publishes
+
+    def timed_prepare(snap):
+        prepare(snap)
+        published.append((time.perf_counter() - started, time.process_time() - cpu_started, snap.report is not None))
+
+    live.prepare = timed_prepare
+    live.refresh()
+    load_wall_s, load_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    for wall_s, cpu_s, with_report in published[:-1]:
+        print(
+            f"first snapshot published {'with' if with_report else 'before'} the report (rank states, groups, "
+            f"pickers): {wall_s:.1f} s wall, {cpu_s:.1f} s CPU"
+        )
     print(
-        f"server load (read + analyse + aggregate): {time.perf_counter() - started:.1f} s, peak RSS {peak_gb:.2f} GB, "
+        f"server load (read + analyse + aggregate): {load_wall_s:.1f} s wall, {load_cpu_s:.1f} s CPU "
+        f"(this process, all threads), peak RSS {peak_gb:.2f} GB, "
         f"collectives {'reduced rank by rank' if live.partitioned else 'loaded whole'}"
     )
     started = time.perf_counter()
@@ -264,7 +281,8 @@ def main() -> None:
         f"first page ready over HTTP (index, layout, dependencies, router, overview): {first_http:.3f} s (target <= {FIRST_PAGE_LIMIT_S} s)"
     )
     if first_browser is None:
-        print("first page ready in a browser: not measured (chromium/chromedriver not installed)")
+        why = "--no-browser" if args.no_browser else "chromium/chromedriver not installed"
+        print(f"first page ready in a browser: not measured ({why})")
     else:
         cold, warm = first_browser
         print(

@@ -203,10 +203,12 @@ def render_page(page: Page, snap, rank: int | None) -> dict:
     except Exception as exc:
         traceback.print_exc()
         content = unavailable(page, f"this page could not be drawn from the trace ({exc!r})")
-    for name in page.graphs:
-        content.setdefault(name, f.message_figure(name, "no data"))
+    for name in page.graphs:  # not setdefault: it would build a figure (~60 ms of plotly) for every graph drawn
+        if name not in content:
+            content[name] = f.message_figure(name, "no data")
     for name in page.texts:
-        content.setdefault(name, html.Div())
+        if name not in content:
+            content[name] = html.Div()
     return content
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,11 @@ class Snapshot:
     run_state: str = "loading"  # loading, running, finished, quiet
     error: str | None = None  # nothing could be read: why, and what was expected
     analysis_error: str | None = None
+    analysing: bool = False  # published before its report (many ranks, first load): analysis_error says so
+    # many ranks: memory and telemetry are never held whole; these compact views (rank_table_views) stand in
+    # for trace.memory and telemetry_frame(trace) on the pages (None: few ranks, the trace's tables are whole)
+    memory_view: pd.DataFrame | None = None
+    telemetry_view: pd.DataFrame | None = None
     loaded_at_s: float = 0.0  # wall clock of this snapshot
     last_new_rows_s: float | None = None  # wall clock when new rows last arrived
     triage: dict | None = None  # Verdict.to_json(), when triage ran
@@ -114,6 +120,11 @@ class LiveTrace:
         except (TraceError, OSError) as exc:
             self._publish_error(str(exc))
             return False
+        if self.partitioned:  # give back what Arrow's pool and glibc keep of the parse buffers, as diag analyze does
+            from diag.analysis.partitioned import release_arrow_memory, release_heap_memory
+
+            release_arrow_memory()
+            release_heap_memory()
         changed = self._absorb(data)
         if not self._ranks:
             self._publish_error(
@@ -135,7 +146,8 @@ class LiveTrace:
             len(find_rank_dirs(self.trace_dir)) > PARTITIONED_MIN_RANKS if self.trace_dir.is_dir() else False
         )
         if self.partitioned:
-            self._reader = TraceReader(self.trace_dir, tables=tuple(t for t in TABLES if t != "collectives"))
+            per_rank = ("collectives", *RANK_VIEW_TABLES)  # reduced or viewed rank by rank, never loaded whole
+            self._reader = ViewColumnsReader(self.trace_dir, tables=tuple(t for t in TABLES if t not in per_rank))
 
     def _absorb(self, data: dict) -> bool:
         changed = False
@@ -204,19 +216,18 @@ class LiveTrace:
         started = time.monotonic()
         self._dirty = False
         trace = self._trace()
+        if self.partitioned and self.snapshot.trace is None and len(trace.steps):
+            self._publish_before_analysis(trace)
         snap = Snapshot(version=0, trace_dir=self.trace_dir, trace=trace, loaded_at_s=time.time())
         snap.last_new_rows_s = self._last_new_rows_s
         snap.rank_states = rank_states(trace, self._last_record_us, self.stale_after_s)
         snap.run_state = run_state(snap.rank_states, self._last_new_rows_s, self.stale_after_s)
         try:
-            from diag.analysis.report import all_step_times, analyze
-
-            reduce_window, reduce_all = self._reducers(trace)
-            snap.report = analyze(trace, reduce_collectives=reduce_window) if len(trace.steps) else None
+            snap.report, snap.times = self._analyse(trace)
+            if self.partitioned and snap.report is not None:
+                snap.memory_view, snap.telemetry_view = rank_table_views(trace)
             if snap.report is None:
                 snap.analysis_error = "no steps recorded yet (steps.csv is empty or missing in every rank directory)"
-            times = all_step_times(trace, reduce_collectives=reduce_all)
-            snap.times = times.frame if times is not None else None
         except Exception as exc:  # a trace the analyses cannot handle must not take the dashboard down
             snap.analysis_error = f"analysis failed: {exc!r}"
             traceback.print_exc()
@@ -230,16 +241,64 @@ class LiveTrace:
             self.snapshot = snap
         self._maybe_triage()
 
-    def _reducers(self, trace: Trace):
-        """(for the report's window, for every step): the collectives reduced rank by rank when partitioned,
-        else None (read from the loaded table). The second notes what it skipped on a copy of the trace: the
-        first already put those notes in ``trace.skipped``."""
-        if not self.partitioned:
-            return None, None
-        from diag.analysis.partitioned import LocalEngine, collectives_reducer
+    def _publish_before_analysis(self, trace: Trace) -> None:
+        """Many ranks, first load: publish what was read before the collectives are reduced (minutes at 16,384
+        ranks): rank states, the rank groups and pickers, every step's times split with the waits the ranks
+        measured themselves (steps' comm_wait_us); the pages that need the report say it is being computed."""
+        from diag.analysis.report import _pipeline_stages
+        from diag.analysis.stragglers import rank_step_times
 
-        scratch = dataclasses.replace(trace, skipped=[])
-        return collectives_reducer(trace, LocalEngine()), collectives_reducer(scratch, LocalEngine())
+        snap = Snapshot(version=0, trace_dir=self.trace_dir, trace=trace, loaded_at_s=time.time())
+        snap.last_new_rows_s = self._last_new_rows_s
+        snap.rank_states = rank_states(trace, self._last_record_us, self.stale_after_s)
+        snap.run_state = run_state(snap.rank_states, self._last_new_rows_s, self.stale_after_s)
+        snap.times = compact_times(rank_step_times(trace.steps, None, _pipeline_stages(trace)).frame)
+        snap.analysing = True
+        snap.analysis_error = (
+            f"the report is being computed: the collectives of {len(trace.ranks_found):,} ranks are reduced rank by "
+            f"rank (started {time.strftime('%H:%M:%S')}); this page is drawn when it is done"
+        )
+        snap.triage, snap.triage_note = self._triage_result
+        if self.prepare is not None:
+            self.prepare(snap)
+        with self._lock:
+            snap.version = self.snapshot.version + 1
+            self.snapshot = snap
+
+    def _analyse(self, trace: Trace):
+        """(report, per rank-step times of every step). Few ranks: the collectives are loaded, and the times of
+        every step come from them (all_step_times). Many ranks: the collectives are reduced rank by rank ONCE, for
+        the report's window, and the times of every step are split with those waits; a step outside the window
+        (warm-up, a step not every rank finished yet, a failed one) has only the wait its rank measured itself
+        (steps' comm_wait_us). Reducing a second time for every step (as before) doubled the load."""
+        from diag.analysis.report import all_step_times, analyze
+
+        if not len(trace.steps):
+            return None, None
+        if not self.partitioned:
+            times = all_step_times(trace)
+            return analyze(trace), times.frame if times is not None else None
+        from diag.analysis.comms import wait_per_rank_step
+        from diag.analysis.partitioned import LocalEngine, collectives_reducer
+        from diag.analysis.report import _pipeline_stages
+        from diag.analysis.stragglers import rank_step_times
+
+        reducer = collectives_reducer(trace, LocalEngine())
+        reduced = []
+
+        def reduce_once(window):
+            reduced.append(reducer(window))
+            return reduced[-1]
+
+        from diag.analysis.partitioned import rank_tables_reducer
+
+        # memory and telemetry analysed a batch of ranks at a time, as `diag analyze` does (the same report)
+        report = analyze(trace, reduce_collectives=reduce_once, reduce_rank_tables=rank_tables_reducer(trace))
+        waits = reduced[-1] if reduced else None
+        times = rank_step_times(
+            trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
+        )
+        return report, compact_times(times.frame)
 
     def _publish_states_only(self) -> None:
         """No new rows: the data stays, but ranks may have become stale and the run quiet."""
@@ -332,6 +391,134 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
     return out
 
 
+def compact_times(frame: pd.DataFrame) -> pd.DataFrame:
+    """The per rank-step times as the figures need them: rank and step as int32, durations as float32 (half the
+    memory of float64: 16 M rank-steps at 16,384 ranks x 1,000 steps; float32 keeps 7 digits, plenty for a
+    figure in ms)."""
+    out = {}
+    for column in frame.columns:
+        values = frame[column]
+        if column in ("rank", "step", "peers"):
+            out[column] = values.to_numpy(dtype="int32")
+        elif column.endswith("_us"):
+            out[column] = values.to_numpy(dtype="float32", na_value=np.nan)
+        else:
+            out[column] = values
+    return pd.DataFrame(out)
+
+
+# Columns the pages draw beyond what the analyses read (partitioned.ANALYSED_COLUMNS): the step's components,
+# for the Compare page (diag.analysis.compare.summarize_run).
+VIEW_EXTRA_COLUMNS = {"steps": ("device_us", "forward_us", "backward_us", "optimizer_us")}
+
+
+def view_columns() -> dict[str, tuple[str, ...]]:
+    from diag.analysis.partitioned import ANALYSED_COLUMNS
+
+    return {name: (*keep, *VIEW_EXTRA_COLUMNS.get(name, ())) for name, keep in ANALYSED_COLUMNS.items()}
+
+
+class ViewColumnsReader(TraceReader):
+    """The loader's incremental reader with each rank's per-step tables cut, as soon as they are read, to the
+    columns the analyses and the pages use, and whole microsecond counts that fit kept as int32
+    (partitioned.AnalysedColumnsReader's rule, with the pages' few extra columns): what keeps the server's
+    memory bounded at thousands of ranks, where the steps, memory and telemetry tables hold one row per
+    rank-step each."""
+
+    def _read_rank(self, rank: int, rank_dir: Path):
+        manifest, heartbeat, tables, events, skipped, nccl_log = super()._read_rank(rank, rank_dir)
+        for name, keep in view_columns().items():
+            if name in tables:
+                present = set(tables[name].column_names)
+                tables[name] = tables[name].select([c for c in ("rank", *keep) if c in present])
+        return manifest, heartbeat, tables, events, skipped, nccl_log
+
+    def _frame(self, name: str, chunks: list) -> pd.DataFrame:
+        from diag.analysis.partitioned import INT32_SAFE_MAX
+        from diag.trace.loader import to_frame
+        from diag.trace.schema import Table
+
+        keep = view_columns().get(name)
+        if keep is None or not chunks:  # no rows: the whole empty table, every column a page may look for
+            return super()._frame(name, chunks)
+        table = TABLES[name]
+        narrow = Table(table.name, table.doc, tuple(c for c in table.columns if c.name in keep))
+        frame = to_frame(chunks, narrow, rank_column=True)
+        for column in narrow.columns:
+            values = frame[column.name]
+            if (
+                column.dtype == "int64"
+                and len(values)
+                and values.min() >= -INT32_SAFE_MAX
+                and values.max() < INT32_SAFE_MAX
+            ):
+                frame[column.name] = values.astype("int32")
+        return frame
+
+
+RANK_VIEW_TABLES = ("memory", "telemetry")
+MEMORY_VIEW_COLUMNS = ("allocated_bytes", "rss_bytes", "reserved_bytes", "ooms")
+TELEMETRY_VIEW_COLUMNS = ("util_pct", "sm_clock_mhz", "power_w", "temp_c")
+RANK_VIEW_BATCH = 64  # ranks read together: pandas' per-call cost shared
+
+
+def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Memory and telemetry of every rank, read a batch of ranks at a time (the loader's per-rank read, an
+    earlier run's rows cut: partitioned.read_rank_tables) and kept only as the pages draw them: the memory
+    readings a step's band and a rank's line need, and telemetry_frame's columns, as float32 (~16 bytes a
+    reading instead of ~100 as loaded). 16,384 ranks x 1,000 steps: ~0.3 GB for memory, ~0.1 GB for telemetry."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from diag.analysis.partitioned import RankTablesTask, rank_tasks, release_arrow_memory, release_heap_memory
+    from diag.trace.loader import READ_THREADS
+
+    tasks = [RankTablesTask(t.trace_dir, t.rank, t.rank_dir, t.cut_us, np.nan, np.nan) for t in rank_tasks(trace)]
+    batches = [tasks[i : i + RANK_VIEW_BATCH] for i in range(0, len(tasks), RANK_VIEW_BATCH)]
+    offsets = {int(r): float(o) for r, o in trace.clock_offsets_us().items()}
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        parts = list(pool.map(lambda batch: _batch_views(batch, offsets), batches))
+    memory = pd.concat([m for m, _ in parts], ignore_index=True) if parts else pd.DataFrame()
+    telemetry = pd.concat([t for _, t in parts], ignore_index=True) if parts else pd.DataFrame()
+    del parts
+    release_arrow_memory()  # the batches' parse buffers and whole frames: nothing reuses them
+    release_heap_memory()
+    if len(telemetry):  # seconds since the first sample, as telemetry_frame gives them
+        aligned = telemetry.pop("aligned_us").to_numpy()
+        telemetry["t_s"] = ((aligned - aligned.min()) / 1e6).astype("float32")
+    return memory, telemetry
+
+
+def _batch_views(tasks: list, offsets: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from diag.analysis.partitioned import read_rank_tables
+    from diag.analysis.telemetry import throttled_samples
+
+    mem, tel, *_ = read_rank_tables(tasks)  # what it skipped, the report's load already said
+    memory = pd.DataFrame({"rank": mem["rank"].to_numpy(dtype="int32"), "step": mem["step"].to_numpy(dtype="int32")})
+    for column in MEMORY_VIEW_COLUMNS:
+        memory[column] = mem[column].to_numpy(dtype="float32", na_value=np.nan)
+    telemetry = pd.DataFrame(
+        {"rank": tel["rank"].to_numpy(dtype="int32"), "gpu": tel["gpu"].to_numpy(dtype="int32", na_value=-1)}
+    )
+    for column in TELEMETRY_VIEW_COLUMNS:
+        telemetry[column] = tel[column].to_numpy(dtype="float32", na_value=np.nan)
+    shift = tel["rank"].map(offsets).fillna(0.0).to_numpy(dtype="float64")
+    telemetry["aligned_us"] = tel["time_us"].to_numpy(dtype="float64", na_value=np.nan) - shift
+    telemetry["throttled"] = throttled_samples(tel["throttle_reasons"]).astype("float32")
+    return memory, telemetry
+
+
+def one_rank_table(trace_dir: Path, rank: int, name: str) -> pd.DataFrame:
+    """One rank's whole table, read on demand from its own files only (drill-down at thousands of ranks)."""
+    from diag.trace.loader import to_frame
+
+    reader = TraceReader(trace_dir, tables=(name,))
+    rank_dir = reader.rank_dirs().get(rank)
+    if rank_dir is None:
+        return empty_table(TABLES[name])
+    tables = reader._read_rank(rank, rank_dir)[2]
+    return to_frame([tables[name]] if name in tables else [], TABLES[name], rank_column=True)
+
+
 def _record_instant_us(name: str, frame: pd.DataFrame) -> pd.Series | None:
     if name in ("steps", "phases", "microbatches"):
         return frame["start_us"].astype("int64") + frame["duration_us"].astype("int64")
@@ -413,27 +600,57 @@ def bin_edges(values: np.ndarray, max_bins: int) -> np.ndarray:
     return np.arange(len(values)) // width
 
 
+def unique_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values, position of each value among them): np.unique's return_inverse, in one linear
+    pass for the small non-negative integers that ranks and steps are (np.unique sorts: ~1 s per 16 M rows)."""
+    values = np.asarray(values)
+    if not len(values):
+        return values, np.zeros(0, dtype="int64")
+    lo, hi = int(values.min()), int(values.max())
+    if values.dtype.kind not in "iu" or hi - lo > 4 * len(values) + 1024:
+        return np.unique(values, return_inverse=True)
+    present = np.zeros(hi - lo + 1, dtype=bool)
+    present[values - lo] = True
+    position = np.cumsum(present) - 1
+    return np.flatnonzero(present) + lo, position[values - lo]
+
+
+def per_rank_matrix(frame: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(ranks, ranks x steps float64 matrix of ``column``, NaN where a rank has no such step)."""
+    ranks, rank_at = unique_index(frame["rank"].to_numpy())
+    steps, step_at = unique_index(frame["step"].to_numpy())
+    dense = np.full((len(ranks), len(steps)), np.nan)
+    dense[rank_at, step_at] = frame[column].to_numpy(dtype="float64", na_value=np.nan)
+    return ranks, dense
+
+
 def rank_step_matrix(frame: pd.DataFrame, column: str, max_rows: int = 256, max_cols: int = 250) -> Matrix:
-    """Max of ``column`` per (rank group, step window): max, so one slow rank stays visible in its group."""
-    ranks = np.unique(frame["rank"].to_numpy())
-    steps = np.unique(frame["step"].to_numpy())
+    """Max of ``column`` per (rank group, step window): max, so one slow rank stays visible in its group.
+
+    The rows are placed in a dense ranks x steps float32 matrix (64 MB at 16,384 x 1,000) cut into equal
+    blocks, each reduced with one vectorised argmax: no sort of the 16 M rank-steps (the sort took 0.7 s per
+    matrix at 1,024 ranks, ~12 s at 16,384). A (rank, step) given twice keeps its last row."""
+    ranks, rank_at = unique_index(frame["rank"].to_numpy())
+    steps, step_at = unique_index(frame["step"].to_numpy())
     row_of_rank = bin_edges(ranks, max_rows)
     col_of_step = bin_edges(steps, max_cols)
-    rows = row_of_rank[np.searchsorted(ranks, frame["rank"].to_numpy())]
-    cols = col_of_step[np.searchsorted(steps, frame["step"].to_numpy())]
     n_rows, n_cols = int(row_of_rank[-1]) + 1, int(col_of_step[-1]) + 1
-    cell = rows * n_cols + cols
-    values = frame[column].to_numpy(dtype="float64")
-    order = np.lexsort((-values, cell))  # per cell, the largest value first
-    first = np.r_[True, cell[order][1:] != cell[order][:-1]]
-    top = order[first]
-    out = np.full(n_rows * n_cols, np.nan)
-    who = np.full(n_rows * n_cols, -1, dtype="int32")  # int32 halves the payload of a click-able heatmap
-    out[cell[top]] = values[top]
-    who[cell[top]] = frame["rank"].to_numpy()[top]
+    rows_per_block = max(1, int(np.ceil(len(ranks) / max_rows)))
+    cols_per_block = max(1, int(np.ceil(len(steps) / max_cols)))
+    dense = np.full((n_rows * rows_per_block, n_cols * cols_per_block), -np.inf, dtype="float32")
+    values = frame[column].to_numpy(dtype="float32", na_value=np.nan)
+    values = np.where(np.isnan(values), -np.inf, values)  # never the max of a block; a block of only these is NaN
+    dense[rank_at, step_at] = values
+    blocks = dense.reshape(n_rows, rows_per_block, n_cols, cols_per_block).transpose(0, 2, 1, 3)
+    blocks = blocks.reshape(n_rows, n_cols, rows_per_block * cols_per_block)
+    at = blocks.argmax(axis=2)  # first of equal maxima: the lowest rank, then the earliest step
+    top = np.take_along_axis(blocks, at[..., None], axis=2)[..., 0].astype("float64")
+    rank_index = np.arange(n_rows)[:, None] * rows_per_block + at // cols_per_block
+    who = np.append(ranks, -1)[np.minimum(rank_index, len(ranks))].astype("int32")  # int32: half the payload
+    empty = np.isneginf(top)
     return Matrix(
-        values=out.reshape(n_rows, n_cols),
-        argmax_rank=who.reshape(n_rows, n_cols),
+        values=np.where(empty, np.nan, top),
+        argmax_rank=np.where(empty, -1, who).astype("int32"),
         row_first_rank=_group_bounds(ranks, row_of_rank, np.min),
         row_last_rank=_group_bounds(ranks, row_of_rank, np.max),
         col_first_step=_group_bounds(steps, col_of_step, np.min),
@@ -447,9 +664,14 @@ def _group_bounds(values: np.ndarray, groups: np.ndarray, how) -> np.ndarray:
 
 def per_rank_quantiles(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     """rank, p5, p50, p95 of ``column`` over the rank's steps (a rank's distribution in three numbers)."""
-    g = frame.groupby("rank")[column]
-    out = pd.DataFrame({"p5": g.quantile(0.05), "p50": g.median(), "p95": g.quantile(0.95)})
-    return out.reset_index()
+    if frame.empty:
+        return pd.DataFrame(columns=["rank", "p5", "p50", "p95"])
+    ranks, dense = per_rank_matrix(frame, column)  # a sort per rank's row, not pandas' grouped sort of all rows
+    quantile = np.quantile if not np.isnan(dense).any() else np.nanquantile
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a rank without a value: NaN, as pandas gives
+        p5, p50, p95 = quantile(dense, [0.05, 0.5, 0.95], axis=1)
+    return pd.DataFrame({"rank": ranks, "p5": p5, "p50": p50, "p95": p95})
 
 
 def fleet_band(frame: pd.DataFrame, x: str, column: str, max_points: int = 500) -> pd.DataFrame:

@@ -108,7 +108,8 @@ def update_overview(snap: d.Snapshot, rank: int | None) -> dict:
     out = {"ranks": f.rank_state_figure(snap.rank_states, rank), "problems": _problems(snap)}
     reason = _missing_reason(snap)
     if reason:
-        out["summary"] = html.Div(f"Cannot analyse this trace: {reason}", className="missing")
+        head = "Analysis in progress" if snap.analysing else "Cannot analyse this trace"
+        out["summary"] = html.Div(f"{head}: {reason}", className="missing")
         out["findings"] = html.Div()
         for name in ("steps", "mfu", "throughput", "health"):
             out[name] = f.message_figure(name, reason)
@@ -189,7 +190,7 @@ def _problems(snap: d.Snapshot) -> html.Div:
     lines = []
     if snap.error:
         lines.append(snap.error)
-    if snap.analysis_error:
+    if snap.analysis_error and not snap.analysing:  # in progress is not a problem: the summary says so
         lines.append(snap.analysis_error)
     trace = snap.trace
     if trace is not None:
@@ -222,13 +223,20 @@ def update_stragglers(snap: d.Snapshot, rank: int | None) -> dict:
         return unavailable(PAGES["/stragglers"], reason)
     report, times = snap.report, snap.times
     stragglers = report.stragglers.stragglers
-    window = times[times["step"].between(report.run.window.first_step or 0, report.run.window.last_step or 0)]
+
     compute = snap.memo("m_compute", lambda: d.rank_step_matrix(times, "compute_us"))
     wait = snap.memo("m_wait", lambda: d.rank_step_matrix(times, "wait_us"))
-    # colour range from the analysed window's rank medians, so warm-up steps and spikes do not wash it out
-    zmax_compute = snap.memo("z_compute", lambda: _zmax_ms(window, "compute_us"))
-    zmax_wait = snap.memo("z_wait", lambda: _zmax_ms(window, "wait_us"))
-    quantiles = snap.memo("q_busy", lambda: d.per_rank_quantiles(window if len(window) else times, "busy_us"))
+
+    def window_aggregates():  # the window's rows selected once per snapshot (16 M rank-steps at 16,384 ranks)
+        rows = times[times["step"].between(report.run.window.first_step or 0, report.run.window.last_step or 0)]
+        # colour range from the analysed window's rank medians, so warm-up steps and spikes do not wash it out
+        return (
+            _zmax_ms(rows, "compute_us"),
+            _zmax_ms(rows, "wait_us"),
+            d.per_rank_quantiles(rows if len(rows) else times, "busy_us"),
+        )
+
+    zmax_compute, zmax_wait, quantiles = snap.memo("window_aggregates", window_aggregates)
     return {
         "named": _stragglers_text(report),
         "compute": f.heatmap_figure(compute, "Compute time per rank and step", stragglers, rank, zmax_compute),
@@ -369,8 +377,9 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
     reason = _missing_reason(snap)
     if reason:
         return unavailable(PAGES["/memory"], reason)
-    mem, report = snap.trace.memory, snap.report.memory
-    metric = memory_metric(mem)
+    report = snap.report.memory
+    mem = snap.memory_view if snap.memory_view is not None else snap.trace.memory  # many ranks: compact view
+    metric = memory_metric(mem) if len(mem) else "rss_bytes"
     band = snap.memo("mem_band", lambda: d.fleet_band(mem, "step", metric))
     ooms = snap.memo("ooms", lambda: oom_steps(snap.trace.events, mem))
     selected = d.one_rank(mem, rank)
@@ -392,10 +401,26 @@ def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
         "summary": html.Ul([html.Li(x) for x in lines]) if lines else html.Div("No leak suspected, no OOM recorded."),
         "timeline": f.memory_figure(band, metric, selected, selected, ooms),
         "per_rank": f.memory_per_rank_figure(report.per_rank, rank),
-        "categories": f.memory_categories_figure(
-            snap.memo("mem_categories", lambda: category_series(mem)), report.per_rank, rank
-        ),
+        "categories": f.memory_categories_figure(_category_series(snap, rank), report.per_rank, rank),
     }
+
+
+def _category_series(snap: d.Snapshot, rank: int | None) -> pd.DataFrame:
+    """Every rank's memory categories per step; with many ranks (no memory table held) only the rank the figure
+    shows (the selected one, else the one holding most), read from its own files when asked."""
+    if snap.memory_view is None:
+        return snap.memo("mem_categories", lambda: category_series(snap.trace.memory))
+    held = {
+        r.rank: (r.param_bytes or 0) + (r.grad_bytes or 0) + (r.optimizer_state_bytes or 0)
+        for r in snap.report.memory.per_rank
+        if r.param_bytes is not None
+    }
+    if not held:
+        return category_series(snap.trace.memory)  # empty: the figure says nothing was recorded
+    shown = rank if rank in held else max(held, key=held.get)
+    return snap.memo(
+        ("mem_categories", shown), lambda: category_series(d.one_rank_table(snap.trace_dir, shown, "memory"))
+    )
 
 
 def _oom_lines(ooms: list) -> list[str]:
@@ -440,10 +465,14 @@ def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
     reason = _missing_reason(snap)
     if reason:
         return unavailable(PAGES["/telemetry"], reason)
-    tel = snap.memo("tel", lambda: d.telemetry_frame(snap.trace))
+    tel = (
+        snap.telemetry_view
+        if snap.telemetry_view is not None
+        else snap.memo("tel", lambda: d.telemetry_frame(snap.trace))
+    )
     # one window per sampling interval (about one sample of every GPU in each): finer windows would hold
     # only some GPUs and the band would jump between them
-    windows = int(min(500, tel.groupby("rank").size().median())) if len(tel) else 1
+    windows = snap.memo("tel_windows", lambda: int(min(500, tel.groupby("rank").size().median())) if len(tel) else 1)
     bands = snap.memo(
         "tel_bands", lambda: {c: d.fleet_band(tel, "t_s", c, max_points=windows) for c, _ in f.TELEMETRY_PANELS}
     )

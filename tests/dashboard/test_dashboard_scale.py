@@ -11,7 +11,14 @@ import pandas as pd
 import pytest
 from plotly.utils import PlotlyJSONEncoder
 
-from diag.dashboard.data import MAX_RANK_GROUPS, LiveTrace, group_options, rank_groups, rank_options
+from diag.dashboard.data import (
+    MAX_RANK_GROUPS,
+    LiveTrace,
+    group_options,
+    one_rank_table,
+    rank_groups,
+    rank_options,
+)
 from tests.analysis.test_golden_reports import differences
 
 pytestmark = pytest.mark.slow
@@ -43,10 +50,74 @@ def test_collectives_are_reduced_rank_by_rank_with_the_same_results(many_ranks, 
     assert live.partitioned and live.snapshot.trace.collectives.empty
     assert len(whole.snapshot.trace.collectives) == RANKS * STEPS * PER_STEP
     assert differences(live.snapshot.report.to_dict(), whole.snapshot.report.to_dict()) == []
+    # the collectives are reduced once, for the report's window: inside it the times of every rank-step are the
+    # whole trace's (float32 kept by the dashboard: 1e-6); outside it (warm-up) the wait is the one each rank
+    # measured itself, steps' comm_wait_us, and the rest of the split follows from it
     key = ["rank", "step"]
     mine = live.snapshot.times.sort_values(key).reset_index(drop=True)
     theirs = whole.snapshot.times.sort_values(key).reset_index(drop=True)
-    pd.testing.assert_frame_equal(mine, theirs, rtol=1e-9, check_dtype=False)
+    assert mine["wait_us"].dtype == "float32" and mine["rank"].dtype == "int32"
+    window = live.snapshot.report.run.window
+    inside = mine["step"].between(window.first_step, window.last_step).to_numpy()
+    assert inside.any() and not inside.all()  # the synthetic run has warm-up steps outside the window
+    pd.testing.assert_frame_equal(mine[inside], theirs[inside], rtol=1e-6, check_dtype=False)
+    steps = live.snapshot.trace.steps.sort_values(key).reset_index(drop=True)
+    outside = mine[~inside]
+    assert (outside["wait_us"].to_numpy() == steps.loc[~inside, "comm_wait_us"].to_numpy(dtype="float32")).all()
+    assert len(outside) == len(theirs[~inside])
+
+
+def test_memory_and_telemetry_are_viewed_rank_by_rank_with_the_same_figures(many_ranks, live):
+    """Many ranks: memory and telemetry are never held whole (the report reduces them rank by rank, the pages
+    draw compact float32 views); the bands, OOMs, a selected rank's line and the categories of the rank shown
+    (read from its own files) are the whole trace's."""
+    from diag.dashboard.pages import update_memory, update_telemetry
+
+    whole = LiveTrace(many_ranks[0], triage=False)
+    whole.partitioned = False
+    whole.refresh()
+    mine, theirs = live.snapshot, whole.snapshot
+    assert mine.trace.memory.empty and len(theirs.trace.memory) == RANKS * STEPS
+    assert len(mine.memory_view) == RANKS * STEPS and mine.memory_view["allocated_bytes"].dtype == "float32"
+    assert len(mine.telemetry_view) == len(theirs.trace.telemetry) > 0
+    slow = many_ranks[1].compute_straggler
+    for snap in (mine, theirs):
+        update_memory(snap, slow)
+        update_telemetry(snap, slow)
+    pd.testing.assert_frame_equal(mine._memo["mem_band"], theirs._memo["mem_band"], rtol=1e-6, check_dtype=False)
+    assert mine._memo["ooms"].sort_values(["rank", "step"]).values.tolist() == (
+        theirs._memo["ooms"].sort_values(["rank", "step"]).values.tolist()
+    )
+    for name, band in theirs._memo["tel_bands"].items():
+        pd.testing.assert_frame_equal(mine._memo["tel_bands"][name], band, rtol=1e-5, check_dtype=False)
+    for rank in (None, slow):  # this synthetic run records no categories: both say so
+        a = update_memory(mine, rank)["categories"].to_plotly_json()
+        b = update_memory(theirs, rank)["categories"].to_plotly_json()
+        assert a["data"] == b["data"] and a["layout"]["annotations"] == b["layout"]["annotations"]
+    # the drill-down's read of one rank's own files gives that rank's rows of the whole table
+    one = one_rank_table(many_ranks[0], slow, "memory")
+    rows = theirs.trace.memory[theirs.trace.memory["rank"] == slow].reset_index(drop=True)
+    pd.testing.assert_frame_equal(one.reset_index(drop=True), rows, check_dtype=False, check_categorical=False)
+
+
+def test_first_load_publishes_the_ranks_before_the_report(many_ranks):
+    """Many ranks: the first load publishes what was read (rank states, the groups and their pickers, every
+    step's times with the waits the ranks measured themselves) before the collectives are reduced, then the
+    snapshot with the report."""
+    seen = []
+    first = LiveTrace(many_ranks[0], poll_interval_s=3600, triage=False)
+    first.prepare = lambda snap: seen.append(snap)
+    first.refresh()
+    assert [s.report is None for s in seen] == [True, False]
+    early, done = seen
+    assert early.analysing and "being computed" in early.analysis_error and not done.analysing
+    assert len(early.rank_states) == RANKS and (early.rank_states["state"] != "no data").all()
+    assert early.times is not None and len(early.times) == RANKS * STEPS
+    assert len(group_options(early)) == RANKS // 8
+    slow = many_ranks[1].compute_straggler
+    node = next(g for g in rank_groups(early.trace) if slow in g.ranks)
+    assert rank_options(early, node.key)[0]["value"] == slow  # drill-down works before the report
+    assert first.snapshot is done and done.version == early.version + 1
 
 
 def test_ranks_are_grouped_per_node_then_in_blocks(many_ranks, live):
