@@ -255,7 +255,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.scale:
         bench_scale(
-            args.out, args.ranks, args.steps or 1000, args.format, args.old, args.keep, args.baseline, args.live
+            args.out,
+            args.ranks,
+            args.steps or 1000,
+            args.format,
+            args.old,
+            args.keep,
+            args.baseline,
+            args.live,
+            args.rows,
         )
         return
     args.ranks, args.steps = args.ranks[0], args.steps or 200

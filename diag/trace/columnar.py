@@ -42,9 +42,9 @@ PARQUET_SUFFIX = "parquet"
 # stream is ~2-5x Parquet's size) and the writer's memory (the segment's batches are kept for compaction)
 COMPACT_ROWS = 1 << 16
 # Rows per Parquet row group: a reader of a segment's last rows (diag triage) decodes only its last row groups
-# instead of the whole segment (a 60,000-row collectives segment: 0.64 ms instead of 3.0 ms). Smaller groups cost
-# the readers of whole segments (diag.load: 3.0 -> 4.0 ms at 16,384 rows, 6.2 ms at 4,096: each group's
-# dictionaries unified) and size (2.90 -> 3.01 B/row; 3.37 at 4,096). Measured in docs/benchmarks.md.
+# instead of the whole segment (60,000 collectives: 0.62 ms instead of 2.00 ms). More groups cost the readers of
+# whole segments (diag.load: 2.14 -> 2.38 ms here, 4.63 ms at 4,096 rows a group: pyarrow unifies each group's
+# dictionaries) and a little size (2.63 -> 2.74 B/row). benchmarks/bench_row_groups.py, docs/benchmarks.md.
 ROW_GROUP_ROWS = 16384
 ZSTD_LEVEL = 3
 # Framing of an IPC stream message: 0xFFFFFFFF, then the metadata's length. Metadata is a small flatbuffer and
