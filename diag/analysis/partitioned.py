@@ -1257,17 +1257,21 @@ class AnalysedColumnsReader(TraceReader):
     """The loader's per-rank read, each rank's per-step tables cut to the columns the analyses read as soon as
     they are read (before the ranks are concatenated), and whole microsecond counts that fit kept as int32: at
     16,384 ranks x 1,000 steps the steps table is ~16 M rows, and each int64 column dropped or halved is 65-130
-    MB less on the client (docs/scale.md)."""
+    MB less on the client (docs/scale.md). A subclass keeps other columns by overriding ``kept_columns``."""
+
+    def kept_columns(self) -> dict[str, tuple[str, ...]]:
+        return ANALYSED_COLUMNS
 
     def _read_rank(self, rank: int, rank_dir: Path):
         manifest, heartbeat, tables, events, skipped, nccl_log = super()._read_rank(rank, rank_dir)
-        for name, keep in ANALYSED_COLUMNS.items():
+        for name, keep in self.kept_columns().items():
             if name in tables:
-                tables[name] = tables[name].select(["rank", *keep])
+                present = set(tables[name].column_names)
+                tables[name] = tables[name].select([c for c in ("rank", *keep) if c in present])
         return manifest, heartbeat, tables, events, skipped, nccl_log
 
     def _frame(self, name: str, chunks: list) -> pd.DataFrame:
-        keep = ANALYSED_COLUMNS.get(name)
+        keep = self.kept_columns().get(name)
         if keep is None or not chunks:  # no rows: the whole empty table, every column an analysis may look for
             return super()._frame(name, chunks)
         table = TABLES[name]

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from diag.analysis.partitioned import AnalysedColumnsReader
 from diag.trace.loader import Trace, TraceError, TraceReader, assemble_trace, empty_table
 from diag.trace.schema import TABLES
 
@@ -418,42 +419,15 @@ def view_columns() -> dict[str, tuple[str, ...]]:
     return {name: (*keep, *VIEW_EXTRA_COLUMNS.get(name, ())) for name, keep in ANALYSED_COLUMNS.items()}
 
 
-class ViewColumnsReader(TraceReader):
+class ViewColumnsReader(AnalysedColumnsReader):
     """The loader's incremental reader with each rank's per-step tables cut, as soon as they are read, to the
     columns the analyses and the pages use, and whole microsecond counts that fit kept as int32
-    (partitioned.AnalysedColumnsReader's rule, with the pages' few extra columns): what keeps the server's
-    memory bounded at thousands of ranks, where the steps, memory and telemetry tables hold one row per
-    rank-step each."""
+    (partitioned.AnalysedColumnsReader, with the pages' few extra columns): what keeps the server's memory
+    bounded at thousands of ranks, where the steps, memory and telemetry tables hold one row per rank-step
+    each."""
 
-    def _read_rank(self, rank: int, rank_dir: Path):
-        manifest, heartbeat, tables, events, skipped, nccl_log = super()._read_rank(rank, rank_dir)
-        for name, keep in view_columns().items():
-            if name in tables:
-                present = set(tables[name].column_names)
-                tables[name] = tables[name].select([c for c in ("rank", *keep) if c in present])
-        return manifest, heartbeat, tables, events, skipped, nccl_log
-
-    def _frame(self, name: str, chunks: list) -> pd.DataFrame:
-        from diag.analysis.partitioned import INT32_SAFE_MAX
-        from diag.trace.loader import to_frame
-        from diag.trace.schema import Table
-
-        keep = view_columns().get(name)
-        if keep is None or not chunks:  # no rows: the whole empty table, every column a page may look for
-            return super()._frame(name, chunks)
-        table = TABLES[name]
-        narrow = Table(table.name, table.doc, tuple(c for c in table.columns if c.name in keep))
-        frame = to_frame(chunks, narrow, rank_column=True)
-        for column in narrow.columns:
-            values = frame[column.name]
-            if (
-                column.dtype == "int64"
-                and len(values)
-                and values.min() >= -INT32_SAFE_MAX
-                and values.max() < INT32_SAFE_MAX
-            ):
-                frame[column.name] = values.astype("int32")
-        return frame
+    def kept_columns(self) -> dict[str, tuple[str, ...]]:
+        return view_columns()
 
 
 RANK_VIEW_TABLES = ("memory", "telemetry")
