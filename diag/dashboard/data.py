@@ -23,7 +23,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from diag.analysis.partitioned import AnalysedColumnsReader
+from diag.analysis.partitioned import (
+    ANALYSED_COLUMNS,
+    AnalysedColumnsReader,
+    LocalEngine,
+    RankTablesTask,
+    collectives_reducer,
+    rank_tables_reducer,
+    rank_tasks,
+    read_rank_tables,
+    release_arrow_memory,
+    release_heap_memory,
+)
 from diag.trace.loader import Trace, TraceError, TraceReader, assemble_trace, empty_table
 from diag.trace.schema import TABLES
 
@@ -122,8 +133,6 @@ class LiveTrace:
             self._publish_error(str(exc))
             return False
         if self.partitioned:  # give back what Arrow's pool and glibc keep of the parse buffers, as diag analyze does
-            from diag.analysis.partitioned import release_arrow_memory, release_heap_memory
-
             release_arrow_memory()
             release_heap_memory()
         changed = self._absorb(data)
@@ -280,7 +289,6 @@ class LiveTrace:
             times = all_step_times(trace)
             return analyze(trace), times.frame if times is not None else None
         from diag.analysis.comms import wait_per_rank_step
-        from diag.analysis.partitioned import LocalEngine, collectives_reducer
         from diag.analysis.report import _pipeline_stages
         from diag.analysis.stragglers import rank_step_times
 
@@ -290,8 +298,6 @@ class LiveTrace:
         def reduce_once(window):
             reduced.append(reducer(window))
             return reduced[-1]
-
-        from diag.analysis.partitioned import rank_tables_reducer
 
         # memory and telemetry analysed a batch of ranks at a time, as `diag analyze` does (the same report)
         report = analyze(trace, reduce_collectives=reduce_once, reduce_rank_tables=rank_tables_reducer(trace))
@@ -414,8 +420,6 @@ VIEW_EXTRA_COLUMNS = {"steps": ("device_us", "forward_us", "backward_us", "optim
 
 
 def view_columns() -> dict[str, tuple[str, ...]]:
-    from diag.analysis.partitioned import ANALYSED_COLUMNS
-
     return {name: (*keep, *VIEW_EXTRA_COLUMNS.get(name, ())) for name, keep in ANALYSED_COLUMNS.items()}
 
 
@@ -443,7 +447,6 @@ def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     reading instead of ~100 as loaded). 16,384 ranks x 1,000 steps: ~0.3 GB for memory, ~0.1 GB for telemetry."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from diag.analysis.partitioned import RankTablesTask, rank_tasks, release_arrow_memory, release_heap_memory
     from diag.trace.loader import READ_THREADS
 
     tasks = [RankTablesTask(t.trace_dir, t.rank, t.rank_dir, t.cut_us, np.nan, np.nan) for t in rank_tasks(trace)]
@@ -463,7 +466,6 @@ def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _batch_views(tasks: list, offsets: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from diag.analysis.partitioned import read_rank_tables
     from diag.analysis.telemetry import throttled_samples
 
     mem, tel, *_ = read_rank_tables(tasks)  # what it skipped, the report's load already said
