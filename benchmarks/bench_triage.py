@@ -35,10 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-from diag.trace.schema import COLLECTIVES, HEARTBEAT_FILE, MANIFEST_FILE, STEPS, rank_dir_name
+from diag.trace.schema import COLLECTIVES, MANIFEST_FILE, STEPS, rank_dir_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic import COLLECTIVE_STACK, LOADER_STACK  # noqa: E402  the hang's stacks, as synthetic.py --hang plants them
+from synthetic import Pending, write_hang_state  # noqa: E402  the hang's dumps, as synthetic.py --hang plants them
 
 START_US = 1_795_000_000_000_000
 STEP_US = 100_000
@@ -65,21 +65,8 @@ def write_rank(root: Path, rank: int, world: int, steps: int, per_step: int, stu
     (rank_dir / STEPS.file_name).write_text(STEPS.header() + "".join(step_rows))
     (rank_dir / COLLECTIVES.file_name).write_text(COLLECTIVES.header() + "".join(coll_rows))
     now = START_US + (steps + 3) * STEP_US + 200_000_000
-    hung_step = steps
-    if rank == stuck:
-        dump = {"reason": f"stall: no progress for 180.0 s (after step {steps - 1}, phase data_wait)"}
-        dump.update(step=None, last_step=steps - 1, phase="data_wait", pending=[])
-        dump["threads"] = [{"name": "MainThread", "main": True, "frames": LOADER_STACK}]
-    else:
-        pending = {"pg": "0", "seq": seq + 1, "op": "all_reduce", "bytes": GRAD_BYTES, "dtype": "bfloat16"}
-        pending.update(peer=None, start_us=START_US + hung_step * STEP_US + 50_000, step=hung_step, source="ddp")
-        dump = {"reason": f"stall: all_reduce seq {seq + 1} in group 0 pending 180.0 s"}
-        dump.update(step=hung_step, last_step=steps - 1, phase="backward", pending=[pending])
-        dump["threads"] = [{"name": "MainThread", "main": True, "frames": COLLECTIVE_STACK}]
-    (rank_dir / "hang_dump_001.json").write_text(json.dumps(dump))
-    heartbeat = {"rank": rank, "pid": 1000 + rank, "time_us": now, "state": "stalled", "interval_s": 5.0}
-    heartbeat.update(last_step=steps - 1, step=dump["step"], phase=dump["phase"], pending=dump["pending"], exit=None)
-    (rank_dir / HEARTBEAT_FILE).write_text(json.dumps(heartbeat))
+    pending = Pending(seq=seq + 1, op="all_reduce", nbytes=GRAD_BYTES, start_us=START_US + steps * STEP_US + 50_000)
+    write_hang_state(rank_dir, rank, steps, rank == stuck, pending, now, 180.0)
 
 
 def generate(root: Path, world: int, steps: int, per_step: int) -> int:

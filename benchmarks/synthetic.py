@@ -135,27 +135,46 @@ COLLECTIVE_STACK = [
 ]
 
 
-def plant_hang(rank_dir: Path, rank: int, steps: int, last_seq: int, end_us: int, stuck: int) -> None:
-    """After the last recorded step, every rank but ``stuck`` enters the next step's first all_reduce (seq
-    ``last_seq + 1``) and stays there; ``stuck`` sits in its data loader. What capture leaves of such a job:
-    manifests not finished, each rank's watchdog dump (pending collective and main-thread stack) and its last
-    heartbeat, written HANG_STALL_S after the hang began."""
-    now_us = end_us + int(HANG_STALL_S * 1e6)
-    if rank == stuck:
-        dump = {"reason": f"stall: no progress for {HANG_STALL_S} s (after step {steps - 1}, phase data_wait)"}
+@dataclass(frozen=True)
+class Pending:
+    """The all_reduce (group 0) the hung ranks wait in."""
+
+    seq: int
+    op: str
+    nbytes: int
+    start_us: int
+
+
+def write_hang_state(
+    rank_dir: Path, rank: int, steps: int, stuck: bool, pending: Pending, now_us: int, stall_s: float
+) -> None:
+    """A hung rank's watchdog dump and last heartbeat, as capture writes them ``stall_s`` into the hang: in the
+    next step's (``steps``) all_reduce ``pending``, or, ``stuck``, in its data loader after step ``steps - 1``."""
+    if stuck:
+        dump = {"reason": f"stall: no progress for {stall_s} s (after step {steps - 1}, phase data_wait)"}
         dump.update(step=None, last_step=steps - 1, phase="data_wait", pending=[])
         dump["threads"] = [{"name": "MainThread", "main": True, "frames": LOADER_STACK}]
     else:
-        pending = {"pg": "0", "seq": last_seq + 1, "op": "allreduce", "bytes": BUCKET_BYTES, "dtype": "bfloat16"}
-        pending.update(peer=None, start_us=end_us + 50_000, step=steps, source="ddp")
-        dump = {"reason": f"stall: allreduce seq {last_seq + 1} in group 0 pending {HANG_STALL_S} s"}
-        dump.update(step=steps, last_step=steps - 1, phase="backward", pending=[pending])
+        record = {"pg": "0", "seq": pending.seq, "op": pending.op, "bytes": pending.nbytes, "dtype": "bfloat16"}
+        record.update(peer=None, start_us=pending.start_us, step=steps, source="ddp")
+        dump = {"reason": f"stall: {pending.op} seq {pending.seq} in group 0 pending {stall_s} s"}
+        dump.update(step=steps, last_step=steps - 1, phase="backward", pending=[record])
         dump["threads"] = [{"name": "MainThread", "main": True, "frames": COLLECTIVE_STACK}]
     dump["time_us"] = now_us
     (rank_dir / "hang_dump_001.json").write_text(json.dumps(dump))
     heartbeat = {"rank": rank, "pid": 1000 + rank, "time_us": now_us, "state": "stalled", "interval_s": 5.0}
     heartbeat.update(last_step=steps - 1, step=dump["step"], phase=dump["phase"], pending=dump["pending"], exit=None)
     (rank_dir / HEARTBEAT_FILE).write_text(json.dumps(heartbeat))
+
+
+def plant_hang(rank_dir: Path, rank: int, steps: int, last_seq: int, end_us: int, stuck: int) -> None:
+    """After the last recorded step, every rank but ``stuck`` enters the next step's first all_reduce (seq
+    ``last_seq + 1``) and stays there; ``stuck`` sits in its data loader. What capture leaves of such a job:
+    manifests not finished, each rank's watchdog dump (pending collective and main-thread stack) and its last
+    heartbeat, written HANG_STALL_S after the hang began."""
+    now_us = end_us + int(HANG_STALL_S * 1e6)
+    pending = Pending(seq=last_seq + 1, op="allreduce", nbytes=BUCKET_BYTES, start_us=end_us + 50_000)
+    write_hang_state(rank_dir, rank, steps, rank == stuck, pending, now_us, HANG_STALL_S)
     manifest_path = rank_dir / MANIFEST_FILE
     manifest = json.loads(manifest_path.read_text())
     manifest["finished"] = False

@@ -50,9 +50,8 @@ from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_L
 COLLECTIVES = "collectives"
 HELD_BYTES_MAX = 3584 << 20  # compact parts (~10 B/row) kept between the passes here; beyond, a rank is read again
 COMBINE_FANIN = 16  # partials and sums merged this many at a time (a tree on a cluster)
-LOCAL_BATCH_RANKS = (
-    32  # ranks per pass-1 task here: their memory and telemetry analysed together (pandas' per-call cost)
-)
+# ranks per pass-1 task here: their memory and telemetry analysed together (pandas' per-call cost)
+LOCAL_BATCH_RANKS = 32
 _SIDE_FILES = {MANIFEST_FILE, HEARTBEAT_FILE, EVENTS_FILE, NCCL_LOG_FILE}
 
 
