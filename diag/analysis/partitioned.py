@@ -815,30 +815,109 @@ class ProcessEngine:
     numpy on small arrays, which threads run one at a time under the GIL: processes use every core. Only the
     combined partial, the accounting and the memory and telemetry rows of each share, the match table and each
     share's merged sums move (pickled through a pipe). Sums add in another order than on one process (the
-    float sums of waits agree to ~1e-15 relative, as on Dask)."""
+    float sums of waits agree to ~1e-15 relative, as on Dask).
+
+    ``load`` starts the workers before anything is read, and they read the per-step tables first: each its
+    share of the ranks, the steps as one frame per share (no 16,384-way concatenation here), so the load no
+    longer runs on this process alone; ``with engine:`` stops them whatever happens. ``run`` starts the workers if need be and stops them after pass 2."""
 
     def __init__(self, workers: int = 2, progress=None):
         self.workers, self.progress = workers, progress
+        self._pipes: list = []
+        self._procs: list = []
 
-    def run(self, tasks: list[RankTask], window: StepWindow, tables: TablesJob | None = None):
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def start(self) -> None:
+        """Fork the workers (once). fork: a worker starts in milliseconds, imports nothing again and re-runs no
+        __main__ (spawn would run a caller's script without a main guard); it reads with one thread
+        (use_threads=False), so Arrow's thread pools, idle in this process, are never used in it. Forked before
+        the load, a worker shares none of the trace's pages with this process (its PSS is its own work)."""
         import multiprocessing
 
-        # fork: a worker starts in milliseconds, imports nothing again and re-runs no __main__ (spawn would run
-        # a caller's script without a main guard); it reads with one thread (use_threads=False), so Arrow's
-        # thread pools, idle in this process, are never used in it
+        if self._procs:
+            return
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        shares = [list(share) for share in np.array_split(np.arange(len(tasks)), self.workers) if len(share)]
-        pipes, procs = [], []
         try:
-            for share in shares:
+            for _ in range(self.workers):
                 mine, theirs = context.Pipe()
                 proc = context.Process(target=_worker_main, args=(theirs,), daemon=True)
                 proc.start()
                 theirs.close()
-                mine.send(("pass1", [tasks[i] for i in share], window, tables))
-                pipes.append(mine)
-                procs.append(proc)
+                self._pipes.append(mine)
+                self._procs.append(proc)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        import contextlib
+
+        for pipe in self._pipes:
+            with contextlib.suppress(OSError):  # a worker that died: nothing to say to it
+                pipe.send(("stop",))
+        for proc in self._procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+        self._pipes, self._procs = [], []
+
+    def _shares(self, items: list) -> list[list]:
+        return [
+            [items[i] for i in share] for share in np.array_split(np.arange(len(items)), self.workers) if len(share)
+        ]
+
+    def load(self, path: str | Path, progress: bool = False) -> Trace:
+        """``load_without_collectives(path, progress, analysed_columns_only=True, without=RANK_TABLES)``, the
+        ranks read by the workers (see ``read_share``); the same Trace, frame for frame."""
+        owned = not self._procs
+        self.start()
+        try:
+            reader = AnalysedColumnsReader(path, tables=_LOAD_TABLES)
+            rank_dirs = reader.rank_dirs()
+            if not rank_dirs:
+                raise TraceError(
+                    f"no diag traces in {path}: expected rank00000/, rank00001/, ... sub-directories written by "
+                    "diag.init"
+                )
+            bar = _bar(len(rank_dirs), "loading ranks") if progress else None
+            saved, self.progress = self.progress, (bar.update if bar is not None else None)
+            try:
+                shares = self._shares(list(rank_dirs.items()))
+                pipes = self._pipes[: len(shares)]
+                for pipe, share in zip(pipes, shares):
+                    pipe.send(("load", str(path), share))
+                loaded = [self._answer(pipe) for pipe in pipes]
+            finally:
+                self.progress = saved
+                if bar is not None:
+                    bar.close()
+            data = _gather_shares(reader, loaded, list(rank_dirs))
+            del loaded
+            for name in (COLLECTIVES, *RANK_TABLES):
+                data[name] = empty_table(TABLES[name])
+            trace = assemble_trace(Path(path), data)
+            release_arrow_memory()
+            return trace
+        finally:
+            if owned:
+                self.close()
+
+    def run(self, tasks: list[RankTask], window: StepWindow, tables: TablesJob | None = None):
+        """As LocalEngine.run. The workers are stopped after pass 2, started by ``load`` or not: what their heaps
+        kept of the passes is given back before the analyses that follow."""
+        self.start()
+        try:
+            shares = self._shares(tasks)
+            pipes = self._pipes[: len(shares)]
+            for pipe, share in zip(pipes, shares):
+                pipe.send(("pass1", share, window, tables))
             first = [self._answer(pipe) for pipe in pipes]
             accounting = [a for _, acc, _ in first for a in acc]
             reduced = [r for _, _, red in first for r in red] if tables is not None else None
@@ -848,38 +927,48 @@ class ProcessEngine:
             for pipe in pipes:
                 pipe.send(("pass2", match))
             sums = merge_sums(*(self._answer(pipe) for pipe in pipes))
-            for pipe in pipes:
-                pipe.send(("stop",))
         finally:
-            for proc in procs:
-                proc.join(timeout=30)
-                if proc.is_alive():
-                    proc.kill()
+            self.close()
         return sums, inst, accounting, reduced
 
     def _answer(self, pipe):
-        """The worker's result, its progress ticks counted on the way; its error raised here."""
+        """The worker's result, its progress ticks counted on the way; its error raised here. A share's load
+        comes column by column (``("column", name, values)``) before its other results: one pickled column at
+        a time in flight, not the share's whole steps frame."""
+        columns: dict[str, object] = {}
         while True:
             message = pipe.recv()
             if message[0] == "tick":
                 if self.progress is not None:
                     self.progress(message[1])
+            elif message[0] == "column":
+                columns[message[1]] = message[2]
             elif message[0] == "error":
                 raise RuntimeError(f"a worker process of the partitioned analysis failed:\n{message[1]}")
             else:
-                return message[1]
+                return (message[1], columns) if message[0] == "loaded" else message[1]
 
 
 def _worker_main(pipe) -> None:
-    """A ProcessEngine worker: pass 1 on its share (parts kept here), then pass 2 with the match table."""
+    """A ProcessEngine worker: the load of its share of the ranks, pass 1 on its share (parts kept here), then
+    pass 2 with the match table; as often as asked, until told to stop."""
     import traceback
 
     parts: list[RankPart] = []
     try:
         while True:
             message = pipe.recv()
-            if message[0] == "pass1":
+            if message[0] == "load":
+                _, path, share = message
+                steps, rest = read_share(path, share, lambda n: pipe.send(("tick", n)))
+                for name in list(steps.columns):  # one column at a time: its pickle is all that is in flight
+                    pipe.send(("column", name, steps.pop(name)))
+                del steps
+                release_arrow_memory()
+                pipe.send(("loaded", rest))
+            elif message[0] == "pass1":
                 _, tasks, window, tables = message
+                parts = []
                 combined, accounting, reduced = _empty_partial(), [], []
                 for i in range(0, len(tasks), LOCAL_BATCH_RANKS):
                     batch, partial, batch_accounting, batch_tables = read_batch(
@@ -1275,17 +1364,25 @@ class AnalysedColumnsReader(TraceReader):
             return super()._frame(name, chunks)
         table = TABLES[name]
         narrow = Table(table.name, table.doc, tuple(c for c in table.columns if c.name in keep))
-        frame = to_frame(chunks, narrow, rank_column=True)
-        for column in narrow.columns:
-            values = frame[column.name]
-            if (
-                column.dtype == "int64"
-                and len(values)
-                and values.min() >= -INT32_SAFE_MAX
-                and values.max() < INT32_SAFE_MAX
-            ):
-                frame[column.name] = values.astype("int32")
-        return frame
+        return narrow_int32(to_frame(chunks, narrow, rank_column=True), narrow)
+
+
+def narrow_int32(frame: pd.DataFrame, table: Table) -> pd.DataFrame:
+    """``table``'s int64 columns whose values all fit below INT32_SAFE_MAX as int32 (in place). Applied to the
+    ranks' rows together (a worker's share narrowed alone, then concatenated with a share that was not, is
+    int64 again and is checked here once more)."""
+    for column in table.columns:
+        if column.name not in frame:
+            continue
+        values = frame[column.name]
+        if (
+            column.dtype == "int64"
+            and len(values)
+            and values.min() >= -INT32_SAFE_MAX
+            and values.max() < INT32_SAFE_MAX
+        ):
+            frame[column.name] = values.astype("int32")
+    return frame
 
 
 def load_without_collectives(
@@ -1313,6 +1410,88 @@ def load_without_collectives(
     trace = assemble_trace(Path(path), data)
     release_arrow_memory()
     return trace
+
+
+# What the load reads of each rank besides its side files when memory and telemetry are analysed rank by rank
+_LOAD_TABLES = tuple(name for name in TABLES if name not in (COLLECTIVES, *RANK_TABLES))
+STEPS = "steps"  # sent from a worker as its share's frame (narrowed, no categorical); the others as Arrow chunks
+TICK_RANKS = 64  # a worker's progress said every this many ranks
+
+
+def read_share(path: str | Path, share: list[tuple[int, Path]], tick=None) -> tuple[pd.DataFrame, dict]:
+    """What ``TraceReader.poll`` reads of a contiguous share of the ranks ``[(rank, rank_dir)]``, in rank order,
+    for ``ProcessEngine.load``: the steps as one frame (AnalysedColumnsReader's columns and int32 narrowing,
+    over the share), and the rest as ``gather_rank_reads`` gathers it but unconverted (manifests, heartbeats
+    and events as lists of records, the other tables' Arrow chunks): this process then builds the frames of
+    every share's records at once, exactly as one load would."""
+    reader = AnalysedColumnsReader(path, tables=_LOAD_TABLES)
+    chunks: dict[str, list] = {name: [] for name in _LOAD_TABLES}
+    rest = {"manifests": [], "heartbeats": [], "events": [], "skipped": [], "nccl_logs": {}}
+    for i, (rank, rank_dir) in enumerate(share):
+        manifest, heartbeat, tables, events, skipped, nccl_log = reader._read_rank(rank, Path(rank_dir))
+        if nccl_log is not None:
+            rest["nccl_logs"][rank] = nccl_log
+        if manifest is not None:
+            rest["manifests"].append(manifest)
+        if heartbeat is not None:
+            rest["heartbeats"].append(heartbeat)
+        for name, arrow in tables.items():
+            chunks[name].append(arrow)
+        rest["events"] += events
+        rest["skipped"] += skipped
+        if tick is not None and (i + 1) % TICK_RANKS == 0:
+            tick(TICK_RANKS)
+    if tick is not None and len(share) % TICK_RANKS:
+        tick(len(share) % TICK_RANKS)
+    steps = reader._frame(STEPS, chunks.pop(STEPS)) if chunks[STEPS] else pd.DataFrame()
+    rest["chunks"] = chunks
+    return steps, rest
+
+
+def _gather_shares(reader: AnalysedColumnsReader, loaded: list[tuple[dict, dict]], ranks: list[int]) -> dict:
+    """``TraceReader.poll``'s result from the workers' shares (in rank order): the directory's notes, then each
+    share's; the frames built once from every share's records."""
+    skipped = list(reader._dir_notes)
+    manifests, heartbeats, events, nccl_logs = [], [], [], {}
+    chunks: dict[str, list] = {name: [] for name in _LOAD_TABLES if name != STEPS}
+    steps_shares = []
+    for rest, steps_columns in loaded:
+        manifests += rest["manifests"]
+        heartbeats += rest["heartbeats"]
+        events += rest["events"]
+        skipped += rest["skipped"]
+        nccl_logs.update(rest["nccl_logs"])
+        for name, arrows in rest["chunks"].items():
+            chunks[name] += arrows
+        if steps_columns:
+            steps_shares.append(steps_columns)
+    data = {name: reader._frame(name, chunks.pop(name)) for name in _LOAD_TABLES if name != STEPS}
+    data[STEPS] = _steps_of_shares(reader, steps_shares)
+    return {
+        **data,
+        "manifests": manifests,
+        "heartbeats": pd.DataFrame(heartbeats),
+        "events": pd.DataFrame(events),
+        "skipped": skipped,
+        "nccl_logs": nccl_logs,
+        "ranks": ranks,
+    }
+
+
+def _steps_of_shares(reader: AnalysedColumnsReader, shares: list[dict[str, pd.Series]]) -> pd.DataFrame:
+    """The shares' steps frames (column by column, as the workers sent them) as one, in share order: a few
+    contiguous columns concatenated, not thousands of per-rank Arrow chunks; int32 narrowing over all ranks."""
+    if not shares:
+        return reader._frame(STEPS, [])
+    columns = {}
+    for name in list(shares[0]):
+        parts = [share.pop(name) for share in shares]
+        columns[name] = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+        del parts
+    keep = reader.kept_columns()[STEPS]
+    table = TABLES[STEPS]
+    return narrow_int32(pd.DataFrame(columns, copy=False), Table(table.name, table.doc, tuple(
+        c for c in table.columns if c.name in keep)))  # fmt: skip
 
 
 def release_arrow_memory() -> None:
@@ -1501,12 +1680,21 @@ def analyze_partitioned(
 
     # memory and telemetry are analysed rank by rank too, unless the caller wants the trace's tables whole
     per_rank = RANK_TABLES if analysed_columns_only else ()
-    trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank)
     if engine is None:  # a caller inside a threaded server may ask for LocalEngine() (no fork)
-        engine = DaskEngine(client) if client is not None else local_engine(len(trace.ranks_found))
-    tables = rank_tables_reducer(trace, client, progress) if per_rank else None
-    reducer = collectives_reducer(trace, engine, progress, rank_tables=tables)
-    report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
-                     reduce_collectives=reducer, reduce_rank_tables=tables)  # fmt: skip
+        engine = DaskEngine(client) if client is not None else local_engine(len(TraceReader(path).rank_dirs()))
+    # worker processes read the per-step tables too (each its share of the ranks), then do the passes
+    in_workers = isinstance(engine, ProcessEngine) and analysed_columns_only
+    try:
+        if in_workers:
+            trace = engine.load(path, progress)
+        else:
+            trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank)
+        tables = rank_tables_reducer(trace, client, progress) if per_rank else None
+        reducer = collectives_reducer(trace, engine, progress, rank_tables=tables)
+        report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
+                         reduce_collectives=reducer, reduce_rank_tables=tables)  # fmt: skip
+    finally:
+        if in_workers:
+            engine.close()
     rows_read = reducer.rows_read + (tables.rows_read if tables is not None else 0)
     return (trace, report, rows_read) if with_trace else report

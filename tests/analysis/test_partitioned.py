@@ -163,6 +163,59 @@ def test_second_run_appended_same_report(tmp_path):
     assert differences(old, new) == []
 
 
+def _same_trace(a, b) -> None:
+    """Two loads of one trace hold the same frames (values and dtypes, exactly) and the same everything else."""
+    import pandas as pd
+
+    for name in ("steps", "phases", "collectives", "memory", "telemetry", "microbatches", "events", "heartbeats"):
+        pd.testing.assert_frame_equal(getattr(a, name), getattr(b, name), check_exact=True)
+    assert [(s.path, s.reason, s.lines) for s in a.skipped] == [(s.path, s.reason, s.lines) for s in b.skipped]
+    assert a.manifests == b.manifests and a.run_id == b.run_id and a.world_size == b.world_size
+    assert (a.ranks_found, a.ranks_missing) == (b.ranks_found, b.ranks_missing)
+    assert a.earlier_run_cuts_us == b.earlier_run_cuts_us and a.memory_deep == b.memory_deep
+    assert {r: vars(log) for r, log in a.nccl_logs.items()} == {r: vars(log) for r, log in b.nccl_logs.items()}
+
+
+def _wide_wait(path: Path, rank: int) -> None:
+    """One rank's data waits over 2^31 us: its share's steps stay int64 where the others narrow to int32."""
+    steps = path / f"rank{rank:05d}" / "steps.csv"
+    marker, header, *rows = steps.read_text().splitlines()
+    rows = [",".join(f if i != 3 else str(3_000_000_000 + int(f)) for i, f in enumerate(r.split(","))) for r in rows]
+    steps.write_text("\n".join([marker, header, *rows]) + "\n")
+
+
+@pytest.mark.slow
+def test_worker_processes_load_the_same_trace(tmp_path):
+    """ProcessEngine.load (each worker reads its share of the ranks, the steps sent as one frame per share) gives
+    the Trace of load_without_collectives frame for frame: on a run with corrupt step rows, a FIFO for a table,
+    a second run appended and one rank whose waits do not fit int32 (three workers: shares of 3, 3 and 2 ranks), and on the pipeline and hang
+    sample runs (phases, microbatches, events, NCCL logs)."""
+    damaged = tmp_path / "damaged"
+    make_trace(damaged, ranks=8, steps=40, seed=1)
+    later = tmp_path / "later"
+    make_trace(later, ranks=8, steps=30, seed=2)
+    for rank_dir in sorted(later.glob("rank*")):
+        for table in ("steps.csv", "collectives.csv"):
+            rows = "".join((rank_dir / table).read_text().splitlines(keepends=True)[2:])
+            with (damaged / rank_dir.name / table).open("a") as f:
+                f.write(rows.replace("1795", "1796"))
+    _wide_wait(damaged, 7)
+    with (damaged / "rank00001" / "steps.csv").open("a") as f:
+        f.write("41,not-a-number,5,6\ngarbage line\n")  # corrupt rows
+    os.mkfifo(damaged / "rank00002" / "phases.csv")  # a table that is a FIFO: never read
+    runs = [damaged, REPO / "sample_traces" / "pipeline", REPO / "sample_traces" / "hang"]
+    for run in runs:
+        old = load_without_collectives(run, analysed_columns_only=True, without=partitioned_module.RANK_TABLES)
+        with ProcessEngine(3) as engine:
+            new = engine.load(run)
+        _same_trace(old, new)
+    assert str(new.steps["data_wait_us"].dtype) == "int32"
+    old = load_without_collectives(damaged, analysed_columns_only=True, without=partitioned_module.RANK_TABLES)
+    assert str(old.steps["data_wait_us"].dtype) == "int64" and old.earlier_run_cuts_us
+    reasons = [s.reason for s in old.skipped]
+    assert any("corrupt rows" in r for r in reasons) and any("not a regular file" in r for r in reasons)
+
+
 def test_value_counts_percentiles_are_numpys():
     rng = np.random.default_rng(3)
     for values in (rng.integers(0, 50, 1001).astype(float), rng.normal(size=77), np.array([4.0]), np.arange(10.0)):
