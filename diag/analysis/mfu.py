@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from diag.analysis import grid
 from diag.analysis.findings import Finding, FindingContext
 from diag.analysis.peaks import lookup_peak_tflops, mfu_of
 from diag.trace.manifest import Manifest
@@ -68,7 +69,7 @@ def analyze_mfu(
     if times.empty:
         report.reason = "no complete steps in the window"
         return report
-    step_time_us = times.groupby("step")["iteration_us"].median()
+    step_time_us = grid.per_step(times, "iteration_us")  # times.groupby("step")["iteration_us"].median()
     report.step_time_median_s = float(step_time_us.median()) / 1e6
     window_s = float(step_time_us.sum()) / 1e6
     _throughput(report, steps_w, window_s, replicas)

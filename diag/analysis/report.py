@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from diag.analysis import grid
 from diag.analysis.bubble import BubbleReport, analyze_bubble, bubble_findings, gantt_rows
 from diag.analysis.comms import (
     CommsReport,
@@ -351,24 +352,22 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failur
 def _timeline(times: pd.DataFrame, hosts: dict) -> Timeline:
     if times.empty:
         return Timeline()
-    by_step = times.groupby("step")
-    slowest = times.loc[by_step["busy_us"].idxmax(), ["step", "rank"]].set_index("step")["rank"]
+    # diag.analysis.grid: the groupbys' results, as ranks x steps matrices where the frame is the usual one
     per_step = pd.DataFrame(
         {
-            "iteration_median_ms": by_step["iteration_us"].median() / 1e3,
-            "iteration_max_ms": by_step["iteration_us"].max() / 1e3,
-            "busy_median_ms": by_step["busy_us"].median() / 1e3,
-            "busy_max_ms": by_step["busy_us"].max() / 1e3,
-            "slowest_rank": slowest,
+            "iteration_median_ms": grid.per_step(times, "iteration_us") / 1e3,
+            "iteration_max_ms": grid.per_step(times, "iteration_us", "max") / 1e3,
+            "busy_median_ms": grid.per_step(times, "busy_us") / 1e3,
+            "busy_max_ms": grid.per_step(times, "busy_us", "max") / 1e3,
+            "slowest_rank": grid.rank_of_step_max(times, "busy_us"),
         }
     )
-    by_rank = times.groupby("rank")
     per_rank = pd.DataFrame(
         {
-            "busy_ms": by_rank["busy_us"].median() / 1e3,
-            "compute_ms": by_rank["compute_us"].median() / 1e3,
-            "data_wait_ms": by_rank["data_wait_us"].median() / 1e3,
-            "comm_wait_ms": by_rank["wait_us"].median() / 1e3,
+            "busy_ms": grid.per_rank(times, "busy_us") / 1e3,
+            "compute_ms": grid.per_rank(times, "compute_us") / 1e3,
+            "data_wait_ms": grid.per_rank(times, "data_wait_us") / 1e3,
+            "comm_wait_ms": grid.per_rank(times, "wait_us") / 1e3,
         }
     )
     per_rank["host"] = [hosts.get(r) for r in per_rank.index]

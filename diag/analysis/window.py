@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from diag.analysis import grid
+
 WARMUP_SLOW_FACTOR = 1.5  # a leading step this much slower than the steady median is warm-up
 WARMUP_MAX_FRACTION = 0.2  # never call more than this share of the steps warm-up
 
@@ -57,8 +59,13 @@ def choose_window(
 ) -> StepWindow:
     if steps.empty:
         return StepWindow(None, None, 0, 0, notes=["no steps recorded"])
-    ranks_per_step = steps.groupby("step", sort=True)["rank"].nunique()
-    n_ranks = steps["rank"].nunique()
+    layout = grid.rank_major(steps["rank"].to_numpy(), steps["step"].to_numpy())
+    if layout is not None:  # every rank recorded the same steps: each step has every rank (no 16 M-row groupby)
+        n_ranks, recorded = layout[0], np.sort(layout[1])
+        ranks_per_step = pd.Series(np.full(len(recorded), n_ranks), index=pd.Index(recorded, name="step"))
+    else:
+        ranks_per_step = steps.groupby("step", sort=True)["rank"].nunique()
+        n_ranks = steps["rank"].nunique()
     complete = ranks_per_step.index[ranks_per_step.to_numpy() == n_ranks].to_numpy()
     failed = np.intersect1d(ranks_per_step.index.to_numpy(), np.asarray(failed_steps or [], dtype="int64"))
     complete = np.setdiff1d(complete, failed)
@@ -88,7 +95,8 @@ def choose_window(
         if not len(chosen):
             window.notes.append(f"no complete step in --steps {window.user_range}")
     else:
-        warmup = _warmup_steps(steps[steps["step"].isin(complete)], complete)
+        every = layout is not None and len(complete) == len(ranks_per_step)  # no copy of the frame to keep it all
+        warmup = _warmup_steps(steps if every else steps[steps["step"].isin(complete)], complete)
         window.warmup_steps_excluded = [int(s) for s in warmup]
         if warmup:
             which = f"step {warmup[0]}" if len(warmup) == 1 else f"steps {warmup[0]}..{warmup[-1]}"
@@ -129,7 +137,9 @@ def in_window_array(step: np.ndarray, window: StepWindow) -> np.ndarray:
 def _warmup_steps(steps: pd.DataFrame, complete: np.ndarray) -> list[int]:
     if len(complete) < 4:
         return []
-    per_step = iteration_us(steps).groupby(steps["step"]).median().reindex(complete).to_numpy()
+    iterations = pd.DataFrame({"rank": steps["rank"], "step": steps["step"], "iteration_us": iteration_us(steps)})
+    per_step = grid.per_step(iterations, "iteration_us")
+    per_step = per_step.reindex(complete).to_numpy()  # iteration_us(steps).groupby(steps["step"]).median()
     steady = np.median(per_step[len(per_step) // 2 :])
     cap = max(1, int(len(complete) * WARMUP_MAX_FRACTION))
     n = 1  # the first step always pays for compilation, allocation and communicator setup
