@@ -20,6 +20,10 @@ same command again (the cached report), the planted problems checked on the cold
 
     python benchmarks/bench_scale.py --cold-and-repeat --format 2 --ranks 1024 4096 16384 --root /tmp/scale2
     python benchmarks/bench_scale.py --cold-and-repeat --trace-dir /tmp/scale2/s16384   # a trace written before
+
+Another tree's code on the same trace (its diag is what ``python -m diag`` imports from the working directory),
+the cold report kept to compare: ``cd /work/main && PYTHONPATH=/work/main python
+/path/to/benchmarks/bench_scale.py --cold-and-repeat --trace-dir DIR --report-out main.json``.
 """
 
 from __future__ import annotations
@@ -188,6 +192,8 @@ def main_cold_and_repeat(args) -> None:
         r = cold_and_repeat(ranks, args.steps, args.collectives_per_step, args.root, args.format, args.in_memory_max,
                             args.trace_dir)  # fmt: skip
         cold, repeat = r["cold"], r["repeat"]
+        if args.report_out is not None:
+            args.report_out.write_text(cold.stdout)
         verdict = "planted problems found" + (", equal to --in-memory" if r["compared"] else "")
         print(
             f"| {ranks:,} | {ranks * args.steps * args.collectives_per_step:,} | {r['size_gb'] * 1e3:,.0f} MB | "
@@ -210,6 +216,9 @@ def main() -> None:
     parser.add_argument("--cold-and-repeat", action="store_true", help="the partitioned path alone: cold, then repeat")
     parser.add_argument("--format", type=int, default=1, choices=(1, 2), help="trace schema version (2: columnar)")
     parser.add_argument("--trace-dir", type=Path, help="with --cold-and-repeat: a trace synthetic.py wrote (one size)")
+    parser.add_argument(
+        "--report-out", type=Path, help="with --cold-and-repeat: write the cold run's JSON report here (to compare)"
+    )
     parser.add_argument(
         "--in-memory-max", type=int, default=2048, help="compare with --in-memory up to this many ranks"
     )

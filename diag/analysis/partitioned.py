@@ -965,6 +965,7 @@ def _worker_main(pipe) -> None:
                     pipe.send(("column", name, steps.pop(name)))
                 del steps
                 release_arrow_memory()
+                release_heap_memory()  # the share's per-rank Arrow and frames: not kept into the passes
                 pipe.send(("loaded", rest))
             elif message[0] == "pass1":
                 _, tasks, window, tables = message

@@ -1,0 +1,68 @@
+"""What `diag analyze`'s partitioned path does on its main process besides waiting for the per-rank passes, for
+the code on PYTHONPATH (run it once per tree, from that tree's directory): loading the per-step tables, on this
+process (``load_without_collectives``) and, where the tree has it, in the worker processes
+(``ProcessEngine.load``), then the analyses after the passes on the steps table (choose_window, select,
+rank_step_times, find_stragglers and its findings, MFU, the timeline), each timed in wall and CPU time (this
+process's user + system: the steadier figure on a shared machine; the workers' load is wall only).
+
+    cd /work/main && PYTHONPATH=/work/main python /path/to/benchmarks/bench_serial_stages.py /tmp/scale2/s4096
+    PYTHONPATH=. python benchmarks/bench_serial_stages.py /tmp/scale2/s4096
+
+The analyses run without the collectives' waits (the steps' own comm_wait_us), so rank_step_times does not
+align them: the rest is what analyze runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+
+def timed(rows: list, name: str, fn, *args, **kwargs):
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn(*args, **kwargs)
+    rows.append((name, time.perf_counter() - wall, time.process_time() - cpu))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace_dir")
+    args = parser.parse_args()
+
+    import diag.analysis.partitioned as P
+    from diag.analysis import report as R
+    from diag.analysis import stragglers as S
+    from diag.analysis.findings import FindingContext
+    from diag.analysis.mfu import analyze_mfu
+    from diag.analysis.window import choose_window, select
+
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; diag from {P.__file__}")
+    rows: list = []
+    trace = timed(rows, "load, this process (threads)", P.load_without_collectives, args.trace_dir,
+                  analysed_columns_only=True, without=P.RANK_TABLES)  # fmt: skip
+    if hasattr(P.ProcessEngine, "load"):
+        del trace
+        with P.ProcessEngine(2) as engine:
+            trace = timed(rows, "load, 2 worker processes", engine.load, args.trace_dir)
+    loads = len(rows)
+    window = timed(rows, "choose_window", choose_window, trace.steps, None, [])
+    steps_w = timed(rows, "select", select, trace.steps, window)
+    times = timed(rows, "rank_step_times", S.rank_step_times, steps_w, None, None)
+    info = R._ranks_info(trace)
+    found = timed(rows, "find_stragglers", S.find_stragglers, times, info, {}, {}, {})
+    ctx = FindingContext(1.0, window.steps_analysed, times, found)
+    timed(rows, "straggler_findings", S.straggler_findings, found, ctx)
+    timed(rows, "analyze_mfu", analyze_mfu, times.frame, trace.manifests, steps_w, None, None, 1)
+    timed(rows, "_timeline", R._timeline, times.frame, {})
+    print("| stage | wall | CPU (this process) |\n|---|---|---|")
+    for name, wall, cpu in rows:
+        print(f"| {name} | {wall:.2f} s | {cpu:.2f} s |")
+    after = rows[loads:]
+    print(f"| **analyses after the passes** | {sum(r[1] for r in after):.2f} s | {sum(r[2] for r in after):.2f} s |")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
