@@ -817,9 +817,12 @@ class ProcessEngine:
     share's merged sums move (pickled through a pipe). Sums add in another order than on one process (the
     float sums of waits agree to ~1e-15 relative, as on Dask).
 
-    ``load`` starts the workers before anything is read, and they read the per-step tables first: each its
-    share of the ranks, the steps as one frame per share (no 16,384-way concatenation here), so the load no
-    longer runs on this process alone; ``with engine:`` stops them whatever happens. ``run`` starts the workers if need be and stops them after pass 2."""
+    ``load`` reads the per-step tables in the workers first: each its share of the ranks, the steps sent as one
+    frame per share (no 16,384-way concatenation here), so the load no longer runs on this process alone. It
+    stops its workers after the load unless they were started before (``with engine:``, which stops them
+    whatever happens); ``run`` starts workers if need be and stops them after pass 2. So ``diag analyze`` forks
+    twice: the passes' workers are forked after the load and share the trace's pages with this process (copy on
+    write: the tree's PSS counts them once), and neither keeps the other's heap."""
 
     def __init__(self, workers: int = 2, progress=None):
         self.workers, self.progress = workers, progress
@@ -1683,7 +1686,7 @@ def analyze_partitioned(
     per_rank = RANK_TABLES if analysed_columns_only else ()
     if engine is None:  # a caller inside a threaded server may ask for LocalEngine() (no fork)
         engine = DaskEngine(client) if client is not None else local_engine(len(TraceReader(path).rank_dirs()))
-    # worker processes read the per-step tables too (each its share of the ranks), then do the passes
+    # worker processes read the per-step tables too (each its share of the ranks), then others do the passes
     in_workers = isinstance(engine, ProcessEngine) and analysed_columns_only
     try:
         if in_workers:
