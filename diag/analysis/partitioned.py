@@ -1251,13 +1251,11 @@ def rank_tables_reducer(trace: Trace, client=None, progress: bool = False, threa
     def plan(window: StepWindow) -> tuple[TablesJob, pd.DataFrame | None]:
         """What pass 1 needs to do the batches for ``window`` (as ``analyze`` will call ``reduce``: the window's
         steps, the manifests' hosts, the guessed metric), and the ranks' telemetry windows."""
-        from diag.analysis.report import _ranks_info, telemetry_bounds
-        from diag.analysis.window import select
+        from diag.analysis.report import _ranks_info, telemetry_bounds_in_window
 
-        steps_w = select(trace.steps, window)
         ranks_info = _ranks_info(trace)
         hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
-        bounds = telemetry_bounds(steps_w) if len(steps_w) else None
+        bounds = telemetry_bounds_in_window(trace.steps, window)  # no second copy of the window's steps
         return TablesJob(hosts, "allocated_bytes", window.steps_analysed), bounds
 
     reduce.rows_read = 0

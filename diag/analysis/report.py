@@ -45,7 +45,7 @@ from diag.analysis.stragglers import (
     straggler_findings,
 )
 from diag.analysis.telemetry import TelemetryReport, analyze_telemetry, telemetry_findings
-from diag.analysis.window import StepWindow, choose_window, in_window, parse_step_range, select
+from diag.analysis.window import StepWindow, choose_window, in_window, in_window_array, parse_step_range, select
 from diag.trace.loader import Trace
 
 MAX_SKIPPED_LISTED = 200
@@ -302,6 +302,30 @@ def telemetry_bounds(steps_w: pd.DataFrame) -> pd.DataFrame:
     (its longest step after the last start), on its own clock."""
     bounds = steps_w.groupby("rank").agg(first_us=("start_us", "min"), last_us=("start_us", "max"))
     bounds["last_us"] += steps_w.groupby("rank")["duration_us"].max()
+    return bounds
+
+
+def telemetry_bounds_in_window(steps: pd.DataFrame, window: StepWindow) -> pd.DataFrame | None:
+    """``telemetry_bounds(select(steps, window))`` (None where the window has no step), without the selected
+    copy of the steps table where it is the usual one (diag.analysis.grid): the window's columns of the ranks x
+    steps matrices of start and duration."""
+    layout = grid.rank_major(steps["rank"].to_numpy(), steps["step"].to_numpy()) if len(steps) else None
+    if layout is None or any(steps[c].dtype.kind not in "iu" for c in ("start_us", "duration_us")):
+        steps_w = select(steps, window)
+        return telemetry_bounds(steps_w) if len(steps_w) else None
+    ranks, order = layout
+    keep = in_window_array(order, window)
+    if not keep.any():
+        return None
+    start = steps["start_us"].to_numpy().reshape(ranks, len(order))[:, keep]
+    duration = steps["duration_us"].to_numpy().reshape(ranks, len(order))[:, keep]
+    heads = steps["rank"].to_numpy()[:: len(order)]
+    by_rank = np.argsort(heads, kind="stable")
+    bounds = pd.DataFrame(
+        {"first_us": start.min(axis=1)[by_rank], "last_us": start.max(axis=1)[by_rank]},
+        index=pd.Index(heads[by_rank], name="rank"),
+    )
+    bounds["last_us"] += pd.Series(duration.max(axis=1)[by_rank], index=bounds.index)
     return bounds
 
 

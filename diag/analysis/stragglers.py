@@ -180,8 +180,11 @@ def find_stragglers(
     the ranks whose GPU the telemetry analysis calls throttled;
     ``memory_pressure``: rank -> what the memory analysis saw (a leak, allocator retries) on that rank."""
     f = times.frame
-    report = StragglerReport(wait_source=times.wait_source, steps=int(f["step"].nunique()))
-    if f["rank"].nunique() < 2:
+    layout = _rank_major(f)  # the usual layout: ranks and steps counted without hashing 16 M rows
+    report = StragglerReport(
+        wait_source=times.wait_source, steps=len(layout[1]) if layout else int(f["step"].nunique())
+    )
+    if (layout[0] if layout else f["rank"].nunique()) < 2:
         report.note = "one rank only: nothing to compare it with"
         report.compared = False
         return report
@@ -189,11 +192,11 @@ def find_stragglers(
         report.note = f"only {report.steps} step(s) analysed: too few to tell a straggler from warm-up or noise"
         report.compared = False
         return report
-    if f.groupby("peers")["rank"].nunique().max() < 2:
+    if (layout[0] if layout else f.groupby("peers")["rank"].nunique().max()) < 2:
         report.note = "pipeline parallel with one rank per stage: stages do different work, so ranks are not compared (see the pipeline bubble report)"
         report.compared = False
         return report
-    if f["peers"].nunique() > 1:
+    if layout is None and f["peers"].nunique() > 1:
         report.note = "pipeline parallel: each rank is compared with the ranks of its own stage"
     if times.wait_source == "none":
         report.note = "no communication wait recorded: stragglers can only show in their data wait"
@@ -391,13 +394,24 @@ def joint_saving_us(times: RankStepTimes, ranks: list[int]) -> float:
     nothing is left to compare them with, and the step's median is what they could reach."""
     f = times.frame
     if times.step_median_busy_us is None:
-        times.step_median_busy_us = f.groupby(["peers", "step"])["busy_us"].median()
-        times.step_max_busy_us = f.groupby(["peers", "step"])["busy_us"].max()
+        times.step_median_busy_us = _by_peers_step(f, "median")
+        times.step_max_busy_us = _by_peers_step(f, "max")
     median, slowest = times.step_median_busy_us, times.step_max_busy_us
     others = _others_max(times, ranks) if len(f) >= 1 << 16 else None
     if others is None:
         others = f[~f["rank"].isin(ranks)].groupby(["peers", "step"])["busy_us"].max().reindex(slowest.index)
     return float((slowest - others.fillna(median)).clip(lower=0).sum())
+
+
+def _by_peers_step(f: pd.DataFrame, how: str) -> pd.Series:
+    """``f.groupby(["peers", "step"])["busy_us"].<how>()``: in the usual layout (one peers group), the steps'
+    medians or maxima over the ranks x steps matrix (diag.analysis.grid) under the groupby's index."""
+    if _rank_major(f) is None:
+        return getattr(f.groupby(["peers", "step"])["busy_us"], how)()
+    by_step = grid.per_step(f, "busy_us", how)
+    peers = np.full(len(by_step), f["peers"].iat[0], dtype=f["peers"].dtype)
+    index = pd.MultiIndex.from_arrays([peers, by_step.index], names=["peers", "step"])
+    return pd.Series(by_step.to_numpy(), index=index, name="busy_us")
 
 
 def _others_max(times: RankStepTimes, ranks: list[int]) -> pd.Series | None:

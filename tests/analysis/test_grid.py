@@ -93,3 +93,46 @@ def test_choose_window_from_the_layout_equals_the_groupby():
     assert choose_window(f).warmup_steps_excluded == [10, 11]
     short = choose_window(f.iloc[:-1])
     assert short.ranks_short == [4] and short.incomplete_steps_excluded == [39]
+
+
+def test_telemetry_bounds_in_window_equal_those_of_the_selected_steps():
+    """The ranks' telemetry windows from the matrices equal telemetry_bounds of the window's rows, with holes in
+    the window, for an empty window, and through select where the layout is not the usual one."""
+    from diag.analysis.report import telemetry_bounds, telemetry_bounds_in_window
+    from diag.analysis.window import StepWindow, select
+
+    steps = np.arange(0, 30)
+    f = frame(steps, np.array([3, 1, 2, 0]))
+    f["start_us"] = (1_700_000_000_000_000 + f["step"].astype("int64") * 1000 + f["rank"] * 7).astype("int64")
+    f["duration_us"] = f["data_wait_us"]
+    holes = StepWindow(5, 20, 14, 30, step_indices=np.array([s for s in range(5, 21) if s not in (9, 12)]))
+    windows = [StepWindow(2, 27, 26, 30), holes, StepWindow(None, None, 0, 30)]
+    for g in (f, f.sample(frac=1.0, random_state=4)):
+        for window in windows:
+            steps_w = select(g, window)
+            expected = telemetry_bounds(steps_w) if len(steps_w) else None
+            got = telemetry_bounds_in_window(g, window)
+            if expected is None:
+                assert got is None
+            else:
+                pd.testing.assert_frame_equal(got, expected, check_exact=True)
+
+
+@pytest.mark.parametrize("f", USUAL)
+def test_find_stragglers_same_report_on_the_usual_layout_and_shuffled(f):
+    """find_stragglers (and its per-step medians and maxima for the joint saving) on the usual layout and on the
+    same rows shuffled (every groupby path): the same report, the same Series."""
+    from diag.analysis.stragglers import RankStepTimes, _by_peers_step, find_stragglers, joint_saving_us
+
+    f = f.assign(compute_us=f["busy_us"] - 10.0, iteration_us=f["busy_us"] + 5.0)
+    f.loc[f["rank"] == f["rank"].iloc[0], "busy_us"] += 30.0  # a straggler
+    reports, savings = [], []
+    for g in (f, f.sample(frac=1.0, random_state=5).reset_index(drop=True)):
+        for how in ("median", "max"):
+            expected = getattr(g.groupby(["peers", "step"])["busy_us"], how)()
+            pd.testing.assert_series_equal(_by_peers_step(g, how), expected, check_exact=True)
+        times = RankStepTimes(g, "steps.comm_wait_us")
+        reports.append(find_stragglers(times, pd.DataFrame(), {}, {}))
+        savings.append(joint_saving_us(times, [int(f["rank"].iloc[0])]))
+    assert reports[0] == reports[1] and reports[0].stragglers
+    assert savings[0] == savings[1] > 0
