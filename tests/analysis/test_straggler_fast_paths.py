@@ -12,9 +12,9 @@ import pytest
 from diag.analysis.stragglers import (
     RankStepTimes,
     _others_max,
+    _regular_rows,
     _saved_per_rank_step,
     _saved_per_rank_step_by_cell,
-    _regular_rows,
     cell_rows,
     others_median,
     step_cells,
