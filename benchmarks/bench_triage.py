@@ -66,7 +66,9 @@ def write_rank(root: Path, rank: int, world: int, steps: int, per_step: int, stu
     (rank_dir / COLLECTIVES.file_name).write_text(COLLECTIVES.header() + "".join(coll_rows))
     now = START_US + (steps + 3) * STEP_US + 200_000_000
     pending = Pending(seq=seq + 1, op="all_reduce", nbytes=GRAD_BYTES, start_us=START_US + steps * STEP_US + 50_000)
-    write_hang_state(rank_dir, rank, steps, rank == stuck, pending, now, 180.0)
+    last_start = START_US + (steps - 1) * STEP_US + 50_000 + (per_step - 1) * 1000
+    last = {"seq": seq, "op": "all_reduce", "bytes": GRAD_BYTES, "dtype": "bfloat16", "step": steps - 1}
+    write_hang_state(rank_dir, rank, steps, rank == stuck, pending, now, 180.0, {**last, "start_us": last_start})
 
 
 def generate(root: Path, world: int, steps: int, per_step: int) -> int:
