@@ -12,7 +12,8 @@ the rank's last word is it used; every other rank's tables are read from their e
 * a rank still running (state ``running``): its rows, flushed every second, may be ahead of a heartbeat
   written every few seconds. A stalled rank made no progress for the stall threshold, and a rank that ended
   wrote its heartbeat last;
-* a stale heartbeat (the process may have died after its last beat: its rows may be newer);
+* a stale heartbeat with no exit record (the process may have died after its last beat: its rows may be
+  newer);
 * more collectives pending than the heartbeat lists, or a sequence number unknown (-1);
 * every rank of a process group in which the heartbeats disagree: different last completed collectives, or
   different collectives (op, bytes, dtype, step) at one sequence number. A hung job's groups are frozen, and
@@ -43,7 +44,8 @@ def _trusted(heartbeat: Heartbeat, freshest_us: int) -> bool:
     if heartbeat.state != "stalled" and heartbeat.exit is None:
         return False
     interval_us = float(heartbeat.interval_s or DEFAULT_HEARTBEAT_INTERVAL_S) * 1e6
-    if freshest_us - (heartbeat.time_us or 0) > DEAD_MARGIN_INTERVALS * interval_us:
+    stale = freshest_us - (heartbeat.time_us or 0) > DEAD_MARGIN_INTERVALS * interval_us
+    if stale and heartbeat.exit is None:  # an exit record's beat is the last by design, however old
         return False
     if (heartbeat.pending_count or 0) > len(heartbeat.pending):
         return False
