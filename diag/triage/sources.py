@@ -206,7 +206,8 @@ def _read_tails(
     with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
         sides = dict(zip(rank_dirs, pool.map(lambda item: _read_rank_side(reader, *item), rank_dirs.items())))
         beats = {rank: side[3] for rank, side in sides.items()}
-        judged = judged_by_heartbeat(beats) if use_heartbeats else set()
+        stalled = {rank for rank, side in sides.items() if side[2].stalls}
+        judged = judged_by_heartbeat(beats, stalled) if use_heartbeats else set()
         tailed = [rank for rank in rank_dirs if rank not in judged]
         tails = dict(
             zip(

@@ -9,9 +9,11 @@ ranks); a heartbeat is one small JSON file triage reads anyway. Only where the h
 the rank's last word is it used; every other rank's tables are read from their ends as before:
 
 * a heartbeat without ``groups`` (written before it existed) or without one at all;
-* a rank still running (state ``running``): its rows, flushed every second, may be ahead of a heartbeat
-  written every few seconds. A stalled rank made no progress for the stall threshold, and a rank that ended
-  wrote its heartbeat last;
+* a rank not in a hang: still running (its rows, flushed every second, may be ahead of a heartbeat written
+  every few seconds), finished, or ended without its watchdog ever seeing a stall. Such a job's verdict may
+  rest on its whole history (a desync that completed, as an all_reduce of 4x3 against 3x4 does on gloo, is
+  found in the rows with Flight Recorder's shapes; the slowest rank on its steps). A stalled rank made no
+  progress for the stall threshold, and a rank that ended after a stall wrote its heartbeat last;
 * a stale heartbeat with no exit record (the process may have died after its last beat: its rows may be
   newer);
 * more collectives pending than the heartbeat lists, or a sequence number unknown (-1);
@@ -29,19 +31,23 @@ DEAD_MARGIN_INTERVALS = 3  # a heartbeat this many intervals older than the fres
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 
 
-def judged_by_heartbeat(heartbeats: dict[int, Heartbeat | None]) -> set[int]:
-    """The ranks whose heartbeat stands in for their collectives rows (see the module's docstring)."""
+def judged_by_heartbeat(heartbeats: dict[int, Heartbeat | None], saw_a_stall: set[int]) -> set[int]:
+    """The ranks whose heartbeat stands in for their collectives rows (see the module's docstring).
+    ``saw_a_stall``: the ranks whose watchdog dumped a stall."""
     beats = [hb.time_us or 0 for hb in heartbeats.values() if hb is not None]
     freshest_us = max(beats, default=0)
-    candidates = {rank: hb for rank, hb in heartbeats.items() if hb is not None and _trusted(hb, freshest_us)}
+    candidates = {
+        rank: hb for rank, hb in heartbeats.items() if hb is not None and _trusted(hb, freshest_us, rank in saw_a_stall)
+    }
     disagreeing = _disagreeing_groups(candidates)
     return {rank for rank, hb in candidates.items() if not any(pg in disagreeing for pg in (hb.groups or {}))}
 
 
-def _trusted(heartbeat: Heartbeat, freshest_us: int) -> bool:
+def _trusted(heartbeat: Heartbeat, freshest_us: int, saw_a_stall: bool) -> bool:
     if heartbeat.groups is None:
         return False
-    if heartbeat.state != "stalled" and heartbeat.exit is None:
+    ended = heartbeat.exit is not None and heartbeat.exit.how != "finished"
+    if heartbeat.state != "stalled" and not (ended and saw_a_stall):
         return False
     interval_us = float(heartbeat.interval_s or DEFAULT_HEARTBEAT_INTERVAL_S) * 1e6
     stale = freshest_us - (heartbeat.time_us or 0) > DEAD_MARGIN_INTERVALS * interval_us

@@ -83,22 +83,35 @@ def test_a_group_whose_heartbeats_disagree_is_read_from_the_tables(tmp_path):
 
 
 def test_the_slow_rank_verdict_reads_the_steps_of_ranks_judged_from_heartbeats(tmp_path):
-    """No hang, a stall seen and cleared: the slowest rank is named from every rank's steps, which the
-    heartbeats do not carry: they are read when that verdict needs them."""
+    """No hang left (each rank's stall cleared, then it ended by an exception with nothing pending): the slowest
+    rank is named from every rank's steps, which the heartbeats do not carry: they are read when that verdict
+    needs them."""
     plants = synthetic.generate(tmp_path, RANKS, STEPS, PER_STEP, trace_format=SCHEMA_VERSION, hang=True)
     for rank in range(RANKS):
 
-        def finished(heartbeat):
+        def ended(heartbeat):
             done = heartbeat["groups"]["0"]["completed"]
-            heartbeat.update(state="finished", pending=[], exit={"how": "finished"})
+            heartbeat.update(state="exception", pending=[], exit={"how": "exception", "error": "ValueError: x"})
             heartbeat["groups"]["0"]["issued"] = done
 
-        edit_heartbeat(tmp_path, rank, finished)
-        if rank != plants.hang_stuck:  # its stall dump stays: a stall that later cleared
-            (tmp_path / rank_dir_name(rank) / "hang_dump_001.json").unlink()
+        edit_heartbeat(tmp_path, rank, ended)
+        dump = tmp_path / rank_dir_name(rank) / "hang_dump_001.json"
+        dump.write_text(json.dumps({**json.loads(dump.read_text()), "pending": []}))  # the stall, since cleared
     from_heartbeats, count = judged(tmp_path)
     assert count == RANKS
     assert from_heartbeats == judged(tmp_path, heartbeats=False)[0]
     assert from_heartbeats["verdict"] == "slow"
     # by mean step time outside communication: the rank with five 0.5 s spikes in 30 steps
     assert from_heartbeats["culprit_ranks"] == [plants.transient]
+
+
+def test_a_finished_rank_is_judged_from_its_tables(tmp_path):
+    """A job that ended without a stall may owe its verdict to its whole history (a desync that completed):
+    its ranks are read from their tables."""
+    synthetic.generate(tmp_path, RANKS, STEPS, PER_STEP, trace_format=SCHEMA_VERSION, hang=True)
+    for rank in range(RANKS):
+        edit_heartbeat(tmp_path, rank, lambda hb: hb.update(state="finished", pending=[], exit={"how": "finished"}))
+        (tmp_path / rank_dir_name(rank) / "hang_dump_001.json").unlink()
+    verdict, count = judged(tmp_path)
+    assert count == 0
+    assert verdict == judged(tmp_path, heartbeats=False)[0]
