@@ -21,6 +21,10 @@ same trace, back to back, and the two verdicts compared whole (evidence included
 still-running job leaves it (what capture writes, not ``synthetic.py``'s one Parquet segment a table): each
 rank's steps and collectives rewritten as a live Arrow stream segment, one record batch per 0.5 s flush (5 steps,
 100 collectives), never compacted (20,000 rows is below the 65,536 that trigger compaction); in OUT/liveN.
+``--tables``: also this checkout with no rank judged from its heartbeat (every rank's table tails read);
+``--old-heartbeats``: the hang written with heartbeats without ``groups``, as before they existed (OUT/hangoldN).
+
+    python benchmarks/bench_triage.py DIR --judge-both   # each trace under DIR judged from heartbeats and tables
 """
 
 from __future__ import annotations
@@ -240,6 +244,25 @@ def bench_scale(
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
+def judge_both(root: Path) -> None:
+    """Each trace directory under ``root`` (e.g. ``faults.py --keep``'s) judged from heartbeats and from its
+    tables only: the two verdicts compared whole but for the notes on what was read."""
+    from diag.triage.analysis import triage
+    from diag.triage.sources import read_diag_trace
+
+    for trace in sorted(p for p in root.iterdir() if p.is_dir()):
+        verdicts, judged = {}, 0
+        for heartbeats in (True, False):
+            data = read_diag_trace(trace, heartbeats=heartbeats)
+            verdicts[heartbeats] = without_read_notes(triage(data).to_json())
+            judged = judged or sum(info.judged_by_heartbeat for info in data.ranks.values())
+        verdict = verdicts[True]
+        print(
+            f"{trace.name:20s} judged from heartbeats {judged}/{len(data.ranks)}  {verdict['verdict']} "
+            f"{verdict['culprit_ranks']}  equal to the tables' verdict: {verdicts[True] == verdicts[False]}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
@@ -259,7 +282,11 @@ def main() -> None:
     parser.add_argument("--collectives", type=int, default=4, help="all_reduces per step")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--watchdog", action="store_true", help="measure the capture-side watchdog instead")
+    parser.add_argument("--judge-both", action="store_true", help="OUT holds traces: judge each both ways")
     args = parser.parse_args()
+    if args.judge_both:
+        judge_both(args.out)
+        return
     if args.scale:
         bench_scale(
             args.out,
