@@ -389,6 +389,34 @@ def _listed(values: list[float]) -> str:
     return " ".join(f"{v:.1f}" for v in values)
 
 
+def record_costs(trace_format: int, iterations: int, repeats: int) -> None:
+    """Only the host cost of one step span and of one recorded collective (a wrapped collective that does
+    nothing), ``repeats`` times in one process: what a change to the per-collective recording costs, resolvable
+    on a loaded machine where the end-to-end loop's A/A is not. Run each checkout's code in turn (PYTHONPATH)."""
+    import torch
+    import torch.distributed as dist
+
+    import diag
+    from diag.capture import collectives
+    from diag.launch import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
+    tensor = torch.ones(1024)
+    recorded_no_op = collectives._make_wrapper("all_reduce", lambda tensor, op=None, group=None, async_op=False: None)
+    with tempfile.TemporaryDirectory() as tmp:
+        diag.init(tmp, telemetry=False, watchdog=False, trace_format=trace_format)
+        for _ in range(repeats):
+            empty_ns = timed(lambda: None, iterations)
+            span_ns = timed(span_once, iterations)
+            record_ns = timed(lambda: recorded_no_op(tensor, group=dist.group.WORLD), iterations)
+            print(
+                f"step span {(span_ns - empty_ns) / 1000:.2f} us, one collective {(record_ns - empty_ns) / 1000:.2f} us"
+            )
+        diag.finish()
+    dist.destroy_process_group()
+
+
 def span_once() -> None:
     import diag
 
@@ -429,7 +457,13 @@ def main() -> None:
         action="store_true",
         help="only the real-step cost, schema 1 and 2 and the A/A pairs interleaved (--real-step-pairs/-steps)",
     )
+    parser.add_argument(
+        "--record-cost-only", type=int, metavar="REPEATS", help="only the span and collective record costs, repeated"
+    )
     args = parser.parse_args()
+    if args.record_cost_only:
+        record_costs(args.trace_format, 20000, args.record_cost_only)
+        return
     if args.worker:
         overhead_worker(args)
         return

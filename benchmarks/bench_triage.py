@@ -21,6 +21,10 @@ same trace, back to back, and the two verdicts compared whole (evidence included
 still-running job leaves it (what capture writes, not ``synthetic.py``'s one Parquet segment a table): each
 rank's steps and collectives rewritten as a live Arrow stream segment, one record batch per 0.5 s flush (5 steps,
 100 collectives), never compacted (20,000 rows is below the 65,536 that trigger compaction); in OUT/liveN.
+``--tables``: also this checkout with no rank judged from its heartbeat (every rank's table tails read);
+``--old-heartbeats``: the hang written with heartbeats without ``groups``, as before they existed (OUT/hangoldN).
+
+    python benchmarks/bench_triage.py DIR --judge-both   # each trace under DIR judged from heartbeats and tables
 """
 
 from __future__ import annotations
@@ -66,7 +70,9 @@ def write_rank(root: Path, rank: int, world: int, steps: int, per_step: int, stu
     (rank_dir / COLLECTIVES.file_name).write_text(COLLECTIVES.header() + "".join(coll_rows))
     now = START_US + (steps + 3) * STEP_US + 200_000_000
     pending = Pending(seq=seq + 1, op="all_reduce", nbytes=GRAD_BYTES, start_us=START_US + steps * STEP_US + 50_000)
-    write_hang_state(rank_dir, rank, steps, rank == stuck, pending, now, 180.0)
+    last_start = START_US + (steps - 1) * STEP_US + 50_000 + (per_step - 1) * 1000
+    last = {"seq": seq, "op": "all_reduce", "bytes": GRAD_BYTES, "dtype": "bfloat16", "step": steps - 1}
+    write_hang_state(rank_dir, rank, steps, rank == stuck, pending, now, 180.0, {**last, "start_us": last_start})
 
 
 def generate(root: Path, world: int, steps: int, per_step: int) -> int:
@@ -130,9 +136,15 @@ import json, sys
 from pathlib import Path
 from diag.triage.analysis import triage
 from diag.triage.sources import read_diag_trace
-rows = int(sys.argv[2]) if len(sys.argv) > 2 else None
-print(json.dumps(triage(read_diag_trace(Path(sys.argv[1]), rows)).to_json()))
+rows = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] != "-" else None
+tables_only = {"heartbeats": False} if len(sys.argv) > 3 else {}  # the default also in a baseline without the option
+print(json.dumps(triage(read_diag_trace(Path(sys.argv[1]), rows, **tables_only)).to_json()))
 """
+READ_NOTES = ("have more records than triage reads", "judged from their heartbeats")  # say what was read: differ
+
+
+def without_read_notes(verdict: dict) -> dict:
+    return {**verdict, "evidence": [e for e in verdict["evidence"] if not any(n in e for n in READ_NOTES)]}
 
 
 def to_live_streams(trace: Path, rows_per_step: dict[str, int], steps_per_flush: int = 5) -> None:
@@ -175,6 +187,8 @@ def bench_scale(
     baseline: Path | None = None,
     live: bool = False,
     rows: int | None = None,
+    tables: bool = False,
+    old_heartbeats: bool = False,
 ) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import synthetic
@@ -182,11 +196,13 @@ def bench_scale(
 
     print(f"{'ranks':>6} {'reader':<26} {'wall s':>7} {'CPU s':>7} {'peak RSS GB':>12}  verdict")
     for world in ranks:
-        trace = out / f"{'live' if live else 'hang'}{world}"
+        trace = out / f"{'live' if live else 'hang'}{'old' if old_heartbeats else ''}{world}"
         if not (trace / "planted.json").exists():
             shutil.rmtree(trace, ignore_errors=True)
             t0 = time.perf_counter()
-            synthetic.generate(trace, world, steps, 20, trace_format=trace_format, hang=True)
+            synthetic.generate(
+                trace, world, steps, 20, trace_format=trace_format, hang=True, heartbeat_groups=not old_heartbeats
+            )
             if live:
                 (trace / "planted.json").rename(trace / "planted.tmp")  # a half-converted trace is not reused
                 to_live_streams(trace, {"steps": 1, "collectives": 20})
@@ -195,12 +211,14 @@ def bench_scale(
         stuck = json.loads((trace / "planted.json").read_text())["hang_stuck"]
         verdicts = {}
         asked = [str(rows)] if rows else []  # rows a rank, as triage reads of a larger trace (64 at 16,384 ranks)
-        readers = [("last rows (default)" if not rows else f"last {rows} rows", asked, [])]
+        readers = [("default" if not rows else f"last {rows} rows", asked, [])]
         # env(1) execs python in the same process (os.wait4 measures python), in the baseline's directory: python -c
         # imports from the working directory first
         if baseline is not None:
             prefix = ["env", "-C", str(baseline), f"PYTHONPATH={baseline}"]
             readers.append((f"{readers[0][0]} ({baseline.name})", asked, prefix))
+        if tables:  # every rank's tables read from their ends, no rank judged from its heartbeat
+            readers.append(("tables (no heartbeats)", [asked[0] if asked else "-", "tables"], []))
         if old:
             readers.append(("every row (previous)", ["1000000000000"], []))
         for label, extra, prefix in readers:
@@ -212,9 +230,11 @@ def bench_scale(
                 f"{world:>6} {label:<26} {run.wall_s:7.1f} {run.cpu_s:7.1f} {run.peak_rss_gb:12.2f}  "
                 f"{verdict['verdict']} {verdict['culprit_ranks']}"
             )
-        if baseline is not None:
-            assert verdicts[readers[0][0]] == verdicts[readers[1][0]]
-            print(f"{world:>6} verdict with {baseline.name}'s code: equal, evidence and every rank's state included")
+        first = without_read_notes(verdicts[readers[0][0]])
+        for label, *_ in readers[1:]:
+            if label != "every row (previous)":
+                assert without_read_notes(verdicts[label]) == first, label
+                print(f"{world:>6} verdict, {label}: equal, evidence and every rank's state included")
         if old:
             same = {k: v for k, v in verdicts[readers[0][0]].items() if k != "evidence"}
             assert same == {k: v for k, v in verdicts["every row (previous)"].items() if k != "evidence"}
@@ -222,6 +242,25 @@ def bench_scale(
         if not keep:
             shutil.rmtree(trace)
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
+
+def judge_both(root: Path) -> None:
+    """Each trace directory under ``root`` (e.g. ``faults.py --keep``'s) judged from heartbeats and from its
+    tables only: the two verdicts compared whole but for the notes on what was read."""
+    from diag.triage.analysis import triage
+    from diag.triage.sources import read_diag_trace
+
+    for trace in sorted(p for p in root.iterdir() if p.is_dir()):
+        verdicts, judged = {}, 0
+        for heartbeats in (True, False):
+            data = read_diag_trace(trace, heartbeats=heartbeats)
+            verdicts[heartbeats] = without_read_notes(triage(data).to_json())
+            judged = judged or sum(info.judged_by_heartbeat for info in data.ranks.values())
+        verdict = verdicts[True]
+        print(
+            f"{trace.name:20s} judged from heartbeats {judged}/{len(data.ranks)}  {verdict['verdict']} "
+            f"{verdict['culprit_ranks']}  equal to the tables' verdict: {verdicts[True] == verdicts[False]}"
+        )
 
 
 def main() -> None:
@@ -234,12 +273,20 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="with --scale: also another checkout's code (PYTHONPATH)")
     parser.add_argument("--live", action="store_true", help="with --scale: the hang as live stream segments")
     parser.add_argument("--rows", type=int, help="with --scale: rows a rank read (default: triage's own choice)")
+    parser.add_argument("--tables", action="store_true", help="with --scale: also with no rank judged by heartbeat")
+    parser.add_argument(
+        "--old-heartbeats", action="store_true", help="with --scale: heartbeats without groups (an old trace)"
+    )
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024])
     parser.add_argument("--steps", type=int, help="steps per rank (default 200; with --scale 1000)")
     parser.add_argument("--collectives", type=int, default=4, help="all_reduces per step")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--watchdog", action="store_true", help="measure the capture-side watchdog instead")
+    parser.add_argument("--judge-both", action="store_true", help="OUT holds traces: judge each both ways")
     args = parser.parse_args()
+    if args.judge_both:
+        judge_both(args.out)
+        return
     if args.scale:
         bench_scale(
             args.out,
@@ -251,6 +298,8 @@ def main() -> None:
             args.baseline,
             args.live,
             args.rows,
+            args.tables,
+            args.old_heartbeats,
         )
         return
     args.ranks, args.steps = args.ranks[0], args.steps or 200

@@ -81,9 +81,11 @@ def generate(
     seed: int = 0,
     trace_format: int = CSV_SCHEMA_VERSION,
     hang: bool = False,
+    heartbeat_groups: bool = True,
 ) -> Plants:
     """Write the trace; ``trace_format`` 1: CSV tables, 2: one Parquet segment per table and rank, as capture
-    leaves them once compacted (diag/trace/columnar.py). ``hang``: the job then hangs (``plant_hang``)."""
+    leaves them once compacted (diag/trace/columnar.py). ``hang``: the job then hangs (``plant_hang``);
+    ``heartbeat_groups`` False: its heartbeats as capture wrote them before they carried ``groups``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plants = plants if plants is not None else Plants.for_world(ranks, steps)
@@ -91,8 +93,9 @@ def generate(
     busy_us, data_us = _busy_matrix(ranks, steps, plants, rng)
     iteration_us = busy_us.max(axis=0)  # every rank's iteration lasts as long as the slowest's
     step_start_us = START_US + np.concatenate([[0], np.cumsum(iteration_us[:-1] + collectives_per_step * TRANSFER_US)])
+    last_done = []  # each rank's last collective (the heartbeat's groups)
     for rank in range(ranks):
-        _write_rank(
+        last = _write_rank(
             out / rank_dir_name(rank),
             rank,
             ranks,
@@ -106,11 +109,14 @@ def generate(
             step_start_us,
             trace_format,
         )
+        last_done.append(last)
     if hang:
         plants.hang_stuck = hang_rank(ranks)
         end_us = int(step_start_us[-1] + iteration_us[-1] + collectives_per_step * TRANSFER_US)
         for rank in range(ranks):
-            plant_hang(out / rank_dir_name(rank), rank, steps, steps * collectives_per_step, end_us, plants.hang_stuck)
+            plant_hang(
+                out / rank_dir_name(rank), rank, steps, end_us, plants.hang_stuck, last_done[rank], heartbeat_groups
+            )
     (out / "planted.json").write_text(json.dumps(asdict(plants), indent=1))
     return plants
 
@@ -146,10 +152,20 @@ class Pending:
 
 
 def write_hang_state(
-    rank_dir: Path, rank: int, steps: int, stuck: bool, pending: Pending, now_us: int, stall_s: float
+    rank_dir: Path,
+    rank: int,
+    steps: int,
+    stuck: bool,
+    pending: Pending,
+    now_us: int,
+    stall_s: float,
+    last_done: dict | None = None,
 ) -> None:
     """A hung rank's watchdog dump and last heartbeat, as capture writes them ``stall_s`` into the hang: in the
-    next step's (``steps``) all_reduce ``pending``, or, ``stuck``, in its data loader after step ``steps - 1``."""
+    next step's (``steps``) all_reduce ``pending``, or, ``stuck``, in its data loader after step ``steps - 1``.
+    ``last_done``: the rank's last collectives row ({seq, op, bytes, dtype, step, start_us}, group 0), which the
+    heartbeat's ``groups`` names as issued and completed (the pending one, asynchronous, as issued); None: a
+    heartbeat written before ``groups`` existed."""
     if stuck:
         dump = {"reason": f"stall: no progress for {stall_s} s (after step {steps - 1}, phase data_wait)"}
         dump.update(step=None, last_step=steps - 1, phase="data_wait", pending=[])
@@ -164,17 +180,22 @@ def write_hang_state(
     (rank_dir / "hang_dump_001.json").write_text(json.dumps(dump))
     heartbeat = {"rank": rank, "pid": 1000 + rank, "time_us": now_us, "state": "stalled", "interval_s": 5.0}
     heartbeat.update(last_step=steps - 1, step=dump["step"], phase=dump["phase"], pending=dump["pending"], exit=None)
+    if last_done is not None:
+        issued = last_done if stuck else {k: v for k, v in record.items() if k in last_done}
+        heartbeat["groups"] = {"0": {"issued": issued, "completed": last_done}}
     (rank_dir / HEARTBEAT_FILE).write_text(json.dumps(heartbeat))
 
 
-def plant_hang(rank_dir: Path, rank: int, steps: int, last_seq: int, end_us: int, stuck: int) -> None:
-    """After the last recorded step, every rank but ``stuck`` enters the next step's first all_reduce (seq
-    ``last_seq + 1``) and stays there; ``stuck`` sits in its data loader. What capture leaves of such a job:
-    manifests not finished, each rank's watchdog dump (pending collective and main-thread stack) and its last
-    heartbeat, written HANG_STALL_S after the hang began."""
+def plant_hang(
+    rank_dir: Path, rank: int, steps: int, end_us: int, stuck: int, last_done: dict, groups: bool = True
+) -> None:
+    """After the last recorded step (its last collective ``last_done``; ``groups`` False: an old heartbeat), every rank
+    but ``stuck`` enters the next step's first all_reduce and stays there; ``stuck`` sits in its data loader.
+    What capture leaves of such a job: manifests not finished, each rank's watchdog dump (pending collective
+    and main-thread stack) and its last heartbeat, written HANG_STALL_S after the hang began."""
     now_us = end_us + int(HANG_STALL_S * 1e6)
-    pending = Pending(seq=last_seq + 1, op="allreduce", nbytes=BUCKET_BYTES, start_us=end_us + 50_000)
-    write_hang_state(rank_dir, rank, steps, rank == stuck, pending, now_us, HANG_STALL_S)
+    pending = Pending(seq=last_done["seq"] + 1, op="allreduce", nbytes=BUCKET_BYTES, start_us=end_us + 50_000)
+    write_hang_state(rank_dir, rank, steps, rank == stuck, pending, now_us, HANG_STALL_S, last_done if groups else None)
     manifest_path = rank_dir / MANIFEST_FILE
     manifest = json.loads(manifest_path.read_text())
     manifest["finished"] = False
@@ -264,6 +285,8 @@ def _write_rank(
             "source": _const("ddp", n),
         },
     )
+    last = {"seq": n, "op": "allreduce", "bytes": int(sizes[-1]), "dtype": "bfloat16", "step": steps - 1}
+    last["start_us"] = int(coll_start[-1, -1])
     allocated = np.full(steps, 30 * 2**30, dtype="int64") + rng.integers(0, 2**20, size=steps)
     if rank == plants.leak:
         allocated += step * plants.leak_bytes_per_step
@@ -310,6 +333,7 @@ def _write_rank(
         "finished": True,
     }
     (rank_dir / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return last
 
 
 def _write_telemetry(rank_dir: Path, trace_format: int, rank: int, plants: Plants, rng, times_us: np.ndarray) -> None:
@@ -392,6 +416,11 @@ def main() -> None:
         help="the job hangs after its last step: one rank stuck in its data loader, the others in an all_reduce "
         "(watchdog dumps and heartbeats as capture writes them)",
     )
+    parser.add_argument(
+        "--old-heartbeats",
+        action="store_true",
+        help="with --hang: heartbeats without their groups' last collectives, as capture wrote them before",
+    )
     args = parser.parse_args()
     plants = generate(
         args.out,
@@ -401,6 +430,7 @@ def main() -> None:
         seed=args.seed,
         trace_format=args.format,
         hang=args.hang,
+        heartbeat_groups=not args.old_heartbeats,
     )
     print(json.dumps(asdict(plants)))
 

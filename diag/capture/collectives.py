@@ -78,6 +78,10 @@ class PendingCollective:
             k: getattr(self, k) for k in ("pg", "seq", "op", "bytes", "dtype", "peer", "start_us", "step", "source")
         }
 
+    def mark(self) -> dict:
+        """What the heartbeat's ``groups`` says of it (diag.trace.records.CollectiveMark)."""
+        return {k: getattr(self, k) for k in ("seq", "op", "bytes", "dtype", "step", "start_us")}
+
 
 class CollectiveRecorder:
     """Turns issued collectives into ``collectives`` rows and keeps those still pending (for hang dumps)."""
@@ -90,6 +94,10 @@ class CollectiveRecorder:
         self._p2p_counts: dict[str, int] = {}  # point-to-point ops seen per group
         self._counts_p2p_in_seq: dict[str, bool] = {}  # does the group's c10d counter include p2p ops?
         self.seen_seqs: dict[str, set[int]] = {}  # recent collective seqs per group, to fill gaps at finish
+        # per group, the last collective handed to it and the last seen complete: the heartbeat's ``groups``,
+        # from which diag triage judges a rank without reading its tables (one dict store per collective)
+        self.last_issued: dict[str, PendingCollective] = {}
+        self.last_completed: dict[str, PendingCollective] = {}
         self.device_times = DeviceDurationJoin(self._write)
         self.flight_recorder = FlightRecorderFollower(
             self, session.step_spans, session.open_step, max(1.0, session.writer.flush_interval_s)
@@ -127,6 +135,8 @@ class CollectiveRecorder:
         entry = self._pending.get(token)
         if entry is not None:
             entry.seq = self._sequence_number(entry, group)
+            if entry.peer is None:
+                self.last_issued[entry.pg] = entry
             if not entry.blocking:
                 self._async_last_issue_ns = max(self._async_last_issue_ns, entry.start_ns)
 
@@ -136,6 +146,10 @@ class CollectiveRecorder:
         if entry is None:
             return
         duration_us = (end_ns - entry.start_ns) / 1000
+        if entry.peer is None:
+            last = self.last_completed.get(entry.pg)
+            if last is None or entry.seq > last.seq:  # futures may complete out of order
+                self.last_completed[entry.pg] = entry
         if entry.blocking:
             self.session.add_comm_wait(duration_us)
         else:
@@ -192,6 +206,14 @@ class CollectiveRecorder:
 
     def pending(self) -> list[dict]:
         return [e.as_dict() for e in list(self._pending.values())]
+
+    def group_progress(self) -> dict[str, dict]:
+        """Per group, the last collective issued and the last completed, for the heartbeat (any thread)."""
+        marks = {}
+        for key, table in (("issued", self.last_issued), ("completed", self.last_completed)):
+            for pg, entry in list(table.items()):
+                marks.setdefault(pg, {})[key] = entry.mark()
+        return marks
 
     def unsequenced_since_ns(self) -> int | None:
         """Wall-clock start (ns) of the oldest blocking collective still in progress: it is marked seen only when

@@ -30,7 +30,7 @@ import traceback
 from diag._warn import warn_once
 from diag.capture import torch_private
 from diag.capture.flight_recorder import dump_bytes
-from diag.trace.records import ExitRecord, HangDump, Heartbeat, PendingOp, Stall
+from diag.trace.records import ExitRecord, GroupProgress, HangDump, Heartbeat, PendingOp, Stall
 from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, STACKS_PREFIX, hang_dump_name
 
 MAX_PENDING_IN_HEARTBEAT = 8
@@ -220,6 +220,18 @@ class Watchdog:
         except Exception:  # a set changing under us: skip this beat's number
             return {}
 
+    def _groups(self) -> dict[str, GroupProgress] | None:
+        """Per group, the last collective issued and completed (None when collectives are not recorded)."""
+        recorder = getattr(self.session, "recorder", None)
+        if recorder is None:
+            return None
+        try:
+            marks = recorder.group_progress()
+        except Exception as exc:  # a dict changing under us: this beat says nothing of the groups
+            warn_once("watchdog-groups", f"cannot read the groups' last collectives ({exc!r})")
+            return None
+        return {pg: GroupProgress.from_json(progress) for pg, progress in marks.items()}
+
     def _write_heartbeat(self, state: str, pending: list[dict] | None = None) -> None:
         pending = self._pending() if pending is None else pending
         heartbeat = Heartbeat(
@@ -233,6 +245,7 @@ class Watchdog:
             last_seq=self._last_seqs(),
             dumps_written=self.dumps_written,
             exit=self._exit,
+            groups=self._groups(),
         )
         with self._dump_lock:  # the writer renames one fixed temp file: one writer at a time
             self.session.writer.write_heartbeat(heartbeat.to_json())

@@ -47,6 +47,49 @@ class PendingOp:
 
 
 @dataclass(frozen=True)
+class CollectiveMark:
+    """One collective of a group, as the heartbeat's ``groups`` names the last issued and last completed."""
+
+    seq: int | None = None
+    op: str | None = None
+    bytes: int | None = None
+    dtype: str | None = None
+    step: int | None = None
+    start_us: int | None = None
+
+    @classmethod
+    def from_json(cls, raw) -> CollectiveMark | None:
+        if not isinstance(raw, dict) or whole(raw.get("seq")) is None:
+            return None
+        return cls(
+            seq=whole(raw.get("seq")),
+            op=text(raw.get("op")),
+            bytes=whole(raw.get("bytes")),
+            dtype=text(raw.get("dtype")),
+            step=whole(raw.get("step")),
+            start_us=micros(raw.get("start_us")),
+        )
+
+
+@dataclass(frozen=True)
+class GroupProgress:
+    """How far a rank got in one process group: the last collective it issued (handed to the group; a blocking
+    call counts once it returned or raised) and the last one it saw complete. With the pending list this is
+    what a rank's last collectives rows say, so ``diag triage`` can judge a rank without reading its tables."""
+
+    issued: CollectiveMark | None = None
+    completed: CollectiveMark | None = None
+
+    @classmethod
+    def from_json(cls, raw) -> GroupProgress | None:
+        if not isinstance(raw, dict):
+            return None
+        return cls(
+            issued=CollectiveMark.from_json(raw.get("issued")), completed=CollectiveMark.from_json(raw.get("completed"))
+        )
+
+
+@dataclass(frozen=True)
 class Stall:
     """What the heartbeat says of a stall: the collective pending longest, or none when the step itself made
     no progress (the Prometheus hang metrics label their series with it)."""
@@ -133,12 +176,16 @@ class Heartbeat(RankState):
     last_seq: dict[str, int] = field(default_factory=dict)  # highest seq completed per process group
     dumps_written: int | None = None
     exit: ExitRecord | None = None
+    # per process group, the last collective issued and completed; None in heartbeats written before it existed
+    # (an empty dict: the rank issued no collective yet)
+    groups: dict[str, GroupProgress] | None = None
 
     @classmethod
     def from_json(cls, raw) -> Heartbeat | None:
         if not isinstance(raw, dict):
             return None
         last_seq = raw.get("last_seq") if isinstance(raw.get("last_seq"), dict) else {}
+        groups = raw.get("groups")
         return cls(
             **RankState.fields_from_json(raw),
             state=text(raw.get("state")),
@@ -150,6 +197,7 @@ class Heartbeat(RankState):
             last_seq={str(pg): whole(seq) for pg, seq in last_seq.items() if whole(seq) is not None},
             dumps_written=whole(raw.get("dumps_written")),
             exit=ExitRecord.from_json(raw.get("exit")),
+            groups=_groups(groups) if isinstance(groups, dict) else None,
         )
 
     def to_json(self) -> dict:
@@ -199,6 +247,11 @@ def to_json(record) -> dict:
     return dataclasses.asdict(
         record, dict_factory=lambda items: {k: list(v) if isinstance(v, tuple) else v for k, v in items}
     )
+
+
+def _groups(raw: dict) -> dict[str, GroupProgress]:
+    entries = ((str(pg), GroupProgress.from_json(progress)) for pg, progress in raw.items())
+    return {pg: progress for pg, progress in entries if progress is not None}
 
 
 def _pending(raw) -> tuple[PendingOp, ...]:

@@ -448,6 +448,25 @@ MEMORY_DEEP_KEYS: dict[str, str] = {
     "name}] innermost first}], stacks_total, ooms [{bytes, device_free_bytes, frames}]}; null on CPU",
 }
 
+# heartbeat.json (diag/trace/records.py Heartbeat; written by diag/capture/watchdog.py). A key added later is
+# absent from older heartbeats, and every reader takes it as unknown.
+HEARTBEAT_KEYS: dict[str, str] = {
+    "rank, pid, time_us": "who wrote it, and the wall clock when (rewritten every interval_s while alive)",
+    "step, last_step, phase, step_started_us": "the step in progress (null between steps), the last completed",
+    "state": "running, stalled, finished, or how the process ended",
+    "interval_s, threshold_s": "how often it is rewritten; a collective pending this long is a stall",
+    "pending, pending_count": "the collectives entered and not seen complete (the first 8 of pending_count)",
+    "stall": "the stall it describes (the collective pending longest), when state is stalled",
+    "last_seq": "highest collective seq seen per process group",
+    "groups": (
+        "per process group, `issued` (the last collective handed to the group; a blocking call once it returned "
+        "or raised) and `completed` (the last one seen complete): {seq, op, bytes, dtype, step, start_us} each, "
+        "as its collectives row has them. With `pending`, what diag triage needs of a rank that stalled or "
+        "ended, without reading its tables. Absent in heartbeats written before it existed"
+    ),
+    "dumps_written, exit": "hang dumps written so far; how the process ended (how, signal, error, time_us)",
+}
+
 
 # c10 ScalarType names, as Flight Recorder and Kineto write a tensor's dtype -> (torch dtype name, bytes each)
 SCALAR_TYPES: dict[str, tuple[str, int]] = {
@@ -545,6 +564,8 @@ def render_markdown() -> str:
     lines += [f"| `{key}` | {doc} |" for key, doc in MANIFEST_KEYS.items()]
     lines += ["", f"## `{MEMORY_DEEP_FILE}`", "", "| key | meaning |", "|---|---|"]
     lines += [f"| `{key}` | {doc} |" for key, doc in MEMORY_DEEP_KEYS.items()]
+    lines += ["", f"## `{HEARTBEAT_FILE}`", "", "| key | meaning |", "|---|---|"]
+    lines += [f"| `{key}` | {doc} |" for key, doc in HEARTBEAT_KEYS.items()]
     lines += ["", "## Throttle reasons", "", "| bit | name |", "|---|---|"]
     lines += [f"| `{bit:#x}` | {name} |" for bit, name in THROTTLE_REASONS.items()]
     return "\n".join(lines) + "\n"

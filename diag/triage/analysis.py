@@ -37,9 +37,8 @@ from diag.analysis.nccl import group_evidence
 from diag.trace.records import ExitRecord, Heartbeat
 from diag.triage.flight_recorder import is_library_file
 from diag.triage.sources import RankInfo, TriageInput, main_frames
+from diag.triage.summary import DEAD_MARGIN_INTERVALS, DEFAULT_HEARTBEAT_INTERVAL_S
 
-DEAD_MARGIN_INTERVALS = 3  # a heartbeat this many intervals older than the freshest one has stopped
-DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 NOTHING_TO_JUDGE = (
     "nothing to judge: no collectives, heartbeats, hang dumps or Flight Recorder entries were found "
     "(was diag.init run with watchdog=True?); this is no evidence that the job was healthy"
@@ -506,7 +505,7 @@ def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness:
 def _slowest_by_steps(data: TriageInput) -> int | None:
     """In data parallelism all ranks take the same step time; the slow one is the one the others wait for:
     the largest step time outside communication."""
-    steps = data.steps
+    steps = data.all_steps()
     if steps is None or steps.empty:
         return None
     own_us = (steps["duration_us"] - steps["comm_wait_us"]).groupby(steps["rank"]).mean()  # mean: one slow step counts

@@ -10,6 +10,7 @@ dumps. No torch.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from diag.trace.manifest import Manifest
 from diag.trace.records import HangDump, Heartbeat
 from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, MAX_RANK, SCALAR_TYPES, TABLES, hang_dump_number
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
+from diag.triage.summary import heartbeat_ops, judged_by_heartbeat
 from diag.triage.tail import read_tail
 
 OPS_COLUMNS = [
@@ -73,6 +75,7 @@ class RankInfo:
     fr_last: dict | None = None  # last Flight Recorder entry of the rank, for FR-only input
     has_data: bool = True
     backend: str | None = None  # the default group's backend (nccl, gloo), from the manifest or a dump
+    judged_by_heartbeat: bool = False  # its tables were not read: its heartbeat said enough (summary.py)
 
 
 @dataclass
@@ -88,6 +91,16 @@ class TriageInput:
     notes: list[str] = field(default_factory=list)
     completion_reliable: bool = True  # False for gloo Flight Recorder dumps: a failed op reads as completed
     nccl_logs: dict = field(default_factory=dict)  # diag only: rank -> NcclLog, from the ranks' nccl.log
+    # diag only: reads the steps of the ranks judged from their heartbeats (whose tables were not read)
+    more_steps: Callable[[], pd.DataFrame | None] | None = None
+
+    def all_steps(self) -> pd.DataFrame | None:
+        """Every rank's steps read (``steps`` holds only those of the ranks whose tables were read)."""
+        if self.more_steps is not None:
+            extra, self.more_steps = self.more_steps(), None
+            if extra is not None and len(extra):
+                self.steps = extra if self.steps is None else pd.concat([self.steps, extra], ignore_index=True)
+        return self.steps
 
 
 def read_input(path: str | Path) -> TriageInput:
@@ -116,23 +129,26 @@ def tail_rows(ranks: int) -> int:
     return max(TAIL_ROWS_MIN, TAIL_ROWS_BUDGET // max(1, ranks))
 
 
-def read_diag_trace(path: Path, rows_per_rank: int | None = None) -> TriageInput:
-    """``rows_per_rank``: the last rows of each rank's steps and collectives read (``tail_rows`` by default)."""
+def read_diag_trace(path: Path, rows_per_rank: int | None = None, heartbeats: bool = True) -> TriageInput:
+    """``rows_per_rank``: the last rows of each rank's steps and collectives read (``tail_rows`` by default).
+    ``heartbeats``: judge the ranks whose heartbeat says enough from it, without reading their tables
+    (diag/triage/summary.py); False: read every rank's tables."""
     reader = TraceReader(path, tables=())  # side files only: the tables are read from their ends below
     rank_dirs = reader.rank_dirs()
     rows = rows_per_rank or tail_rows(len(rank_dirs))
-    data, infos, cut = _read_tails(reader, rank_dirs, rows)
+    data, infos, beats, cut = _read_tails(reader, rank_dirs, rows, heartbeats)
+    judged = {rank for rank, info in infos.items() if info.judged_by_heartbeat}
     trace = assemble_trace(path, data)
-    heartbeats = _records_by_rank(trace.heartbeats)  # one pass: per-rank DataFrame filters are O(ranks²)
     ranks = {}
     for rank, info in infos.items():
-        info.heartbeat = Heartbeat.from_json(heartbeats.get(rank))
+        info.heartbeat = beats.get(rank)
         manifest = trace.manifest(rank) or Manifest(rank)
         info.finished = manifest.finished
         info.host, info.pid, info.backend = manifest.host, manifest.pid, manifest.backend
         ranks[rank] = info
     skipped = list(trace.skipped)
     ops = _diag_ops(trace.collectives)
+    ops = _with_heartbeat_ops(ops, {rank: beats[rank] for rank in sorted(judged)})
     ops = _add_pending_from_dumps(ops, ranks)
     fr_ops = []
     for rank, rank_dir in rank_dirs.items():
@@ -154,6 +170,16 @@ def read_diag_trace(path: Path, rows_per_rank: int | None = None) -> TriageInput
             "collectives of each rank were read (a desync or step divergence before those is not seen; the "
             "slowest rank is judged on those steps)"
         )
+    if judged:
+        others = "the others' tables were read" if len(judged) < len(rank_dirs) else "no rank's tables were read"
+        notes.append(
+            f"{len(judged)} of {len(rank_dirs)} ranks judged from their heartbeats (each group's last collective "
+            f"issued and completed, and those pending) without reading their tables; {others}"
+        )
+
+    def more_steps() -> pd.DataFrame | None:  # the slow-rank verdict compares every rank's steps: read when asked
+        return _steps_of(reader, {rank: rank_dirs[rank] for rank in sorted(judged)}, rows)
+
     return TriageInput(
         path,
         "diag",
@@ -165,35 +191,55 @@ def read_diag_trace(path: Path, rows_per_rank: int | None = None) -> TriageInput
         steps,
         notes=notes,
         nccl_logs=trace.nccl_logs,
+        more_steps=more_steps if judged else None,
     )
 
 
-def _read_tails(reader: TraceReader, rank_dirs: dict[int, Path], rows: int) -> tuple[dict, dict[int, RankInfo], int]:
+def _read_tails(
+    reader: TraceReader, rank_dirs: dict[int, Path], rows: int, use_heartbeats: bool
+) -> tuple[dict, dict[int, RankInfo], dict[int, Heartbeat | None], int]:
     """What ``TraceReader.poll`` gives (``assemble_trace``'s input), with only the last ``rows`` rows of the steps
-    and collectives of each rank; each rank's hang dumps; how many ranks had more rows than that. Ranks are read
-    by a few threads, as the loader reads them."""
-    per_rank: dict[int, tuple[RankInfo, bool]] = {}  # each rank's hang dumps and whether its tail was cut
-
-    def read(item):
-        *read_rank, info, rank_cut = _read_rank_tail(reader, *item, rows)
-        per_rank[item[0]] = (info, rank_cut)
-        return read_rank
-
+    and collectives of each rank, and none of the ranks judged from their heartbeats (``use_heartbeats``); each
+    rank's hang dumps and heartbeat; how many ranks had more rows than read. Ranks are read by a few threads, as
+    the loader reads them: first every rank's side files, then the tables of the ranks their heartbeats do not
+    decide."""
     with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        reads = zip(rank_dirs, pool.map(read, rank_dirs.items()))
-        chunks, side = gather_rank_reads(reads, TRIAGE_TABLES, list(reader._dir_notes))
+        sides = dict(zip(rank_dirs, pool.map(lambda item: _read_rank_side(reader, *item), rank_dirs.items())))
+        beats = {rank: side[3] for rank, side in sides.items()}
+        stalled = {rank for rank, side in sides.items() if side[2].stalls}
+        judged = judged_by_heartbeat(beats, stalled) if use_heartbeats else set()
+        tailed = [rank for rank in rank_dirs if rank not in judged]
+        tails = dict(
+            zip(
+                tailed,
+                pool.map(lambda rank: _read_rank_tables(reader, rank, rank_dirs[rank], sides[rank][1], rows), tailed),
+            )
+        )
+    for rank in judged:
+        sides[rank][2].judged_by_heartbeat = True
+    reads = ((rank, _with_tables(sides[rank][0], tails.get(rank))) for rank in rank_dirs)
+    chunks, side = gather_rank_reads(reads, TRIAGE_TABLES, list(reader._dir_notes))
     data = {name: empty_table(table) for name, table in TABLES.items()}
     for name in TRIAGE_TABLES:
         data[name] = to_frame(chunks[name], TABLES[name], rank_column=True)
     data.update(side, ranks=list(rank_dirs))
-    infos = {rank: per_rank[rank][0] for rank in rank_dirs}
-    cut = sum(per_rank[rank][1] for rank in rank_dirs)
-    return data, infos, cut
+    infos = {rank: sides[rank][2] for rank in rank_dirs}
+    cut = sum(tails[rank][1] for rank in tailed)
+    return data, infos, beats, cut
 
 
-def _read_rank_tail(reader: TraceReader, rank: int, rank_dir: Path, rows: int):
-    manifest, heartbeat, _, new_events, skipped, nccl_log = reader._read_rank(rank, rank_dir)
+def _read_rank_side(reader: TraceReader, rank: int, rank_dir: Path):
+    """One rank's side files: (the loader's per-rank read without tables, its directory's listing, its hang
+    dumps, its heartbeat)."""
+    read = list(reader._read_rank(rank, rank_dir))
     names = _listing(rank_dir, [])  # unreadable: _read_rank said so
+    return read, names, _dump_info(rank, rank_dir, names), Heartbeat.from_json(read[1])
+
+
+def _read_rank_tables(reader: TraceReader, rank: int, rank_dir: Path, names: list[str], rows: int):
+    """The last ``rows`` rows of a rank's steps and collectives (with its rank column), whether earlier rows
+    were left unread, and what was skipped."""
+    skipped = []
     tables, cut = {}, False
     for name in TRIAGE_TABLES:
         tail = read_tail(reader, rank_dir, names, TABLES[name], rows, skipped)
@@ -201,15 +247,37 @@ def _read_rank_tail(reader: TraceReader, rank: int, rank_dir: Path, rows: int):
         if tail.arrow is not None and tail.arrow.num_rows:
             column = pa.array(np.full(tail.arrow.num_rows, rank, dtype="int32"))
             tables[name] = tail.arrow.add_column(0, "rank", column)
-    return manifest, heartbeat, tables, new_events, skipped, nccl_log, _dump_info(rank, rank_dir, names), cut
+    return tables, cut, skipped
 
 
-def _records_by_rank(frame: pd.DataFrame) -> dict[int, dict]:
-    if frame.empty or "rank" not in frame:
-        return {}
-    return {
-        int(record["rank"]): {k: v for k, v in record.items() if not _missing(v)} for record in frame.to_dict("records")
-    }
+def _with_tables(read: list, tail) -> tuple:
+    """A rank's side read (manifest, heartbeat, tables, events, skipped, nccl_log) with its tables."""
+    if tail is None:
+        return tuple(read)
+    manifest, heartbeat, _, events, skipped, nccl_log = read
+    return manifest, heartbeat, tail[0], events, skipped + tail[2], nccl_log
+
+
+def _steps_of(reader: TraceReader, rank_dirs: dict[int, Path], rows: int) -> pd.DataFrame | None:
+    """The last ``rows`` steps of these ranks, in the columns ``TriageInput.steps`` has."""
+    chunks = []
+    for rank, rank_dir in rank_dirs.items():
+        tail = read_tail(reader, rank_dir, _listing(rank_dir, []), TABLES["steps"], rows, [])
+        if tail.arrow is not None and tail.arrow.num_rows:
+            chunks.append(tail.arrow.add_column(0, "rank", pa.array(np.full(tail.arrow.num_rows, rank, dtype="int32"))))
+    if not chunks:
+        return None
+    steps = to_frame(chunks, TABLES["steps"], rank_column=True)
+    return steps[["rank", "step", "duration_us", "comm_wait_us", "data_wait_us"]]
+
+
+def _with_heartbeat_ops(ops: pd.DataFrame, heartbeats: dict[int, Heartbeat]) -> pd.DataFrame:
+    """The rows the heartbeats of the ranks judged from them stand in for (diag/triage/summary.py)."""
+    rows = [row for rank, heartbeat in heartbeats.items() for row in heartbeat_ops(rank, heartbeat)]
+    if not rows:
+        return ops
+    frame = pd.DataFrame(rows, columns=OPS_COLUMNS)
+    return frame if ops.empty else pd.concat([ops, frame], ignore_index=True)
 
 
 def _dump_info(rank: int, rank_dir: Path, names: list[str]) -> RankInfo:
@@ -444,10 +512,3 @@ def _read_json(path: Path) -> dict | None:
         return value if isinstance(value, dict) else None
     except (OSError, ValueError, RecursionError):
         return None
-
-
-def _missing(value) -> bool:
-    try:
-        return bool(pd.isna(value))
-    except (TypeError, ValueError):
-        return False

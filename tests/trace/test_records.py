@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from diag.trace.records import ExitRecord, HangDump, Heartbeat, PendingOp, Stall
+from diag.trace.records import CollectiveMark, ExitRecord, GroupProgress, HangDump, Heartbeat, PendingOp, Stall
 from diag.trace.schema import GPU_KERNELS, hang_dump_name
 from tests.conftest import REPO
 
@@ -77,3 +77,23 @@ def test_a_torch_profiler_import_gives_the_declared_gpu_kernels_columns(tmp_path
     kernels = load_kineto(tmp_path / "k").gpu_kernels
     assert list(kernels.columns) == ["rank", *GPU_KERNELS.column_names] and len(kernels) > 100
     assert {str(kernels[c].dtype) for c in ("ts_us", "end_us", "launch_us")} == {"float64"}
+
+
+def test_heartbeat_groups_read_back_and_old_or_damaged_ones_read_as_unknown():
+    done = CollectiveMark(
+        seq=811, op="all_reduce", bytes=4096, dtype="float32", step=40, start_us=1_794_999_000_000_000
+    )
+    issued = CollectiveMark(
+        seq=812, op="all_gather", bytes=64, dtype="bfloat16", step=41, start_us=1_795_000_000_000_000
+    )
+    heartbeat = Heartbeat(rank=1, state="stalled", groups={"0": GroupProgress(issued, done), "7": GroupProgress()})
+    written = json.loads(json.dumps(heartbeat.to_json()))
+    assert written["groups"]["0"]["completed"]["seq"] == 811
+    assert Heartbeat.from_json(written) == heartbeat
+    assert Heartbeat.from_json({"rank": 1}).groups is None  # written before heartbeats carried groups
+    assert Heartbeat.from_json({"rank": 1, "groups": {}}).groups == {}  # no collective issued yet
+    damaged = Heartbeat.from_json(
+        {"groups": {"0": {"issued": {"seq": "x"}, "completed": {"seq": 5.0, "bytes": "many"}}, "1": [3], "2": None}}
+    )
+    assert damaged.groups == {"0": GroupProgress(None, CollectiveMark(seq=5))}
+    assert Heartbeat.from_json({"groups": [1, 2]}).groups is None

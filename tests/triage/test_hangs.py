@@ -210,3 +210,46 @@ def test_directory_with_nothing_usable_says_there_is_nothing_to_judge(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("NOTHING TO JUDGE")
     assert "collectives.csv: not a diag trace file" in result.stdout
+
+
+def _judged(trace: Path, heartbeats: bool) -> tuple[dict, int]:
+    """The verdict (its notes on what was read left out: they differ by design) and how many ranks were judged
+    from their heartbeats alone."""
+    from diag.triage.analysis import triage
+    from diag.triage.sources import read_diag_trace
+
+    data = read_diag_trace(trace, heartbeats=heartbeats)
+    verdict = triage(data).to_json()
+    verdict["evidence"] = [line for line in verdict["evidence"] if line not in data.notes]
+    return verdict, sum(info.judged_by_heartbeat for info in data.ranks.values())
+
+
+def _without_heartbeat_groups(trace: Path, copy: Path) -> Path:
+    """The trace as capture wrote it before heartbeats carried ``groups`` (an old trace)."""
+    shutil.copytree(trace, copy)
+    for path in copy.glob("rank*/heartbeat.json"):
+        heartbeat = json.loads(path.read_text())
+        assert "groups" in heartbeat, "capture's heartbeat lacks the groups' last collectives"
+        heartbeat.pop("groups")
+        path.write_text(json.dumps(heartbeat))
+    return copy
+
+
+# how many of the 3 ranks each real job leaves decidable by its heartbeat alone: ranks stalled, or ended after
+# a stall, whose groups agree. The data loader and wait-chain hangs: every rank; the healthy and slow jobs
+# finished (their verdict may rest on their whole history): none. The skipped all_reduce, the desync and the
+# SIGKILL vary with which ranks' watchdogs dumped a stall before their timeouts fired (None: not pinned).
+JUDGED_BY_HEARTBEAT = {"loader": 3, "chain": 3, "healthy": 0, "slow": 0, "skip": None, "desync": None, "kill": None}
+
+
+@pytest.mark.parametrize("scenario", sorted(JUDGED_BY_HEARTBEAT))
+def test_verdict_from_heartbeats_equals_the_verdict_from_the_tables(runs, scenario, tmp_path):
+    trace, _ = runs(scenario)
+    from_tables, none = _judged(trace, heartbeats=False)
+    from_heartbeats, judged = _judged(trace, heartbeats=True)
+    assert none == 0
+    assert judged == JUDGED_BY_HEARTBEAT[scenario] or JUDGED_BY_HEARTBEAT[scenario] is None
+    assert from_heartbeats == from_tables
+    old_trace, judged = _judged(_without_heartbeat_groups(trace, tmp_path / "old"), heartbeats=True)
+    assert judged == 0  # an old trace's ranks are all judged from their tables
+    assert old_trace == from_tables

@@ -23,8 +23,10 @@ from tests.trace.test_loader import step_row
 RANKS, STEPS, PER_STEP = 12, 40, 5
 
 
-def verdict_of(path, rows_per_rank=None) -> dict:
-    return triage(read_diag_trace(path, rows_per_rank)).to_json()
+def verdict_of(path, rows_per_rank=None, heartbeats=False) -> dict:
+    """The verdict from each rank's last rows (``heartbeats`` False: synthetic.py's heartbeats would otherwise
+    decide its hang without a table read, test_heartbeat_summary.py)."""
+    return triage(read_diag_trace(path, rows_per_rank, heartbeats=heartbeats)).to_json()
 
 
 def without_read_note(verdict: dict) -> dict:
