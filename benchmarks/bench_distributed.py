@@ -7,10 +7,12 @@ The cluster is started here as a user starts one (``bench_scale.Cluster``: ``das
 ``python -m diag analyze ... --format json --no-cache`` process (``--no-cache``: nothing is written into the
 trace directory, which other benchmarks may read; its listing and times are checked unchanged after).
 
-Bytes moved, two ways: the workers' own transfer counter (``Worker.transfer_outgoing_bytes_total``: results
-served to peers and to the client), and every
-byte over the loopback interface during the run (``/proc/net/dev``'s ``lo``: client <-> scheduler <-> workers,
-task submissions and the broadcast instance table included; anything else using loopback at the time too).
+Bytes moved: every byte received over the TCP connections that have the scheduler's, a worker's or a nanny's
+port at one end (client <-> scheduler <-> workers: task submissions, results, the broadcast instance table), from
+``ss -tin``'s ``bytes_received`` per socket, sampled every 0.25 s during the run (each byte is received once, by
+one end; a connection's last quarter second before it closes may be missed). Also given: the workers' own
+counter (``Worker.transfer_outgoing_bytes_total``: what they served, by Dask's size estimate of the results)
+and every byte over the loopback interface (``/proc/net/dev``: anything else on loopback counts too).
 
     python benchmarks/bench_distributed.py /tmp/scale2/s4096 --workers 2
 """
@@ -20,10 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,6 +44,46 @@ def loopback_bytes() -> int:
         if name.strip() == "lo":
             return int(rest.split()[0])
     return 0
+
+
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1].rstrip("]"))
+
+
+class SocketBytes(threading.Thread):
+    """Bytes received on the TCP sockets with one of ``ports`` at either end, summed over sockets: each socket's
+    largest ``bytes_received`` seen while sampling, less what it had when sampling started."""
+
+    def __init__(self, ports: set[int], interval_s: float = 0.25):
+        super().__init__(daemon=True)
+        self.ports, self.interval_s = ports, interval_s
+        self.start_bytes = self.sample()
+        self.seen: dict = dict(self.start_bytes)
+        self.done = threading.Event()
+
+    def sample(self) -> dict:
+        text = subprocess.run(["ss", "-tinH"], capture_output=True, text=True).stdout
+        found, key = {}, None
+        for line in text.splitlines():
+            if not line.startswith((" ", "\t")):
+                fields = line.split()
+                key = None
+                if len(fields) >= 5 and {_port(fields[3]), _port(fields[4])} & self.ports:
+                    key = (fields[3], fields[4])
+            elif key is not None:
+                received = re.search(r"bytes_received:(\d+)", line)
+                found[key] = int(received.group(1)) if received else 0
+        return found
+
+    def run(self) -> None:
+        while not self.done.wait(self.interval_s):
+            for key, received in self.sample().items():
+                self.seen[key] = max(received, self.seen.get(key, 0))
+
+    def total(self) -> int:
+        self.done.set()
+        self.join()
+        return sum(received - self.start_bytes.get(key, 0) for key, received in self.seen.items())
 
 
 def worker_figures(dask_worker) -> dict:
@@ -76,9 +120,18 @@ def main() -> None:
     cluster = Cluster(args.workers, root)
     try:
         idle = {a: w["cpu_s"] for a, w in cluster.client.run(worker_figures).items()}
+        info = cluster.client.scheduler_info()["workers"]
+        ports = {
+            _port(cluster.address),
+            *map(_port, info),
+            *(_port(w["nanny"]) for w in info.values() if w.get("nanny")),
+        }
+        sockets = SocketBytes(ports)
+        sockets.start()
         lo_start = loopback_bytes()
         dask = analyze_run(args.trace, "--scheduler", cluster.address)
         lo_bytes = loopback_bytes() - lo_start
+        moved = sockets.total()
         workers = cluster.client.run(worker_figures)
     finally:
         cluster.close()
@@ -90,6 +143,7 @@ def main() -> None:
         print(f"  worker {address}: peak RSS {w['peak_rss_gb']:.2f} GB, CPU {w['cpu_s'] - idle[address]:.1f} s, "
               f"sent {w['sent_bytes'] / 1e6:.1f} MB")  # fmt: skip
     sent = sum(w["sent_bytes"] for w in workers.values())
+    print(f"  bytes received over the cluster's connections: {moved / 1e6:.1f} MB = {moved / ranks / 1e3:.1f} KB/rank")
     print(f"  workers' results sent (to peers and the client): {sent / 1e6:.1f} MB = {sent / ranks / 1e3:.1f} KB/rank; "
           f"loopback during the run: {lo_bytes / 1e6:.1f} MB = {lo_bytes / ranks / 1e3:.1f} KB/rank", flush=True)  # fmt: skip
     report = json.loads(dask.stdout)
