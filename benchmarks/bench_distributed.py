@@ -51,18 +51,19 @@ def _port(address: str) -> int:
 
 
 class SocketBytes(threading.Thread):
-    """Bytes received on the TCP sockets with one of ``ports`` at either end, summed over sockets: each socket's
-    largest ``bytes_received`` seen while sampling, less what it had when sampling started."""
+    """Bytes received on the TCP sockets with one of ``ports`` at either end, by the process that owns each socket:
+    each socket's largest ``bytes_received`` seen while sampling, less what it had when sampling started."""
 
     def __init__(self, ports: set[int], interval_s: float = 0.25):
         super().__init__(daemon=True)
         self.ports, self.interval_s = ports, interval_s
+        self.owners: dict = {}  # socket -> pid
         self.start_bytes = self.sample()
         self.seen: dict = dict(self.start_bytes)
         self.done = threading.Event()
 
     def sample(self) -> dict:
-        text = subprocess.run(["ss", "-tinH"], capture_output=True, text=True).stdout
+        text = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True).stdout
         found, key = {}, None
         for line in text.splitlines():
             if not line.startswith((" ", "\t")):
@@ -70,6 +71,9 @@ class SocketBytes(threading.Thread):
                 key = None
                 if len(fields) >= 5 and {_port(fields[3]), _port(fields[4])} & self.ports:
                     key = (fields[3], fields[4])
+                    owner = re.search(r"pid=(\d+)", line)
+                    if owner:
+                        self.owners[key] = int(owner.group(1))
             elif key is not None:
                 received = re.search(r"bytes_received:(\d+)", line)
                 found[key] = int(received.group(1)) if received else 0
@@ -80,10 +84,17 @@ class SocketBytes(threading.Thread):
             for key, received in self.sample().items():
                 self.seen[key] = max(received, self.seen.get(key, 0))
 
-    def total(self) -> int:
+    def total(self, cluster_pids: set[int]) -> dict[str, int]:
+        """Bytes received by the cluster's processes (scheduler, nannies, workers), by this benchmark's own client,
+        and by any other process (the diag analyze client)."""
         self.done.set()
         self.join()
-        return sum(received - self.start_bytes.get(key, 0) for key, received in self.seen.items())
+        out = {"cluster": 0, "bench": 0, "client": 0}
+        for key, received in self.seen.items():
+            pid = self.owners.get(key)
+            who = "cluster" if pid in cluster_pids else "bench" if pid == os.getpid() else "client"
+            out[who] += received - self.start_bytes.get(key, 0)
+        return out
 
 
 def worker_figures(dask_worker) -> dict:
@@ -131,7 +142,8 @@ def main() -> None:
         lo_start = loopback_bytes()
         dask = analyze_run(args.trace, "--scheduler", cluster.address)
         lo_bytes = loopback_bytes() - lo_start
-        moved = sockets.total()
+        pids = {proc.pid for proc in cluster.procs} | set(cluster.client.run(os.getpid).values())
+        moved = sockets.total(pids)
         workers = cluster.client.run(worker_figures)
     finally:
         cluster.close()
@@ -143,7 +155,10 @@ def main() -> None:
         print(f"  worker {address}: peak RSS {w['peak_rss_gb']:.2f} GB, CPU {w['cpu_s'] - idle[address]:.1f} s, "
               f"sent {w['sent_bytes'] / 1e6:.1f} MB")  # fmt: skip
     sent = sum(w["sent_bytes"] for w in workers.values())
-    print(f"  bytes received over the cluster's connections: {moved / 1e6:.1f} MB = {moved / ranks / 1e3:.1f} KB/rank")
+    both = moved["cluster"] + moved["client"]
+    print(f"  bytes received over the cluster's connections: {both / 1e6:.1f} MB = {both / ranks / 1e3:.1f} KB/rank: "
+          f"by the diag analyze client {moved['client'] / 1e6:.1f} MB, by the scheduler and workers "
+          f"{moved['cluster'] / 1e6:.1f} MB (this benchmark's own client: {moved['bench'] / 1e6:.2f} MB)")  # fmt: skip
     print(f"  workers' results sent (to peers and the client): {sent / 1e6:.1f} MB = {sent / ranks / 1e3:.1f} KB/rank; "
           f"loopback during the run: {lo_bytes / 1e6:.1f} MB = {lo_bytes / ranks / 1e3:.1f} KB/rank", flush=True)  # fmt: skip
     report = json.loads(dask.stdout)

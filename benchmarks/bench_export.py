@@ -34,9 +34,10 @@ from measured import run_measured  # noqa: E402
 
 
 def run_export(trace_dir: Path, out: Path, *args: str, code: Path | None = None) -> dict:
-    """One export as its own process; ``code``: run with that checkout's diag (``env`` execs python in place, so
-    os.wait4 still measures the export itself)."""
-    prefix = ["env", f"PYTHONPATH={code}"] if code is not None else []
+    """One export as its own process; ``code``: run with that checkout's diag, from that directory (``python -m``
+    puts the working directory first on sys.path, before PYTHONPATH: from here it would import this checkout);
+    ``env`` execs python in place, so os.wait4 still measures the export itself."""
+    prefix = ["env", "-C", str(code), f"PYTHONPATH={code}"] if code is not None else []
     argv = [*prefix, sys.executable, "-m", "diag", "export", str(trace_dir), "--perfetto", str(out), *args]
     run = run_measured(argv)
     events = int(re.search(r"(\d+) events from", run.stderr).group(1))
