@@ -103,9 +103,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--collectives-per-step", type=int, default=20)
     parser.add_argument("--format", type=int, default=1, choices=(1, 2), help="trace schema version generated")
-    parser.add_argument("--windows", type=int, nargs="+", default=[10], help="steps per exported window")
+    parser.add_argument("--windows", type=int, nargs="*", default=[10], help="steps per exported window")
     parser.add_argument("--ranges", nargs="+", default=[], metavar="A:B", help="also export --steps A:B")
     parser.add_argument("--no-whole", action="store_true", help="skip the export of the whole run")
+    parser.add_argument("--export-ranks", type=int, help="export only ranks 0..N-1 (every rank is still read once)")
     parser.add_argument("--previous", action="store_true", help="also the previous (load everything) export")
     parser.add_argument("--trace", type=Path, help="an existing synthetic run (not generated, not deleted)")
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
@@ -126,6 +127,9 @@ def main() -> None:
         runs += [(f"--steps {r}", ("--steps", r)) for r in args.ranges]
         out = trace_dir.parent / "diag-bench-export.json"
         base_out = trace_dir.parent / "diag-bench-export-base.json"
+        if args.export_ranks:
+            subset = ("--ranks", ",".join(map(str, range(args.export_ranks))))
+            runs = [(f"{label}, ranks 0-{args.export_ranks - 1}", (*extra, *subset)) for label, extra in runs]
         for label, extra in runs:
             if args.base is not None:
                 show(f"base: {label}", run_export(trace_dir, base_out, *extra, code=args.base.resolve()))
