@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
@@ -326,6 +327,12 @@ class TableSegments:
     # and not decoding them is ~0.4 of the ~1.3 ms of reading a rank's 20,000 collectives)
     columns: tuple[str, ...] | None = None
     cut: bool = False  # the last tail read (read_new's tail_rows) left earlier rows unread
+    # A windowed one-off read (diag export --steps): (column, low, high), both ends inclusive. Only the Parquet
+    # row groups whose statistics of that column meet [low, high] are decoded (``row_groups_meeting``), and only
+    # a stream's record batches whose values do (found by decoding that column alone); a segment without those
+    # statistics is read whole. Whole groups and batches come back: the caller keeps the window's rows exactly.
+    # Not for incremental reads (a stream's rows counted are those read, not those written).
+    window: tuple[str, float, float] | None = None
 
     def read_new(
         self, rank_dir: Path, names: list[str], notes: list[Note], tail_rows: int | None = None
@@ -379,7 +386,13 @@ class TableSegments:
             file = pq.ParquetFile(pa.BufferReader(_read_regular(path)), read_dictionary=categories)
             columns = self._wanted(file.schema_arrow.names)
             first = _first_group(file.metadata, last_rows)
-            if first == 0:
+            groups = None
+            if self.window is not None and last_rows is None and not already:
+                groups = row_groups_meeting(file.metadata, *self.window)
+            if groups is not None and len(groups) < file.metadata.num_row_groups:
+                # the window's row groups only; none: no decoding, the file's schema still checked by _conform
+                arrow = file.read_row_groups(groups, columns=columns, use_threads=False)
+            elif first == 0:
                 arrow = file.read(columns=columns, use_threads=False)
             else:
                 groups = range(first, file.metadata.num_row_groups)
@@ -425,7 +438,9 @@ class TableSegments:
             notes.append(Note(str(path), "not a diag trace segment (no Arrow schema at its start)"))
             return None
         try:
-            if last_rows is None:
+            if last_rows is None and self.window is not None:
+                arrow = self._stream_window(state.prefix, data, messages)
+            elif last_rows is None:
                 arrow = ipc.open_stream(pa.py_buffer(state.prefix + data[:end])).read_all()
             else:
                 arrow = self._stream_tail(state.prefix, data, messages, last_rows)
@@ -457,6 +472,27 @@ class TableSegments:
                 return arrow
             per_batch = max(1, arrow.num_rows // max(1, take))
             take = min(len(batches), max(take + 1, -(-last_rows // per_batch)))
+
+    def _stream_window(self, prefix: bytes, data: bytes, messages: list) -> pa.Table:
+        """The record batches of a stream whose ``self.window`` column has a value in the window (or only nulls):
+        that column decoded alone for every batch (``IpcReadOptions.included_fields``: the other columns' buffers
+        are not decompressed), then the batches kept decoded whole behind the schema and every dictionary message
+        (deltas in their order, as ``_stream_tail`` does). A live stream holds one batch per flush."""
+        column, low, high = self.window
+        head = prefix + b"".join(data[a:b] for kind, a, b in messages if kind != "record batch")
+        batches = [(a, b) for kind, a, b in messages if kind == "record batch"]
+        body = b"".join(data[a:b] for a, b in batches)
+        names = ipc.open_stream(pa.py_buffer(head)).schema.names
+        if column not in names:
+            return ipc.open_stream(pa.py_buffer(head + body)).read_all()
+        options = ipc.IpcReadOptions(included_fields=[names.index(column)])
+        kept = []
+        for (a, b), batch in zip(batches, ipc.open_stream(pa.py_buffer(head + body), options=options)):
+            extremes = pc.min_max(batch.column(0))
+            lowest, highest = extremes["min"].as_py(), extremes["max"].as_py()
+            if lowest is None or (highest >= low and lowest <= high):
+                kept.append(data[a:b])
+        return ipc.open_stream(pa.py_buffer(head + b"".join(kept))).read_all()
 
     def _conform(self, arrow: pa.Table, path: Path, notes: list[Note]) -> pa.Table | None:
         """The table's columns by name (a column added to the schema after the file was written reads as
@@ -496,6 +532,29 @@ class TableSegments:
 @functools.cache
 def _arrow_types(table: Table) -> list[pa.DataType]:
     return [ARROW_TYPES[c.dtype] for c in table.columns]
+
+
+def row_groups_meeting(metadata: pq.FileMetaData, column: str, low: float, high: float) -> list[int] | None:
+    """The row groups whose statistics of ``column`` (written for the step and time columns: ``parquet_options``)
+    say they may hold a value in [low, high]; None when the column or a non-empty group's minimum and maximum are
+    missing (a file written without statistics: read it whole). A group whose values are all null has no
+    minimum: it is kept (its rows are the loader's to drop)."""
+    names = metadata.schema.names
+    if column not in names:
+        return None
+    index = names.index(column)
+    groups = []
+    for group in range(metadata.num_row_groups):
+        chunk = metadata.row_group(group).column(index)
+        stats = chunk.statistics if chunk.is_stats_set else None
+        if stats is None or not stats.has_min_max:
+            if stats is not None and stats.null_count == chunk.num_values:
+                groups.append(group)  # only nulls
+                continue
+            return None
+        if stats.max >= low and stats.min <= high:
+            groups.append(group)
+    return groups
 
 
 def _first_group(metadata: pq.FileMetaData, last_rows: int | None) -> int:

@@ -576,6 +576,8 @@ class TraceReader:
         self._noted: set[str] = set()
         self._nccl: dict[Path, tuple[tuple[int, int], NcclLog | None]] = {}  # read again only when it changed
         self._segments: dict[tuple[Path, str], TableSegments] = {}  # schema version 2: what was read of each table
+        # table -> (column, low, high): a windowed one-off read of schema-2 segments (TableSegments.window; diag export)
+        self.windows: dict[str, tuple[str, float, float]] = {}
 
     def rank_dirs(self) -> dict[int, Path]:
         if not self.path.exists():
@@ -664,7 +666,7 @@ class TraceReader:
         key = (rank_dir, table.name)
         segments = self._segments.get(key)
         if segments is None:
-            segments = self._segments[key] = TableSegments(table)
+            segments = self._segments[key] = TableSegments(table, window=self.windows.get(table.name))
         notes = []
         arrow = segments.read_new(rank_dir, names, notes, tail_rows)
         skipped.extend(Skipped(n.path, n.reason, n.rows) for n in notes)
