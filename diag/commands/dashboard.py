@@ -44,7 +44,13 @@ def is_loopback(host: str) -> bool:
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="A run to compare this one with on the Compare page (as diag compare BASELINE TRACE_DIR).",
 )
-def command(trace_dir, host, port, token, refresh_s, baseline):
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Above 64 ranks, neither read the report diag analyze cached in TRACE_DIR/.diag-cache for these files "
+    "nor cache the one computed here.",
+)
+def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
     """Serve a live dashboard of TRACE_DIR: findings, stragglers, communication, memory, GPU telemetry,
     pipeline and triage pages, updated while the job writes.
 
@@ -77,7 +83,7 @@ def command(trace_dir, host, port, token, refresh_s, baseline):
         set_baseline(load_summary(baseline, baseline.resolve().name or str(baseline)), baseline)
 
     started = time.perf_counter()
-    live = LiveTrace(trace_dir, poll_interval_s=refresh_s)
+    live = LiveTrace(trace_dir, poll_interval_s=refresh_s, cache=not no_cache)
     live.refresh()
     snap = live.snapshot
     loaded = f"{len(snap.trace.ranks_found)} ranks" if snap.trace is not None else f"nothing usable yet ({snap.error})"

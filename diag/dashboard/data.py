@@ -26,9 +26,9 @@ import pandas as pd
 from diag.analysis.partitioned import (
     ANALYSED_COLUMNS,
     AnalysedColumnsReader,
-    LocalEngine,
     RankTablesTask,
     collectives_reducer,
+    local_engine,
     rank_tables_reducer,
     rank_tasks,
     read_rank_tables,
@@ -63,6 +63,7 @@ class Snapshot:
     error: str | None = None  # nothing could be read: why, and what was expected
     analysis_error: str | None = None
     analysing: bool = False  # published before its report (many ranks, first load): analysis_error says so
+    report_source: str | None = None  # many ranks: "computed", or "cache" (diag analyze's .diag-cache entry)
     # many ranks: memory and telemetry are never held whole; these compact views (rank_table_views) stand in
     # for trace.memory and telemetry_frame(trace) on the pages (None: few ranks, the trace's tables are whole)
     memory_view: pd.DataFrame | None = None
@@ -90,8 +91,12 @@ class LiveTrace:
         poll_interval_s: float = POLL_INTERVAL_S,
         stale_after_s: float = STALE_AFTER_S,
         triage: bool = True,
+        cache: bool = True,
     ):
         self.trace_dir = Path(trace_dir)
+        # many ranks: read the report `diag analyze` cached for the files as they are (.diag-cache), and cache
+        # the one computed here, under the same key (see _report_cache)
+        self.use_cache = cache
         # called with each new snapshot before it is published, on the poll thread: the app fills the
         # snapshot's memo with the figures' aggregations there, so that callbacks only draw
         self.prepare: Callable[[Snapshot], None] | None = None
@@ -225,16 +230,18 @@ class LiveTrace:
     def _publish(self) -> None:
         started = time.monotonic()
         self._dirty = False
+        cache, cached = self._report_cache() if self.partitioned else (None, None)
         trace = self._trace()
-        if self.partitioned and self.snapshot.trace is None and len(trace.steps):
+        if self.partitioned and self.snapshot.trace is None and len(trace.steps) and cached is None:
             self._publish_before_analysis(trace)
         snap = Snapshot(version=0, trace_dir=self.trace_dir, trace=trace, loaded_at_s=time.time())
         snap.last_new_rows_s = self._last_new_rows_s
         snap.rank_states = rank_states(trace, self._last_record_us, self.stale_after_s)
         snap.run_state = run_state(snap.rank_states, self._last_new_rows_s, self.stale_after_s)
         try:
-            snap.report, snap.times = self._analyse(trace)
+            snap.report, snap.times = self._analyse(trace, cache, cached)
             if self.partitioned and snap.report is not None:
+                snap.report_source = "cache" if cached is not None else "computed"
                 snap.memory_view, snap.telemetry_view = rank_table_views(trace)
             if snap.report is None:
                 snap.analysis_error = "no steps recorded yet (steps.csv is empty or missing in every rank directory)"
@@ -275,37 +282,39 @@ class LiveTrace:
             snap.version = self.snapshot.version + 1
             self.snapshot = snap
 
-    def _analyse(self, trace: Trace):
+    def _analyse(self, trace: Trace, cache=None, cached=None):
         """(report, per rank-step times of every step). Few ranks: the collectives are loaded, and the times of
-        every step come from them (all_step_times). Many ranks: the collectives are reduced rank by rank ONCE, for
-        the report's window, and the times of every step are split with those waits; a step outside the window
-        (warm-up, a step not every rank finished yet, a failed one) has only the wait its rank measured itself
-        (steps' comm_wait_us). Reducing a second time for every step (as before) doubled the load."""
+        every step come from them (all_step_times). Many ranks: ``partitioned_report``."""
         from diag.analysis.report import all_step_times, analyze
 
         if not len(trace.steps):
             return None, None
         if not self.partitioned:
             times = all_step_times(trace)
-            return analyze(trace), times.frame if times is not None else None
-        from diag.analysis.comms import wait_per_rank_step
-        from diag.analysis.report import _pipeline_stages
-        from diag.analysis.stragglers import rank_step_times
+            return analyze(trace), compact_times(times.frame) if times is not None else None
+        return partitioned_report(trace, cache, cached)
 
-        reducer = collectives_reducer(trace, LocalEngine())
-        reduced = []
+    def _report_cache(self):
+        """(the trace directory's cache, the report cached there for the files as they are now, or None).
 
-        def reduce_once(window):
-            reduced.append(reducer(window))
-            return reduced[-1]
+        The cache's key is the signature of every rank file (name, size, mtime), taken here, after the last
+        read; the tables held are those files only if nothing was appended since that read, so the reader
+        polls once more: rows found mean the tables are newer than the key, and the cache is neither read nor
+        written for this publication (the rows are kept for it). ``partitioned_report`` writes the computed
+        report only if the signature is still the same after the analysis (the files did not change under it).
+        Never raises: a cache that cannot be used is no cache."""
+        from diag.commands._load import open_cache, report_from_state
 
-        # memory and telemetry analysed a batch of ranks at a time, as `diag analyze` does (the same report)
-        report = analyze(trace, reduce_collectives=reduce_once, reduce_rank_tables=rank_tables_reducer(trace))
-        waits = reduced[-1] if reduced else None
-        times = rank_step_times(
-            trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
-        )
-        return report, compact_times(times.frame)
+        if not self.use_cache:
+            return None, None
+        try:
+            cache = open_cache(self.trace_dir, no_cache=False)
+            if cache is None or self._absorb(self._reader.poll()):
+                return None, None
+            state = cache.get_result(report_cache_name())
+        except (TraceError, OSError):
+            return None, None
+        return cache, report_from_state(state) if state is not None else None
 
     def _publish_states_only(self) -> None:
         """No new rows: the data stays, but ranks may have become stale and the run quiet."""
@@ -371,6 +380,54 @@ class LiveTrace:
                 traceback.print_exc()
 
 
+def report_cache_name() -> str:
+    """The name `diag analyze` caches its report under with its default options (no --steps, --peak-tflops,
+    --flops-per-step): what the dashboard analyses."""
+    from diag.commands._load import result_name
+
+    return result_name("report", None, None, None)
+
+
+def partitioned_report(trace: Trace, cache=None, cached=None):
+    """(report, per rank-step times) of a many-rank trace, as `diag analyze` makes it.
+
+    ``cached``: the report `diag analyze` (or an earlier server) cached for these files: used as it is, and every
+    step's times are split with the waits the ranks measured themselves (steps' comm_wait_us), the collectives
+    not being read at all. Else the collectives are reduced rank by rank ONCE, for the report's window, with the
+    engine `diag analyze` uses (worker processes from PROCESS_MIN_RANKS ranks: the per-rank work is Python and
+    numpy under the GIL, so threads used one core of two) and each rank's memory and telemetry reduced in the
+    same pass, as its collectives are read (each rank's files read once); the report is then cached under
+    ``cache``'s key when the files are still the ones that key names. The times of every step are split with
+    the reduced waits; a step outside the window (warm-up, a step not every rank finished yet, a failed one)
+    has only the wait its rank measured itself."""
+    from diag.analysis.comms import wait_per_rank_step
+    from diag.analysis.report import _pipeline_stages, analyze
+    from diag.analysis.stragglers import rank_step_times
+    from diag.trace.cache import signature
+
+    stages = _pipeline_stages(trace)
+    if cached is not None:
+        return cached, compact_times(rank_step_times(trace.steps, None, stages).frame)
+    tables = rank_tables_reducer(trace)
+    reducer = collectives_reducer(trace, local_engine(len(trace.ranks_found)), rank_tables=tables)
+    reduced = []
+
+    def reduce_once(window):
+        reduced.append(reducer(window))
+        return reduced[-1]
+
+    report = analyze(trace, reduce_collectives=reduce_once, reduce_rank_tables=tables)
+    if cache is not None:
+        try:
+            if signature(cache.path) == cache.key:  # the files the report was made from: cache it, as diag analyze
+                cache.put_result(report_cache_name(), report.to_state(), create=True)
+        except OSError:
+            pass  # a cache that cannot be written is no cache
+    waits = reduced[-1] if reduced else None
+    times = rank_step_times(trace.steps, wait_per_rank_step(waits) if waits is not None else None, stages)
+    return report, compact_times(times.frame)
+
+
 def _records(frame: pd.DataFrame) -> list[dict]:
     """Rows as dicts without the NaNs a frame of differing JSON files fills in (NaN != NaN would make
     every poll look like a change)."""
@@ -398,19 +455,23 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
     return out
 
 
+# The per rank-step times the pages draw (figures, pages.py): the split of a step, and the whole iteration for
+# the throughput and a rank's line. The frame rank_step_times gives also has data_wait_us, duration_us and peers,
+# which no page reads: 12 bytes a rank-step less (~0.2 GB at 16,384 ranks x 1,000 steps).
+TIMES_COLUMNS = ("rank", "step", "compute_us", "wait_us", "busy_us", "iteration_us")
+
+
 def compact_times(frame: pd.DataFrame) -> pd.DataFrame:
-    """The per rank-step times as the figures need them: rank and step as int32, durations as float32 (half the
-    memory of float64: 16 M rank-steps at 16,384 ranks x 1,000 steps; float32 keeps 7 digits, plenty for a
-    figure in ms)."""
+    """The per rank-step times as the figures need them (TIMES_COLUMNS): rank and step as int32, durations as
+    float32 (half the memory of float64: 16 M rank-steps at 16,384 ranks x 1,000 steps; float32 keeps 7 digits,
+    plenty for a figure in ms)."""
     out = {}
-    for column in frame.columns:
+    for column in TIMES_COLUMNS:
         values = frame[column]
-        if column in ("rank", "step", "peers"):
+        if column in ("rank", "step"):
             out[column] = values.to_numpy(dtype="int32")
-        elif column.endswith("_us"):
-            out[column] = values.to_numpy(dtype="float32", na_value=np.nan)
         else:
-            out[column] = values
+            out[column] = values.to_numpy(dtype="float32", na_value=np.nan)
     return pd.DataFrame(out)
 
 

@@ -105,7 +105,8 @@ def test_first_load_publishes_the_ranks_before_the_report(many_ranks):
     step's times with the waits the ranks measured themselves) before the collectives are reduced, then the
     snapshot with the report."""
     seen = []
-    first = LiveTrace(many_ranks[0], poll_interval_s=3600, triage=False)
+    # no cache: the module's other loads cached the report, which a load would read at once (test_dashboard_cache)
+    first = LiveTrace(many_ranks[0], poll_interval_s=3600, triage=False, cache=False)
     first.prepare = lambda snap: seen.append(snap)
     first.refresh()
     assert [s.report is None for s in seen] == [True, False]
