@@ -84,10 +84,17 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
 
     started = time.perf_counter()
     live = LiveTrace(trace_dir, poll_interval_s=refresh_s, cache=not no_cache)
-    live.refresh()
-    snap = live.snapshot
-    loaded = f"{len(snap.trace.ranks_found)} ranks" if snap.trace is not None else f"nothing usable yet ({snap.error})"
-    click.echo(f"Loaded {trace_dir}: {loaded} in {time.perf_counter() - started:.1f} s", err=True)
+    if _many_ranks(trace_dir):
+        # the first load takes minutes at thousands of ranks (the report: the collectives reduced rank by rank):
+        # serve at once; the poll thread loads, and publishes the ranks, then the report (pages say what is coming)
+        click.echo(f"Loading {trace_dir} in the background: the pages fill in as it is read and analysed", err=True)
+    else:
+        live.refresh()
+        snap = live.snapshot
+        loaded = (
+            f"{len(snap.trace.ranks_found)} ranks" if snap.trace is not None else f"nothing usable yet ({snap.error})"
+        )
+        click.echo(f"Loaded {trace_dir}: {loaded} in {time.perf_counter() - started:.1f} s", err=True)
     app = create_app(trace_dir, token=token, refresh_ms=int(refresh_s * 1000), live=live)
     if is_loopback(host):
         from diag.dashboard.app import require_local_host_header
@@ -97,3 +104,10 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
     url = f"http://{shown_host}:{port}/" + (f"?token={token}" if token else "")
     click.echo(f"Serving on {url}  (Ctrl-C to stop)", err=True)
     app.run(host=host, port=port, debug=False)
+
+
+def _many_ranks(trace_dir: Path) -> bool:
+    from diag.dashboard.data import PARTITIONED_MIN_RANKS
+    from diag.trace.loader import find_rank_dirs
+
+    return len(find_rank_dirs(trace_dir)) > PARTITIONED_MIN_RANKS

@@ -162,7 +162,10 @@ class LiveTrace:
         )
         if self.partitioned:
             per_rank = ("collectives", *RANK_VIEW_TABLES)  # reduced or viewed rank by rank, never loaded whole
-            self._reader = ViewColumnsReader(self.trace_dir, tables=tuple(t for t in TABLES if t not in per_rank))
+            # the columns the analyses read: the step's components, which only the Compare page reads, are read
+            # again rank by rank when it needs them (with_step_components)
+            tables = tuple(t for t in TABLES if t not in per_rank)
+            self._reader = AnalysedColumnsReader(self.trace_dir, tables=tables)
 
     def _absorb(self, data: dict) -> bool:
         changed = False
@@ -371,13 +374,21 @@ class LiveTrace:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        if self.snapshot.version == 0:  # never read (diag dashboard on many ranks serves before the first load)
+            self._refresh_quietly()
         while not self._stop.wait(self.poll_interval_s):
-            try:
-                self.refresh()
-            except Exception:  # keep polling: a bad read now may be a good one later
-                if not threading.main_thread().is_alive():
-                    return  # the process is exiting (its thread pools refuse work): nobody is left to show
-                traceback.print_exc()
+            if not self._refresh_quietly():
+                return
+
+    def _refresh_quietly(self) -> bool:
+        """One refresh on the poll thread; False when the process is exiting."""
+        try:
+            self.refresh()
+        except Exception:  # keep polling: a bad read now may be a good one later
+            if not threading.main_thread().is_alive():
+                return False  # the process is exiting (its thread pools refuse work): nobody is left to show
+            traceback.print_exc()
+        return True
 
 
 def report_cache_name() -> str:
@@ -476,7 +487,8 @@ def compact_times(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 # Columns the pages draw beyond what the analyses read (partitioned.ANALYSED_COLUMNS): the step's components,
-# for the Compare page (diag.analysis.compare.summarize_run).
+# for the Compare page (diag.analysis.compare.summarize_run). Above 64 ranks the server does not hold them
+# (16,384 ranks x 1,000 steps: 0.26-0.5 GB): with_step_components reads them when the Compare page needs them.
 VIEW_EXTRA_COLUMNS = {"steps": ("device_us", "forward_us", "backward_us", "optimizer_us")}
 
 
@@ -487,12 +499,28 @@ def view_columns() -> dict[str, tuple[str, ...]]:
 class ViewColumnsReader(AnalysedColumnsReader):
     """The loader's incremental reader with each rank's per-step tables cut, as soon as they are read, to the
     columns the analyses and the pages use, and whole microsecond counts that fit kept as int32
-    (partitioned.AnalysedColumnsReader, with the pages' few extra columns): what keeps the server's memory
-    bounded at thousands of ranks, where the steps, memory and telemetry tables hold one row per rank-step
-    each."""
+    (partitioned.AnalysedColumnsReader, with the Compare page's few extra columns)."""
 
     def kept_columns(self) -> dict[str, tuple[str, ...]]:
         return view_columns()
+
+
+def with_step_components(trace: Trace) -> Trace:
+    """``trace`` with a steps table that has the step's components (forward, backward, optimizer, device time),
+    which the server does not hold above 64 ranks: the steps of every rank read again, a rank at a time, narrow
+    (ViewColumnsReader), and assembled as the loader does (one run, its latest restart). For the Compare page's
+    summary only; nothing keeps it. Rows appended since the snapshot's read are there too: the summary selects
+    the report's window."""
+    if all(c in trace.steps for c in VIEW_EXTRA_COLUMNS["steps"]):
+        return trace
+    data = ViewColumnsReader(trace.path, tables=("steps",)).poll()
+    for name in TABLES:
+        if name != "steps":
+            data[name] = empty_table(TABLES[name])
+    steps = assemble_trace(trace.path, data).steps
+    del data
+    release_arrow_memory()
+    return dataclasses.replace(trace, steps=steps)
 
 
 RANK_VIEW_TABLES = ("memory", "telemetry")

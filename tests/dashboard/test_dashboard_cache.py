@@ -116,3 +116,21 @@ def test_a_planted_or_damaged_report_is_recomputed(run):
     assert live.snapshot.report_source == "computed"
     fresh, _ = analyze_json(run, "--no-cache")
     assert differences(live.snapshot.report.to_dict(), fresh) == []
+
+
+def test_a_server_started_before_its_first_load_loads_on_the_poll_thread(run):
+    """diag dashboard on many ranks serves at once and loads on the poll thread: its first read comes at once,
+    not after a poll interval (an hour here)."""
+    import time
+
+    live = LiveTrace(run, poll_interval_s=3600, triage=False, cache=False)
+    assert live.snapshot.version == 0 and live.snapshot.run_state == "loading"
+    live.start()
+    try:
+        deadline = time.monotonic() + 120
+        while live.snapshot.report is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert live.snapshot.report is not None and live.snapshot.report_source == "computed"
+        assert len(live.snapshot.trace.ranks_found) == RANKS
+    finally:
+        live.stop()

@@ -194,3 +194,22 @@ def _search_box(driver):
 def _option(driver, typed: str):
     options = driver.find_elements("css selector", ".dash-dropdown-option")
     return next((o for o in options if typed in o.text), None)
+
+
+def test_compare_summary_reads_the_step_components_rank_by_rank(many_ranks, live):
+    """Many ranks: the server does not hold the step's components (forward, backward, optimizer, device time);
+    the Compare page's summary of this run reads them again, rank by rank, and is the whole trace's."""
+    from diag.analysis.compare import summarize_run
+    from diag.dashboard.data import with_step_components
+
+    whole = LiveTrace(many_ranks[0], triage=False)
+    whole.partitioned = False
+    whole.refresh()
+    assert "forward_us" not in live.snapshot.trace.steps and "forward_us" in whole.snapshot.trace.steps
+    mine = summarize_run(with_step_components(live.snapshot.trace), live.snapshot.report, "run")
+    theirs = summarize_run(whole.snapshot.trace, whole.snapshot.report, "run")
+    assert mine.components_ms.keys() == theirs.components_ms.keys() and mine.components_ms
+    for name, values in theirs.components_ms.items():
+        assert mine.components_ms[name] == pytest.approx(values, rel=1e-9), name
+    assert mine.step_ms == theirs.step_ms and mine.gpu_busy_pct == pytest.approx(theirs.gpu_busy_pct)
+    assert mine.config == theirs.config
