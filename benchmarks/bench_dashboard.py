@@ -243,7 +243,7 @@ def main() -> None:
 
     def timed_prepare(snap):
         prepare(snap)
-        published.append((time.perf_counter() - started, time.process_time() - cpu_started, snap.report is not None))
+        published.append((time.perf_counter() - started, time.process_time() - cpu_started, snap))
 
     live.prepare = timed_prepare
     live.refresh()
@@ -252,11 +252,12 @@ def main() -> None:
     sampler.stop.set()
     sampler.join()
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
-    for wall_s, cpu_s, with_report in published[:-1]:
-        print(
-            f"first snapshot published {'with' if with_report else 'before'} the report (rank states, groups, "
-            f"pickers): {wall_s:.1f} s wall, {cpu_s:.1f} s CPU"
-        )
+    for wall_s, cpu_s, snap in published[:-1]:
+        if snap.report is None:
+            what = "before the report (rank states, groups, pickers, step times)"
+        else:
+            what = "with the report (every page but Memory and GPU telemetry, whose views are read next)"
+        print(f"snapshot published {what}: {wall_s:.1f} s wall, {cpu_s:.1f} s CPU here")
     print(
         f"server load (read + analyse + aggregate): {load_wall_s:.1f} s wall, {load_cpu_s:.1f} s CPU "
         f"(this process, all threads) + {workers_cpu_s:.1f} s CPU in worker processes, peak RSS {peak_gb:.2f} GB, "

@@ -64,6 +64,8 @@ class Snapshot:
     analysis_error: str | None = None
     analysing: bool = False  # published before its report (many ranks, first load): analysis_error says so
     report_source: str | None = None  # many ranks: "computed", or "cache" (diag analyze's .diag-cache entry)
+    views_pending: bool = False  # many ranks: published with its report before memory_view and telemetry_view
+    views_error: str | None = None  # many ranks: why memory_view and telemetry_view could not be read
     # many ranks: memory and telemetry are never held whole; these compact views (rank_table_views) stand in
     # for trace.memory and telemetry_frame(trace) on the pages (None: few ranks, the trace's tables are whole)
     memory_view: pd.DataFrame | None = None
@@ -245,7 +247,9 @@ class LiveTrace:
             snap.report, snap.times = self._analyse(trace, cache, cached)
             if self.partitioned and snap.report is not None:
                 snap.report_source = "cache" if cached is not None else "computed"
-                snap.memory_view, snap.telemetry_view = rank_table_views(trace)
+                # the memory and telemetry views read every rank's files again (a minute at 16,384 ranks):
+                # the report and every other page first, the Memory and GPU telemetry pages right after
+                snap.views_pending = True
             if snap.report is None:
                 snap.analysis_error = "no steps recorded yet (steps.csv is empty or missing in every rank directory)"
         except Exception as exc:  # a trace the analyses cannot handle must not take the dashboard down
@@ -254,12 +258,30 @@ class LiveTrace:
         snap.triage, snap.triage_note = self._triage_result
         if self.prepare is not None:
             self.prepare(snap)
-        took_s = time.monotonic() - started
-        self._next_publish_s = time.monotonic() + (2 * took_s if took_s > 1.0 else 0.0)
         with self._lock:
             snap.version = self.snapshot.version + 1
             self.snapshot = snap
+        if snap.views_pending:
+            self._publish_views(trace)
+        took_s = time.monotonic() - started
+        self._next_publish_s = time.monotonic() + (2 * took_s if took_s > 1.0 else 0.0)
         self._maybe_triage()
+
+    def _publish_views(self, trace: Trace) -> None:
+        """Many ranks: the memory and telemetry views, read rank by rank after the report was published, in a
+        new version of the current snapshot (the same data and memo: the pages that did not need them are not
+        aggregated again)."""
+        try:
+            memory, telemetry = rank_table_views(trace)
+        except Exception as exc:  # the other pages stay; these two say why they cannot be drawn
+            traceback.print_exc()
+            memory, telemetry = None, None
+            note = f"memory and telemetry could not be read: {exc!r}"
+        else:
+            note = None
+        self._replace(memory_view=memory, telemetry_view=telemetry, views_pending=False, views_error=note)
+        if self.prepare is not None:
+            self.prepare(self.snapshot)
 
     def _publish_before_analysis(self, trace: Trace) -> None:
         """Many ranks, first load: publish what was read before the collectives are reduced (minutes at 16,384

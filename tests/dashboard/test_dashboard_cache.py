@@ -62,7 +62,9 @@ def test_the_server_reads_the_report_diag_analyze_cached(run):
     live, published = load(run)
     snap = live.snapshot
     assert live.partitioned and snap.report_source == "cache"
-    assert len(published) == 1 and not snap.analysing  # no snapshot before the report: it was there at once
+    # no snapshot before the report (it was there at once); then the memory and telemetry views
+    assert [(s.report is None, s.views_pending) for s in published] == [(False, True), (False, False)]
+    assert not snap.analysing
     assert differences(snap.report.to_dict(), cold) == []
     computed, _ = load(run, cache=False)
     assert computed.snapshot.report_source == "computed"
@@ -88,7 +90,7 @@ def test_a_trace_changed_since_is_analysed_again(run):
     append_step(run, 5)
     live, published = load(run)
     assert live.snapshot.report_source == "computed"
-    assert [s.report is None for s in published] == [True, False]  # the ranks first, the report computed after
+    assert [s.report is None for s in published] == [True, False, False]  # the ranks first, the report after
     fresh, _ = analyze_json(run, "--no-cache")
     assert differences(live.snapshot.report.to_dict(), fresh) == []
     [entry] = cached_entries(run)  # the stale entry removed, the new report cached under the new key
