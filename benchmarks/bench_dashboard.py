@@ -11,8 +11,12 @@ Measures, once the server has loaded the traces (loading is reported but not par
     python benchmarks/bench_dashboard.py /tmp/synth64 --ranks 64 --steps 200
     python benchmarks/bench_dashboard.py /tmp/synth4096 --ranks 4096 --format 2 --no-browser
 
-Above 64 ranks the server never loads the collectives (reduced rank by rank, diag.analysis.partitioned); the
-peak RSS of this process after the load is printed, and the rank-group pickers' callbacks are measured too.
+Above 64 ranks the server never loads the collectives (reduced rank by rank, diag.analysis.partitioned, in
+worker processes from 512 ranks as diag analyze does); the peak RSS of this process after the load is printed,
+with the largest summed PSS of this process and its worker processes during the load (sampled every 0.2 s, as
+measured.py does for diag analyze), and the rank-group pickers' callbacks are measured too. Above 64 ranks the
+server reads the report diag analyze cached for these files (TRACE_DIR/.diag-cache) when there is one, and caches
+the one it computes: ``--no-cache`` measures the cold load (nothing read or written).
 """
 
 from __future__ import annotations
@@ -177,6 +181,27 @@ def _two_loads(base: str) -> tuple[float, float]:
         driver.quit()
 
 
+def _children_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # worker processes, once they are waited for
+    return usage.ru_utime + usage.ru_stime
+
+
+class TreeSampler(threading.Thread):
+    """The largest summed PSS of this process and its descendants (the analysis's worker processes), sampled
+    every 0.2 s: what measured.py gives diag analyze's process tree."""
+
+    def __init__(self, descendants, pss_bytes):
+        super().__init__(daemon=True)
+        self.descendants, self.pss_bytes = descendants, pss_bytes
+        self.peak, self.stop = 0, threading.Event()
+
+    def run(self):
+        while not self.stop.wait(0.2):
+            self.peak = max(self.peak, sum(self.pss_bytes(p) for p in self.descendants(os.getpid())))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace_dir", type=Path)
@@ -185,6 +210,7 @@ def main() -> None:
     parser.add_argument("--format", type=int, default=1, choices=(1, 2), help="trace schema version generated")
     parser.add_argument("--no-browser", action="store_true", help="skip the headless Chromium measurement")
     parser.add_argument("--no-triage", action="store_true", help="skip the triage verdict (minutes at 16,384 ranks)")
+    parser.add_argument("--no-cache", action="store_true", help="neither read nor write the report cache")
     args = parser.parse_args()
     import logging
 
@@ -204,30 +230,42 @@ def main() -> None:
 
     import resource
 
+    from measured import _descendants, _pss_bytes
+
     from diag.dashboard.pages import prepare
 
+    sampler = TreeSampler(_descendants, _pss_bytes)
+    sampler.start()
     started, cpu_started = time.perf_counter(), time.process_time()
-    live = LiveTrace(args.trace_dir, poll_interval_s=3600, triage=not args.no_triage)  # no polling meanwhile
+    children_started = _children_cpu_s()
+    live = LiveTrace(args.trace_dir, poll_interval_s=3600, triage=not args.no_triage, cache=not args.no_cache)
     published = []  # (wall s, CPU s, with its report) of each snapshot the load publishes
 
     def timed_prepare(snap):
         prepare(snap)
-        published.append((time.perf_counter() - started, time.process_time() - cpu_started, snap.report is not None))
+        published.append((time.perf_counter() - started, time.process_time() - cpu_started, snap))
 
     live.prepare = timed_prepare
     live.refresh()
     load_wall_s, load_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+    workers_cpu_s = _children_cpu_s() - children_started
+    sampler.stop.set()
+    sampler.join()
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
-    for wall_s, cpu_s, with_report in published[:-1]:
-        print(
-            f"first snapshot published {'with' if with_report else 'before'} the report (rank states, groups, "
-            f"pickers): {wall_s:.1f} s wall, {cpu_s:.1f} s CPU"
-        )
+    for wall_s, cpu_s, snap in published[:-1]:
+        if snap.report is None:
+            what = "before the report (rank states, groups, pickers, step times)"
+        else:
+            what = "with the report (every page but Memory and GPU telemetry, whose views are read next)"
+        print(f"snapshot published {what}: {wall_s:.1f} s wall, {cpu_s:.1f} s CPU here")
     print(
         f"server load (read + analyse + aggregate): {load_wall_s:.1f} s wall, {load_cpu_s:.1f} s CPU "
-        f"(this process, all threads), peak RSS {peak_gb:.2f} GB, "
-        f"collectives {'reduced rank by rank' if live.partitioned else 'loaded whole'}"
+        f"(this process, all threads) + {workers_cpu_s:.1f} s CPU in worker processes, peak RSS {peak_gb:.2f} GB, "
+        f"peak PSS of this process and its workers {sampler.peak / 1e9:.2f} GB, "
+        f"collectives {'reduced rank by rank' if live.partitioned else 'loaded whole'}, "
+        f"report {live.snapshot.report_source or 'computed'}"
     )
+    print(f"machine load average after the load (1 min): {os.getloadavg()[0]:.1f}")
     started = time.perf_counter()
     live.wait_for_triage(600)
     print(

@@ -44,7 +44,13 @@ def is_loopback(host: str) -> bool:
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="A run to compare this one with on the Compare page (as diag compare BASELINE TRACE_DIR).",
 )
-def command(trace_dir, host, port, token, refresh_s, baseline):
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Above 64 ranks, neither read the report diag analyze cached in TRACE_DIR/.diag-cache for these files "
+    "nor cache the one computed here.",
+)
+def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
     """Serve a live dashboard of TRACE_DIR: findings, stragglers, communication, memory, GPU telemetry,
     pipeline and triage pages, updated while the job writes.
 
@@ -77,11 +83,18 @@ def command(trace_dir, host, port, token, refresh_s, baseline):
         set_baseline(load_summary(baseline, baseline.resolve().name or str(baseline)), baseline)
 
     started = time.perf_counter()
-    live = LiveTrace(trace_dir, poll_interval_s=refresh_s)
-    live.refresh()
-    snap = live.snapshot
-    loaded = f"{len(snap.trace.ranks_found)} ranks" if snap.trace is not None else f"nothing usable yet ({snap.error})"
-    click.echo(f"Loaded {trace_dir}: {loaded} in {time.perf_counter() - started:.1f} s", err=True)
+    live = LiveTrace(trace_dir, poll_interval_s=refresh_s, cache=not no_cache)
+    if _many_ranks(trace_dir):
+        # the first load takes minutes at thousands of ranks (the report: the collectives reduced rank by rank):
+        # serve at once; the poll thread loads, and publishes the ranks, then the report (pages say what is coming)
+        click.echo(f"Loading {trace_dir} in the background: the pages fill in as it is read and analysed", err=True)
+    else:
+        live.refresh()
+        snap = live.snapshot
+        loaded = (
+            f"{len(snap.trace.ranks_found)} ranks" if snap.trace is not None else f"nothing usable yet ({snap.error})"
+        )
+        click.echo(f"Loaded {trace_dir}: {loaded} in {time.perf_counter() - started:.1f} s", err=True)
     app = create_app(trace_dir, token=token, refresh_ms=int(refresh_s * 1000), live=live)
     if is_loopback(host):
         from diag.dashboard.app import require_local_host_header
@@ -91,3 +104,10 @@ def command(trace_dir, host, port, token, refresh_s, baseline):
     url = f"http://{shown_host}:{port}/" + (f"?token={token}" if token else "")
     click.echo(f"Serving on {url}  (Ctrl-C to stop)", err=True)
     app.run(host=host, port=port, debug=False)
+
+
+def _many_ranks(trace_dir: Path) -> bool:
+    from diag.dashboard.data import PARTITIONED_MIN_RANKS
+    from diag.trace.loader import find_rank_dirs
+
+    return len(find_rank_dirs(trace_dir)) > PARTITIONED_MIN_RANKS

@@ -225,6 +225,8 @@ def _status_text(live: LiveTrace, rank: int | None) -> str:
             parts.append("stale ranks: " + ", ".join(map(str, stale[:20])) + (" ..." if len(stale) > 20 else ""))
     if snap.trace is not None and len(snap.trace.steps):
         parts.append(f"last step {int(snap.trace.steps['step'].max())}")
+    if snap.report_source == "cache":  # the step times' waits are then the ranks' own (data.partitioned_report)
+        parts.append("report read from diag analyze's cache (.diag-cache)")
     parts.append(f"selected rank: {rank if rank is not None else '-'}")
     return " · ".join(parts)
 

@@ -166,6 +166,7 @@ def register(app, live, page) -> None:
 
 def update_compare(snap, rank: int | None) -> dict:
     from diag.analysis.compare import compare_runs, summarize_run
+    from diag.dashboard.data import with_step_components
     from diag.views.compare import blocks, components_figure, steps_figure
 
     base, version = _baseline, _baseline_version  # one baseline throughout, whatever a pick does meanwhile
@@ -175,9 +176,12 @@ def update_compare(snap, rank: int | None) -> dict:
         )
     if snap.error or snap.trace is None or snap.report is None:
         return _message(snap.error or snap.analysis_error or "the run is still loading")
-    report = snap.memo(
-        f"compare-{version}", lambda: compare_runs([base, summarize_run(snap.trace, snap.report, "this run")])
+    # this run's summary, once per snapshot whatever the baseline; above 64 ranks it reads the steps' components
+    # again rank by rank (data.with_step_components: the server does not hold them)
+    summary = snap.memo(
+        "compare-summary", lambda: summarize_run(with_step_components(snap.trace), snap.report, "this run")
     )
+    report = snap.memo(f"compare-{version}", lambda: compare_runs([base, summary]))
     return {
         "body": html.Div(
             [_block(b) for b in blocks(report)[1:] if b.heading.split(":")[0] != "Collectives by size class"]

@@ -26,9 +26,9 @@ import pandas as pd
 from diag.analysis.partitioned import (
     ANALYSED_COLUMNS,
     AnalysedColumnsReader,
-    LocalEngine,
     RankTablesTask,
     collectives_reducer,
+    local_engine,
     rank_tables_reducer,
     rank_tasks,
     read_rank_tables,
@@ -63,6 +63,9 @@ class Snapshot:
     error: str | None = None  # nothing could be read: why, and what was expected
     analysis_error: str | None = None
     analysing: bool = False  # published before its report (many ranks, first load): analysis_error says so
+    report_source: str | None = None  # many ranks: "computed", or "cache" (diag analyze's .diag-cache entry)
+    views_pending: bool = False  # many ranks: published with its report before memory_view and telemetry_view
+    views_error: str | None = None  # many ranks: why memory_view and telemetry_view could not be read
     # many ranks: memory and telemetry are never held whole; these compact views (rank_table_views) stand in
     # for trace.memory and telemetry_frame(trace) on the pages (None: few ranks, the trace's tables are whole)
     memory_view: pd.DataFrame | None = None
@@ -90,8 +93,12 @@ class LiveTrace:
         poll_interval_s: float = POLL_INTERVAL_S,
         stale_after_s: float = STALE_AFTER_S,
         triage: bool = True,
+        cache: bool = True,
     ):
         self.trace_dir = Path(trace_dir)
+        # many ranks: read the report `diag analyze` cached for the files as they are (.diag-cache), and cache
+        # the one computed here, under the same key (see _report_cache)
+        self.use_cache = cache
         # called with each new snapshot before it is published, on the poll thread: the app fills the
         # snapshot's memo with the figures' aggregations there, so that callbacks only draw
         self.prepare: Callable[[Snapshot], None] | None = None
@@ -157,7 +164,10 @@ class LiveTrace:
         )
         if self.partitioned:
             per_rank = ("collectives", *RANK_VIEW_TABLES)  # reduced or viewed rank by rank, never loaded whole
-            self._reader = ViewColumnsReader(self.trace_dir, tables=tuple(t for t in TABLES if t not in per_rank))
+            # the columns the analyses read: the step's components, which only the Compare page reads, are read
+            # again rank by rank when it needs them (with_step_components)
+            tables = tuple(t for t in TABLES if t not in per_rank)
+            self._reader = AnalysedColumnsReader(self.trace_dir, tables=tables)
 
     def _absorb(self, data: dict) -> bool:
         changed = False
@@ -225,17 +235,21 @@ class LiveTrace:
     def _publish(self) -> None:
         started = time.monotonic()
         self._dirty = False
+        cache, cached = self._report_cache() if self.partitioned else (None, None)
         trace = self._trace()
-        if self.partitioned and self.snapshot.trace is None and len(trace.steps):
+        if self.partitioned and self.snapshot.trace is None and len(trace.steps) and cached is None:
             self._publish_before_analysis(trace)
         snap = Snapshot(version=0, trace_dir=self.trace_dir, trace=trace, loaded_at_s=time.time())
         snap.last_new_rows_s = self._last_new_rows_s
         snap.rank_states = rank_states(trace, self._last_record_us, self.stale_after_s)
         snap.run_state = run_state(snap.rank_states, self._last_new_rows_s, self.stale_after_s)
         try:
-            snap.report, snap.times = self._analyse(trace)
+            snap.report, snap.times = self._analyse(trace, cache, cached)
             if self.partitioned and snap.report is not None:
-                snap.memory_view, snap.telemetry_view = rank_table_views(trace)
+                snap.report_source = "cache" if cached is not None else "computed"
+                # the memory and telemetry views read every rank's files again (a minute at 16,384 ranks):
+                # the report and every other page first, the Memory and GPU telemetry pages right after
+                snap.views_pending = True
             if snap.report is None:
                 snap.analysis_error = "no steps recorded yet (steps.csv is empty or missing in every rank directory)"
         except Exception as exc:  # a trace the analyses cannot handle must not take the dashboard down
@@ -244,17 +258,36 @@ class LiveTrace:
         snap.triage, snap.triage_note = self._triage_result
         if self.prepare is not None:
             self.prepare(snap)
-        took_s = time.monotonic() - started
-        self._next_publish_s = time.monotonic() + (2 * took_s if took_s > 1.0 else 0.0)
         with self._lock:
             snap.version = self.snapshot.version + 1
             self.snapshot = snap
+        if snap.views_pending:
+            self._publish_views(trace)
+        took_s = time.monotonic() - started
+        self._next_publish_s = time.monotonic() + (2 * took_s if took_s > 1.0 else 0.0)
         self._maybe_triage()
+
+    def _publish_views(self, trace: Trace) -> None:
+        """Many ranks: the memory and telemetry views, read rank by rank after the report was published, in a
+        new version of the current snapshot (the same data and memo: the pages that did not need them are not
+        aggregated again)."""
+        try:
+            memory, telemetry = rank_table_views(trace)
+        except Exception as exc:  # the other pages stay; these two say why they cannot be drawn
+            traceback.print_exc()
+            memory, telemetry = None, None
+            note = f"memory and telemetry could not be read: {exc!r}"
+        else:
+            note = None
+        self._replace(memory_view=memory, telemetry_view=telemetry, views_pending=False, views_error=note)
+        if self.prepare is not None:
+            self.prepare(self.snapshot)
 
     def _publish_before_analysis(self, trace: Trace) -> None:
         """Many ranks, first load: publish what was read before the collectives are reduced (minutes at 16,384
-        ranks): rank states, the rank groups and pickers, every step's times split with the waits the ranks
-        measured themselves (steps' comm_wait_us); the pages that need the report say it is being computed."""
+        ranks): rank states, the rank groups and pickers labelled with each rank's busy time (its steps split with
+        the waits the ranks measured themselves, steps' comm_wait_us); the pages that need the report say it is
+        being computed."""
         from diag.analysis.report import _pipeline_stages
         from diag.analysis.stragglers import rank_step_times
 
@@ -262,7 +295,10 @@ class LiveTrace:
         snap.last_new_rows_s = self._last_new_rows_s
         snap.rank_states = rank_states(trace, self._last_record_us, self.stale_after_s)
         snap.run_state = run_state(snap.rank_states, self._last_new_rows_s, self.stale_after_s)
-        snap.times = compact_times(rank_step_times(trace.steps, None, _pipeline_stages(trace)).frame)
+        # the pickers' labels are all this snapshot draws of the step times (the pages that need them wait for the
+        # report): the times are not kept, which would hold 0.39 GB more at 16,384 x 1,000 during the passes
+        busy = median_busy_ms(compact_times(rank_step_times(trace.steps, None, _pipeline_stages(trace)).frame))
+        snap.memo("median_busy_ms", lambda: busy)
         snap.analysing = True
         snap.analysis_error = (
             f"the report is being computed: the collectives of {len(trace.ranks_found):,} ranks are reduced rank by "
@@ -275,37 +311,39 @@ class LiveTrace:
             snap.version = self.snapshot.version + 1
             self.snapshot = snap
 
-    def _analyse(self, trace: Trace):
+    def _analyse(self, trace: Trace, cache=None, cached=None):
         """(report, per rank-step times of every step). Few ranks: the collectives are loaded, and the times of
-        every step come from them (all_step_times). Many ranks: the collectives are reduced rank by rank ONCE, for
-        the report's window, and the times of every step are split with those waits; a step outside the window
-        (warm-up, a step not every rank finished yet, a failed one) has only the wait its rank measured itself
-        (steps' comm_wait_us). Reducing a second time for every step (as before) doubled the load."""
+        every step come from them (all_step_times). Many ranks: ``partitioned_report``."""
         from diag.analysis.report import all_step_times, analyze
 
         if not len(trace.steps):
             return None, None
         if not self.partitioned:
             times = all_step_times(trace)
-            return analyze(trace), times.frame if times is not None else None
-        from diag.analysis.comms import wait_per_rank_step
-        from diag.analysis.report import _pipeline_stages
-        from diag.analysis.stragglers import rank_step_times
+            return analyze(trace), compact_times(times.frame) if times is not None else None
+        return partitioned_report(trace, cache, cached)
 
-        reducer = collectives_reducer(trace, LocalEngine())
-        reduced = []
+    def _report_cache(self):
+        """(the trace directory's cache, the report cached there for the files as they are now, or None).
 
-        def reduce_once(window):
-            reduced.append(reducer(window))
-            return reduced[-1]
+        The cache's key is the signature of every rank file (name, size, mtime), taken here, after the last
+        read; the tables held are those files only if nothing was appended since that read, so the reader
+        polls once more: rows found mean the tables are newer than the key, and the cache is neither read nor
+        written for this publication (the rows are kept for it). ``partitioned_report`` writes the computed
+        report only if the signature is still the same after the analysis (the files did not change under it).
+        Never raises: a cache that cannot be used is no cache."""
+        from diag.commands._load import open_cache, report_from_state
 
-        # memory and telemetry analysed a batch of ranks at a time, as `diag analyze` does (the same report)
-        report = analyze(trace, reduce_collectives=reduce_once, reduce_rank_tables=rank_tables_reducer(trace))
-        waits = reduced[-1] if reduced else None
-        times = rank_step_times(
-            trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
-        )
-        return report, compact_times(times.frame)
+        if not self.use_cache:
+            return None, None
+        try:
+            cache = open_cache(self.trace_dir, no_cache=False)
+            if cache is None or self._absorb(self._reader.poll()):
+                return None, None
+            state = cache.get_result(report_cache_name())
+        except (TraceError, OSError):
+            return None, None
+        return cache, report_from_state(state) if state is not None else None
 
     def _publish_states_only(self) -> None:
         """No new rows: the data stays, but ranks may have become stale and the run quiet."""
@@ -362,13 +400,69 @@ class LiveTrace:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        if self.snapshot.version == 0:  # never read (diag dashboard on many ranks serves before the first load)
+            self._refresh_quietly()
         while not self._stop.wait(self.poll_interval_s):
-            try:
-                self.refresh()
-            except Exception:  # keep polling: a bad read now may be a good one later
-                if not threading.main_thread().is_alive():
-                    return  # the process is exiting (its thread pools refuse work): nobody is left to show
-                traceback.print_exc()
+            if not self._refresh_quietly():
+                return
+
+    def _refresh_quietly(self) -> bool:
+        """One refresh on the poll thread; False when the process is exiting."""
+        try:
+            self.refresh()
+        except Exception:  # keep polling: a bad read now may be a good one later
+            if not threading.main_thread().is_alive():
+                return False  # the process is exiting (its thread pools refuse work): nobody is left to show
+            traceback.print_exc()
+        return True
+
+
+def report_cache_name() -> str:
+    """The name `diag analyze` caches its report under with its default options (no --steps, --peak-tflops,
+    --flops-per-step): what the dashboard analyses."""
+    from diag.commands._load import result_name
+
+    return result_name("report", None, None, None)
+
+
+def partitioned_report(trace: Trace, cache=None, cached=None):
+    """(report, per rank-step times) of a many-rank trace, as `diag analyze` makes it.
+
+    ``cached``: the report `diag analyze` (or an earlier server) cached for these files: used as it is, and every
+    step's times are split with the waits the ranks measured themselves (steps' comm_wait_us), the collectives
+    not being read at all. Else the collectives are reduced rank by rank ONCE, for the report's window, with the
+    engine `diag analyze` uses (worker processes from PROCESS_MIN_RANKS ranks: the per-rank work is Python and
+    numpy under the GIL, so threads used one core of two) and each rank's memory and telemetry reduced in the
+    same pass, as its collectives are read (each rank's files read once); the report is then cached under
+    ``cache``'s key when the files are still the ones that key names. The times of every step are split with
+    the reduced waits; a step outside the window (warm-up, a step not every rank finished yet, a failed one)
+    has only the wait its rank measured itself."""
+    from diag.analysis.comms import wait_per_rank_step
+    from diag.analysis.report import _pipeline_stages, analyze
+    from diag.analysis.stragglers import rank_step_times
+    from diag.trace.cache import signature
+
+    stages = _pipeline_stages(trace)
+    if cached is not None:
+        return cached, compact_times(rank_step_times(trace.steps, None, stages).frame)
+    tables = rank_tables_reducer(trace)
+    reducer = collectives_reducer(trace, local_engine(len(trace.ranks_found)), rank_tables=tables)
+    reduced = []
+
+    def reduce_once(window):
+        reduced.append(reducer(window))
+        return reduced[-1]
+
+    report = analyze(trace, reduce_collectives=reduce_once, reduce_rank_tables=tables)
+    if cache is not None:
+        try:
+            if signature(cache.path) == cache.key:  # the files the report was made from: cache it, as diag analyze
+                cache.put_result(report_cache_name(), report.to_state(), create=True)
+        except OSError:
+            pass  # a cache that cannot be written is no cache
+    waits = reduced[-1] if reduced else None
+    times = rank_step_times(trace.steps, wait_per_rank_step(waits) if waits is not None else None, stages)
+    return report, compact_times(times.frame)
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:
@@ -398,24 +492,29 @@ def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
     return out
 
 
+# The per rank-step times the pages draw (figures, pages.py): the split of a step, and the whole iteration for
+# the throughput and a rank's line. The frame rank_step_times gives also has data_wait_us, duration_us and peers,
+# which no page reads: 12 bytes a rank-step less (~0.2 GB at 16,384 ranks x 1,000 steps).
+TIMES_COLUMNS = ("rank", "step", "compute_us", "wait_us", "busy_us", "iteration_us")
+
+
 def compact_times(frame: pd.DataFrame) -> pd.DataFrame:
-    """The per rank-step times as the figures need them: rank and step as int32, durations as float32 (half the
-    memory of float64: 16 M rank-steps at 16,384 ranks x 1,000 steps; float32 keeps 7 digits, plenty for a
-    figure in ms)."""
+    """The per rank-step times as the figures need them (TIMES_COLUMNS): rank and step as int32, durations as
+    float32 (half the memory of float64: 16 M rank-steps at 16,384 ranks x 1,000 steps; float32 keeps 7 digits,
+    plenty for a figure in ms)."""
     out = {}
-    for column in frame.columns:
+    for column in TIMES_COLUMNS:
         values = frame[column]
-        if column in ("rank", "step", "peers"):
+        if column in ("rank", "step"):
             out[column] = values.to_numpy(dtype="int32")
-        elif column.endswith("_us"):
-            out[column] = values.to_numpy(dtype="float32", na_value=np.nan)
         else:
-            out[column] = values
+            out[column] = values.to_numpy(dtype="float32", na_value=np.nan)
     return pd.DataFrame(out)
 
 
 # Columns the pages draw beyond what the analyses read (partitioned.ANALYSED_COLUMNS): the step's components,
-# for the Compare page (diag.analysis.compare.summarize_run).
+# for the Compare page (diag.analysis.compare.summarize_run). Above 64 ranks the server does not hold them
+# (16,384 ranks x 1,000 steps: 0.26-0.5 GB): with_step_components reads them when the Compare page needs them.
 VIEW_EXTRA_COLUMNS = {"steps": ("device_us", "forward_us", "backward_us", "optimizer_us")}
 
 
@@ -426,12 +525,28 @@ def view_columns() -> dict[str, tuple[str, ...]]:
 class ViewColumnsReader(AnalysedColumnsReader):
     """The loader's incremental reader with each rank's per-step tables cut, as soon as they are read, to the
     columns the analyses and the pages use, and whole microsecond counts that fit kept as int32
-    (partitioned.AnalysedColumnsReader, with the pages' few extra columns): what keeps the server's memory
-    bounded at thousands of ranks, where the steps, memory and telemetry tables hold one row per rank-step
-    each."""
+    (partitioned.AnalysedColumnsReader, with the Compare page's few extra columns)."""
 
     def kept_columns(self) -> dict[str, tuple[str, ...]]:
         return view_columns()
+
+
+def with_step_components(trace: Trace) -> Trace:
+    """``trace`` with a steps table that has the step's components (forward, backward, optimizer, device time),
+    which the server does not hold above 64 ranks: the steps of every rank read again, a rank at a time, narrow
+    (ViewColumnsReader), and assembled as the loader does (one run, its latest restart). For the Compare page's
+    summary only; nothing keeps it. Rows appended since the snapshot's read are there too: the summary selects
+    the report's window."""
+    if all(c in trace.steps for c in VIEW_EXTRA_COLUMNS["steps"]):
+        return trace
+    data = ViewColumnsReader(trace.path, tables=("steps",)).poll()
+    for name in TABLES:
+        if name != "steps":
+            data[name] = empty_table(TABLES[name])
+    steps = assemble_trace(trace.path, data).steps
+    del data
+    release_arrow_memory()
+    return dataclasses.replace(trace, steps=steps)
 
 
 RANK_VIEW_TABLES = ("memory", "telemetry")

@@ -373,8 +373,16 @@ def _nccl_text(nccl, rank: int | None) -> html.Div:
 
 
 # -- memory -------------------------------------------------------------------------------------------------
+def _views_reason(snap: d.Snapshot) -> str | None:
+    """Many ranks: why the memory and telemetry views are not there yet (read after the report is published)."""
+    if snap.views_pending:
+        ranks = len(snap.trace.ranks_found) if snap.trace is not None else 0
+        return f"the memory readings and GPU telemetry of {ranks:,} ranks are being read rank by rank; drawn when done"
+    return snap.views_error
+
+
 def update_memory(snap: d.Snapshot, rank: int | None) -> dict:
-    reason = _missing_reason(snap)
+    reason = _missing_reason(snap) or _views_reason(snap)
     if reason:
         return unavailable(PAGES["/memory"], reason)
     report = snap.report.memory
@@ -462,7 +470,7 @@ def _deep_memory_lines(deep: list, rank: int | None) -> list[str]:
 
 # -- telemetry ----------------------------------------------------------------------------------------------
 def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
-    reason = _missing_reason(snap)
+    reason = _missing_reason(snap) or _views_reason(snap)
     if reason:
         return unavailable(PAGES["/telemetry"], reason)
     tel = (

@@ -19,6 +19,7 @@ from diag.dashboard.data import (
     rank_groups,
     rank_options,
 )
+from diag.dashboard.pages import update_memory
 from tests.analysis.test_golden_reports import differences
 
 pytestmark = pytest.mark.slow
@@ -101,23 +102,27 @@ def test_memory_and_telemetry_are_viewed_rank_by_rank_with_the_same_figures(many
 
 
 def test_first_load_publishes_the_ranks_before_the_report(many_ranks):
-    """Many ranks: the first load publishes what was read (rank states, the groups and their pickers, every
-    step's times with the waits the ranks measured themselves) before the collectives are reduced, then the
-    snapshot with the report."""
+    """Many ranks: the first load publishes what was read (rank states, the groups and their pickers labelled
+    with busy times from the waits the ranks measured themselves) before the collectives are reduced, then the
+    snapshot with the report, then the same with the memory and telemetry views (read rank by rank after it)."""
     seen = []
-    first = LiveTrace(many_ranks[0], poll_interval_s=3600, triage=False)
+    # no cache: the module's other loads cached the report, which a load would read at once (test_dashboard_cache)
+    first = LiveTrace(many_ranks[0], poll_interval_s=3600, triage=False, cache=False)
     first.prepare = lambda snap: seen.append(snap)
     first.refresh()
-    assert [s.report is None for s in seen] == [True, False]
-    early, done = seen
+    assert [s.report is None for s in seen] == [True, False, False]
+    early, reported, done = seen
     assert early.analysing and "being computed" in early.analysis_error and not done.analysing
+    assert reported.views_pending and reported.memory_view is None and not done.views_pending
+    assert "being read" in update_memory(reported, None)["summary"].children
+    assert len(done.memory_view) == RANKS * STEPS and done.report is reported.report
     assert len(early.rank_states) == RANKS and (early.rank_states["state"] != "no data").all()
-    assert early.times is not None and len(early.times) == RANKS * STEPS
+    assert early.times is None  # not held during the passes: the pickers' labels are memoised (below)
     assert len(group_options(early)) == RANKS // 8
     slow = many_ranks[1].compute_straggler
     node = next(g for g in rank_groups(early.trace) if slow in g.ranks)
     assert rank_options(early, node.key)[0]["value"] == slow  # drill-down works before the report
-    assert first.snapshot is done and done.version == early.version + 1
+    assert first.snapshot is done and done.version == reported.version + 1 == early.version + 2
 
 
 def test_ranks_are_grouped_per_node_then_in_blocks(many_ranks, live):
@@ -193,3 +198,22 @@ def _search_box(driver):
 def _option(driver, typed: str):
     options = driver.find_elements("css selector", ".dash-dropdown-option")
     return next((o for o in options if typed in o.text), None)
+
+
+def test_compare_summary_reads_the_step_components_rank_by_rank(many_ranks, live):
+    """Many ranks: the server does not hold the step's components (forward, backward, optimizer, device time);
+    the Compare page's summary of this run reads them again, rank by rank, and is the whole trace's."""
+    from diag.analysis.compare import summarize_run
+    from diag.dashboard.data import with_step_components
+
+    whole = LiveTrace(many_ranks[0], triage=False)
+    whole.partitioned = False
+    whole.refresh()
+    assert "forward_us" not in live.snapshot.trace.steps and "forward_us" in whole.snapshot.trace.steps
+    mine = summarize_run(with_step_components(live.snapshot.trace), live.snapshot.report, "run")
+    theirs = summarize_run(whole.snapshot.trace, whole.snapshot.report, "run")
+    assert mine.components_ms.keys() == theirs.components_ms.keys() and mine.components_ms
+    for name, values in theirs.components_ms.items():
+        assert mine.components_ms[name] == pytest.approx(values, rel=1e-9), name
+    assert mine.step_ms == theirs.step_ms and mine.gpu_busy_pct == pytest.approx(theirs.gpu_busy_pct)
+    assert mine.config == theirs.config
