@@ -108,6 +108,11 @@ class RankPart:
     def rows(self) -> int:
         return len(self.seq) + len(self.unmatched)
 
+    def __sizeof__(self) -> int:
+        # what Dask's sizeof (sys.getsizeof for unknown types) reports: without it a part looked like 56 bytes,
+        # so the scheduler moved batches of parts between workers as if free (docs/scale.md §5, Dask)
+        return object.__sizeof__(self) + self.nbytes
+
 
 # -- pass 1 ----------------------------------------------------------------------------------------------------
 
