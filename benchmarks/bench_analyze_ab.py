@@ -31,9 +31,11 @@ def main() -> None:
     )
     for i in range(args.repeat):
         for name, root in (("base", args.base), ("this tree", HERE)):
-            os.environ["PYTHONPATH"] = str(root)  # the child imports diag from this tree
-            m = run_measured([sys.executable, "-m", "diag", "analyze", str(args.trace_dir), "--format", "json",
-                              "--no-cache"])  # fmt: skip
+            # the child imports diag from this tree: PYTHONPATH, and run from it (python -m puts the working
+            # directory first on sys.path: run from another checkout, both runs imported that checkout's diag)
+            os.environ["PYTHONPATH"] = str(root)
+            m = run_measured([sys.executable, "-m", "diag", "analyze", str(args.trace_dir.resolve()), "--format",
+                              "json", "--no-cache"], cwd=root)  # fmt: skip
             print(f"| {i + 1} | {name} | {m.wall_s:.1f} s | {m.cpu_s:.1f} s | {m.peak_rss_gb:.2f} GB | "
                   f"{m.tree_peak_gb:.2f} GB | {os.getloadavg()[0]:.1f} |", flush=True)  # fmt: skip
 

@@ -69,11 +69,12 @@ class _TreeSampler(threading.Thread):
             self.peak = max(self.peak, sum(_pss_bytes(p) for p in _descendants(self.pid)))
 
 
-def run_measured(argv: list[str]) -> Measured:
-    """Run ``argv``; exit with its error output if it fails."""
+def run_measured(argv: list[str], cwd: Path | str | None = None) -> Measured:
+    """Run ``argv`` (in ``cwd``: ``python -m`` imports the working directory's packages before PYTHONPATH's);
+    exit with its error output if it fails."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=out, stderr=err)
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=cwd)
         sampler = _TreeSampler(proc.pid)
         sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
