@@ -59,24 +59,22 @@ def _reduced(values: np.ndarray, how: str, axis: int) -> np.ndarray:
 
 def per_step(frame: pd.DataFrame, column: str, how: str = "median") -> pd.Series:
     """``frame.groupby("step")[column].<how>()``, ``how`` median or max."""
-    found = _matrix(frame, column) if len(frame) else None
-    if found is None:
-        return getattr(frame.groupby("step")[column], how)()
-    matrix, _, steps = found
-    order = np.argsort(steps, kind="stable")
-    index = pd.Index(steps[order], name="step")
-    return pd.Series(_reduced(matrix, how, 0)[order], index=index, name=column)
+    return _per("step", frame, column, how)
 
 
 def per_rank(frame: pd.DataFrame, column: str, how: str = "median") -> pd.Series:
     """``frame.groupby("rank")[column].<how>()``, ``how`` median or max."""
+    return _per("rank", frame, column, how)
+
+
+def _per(by: str, frame: pd.DataFrame, column: str, how: str) -> pd.Series:
     found = _matrix(frame, column) if len(frame) else None
     if found is None:
-        return getattr(frame.groupby("rank")[column], how)()
-    matrix, ranks, _ = found
-    order = np.argsort(ranks, kind="stable")
-    index = pd.Index(ranks[order], name="rank")
-    return pd.Series(_reduced(matrix, how, 1)[order], index=index, name=column)
+        return getattr(frame.groupby(by)[column], how)()
+    matrix, ranks, steps = found
+    keys, axis = (steps, 0) if by == "step" else (ranks, 1)  # the matrix is ranks x steps
+    order = np.argsort(keys, kind="stable")
+    return pd.Series(_reduced(matrix, how, axis)[order], index=pd.Index(keys[order], name=by), name=column)
 
 
 def rank_of_step_max(frame: pd.DataFrame, column: str) -> pd.Series:
