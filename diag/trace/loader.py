@@ -763,13 +763,7 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         data = _drop_ranks(data, set(others))
         ranks = [r for r in ranks if r not in set(others)]
     data = _latest_run_only(_drop_insane_durations(data, skipped, path), skipped, path)
-    notes: list[str] = []
-    manifests = parse_manifests(data["manifests"], notes)
-    skipped.extend(Skipped(str(path), note) for note in notes)
-    world_size = _world_size(manifests, ranks, skipped, path)
-    without_manifest = sorted(set(ranks) - set(manifests))
-    if without_manifest:
-        skipped.append(Skipped(str(path), f"ranks {without_manifest} have no manifest.json; their rows are kept"))
+    manifests, world_size = checked_manifests(data["manifests"], ranks, skipped, path)
     missing = sorted(set(range(world_size or 0)) - set(ranks))
     return Trace(
         path=path,
@@ -796,6 +790,36 @@ def assemble_trace(path: Path, data: dict) -> Trace:
 MAX_DURATION_US = 7 * 24 * 3600 * 1_000_000  # a step, span or collective longer than a week is a damaged row
 
 
+def checked_manifests(
+    raw: list[dict], ranks: list[int], skipped: list[Skipped], path: Path
+) -> tuple[dict[int, Manifest], int | None]:
+    """(the ranks' parsed manifests, the world size), the parser's notes and the ranks without a manifest named
+    in ``skipped`` (as a trace of ``ranks`` has them)."""
+    notes: list[str] = []
+    manifests = parse_manifests(raw, notes)
+    skipped.extend(Skipped(str(path), note) for note in notes)
+    world_size = _world_size(manifests, ranks, skipped, path)
+    without_manifest = sorted(set(ranks) - set(manifests))
+    if without_manifest:
+        skipped.append(Skipped(str(path), f"ranks {without_manifest} have no manifest.json; their rows are kept"))
+    return manifests, world_size
+
+
+def insane_durations(duration_us: np.ndarray) -> np.ndarray:
+    """The rows to drop: a negative duration, or one over MAX_DURATION_US (typically start and duration swapped:
+    "costs the job 1795514172969.3 ms/step"); NaN (an unfinished collective) is kept."""
+    with np.errstate(invalid="ignore"):
+        return (duration_us < 0) | (duration_us > MAX_DURATION_US)
+
+
+def insane_durations_note(table: str, rows: int, path: Path) -> Skipped:
+    return Skipped(
+        str(path),
+        f"{table}: rows with a negative duration or one over 7 days (start and duration swapped?) dropped",
+        rows,
+    )
+
+
 def _drop_insane_durations(data: dict, skipped: list[Skipped], path: Path) -> dict:
     """Rows with a negative duration, or one over MAX_DURATION_US (typically start and duration swapped: "costs
     the job 1795514172969.3 ms/step"), are dropped and counted; an unfinished collective (null) is kept."""
@@ -804,17 +828,10 @@ def _drop_insane_durations(data: dict, skipped: list[Skipped], path: Path) -> di
         frame = data.get(name)
         if frame is None or frame.empty or "duration_us" not in frame:
             continue
-        duration = frame["duration_us"]
-        bad = ((duration < 0) | (duration > MAX_DURATION_US)).fillna(False).astype(bool).to_numpy()
+        bad = insane_durations(frame["duration_us"].to_numpy(dtype="float64", na_value=np.nan))
         if bad.any():
             out[name] = frame[~bad].reset_index(drop=True)
-            skipped.append(
-                Skipped(
-                    str(path),
-                    f"{name}: rows with a negative duration or one over 7 days (start and duration swapped?) dropped",
-                    int(bad.sum()),
-                )
-            )
+            skipped.append(insane_durations_note(name, int(bad.sum()), path))
     return out
 
 

@@ -420,9 +420,9 @@ def _rank_events(pruned, full, trace_dir: Path, rank: int, rank_dir: Path, skipp
 
 def _sane_durations(tables: dict, skipped: list, trace_dir: Path) -> dict:
     """The loader's ``_drop_insane_durations`` on one rank's Arrow tables (same rows dropped, same notes)."""
-    import pyarrow.compute as pc
+    import numpy as np
 
-    from diag.trace.loader import MAX_DURATION_US, Skipped
+    from diag.trace.loader import insane_durations, insane_durations_note
     from diag.trace.schema import TABLES
 
     out = dict(tables)
@@ -430,33 +430,22 @@ def _sane_durations(tables: dict, skipped: list, trace_dir: Path) -> dict:
         arrow = tables.get(name)
         if arrow is None or not arrow.num_rows or "duration_us" not in arrow.column_names:
             continue
-        duration = arrow.column("duration_us")
-        bad = pc.fill_null(pc.or_(pc.less(duration, 0), pc.greater(duration, MAX_DURATION_US)), False)
-        dropped = pc.sum(bad).as_py() or 0
-        if dropped:
-            out[name] = arrow.filter(pc.invert(bad))
-            skipped.append(
-                Skipped(
-                    str(trace_dir),
-                    f"{name}: rows with a negative duration or one over 7 days (start and duration swapped?) dropped",
-                    dropped,
-                )
-            )
+        # nulls (unfinished collectives) become NaN, which insane_durations keeps
+        bad = insane_durations(arrow.column("duration_us").to_numpy().astype("float64"))
+        if bad.any():
+            out[name] = arrow.filter(~bad)
+            skipped.append(insane_durations_note(name, int(np.count_nonzero(bad)), trace_dir))
     return out
 
 
 def _rank_manifest(trace_dir: Path, rank: int, manifest: dict | None, skipped: list):
     """The rank's parsed Manifest (None without one), with the notes ``assemble_trace`` gives a one-rank trace."""
-    from diag.trace.loader import Skipped, _world_size
-    from diag.trace.manifest import parse_manifests
+    from diag.trace.loader import checked_manifests
     from diag.trace.memory_deep import read_memory_deep
 
-    notes: list[str] = []
-    manifests = parse_manifests([] if manifest is None else [{**manifest, "rank": rank}], notes)
-    skipped.extend(Skipped(str(trace_dir), note) for note in notes)
-    _world_size(manifests, [rank], skipped, trace_dir)
-    if rank not in manifests:
-        skipped.append(Skipped(str(trace_dir), f"ranks {[rank]} have no manifest.json; their rows are kept"))
+    manifests, _ = checked_manifests(
+        [] if manifest is None else [{**manifest, "rank": rank}], [rank], skipped, trace_dir
+    )
     read_memory_deep(trace_dir, [rank], skipped)
     return manifests.get(rank)
 
