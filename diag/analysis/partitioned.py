@@ -393,18 +393,10 @@ def _partial(part: RankPart) -> dict[str, PgPartial]:
         slot = seq - lo
         size = int(slot.max()) + 1
         g = _blank(lo, [str(o) for o in op_names], size)
-        if len(slot) == 1 or (np.diff(slot) > 0).all():
-            # each seq once (a group's seqs count up): plain stores give what the ufunc.at calls below would
-            # on the blank arrays (fmin of NaN, max of -inf and of 0), several times faster
-            g.transfer_us[slot] = duration[rows]
-            g.bytes_max[slot] = np.maximum(nbytes[rows], 0)
-            g.latest_us[slot] = latest[rows]
-            g.ranks[slot] = 1
-        else:
-            np.fmin.at(g.transfer_us, slot, duration[rows])
-            np.maximum.at(g.bytes_max, slot, nbytes[rows])
-            np.maximum.at(g.latest_us, slot, latest[rows])
-            np.add.at(g.ranks, slot, 1)
+        np.fmin.at(g.transfer_us, slot, duration[rows])
+        np.maximum.at(g.bytes_max, slot, nbytes[rows])
+        np.maximum.at(g.latest_us, slot, latest[rows])
+        np.add.at(g.ranks, slot, 1)
         g.op[slot] = op_codes[rows]
         out[name] = g
     return out

@@ -265,38 +265,6 @@ def test_seq_index_lookups_inside_and_outside_the_range():
     assert index.get_indexer(np.array([9, 12, 14, 99])).tolist() == [-1, -1, 3, -1]
 
 
-def test_partial_without_repeated_seqs_equals_the_ufunc_at_path():
-    """A rank's partial by plain stores (each seq once) equals the ufunc.at path (seqs repeated, a damaged file)."""
-    rng = np.random.default_rng(7)
-    n = 500
-    seq = np.arange(n, dtype="int64") * 2  # gaps: unused slots stay blank
-    duration = rng.integers(1, 900, n).astype("float64")
-    duration[::7] = np.nan
-    part = partitioned_module.RankPart(
-        rank=0, pg_names=["0"], pg=np.zeros(n, "int8"), seq=seq.astype("int32"), duration_us=duration,
-        step=np.zeros(n, "int32"), blocking=np.zeros(n, bool), start_us=rng.normal(size=int(np.isnan(duration).sum())),
-        unmatched=partitioned_module._NO_UNMATCHED,
-    )  # fmt: skip
-    bytes_ = rng.integers(-3, 1 << 20, n)
-    part._ops, part._bytes = (np.zeros(n, "int64"), ["allreduce"]), bytes_
-    fast = partitioned_module._partial(part)["0"]
-    # the same rows plus a repeat of each: the ufunc.at path, which a repeated row leaves unchanged
-    twice = np.concatenate([np.arange(n), np.arange(n)])
-    untimed = np.isnan(duration)
-    starts = np.full(n, np.nan)
-    starts[untimed] = part.start_us
-    part2 = partitioned_module.RankPart(
-        rank=0, pg_names=["0"], pg=np.zeros(2 * n, "int8"), seq=seq[twice].astype("int32"),
-        duration_us=duration[twice], step=np.zeros(2 * n, "int32"), blocking=np.zeros(2 * n, bool),
-        start_us=starts[twice][untimed[twice]], unmatched=partitioned_module._NO_UNMATCHED,
-    )  # fmt: skip
-    part2._ops, part2._bytes = (np.zeros(2 * n, "int64"), ["allreduce"]), bytes_[twice]
-    slow = partitioned_module._partial(part2)["0"]
-    for name in ("transfer_us", "bytes_max", "latest_us", "op"):
-        assert np.array_equal(getattr(fast, name), getattr(slow, name), equal_nan=True), name
-    assert np.array_equal(slow.ranks, 2 * fast.ranks) and fast.ranks.max() == 1
-
-
 def _corpus_cases() -> list[str]:
     from tests.reliability.corpus import build_cases
 
