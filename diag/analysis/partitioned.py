@@ -256,7 +256,8 @@ def _coded(arrow, name: str) -> tuple[np.ndarray, np.ndarray]:
     column = column.unify_dictionaries().combine_chunks() if column.num_chunks > 1 else column.chunk(0)
     # a handful of names: a Python list is cheaper than a pandas round trip (~0.3 ms a column)
     names = np.array(["" if n is None else n for n in column.dictionary.cast(pa.string()).to_pylist()], dtype=object)
-    codes = column.indices.fill_null(len(names)).to_numpy(zero_copy_only=False).astype("int32")
+    indices = column.indices.fill_null(len(names)) if column.null_count else column.indices
+    codes = indices.to_numpy(zero_copy_only=False).astype("int32", copy=False)  # read only: never written to
     if column.null_count:  # a null is one more name, ""
         names = np.append(names, "")
     return codes, names
@@ -283,10 +284,17 @@ def _first_seen(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, list[
     return renumber[values], [str(merged[u]) for u in uniques]
 
 
+def _merged(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Codes into the distinct names (equal names from a damaged dictionary merged, as they would be as
+    strings), in any order: the partial's ops are matched by name (``_first_seen``'s order is the groups')."""
+    merged, canonical = np.unique(names.astype(str), return_inverse=True)
+    return canonical[codes], [str(m) for m in merged]
+
+
 def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
     if arrow is None or arrow.num_rows == 0:
         return _empty_part(task.rank)
-    duration = arrow.column("duration_us").to_numpy(zero_copy_only=False).astype("float64")
+    duration = arrow.column("duration_us").to_numpy(zero_copy_only=False).astype("float64", copy=False)
     start = _column(arrow, "start_us").astype("float64")
     # the loader's whole-trace checks, in its order: insane durations, then rows of an earlier run
     insane = ~np.isnan(duration) & ((duration < 0) | (duration > MAX_DURATION_US))
@@ -295,15 +303,15 @@ def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
     if task.cut_us is not None:
         earlier = keep & (start < task.cut_us)
         keep &= ~earlier
-    step = _column(arrow, "step").astype("int64")
+    step = _column(arrow, "step").astype("int64", copy=False)
     keep &= in_window_array(step, window)
     pg_codes, pg_dict = _coded(arrow, "pg")
     op_codes, op_dict = _coded(arrow, "op")
-    seq_all = _column(arrow, "seq").astype("int64")
+    seq_all = _column(arrow, "seq").astype("int64", copy=False)
     p2p = np.array([canonical_op(str(name)) in ("send", "recv") for name in op_dict], dtype=bool)
     unmatched_rows = (p2p[op_codes] if len(p2p) else np.zeros(len(seq_all), dtype=bool)) | (seq_all < 0)
     blocking = _column(arrow, "blocking") != 0
-    nbytes = _column(arrow, "bytes").astype("int64")
+    nbytes = _column(arrow, "bytes").astype("int64", copy=False)
     matched = keep & ~unmatched_rows
     loose = keep & unmatched_rows
     codes, names = _first_seen(pg_codes[matched], pg_dict)
@@ -334,7 +342,7 @@ def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
         dropped_earlier_run=int(earlier.sum()),
         rows_read=arrow.num_rows,
     )
-    part._ops = _first_seen(op_codes[matched], op_dict)  # for the partial only; not kept (see _partial)
+    part._ops = _merged(op_codes[matched], op_dict)  # for the partial only; not kept (see _partial)
     part._bytes = nbytes[matched]
     return part
 
