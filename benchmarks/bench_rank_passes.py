@@ -1,0 +1,125 @@
+"""CPU per rank of each stage of the partitioned analysis's per-rank passes, serially in one process.
+
+The cold ``diag analyze`` at 16,384 ranks spends ~13 ms of CPU per rank (docs/scale.md §5); this splits the
+per-rank part of it into its stages, each timed alone over the same ranks (``time.process_time``, best of
+``--repeat``, the files in the page cache), so that a change to one stage is measured by itself:
+
+- read: the rank's collectives as Arrow (the loader's narrow per-rank read), and its memory and telemetry;
+- part: ``_part_of`` + ``_partial`` (pass 1's compact part and the rank's instance partials), then
+  ``combine_partials`` of all of them;
+- finish: ``finish_part`` (pass 2) then ``merge_sums`` of the results;
+- tables: the memory and telemetry frames and their analyses, a batch of ranks at a time (the batch the code
+  tree's worker processes use).
+
+Only functions that main and its branches share are called, so the same script measures any code tree: run it
+from each checkout with that checkout first on the path::
+
+    cd /work/main && PYTHONPATH=$PWD python3 /path/to/benchmarks/bench_rank_passes.py /tmp/scale2/s4096 --ranks 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from pathlib import Path
+
+
+def _window_and_job(trace, partitioned):
+    """The step window ``analyze`` chooses for the trace, and pass 1's memory and telemetry job for it."""
+    from diag.analysis.report import analyze
+
+    class _Stop(Exception):
+        pass
+
+    captured = {}
+
+    def capture(window, *_):
+        captured.setdefault("window", window)
+        raise _Stop
+
+    with contextlib.suppress(_Stop):  # the window captured, nothing more of the analysis wanted
+        analyze(trace, reduce_collectives=capture, reduce_rank_tables=capture)
+    window = captured["window"]
+    job, bounds = partitioned.rank_tables_reducer(trace).plan(window)
+    return window, job, bounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace_dir")
+    parser.add_argument("--ranks", type=int, default=256, help="the first RANKS ranks (default 256)")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+
+    import diag.analysis.partitioned as P
+
+    trace = P.load_without_collectives(args.trace_dir, analysed_columns_only=True, without=P.RANK_TABLES)
+    window, job, bounds = _window_and_job(trace, P)
+    tasks = P.rank_tasks(trace, bounds)[: args.ranks]
+    n = len(tasks)
+    batch = getattr(P, "PROCESS_BATCH_RANKS", P.LOCAL_BATCH_RANKS)
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(args.repeat):
+            start = time.process_time()
+            fn()
+            times.append(time.process_time() - start)
+        return min(times) * 1e3 / n
+
+    def read_tables():
+        out = []
+        for t in tasks:
+            reader = P.narrow_reader(t.trace_dir, Path(t.rank_dir), P.RANK_TABLES)
+            out.append(P._read_tables(reader, t, None, [])[0])
+        return out
+
+    def read_collectives():
+        # as pass 1 reads them (read_rank_once): the directory listed once, only the collectives' columns
+        out = []
+        for t in tasks:
+            notes = []
+            files = P._listing(Path(t.rank_dir), notes)
+            reader = P.narrow_reader(t.trace_dir, Path(t.rank_dir), (P.COLLECTIVES,))
+            out.append(P._read_collectives(reader, t, files, notes)[0])
+        return out
+
+    arrows = read_collectives()
+    tables = read_tables()
+    parts = [P._part_of(t, a, window) for t, a in zip(tasks, arrows)]
+    partials = [P._partial(p) for p in parts]
+    match = P.match_table(P.instance_table(P.combine_partials(*partials)))
+    sums = [P.finish_part(p, match) for p in parts]
+
+    def part_and_partial():
+        for t, a in zip(tasks, arrows):
+            P._partial(P._part_of(t, a, window))
+
+    def frames_and_analyses():
+        for i in range(0, n, batch):
+            chunks = {name: [tb[name] for tb in tables[i : i + batch] if name in tb] for name in P.RANK_TABLES}
+            mem, tel, dropped, rows = P._tables_frames(chunks, tasks[i : i + batch])
+            P._reduce_frames(mem, tel, [], dropped, rows, tasks[i : i + batch], window, job.hosts, job.metric,
+                             job.n_steps)  # fmt: skip
+
+    stages = [
+        ("read collectives (Arrow)", read_collectives),
+        ("read memory + telemetry (Arrow)", read_tables),
+        ("_part_of + _partial", part_and_partial),
+        ("combine_partials", lambda: P.combine_partials(*partials)),
+        ("finish_part", lambda: [P.finish_part(p, match) for p in parts]),
+        ("merge_sums", lambda: P.merge_sums(*sums)),
+        (f"memory + telemetry frames and analyses ({batch} ranks a batch)", frames_and_analyses),
+    ]
+    print(f"{P.__file__}: {n} ranks of {args.trace_dir}, CPU ms per rank (best of {args.repeat})")
+    total = 0.0
+    for name, fn in stages:
+        ms = best(fn)
+        total += ms
+        print(f"| {name} | {ms:.3f} |")
+    print(f"| total | {total:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
