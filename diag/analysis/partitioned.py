@@ -597,7 +597,8 @@ def finish_part(part: RankPart, match: MatchTable) -> CollectiveSums:
         wait[rows] = np.where(timed[rows], duration[rows] - transfer[at], latest[at] - start[rows])
         ranks[rows], group[rows] = inst_ranks[at], inst_group[at]
     is_last = (wait == 0) & (ranks > 1)
-    wait = np.nan_to_num(wait, nan=0.0)
+    if not np.isfinite(wait).all():  # untimed rows of an instance nobody timed; nan_to_num alone costs more
+        wait = np.nan_to_num(wait, nan=0.0)
     loose = part.unmatched
     steps, waits, blocking = part.steps(), wait, part.blocking
     if len(loose):  # matched with no one: nobody to wait for
@@ -609,7 +610,7 @@ def finish_part(part: RankPart, match: MatchTable) -> CollectiveSums:
         sums.arrivals[part.rank] = (int(is_last.sum()), len(steps))
     for name in {*part.pg_names, *(loose["pg"].astype(str) if len(loose) else ())}:
         sums.members[name] = {part.rank}
-    for g in np.unique(group):
+    for g in np.flatnonzero(np.bincount(group)):  # the groups present, ascending: np.unique hashed every row
         rows = group == g
         d = duration[rows & timed]
         key = match.keys[g]
@@ -700,7 +701,8 @@ def _whole_counts(values: np.ndarray) -> ValueCounts | None:
     bulk = ValueCounts(present.astype("float64") + lo, counts[present].astype("int64"))
     if near.all():
         return bulk
-    return ValueCounts.merged([bulk, ValueCounts.of(values[~near])])
+    far = ValueCounts.of(values[~near])  # every one above the bulk's: the two lists in order, nothing to merge
+    return ValueCounts(np.concatenate([bulk.values, far.values]), np.concatenate([bulk.counts, far.counts]))
 
 
 def _loose_groups(loose: pd.DataFrame) -> dict[tuple[str, str, int], pd.DataFrame]:
