@@ -265,6 +265,45 @@ def test_seq_index_lookups_inside_and_outside_the_range():
     assert index.get_indexer(np.array([9, 12, 14, 99])).tolist() == [-1, -1, 3, -1]
 
 
+def _rank_part(rank: int, seqs: np.ndarray, ops: list[str], rng) -> partitioned_module.RankPart:
+    """A rank's compact part as pass 1 leaves it (its ops and sizes still attached), one group "g"."""
+    n = len(seqs)
+    duration = rng.integers(1, 900, n).astype("float64")
+    duration[::5] = np.nan  # untimed rows: their issue times count
+    part = partitioned_module.RankPart(
+        rank=rank, pg_names=["g"], pg=np.zeros(n, "int8"), seq=seqs.astype("int32"), duration_us=duration,
+        step=np.zeros(n, "int32"), blocking=np.zeros(n, bool), start_us=rng.normal(size=int(np.isnan(duration).sum())),
+        unmatched=partitioned_module._NO_UNMATCHED,
+    )  # fmt: skip
+    part._ops = (rng.integers(0, len(ops), n), ops)
+    part._bytes = rng.integers(0, 1 << 20, n)
+    return part
+
+
+def test_partials_added_into_a_batch_equal_partials_combined():
+    """A batch's partial built rank by rank in place equals the ranks' partials combined, including a rank whose
+    seqs reach outside the range so far (combined apart) and ranks that disagree on an instance's op."""
+    from diag.analysis.partitioned import _partial, combine_partials
+
+    seq_ranges = [np.arange(100, 300), np.arange(100, 300), np.arange(50, 400, 2), np.arange(120, 200)]
+    ops = [["allreduce", "broadcast"], ["broadcast", "allreduce"], ["allreduce"], ["reduce_scatter", "allreduce"]]
+
+    def parts():
+        rng = np.random.default_rng(11)
+        return [_rank_part(rank, seqs, o, rng) for rank, (seqs, o) in enumerate(zip(seq_ranges, ops))]
+
+    expected = combine_partials(*[_partial(p) for p in parts()])["g"]
+    into: dict = {}
+    for part in parts():
+        _partial(part, into)
+    got = into["g"]
+    assert got.lo == expected.lo and len(got.ranks) == len(expected.ranks)
+    for name in ("transfer_us", "bytes_max", "latest_us", "ranks"):
+        assert np.array_equal(getattr(got, name), getattr(expected, name), equal_nan=True), name
+    names = lambda g: [g.op_names[c] if c >= 0 else None for c in g.op]  # noqa: E731
+    assert names(got) == names(expected)
+
+
 def _corpus_cases() -> list[str]:
     from tests.reliability.corpus import build_cases
 
