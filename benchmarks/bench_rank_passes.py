@@ -9,7 +9,9 @@ per-rank part of it into its stages, each timed alone over the same ranks (``tim
   ``combine_partials`` of all of them;
 - finish: ``finish_part`` (pass 2) then ``merge_sums`` of the results;
 - tables: the memory and telemetry frames and their analyses, a batch of ranks at a time (the batch the code
-  tree's worker processes use).
+  tree's worker processes use);
+- then pass 1 as the engines run it (``read_batch``: a batch's reads, parts and combined partial, without and
+  with the memory and telemetry).
 
 Only functions that main and its branches share are called, so the same script measures any code tree: run it
 from each checkout with that checkout first on the path::
@@ -118,7 +120,13 @@ def main() -> None:
         ms = best(fn)
         total += ms
         print(f"| {name} | {ms:.3f} |")
-    print(f"| total | {total:.3f} |")
+    print(f"| total of the stages | {total:.3f} |")
+    # the passes as the engines run them: pass 1 a batch at a time (read, part, partials combined), pass 2
+    batches = [tasks[i : i + batch] for i in range(0, n, batch)]
+    print(f"| pass 1 as run, without memory and telemetry (read_batch, {batch} ranks) | "
+          f"{best(lambda: [P.read_batch(b, window) for b in batches]):.3f} |")  # fmt: skip
+    print(f"| pass 1 as run, with them (read_batch with the job) | "
+          f"{best(lambda: [P.read_batch(b, window, job) for b in batches]):.3f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
