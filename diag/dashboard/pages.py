@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 from dash import dcc, html
 
+from diag.analysis import grid
 from diag.analysis.memory import category_series, memory_metric, oom_steps
 from diag.dashboard import compare_page
 from diag.dashboard import data as d
@@ -268,7 +269,7 @@ def update_stragglers(snap: d.Snapshot, rank: int | None) -> dict:
             quantiles, "Work per step (data wait + compute), per rank", _straggler_ranks(snap), rank
         ),
         "rank": f.rank_vs_median_figure(
-            snap.memo("median_by_step", lambda: times.groupby("step")[["compute_us", "wait_us"]].median()),
+            snap.memo("median_by_step", lambda: _median_by_step(times, ("compute_us", "wait_us"))),
             d.one_rank(times, rank),
             rank,
         ),
@@ -281,8 +282,14 @@ def _zmax_ms(frame: pd.DataFrame, column: str) -> float | None:
     everything else."""
     if not len(frame):
         return None
-    top_us = float(frame.groupby("rank")[column].median().max())
+    top_us = float(grid.per_rank(frame, column).max())  # the groupby's medians, as matrix rows where it is one
     return 1.1 * top_us / 1e3 if top_us > 0 else None
+
+
+def _median_by_step(times: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
+    """``times.groupby("step")[columns].median()``, as ranks x steps matrix columns where the frame is rank by
+    rank (diag.analysis.grid: ~1.5 s of grouping at 16,384 ranks x 1,000 steps)."""
+    return pd.DataFrame({c: grid.per_step(times, c) for c in columns})
 
 
 def _stragglers_text(report) -> html.Div:
