@@ -255,6 +255,8 @@ def main() -> None:
     for wall_s, cpu_s, snap in published[:-1]:
         if snap.report is None:
             what = "before the report (rank states, groups, pickers, step times)"
+        elif snap.report_source == "preliminary":
+            what = "with the preliminary report from the steps (Overview, Stragglers, pickers; the rest computing)"
         else:
             what = "with the report (every page but Memory and GPU telemetry, whose views are read next)"
         print(f"snapshot published {what}: {wall_s:.1f} s wall, {cpu_s:.1f} s CPU here")

@@ -962,10 +962,24 @@ class ProcessEngine:
     def load(self, path: str | Path, progress: bool = False) -> Trace:
         """``load_without_collectives(path, progress, analysed_columns_only=True, without=RANK_TABLES)``, the
         ranks read by the workers (see ``read_share``); the same Trace, frame for frame."""
+        data = self.poll(AnalysedColumnsReader(path, tables=_LOAD_TABLES), progress)
+        for name in (COLLECTIVES, *RANK_TABLES):
+            data[name] = empty_table(TABLES[name])
+        trace = assemble_trace(Path(path), data)
+        release_arrow_memory()
+        return trace
+
+    def poll(self, reader: AnalysedColumnsReader, progress: bool = False) -> dict:
+        """``reader.poll()`` of a reader that has read nothing yet (of the per-step tables but the collectives,
+        memory and telemetry, with the analysed columns: what ``load`` reads), the ranks read by the workers;
+        ``reader`` then reads on from where they stopped (a live view's next polls: diag.dashboard)."""
+        if type(reader) is not AnalysedColumnsReader or tuple(reader.tables) != _LOAD_TABLES:
+            raise ValueError("ProcessEngine.poll reads what ProcessEngine.load does: AnalysedColumnsReader(path, "
+                             "tables=_LOAD_TABLES)")  # fmt: skip
         owned = not self._procs
         self.start()
         try:
-            reader = AnalysedColumnsReader(path, tables=_LOAD_TABLES)
+            path = reader.path
             rank_dirs = reader.rank_dirs()
             if not rank_dirs:
                 raise TraceError(
@@ -986,11 +1000,7 @@ class ProcessEngine:
                     bar.close()
             data = _gather_shares(reader, loaded, list(rank_dirs))
             del loaded
-            for name in (COLLECTIVES, *RANK_TABLES):
-                data[name] = empty_table(TABLES[name])
-            trace = assemble_trace(Path(path), data)
-            release_arrow_memory()
-            return trace
+            return data
         finally:
             if owned:
                 self.close()
@@ -1529,17 +1539,20 @@ def read_share(path: str | Path, share: list[tuple[int, Path]], tick=None) -> tu
         tick(len(share) % TICK_RANKS)
     steps = reader._frame(STEPS, chunks.pop(STEPS)) if chunks[STEPS] else pd.DataFrame()
     rest["chunks"] = chunks
+    rest["read_state"] = reader.read_state()  # where a live reader of the whole directory reads on from
     return steps, rest
 
 
 def _gather_shares(reader: AnalysedColumnsReader, loaded: list[tuple[dict, dict]], ranks: list[int]) -> dict:
     """``TraceReader.poll``'s result from the workers' shares (in rank order): the directory's notes, then each
     share's; the frames built once from every share's records."""
-    skipped = list(reader._dir_notes)
+    skipped = [s for s in reader._dir_notes if s.path not in reader._noted]
+    reader._noted.update(s.path for s in skipped)  # as poll: said once, not again by a live reader's next poll
     manifests, heartbeats, events, nccl_logs = [], [], [], {}
     chunks: dict[str, list] = {name: [] for name in _LOAD_TABLES if name != STEPS}
     steps_shares = []
     for rest, steps_columns in loaded:
+        reader.merge_read_state(rest.pop("read_state"))
         manifests += rest["manifests"]
         heartbeats += rest["heartbeats"]
         events += rest["events"]

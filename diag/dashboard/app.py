@@ -15,7 +15,7 @@ from dash import ALL, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from diag.dashboard import figures as f
-from diag.dashboard.data import LiveTrace, group_options, rank_options
+from diag.dashboard.data import PRELIMINARY, LiveTrace, group_options, rank_options
 from diag.dashboard.pages import PAGES, Page, prepare, unavailable
 
 REFRESH_MS = 3000
@@ -227,6 +227,8 @@ def _status_text(live: LiveTrace, rank: int | None) -> str:
         parts.append(f"last step {int(snap.trace.steps['step'].max())}")
     if snap.report_source == "cache":  # the step times' waits are then the ranks' own (data.partitioned_report)
         parts.append("report read from diag analyze's cache (.diag-cache)")
+    elif snap.report_source == PRELIMINARY:
+        parts.append("preliminary report from the step times; the full report is being computed")
     parts.append(f"selected rank: {rank if rank is not None else '-'}")
     return " · ".join(parts)
 

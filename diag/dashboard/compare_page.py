@@ -18,6 +18,7 @@ import dash
 from dash import Input, Output, State, dcc, html
 
 from diag.dashboard import figures as f
+from diag.dashboard.data import PRELIMINARY
 
 GRAPHS = ("components", "steps")
 TEXTS = ("body",)
@@ -176,6 +177,8 @@ def update_compare(snap, rank: int | None) -> dict:
         )
     if snap.error or snap.trace is None or snap.report is None:
         return _message(snap.error or snap.analysis_error or "the run is still loading")
+    if snap.report_source == PRELIMINARY:  # summarising reads every rank's steps again: once, for the full report
+        return _message(f"The comparison comes with the full report: {snap.analysis_error}")
     # this run's summary, once per snapshot whatever the baseline; above 64 ranks it reads the steps' components
     # again rank by rank (data.with_step_components: the server does not hold them)
     summary = snap.memo(

@@ -26,6 +26,7 @@ import pandas as pd
 from diag.analysis.partitioned import (
     ANALYSED_COLUMNS,
     AnalysedColumnsReader,
+    ProcessEngine,
     RankTablesTask,
     collectives_reducer,
     local_engine,
@@ -35,7 +36,7 @@ from diag.analysis.partitioned import (
     release_arrow_memory,
     release_heap_memory,
 )
-from diag.trace.loader import Trace, TraceError, TraceReader, assemble_trace, empty_table
+from diag.trace.loader import Trace, TraceError, TraceReader, assemble_trace, empty_table, find_rank_dirs
 from diag.trace.schema import TABLES
 
 STALE_AFTER_S = 30.0  # a rank whose newest record is this much older than the freshest rank's is stale
@@ -62,8 +63,10 @@ class Snapshot:
     run_state: str = "loading"  # loading, running, finished, quiet
     error: str | None = None  # nothing could be read: why, and what was expected
     analysis_error: str | None = None
-    analysing: bool = False  # published before its report (many ranks, first load): analysis_error says so
-    report_source: str | None = None  # many ranks: "computed", or "cache" (diag analyze's .diag-cache entry)
+    analysing: bool = False  # published before its full report (many ranks, first load): analysis_error says so
+    # many ranks: "computed", "cache" (diag analyze's .diag-cache entry), or PRELIMINARY (the per-step tables
+    # alone, published while the full report is computed)
+    report_source: str | None = None
     views_pending: bool = False  # many ranks: published with its report before memory_view and telemetry_view
     views_error: str | None = None  # many ranks: why memory_view and telemetry_view could not be read
     # many ranks: memory and telemetry are never held whole; these compact views (rank_table_views) stand in
@@ -107,6 +110,7 @@ class LiveTrace:
         self.triage_enabled = triage
         self._reader = TraceReader(self.trace_dir)
         self.partitioned: bool | None = None  # decided at the first read, from the number of ranks
+        self._ranks_at_start = 0
         self._tables: dict[str, pd.DataFrame] = {}
         self._pending: dict[str, list[pd.DataFrame]] = {}  # rows read since the last publication
         self._dirty = False  # something was read that the published snapshot lacks
@@ -135,7 +139,8 @@ class LiveTrace:
         try:
             if self.partitioned is None:
                 self._choose_reader()
-            data = self._reader.poll()
+            data = self._first_poll_in_workers() if self.snapshot.trace is None else None
+            data = data if data is not None else self._reader.poll()
         except (TraceError, OSError) as exc:
             self._publish_error(str(exc))
             return False
@@ -157,17 +162,24 @@ class LiveTrace:
 
     def _choose_reader(self) -> None:
         """Many ranks: read every table but the collectives, which the analyses reduce rank by rank."""
-        from diag.trace.loader import find_rank_dirs
-
-        self.partitioned = (
-            len(find_rank_dirs(self.trace_dir)) > PARTITIONED_MIN_RANKS if self.trace_dir.is_dir() else False
-        )
+        self._ranks_at_start = len(find_rank_dirs(self.trace_dir)) if self.trace_dir.is_dir() else 0
+        self.partitioned = self._ranks_at_start > PARTITIONED_MIN_RANKS
         if self.partitioned:
             per_rank = ("collectives", *RANK_VIEW_TABLES)  # reduced or viewed rank by rank, never loaded whole
             # the columns the analyses read: the step's components, which only the Compare page reads, are read
             # again rank by rank when it needs them (with_step_components)
             tables = tuple(t for t in TABLES if t not in per_rank)
             self._reader = AnalysedColumnsReader(self.trace_dir, tables=tables)
+
+    def _first_poll_in_workers(self) -> dict | None:
+        """Many ranks, the first read: every rank's per-step tables read by worker processes on every core, as
+        ``diag analyze`` loads them (ProcessEngine.poll; the reader reads on from where they stopped). Threads
+        here read under the GIL, one core's worth: ~25 s of the first page at 16,384 ranks. None: read here."""
+        engine = local_engine(self._ranks_at_start) if self.partitioned else None
+        if not isinstance(engine, ProcessEngine):
+            return None
+        with engine:
+            return engine.poll(self._reader)
 
     def _absorb(self, data: dict) -> bool:
         changed = False
@@ -284,26 +296,25 @@ class LiveTrace:
             self.prepare(self.snapshot)
 
     def _publish_before_analysis(self, trace: Trace) -> None:
-        """Many ranks, first load: publish what was read before the collectives are reduced (minutes at 16,384
-        ranks): rank states, the rank groups and pickers labelled with each rank's busy time (its steps split with
-        the waits the ranks measured themselves, steps' comm_wait_us); the pages that need the report say it is
-        being computed."""
-        from diag.analysis.report import _pipeline_stages
-        from diag.analysis.stragglers import rank_step_times
-
+        """Many ranks, first load: publish what the per-step tables alone say before the collectives, memory and
+        telemetry are reduced (minutes at 16,384 ranks): rank states, the rank groups and pickers, and the
+        preliminary report (``preliminary_report``: stragglers, MFU, the timeline and health from the steps, with
+        the waits the ranks measured themselves). The pages that need the collectives, memory or telemetry say
+        they are being computed; the full report replaces this one when it is done."""
         snap = Snapshot(version=0, trace_dir=self.trace_dir, trace=trace, loaded_at_s=time.time())
         snap.last_new_rows_s = self._last_new_rows_s
         snap.rank_states = rank_states(trace, self._last_record_us, self.stale_after_s)
         snap.run_state = run_state(snap.rank_states, self._last_new_rows_s, self.stale_after_s)
-        # the pickers' labels are all this snapshot draws of the step times (the pages that need them wait for the
-        # report): the times are not kept, which would hold 0.39 GB more at 16,384 x 1,000 during the passes
-        busy = median_busy_ms(compact_times(rank_step_times(trace.steps, None, _pipeline_stages(trace)).frame))
-        snap.memo("median_busy_ms", lambda: busy)
         snap.analysing = True
         snap.analysis_error = (
-            f"the report is being computed: the collectives of {len(trace.ranks_found):,} ranks are reduced rank by "
-            f"rank (started {time.strftime('%H:%M:%S')}); this page is drawn when it is done"
+            f"the collectives, memory and telemetry of {len(trace.ranks_found):,} ranks are being reduced rank by "
+            f"rank (started {time.strftime('%H:%M:%S')}); the full report replaces this one when it is done"
         )
+        try:
+            snap.report, snap.times = preliminary_report(trace)
+            snap.report_source = PRELIMINARY
+        except Exception:  # the full analysis may still succeed: publish the ranks without a report meanwhile
+            traceback.print_exc()
         snap.triage, snap.triage_note = self._triage_result
         if self.prepare is not None:
             self.prepare(snap)
@@ -423,6 +434,24 @@ def report_cache_name() -> str:
     from diag.commands._load import result_name
 
     return result_name("report", None, None, None)
+
+
+PRELIMINARY = "preliminary"  # Snapshot.report_source of a report from the per-step tables alone
+
+
+def preliminary_report(trace: Trace):
+    """(report, per rank-step times) of a many-rank trace from its per-step tables alone, in seconds where the
+    full report takes minutes: ``analyze`` with no collectives reduced and no memory or telemetry read, every
+    step's times split with the waits the ranks measured themselves (steps' comm_wait_us), as with a cached
+    report. Its stragglers, MFU, timeline and health are the steps'; its communication, memory and telemetry
+    sections are empty until the full report (``partitioned_report``) replaces it: the pages say so. A straggler's
+    cause and cost may change then (a throttled GPU reads as compute; waits matched per collective are not the
+    ranks' own)."""
+    from diag.analysis.report import _pipeline_stages, analyze
+    from diag.analysis.stragglers import rank_step_times
+
+    report = analyze(trace, reduce_collectives=lambda window: None)
+    return report, compact_times(rank_step_times(trace.steps, None, _pipeline_stages(trace)).frame)
 
 
 def partitioned_report(trace: Trace, cache=None, cached=None):

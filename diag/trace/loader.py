@@ -589,6 +589,21 @@ class TraceReader:
         self._dir_notes = skipped
         return found
 
+    def read_state(self) -> dict:
+        """What this reader has read of each file (offsets, segments, rejected files, parsed NCCL logs): another
+        reader of the same directory that ``merge_read_state``s it reads on from there. Worker processes that
+        read shares of the ranks send theirs back this way (diag.analysis.partitioned.ProcessEngine.poll)."""
+        return {"offsets": self._offsets, "rejected": self._rejected, "columns": self._columns, "nccl": self._nccl,
+                "segments": self._segments}  # fmt: skip
+
+    def merge_read_state(self, state: dict) -> None:
+        """Take on ``read_state()`` of a reader that read other ranks of this directory."""
+        self._offsets.update(state["offsets"])
+        self._rejected.update(state["rejected"])
+        self._columns.update(state["columns"])
+        self._nccl.update(state["nccl"])
+        self._segments.update(state["segments"])
+
     def poll(self, progress=None) -> dict:
         """New rows per table, plus manifests, heartbeats, events and what was skipped in this read.
 

@@ -125,6 +125,11 @@ class Table:
     def dtypes(self) -> dict[str, str]:
         return {c.name: c.dtype for c in self.columns}
 
+    def __getstate__(self) -> dict:
+        # without the cached row_type and row: made from the columns at run time, they cannot be pickled, and a
+        # table goes to and from worker processes with what a reader read (TraceReader.read_state)
+        return {k: v for k, v in self.__dict__.items() if k not in ("row_type", "row")}
+
     @cached_property
     def row_type(self) -> type:
         """A namedtuple of the columns in file order: capture builds rows with ``row`` and readers (the

@@ -90,7 +90,8 @@ def test_a_trace_changed_since_is_analysed_again(run):
     append_step(run, 5)
     live, published = load(run)
     assert live.snapshot.report_source == "computed"
-    assert [s.report is None for s in published] == [True, False, False]  # the ranks first, the report after
+    # the ranks and the preliminary report from their steps first, the full report after
+    assert [s.report_source for s in published] == ["preliminary", "computed", "computed"]
     fresh, _ = analyze_json(run, "--no-cache")
     assert differences(live.snapshot.report.to_dict(), fresh) == []
     [entry] = cached_entries(run)  # the stale entry removed, the new report cached under the new key
@@ -130,9 +131,52 @@ def test_a_server_started_before_its_first_load_loads_on_the_poll_thread(run):
     live.start()
     try:
         deadline = time.monotonic() + 120
-        while live.snapshot.report is None and time.monotonic() < deadline:
+        while live.snapshot.report_source != "computed" and time.monotonic() < deadline:
             time.sleep(0.2)
         assert live.snapshot.report is not None and live.snapshot.report_source == "computed"
         assert len(live.snapshot.trace.ranks_found) == RANKS
     finally:
         live.stop()
+
+
+@pytest.mark.parametrize("trace_format", [1, 2])
+def test_the_first_read_in_worker_processes_is_the_same_and_reads_on(tmp_path, monkeypatch, trace_format):
+    """From PROCESS_MIN_RANKS ranks (lowered here to this run's 72) the first read is the workers' (as diag
+    analyze loads): the same trace, and the server's reader then reads on from where the workers stopped, so a
+    step appended after it is read once, not every rank's files again."""
+    import pandas as pd
+
+    import diag.analysis.partitioned as partitioned
+
+    synthetic.generate(tmp_path, RANKS, STEPS, PER_STEP, trace_format=trace_format)
+    threads, _ = load(tmp_path, cache=False)
+    monkeypatch.setattr(partitioned, "PROCESS_MIN_RANKS", 64)
+    polls = []
+    poll = partitioned.ProcessEngine.poll
+    monkeypatch.setattr(partitioned.ProcessEngine, "poll", lambda *a, **k: polls.append(1) or poll(*a, **k))
+    workers, published = load(tmp_path, cache=False)
+    assert polls == [1] and [s.report_source for s in published] == ["preliminary", "computed", "computed"]
+    mine, theirs = workers.snapshot.trace, threads.snapshot.trace
+    for name in ("steps", "microbatches", "heartbeats"):
+        pd.testing.assert_frame_equal(getattr(mine, name), getattr(theirs, name))
+    assert mine.manifests == theirs.manifests and [str(s) for s in mine.skipped] == [str(s) for s in theirs.skipped]
+    assert differences(workers.snapshot.report.to_dict(), threads.snapshot.report.to_dict()) == []
+    before = len(mine.steps)
+    if trace_format == 1:
+        append_step(tmp_path, 5)
+    else:  # a new segment, as a rank's writer adds one at its next flush (its schema, diag's marker included)
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        last = pq.read_table(tmp_path / "rank00005" / "steps.000001.parquet").slice(before // RANKS - 1)
+        at = last.schema.get_field_index("step")
+        last = last.set_column(at, last.schema.field(at), pc.add(last["step"], pa.scalar(1, last["step"].type)))
+        pq.write_table(last, tmp_path / "rank00005" / "steps.000002.parquet")
+    read = []  # rows each later poll reads: the one appended (all of them again would be deduplicated unseen)
+    poll_here = workers._reader.poll
+    workers._reader.poll = lambda *a, **k: read.append(len((data := poll_here(*a, **k))["steps"])) or data
+    workers._next_publish_s = 0.0
+    workers.refresh()
+    steps = workers.snapshot.trace.steps
+    assert read == [1] and len(steps) == before + 1 and steps["step"].max() == theirs.steps["step"].max() + 1

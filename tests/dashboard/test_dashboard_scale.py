@@ -101,27 +101,48 @@ def test_memory_and_telemetry_are_viewed_rank_by_rank_with_the_same_figures(many
     pd.testing.assert_frame_equal(one.reset_index(drop=True), rows, check_dtype=False, check_categorical=False)
 
 
-def test_first_load_publishes_the_ranks_before_the_report(many_ranks):
-    """Many ranks: the first load publishes what was read (rank states, the groups and their pickers labelled
-    with busy times from the waits the ranks measured themselves) before the collectives are reduced, then the
-    snapshot with the report, then the same with the memory and telemetry views (read rank by rank after it)."""
+def test_first_load_publishes_a_preliminary_report_before_the_full_one(many_ranks):
+    """Many ranks: the first load publishes what the per-step tables alone say (rank states, the groups and their
+    pickers, a preliminary report from the steps with the waits the ranks measured themselves) before the
+    collectives are reduced, then the snapshot with the full report, then the same with the memory and
+    telemetry views (read rank by rank after it). While preliminary, the pages drawn from the collectives,
+    memory and telemetry say they come with the full report, and the Overview and Stragglers pages say theirs
+    is preliminary."""
+    from diag.dashboard.data import PRELIMINARY
+    from diag.dashboard.pages import update_comms, update_overview, update_stragglers, update_telemetry
+
     seen = []
     # no cache: the module's other loads cached the report, which a load would read at once (test_dashboard_cache)
     first = LiveTrace(many_ranks[0], poll_interval_s=3600, triage=False, cache=False)
     first.prepare = lambda snap: seen.append(snap)
     first.refresh()
-    assert [s.report is None for s in seen] == [True, False, False]
     early, reported, done = seen
-    assert early.analysing and "being computed" in early.analysis_error and not done.analysing
+    assert [s.report_source for s in seen] == [PRELIMINARY, "computed", "computed"]
+    assert early.analysing and "being reduced" in early.analysis_error and not done.analysing
     assert reported.views_pending and reported.memory_view is None and not done.views_pending
     assert "being read" in update_memory(reported, None)["summary"].children
     assert len(done.memory_view) == RANKS * STEPS and done.report is reported.report
     assert len(early.rank_states) == RANKS and (early.rank_states["state"] != "no data").all()
-    assert early.times is None  # not held during the passes: the pickers' labels are memoised (below)
-    assert len(group_options(early)) == RANKS // 8
     slow = many_ranks[1].compute_straggler
+    # the preliminary report names the planted compute straggler, as the full one does
+    assert slow in {s.rank for s in early.report.stragglers.stragglers}
+    assert slow in {s.rank for s in done.report.stragglers.stragglers}
+    assert early.report.comms.collectives == [] and done.report.comms.collectives
+    # its step times are the ranks' own split, every rank-step of the run (as with a cached report)
+    assert len(early.times) == RANKS * STEPS
+    assert (
+        early.times["wait_us"].to_numpy().tolist()
+        == early.trace.steps["comm_wait_us"].to_numpy(dtype="float32").tolist()
+    )
+    for update, what in ((update_comms, "collectives"), (update_memory, "memory"), (update_telemetry, "telemetry")):
+        text = str(update(early, None))
+        assert "come with the full report" in text and what in text, (what, text[:300])
+        assert "come with the full report" not in str(update(done, None))
+    for update in (update_overview, update_stragglers):
+        assert "Preliminary report" in str(update(early, slow)) and "Preliminary report" not in str(update(done, slow))
+    assert len(group_options(early)) == RANKS // 8
     node = next(g for g in rank_groups(early.trace) if slow in g.ranks)
-    assert rank_options(early, node.key)[0]["value"] == slow  # drill-down works before the report
+    assert rank_options(early, node.key)[0]["value"] == slow  # drill-down works before the full report
     assert first.snapshot is done and done.version == reported.version + 1 == early.version + 2
 
 

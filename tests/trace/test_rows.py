@@ -158,3 +158,14 @@ def test_a_failing_pre_flush_hook_warns_once_and_the_writer_keeps_flushing(tmp_p
     assert len(calls) == 1
     assert len([w for w in caught if issubclass(w.category, DiagWarning)]) == 1
     assert diag.load(tmp_path).steps["step"].tolist() == [3]
+
+
+def test_a_table_that_built_rows_still_pickles():
+    """A table goes to and from worker processes with what a reader read of it (TraceReader.read_state): its
+    cached row type, a namedtuple made at run time, is left out of the pickle and made again on use."""
+    import pickle
+
+    steps = TABLES["steps"]
+    steps.row(step=1)  # caches row_type and row on the table
+    again = pickle.loads(pickle.dumps(steps))
+    assert again == steps and again.row(step=3).step == 3
