@@ -26,16 +26,34 @@ import pyarrow.compute as pc
 
 WORKERS_MIN_RANKS = 512  # below, the in-process read (a few threads) is as fast: no fork, no pickling
 TICK_RANKS = 64  # a worker says its progress every this many ranks
+BUSY_IDLE_CORES = 1.5  # fewer idle cores than this (cores - load average): read in this process
 COMBINE_RANKS = 256  # a worker copies its ranks' tails into one table this often: the decoded row groups are freed
 
 
 def worker_count(ranks: int) -> int:
     """How many worker processes read ``ranks`` ranks: one per core (up to ProcessEngine's maximum) for a large
-    trace; 1 (read in this process) for a small one or on one core."""
+    trace; 1 (read in this process) for a small one, on one core, on a machine whose other work keeps a core
+    busy (``_busy``), or in a process running other threads (the dashboard's server: a fork copies the locks its
+    threads hold, not the threads that would release them)."""
+    import threading
+
     from diag.analysis.partitioned import PROCESS_WORKERS_MAX
 
-    workers = min(_cores(), PROCESS_WORKERS_MAX)
-    return workers if ranks >= WORKERS_MIN_RANKS and workers >= 2 else 1
+    cores = _cores()
+    workers = min(cores, PROCESS_WORKERS_MAX)
+    if ranks < WORKERS_MIN_RANKS or workers < 2 or threading.active_count() > 1 or _busy(cores):
+        return 1
+    return workers
+
+
+def _busy(cores: int) -> bool:
+    """The last minute's load average leaves less than 1.5 cores idle. The workers pay only on idle cores: on the
+    shared 2-core box at load 3.2-3.5, 16,384 ranks of an old trace took 57.1 s wall / 52.0 s CPU read by two
+    workers against 43.2 s / 42.9 s in one process (docs/benchmarks.md)."""
+    try:
+        return os.getloadavg()[0] > cores - BUSY_IDLE_CORES
+    except (OSError, AttributeError):  # no load average (not Unix): take the cores as idle
+        return False
 
 
 def _cores() -> int:
@@ -115,6 +133,10 @@ def _worker_main(pipe, path: str, share: list[tuple[int, Path]], rows: int, use_
     from diag.triage.sources import TRIAGE_TABLES, _read_rank_side, _read_rank_tables
 
     try:
+        # glibc's malloc for this process's Arrow buffers: with mimalloc (pyarrow's default here) the many small
+        # decodes cost ~0.3 ms a rank more of system time (its pages given back and taken again), 0.58-0.73 ->
+        # 0.27-0.35 ms measured on 1,000 ranks; the user time is the same
+        pa.set_memory_pool(pa.system_memory_pool())
         reader = TraceReader(path, tables=())
         names, sides, per_rank = {}, {}, {}
         tables = _Gathered(TRIAGE_TABLES)
