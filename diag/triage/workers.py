@@ -133,10 +133,6 @@ def _worker_main(pipe, path: str, share: list[tuple[int, Path]], rows: int, use_
     from diag.triage.sources import TRIAGE_TABLES, _read_rank_side, _read_rank_tables
 
     try:
-        # glibc's malloc for this process's Arrow buffers: with mimalloc (pyarrow's default here) the many small
-        # decodes cost ~0.3 ms a rank more of system time (its pages given back and taken again), 0.58-0.73 ->
-        # 0.27-0.35 ms measured on 1,000 ranks; the user time is the same
-        pa.set_memory_pool(pa.system_memory_pool())
         reader = TraceReader(path, tables=())
         names, sides, per_rank = {}, {}, {}
         tables = _Gathered(TRIAGE_TABLES)
