@@ -37,11 +37,13 @@ def worker_count(ranks: int) -> int:
     threads hold, not the threads that would release them)."""
     import threading
 
+    if ranks < WORKERS_MIN_RANKS:  # before the import below: a small trace (diag triage --watch polls) pays nothing
+        return 1
     from diag.analysis.partitioned import PROCESS_WORKERS_MAX
 
     cores = _cores()
     workers = min(cores, PROCESS_WORKERS_MAX)
-    if ranks < WORKERS_MIN_RANKS or workers < 2 or threading.active_count() > 1 or _busy(cores):
+    if workers < 2 or threading.active_count() > 1 or _busy(cores):
         return 1
     return workers
 
