@@ -26,14 +26,14 @@ import pyarrow.compute as pc
 
 WORKERS_MIN_RANKS = 512  # below, the in-process read (a few threads) is as fast: no fork, no pickling
 TICK_RANKS = 64  # a worker says its progress every this many ranks
-BUSY_IDLE_CORES = 1.5  # fewer idle cores than this (cores - load average): read in this process
+BUSY_EXTRA_LOAD = 1.0  # a load average of cores + this or more: read in this process (``_busy``)
 COMBINE_RANKS = 256  # a worker copies its ranks' tails into one table this often: the decoded row groups are freed
 
 
 def worker_count(ranks: int) -> int:
     """How many worker processes read ``ranks`` ranks: one per core (up to ProcessEngine's maximum) for a large
-    trace; 1 (read in this process) for a small one, on one core, on a machine whose other work keeps a core
-    busy (``_busy``), or in a process running other threads (the dashboard's server: a fork copies the locks its
+    trace; 1 (read in this process) for a small one, on one core, on a machine whose other work wants every core
+    (``_busy``), or in a process running other threads (the dashboard's server: a fork copies the locks its
     threads hold, not the threads that would release them)."""
     import threading
 
@@ -49,12 +49,14 @@ def worker_count(ranks: int) -> int:
 
 
 def _busy(cores: int) -> bool:
-    """The last minute's load average leaves less than 1.5 cores idle. The workers pay only on idle cores: on the
-    shared 2-core box at load 3.2-3.5, 16,384 ranks of an old trace took 57.1 s wall / 52.0 s CPU read by two
-    workers against 43.2 s / 42.9 s in one process (docs/benchmarks.md)."""
+    """The last minute's load average is at least ``cores + BUSY_EXTRA_LOAD``: other work wants every core. Two
+    workers pay on a box with a core to spare and not on an oversubscribed one: 16,384 ranks of an old trace on
+    the shared 2-core box took 27.5 s wall read by two workers at load ~2 (main 48.5 s), and 57.1 s at load
+    3.2-3.5 against 43.2 s in one process (docs/benchmarks.md). The threshold sits between those two
+    measurements; the load average is the last minute's, not this moment's."""
     try:
-        return os.getloadavg()[0] > cores - BUSY_IDLE_CORES
-    except (OSError, AttributeError):  # no load average (not Unix): take the cores as idle
+        return os.getloadavg()[0] >= cores + BUSY_EXTRA_LOAD
+    except (OSError, AttributeError):  # no load average (not Unix): take the cores as free
         return False
 
 
