@@ -26,13 +26,13 @@ import pyarrow.compute as pc
 
 WORKERS_MIN_RANKS = 512  # below, the in-process read (a few threads) is as fast: no fork, no pickling
 TICK_RANKS = 64  # a worker says its progress every this many ranks
-BUSY_EXTRA_LOAD = 1.0  # a load average of cores + this or more: read in this process (``_busy``)
+BUSY_SPARE_CORES = 0.5  # a load average of cores - this or more: read in this process (``_busy``)
 COMBINE_RANKS = 256  # a worker copies its ranks' tails into one table this often: the decoded row groups are freed
 
 
 def worker_count(ranks: int) -> int:
     """How many worker processes read ``ranks`` ranks: one per core (up to ProcessEngine's maximum) for a large
-    trace; 1 (read in this process) for a small one, on one core, on a machine whose other work wants every core
+    trace; 1 (read in this process) for a small one, on one core, on a machine whose other work holds most of a core
     (``_busy``), or in a process running other threads (the dashboard's server: a fork copies the locks its
     threads hold, not the threads that would release them)."""
     import threading
@@ -49,13 +49,13 @@ def worker_count(ranks: int) -> int:
 
 
 def _busy(cores: int) -> bool:
-    """The last minute's load average is at least ``cores + BUSY_EXTRA_LOAD``: other work wants every core. Two
-    workers pay on a box with a core to spare and not on an oversubscribed one: 16,384 ranks of an old trace on
-    the shared 2-core box took 27.5 s wall read by two workers at load ~2 (main 48.5 s), and 57.1 s at load
-    3.2-3.5 against 43.2 s in one process (docs/benchmarks.md). The threshold sits between those two
-    measurements; the load average is the last minute's, not this moment's."""
+    """The last minute's load average is at least ``cores - BUSY_SPARE_CORES``: other work holds most of a core.
+    Two workers pay only with both cores to themselves: 16,384 ranks of an old trace on the shared 2-core box took
+    27.5 s wall read by two workers with the others' load ~0.1 (main: 48.5 s), and 57.1 and 58.7 s with the
+    others' load ~1.5 (one process 43.2 s, main 52.6 s; docs/benchmarks.md). The threshold sits between those
+    measurements; the load average is the last minute's (a run just ended still counts), not this moment's."""
     try:
-        return os.getloadavg()[0] >= cores + BUSY_EXTRA_LOAD
+        return os.getloadavg()[0] >= cores - BUSY_SPARE_CORES
     except (OSError, AttributeError):  # no load average (not Unix): take the cores as free
         return False
 

@@ -90,7 +90,7 @@ def test_a_damaged_partition_read_by_a_worker_is_skipped_and_named(tmp_path):
 def test_workers_only_for_a_large_trace_and_never_beside_other_threads():
     assert worker_count(WORKERS_MIN_RANKS - 1) == 1
     cores = len(os.sched_getaffinity(0))
-    idle = os.getloadavg()[0] < cores + 1  # other work wanting every core: no workers
+    idle = os.getloadavg()[0] < cores - 0.5  # other work holding most of a core: no workers
     assert worker_count(WORKERS_MIN_RANKS) == (min(cores, 4) if cores >= 2 and idle else 1)  # 4: ProcessEngine's
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)  # as in the dashboard's server: no fork beside other threads
