@@ -74,8 +74,7 @@ def read_in_workers(
     ``{rank: (side read, dump info, heartbeat)}``, tables ``{table name: [one Arrow table per share, in rank
     order]}`` and per_rank ``{rank: (skipped, cut)}`` for the ranks whose tables were read. ``judge(sides)``: the
     ranks judged from their heartbeats (``use_heartbeats`` False: none, and every rank's tables are read in the
-    first round). ``tick(n)``: n more ranks read
-    (the first round)."""
+    first round). ``tick(n)``: n more ranks read (the first round)."""
     import multiprocessing
 
     methods = multiprocessing.get_all_start_methods()
@@ -83,7 +82,7 @@ def read_in_workers(
     items = list(rank_dirs.items())
     shares = [items[len(items) * i // workers : len(items) * (i + 1) // workers] for i in range(workers)]
     shares = [share for share in shares if share]
-    pipes, procs = [], []
+    pipes, procs, done = [], [], False
     try:
         for share in shares:
             mine, theirs = context.Pipe()
@@ -109,8 +108,11 @@ def read_in_workers(
             for name, arrow in share_tables.items():
                 tables.setdefault(name, []).append(arrow)
             per_rank.update(share_per_rank)
+        done = True
     finally:
         for proc in procs:
+            if not done:  # a worker failed or this process was interrupted: the others would wait for a reply
+                proc.kill()
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pandas as pd
 import pytest
@@ -100,3 +101,23 @@ def test_workers_only_for_a_large_trace_and_never_beside_other_threads():
     finally:
         stop.set()
         other.join()
+
+
+def test_a_worker_that_fails_is_said_at_once(tmp_path, monkeypatch):
+    """A bug in a worker (planted here: the forked worker inherits the patched read of a side file) ends the read
+    with its traceback, and the other worker, waiting to be told which ranks to read next, is stopped at once."""
+    from diag.triage import sources
+
+    synthetic.generate(tmp_path, RANKS, STEPS, PER_STEP, trace_format=SCHEMA_VERSION, hang=True)
+    side = sources._read_rank_side
+
+    def failing(reader, rank, rank_dir):
+        if rank == RANKS - 1:
+            raise ValueError("planted")
+        return side(reader, rank, rank_dir)
+
+    monkeypatch.setattr(sources, "_read_rank_side", failing)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="ValueError: planted"):
+        read_diag_trace(tmp_path, workers=2)
+    assert time.monotonic() - start < 10  # not the 30 s a join would wait for a worker left waiting
