@@ -26,7 +26,8 @@ CSV_TAIL_BYTES_PER_ROW = 160  # a collectives row is ~90 bytes of CSV: read this
 HEADER_BYTES_MAX = 64 << 10  # the marker and header lines are far shorter
 # The columns of each table triage reads (sources.py: _diag_ops, TriageInput.steps). Of a Parquet segment's last row
 # groups only these are decoded, with the columns that cannot be null (the others read as nulls,
-# TableSegments.columns): a rank's steps' 14 columns decoded cost 0.38 ms, these 8 0.21 ms.
+# TableSegments.columns): a decoded column costs ~50-85 us whatever its rows, so the steps' 8 of 14 columns save a
+# little (benchmarks/profile_triage_read.py --all-columns; within that box's noise, docs/benchmarks.md).
 TRIAGE_COLUMNS = {
     "steps": ("step", "duration_us", "comm_wait_us", "data_wait_us"),
     "collectives": ("step", "pg", "seq", "op", "bytes", "dtype", "peer", "start_us", "duration_us"),
