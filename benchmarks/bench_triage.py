@@ -23,8 +23,13 @@ rank's steps and collectives rewritten as a live Arrow stream segment, one recor
 100 collectives), never compacted (20,000 rows is below the 65,536 that trigger compaction); in OUT/liveN.
 ``--tables``: also this checkout with no rank judged from its heartbeat (every rank's table tails read);
 ``--old-heartbeats``: the hang written with heartbeats without ``groups``, as before they existed (OUT/hangoldN).
+``--one-process``: also this checkout reading every rank in its own process (no worker processes,
+diag/triage/workers.py), and in two worker processes whatever the load (the default uses them only on idle
+cores). Wall, CPU and peak RSS are the triage process's with its worker processes (os.wait4
+counts the children it waited for; the peak is the largest one process's).
 
-    python benchmarks/bench_triage.py DIR --judge-both   # each trace under DIR judged from heartbeats and tables
+    python benchmarks/bench_triage.py DIR --judge-both   # each trace under DIR judged from heartbeats and tables,
+                                                         # and read by two worker processes
 """
 
 from __future__ import annotations
@@ -137,8 +142,14 @@ from pathlib import Path
 from diag.triage.analysis import triage
 from diag.triage.sources import read_diag_trace
 rows = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] != "-" else None
-tables_only = {"heartbeats": False} if len(sys.argv) > 3 else {}  # the default also in a baseline without the option
-print(json.dumps(triage(read_diag_trace(Path(sys.argv[1]), rows, **tables_only)).to_json()))
+options = {}  # none: the default, also in a baseline without these options
+if "tables" in sys.argv[3:]:
+    options["heartbeats"] = False
+if "one-process" in sys.argv[3:]:
+    options["workers"] = 1
+if "two-workers" in sys.argv[3:]:
+    options["workers"] = 2
+print(json.dumps(triage(read_diag_trace(Path(sys.argv[1]), rows, **options)).to_json()))
 """
 READ_NOTES = ("have more records than triage reads", "judged from their heartbeats")  # say what was read: differ
 
@@ -189,12 +200,15 @@ def bench_scale(
     rows: int | None = None,
     tables: bool = False,
     old_heartbeats: bool = False,
+    one_process: bool = False,
 ) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import synthetic
     from measured import run_measured
 
-    print(f"{'ranks':>6} {'reader':<26} {'wall s':>7} {'CPU s':>7} {'peak RSS GB':>12}  verdict")
+    print(
+        f"{'ranks':>6} {'reader':<26} {'wall s':>7} {'CPU s':>7} {'peak RSS GB':>12} {'tree PSS GB':>12} load  verdict"
+    )
     for world in ranks:
         trace = out / f"{'live' if live else 'hang'}{'old' if old_heartbeats else ''}{world}"
         if not (trace / "planted.json").exists():
@@ -219,6 +233,9 @@ def bench_scale(
             readers.append((f"{readers[0][0]} ({baseline.name})", asked, prefix))
         if tables:  # every rank's tables read from their ends, no rank judged from its heartbeat
             readers.append(("tables (no heartbeats)", [asked[0] if asked else "-", "tables"], []))
+        if one_process:  # this checkout's read without worker processes, and with two whatever the load
+            readers.append(("one process (no workers)", [asked[0] if asked else "-", "one-process"], []))
+            readers.append(("two worker processes", [asked[0] if asked else "-", "two-workers"], []))
         if old:
             readers.append(("every row (previous)", ["1000000000000"], []))
         for label, extra, prefix in readers:
@@ -227,7 +244,8 @@ def bench_scale(
             verdicts[label] = verdict
             assert verdict["verdict"] == "missing_ranks" and verdict["culprit_ranks"] == [stuck], verdict["verdict"]
             print(
-                f"{world:>6} {label:<26} {run.wall_s:7.1f} {run.cpu_s:7.1f} {run.peak_rss_gb:12.2f}  "
+                f"{world:>6} {label:<26} {run.wall_s:7.1f} {run.cpu_s:7.1f} {run.peak_rss_gb:12.2f} "
+                f"{run.tree_peak_gb:12.2f} {os.getloadavg()[0]:4.1f}  "
                 f"{verdict['verdict']} {verdict['culprit_ranks']}"
             )
         first = without_read_notes(verdicts[readers[0][0]])
@@ -253,13 +271,16 @@ def judge_both(root: Path) -> None:
     for trace in sorted(p for p in root.iterdir() if p.is_dir()):
         verdicts, judged = {}, 0
         for heartbeats in (True, False):
-            data = read_diag_trace(trace, heartbeats=heartbeats)
+            data = read_diag_trace(trace, heartbeats=heartbeats, workers=1)
             verdicts[heartbeats] = without_read_notes(triage(data).to_json())
             judged = judged or sum(info.judged_by_heartbeat for info in data.ranks.values())
+        # the same trace read by two worker processes (diag/triage/workers.py; a large trace's read): whole verdict
+        in_workers = triage(read_diag_trace(trace, workers=2)).to_json()
         verdict = verdicts[True]
         print(
             f"{trace.name:20s} judged from heartbeats {judged}/{len(data.ranks)}  {verdict['verdict']} "
-            f"{verdict['culprit_ranks']}  equal to the tables' verdict: {verdicts[True] == verdicts[False]}"
+            f"{verdict['culprit_ranks']}  equal to the tables' verdict: {verdicts[True] == verdicts[False]}  "
+            f"read by 2 workers equal: {without_read_notes(in_workers) == verdict}"
         )
 
 
@@ -276,6 +297,9 @@ def main() -> None:
     parser.add_argument("--tables", action="store_true", help="with --scale: also with no rank judged by heartbeat")
     parser.add_argument(
         "--old-heartbeats", action="store_true", help="with --scale: heartbeats without groups (an old trace)"
+    )
+    parser.add_argument(
+        "--one-process", action="store_true", help="with --scale: also this checkout in one process, and in two"
     )
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024])
     parser.add_argument("--steps", type=int, help="steps per rank (default 200; with --scale 1000)")
@@ -300,6 +324,7 @@ def main() -> None:
             args.rows,
             args.tables,
             args.old_heartbeats,
+            args.one_process,
         )
         return
     args.ranks, args.steps = args.ranks[0], args.steps or 200

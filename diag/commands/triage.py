@@ -72,7 +72,7 @@ def command(path: str, output_format: str, all_ranks: bool, watch: bool, stall_s
             code = 130
         sys.exit(code)
     try:
-        verdict = triage(read_input(path))
+        verdict = triage(read_input(path, progress=sys.stderr.isatty()))  # a bar only for a person watching
     except TraceError as exc:
         raise click.ClickException(str(exc)) from exc
     show(verdict)

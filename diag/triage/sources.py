@@ -39,6 +39,7 @@ from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, MAX_RANK, SCALAR_
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 from diag.triage.summary import heartbeat_ops, judged_by_heartbeat
 from diag.triage.tail import read_tail
+from diag.triage.workers import read_in_workers, worker_count
 
 OPS_COLUMNS = [
     "rank",
@@ -103,13 +104,14 @@ class TriageInput:
         return self.steps
 
 
-def read_input(path: str | Path) -> TriageInput:
-    """Read a diag trace directory or a directory of Flight Recorder dumps. Raises TraceError when neither."""
+def read_input(path: str | Path, progress: bool = False) -> TriageInput:
+    """Read a diag trace directory or a directory of Flight Recorder dumps. Raises TraceError when neither.
+    ``progress``: a bar on stderr while a large trace's ranks are read."""
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path} does not exist")
     if path.is_dir() and find_rank_dirs(path):
-        return read_diag_trace(path)
+        return read_diag_trace(path, progress=progress)
     return read_fr_dir(path)
 
 
@@ -129,14 +131,21 @@ def tail_rows(ranks: int) -> int:
     return max(TAIL_ROWS_MIN, TAIL_ROWS_BUDGET // max(1, ranks))
 
 
-def read_diag_trace(path: Path, rows_per_rank: int | None = None, heartbeats: bool = True) -> TriageInput:
+def read_diag_trace(
+    path: Path,
+    rows_per_rank: int | None = None,
+    heartbeats: bool = True,
+    progress: bool = False,
+    workers: int | None = None,
+) -> TriageInput:
     """``rows_per_rank``: the last rows of each rank's steps and collectives read (``tail_rows`` by default).
     ``heartbeats``: judge the ranks whose heartbeat says enough from it, without reading their tables
-    (diag/triage/summary.py); False: read every rank's tables."""
+    (diag/triage/summary.py); False: read every rank's tables. ``progress``: a bar while the ranks are read.
+    ``workers``: processes reading the ranks (1: this process; default ``workers.worker_count``)."""
     reader = TraceReader(path, tables=())  # side files only: the tables are read from their ends below
     rank_dirs = reader.rank_dirs()
     rows = rows_per_rank or tail_rows(len(rank_dirs))
-    data, infos, beats, cut = _read_tails(reader, rank_dirs, rows, heartbeats)
+    data, infos, beats, cut = _read_tails(reader, rank_dirs, rows, heartbeats, progress, workers)
     judged = {rank for rank, info in infos.items() if info.judged_by_heartbeat}
     trace = assemble_trace(path, data)
     ranks = {}
@@ -196,36 +205,89 @@ def read_diag_trace(path: Path, rows_per_rank: int | None = None, heartbeats: bo
 
 
 def _read_tails(
-    reader: TraceReader, rank_dirs: dict[int, Path], rows: int, use_heartbeats: bool
+    reader: TraceReader,
+    rank_dirs: dict[int, Path],
+    rows: int,
+    use_heartbeats: bool,
+    progress: bool = False,
+    workers: int | None = None,
 ) -> tuple[dict, dict[int, RankInfo], dict[int, Heartbeat | None], int]:
     """What ``TraceReader.poll`` gives (``assemble_trace``'s input), with only the last ``rows`` rows of the steps
     and collectives of each rank, and none of the ranks judged from their heartbeats (``use_heartbeats``); each
-    rank's hang dumps and heartbeat; how many ranks had more rows than read. Ranks are read by a few threads, as
-    the loader reads them: first every rank's side files, then the tables of the ranks their heartbeats do not
-    decide."""
-    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        sides = dict(zip(rank_dirs, pool.map(lambda item: _read_rank_side(reader, *item), rank_dirs.items())))
-        beats = {rank: side[3] for rank, side in sides.items()}
-        stalled = {rank for rank, side in sides.items() if side[2].stalls}
-        judged = judged_by_heartbeat(beats, stalled) if use_heartbeats else set()
-        tailed = [rank for rank in rank_dirs if rank not in judged]
-        tails = dict(
-            zip(
-                tailed,
-                pool.map(lambda rank: _read_rank_tables(reader, rank, rank_dirs[rank], sides[rank][1], rows), tailed),
-            )
-        )
+    rank's hang dumps and heartbeat; how many ranks had more rows than read. First every rank's side files,
+    then the tables of the ranks their heartbeats do not decide: in worker processes for a large trace
+    (diag/triage/workers.py), else by a few threads, as the loader reads ranks. ``progress``: a bar of the
+    ranks read (worker processes only: a smaller read takes a few seconds). ``workers``: see read_diag_trace."""
+    workers = worker_count(len(rank_dirs)) if workers is None else min(workers, len(rank_dirs))
+    if workers > 1:
+        sides, tails, judged, chunks = _read_in_workers(reader.path, rank_dirs, rows, use_heartbeats, workers, progress)
+    else:
+        sides, tails, judged = _read_in_threads(reader, rank_dirs, rows, use_heartbeats)
+        chunks = None
     for rank in judged:
-        sides[rank][2].judged_by_heartbeat = True
+        sides[rank][1].judged_by_heartbeat = True
     reads = ((rank, _with_tables(sides[rank][0], tails.get(rank))) for rank in rank_dirs)
-    chunks, side = gather_rank_reads(reads, TRIAGE_TABLES, list(reader._dir_notes))
+    gathered, side = gather_rank_reads(reads, TRIAGE_TABLES, list(reader._dir_notes))
+    chunks = gathered if chunks is None else chunks
     data = {name: empty_table(table) for name, table in TABLES.items()}
     for name in TRIAGE_TABLES:
         data[name] = to_frame(chunks[name], TABLES[name], rank_column=True)
     data.update(side, ranks=list(rank_dirs))
-    infos = {rank: sides[rank][2] for rank in rank_dirs}
-    cut = sum(tails[rank][1] for rank in tailed)
+    infos = {rank: sides[rank][1] for rank in rank_dirs}
+    beats = {rank: sides[rank][2] for rank in rank_dirs}
+    cut = sum(tail[1] for tail in tails.values())
     return data, infos, beats, cut
+
+
+def _read_in_threads(reader: TraceReader, rank_dirs: dict[int, Path], rows: int, use_heartbeats: bool):
+    """(``{rank: (side read, dump info, heartbeat)}``, ``{rank: (tables, cut, skipped)}`` of the ranks whose
+    tables were read, the ranks judged from their heartbeats), read by a few threads."""
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        read = dict(zip(rank_dirs, pool.map(lambda item: _read_rank_side(reader, *item), rank_dirs.items())))
+        sides = {rank: (side[0], side[2], side[3]) for rank, side in read.items()}
+        judged = _judged(sides, use_heartbeats)
+        tailed = [rank for rank in rank_dirs if rank not in judged]
+        tails = dict(
+            zip(
+                tailed,
+                pool.map(lambda rank: _read_rank_tables(reader, rank, rank_dirs[rank], read[rank][1], rows), tailed),
+            )
+        )
+    return sides, tails, judged
+
+
+def _read_in_workers(path: Path, rank_dirs: dict[int, Path], rows: int, use_heartbeats: bool, workers: int, progress):
+    """As ``_read_in_threads``, read by ``workers`` processes, and the tails' tables apart (their per-rank entries
+    hold none): ``{table name: [one Arrow table per worker, in rank order]}``."""
+    bar = None
+    if progress:
+        from diag.analysis.partitioned import _bar
+
+        bar = _bar(len(rank_dirs), "reading ranks")
+    try:
+        sides, tables, per_rank = read_in_workers(
+            path,
+            rank_dirs,
+            rows,
+            workers,
+            use_heartbeats,
+            lambda sides: _judged(sides, use_heartbeats),
+            bar.update if bar is not None else None,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    tails: dict = {rank: ({}, cut, skipped) for rank, (skipped, cut) in per_rank.items()}
+    judged = set(rank_dirs) - set(per_rank)
+    return sides, tails, judged, {name: tables.get(name, []) for name in TRIAGE_TABLES}
+
+
+def _judged(sides: dict, use_heartbeats: bool) -> set[int]:
+    """The ranks judged from their heartbeats (``sides``: ``{rank: (side read, dump info, heartbeat)}``)."""
+    if not use_heartbeats:
+        return set()
+    beats = {rank: side[2] for rank, side in sides.items()}
+    return judged_by_heartbeat(beats, {rank for rank, side in sides.items() if side[1].stalls})
 
 
 def _read_rank_side(reader: TraceReader, rank: int, rank_dir: Path):
@@ -236,17 +298,21 @@ def _read_rank_side(reader: TraceReader, rank: int, rank_dir: Path):
     return read, names, _dump_info(rank, rank_dir, names), Heartbeat.from_json(read[1])
 
 
-def _read_rank_tables(reader: TraceReader, rank: int, rank_dir: Path, names: list[str], rows: int):
+def _read_rank_tables(reader: TraceReader, rank: int, rank_dir: Path, names: list[str], rows: int, copy: bool = True):
     """The last ``rows`` rows of a rank's steps and collectives (with its rank column), whether earlier rows
-    were left unread, and what was skipped."""
+    were left unread, and what was skipped. ``copy``: read_tail's."""
     skipped = []
     tables, cut = {}, False
-    for name in TRIAGE_TABLES:
-        tail = read_tail(reader, rank_dir, names, TABLES[name], rows, skipped)
-        cut |= tail.cut
-        if tail.arrow is not None and tail.arrow.num_rows:
-            column = pa.array(np.full(tail.arrow.num_rows, rank, dtype="int32"))
-            tables[name] = tail.arrow.add_column(0, "rank", column)
+    try:
+        for name in TRIAGE_TABLES:
+            tail = read_tail(reader, rank_dir, names, TABLES[name], rows, skipped, copy)
+            cut |= tail.cut
+            if tail.arrow is not None and tail.arrow.num_rows:
+                column = pa.array(np.full(tail.arrow.num_rows, rank, dtype="int32"))
+                tables[name] = tail.arrow.add_column(0, "rank", column)
+    except Exception as exc:  # noqa: BLE001 - a damaged partition is named and left out, the others judged
+        skipped.append(Skipped(str(rank_dir), f"steps and collectives unreadable, left out: {exc!r}"))
+        return {}, False, skipped
     return tables, cut, skipped
 
 

@@ -18,11 +18,29 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from diag.trace.columnar import TableSegments
 from diag.trace.loader import Skipped, TraceReader, read_file_bytes
 from diag.trace.schema import CSV_SCHEMA_VERSION, Table, parse_marker
 
 CSV_TAIL_BYTES_PER_ROW = 160  # a collectives row is ~90 bytes of CSV: read this much per row asked, then more
 HEADER_BYTES_MAX = 64 << 10  # the marker and header lines are far shorter
+# The columns of each table triage reads (sources.py: _diag_ops, TriageInput.steps). Of a Parquet segment's last row
+# groups only these are decoded, with the columns that cannot be null (the others read as nulls,
+# TableSegments.columns): a decoded column costs ~50-85 us whatever its rows, so the steps' 8 of 14 columns save a
+# little (benchmarks/profile_triage_read.py --all-columns; within that box's noise, docs/benchmarks.md).
+TRIAGE_COLUMNS = {
+    "steps": ("step", "duration_us", "comm_wait_us", "data_wait_us"),
+    "collectives": ("step", "pg", "seq", "op", "bytes", "dtype", "peer", "start_us", "duration_us"),
+}
+NULLABLE_DTYPES = ("Int64", "Float64", "category")  # read as nulls when left out (TableSegments._conform)
+
+
+def tail_columns(table: Table) -> tuple[str, ...] | None:
+    """The columns of ``table`` decoded for triage (None: all)."""
+    read = TRIAGE_COLUMNS.get(table.name)
+    if read is None:
+        return None
+    return tuple(c.name for c in table.columns if c.name in read or c.dtype not in NULLABLE_DTYPES)
 
 
 @dataclass
@@ -33,9 +51,12 @@ class Tail:
     cut: bool
 
 
-def read_tail(reader: TraceReader, rank_dir: Path, names: list[str], table: Table, rows: int, skipped: list) -> Tail:
+def read_tail(
+    reader: TraceReader, rank_dir: Path, names: list[str], table: Table, rows: int, skipped: list, copy: bool = True
+) -> Tail:
     """The last ``rows`` rows of ``table`` in ``rank_dir`` (its CSV rows first, then its segments', as the
-    loader orders them). ``names``: the directory's listing."""
+    loader orders them). ``names``: the directory's listing. ``copy=False``: the rows as a slice of what was
+    decoded, for a caller that copies many ranks' slices at once (diag/triage/workers.py)."""
     segments = _segments_tail(reader, rank_dir, names, table, rows, skipped)
     have = segments.arrow.num_rows if segments.arrow is not None else 0
     csv = Tail(None, False)
@@ -48,7 +69,9 @@ def read_tail(reader: TraceReader, rank_dir: Path, names: list[str], table: Tabl
         return Tail(None, csv.cut or segments.cut)
     arrow = pa.concat_tables(parts).unify_dictionaries() if len(parts) > 1 else parts[0]
     cut = csv.cut or segments.cut or arrow.num_rows > rows
-    if arrow.num_rows > rows:  # a copy: a slice would keep the whole decoded table alive (or pickle it whole)
+    if arrow.num_rows > rows and not copy:
+        arrow = arrow.slice(arrow.num_rows - rows)
+    elif arrow.num_rows > rows:  # a copy: a slice would keep the whole decoded table alive (or pickle it whole)
         arrow = arrow.take(np.arange(arrow.num_rows - rows, arrow.num_rows))
     return Tail(arrow, cut)
 
@@ -111,7 +134,7 @@ def _segments_tail(reader: TraceReader, rank_dir: Path, names: list[str], table:
     """Version-2 segments from the newest back until ``rows`` rows, a Parquet segment's last row groups only
     (``TableSegments.read_new``), read afresh through the loader (a live stream stays live: the newest segment
     is always read)."""
-    reader._segments.pop((rank_dir, table.name), None)
+    reader._segments[(rank_dir, table.name)] = TableSegments(table, columns=tail_columns(table))
     arrow = reader._read_new_segments(rank_dir, names, table, skipped, tail_rows=rows)
     segments = reader._segments.get((rank_dir, table.name))
     return Tail(arrow, segments is not None and segments.cut)

@@ -253,3 +253,14 @@ def test_verdict_from_heartbeats_equals_the_verdict_from_the_tables(runs, scenar
     old_trace, judged = _judged(_without_heartbeat_groups(trace, tmp_path / "old"), heartbeats=True)
     assert judged == 0  # an old trace's ranks are all judged from their tables
     assert old_trace == from_tables
+
+
+@pytest.mark.parametrize("scenario", sorted(JUDGED_BY_HEARTBEAT))
+def test_worker_processes_read_the_same_as_one_process(runs, scenario, tmp_path):
+    """A large trace's ranks are read by worker processes (diag/triage/workers.py): asked for here on each real job
+    (3 ranks, two workers), new and old (heartbeats without groups), the read equals one process's."""
+    from tests.triage.test_workers import assert_same_read
+
+    trace, _ = runs(scenario)
+    assert_same_read(trace, 2)
+    assert_same_read(_without_heartbeat_groups(trace, tmp_path / "old"), 2)
