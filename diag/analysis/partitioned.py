@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op, size_bucket
 from diag.analysis.window import StepWindow, in_window, in_window_array
+from diag.processes import contiguous_shares, next_result, start_worker
 from diag.trace.columnar import TableSegments
 from diag.trace.loader import (
     MAX_DURATION_US,
@@ -920,23 +921,15 @@ class ProcessEngine:
         self.close()
 
     def start(self) -> None:
-        """Fork the workers (once). fork: a worker starts in milliseconds, imports nothing again and re-runs no
-        __main__ (spawn would run a caller's script without a main guard); it reads with one thread
+        """Start the workers (once; ``diag.processes.start_worker``: forked). A worker reads with one thread
         (use_threads=False), so Arrow's thread pools, idle in this process, are never used in it. Forked before
         the load, a worker shares none of the trace's pages with this process (its PSS is its own work)."""
-        import multiprocessing
-
         if self._procs:
             return
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         try:
             for _ in range(self.workers):
-                mine, theirs = context.Pipe()
-                proc = context.Process(target=_worker_main, args=(theirs,), daemon=True)
-                proc.start()
-                theirs.close()
-                self._pipes.append(mine)
+                pipe, proc = start_worker(_worker_main)
+                self._pipes.append(pipe)
                 self._procs.append(proc)
         except BaseException:
             self.close()
@@ -955,9 +948,7 @@ class ProcessEngine:
         self._pipes, self._procs = [], []
 
     def _shares(self, items: list) -> list[list]:
-        return [
-            [items[i] for i in share] for share in np.array_split(np.arange(len(items)), self.workers) if len(share)
-        ]
+        return contiguous_shares(items, self.workers)
 
     def load(self, path: str | Path, progress: bool = False) -> Trace:
         """``load_without_collectives(path, progress, analysed_columns_only=True, without=RANK_TABLES)``, the
@@ -1032,17 +1023,8 @@ class ProcessEngine:
         comes column by column (``("column", name, values)``) before its other results: one pickled column at
         a time in flight, not the share's whole steps frame."""
         columns: dict[str, object] = {}
-        while True:
-            message = pipe.recv()
-            if message[0] == "tick":
-                if self.progress is not None:
-                    self.progress(message[1])
-            elif message[0] == "column":
-                columns[message[1]] = message[2]
-            elif message[0] == "error":
-                raise RuntimeError(f"a worker process of the partitioned analysis failed:\n{message[1]}")
-            else:
-                return (message[1], columns) if message[0] == "loaded" else message[1]
+        message = next_result(pipe, self.progress, "the partitioned analysis", columns)
+        return (message[1], columns) if message[0] == "loaded" else message[1]
 
 
 def _worker_main(pipe) -> None:

@@ -447,11 +447,18 @@ def preliminary_report(trace: Trace):
     sections are empty until the full report (``partitioned_report``) replaces it: the pages say so. A straggler's
     cause and cost may change then (a throttled GPU reads as compute; waits matched per collective are not the
     ranks' own)."""
-    from diag.analysis.report import _pipeline_stages, analyze
+    from diag.analysis.report import analyze
+
+    return analyze(trace, reduce_collectives=lambda window: None), own_wait_times(trace)
+
+
+def own_wait_times(trace: Trace) -> pd.DataFrame:
+    """Every rank-step's times (compact_times), split with the waits the ranks measured themselves (steps'
+    comm_wait_us): what the pages draw when the collectives were not reduced (a preliminary or cached report)."""
+    from diag.analysis.report import _pipeline_stages
     from diag.analysis.stragglers import rank_step_times
 
-    report = analyze(trace, reduce_collectives=lambda window: None)
-    return report, compact_times(rank_step_times(trace.steps, None, _pipeline_stages(trace)).frame)
+    return compact_times(rank_step_times(trace.steps, None, _pipeline_stages(trace)).frame)
 
 
 def partitioned_report(trace: Trace, cache=None, cached=None):
@@ -471,9 +478,8 @@ def partitioned_report(trace: Trace, cache=None, cached=None):
     from diag.analysis.stragglers import rank_step_times
     from diag.trace.cache import signature
 
-    stages = _pipeline_stages(trace)
     if cached is not None:
-        return cached, compact_times(rank_step_times(trace.steps, None, stages).frame)
+        return cached, own_wait_times(trace)
     tables = rank_tables_reducer(trace)
     reducer = collectives_reducer(trace, local_engine(len(trace.ranks_found)), rank_tables=tables)
     reduced = []
@@ -490,7 +496,9 @@ def partitioned_report(trace: Trace, cache=None, cached=None):
         except OSError:
             pass  # a cache that cannot be written is no cache
     waits = reduced[-1] if reduced else None
-    times = rank_step_times(trace.steps, wait_per_rank_step(waits) if waits is not None else None, stages)
+    times = rank_step_times(
+        trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
+    )
     return report, compact_times(times.frame)
 
 

@@ -24,6 +24,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from diag.processes import contiguous_shares, next_result, start_worker
+
 WORKERS_MIN_RANKS = 512  # below, the in-process read (a few threads) is as fast: no fork, no pickling
 TICK_RANKS = 64  # a worker says its progress every this many ranks
 BUSY_SPARE_CORES = 0.5  # a load average of cores - this or more: read in this process (``_busy``)
@@ -75,23 +77,12 @@ def read_in_workers(
     order]}`` and per_rank ``{rank: (skipped, cut)}`` for the ranks whose tables were read. ``judge(sides)``: the
     ranks judged from their heartbeats (``use_heartbeats`` False: none, and every rank's tables are read in the
     first round). ``tick(n)``: n more ranks read (the first round)."""
-    import multiprocessing
-
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    items = list(rank_dirs.items())
-    shares = [items[len(items) * i // workers : len(items) * (i + 1) // workers] for i in range(workers)]
-    shares = [share for share in shares if share]
+    shares = contiguous_shares(list(rank_dirs.items()), workers)
     pipes, procs, done = [], [], False
     try:
         for share in shares:
-            mine, theirs = context.Pipe()
-            proc = context.Process(
-                target=_worker_main, args=(theirs, str(path), share, rows, use_heartbeats), daemon=True
-            )
-            proc.start()
-            theirs.close()
-            pipes.append(mine)
+            pipe, proc = start_worker(_worker_main, str(path), share, rows, use_heartbeats)
+            pipes.append(pipe)
             procs.append(proc)
         sides, early = {}, set()
         for pipe in pipes:
@@ -121,15 +112,7 @@ def read_in_workers(
 
 def _answer(pipe, tick):
     """A worker's next result, its progress ticks counted on the way; its error raised here."""
-    while True:
-        message = pipe.recv()
-        if message[0] == "tick":
-            if tick is not None:
-                tick(message[1])
-        elif message[0] == "error":
-            raise RuntimeError(f"a worker process of diag triage failed:\n{message[1]}")
-        else:
-            return message[1]
+    return next_result(pipe, tick, "diag triage")[1]
 
 
 def _worker_main(pipe, path: str, share: list[tuple[int, Path]], rows: int, use_heartbeats: bool) -> None:
