@@ -87,6 +87,8 @@ def triage(data: TriageInput) -> Verdict:
     desync = _first_desync(ops)
     if desync is not None:
         return _desync_verdict(data, ops, desync, liveness)
+    if data.fr_problems:
+        return _fr_problem_verdict(data, ops, liveness)
     hangs = _hangs(ops, members, data)
     if hangs and _stopped_from_outside(data):
         return _stopped_verdict(data, ops, hangs, liveness)
@@ -166,10 +168,13 @@ def _hangs(ops: pd.DataFrame, members: dict[str, list[int]], data: TriageInput) 
         last_seq = group.groupby("rank")["seq"].max()
         seqs = group.loc[~group["completed"], "seq"]
         starts = [int(seqs.min())] if len(seqs) else []
-        if data.kind == "flight_recorder" and last_seq.min() < last_seq.max():
-            # a collective cannot complete without every member: whatever a dump says (gloo counts failed ops
-            # as completed), the first seq some members lack was never completed
-            starts.append(int(last_seq.min()) + 1)
+        never_issued = _first_seq_never_issued(group, last_seq, members.get(str(pg)), data)
+        if never_issued is not None and not data.completion_reliable:
+            # gloo's last_completed_collective lags the entries: a lower seq every member issued may read
+            # pending while it returned; the first seq some members never issued cannot have completed
+            starts = [never_issued]
+        elif never_issued is not None:
+            starts.append(never_issued)
         without_data = [r for r in members.get(str(pg), []) if not data.ranks.get(r, RankInfo(r)).has_data]
         if not data.completion_reliable and without_data and not starts:
             starts.append(int(last_seq.max()))  # the last op of gloo dumps may be the one that failed
@@ -180,12 +185,48 @@ def _hangs(ops: pd.DataFrame, members: dict[str, list[int]], data: TriageInput) 
         entered = sorted(at_seq["rank"].unique().tolist())
         inside = set(entered)  # once: a set per member made this quadratic (4.8 s at 16,384 ranks)
         missing = [r for r in members.get(str(pg), entered) if r not in inside and last_seq.get(r, -1) < seq]
+        not_started = _not_started(at_seq) if not missing else []
+        if not_started:  # their streams never reached it: for the others, they are as absent as a missing rank
+            entered, missing = [r for r in entered if r not in not_started], not_started
         start_us = float(at_seq["start_us"].min())
-        candidates.append({"pg": str(pg), "seq": seq, "entered": entered, "missing": missing, "start_us": start_us})
+        candidates.append(
+            {
+                "pg": str(pg),
+                "seq": seq,
+                "entered": entered,
+                "missing": missing,
+                "start_us": start_us,
+                "not_started": not_started,
+            }
+        )
     return sorted(
         candidates,
         key=lambda c: (not c["missing"], c["start_us"] if c["start_us"] == c["start_us"] else float("inf"), c["pg"]),
     )
+
+
+def _first_seq_never_issued(group: pd.DataFrame, last_seq: pd.Series, members, data: TriageInput) -> int | None:
+    """Flight Recorder: the first seq of the group that some members issued and others never did. A
+    collective cannot complete without every member, whatever a dump says (gloo counts failed ops as
+    completed); where completion is recorded (NCCL) and some member completed it, it was issued everywhere
+    and only that member's dump is newer than the others'."""
+    if data.kind != "flight_recorder" or last_seq.min() >= last_seq.max():
+        return None
+    seq = int(last_seq.min()) + 1
+    if data.completion_reliable and group.loc[group["seq"] == seq, "completed"].any():
+        return None
+    return seq
+
+
+def _not_started(at_seq: pd.DataFrame) -> list[int]:
+    """NCCL's Flight Recorder states: members whose copy of a collective is only ``scheduled`` while others'
+    ``started``: their GPU stream never reached it (it is behind a kernel or another group's collective)."""
+    if "state" not in at_seq:
+        return []
+    states = at_seq.groupby("rank")["state"].first().astype(str)
+    if not states.isin(("started", "completed")).any():
+        return []
+    return sorted(int(r) for r, state in states.items() if state == "scheduled")
 
 
 def _collective(ops: pd.DataFrame, pg: str, seq: int, ranks: list[int] | None = None) -> dict:
@@ -240,7 +281,10 @@ def row_count_text(history: pd.Series, sides: dict[str, list[int]]) -> str:
 
 def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liveness: dict) -> Verdict:
     hang = hangs[0]
-    roots, links, cycle = _wait_chain(ops, _members(data), hang["missing"]) if hang["missing"] else ([], [], False)
+    latest = not data.completion_reliable
+    roots, links, cycle = (
+        _wait_chain(ops, _members(data), hang["missing"], latest) if hang["missing"] else ([], [], False)
+    )
     # report the collective the culprits themselves never reached (the last link of a wait chain)
     hang = next((h for h in hangs if h["missing"] and set(h["missing"]) <= set(roots)), hang)
     others = [h for h in hangs if h is not hang and h["missing"]]
@@ -255,6 +299,12 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
     ]
     if not missing:
         return _all_inside(data, ops, hang, ranks, liveness, evidence)
+    if hang.get("not_started"):
+        evidence[0] = (
+            f"{_ranks_text(waiting)} started {collective['op']} ({_payload(collective)}) at {_where(pg, seq)}; "
+            f"on {_ranks_text(missing)} it is only scheduled: their GPU stream never reached it "
+            "(it waits behind an earlier kernel or another group's collective)"
+        )
     evidence += links
     for other in others:
         for rank in other["entered"]:
@@ -281,12 +331,15 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
 
 
 def _wait_chain(
-    ops: pd.DataFrame, members: dict[str, list[int]], missing: list[int]
+    ops: pd.DataFrame, members: dict[str, list[int]], missing: list[int], latest: bool = False
 ) -> tuple[list[int], list[str], bool]:
     """Follow missing ranks that are themselves waiting in another group's collective to the ranks at the
     end of the chain (not waiting in any collective): those are the culprits. A cycle (ranks waiting on each
-    other across groups) makes every rank on it a culprit, and is said (the third value)."""
-    pending = ops[~ops["completed"]].sort_values(["start_us", "seq"]).drop_duplicates("rank")
+    other across groups) makes every rank on it a culprit, and is said (the third value). ``latest``: where
+    completion is not recorded (gloo's dumps), a rank waits in the last collective it issued, not in the
+    oldest one that reads pending."""
+    pending = ops[~ops["completed"]].sort_values(["start_us", "seq"])
+    pending = pending.drop_duplicates("rank", keep="last" if latest else "first")
     columns = (pending[c].tolist() for c in ("rank", "pg", "seq", "op"))  # not iterrows: a Series a rank
     waits_in = {int(r): (str(pg), int(seq), str(op)) for r, pg, seq, op in zip(*columns, strict=True)}
     last_seq = ops.groupby(["pg", "rank"])["seq"].max().to_dict()
@@ -500,6 +553,27 @@ def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness:
         )
     evidence += [f"{n} {'rank' if n == 1 else 'ranks'} {state}" for state, n in _count_states(ranks).items()]
     return _verdict("no_problem", [], None, ranks, evidence, data)
+
+
+def _fr_problem_verdict(data: TriageInput, ops: pd.DataFrame, liveness: dict) -> Verdict:
+    """What Flight Recorder's entries show beyond the (pg, seq) table: a send/recv pair or an all_to_all
+    whose sizes disagree (desync), a send or recv whose peer never issued its counterpart (missing_ranks)."""
+    desyncs = [p for p in data.fr_problems if p.verdict == "desync"]
+    problem = min(desyncs or data.fr_problems, key=lambda p: (p.start_us, p.pg, p.seq))
+    focus = (problem.pg, problem.seq) if problem.op not in ("send", "recv", "send/recv") else None
+    ranks = _rank_reports(data, ops, liveness, focus=focus)
+    evidence = list(problem.evidence)
+    for rank in problem.culprits:
+        if rank in ranks and problem.verdict == "missing_ranks":
+            evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
+    collective = {
+        "pg": problem.pg,
+        "seq": problem.seq,
+        "op": problem.op,
+        "sizes": problem.sizes,
+        "dtype": problem.dtype,
+    }
+    return _verdict(problem.verdict, problem.culprits, collective, ranks, evidence, data)
 
 
 def _slowest_by_steps(data: TriageInput) -> int | None:

@@ -116,6 +116,13 @@ class FREntry:
     time_created_ns: int | None
     duration_ms: float | None
     frames: tuple[tuple[str, str, int], ...]  # (function, file, line), innermost first
+    output_dtypes: tuple = ()
+    # point-to-point ops: "send 0->1" / "recv 1<-0" name the group-local source and destination ranks
+    src: int | None = None
+    dst: int | None = None
+    # all_to_all: elements sent to / received from each peer, in group rank order (dump version 2.11 on)
+    input_split_sizes: tuple = ()
+    output_split_sizes: tuple = ()
 
     @property
     def call_site(self) -> str:
@@ -228,6 +235,7 @@ def _entry(raw: dict) -> FREntry:
     pg_name, desc = (str(pg[0]), str(pg[1]) if len(pg) > 1 else "") if isinstance(pg, (list, tuple)) else (str(pg), "")
     profiling_name = str(raw.get("profiling_name", ""))
     backend, _, op = profiling_name.rpartition(":")
+    op, src, dst = _p2p_peers(op or profiling_name)
     is_p2p = bool(raw.get("is_p2p", False))
     seq = _int(raw.get("p2p_seq_id") if is_p2p else raw.get("collective_seq_id"), -1)
     duration = raw.get("duration_ms")
@@ -236,17 +244,47 @@ def _entry(raw: dict) -> FREntry:
         pg_desc=desc,
         seq=seq,
         is_p2p=is_p2p,
-        op=op or profiling_name,
+        op=op,
         backend=backend,
         input_sizes=_freeze(raw.get("input_sizes", [])),
-        input_dtypes=_freeze(raw.get("input_dtypes", [])),
+        input_dtypes=_dtypes(raw.get("input_dtypes", [])),
         output_sizes=_freeze(raw.get("output_sizes", [])),
         state=str(raw.get("state", "")),
         completed=False,
         time_created_ns=_int(raw.get("time_created_ns"), None),
         duration_ms=float(duration) if isinstance(duration, (int, float)) else None,
         frames=tuple(_frames(raw.get("frames"))),
+        output_dtypes=_dtypes(raw.get("output_dtypes", [])),
+        src=src,
+        dst=dst,
+        input_split_sizes=_int_tuple(raw.get("input_split_sizes")),
+        output_split_sizes=_int_tuple(raw.get("output_split_sizes")),
     )
+
+
+P2P_NAME_RE = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
+
+
+def _p2p_peers(op: str) -> tuple[str, int | None, int | None]:
+    """("send", 0, 1) for "send 0->1" and ("recv", 0, 1) for "recv 1<-0" (group-local ranks, as NCCL names them)."""
+    match = P2P_NAME_RE.match(op.strip())
+    if not match:
+        return op, None, None
+    kind, first, arrow, second = match.group(1), int(match.group(2)), match.group(3), int(match.group(4))
+    src, dst = (first, second) if arrow == "->" else (second, first)
+    return kind, src, dst
+
+
+def _dtypes(value: Any) -> tuple:
+    """A list of dtype names; one name alone where a writer gave a string (PyTorch's own analyser tests do)."""
+    return (value,) if isinstance(value, str) and value else _freeze(value)
+
+
+def _int_tuple(value: Any) -> tuple:
+    if not isinstance(value, (list, tuple)):
+        return ()
+    numbers = tuple(_int(v, None) for v in value)
+    return () if None in numbers else numbers
 
 
 def _with_completion(entry: FREntry, last_completed: dict[str, int]) -> FREntry:

@@ -36,6 +36,7 @@ from diag.trace.loader import (
 from diag.trace.manifest import Manifest
 from diag.trace.records import HangDump, Heartbeat
 from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, MAX_RANK, SCALAR_TYPES, TABLES, hang_dump_number
+from diag.triage import fr_checks
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 from diag.triage.summary import heartbeat_ops, judged_by_heartbeat
 from diag.triage.tail import read_tail
@@ -94,6 +95,8 @@ class TriageInput:
     nccl_logs: dict = field(default_factory=dict)  # diag only: rank -> NcclLog, from the ranks' nccl.log
     # diag only: reads the steps of the ranks judged from their heartbeats (whose tables were not read)
     more_steps: Callable[[], pd.DataFrame | None] | None = None
+    # Flight Recorder only: what the entries themselves show (send/recv pairs, all_to_all splits)
+    fr_problems: list[fr_checks.FRProblem] = field(default_factory=list)
 
     def all_steps(self) -> pd.DataFrame | None:
         """Every rank's steps read (``steps`` holds only those of the ranks whose tables were read)."""
@@ -490,62 +493,103 @@ def read_fr_dir(path: Path) -> TriageInput:
             f"(<prefix><rank>, pickle or JSON): {reasons}"
         )
     dumps = dict(sorted(dumps.items()))  # analysis never depends on the order files were listed in
-    pg_ranks: dict[str, list[int]] = {}
+    configured: dict[str, list[int]] = {}
     for dump in dumps.values():
         for name, members in dump.pg_ranks.items():
             if members:
-                pg_ranks.setdefault(name, members)
-    world_size = max([max(dumps) + 1, *(max(m) + 1 for m in pg_ranks.values() if m)])
-    pg_ranks.setdefault("0", list(range(world_size)))
+                configured.setdefault(name, members)
+    world_size = max([max(dumps) + 1, *(max(m) + 1 for m in configured.values() if m)])
+    pg_ranks = fr_checks.infer_members(dumps, configured, world_size)
+    inferred = sorted(pg for pg in pg_ranks if pg not in configured and pg != "0")
     ranks = {
         r: RankInfo(r, fr_last=_last_entry(d), backend=d.entries[0].backend if d.entries else None)
         for r, d in dumps.items()
     }
     for rank in range(world_size):
         ranks.setdefault(rank, RankInfo(rank, has_data=False))
-    frames = [fr_ops_frame(d) for d in dumps.values()]
-    ops = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=OPS_COLUMNS)
-    notes = []
     gloo = any(e.backend == "gloo" for d in dumps.values() for e in d.entries[:1])
+    groups = {r: fr_checks.op_groups(d) for r, d in dumps.items()}
+    # gloo's last_completed_collective lags: what every member went past returned (NCCL records completion)
+    floors = fr_checks.returned_below(groups, pg_ranks) if gloo else {}
+    frames = [fr_ops_frame(d, groups[r], floors) for r, d in dumps.items()]
+    ops = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=FR_OPS_COLUMNS)
+    problems = fr_checks.all_to_all_problems(groups, pg_ranks)
+    p2p, p2p_notes = fr_checks.p2p_problems(dumps, pg_ranks)
+    notes = []
     if gloo:
         notes.append(
             "gloo dumps: gloo records no completion state, and counts an op that failed as completed; "
             "a collective some members never issued is taken as never completed"
         )
+    if inferred:
+        notes.append(
+            f"members of process groups {', '.join(inferred)} taken from the dumps that list them "
+            "(the dumps' pg_config does not name them)"
+        )
+    notes += p2p_notes
     no_dump = sorted(r for r, info in ranks.items() if not info.has_data)
     if no_dump:
         notes.append(f"no Flight Recorder dump for ranks {no_dump}: their processes may have died before dumping")
-    return TriageInput(path, "flight_recorder", world_size, ops, ranks, pg_ranks, skipped, None, notes, not gloo)
+    return TriageInput(
+        path,
+        "flight_recorder",
+        world_size,
+        ops,
+        ranks,
+        pg_ranks,
+        skipped,
+        None,
+        notes,
+        not gloo,
+        fr_problems=problems + p2p,
+    )
 
 
-def fr_ops_frame(dump: FRDump) -> pd.DataFrame:
+FR_OPS_COLUMNS = [*OPS_COLUMNS, "state"]  # Flight Recorder's state: scheduled, started (NCCL), completed
+
+
+def fr_ops_frame(
+    dump: FRDump, groups: list | None = None, returned_below: dict[str, int] | None = None
+) -> pd.DataFrame:
+    """One row per (pg, seq) of the rank: a coalesced group is one row describing every op in it, and each
+    op is described by what all members must agree on (``fr_checks.comparable``)."""
     rows = []
-    for e in dump.entries:
-        if e.is_p2p or e.seq < 0:
-            continue
-        dtype, element_bytes = (
-            SCALAR_TYPES.get(e.input_dtypes[0], (str(e.input_dtypes[0]), 0)) if e.input_dtypes else ("", 0)
-        )
+    returned_below = returned_below or {}
+    for group in fr_checks.op_groups(dump) if groups is None else groups:
+        first, last = group.ops[0], group.last
+        described = [fr_checks.comparable(e) for e in group.ops]
+        dtype_name = next((d[0] for _, d, _ in described if d), "")
+        dtype, element_bytes = SCALAR_TYPES.get(dtype_name, (str(dtype_name), 0)) if dtype_name else ("", 0)
+        numel = sum(fr_checks.comparable_numel(e) for e in group.ops)
+        completed = last.completed or last.seq < returned_below.get(last.pg, -1)
         rows.append(
             (
                 dump.rank,
-                e.pg,
-                e.seq,
-                e.op,
-                _numel(e.input_sizes) * element_bytes,
+                last.pg,
+                last.seq,
+                group.op,
+                numel * element_bytes,
                 dtype,
-                sizes_text(e.input_sizes),
-                e.completed,
-                e.time_created_ns / 1000 if e.time_created_ns else float("nan"),
+                "; ".join(sizes_text(e.input_sizes) for e in group.ops),
+                completed,
+                first.time_created_ns / 1000 if first.time_created_ns else float("nan"),
                 -1,
-                e.call_site,
+                first.call_site,
                 "flight_recorder",
-                f"{sizes_text(e.input_sizes)} -> {sizes_text(e.output_sizes)}",
+                "; ".join(text for _, _, text in described),
+                _group_state(group),
             )
         )
-    frame = pd.DataFrame(rows, columns=OPS_COLUMNS)
+    frame = pd.DataFrame(rows, columns=FR_OPS_COLUMNS)
     # a ring buffer may hold one seq twice after a wrap: keep the newest
     return frame.drop_duplicates(["rank", "pg", "seq"], keep="last")
+
+
+def _group_state(group) -> str:
+    """A coalesced group ran as far as its least advanced op."""
+    order = {"scheduled": 0, "started": 1, "completed": 2}
+    states = [e.state for e in group.entries if e.state in order]
+    return min(states, key=order.get) if states else ""
 
 
 def _last_entry(dump: FRDump) -> dict | None:
@@ -553,16 +597,6 @@ def _last_entry(dump: FRDump) -> dict | None:
         return None
     last = dump.entries[-1]
     return {"pg": last.pg, "seq": last.seq, "op": last.op, "completed": last.completed, "call_site": last.call_site}
-
-
-def _numel(sizes: tuple) -> int:
-    total = 0
-    for shape in sizes:
-        count = 1
-        for dim in shape if isinstance(shape, tuple) else (shape,):
-            count *= int(dim) if isinstance(dim, int) else 0
-        total += count
-    return total
 
 
 # -- small helpers ---------------------------------------------------------------------------------------------
