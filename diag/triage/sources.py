@@ -596,7 +596,8 @@ def _last_entry(dump: FRDump) -> dict | None:
     if not dump.entries:
         return None
     last = dump.entries[-1]
-    return {"pg": last.pg, "seq": last.seq, "op": last.op, "completed": last.completed, "call_site": last.call_site}
+    op = f"{last.op} {last.src}->{last.dst}" if last.src is not None else last.op  # send/recv with their peers
+    return {"pg": last.pg, "seq": last.seq, "op": op, "completed": last.completed, "call_site": last.call_site}
 
 
 # -- small helpers ---------------------------------------------------------------------------------------------

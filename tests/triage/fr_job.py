@@ -1,6 +1,7 @@
 """A real gloo job that writes each rank's Flight Recorder dump, for the Flight Recorder verdict cases.
 
-Run one process per rank: ``python fr_job.py SCENARIO RANK WORLD PORT OUT_DIR``. Each rank writes
+Run one process per rank: ``python fr_job.py SCENARIO OUT_DIR`` with RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT set (``diag.launch.start_ranks`` sets them). Each rank writes
 ``OUT_DIR/fr_rank_<rank>`` (torch's own pickle from ``_dump_fr_trace``, the recorder gloo writes to) when the job
 ends, or DUMP_AFTER_S after start while it hangs (as a watchdog's dump on timeout would), then exits.
 Needs TORCH_FR_BUFFER_SIZE (or TORCH_NCCL_TRACE_BUFFER_SIZE) set, or nothing is recorded.
@@ -92,8 +93,8 @@ SCENARIOS = {"missing_rank": missing_rank, "subgroup_chain": subgroup_chain, "ro
 
 
 def main() -> None:
-    scenario, rank, world, port, out_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     if scenario != "rooted":
         _dump_later(out_dir, rank, world)
