@@ -501,6 +501,56 @@ def nccl_cases() -> list[Case]:
     cases.append(
         Case("nccl: all_reduce started on 1 and 2, only scheduled on 0", src, ("missing_ranks",), [0], job.writer())
     )
+    return cases + neighbour_cases()
+
+
+def neighbour_cases() -> list[Case]:
+    """The same checks on other job shapes: world sizes, groups, batched and pipeline send/recv."""
+    src = "issue 29"
+    cases = []
+    job = Job(4, groups={"1": [2, 3]}).steps()
+    job.coll("all_reduce", [[16]], [[16]], ranks=[2, 3], pg="1")
+    job.op(2, "all_reduce", [[16]], [[16]], "started", pg="1")
+    job.coll("all_reduce", [[64]], [[64]], "started", ranks=[0, 1])
+    cases.append(
+        Case(
+            "nccl: rank 3 stalls; 2 waits in group [2, 3], 0 and 1 in the world group",
+            src,
+            ("missing_ranks",),
+            [3],
+            job.writer(),
+        )
+    )
+    job = Job(3).steps()
+    group = [("all_reduce", [[8]], [[8]]), ("all_reduce", [[8]], [[8]]), ("coalesced", [[]], [[]])]
+    job.coll(group, None, None, "started", ranks=[0, 1])
+    cases.append(Case("nccl: rank 2 never issued a coalesced group", src, ("missing_ranks",), [2], job.writer()))
+    job = Job(2).steps()
+    for rank, peer in ((0, 1), (1, 0)):  # batch_isend_irecv: a send and a recv under one p2p seq each
+        job.p2p(rank, "send", peer, [[32]])
+        job.p2p_seq[(rank, "0")] -= 1
+        job.p2p(rank, "recv", peer, [[32]])
+    job.steps(1)
+    cases.append(Case("nccl: batched send/recv exchange, both ways", src, ("no_problem",), [], job.writer()))
+    job = Job(4).steps()
+    job.p2p(0, "send", 1, [[4, 64]]).p2p(1, "recv", 0, [[4, 64]])
+    job.p2p(1, "send", 2, [[4, 64]], state="started")
+    cases.append(
+        Case("nccl: pipeline 0->1->2->3, rank 2 never posts its recv", src, ("missing_ranks",), [2], job.writer())
+    )
+    job = Job(4).steps()
+    job.coll("_reduce_scatter_base", [[64]], [[16]])
+    job.coll("_all_gather_base", [[16]], [[64]])
+    job.coll("reduce_scatter_tensor_coalesced", [[64]], [[16]])
+    job.steps(1)
+    cases.append(
+        Case("nccl: FSDP-style reduce_scatter and all_gather (input != output)", src, ("no_problem",), [], job.writer())
+    )
+    job = Job(4, groups={"1": [0, 2]}).steps()
+    job.op(0, "all_to_all_single", [[10, 8]], [[3, 8]], pg="1")
+    job.op(2, "all_to_all_single", [[2, 8]], [[9, 8]], pg="1")
+    job.steps(1)
+    cases.append(Case("nccl: uneven all_to_all_single in group [0, 2]", src, ("no_problem",), [], job.writer()))
     return cases
 
 
