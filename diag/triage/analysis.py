@@ -563,6 +563,10 @@ def _fr_problem_verdict(data: TriageInput, ops: pd.DataFrame, liveness: dict) ->
     focus = (problem.pg, problem.seq) if problem.op not in ("send", "recv", "send/recv") else None
     ranks = _rank_reports(data, ops, liveness, focus=focus)
     evidence = list(problem.evidence)
+    for rank, op in problem.waiting.items():
+        if rank in ranks:
+            ranks[rank].state = "waiting_in_collective"
+            ranks[rank].detail = f"in {op} of process group {problem.pg}"
     for rank in problem.culprits:
         if rank in ranks and problem.verdict == "missing_ranks":
             evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
@@ -795,7 +799,9 @@ def _first_int(*values) -> int | None:
 
 def _payload(collective) -> str:
     sizes, dtype = collective["sizes"], collective["dtype"]
-    return "no data" if str(sizes) in ("0 B", "-", "") and not dtype else f"{sizes}, {dtype}"
+    if str(sizes) in ("0 B", "-", "") and not dtype:
+        return "no data"
+    return f"{sizes}, {dtype}" if dtype else str(sizes)
 
 
 def _where(pg: str, seq: int) -> str:

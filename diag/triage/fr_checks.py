@@ -74,6 +74,7 @@ class FRProblem:
     evidence: list[str] = field(default_factory=list)
     start_us: float = float("inf")
     dtype: str = ""
+    waiting: dict[int, str] = field(default_factory=dict)  # rank -> the op it is inside ("send 0->1")
 
 
 def op_groups(dump: FRDump) -> list[OpGroup]:
@@ -195,7 +196,8 @@ def _split_mismatch(pg: str, seq: int, entries: dict[int, FREntry], ranks: list[
         f"  rank {s} sends {a} elements to rank {d}, rank {d} receives {b} from rank {s}" for s, d, a, b in bad
     ]
     entry = entries[ranks[0]]
-    return FRProblem("desync", culprits, pg, seq, entry.op, "", evidence, _start_us(entries.values()))
+    sizes = f"{sum(sum(entries[r].input_split_sizes) for r in ranks)} elements sent in all"
+    return FRProblem("desync", culprits, pg, seq, entry.op, sizes, evidence, _start_us(entries.values()))
 
 
 def _total_mismatch(pg: str, seq: int, entries: dict[int, FREntry], ranks: list[int]) -> FRProblem | None:
@@ -212,7 +214,8 @@ def _total_mismatch(pg: str, seq: int, entries: dict[int, FREntry], ranks: list[
         ),
     ]
     entry = entries[ranks[0]]
-    return FRProblem("desync", [], pg, seq, entry.op, "", evidence, _start_us(entries.values()))
+    sizes = f"{sent} elements sent in all, {received} received"
+    return FRProblem("desync", [], pg, seq, entry.op, sizes, evidence, _start_us(entries.values()))
 
 
 # -- point-to-point ----------------------------------------------------------------------------------------------
@@ -271,6 +274,7 @@ def _p2p_pair(pg, src, dst, send: P2POp | None, recv: P2POp | None, dumps) -> FR
             f"  rank {dst}: recv at {recv.entry.call_site or 'call site unknown'}",
         ]
         sizes = sizes_text(send.entry.input_sizes)
+        inside = {r: f"{o.entry.op} {src}->{dst}" for r, o in ((src, send), (dst, recv)) if not o.entry.completed}
         return FRProblem(
             "desync",
             sorted({src, dst}),
@@ -280,6 +284,7 @@ def _p2p_pair(pg, src, dst, send: P2POp | None, recv: P2POp | None, dumps) -> FR
             sizes,
             evidence,
             _start_us([send.entry, recv.entry]),
+            waiting=inside,
         )
     waiting = send or recv
     if waiting is None or waiting.entry.completed:
@@ -294,8 +299,17 @@ def _p2p_pair(pg, src, dst, send: P2POp | None, recv: P2POp | None, dumps) -> FR
         f"  rank {waiting.rank}: {waiting.entry.op} at {waiting.entry.call_site or 'call site unknown'}",
     ]
     sizes = sizes_text(waiting.entry.input_sizes or waiting.entry.output_sizes)
+    inside = {waiting.rank: f"{waiting.entry.op} {src}->{dst}"}
     return FRProblem(
-        "missing_ranks", [peer], pg, waiting.entry.seq, waiting.entry.op, sizes, evidence, _start_us([waiting.entry])
+        "missing_ranks",
+        [peer],
+        pg,
+        waiting.entry.seq,
+        waiting.entry.op,
+        sizes,
+        evidence,
+        _start_us([waiting.entry]),
+        waiting=inside,
     )
 
 

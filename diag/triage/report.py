@@ -21,6 +21,8 @@ def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
     culprits = verdict.culprit_ranks
     ranks_text = f"{'rank' if len(culprits) == 1 else 'ranks'} {', '.join(map(str, culprits))}" if culprits else "-"
     headline = HEADLINES[verdict.verdict].format(ranks=ranks_text)
+    if verdict.verdict == "desync" and not culprits:  # e.g. all_to_all totals without split sizes
+        headline = "DESYNC: the members of one collective disagree on what it moves; which rank is wrong is unknown"
     if verdict.evidence[:1] == [NOTHING_TO_JUDGE]:
         headline = "NOTHING TO JUDGE: the directory holds no collectives, heartbeats or dumps"
     lines = [headline]

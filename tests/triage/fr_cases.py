@@ -551,6 +551,19 @@ def neighbour_cases() -> list[Case]:
     job.op(2, "all_to_all_single", [[2, 8]], [[9, 8]], pg="1")
     job.steps(1)
     cases.append(Case("nccl: uneven all_to_all_single in group [0, 2]", src, ("no_problem",), [], job.writer()))
+    job = Job(3).steps()
+    for rank in range(3):
+        job.op(rank, "all_to_all_single", [[9, 4]], [[6 if rank == 2 else 9, 4]], "started")
+    cases.append(
+        Case(
+            "nccl 2.10: all_to_all_single, 27 rows sent in all, 24 received",
+            src,
+            ("desync",),
+            [],
+            job.writer(),
+            note="no split sizes: the totals disagree, no rank can be named",
+        )
+    )
     return cases
 
 
