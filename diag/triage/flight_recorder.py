@@ -147,6 +147,7 @@ class FRDump:
     pg_desc: dict[str, str]
     last_completed_seq: dict[str, int]  # pg name -> last completed collective seq (-1 unknown)
     entries: list[FREntry] = field(default_factory=list)
+    lost_entries: int = 0  # the oldest entries the ring buffer overwrote before the dump
 
 
 def read_dump_file(path: str | Path) -> Any:
@@ -210,7 +211,16 @@ def normalise_dump(raw: Any, path: str, rank: int) -> FRDump:
         if isinstance(v, dict)
     }
     entries = [_with_completion(e, last_completed) for e in entries]
-    return FRDump(path, rank, str(raw.get("version", "")), pg_ranks, pg_desc, last_completed, entries)
+    dump = FRDump(path, rank, str(raw.get("version", "")), pg_ranks, pg_desc, last_completed, entries)
+    dump.lost_entries = _lost_to_wrap(raw["entries"])
+    return dump
+
+
+def _lost_to_wrap(raw_entries: list) -> int:
+    """Entries the ring buffer (TORCH_FR_BUFFER_SIZE long) overwrote: record ids count every op recorded from 0,
+    so the oldest one kept says how many came before it."""
+    first = next((e for e in raw_entries if isinstance(e, dict)), None)
+    return max(0, _int(first.get("record_id"), 0)) if first else 0
 
 
 def _pg_config(config: Any) -> tuple[dict[str, list[int]], dict[str, str]]:

@@ -527,6 +527,13 @@ def read_fr_dir(path: Path) -> TriageInput:
             "(the dumps' pg_config does not name them)"
         )
     notes += p2p_notes
+    wrapped = {r: d.lost_entries for r, d in dumps.items() if d.lost_entries}
+    if wrapped:
+        lost = ", ".join(f"rank {r}: {n}" for r, n in sorted(wrapped.items())[:8])
+        notes.append(
+            f"ring buffer wrapped, oldest entries overwritten ({lost}): collectives before a dump's first entry "
+            "are not judged (raise TORCH_FR_BUFFER_SIZE, or TORCH_NCCL_TRACE_BUFFER_SIZE on older torch)"
+        )
     no_dump = sorted(r for r, info in ranks.items() if not info.has_data)
     if no_dump:
         notes.append(f"no Flight Recorder dump for ranks {no_dump}: their processes may have died before dumping")

@@ -124,3 +124,18 @@ def test_triage_command_reads_gloo_dumps_without_torch(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("HANG: rank 2 never reached a collective the others are waiting in")
+
+
+def test_a_wrapped_ring_buffer_is_said_and_its_missing_rank_still_found(tmp_path):
+    """TORCH_FR_BUFFER_SIZE bounds the ring: a dump whose oldest entry is not record 0 lost the ones before it."""
+    case = next(c for c in CASES if c.name == "nccl: rank 2 never issued the all_reduce")
+    case.write(tmp_path)
+    for rank in range(3):
+        path = tmp_path / f"nccl_trace_rank_{rank}"
+        dump = pickle.loads(path.read_bytes())
+        dump["entries"] = dump["entries"][1:]  # as after a wrap: the first all_reduce was overwritten
+        path.write_bytes(pickle.dumps(dump))
+    data = read_fr_dir(tmp_path)
+    assert any(note.startswith("ring buffer wrapped") and "rank 0: 1" in note for note in data.notes)
+    verdict = triage(data)
+    assert (verdict.verdict, verdict.culprit_ranks) == ("missing_ranks", [2])
