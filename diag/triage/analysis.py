@@ -10,9 +10,13 @@ from Flight Recorder carry no completion).
   where every rank's record has them: an all_reduce of 4x3 against 3x4 moves equal bytes). The culprits are the
   minority; on a tie, the side whose collective the group issued least often before; on a tie again,
   the side without the lowest rank. Never the order files were read in.
-* dead_rank / missing_ranks: the oldest collective still pending that some members never reached. If every
-  missing rank's process is gone (heartbeat stopped with no exit record, or it ended before the others
-  started waiting), the verdict is dead_rank; otherwise missing_ranks, with where each missing rank was.
+* Flight Recorder input only (``fr_checks``): a send/recv pair or an all_to_all whose sizes disagree (desync),
+  then a send or recv still pending whose peer never issued its counterpart (missing_ranks, the peer).
+* dead_rank / missing_ranks: the oldest collective still pending that some members never reached (from gloo
+  dumps, the first seq some members never issued; from NCCL's, also members whose copy is only scheduled
+  while others started it). If every missing rank's process is gone (heartbeat stopped with no exit record,
+  or it ended before the others started waiting), the verdict is dead_rank; otherwise missing_ranks, with
+  where each missing rank was.
 * dead_rank without a pending collective: a rank vanished while others went on.
 * deadlock: the missing ranks wait for each other in collectives of other groups (a cycle, e.g. two ranks
   entering two groups' collectives in opposite orders); every rank on the cycle is a culprit.
@@ -168,7 +172,7 @@ def _hangs(ops: pd.DataFrame, members: dict[str, list[int]], data: TriageInput) 
         last_seq = group.groupby("rank")["seq"].max()
         seqs = group.loc[~group["completed"], "seq"]
         starts = [int(seqs.min())] if len(seqs) else []
-        never_issued = _first_seq_never_issued(group, last_seq, members.get(str(pg)), data)
+        never_issued = _first_seq_never_issued(group, last_seq, data)
         if never_issued is not None and not data.completion_reliable:
             # gloo's last_completed_collective lags the entries: a lower seq every member issued may read
             # pending while it returned; the first seq some members never issued cannot have completed
@@ -205,7 +209,7 @@ def _hangs(ops: pd.DataFrame, members: dict[str, list[int]], data: TriageInput) 
     )
 
 
-def _first_seq_never_issued(group: pd.DataFrame, last_seq: pd.Series, members, data: TriageInput) -> int | None:
+def _first_seq_never_issued(group: pd.DataFrame, last_seq: pd.Series, data: TriageInput) -> int | None:
     """Flight Recorder: the first seq of the group that some members issued and others never did. A
     collective cannot complete without every member, whatever a dump says (gloo counts failed ops as
     completed); where completion is recorded (NCCL) and some member completed it, it was issued everywhere

@@ -125,7 +125,7 @@ class Job:
             "record_id": len(entries),
             "pg_id": int(pg) if pg.isdigit() else 0,
             "process_group": (pg, "default_pg" if pg == "0" else f"group_{pg}"),
-            "collective_seq_id": self.seq[(rank, pg)] if not is_p2p else self.seq[(rank, pg)],
+            "collective_seq_id": self.seq[(rank, pg)],  # p2p ops carry the group's current one
             "p2p_seq_id": self.p2p_seq[(rank, pg)],
             "op_id": len(entries) + 1,
             "profiling_name": f"nccl:{name}",
