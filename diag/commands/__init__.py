@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from diag.commands.exit_codes import InputError
+
 _SAMPLE_RUN_IN_SOURCE = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler"
 _SAMPLE_RUN_INSTALLED = Path("share", "diag", "sample_traces", "straggler")  # pyproject.toml's data-files
 
@@ -25,7 +27,7 @@ def sample_run(doing: str) -> Path:
     candidates = _sample_run_candidates()
     found = next((path for path in candidates if path.is_dir()), None)
     if found is None:
-        raise click.ClickException(
+        raise InputError(
             "no TRACE_DIR given and the bundled sample run is not installed (looked in "
             + ", ".join(str(p) for p in candidates)
             + "); give a trace directory"

@@ -11,6 +11,10 @@ from pathlib import Path
 import click
 
 from diag.commands import sample_run
+from diag.commands._options import POLL_MAX_S, Seconds
+from diag.commands.exit_codes import InputError
+
+REFRESH_MIN_S = 0.5  # a page's own reloads come this often at most: faster would only load the browser and server
 
 
 def is_loopback(host: str) -> bool:
@@ -37,7 +41,11 @@ def is_loopback(host: str) -> bool:
     help="Secret every request must carry (env DIAG_DASHBOARD_TOKEN). Generated when binding beyond loopback without one.",
 )
 @click.option(
-    "--refresh-s", default=3.0, show_default=True, type=float, help="How often pages re-read what the run appended."
+    "--refresh-s",
+    default=3.0,
+    show_default=True,
+    type=Seconds(REFRESH_MIN_S, POLL_MAX_S),
+    help="How often pages re-read what the run appended.",
 )
 @click.option(
     "--baseline",
@@ -65,7 +73,7 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
     if trace_dir is None:
         trace_dir = sample_run("showing")
     if not trace_dir.is_dir():
-        raise click.ClickException(f"{trace_dir} is not a directory; give the trace directory diag.init wrote")
+        raise InputError(f"{trace_dir} is not a directory; give the trace directory diag.init wrote")
     if not is_loopback(host):
         if not token:
             token = secrets.token_urlsafe(18)

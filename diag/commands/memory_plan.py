@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from diag.commands.exit_codes import InputError
+
 _SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
@@ -151,5 +153,5 @@ def _from_trace(trace_dir: Path) -> tuple[dict, float | None, list[str]]:
     try:
         trace = load(trace_dir)
     except TraceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise InputError(str(exc)) from exc
     return plan_input_from_trace(trace)
