@@ -58,7 +58,13 @@ def is_loopback(host: str) -> bool:
     help="Above 64 ranks, neither read the report diag analyze cached in TRACE_DIR/.diag-cache for these files "
     "nor cache the one computed here.",
 )
-def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
+@click.option(
+    "--baseline-root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Let the Compare page pick baselines anywhere under this directory (default: only beside TRACE_DIR).",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log every request (method, path, status, time) on stderr.")
+def command(trace_dir, host, port, token, refresh_s, baseline, no_cache, baseline_root, verbose):
     """Serve a live dashboard of TRACE_DIR: findings, stragglers, communication, memory, GPU telemetry,
     pipeline and triage pages, updated while the job writes.
 
@@ -84,6 +90,10 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
     from diag.dashboard.app import create_app
     from diag.dashboard.data import LiveTrace
 
+    if baseline_root is not None:
+        from diag.dashboard.compare_page import set_pick_root
+
+        set_pick_root(baseline_root)
     if baseline is not None:
         from diag.commands.compare import load_summary
         from diag.dashboard.compare_page import set_baseline
@@ -108,10 +118,21 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
         from diag.dashboard.app import require_local_host_header
 
         require_local_host_header(app.server, port)
+    from diag.dashboard.server import create_server
+
+    try:
+        server = create_server(app, host, port, verbose)
+    except OSError as exc:
+        raise InputError(f"cannot serve on {host}:{port} ({exc}); choose another --port") from exc
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = f"http://{shown_host}:{port}/" + (f"?token={token}" if token else "")
-    click.echo(f"Serving on {url}  (Ctrl-C to stop)", err=True)
-    app.run(host=host, port=port, debug=False)
+    click.echo(f"Serving on {url}  (Ctrl-C to stop)", err=True)  # the one line that shows the token
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
 
 
 def _many_ranks(trace_dir: Path) -> bool:
