@@ -7,6 +7,7 @@ bar and always get an object with ``update(n)`` and ``close()``; when none is dr
 
 from __future__ import annotations
 
+import os
 import sys
 
 MIN_ITEMS = 64
@@ -51,4 +52,16 @@ def bar(total: int, desc: str, unit: str = "rank", min_items: int = MIN_ITEMS):
         return NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, **_size_options(sys.stderr))
+
+
+def _size_options(stream) -> dict:
+    """Follow the terminal's width; a terminal that reports no size (0 x 0: ``script``, some CI and container
+    consoles) gets 80 x 24, where tqdm would otherwise draw nothing at all."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        size = os.terminal_size((0, 0))
+    if size.columns and size.lines:
+        return {"dynamic_ncols": True}
+    return {"ncols": 80, "nrows": 24}

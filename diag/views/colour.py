@@ -13,8 +13,8 @@ import sys
 # "1. [high] rank 2 is a straggler ..." as views/text.py writes a finding; markdown is never coloured
 _SEVERITY_TAG_RE = re.compile(r"^(\d+\. )\[(high|medium|low)\]", re.MULTILINE)
 _SEVERITY_STYLE = {"high": {"fg": "red", "bold": True}, "medium": {"fg": "yellow"}, "low": {"fg": "cyan"}}
-# the first line of diag triage's text: "verdict: collective_hang ..." (views of diag.triage.report)
-_VERDICT_RE = re.compile(r"^(verdict: )(\w+)", re.MULTILINE)
+# the headline of diag triage's text, up to its colon: "HANG: rank 1 never reached ...", "NO PROBLEM FOUND: ..."
+_VERDICT_RE = re.compile(r"\A([^:\n]+)(?=:)")
 
 
 def colour_wanted(stream=None) -> bool:
@@ -37,9 +37,9 @@ def paint_severities(text: str) -> str:
 
 
 def paint_verdict(text: str, problem: bool) -> str:
-    """Triage's verdict word: red for a problem, green for no_problem."""
+    """The verdict of triage's headline: red for a hang, green for none."""
     import click
 
     return _VERDICT_RE.sub(
-        lambda m: m.group(1) + click.style(m.group(2), fg="red" if problem else "green", bold=True), text, count=1
+        lambda m: click.style(m.group(1), fg="red" if problem else "green", bold=True), text, count=1
     )
