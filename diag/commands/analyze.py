@@ -55,7 +55,7 @@ FAIL_ON = ("high", "medium", "low", "never")
     "partitioned",
     default=None,
     help="Reduce the collectives rank by rank in bounded memory, or load them whole "
-    f"(default: rank by rank above {PARTITIONED_MIN_RANKS} ranks or with --scheduler). See docs/scale.md.",
+    f"(default: rank by rank above {PARTITIONED_MIN_RANKS} ranks or with --scheduler). See diag docs scale.",
 )
 @click.option(
     "--scheduler",
@@ -78,7 +78,7 @@ def command(
     """Analyse a trace directory: stragglers, MFU, communication, memory and GPU telemetry,
     with findings ranked by the time each one costs. TRACE_DIR may also be a directory of
     torch.profiler (Kineto) traces, one *.json or *.json.gz per rank: GPU time is then split
-    into compute, communication, memory copies and idle (see docs/kineto.md).
+    into compute, communication, memory copies and idle (see diag docs kineto).
 
     Exit status: 0 no finding at or above --fail-on, 1 at least one, 2 bad options or nothing to analyse
     (TRACE_DIR missing or unusable, no step in --steps).

@@ -87,7 +87,7 @@ def load_summary(
     "--run-noise-pct",
     type=click.FloatRange(min=0),
     help="How far one run's step time sits from the job's own level from run to run (std, %), in the noise "
-    "floor; default: the value measured for the runs' kind of machine (CPU runs only; docs/compare.md).",
+    "floor; default: the value measured for the runs' kind of machine (CPU runs only; diag docs compare).",
 )
 @click.option(
     "--interleaved",
@@ -135,7 +135,7 @@ def command(
     bandwidth per collective size and the findings that appeared or disappeared. Runs of different world
     sizes also get scaling efficiency (throughput per GPU against the smallest run) and what grew with scale.
     Configuration differences (model FLOPs, layout, dtype, batch) are listed first. A RUN is a diag trace
-    directory or a directory of torch.profiler traces (see docs/compare.md).
+    directory or a directory of torch.profiler traces (see diag docs compare).
 
     Exit status: 0 no regression, 1 a regression of step time (see --fail-on), 2 bad options or a run that
     cannot be read or has no steps.

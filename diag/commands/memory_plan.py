@@ -80,7 +80,7 @@ def _gpu_bytes(gpu_gib: float | None, trace_gpu_bytes: float | None) -> float | 
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def command(params_text, trace_dir, layout_count, fmt, gpu_gib, fsdp, gpus, **options):
     """Predict per-GPU memory (parameters, gradients, optimizer state, activations) of a training layout
-    with the ZeRO paper's and Korthikanti et al.'s formulas (docs/memory.md), say whether it fits the GPU,
+    with the ZeRO paper's and Korthikanti et al.'s formulas (diag docs memory), say whether it fits the GPU,
     and list the cheapest layouts of the same GPUs that would.
 
     \b

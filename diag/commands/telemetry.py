@@ -179,7 +179,7 @@ def command(trace_dir, prometheus_port, bind, interval, all_hosts):
     """Serve Prometheus metrics of this node: NVML telemetry of every GPU (utilisation, memory, power,
     temperature, clocks, throttling, PCIe, ECC, XID) and, given TRACE_DIR, the step, MFU, collective and memory
     metrics of the ranks of this node, read from the files they write. Metric names and labels are those of
-    diag.init(prometheus_port=...); see docs/prometheus.md.
+    diag.init(prometheus_port=...); see diag docs prometheus.
 
     \b
     Examples:
