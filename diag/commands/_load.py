@@ -96,7 +96,7 @@ def _dask_client(scheduler: str):
         from distributed import Client
     except ImportError as exc:
         raise InputError(
-            "--scheduler needs Dask distributed: pip install 'diag[scale]' (or dask[distributed])"
+            "--scheduler needs Dask distributed: pip install 'dask[distributed]' (or '.[scale]' in diag's checkout)"
         ) from exc
     try:
         return Client(scheduler, timeout=SCHEDULER_CONNECT_TIMEOUT_S)

@@ -61,7 +61,7 @@ FAIL_ON = ("high", "medium", "low", "never")
     "--scheduler",
     metavar="ADDRESS",
     help="Run the per-rank reduction on this Dask cluster (tcp://host:8786); its workers read TRACE_DIR "
-    "themselves, so it must be on a filesystem they share. Needs pip install 'diag[scale]'.",
+    "themselves, so it must be on a filesystem they share. Needs pip install 'dask[distributed]'.",
 )
 @click.option(
     "--fail-on",
