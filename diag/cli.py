@@ -18,6 +18,8 @@ SUBCOMMANDS = {
     "export": "export",
     "telemetry": "telemetry",
     "memory-plan": "memory_plan",
+    "samples": "samples",
+    "docs": "docs",
 }
 
 
@@ -52,6 +54,11 @@ def main():
       diag analyze profiler_traces/    torch.profiler (Kineto) traces of every rank
       diag telemetry --prometheus-port 9401   Prometheus node agent (NVML, live traces)
       diag memory-plan --params 7e9 --dp 8 --zero 2 --gpu-gib 80   will a layout fit a GPU
+      diag samples                     the sample runs installed with diag (copy one to try them)
+      diag docs analyze                a page of the documentation
+
+    Exit status: 0 no problem found, 1 a problem found (analyze: a finding at or above --fail-on; triage: a
+    hang; compare: a regression), 2 a usage or input error. Shell completion: see diag docs cli.
     """
 
 

@@ -1593,11 +1593,9 @@ def release_heap_memory() -> None:
 
 
 def _bar(total: int, desc: str):
-    if total <= 64:
-        return None
-    from tqdm import tqdm
+    from diag.progress import bar
 
-    return tqdm(total=total, desc=desc, unit="rank", leave=False)
+    return bar(total, desc)
 
 
 def rank_tasks(trace: Trace, bounds: pd.DataFrame | None = None) -> list[RankTask]:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from diag.commands.exit_codes import InputError
+
 
 @dataclass
 class Analysed:
@@ -40,8 +42,10 @@ def result_name(kind: str, steps: str | None, peak_tflops, flops_per_step) -> st
     return f"{kind}-{options_fingerprint(steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step)}"
 
 
-def report_from_state(state: dict):
-    """The cached report, or None when it is of another version or shape (a damaged or planted entry): recompute."""
+def report_from_state(state: dict, path: Path | None = None):
+    """The cached report, or None when it is of another version or shape (a damaged or planted entry): recompute.
+    ``path``: the trace directory as asked for now, which the report names instead of the path it was first
+    made with (``work/traces/demo``, not the ``traces/demo`` of a run from another directory)."""
     from diag.analysis.report import REPORT_VERSION, Report
     from diag.views import render
 
@@ -52,7 +56,21 @@ def report_from_state(state: dict):
         render(report, "json")  # a report that cannot be rendered is no report
     except Exception:  # noqa: BLE001 - whatever a bad cache entry raises, the answer is to recompute
         return None
+    if path is not None:
+        _rename_run_path(report.run, str(path))
     return report
+
+
+def _rename_run_path(run, path: str) -> None:
+    """The report's trace path, and the skipped files' paths under it, as ``path``."""
+    old = run.path
+    run.path = path
+    if old == path:
+        return
+    for skipped in run.skipped:
+        where = skipped.get("path")
+        if isinstance(where, str) and (where == old or where.startswith(old.rstrip("/") + "/")):
+            skipped["path"] = path + where[len(old) :]
 
 
 PARTITIONED_MIN_RANKS = 64  # above this many rank directories the collectives are reduced rank by rank
@@ -77,13 +95,13 @@ def _dask_client(scheduler: str):
     try:
         from distributed import Client
     except ImportError as exc:
-        raise click.ClickException(
-            "--scheduler needs Dask distributed: pip install 'diag[scale]' (or dask[distributed])"
+        raise InputError(
+            "--scheduler needs Dask distributed: pip install 'dask[distributed]' (or '.[scale]' in diag's checkout)"
         ) from exc
     try:
         return Client(scheduler, timeout=SCHEDULER_CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError) as exc:
-        raise click.ClickException(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
+        raise InputError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
 
 
 def analyse_partitioned(
@@ -108,12 +126,12 @@ def analyse_partitioned(
             analysed_columns_only=not whole_tables,
         )
     except TraceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise InputError(str(exc)) from exc
     except Exception as exc:
         if client is None:
             raise
         # a worker without diag (or another diag), or one that died: the cluster's error, said plainly
-        raise click.ClickException(
+        raise InputError(
             f"the Dask cluster at {scheduler} failed to reduce the collectives: {exc!r} (do its workers have "
             "this version of diag installed, and see TRACE_DIR at the same path?)"
         ) from exc
@@ -133,12 +151,12 @@ def load_per_step_tables(path: Path):
     try:
         return load_without_collectives(path, progress=True)
     except TraceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise InputError(str(exc)) from exc
 
 
 def _raise_nothing_usable(path: Path, trace):
     reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
-    raise click.ClickException(f"nothing in {path} could be analysed:\n{reasons}")
+    raise InputError(f"nothing in {path} could be analysed:\n{reasons}")
 
 
 def _nothing_usable(trace) -> bool:
@@ -147,7 +165,7 @@ def _nothing_usable(trace) -> bool:
 
 def load_trace(path: Path, cache, quiet: bool = False):
     """The trace of ``path`` (a diag trace directory, through ``cache`` when given, or torch.profiler traces);
-    a ClickException when it cannot be read or holds nothing to analyse, with the reasons."""
+    an InputError (exit status 2) when it cannot be read or holds nothing to analyse, with the reasons."""
     from diag.trace.kineto import is_kineto_dir, load_kineto
     from diag.trace.loader import TraceError, load
 
@@ -157,7 +175,7 @@ def load_trace(path: Path, cache, quiet: bool = False):
         else:
             trace, how = cache.load(progress=True) if cache is not None else (load(path, progress=True), "loaded")
     except TraceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise InputError(str(exc)) from exc
     if _nothing_usable(trace):
         _raise_nothing_usable(path, trace)
     if how == "cache" and not quiet:
@@ -190,7 +208,7 @@ def analysed(
     report = None
     if cache is not None:
         state = cache.get_result(name)
-        report = report_from_state(state) if state is not None else None
+        report = report_from_state(state, path) if state is not None else None
         if report is not None and not quiet:
             click.echo(f"(report read from the cache in {path}/.diag-cache; use --no-cache to recompute)", err=True)
     from_cache = report is not None

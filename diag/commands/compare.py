@@ -3,9 +3,13 @@ Never imports torch."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
+
+from diag.commands._options import parse_steps, quiet_option
+from diag.commands.exit_codes import PROBLEM, InputError
 
 
 def _labels(paths: list[Path]) -> list[str]:
@@ -51,7 +55,7 @@ def load_summary(
     )
     if run.trace.steps.empty:
         reasons = "\n".join(f"  {s}" for s in run.trace.skipped[:20]) or "  (no rank recorded a step)"
-        raise click.ClickException(f"{path}: no steps to compare:\n{reasons}")
+        raise InputError(f"{path}: no steps to compare:\n{reasons}")
     summary = summarize_run(run.trace, run.report, label)
     if cache is not None:
         cache.put_result(name, summary.to_state())
@@ -83,7 +87,7 @@ def load_summary(
     "--run-noise-pct",
     type=click.FloatRange(min=0),
     help="How far one run's step time sits from the job's own level from run to run (std, %), in the noise "
-    "floor; default: the value measured for the runs' kind of machine (CPU runs only; docs/compare.md).",
+    "floor; default: the value measured for the runs' kind of machine (CPU runs only; diag docs compare).",
 )
 @click.option(
     "--interleaved",
@@ -102,7 +106,28 @@ def load_summary(
     help="Model FLOPs of one step on one rank, for every run (overrides the manifests).",
 )
 @click.option("--no-cache", is_flag=True, help="Do not read or write the caches in each RUN/.diag-cache.")
-def command(runs, fmt, output, steps, threshold_pct, run_noise_pct, interleaved, peak_tflops, flops_per_step, no_cache):
+@click.option(
+    "--fail-on",
+    type=click.Choice(["regression", "never"]),
+    default="regression",
+    show_default=True,
+    help="Exit with status 1 when a run's step time regressed against BASE ('never': 0 whatever the verdict).",
+)
+@quiet_option
+def command(
+    runs,
+    fmt,
+    output,
+    steps,
+    threshold_pct,
+    run_noise_pct,
+    interleaved,
+    peak_tflops,
+    flops_per_step,
+    no_cache,
+    fail_on,
+    quiet,
+):
     """Compare runs: BASE against NEW (and MORE, each against BASE). Says whether step time regressed,
     improved or did not change (a bootstrap interval over the steps, and a noise floor of what runs of one
     job differ by, so the same job run twice reads "no change"; repeats with --interleaved measure it), which components the change came from (data wait, forward, backward, optimizer, exposed
@@ -110,7 +135,10 @@ def command(runs, fmt, output, steps, threshold_pct, run_noise_pct, interleaved,
     bandwidth per collective size and the findings that appeared or disappeared. Runs of different world
     sizes also get scaling efficiency (throughput per GPU against the smallest run) and what grew with scale.
     Configuration differences (model FLOPs, layout, dtype, batch) are listed first. A RUN is a diag trace
-    directory or a directory of torch.profiler traces (see docs/compare.md).
+    directory or a directory of torch.profiler traces (see diag docs compare).
+
+    Exit status: 0 no regression, 1 a regression of step time (see --fail-on), 2 bad options or a run that
+    cannot be read or has no steps.
 
     \b
     Examples:
@@ -121,15 +149,13 @@ def command(runs, fmt, output, steps, threshold_pct, run_noise_pct, interleaved,
       diag compare a1 b1 a2 b2 a3 b3 --interleaved             (repeats: a verdict that measures the noise)
     """
     from diag.analysis.compare import compare_runs
-    from diag.analysis.window import parse_step_range
+    from diag.progress import set_quiet
     from diag.views.compare import render_compare
 
+    set_quiet(quiet)
     if len(runs) < 2:
         raise click.UsageError("compare needs at least two runs: BASE NEW [MORE ...]")
-    try:
-        step_range = parse_step_range(steps)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--steps") from exc
+    step_range = parse_steps(steps)
     summaries = [
         load_summary(path, label, steps, step_range, peak_tflops, flops_per_step, no_cache)
         for path, label in zip(runs, _labels(list(runs)), strict=True)
@@ -143,9 +169,15 @@ def command(runs, fmt, output, steps, threshold_pct, run_noise_pct, interleaved,
     text = render_compare(report, fmt)
     if output is None:
         click.echo(text)
-        return
-    try:
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise click.ClickException(f"cannot write {output}: {exc}") from exc
-    click.echo(f"comparison written to {output}", err=True)
+    else:
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write {output}: {exc}") from exc
+        if not quiet:
+            click.echo(f"comparison written to {output}", err=True)
+    regressed = [c.new for c in report.comparisons if c.verdict == "regression"]
+    if regressed and fail_on == "regression":
+        if not quiet:
+            click.echo(f"step time regressed in {', '.join(regressed)}: exit status {PROBLEM}", err=True)
+        sys.exit(PROBLEM)

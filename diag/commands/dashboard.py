@@ -11,6 +11,10 @@ from pathlib import Path
 import click
 
 from diag.commands import sample_run
+from diag.commands._options import POLL_MAX_S, Seconds
+from diag.commands.exit_codes import InputError
+
+REFRESH_MIN_S = 0.5  # a page's own reloads come this often at most: faster would only load the browser and server
 
 
 def is_loopback(host: str) -> bool:
@@ -37,7 +41,11 @@ def is_loopback(host: str) -> bool:
     help="Secret every request must carry (env DIAG_DASHBOARD_TOKEN). Generated when binding beyond loopback without one.",
 )
 @click.option(
-    "--refresh-s", default=3.0, show_default=True, type=float, help="How often pages re-read what the run appended."
+    "--refresh-s",
+    default=3.0,
+    show_default=True,
+    type=Seconds(REFRESH_MIN_S, POLL_MAX_S),
+    help="How often pages re-read what the run appended.",
 )
 @click.option(
     "--baseline",
@@ -50,7 +58,13 @@ def is_loopback(host: str) -> bool:
     help="Above 64 ranks, neither read the report diag analyze cached in TRACE_DIR/.diag-cache for these files "
     "nor cache the one computed here.",
 )
-def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
+@click.option(
+    "--baseline-root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Let the Compare page pick baselines anywhere under this directory (default: only beside TRACE_DIR).",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log every request (method, path, status, time) on stderr.")
+def command(trace_dir, host, port, token, refresh_s, baseline, no_cache, baseline_root, verbose):
     """Serve a live dashboard of TRACE_DIR: findings, stragglers, communication, memory, GPU telemetry,
     pipeline and triage pages, updated while the job writes.
 
@@ -65,7 +79,7 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
     if trace_dir is None:
         trace_dir = sample_run("showing")
     if not trace_dir.is_dir():
-        raise click.ClickException(f"{trace_dir} is not a directory; give the trace directory diag.init wrote")
+        raise InputError(f"{trace_dir} is not a directory; give the trace directory diag.init wrote")
     if not is_loopback(host):
         if not token:
             token = secrets.token_urlsafe(18)
@@ -76,6 +90,10 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
     from diag.dashboard.app import create_app
     from diag.dashboard.data import LiveTrace
 
+    if baseline_root is not None:
+        from diag.dashboard.compare_page import set_pick_root
+
+        set_pick_root(baseline_root)
     if baseline is not None:
         from diag.commands.compare import load_summary
         from diag.dashboard.compare_page import set_baseline
@@ -100,10 +118,21 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache):
         from diag.dashboard.app import require_local_host_header
 
         require_local_host_header(app.server, port)
+    from diag.dashboard.server import create_server
+
+    try:
+        server = create_server(app, host, port, verbose)
+    except OSError as exc:
+        raise InputError(f"cannot serve on {host}:{port} ({exc}); choose another --port") from exc
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = f"http://{shown_host}:{port}/" + (f"?token={token}" if token else "")
-    click.echo(f"Serving on {url}  (Ctrl-C to stop)", err=True)
-    app.run(host=host, port=port, debug=False)
+    click.echo(f"Serving on {url}  (Ctrl-C to stop)", err=True)  # the one line that shows the token
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
 
 
 def _many_ranks(trace_dir: Path) -> bool:

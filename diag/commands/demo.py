@@ -1,5 +1,7 @@
 import click
 
+from diag.commands.exit_codes import USAGE
+
 
 @click.command()
 @click.argument("trace_dir", default="traces/demo", type=click.Path(file_okay=False))
@@ -32,7 +34,7 @@ def command(trace_dir, ranks, steps, slow_rank, slow_data_rank):
     trace = load(trace_dir)
     click.echo(recorded_summary(trace))
     if failed:
-        raise SystemExit(1)
+        raise SystemExit(USAGE)  # the job could not run: not a finding (docs/cli.md)
     click.echo(f"\nnext: diag analyze {trace_dir}")
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from diag.commands.exit_codes import InputError
+
 _SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
@@ -78,7 +80,7 @@ def _gpu_bytes(gpu_gib: float | None, trace_gpu_bytes: float | None) -> float | 
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def command(params_text, trace_dir, layout_count, fmt, gpu_gib, fsdp, gpus, **options):
     """Predict per-GPU memory (parameters, gradients, optimizer state, activations) of a training layout
-    with the ZeRO paper's and Korthikanti et al.'s formulas (docs/memory.md), say whether it fits the GPU,
+    with the ZeRO paper's and Korthikanti et al.'s formulas (diag docs memory), say whether it fits the GPU,
     and list the cheapest layouts of the same GPUs that would.
 
     \b
@@ -151,5 +153,5 @@ def _from_trace(trace_dir: Path) -> tuple[dict, float | None, list[str]]:
     try:
         trace = load(trace_dir)
     except TraceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise InputError(str(exc)) from exc
     return plan_input_from_trace(trace)

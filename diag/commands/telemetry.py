@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from diag.commands._options import poll_seconds
+from diag.commands.exit_codes import InputError
 from diag.metrics.nvml import XidEvents, decode_sample, open_nvml, read_sample
 from diag.metrics.prometheus import (
     MetricsSource,
@@ -165,7 +167,7 @@ class TraceFollower:
     "--interval",
     default=5.0,
     show_default=True,
-    type=float,
+    type=poll_seconds(),
     help="Seconds between NVML samples and reads of TRACE_DIR.",
 )
 @click.option(
@@ -177,7 +179,7 @@ def command(trace_dir, prometheus_port, bind, interval, all_hosts):
     """Serve Prometheus metrics of this node: NVML telemetry of every GPU (utilisation, memory, power,
     temperature, clocks, throttling, PCIe, ECC, XID) and, given TRACE_DIR, the step, MFU, collective and memory
     metrics of the ranks of this node, read from the files they write. Metric names and labels are those of
-    diag.init(prometheus_port=...); see docs/prometheus.md.
+    diag.init(prometheus_port=...); see diag docs prometheus.
 
     \b
     Examples:
@@ -190,7 +192,7 @@ def command(trace_dir, prometheus_port, bind, interval, all_hosts):
     metrics = RowMetrics()
     nvml, no_gpu = open_nvml()
     if nvml is None and trace_dir is None:
-        raise click.ClickException(
+        raise InputError(
             f"no GPU telemetry on {host}: {no_gpu}. Nothing to export: give a TRACE_DIR to export the ranks' metrics"
         )
     if nvml is None:
@@ -200,9 +202,7 @@ def command(trace_dir, prometheus_port, bind, interval, all_hosts):
     try:
         server = serve(new_registry(metrics), prometheus_port, bind)
     except OSError as exc:
-        raise click.ClickException(
-            f"cannot serve on {bind}:{prometheus_port} ({exc}); choose another --prometheus-port"
-        ) from exc
+        raise InputError(f"cannot serve on {bind}:{prometheus_port} ({exc}); choose another --prometheus-port") from exc
     what = [f"{len(gpus.devices)} GPUs"] if gpus is not None else []
     if follower is not None:
         what.append(f"ranks {'of every host' if all_hosts else 'of ' + host} in {trace_dir}")

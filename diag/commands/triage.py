@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from diag.commands._options import POLL_MAX_S, Seconds, poll_seconds, quiet_option
+from diag.commands.exit_codes import OK, PROBLEM, USAGE, InputError
 from diag.trace.loader import TraceError
 
 
@@ -22,7 +24,7 @@ from diag.trace.loader import TraceError
 )
 @click.option(
     "--stall-s",
-    type=click.FloatRange(min=0.5),
+    type=Seconds(0.5, POLL_MAX_S),
     default=20.0,
     show_default=True,
     help="With --watch: a collective pending this long in a rank's heartbeat, or a rank silent this long, is a "
@@ -30,12 +32,15 @@ from diag.trace.loader import TraceError
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.1),
+    type=poll_seconds(),
     default=2.0,
     show_default=True,
     help="With --watch: seconds between reads.",
 )
-def command(path: str, output_format: str, all_ranks: bool, watch: bool, stall_s: float, interval: float) -> None:
+@quiet_option
+def command(
+    path: str, output_format: str, all_ranks: bool, watch: bool, stall_s: float, interval: float, quiet: bool
+) -> None:
     """Explain why a distributed job hung or timed out.
 
     PATH is a diag trace directory (written by diag.init, with the hang watchdog on) or a directory of
@@ -45,22 +50,33 @@ def command(path: str, output_format: str, all_ranks: bool, watch: bool, stall_s
     The verdict is one of missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, no_problem, with
     the culprit ranks, the collective (process group, sequence number, op, sizes) and the evidence.
 
+    Exit status: 0 no hang (no_problem, slow), 1 a hang verdict (missing_ranks, deadlock, desync, dead_rank,
+    collective_hang), 2 nothing to judge or a bad PATH.
+
     \b
     Examples:
       diag triage traces/run1
       diag triage /tmp/fr_dumps --format json
       diag triage --watch traces/run1  while the job runs: a verdict within about stall-s + 5 s of a hang
     """
-    from diag.triage.analysis import triage
+    from diag.progress import set_quiet
+    from diag.triage.analysis import NOTHING_TO_JUDGE, triage
     from diag.triage.report import format_text
     from diag.triage.sources import read_input
+    from diag.triage.watch import HANG_VERDICTS
+    from diag.views.colour import colour_wanted, paint_verdict
+
+    set_quiet(quiet)
 
     def show(verdict) -> None:
         if output_format == "json":
             json.dump(verdict.to_json(), sys.stdout, indent=1)
             sys.stdout.write("\n")
-        else:
-            click.echo(format_text(verdict, all_ranks=all_ranks))
+            return
+        text = format_text(verdict, all_ranks=all_ranks)
+        if colour_wanted():
+            text = paint_verdict(text, problem=verdict.verdict in HANG_VERDICTS)
+        click.echo(text)
 
     if watch:
         from diag.triage.watch import watch as watch_job
@@ -72,7 +88,10 @@ def command(path: str, output_format: str, all_ranks: bool, watch: bool, stall_s
             code = 130
         sys.exit(code)
     try:
-        verdict = triage(read_input(path, progress=sys.stderr.isatty()))  # a bar only for a person watching
+        verdict = triage(read_input(path, progress=True))
     except TraceError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise InputError(str(exc)) from exc
     show(verdict)
+    if verdict.evidence[:1] == [NOTHING_TO_JUDGE]:
+        sys.exit(USAGE)
+    sys.exit(PROBLEM if verdict.verdict in HANG_VERDICTS else OK)

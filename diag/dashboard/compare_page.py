@@ -60,30 +60,63 @@ def is_trace_dir(path: Path) -> bool:
 
     try:
         return any((d / MANIFEST_FILE).is_file() for d in find_rank_dirs(path).values())
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (pathlib's resolve)
         return False
 
 
 def sibling_runs(run_dir: Path) -> list[Path]:
-    """The diag trace directories beside ``run_dir`` (same parent), by name, ``run_dir`` left out."""
+    """The diag trace directories beside ``run_dir`` (same parent), by name, ``run_dir`` left out; one that
+    cannot be looked at (unreadable, a symlink loop) is left out too."""
     run_dir = Path(run_dir).resolve()
     try:
         children = sorted(itertools.islice(run_dir.parent.iterdir(), MAX_SIBLINGS_SCANNED))
     except OSError:
         return []
-    return [c for c in children if c.resolve() != run_dir and c.is_dir() and is_trace_dir(c)]
+    return [c for c in children if _other_run(c, run_dir)]
+
+
+def _other_run(child: Path, run_dir: Path) -> bool:
+    try:
+        return child.resolve() != run_dir and child.is_dir() and is_trace_dir(child)
+    except (OSError, RuntimeError):  # RuntimeError: pathlib's "Symlink loop"
+        return False
+
+
+_pick_root: Path | None = None  # where a baseline may be picked from; None: the run's parent directory
+
+
+def set_pick_root(root: Path | None) -> None:
+    """``diag dashboard --baseline-root DIR``: allow baselines anywhere under DIR, not only beside the run."""
+    global _pick_root
+    _pick_root = Path(root).resolve() if root is not None else None
+
+
+def pick_root(run_dir: Path) -> Path:
+    return _pick_root if _pick_root is not None else Path(run_dir).resolve().parent
 
 
 def resolve_baseline(text: str | None, run_dir: Path) -> tuple[Path | None, str | None]:
-    """The directory a typed or picked baseline names, or why it cannot be one (a message for the page)."""
+    """The directory a typed or picked baseline names, or why it cannot be one (a message for the page).
+    Only directories under ``pick_root`` are looked at: of any other path the page says the same whether it
+    exists or not, so that a viewer learns nothing about the server's files."""
     text = (text or "").strip()
     if not text:
         return None, "give a directory: a diag trace directory (the one diag.init wrote)"
-    if "\x00" in text:
+    if "\x00" in text or not text.isprintable():
         return None, "that is not a path"
+    root = pick_root(run_dir)
     path = Path(text).expanduser()
     if not path.is_absolute():
         path = Path(run_dir).resolve().parent / path
+    try:
+        inside = path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a symlink loop
+        inside = False
+    if not inside:
+        return None, (
+            f"only directories under {root} can be compared here (start the dashboard with --baseline-root DIR, "
+            "or --baseline, for others)"
+        )
     try:
         if not path.exists():
             return None, f"{path} does not exist"

@@ -354,7 +354,7 @@ class LiveTrace:
             state = cache.get_result(report_cache_name())
         except (TraceError, OSError):
             return None, None
-        return cache, report_from_state(state) if state is not None else None
+        return cache, report_from_state(state, self.trace_dir) if state is not None else None
 
     def _publish_states_only(self) -> None:
         """No new rows: the data stays, but ranks may have become stale and the run quiet."""

@@ -22,6 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from diag.progress import NoBar
+from diag.progress import bar as progress_bar
 from diag.trace.columnar import ARROW_TYPES, TableSegments
 from diag.trace.manifest import Manifest, first_of, parse_manifests
 from diag.trace.memory_deep import read_memory_deep
@@ -748,16 +750,11 @@ def load(path: str | Path, progress: bool = False) -> Trace:
         raise TraceError(
             f"no diag traces in {path}: expected rank00000/, rank00001/, ... sub-directories written by diag.init"
         )
-    bar = None
-    if progress and len(rank_dirs) > 64:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(rank_dirs), desc="loading ranks", unit="rank", leave=False)
+    bar = progress_bar(len(rank_dirs), "loading ranks") if progress else NoBar()
     try:
-        data = reader.poll(progress=bar.update if bar else None)
+        data = reader.poll(progress=bar.update)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     return assemble_trace(Path(path), data)
 
 

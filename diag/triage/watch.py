@@ -72,7 +72,8 @@ def watch(
     on_verdict: Callable[[Verdict], None] | None = None,
     now_s: Callable[[], float] = time.time,
 ) -> int:
-    """Poll ``path`` until a verdict can be given (returns 1) or every rank finished (returns 0)."""
+    """Poll ``path`` until a hang verdict can be given (returns 1) or every rank finished (returns 1 if the
+    verdict is a hang, else 0)."""
     last_status = None
     while True:
         try:
@@ -87,7 +88,7 @@ def watch(
                 say(f"[{_clock(now_s())}] {progress.detail}: judged")
                 if on_verdict is not None:
                     on_verdict(verdict)
-                return 0 if verdict.verdict == "no_problem" else 1
+                return 1 if verdict.verdict in HANG_VERDICTS else 0  # as diag triage: exit status 1 for a hang
         status = f"{progress.state}: {progress.detail}"
         if status != last_status:  # a line when something changes, not one per poll
             say(f"[{_clock(now_s())}] {status}")

@@ -206,21 +206,18 @@ def write_chrome_trace_dir(
 
 
 class _bar:
-    """A progress bar over ranks for runs of more than 64 ranks (``tick()`` per rank and pass)."""
+    """diag.progress's bar over ranks (``tick()`` per rank and pass: two passes, so twice its threshold)."""
 
     def __init__(self, enabled: bool, total: int, desc: str):
-        self._bar = None
-        if enabled and total > 128:
-            from tqdm import tqdm
+        from diag.progress import MIN_ITEMS, NoBar, bar
 
-            self._bar = tqdm(total=total, desc=desc, unit="rank", leave=False)
+        self._bar = bar(total, desc, min_items=2 * MIN_ITEMS) if enabled else NoBar()
 
     def __enter__(self):
-        return (lambda: self._bar.update(1)) if self._bar is not None else (lambda: None)
+        return lambda: self._bar.update(1)
 
     def __exit__(self, *exc):
-        if self._bar is not None:
-            self._bar.close()
+        self._bar.close()
 
 
 def _first_pass(reader, rank_dirs: dict, steps, tick, windowed: bool = True) -> tuple[set[int], tuple | None, set]:

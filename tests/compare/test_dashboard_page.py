@@ -92,6 +92,41 @@ def test_only_diag_trace_directories_beside_the_run_are_listed(runs):
     assert [p.name for p in compare_page.sibling_runs(runs / "straggler")] == ["base"]
 
 
+def test_siblings_that_cannot_be_looked_at_are_left_out(tmp_path):
+    """A symlink loop beside the run (pathlib's resolve raised RuntimeError: HTTP 500 on the page), a dangling
+    link and an unreadable directory: listed as nothing, the real run still listed."""
+    make_trace(tmp_path / "run", 2, 10, plants=synthetic.Plants(), seed=0)
+    make_trace(tmp_path / "other", 2, 10, plants=synthetic.Plants(), seed=1)
+    (tmp_path / "loop-a").symlink_to(tmp_path / "loop-b")
+    (tmp_path / "loop-b").symlink_to(tmp_path / "loop-a")
+    (tmp_path / "self-loop").symlink_to(tmp_path / "self-loop")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    assert [p.name for p in compare_page.sibling_runs(tmp_path / "run")] == ["other"]
+    done, message = compare_page.use_baseline("loop-a", tmp_path / "run")
+    assert not done and "Traceback" not in message
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_a_path_outside_the_runs_parent_gets_one_answer_whether_it_exists_or_not(runs, tmp_path, no_baseline, exists):
+    """A token holder typing /root/.ssh learns nothing: the same message for a path that exists and one that
+    does not, and for a trace directory outside as for anything else; --baseline-root opens a wider root."""
+    outside = tmp_path / "elsewhere" / "run"
+    if exists:
+        make_trace(outside, 2, 10, plants=synthetic.Plants(), seed=0)
+    done, message = compare_page.use_baseline(str(outside), runs / "straggler")
+    assert not done
+    assert message == compare_page.resolve_baseline(str(tmp_path / "never" / "there"), runs / "straggler")[1]
+    assert "only directories under" in message and "does not exist" not in message
+    done, _ = compare_page.use_baseline("../" * 12 + str(outside).lstrip("/"), runs / "straggler")
+    assert not done  # ../ out of the root is outside too
+    compare_page.set_pick_root(tmp_path)
+    try:
+        done, message = compare_page.use_baseline(str(outside), runs / "straggler")
+        assert done is exists and ("does not exist" in message) is not exists
+    finally:
+        compare_page.set_pick_root(None)
+
+
 @pytest.mark.parametrize(
     ("typed", "says"),
     [
@@ -133,7 +168,11 @@ def test_picking_a_baseline_in_the_browser(runs, no_baseline, browser, serve):  
     b.open_page(browser, base + "/compare", 2)
     assert "No baseline" in b.text(browser, "page")
     path = browser.find_element(By.ID, compare_page.PATH_ID)
-    for typed, says in (("notes", "is not a diag trace directory"), ("/no/such/run", "does not exist")):
+    for typed, says in (
+        ("notes", "is not a diag trace directory"),
+        ("no-such-run", "does not exist"),
+        ("/no/such/run", "only directories under"),
+    ):
         _type(path, typed)
         browser.find_element(By.ID, compare_page.USE_ID).click()
         b.wait_for(browser, lambda d, says=says: says in (b.text(d, compare_page.MESSAGE_ID) or ""), says)

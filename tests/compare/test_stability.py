@@ -57,7 +57,7 @@ def test_a_loss_spike_and_a_nan_are_set_against_the_healthy_run(runs):
 
 @pytest.mark.slow
 def test_stability_in_text_markdown_and_html(runs, tmp_path):
-    args = ["compare", str(runs / "none"), str(runs / "spike"), "--no-cache"]
+    args = ["compare", str(runs / "none"), str(runs / "spike"), "--no-cache", "--fail-on", "never"]
     text = CliRunner().invoke(main, args).stdout
     assert "Training stability" in text and "loss spikes: 0 -> " in text and "steps with NaN/inf" in text
     markdown = CliRunner().invoke(main, [*args, "--format", "markdown"]).stdout

@@ -59,8 +59,42 @@ def test_diag_analyze_without_argument_runs_the_installed_sample(installed_venv,
         text=True,
         timeout=300,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # a high finding: the straggler (--fail-on high by default)
     assert str(installed_venv / "share" / "diag" / "sample_traces" / "straggler") in result.stderr
     report = json.loads(result.stdout)
     stragglers = [f for f in report["findings"] if "straggler" in f.get("title", "").lower()]
     assert stragglers, report["findings"]
+
+
+def _installed_diag(installed_venv: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {"PATH": f"{installed_venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    return subprocess.run(
+        [installed_venv / "bin" / "diag", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_every_sample_is_installed_and_triage_has_its_hang(installed_venv, tmp_path):
+    listed = _installed_diag(installed_venv, tmp_path, "samples")
+    assert listed.returncode == 0, listed.stderr
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert names == sorted(p.name for p in (REPO / "sample_traces").iterdir() if p.is_dir())
+    assert str(installed_venv / "share" / "diag" / "sample_traces" / "hang") in listed.stdout
+    copied = _installed_diag(installed_venv, tmp_path, "samples", "copy", "hang", "runs/hang")
+    assert copied.returncode == 0, copied.stderr
+    triage = _installed_diag(installed_venv, tmp_path, "triage", "runs/hang")
+    assert triage.returncode == 1, triage.stderr  # a hang verdict
+    assert triage.stdout.startswith("HANG") and "rank 1" in triage.stdout
+    pipeline = _installed_diag(installed_venv, tmp_path, "samples", "copy", "pipeline", "runs/pipeline")
+    assert pipeline.returncode == 0
+    report = json.loads(
+        _installed_diag(installed_venv, tmp_path, "analyze", "runs/pipeline", "--format", "json").stdout
+    )
+    assert report["bubble"] is not None
+
+
+def test_the_docs_the_help_points_to_are_installed(installed_venv, tmp_path):
+    page = _installed_diag(installed_venv, tmp_path, "docs", "kineto", "--path")
+    assert page.returncode == 0, page.stderr
+    assert page.stdout.strip() == str(installed_venv / "share" / "doc" / "diag" / "kineto.md")
+    assert "diag docs kineto" in _installed_diag(installed_venv, tmp_path, "analyze", "--help").stdout
+    assert "# " in _installed_diag(installed_venv, tmp_path, "docs", "analyze").stdout

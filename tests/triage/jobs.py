@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from diag.launch import start_ranks
+from diag.triage.watch import HANG_VERDICTS
 
 HANG_JOB = Path(__file__).with_name("hang_job.py")
 WORLD_SIZE = 3
@@ -98,5 +99,7 @@ def diag_triage_json(path: Path) -> dict:
         timeout=120,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    assert result.returncode in (0, 1), result.stderr  # 1: a hang verdict
+    verdict = json.loads(result.stdout)
+    assert result.returncode == (1 if verdict["verdict"] in HANG_VERDICTS else 0), verdict["verdict"]
+    return verdict

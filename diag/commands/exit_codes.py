@@ -1,0 +1,24 @@
+"""The exit status of every ``diag`` command, so that CI can act on it (documented in README.md):
+
+* ``OK`` (0): the command did its work and found no problem;
+* ``PROBLEM`` (1): it found one: ``diag analyze`` a finding at or above ``--fail-on``, ``diag triage`` a verdict
+  other than no_problem, ``diag compare`` a regression;
+* ``USAGE`` (2): it could not do its work: bad options (click's own usage errors are 2 as well), a path that does
+  not exist, a trace with nothing usable in it, an output that cannot be written.
+
+A command never ends with 1 for an error, so "1" always means "look at the result"."""
+
+from __future__ import annotations
+
+import click
+
+OK = 0
+PROBLEM = 1
+USAGE = 2
+
+
+class InputError(click.ClickException):
+    """An error the user can act on (a missing path, nothing usable, an unwritable output): ``Error: ...`` on
+    stderr, exit status USAGE."""
+
+    exit_code = USAGE
