@@ -68,6 +68,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from diag.analysis.calibration import MachineComparison, comparable, corrected_steps, sensitivity
 from diag.analysis.compare_stability import compare_stability, losses, nonfinite_steps
 from diag.analysis.report import Report, json_safe, ranks_sharing_tokens
 from diag.analysis.window import select
@@ -531,6 +532,52 @@ def _within_noise_note(s: StepTime) -> str:
     )
 
 
+def machine_correction(base: RunSummary, new: RunSummary) -> tuple[MachineComparison | None, tuple | None]:
+    """When both runs were calibrated alike: how their machines differed, and both runs' step times at the base
+    run's machine speed (diag/analysis/calibration.py); (None, None) otherwise."""
+    speeds = base.report.run.machine, new.report.run.machine
+    if not comparable(*speeds) or not base.step_ms or not new.step_ms:
+        return None, None
+    b_speed, n_speed = speeds
+    if b_speed.device == "cuda":
+        busy = [r.gpu_busy_pct for r in (base, new) if r.gpu_busy_pct is not None]
+        prior = min(max(float(np.mean(busy)) / 100, 0.0), 1.0) if busy else 1.0
+        reason = "the GPU-busy share of the step (host time does not follow the GPU's clock)" if busy else "assumed 1"
+    else:
+        prior, reason = 1.0, "assumed 1: every part of a CPU job's step runs on the cores the calibration measures"
+    s, source = sensitivity([(b_speed, base.steps, base.step_ms), (n_speed, new.steps, new.step_ms)], prior, reason)
+    reference = b_speed.factor
+    corrected = tuple(
+        corrected_steps(speed, run.steps, run.step_ms, reference, s) for speed, run in zip(speeds, (base, new), strict=True)
+    )
+    machine = MachineComparison(
+        source=b_speed.source,
+        base_factor=b_speed.factor,
+        new_factor=n_speed.factor,
+        machine_change_pct=100 * (n_speed.factor / b_speed.factor - 1),
+        sensitivity=s,
+        sensitivity_source=source,
+    )
+    return machine, corrected
+
+
+def machine_clause(m: MachineComparison) -> str:
+    """'the new run's machine was 30% slower (calibration: run-queue wait)', or '... as fast (...)'."""
+    how = {"runqueue": "CPU run-queue wait", "kernel": "a fixed kernel's time"}.get(m.source, m.source)
+    pct = m.machine_change_pct
+    if abs(pct) < THRESHOLD_PCT:
+        return f"both runs' machines ran at the same speed (calibration: {how})"
+    return f"the new run's machine was {abs(pct):.0f}% {'slower' if pct > 0 else 'faster'} (calibration: {how})"
+
+
+def _machine_note(m: MachineComparison) -> str:
+    return (
+        f"the steady step time moved {m.raw_steady_change_pct:+.1f}% as measured, but {machine_clause(m)}: at the "
+        f"same machine speed the job's own change is {m.own_change_pct:+.1f}% (the step goes with the machine's "
+        f"speed at a share of {m.sensitivity:.2f}, {m.sensitivity_source})"
+    )
+
+
 def _drift_text(s) -> str:
     return " and ".join("-" if d is None else f"{d:.1f}%" for d in s.drift_pct)
 
@@ -586,6 +633,9 @@ class StepTime:
     run_noise_source: str = ""  # where run_noise_pct came from: the measured default, --run-noise-pct, repeats
     within_noise: bool = False  # "no change" although the steps alone show one: it is under the noise floor
     repeats: Repeats | None = None  # --interleaved: the verdict's evidence from pairs of runs
+    # both runs calibrated (diag/analysis/calibration.py): the machines' speeds and the job's own change after the
+    # correction, which the verdict, drift and noise floor then read; None: compared as measured
+    machine: MachineComparison | None = None
 
 
 @dataclass
@@ -764,6 +814,12 @@ def _compare(
     b, n = np.asarray(base.step_ms), np.asarray(new.step_ms)
     median = bootstrap_change(b, n, 0.5, resamples, seed)
     steady = bootstrap_change(b, n, STEADY_QUANTILE, resamples, seed + 1)
+    machine, corrected = (None, None) if repeats is not None else machine_correction(base, new)
+    if machine is not None:  # the verdict, the drift and the floor read the steps at the base run's machine speed
+        b, n = corrected
+        own = bootstrap_change(b, n, STEADY_QUANTILE, resamples, seed + 2)
+        machine.raw_steady_change_pct, machine.raw_steady_ci_pct = steady.change_pct, steady.ci_pct
+        machine.own_change_pct, machine.own_ci_pct = own.change_pct, own.ci_pct
     pairs = repeats_change(*repeats) if repeats is not None else None
     if repeats is not None:
         noise, source = (pairs.run_noise_pct, f"measured by {pairs.pairs} pairs of repeats") if pairs else (0.0, "")
@@ -792,6 +848,7 @@ def _compare(
         run_noise_pct=noise,
         run_noise_source=source,
         repeats=pairs,
+        machine=machine,
     )
     notes = []
     if min(len(b), len(n)) < MIN_STEPS:
@@ -809,13 +866,16 @@ def _compare(
             evidence = Change(steady.base_s, steady.new_s, pairs.change_pct, pairs.ci_pct)
             direction = significant(evidence, threshold_pct)
         else:
-            direction = significant(steady, max(threshold_pct, floor))
+            direction = significant(own if machine is not None else steady, max(threshold_pct, floor))
         verdict = {1: "regression", -1: "improvement", 0: "no change"}[direction]
-        step_time.within_noise = direction == 0 and significant(steady, threshold_pct) != 0
+        evidence_change = own if machine is not None else steady
+        step_time.within_noise = direction == 0 and significant(evidence_change, threshold_pct) != 0
         if step_time.within_noise:
             notes.append(_within_noise_note(step_time))
         moved = significant(median, max(threshold_pct, floor))
-        if direction == 0 and moved and not step_time.within_noise:
+        if machine is not None and direction == 0 and significant(steady, max(threshold_pct, floor)):
+            notes.append(_machine_note(machine))
+        elif direction == 0 and moved and not step_time.within_noise and machine is None:
             notes.append(
                 f"the median step moved {median.change_pct:+.1f}% but the steady (lower-decile) step time did not: "
                 "only some steps were slower (faster): other load on the host, or intermittent stalls; rerun on a "
@@ -1016,6 +1076,16 @@ def _summary(c: Comparison) -> str:
             f"{c.verdict}: step time {_ms(s.base_s)} -> {_ms(s.new_s)} ({_signed(s.change_pct)} median over all "
             f"steps; steady {_signed(r.change_pct)} [{_signed(r.ci_pct[0])}, {_signed(r.ci_pct[1])}] over "
             f"{r.pairs} pairs of repeats)"
+        )
+        return head + _largest(c)
+    m = s.machine
+    if m is not None and m.own_ci_pct:
+        head = (
+            f"{c.verdict}: {machine_clause(m)}; the job's own change: {_signed(m.own_change_pct)} "
+            f"[{_signed(m.own_ci_pct[0])}, {_signed(m.own_ci_pct[1])}]"
+            + (f" (noise floor {s.noise_floor_pct:.1f}%)" if s.noise_floor_pct else "")
+            + f"; step time {_ms(s.base_s)} -> {_ms(s.new_s)} as measured ({_signed(s.change_pct)} median, steady "
+            f"{_signed(s.steady_change_pct)})"
         )
         return head + _largest(c)
     head = (

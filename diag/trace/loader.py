@@ -139,6 +139,7 @@ class Trace:
     memory: pd.DataFrame
     telemetry: pd.DataFrame
     microbatches: pd.DataFrame  # pipeline parallelism; empty for runs without it
+    calibration: pd.DataFrame  # the machine-speed calibration (diag/capture/calibration.py); empty before it
     manifests: dict[int, Manifest]  # by rank, ascending; ranks without a manifest.json are absent
     events: pd.DataFrame  # rank, time_us, kind, and the event's other fields
     heartbeats: pd.DataFrame  # rank and the heartbeat.json keys
@@ -788,6 +789,7 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         memory=data["memory"],
         telemetry=data["telemetry"],
         microbatches=data["microbatches"],
+        calibration=data["calibration"],
         manifests=manifests,
         events=data["events"],
         heartbeats=data["heartbeats"],
