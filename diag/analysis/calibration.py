@@ -10,9 +10,9 @@ finish; the k-th rows of the ranks are one *round*, and the steps between two ro
   for a core, over the time they ran: how much longer their runnable work took than on cores of their own. It
   is measured over the whole interval, not sampled, so load that came and went between rounds counts. On a
   shared 2-core machine, over 10-step intervals of a 3-rank gloo job with and without a CPU burner, it went with
-  the interval's median step time at a correlation of 0.86 (log-log, slope 0.81), where the fixed matmul's time
-  went at 0.45 (slope 0.21): a few milliseconds of matmul see a burner only when a time slice happens to fall
-  in them (benchmarks/bench_calibration.py).
+  the interval's median step time at a correlation of 0.80-0.88 (log-log, each run's mean taken out; slope
+  0.88-0.94), where the fixed matmul's time went at 0.31-0.45 (slope 0.17-0.21): a millisecond or two of matmul
+  sees other load only when a time slice happens to fall in it (docs/compare.md).
 * ``kernel`` (CUDA, or where schedstat is missing): the fixed workload's mean time, median over ranks, the mean
   of the two rounds around the interval (a GPU's clock and power state change its kernels' time).
 
@@ -173,6 +173,7 @@ class MachineComparison:
     raw_steady_ci_pct: list[float] | None = None
     own_change_pct: float | None = None  # the job's own change: the steady step time's after the correction
     own_ci_pct: list[float] | None = None
+    statistic: str = ""  # what own_change_pct compares: the median of the intervals' levels, or the steady step time
 
 
 def comparable(base: MachineSpeed | None, new: MachineSpeed | None) -> bool:
@@ -210,6 +211,32 @@ def sensitivity(
         return prior, prior_reason
     clipped = min(max(slope, 0.0), 1.0)
     return clipped, f"estimated from {n} intervals (slope {slope:.2f} +- {1.96 * se:.2f})"
+
+
+def interval_levels(speed: MachineSpeed, steps: list[int], step_ms: list[float], reference: float, s: float):
+    """Each interval's level at a machine of slowness ``reference``: the median of its steps in the window times
+    (reference / its factor) ^ s; intervals with fewer than MIN_STEPS_PER_INTERVAL steps are left out. The
+    median step of an interval goes with its factor (the lower decile, which a comparison reads without
+    calibration, is of the steps that happened to miss the load, which a factor averaged over the interval does
+    not describe)."""
+    steps_a, ms = np.asarray(steps), np.asarray(step_ms, dtype="float64")
+    levels = []
+    for interval in speed.intervals:
+        inside = (steps_a >= interval["first_step"]) & (steps_a <= interval["last_step"]) & np.isfinite(ms)
+        if inside.sum() >= MIN_STEPS_PER_INTERVAL:
+            levels.append(float(np.median(ms[inside])) * (reference / interval["factor"]) ** s)
+    return np.asarray(levels, dtype="float64")
+
+
+def levels_change(base: np.ndarray, new: np.ndarray, resamples: int, seed: int, confidence: float):
+    """(change %, [low, high]) of the median level, the intervals resampled with replacement in each run."""
+    b, n = float(np.median(base)), float(np.median(new))
+    rng = np.random.default_rng(seed)
+    rb = np.median(base[rng.integers(0, len(base), size=(resamples, len(base)))], axis=1)
+    rn = np.median(new[rng.integers(0, len(new), size=(resamples, len(new)))], axis=1)
+    diff = 100 * (rn / rb - 1)
+    tail = 100 * (1 - confidence) / 2
+    return 100 * (n / b - 1), [float(np.percentile(diff, tail)), float(np.percentile(diff, 100 - tail))]
 
 
 def corrected_steps(speed: MachineSpeed, steps: list[int], step_ms: list[float], reference: float, s: float):

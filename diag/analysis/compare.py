@@ -68,7 +68,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from diag.analysis.calibration import MachineComparison, comparable, corrected_steps, sensitivity
+from diag.analysis.calibration import (
+    MachineComparison,
+    comparable,
+    corrected_steps,
+    interval_levels,
+    levels_change,
+    sensitivity,
+)
 from diag.analysis.compare_stability import compare_stability, losses, nonfinite_steps
 from diag.analysis.report import Report, json_safe, ranks_sharing_tokens
 from diag.analysis.window import select
@@ -92,10 +99,17 @@ NOISE_Z = 2.0  # the noise floor: this many standard deviations of the differenc
 # shared cores) have been measured: elsewhere none is assumed, and --run-noise-pct or repeats (--interleaved)
 # supply it.
 RUN_NOISE_PCT = {"cpu": 8.7}  # bench_compare_noise.py, first series of 2026-11-25: 13 runs, 12 consecutive pairs
+# The same after the machine-speed correction (both runs calibrated): what is left of a run's level off the job's
+# once its intervals are put at the base run's machine speed. Measured on the shared 2-core machine at a load
+# average of 13-34 (where the runs' median steps moved from 30 to 107 ms with no change of the job): the job's own
+# change over 10 pairs of same-job 3-rank runs, with and without a CPU burner beside either, had a standard
+# deviation of 17.5%, 12.4% a run (docs/compare.md, "Machine speed").
+CALIBRATED_RUN_NOISE_PCT = {"cpu": 12.4}
 # two-sided 95% quantiles of Student's t by degrees of freedom (the repeats' interval; 1.96 beyond the table)
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
 MIN_REPEATS = 2  # --interleaved: at least this many pairs of runs
+MIN_LEVELS = 4  # calibrated runs: at least this many calibration intervals in each for the verdict from them
 CONFIDENCE = 0.95
 CENTRAL_FRACTION = 0.2  # the attribution averages the middle 20% of the steps by step time ...
 CENTRAL_MIN_STEPS = 5  # ... and at least this many
@@ -455,12 +469,14 @@ def noise_floor_pct(base_ms, new_ms, run_noise_pct: float = 0.0) -> float | None
     return float(NOISE_Z * math.hypot(*(max(d or 0.0, run_noise_pct) for d in drifts)))
 
 
-def default_run_noise_pct(base_config: dict, new_config: dict) -> tuple[float, str]:
-    """The measured run-to-run noise for the runs' kind of machine (``RUN_NOISE_PCT``), and where it came from;
-    0 where none was measured (both runs must be of that kind)."""
+def default_run_noise_pct(base_config: dict, new_config: dict, calibrated: bool = False) -> tuple[float, str]:
+    """The measured run-to-run noise for the runs' kind of machine (``RUN_NOISE_PCT``, or
+    ``CALIBRATED_RUN_NOISE_PCT`` after the machine-speed correction), and where it came from; 0 where none was
+    measured (both runs must be of that kind)."""
     devices = {base_config.get("device"), new_config.get("device")}
-    if len(devices) == 1 and (device := devices.pop()) in RUN_NOISE_PCT:
-        return RUN_NOISE_PCT[device], f"measured default for {device} runs"
+    table = CALIBRATED_RUN_NOISE_PCT if calibrated else RUN_NOISE_PCT
+    if len(devices) == 1 and (device := devices.pop()) in table:
+        return table[device], f"measured default for {'calibrated ' if calibrated else ''}{device} runs"
     return 0.0, "none measured for this kind of machine"
 
 
@@ -523,6 +539,14 @@ def _within_noise_note(s: StepTime) -> str:
             f"[{r.ci_pct[0]:+.1f}%, {r.ci_pct[1]:+.1f}%] holds 0 or stays under {s.threshold_pct:g}%; more pairs "
             "narrow it"
         )
+    if s.machine is not None and s.drift_pct == [None, None]:
+        m = s.machine
+        return (
+            f"within noise: at the same machine speed the job's own change is {m.own_change_pct:+.1f}%, under the "
+            f"noise floor of {s.noise_floor_pct:.1f}% (each run's level is off the job's by {s.run_noise_pct:.1f}% "
+            f"from run to run [{s.run_noise_source}]); give repeats, BASE NEW BASE NEW ... --interleaved, to tell a "
+            "change this small"
+        )
     return (
         f"within noise: the steady step time moved {s.steady_change_pct:+.1f}%, under the noise floor of "
         f"{s.noise_floor_pct:.1f}% (each run's level is off the job's by {s.run_noise_pct:.1f}% from run to run "
@@ -547,9 +571,10 @@ def machine_correction(base: RunSummary, new: RunSummary) -> tuple[MachineCompar
         prior, reason = 1.0, "assumed 1: every part of a CPU job's step runs on the cores the calibration measures"
     s, source = sensitivity([(b_speed, base.steps, base.step_ms), (n_speed, new.steps, new.step_ms)], prior, reason)
     reference = b_speed.factor
-    corrected = tuple(
-        corrected_steps(speed, run.steps, run.step_ms, reference, s) for speed, run in zip(speeds, (base, new), strict=True)
-    )
+    runs = list(zip(speeds, (base, new), strict=True))
+    corrected = [corrected_steps(speed, run.steps, run.step_ms, reference, s) for speed, run in runs]
+    levels = [interval_levels(speed, run.steps, run.step_ms, reference, s) for speed, run in runs]
+    enough = all(len(v) >= MIN_LEVELS for v in levels)
     machine = MachineComparison(
         source=b_speed.source,
         base_factor=b_speed.factor,
@@ -558,7 +583,7 @@ def machine_correction(base: RunSummary, new: RunSummary) -> tuple[MachineCompar
         sensitivity=s,
         sensitivity_source=source,
     )
-    return machine, corrected
+    return machine, (levels if enough else None, *corrected)
 
 
 def machine_clause(m: MachineComparison) -> str:
@@ -816,17 +841,24 @@ def _compare(
     steady = bootstrap_change(b, n, STEADY_QUANTILE, resamples, seed + 1)
     machine, corrected = (None, None) if repeats is not None else machine_correction(base, new)
     if machine is not None:  # the verdict, the drift and the floor read the steps at the base run's machine speed
-        b, n = corrected
-        own = bootstrap_change(b, n, STEADY_QUANTILE, resamples, seed + 2)
+        levels, b, n = corrected
+        if levels is not None:  # calibrated often enough: the intervals' levels, resampled
+            change, ci = levels_change(*levels, resamples, seed + 2, CONFIDENCE)
+            own = Change(float(np.median(levels[0])) / 1e3, float(np.median(levels[1])) / 1e3, change, ci)
+        else:  # one or two intervals: each step at its interval's speed, the steady step time as without
+            own = bootstrap_change(b, n, STEADY_QUANTILE, resamples, seed + 2)
         machine.raw_steady_change_pct, machine.raw_steady_ci_pct = steady.change_pct, steady.ci_pct
         machine.own_change_pct, machine.own_ci_pct = own.change_pct, own.ci_pct
+        machine.statistic = "median of the intervals' levels" if levels is not None else "steady step time"
+    by_levels = machine is not None and levels is not None
     pairs = repeats_change(*repeats) if repeats is not None else None
     if repeats is not None:
         noise, source = (pairs.run_noise_pct, f"measured by {pairs.pairs} pairs of repeats") if pairs else (0.0, "")
     elif run_noise_pct is not None:
         noise, source = run_noise_pct, "--run-noise-pct"
     else:
-        noise, source = default_run_noise_pct(base.config, new.config)
+        noise, source = default_run_noise_pct(base.config, new.config, calibrated=machine is not None)
+    floor_pct = None if repeats else noise_floor_pct(*(([], []) if by_levels else (b, n)), noise)
     step_time = StepTime(
         base_s=median.base_s,
         new_s=median.new_s,
@@ -839,8 +871,10 @@ def _compare(
         steady_ci_pct=steady.ci_pct,
         threshold_pct=threshold_pct,
         # with repeats the pairs measure the noise: a pooled run's windows would mix its repeats' levels
-        drift_pct=[None, None] if repeats else [drift_pct(b), drift_pct(n)],
-        noise_floor_pct=None if repeats else noise_floor_pct(b, n, noise),
+        # with repeats the pairs measure the noise: a pooled run's windows would mix its repeats' levels; with the
+        # intervals' levels, their spread is in the interval already
+        drift_pct=[None, None] if repeats or by_levels else [drift_pct(b), drift_pct(n)],
+        noise_floor_pct=floor_pct,
         steps_base=len(b),
         steps_new=len(n),
         resamples=resamples,

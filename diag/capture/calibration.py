@@ -16,8 +16,9 @@ same cores, a GPU at a lower clock) from the job's own step times. So each rank 
 
 It runs between steps (after the step's row is taken, before the next begins), so the step times never include
 it, and never while a CUDA graph is being captured or torch.compile is tracing (it would be recorded into the
-graph). Its cost is measured in benchmarks/bench_calibration.py. Any failure is one warning, and calibration
-stops; training goes on.
+graph). Its cost is about a fifth of one step of a small MLP (tests/compare/test_calibration.py checks it stays
+under a tenth of the steps' time at every 10 steps; the default is every 200). Any failure is one warning, and
+calibration stops; training goes on.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from diag.trace.schema import CALIBRATION
 
 DEFAULT_CALIBRATE_EVERY = 200  # steps between calibrations (also one at init and one at finish)
 CPU_SIZE = 192  # CPU: a CPU_SIZE^2 matmul, ~14 MFLOP: ~0.3-1 ms on one core
-CPU_REPEATS = 8  # timed repetitions: a few ms in all, several of the scheduler's time slices
+CPU_REPEATS = 5  # timed repetitions: ~1-2 ms in all on an idle core
 CUDA_SIZE = 4096  # CUDA: a 4096^2 bfloat16 matmul, ~137 GFLOP: well under a millisecond on a datacenter GPU
 CUDA_REPEATS = 10
 
@@ -46,6 +47,7 @@ class Calibrator:
         self._inputs = None
         self.enabled = True
         self.last_cost_s = 0.0  # wall time of the last calibration, all included (its cost to the job)
+        self.costs_s: list[float] = []  # every calibration's, in order (init's first)
         self._sched = SchedStats()
 
     def run(self, step: int) -> None:
@@ -63,6 +65,7 @@ class Calibrator:
             warn_once("calibration", f"machine-speed calibration failed ({exc!r}); it is off for this run")
         finally:
             self.last_cost_s = time.perf_counter() - started
+            self.costs_s.append(self.last_cost_s)
 
     def _is_cuda(self) -> bool:
         return self.device is not None and getattr(self.device, "type", None) == "cuda"
