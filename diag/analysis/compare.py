@@ -28,6 +28,13 @@ verdict is the t interval of the pairs' changes instead (``repeats_change``): th
 The median's change and interval are reported beside it, and a median that moved
 while the steady time did not is called out (slower steps only: interference or intermittent stalls).
 
+**Machine speed.** When both runs were calibrated (diag/capture/calibration.py: the training thread's run-queue
+wait over each interval between calibrations on CPU, a fixed kernel's time on CUDA), each interval is put at the
+base run's machine speed before the verdict (diag/analysis/calibration.py, ``machine_correction``); with at
+least ``MIN_LEVELS`` intervals in each run the verdict reads the change of the intervals' median level, resampled
+over the intervals, with ``CALIBRATED_RUN_NOISE_PCT`` in the floor. ``StepTime.machine`` says how much slower
+the new run's machine was and the job's own change.
+
 **Attribution.** Per step, the step time splits exactly into components, from the steps table and the
 report's per-step series (``report.timeline.per_step``: iteration and busy time of the median and busiest
 rank, with waits taken from collectives as the straggler analysis takes them):
@@ -857,7 +864,7 @@ def _compare(
     elif run_noise_pct is not None:
         noise, source = run_noise_pct, "--run-noise-pct"
     else:
-        noise, source = default_run_noise_pct(base.config, new.config, calibrated=machine is not None)
+        noise, source = default_run_noise_pct(base.config, new.config, calibrated=by_levels)
     floor_pct = None if repeats else noise_floor_pct(*(([], []) if by_levels else (b, n)), noise)
     step_time = StepTime(
         base_s=median.base_s,
