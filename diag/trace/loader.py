@@ -789,7 +789,8 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         memory=data["memory"],
         telemetry=data["telemetry"],
         microbatches=data["microbatches"],
-        calibration=data["calibration"],
+        # a reader of only some tables (the dashboard's live one, perfetto's) may not have read it
+        calibration=data.get("calibration", empty_table(TABLES["calibration"])),
         manifests=manifests,
         events=data["events"],
         heartbeats=data["heartbeats"],
