@@ -197,3 +197,15 @@ def test_a_planted_regression_with_a_burner_beside_the_faster_run_reads_regressi
     print("planted regression, burner beside the base:", data["summary"])
     assert data["step_time"]["machine"] is not None
     assert data["verdict"] == "regression", data["summary"]
+
+
+def test_the_calibration_stands_aside_while_torch_compile_traces():
+    """Inside a region torch.compile traces, a calibration would be compiled into the user's graph: it skips."""
+    import torch
+
+    @torch.compile(backend="eager", fullgraph=False)
+    def traced(x):
+        return x + 1 if calibration._capturing_or_compiling() else x - 1
+
+    assert traced(torch.zeros(1)).item() == 1.0
+    assert not calibration._capturing_or_compiling()  # eager: it runs
