@@ -28,6 +28,13 @@ verdict is the t interval of the pairs' changes instead (``repeats_change``): th
 The median's change and interval are reported beside it, and a median that moved
 while the steady time did not is called out (slower steps only: interference or intermittent stalls).
 
+**Machine speed.** When both runs were calibrated (diag/capture/calibration.py: the training thread's run-queue
+wait over each interval between calibrations on CPU, a fixed kernel's time on CUDA), each interval is put at the
+base run's machine speed before the verdict (diag/analysis/calibration.py, ``machine_correction``); with at
+least ``MIN_LEVELS`` intervals in each run the verdict reads the change of the intervals' median level, resampled
+over the intervals, with ``CALIBRATED_RUN_NOISE_PCT`` in the floor. ``StepTime.machine`` says how much slower
+the new run's machine was and the job's own change.
+
 **Attribution.** Per step, the step time splits exactly into components, from the steps table and the
 report's per-step series (``report.timeline.per_step``: iteration and busy time of the median and busiest
 rank, with waits taken from collectives as the straggler analysis takes them):
@@ -68,6 +75,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from diag.analysis.calibration import (
+    MachineComparison,
+    comparable,
+    corrected_steps,
+    interval_levels,
+    levels_change,
+    sensitivity,
+)
 from diag.analysis.compare_stability import compare_stability, losses, nonfinite_steps
 from diag.analysis.report import Report, json_safe, ranks_sharing_tokens
 from diag.analysis.window import select
@@ -91,10 +106,17 @@ NOISE_Z = 2.0  # the noise floor: this many standard deviations of the differenc
 # shared cores) have been measured: elsewhere none is assumed, and --run-noise-pct or repeats (--interleaved)
 # supply it.
 RUN_NOISE_PCT = {"cpu": 8.7}  # bench_compare_noise.py, first series of 2026-11-25: 13 runs, 12 consecutive pairs
+# The same after the machine-speed correction (both runs calibrated): what is left of a run's level off the job's
+# once its intervals are put at the base run's machine speed. Measured on the shared 2-core machine at a load
+# average of 13-34 (where the runs' median steps moved from 30 to 107 ms with no change of the job): the job's own
+# change over 10 pairs of same-job 3-rank runs, with and without a CPU burner beside either, had a standard
+# deviation of 17.5%, 12.4% a run (docs/compare.md, "Machine speed").
+CALIBRATED_RUN_NOISE_PCT = {"cpu": 12.4}
 # two-sided 95% quantiles of Student's t by degrees of freedom (the repeats' interval; 1.96 beyond the table)
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}  # fmt: skip
 MIN_REPEATS = 2  # --interleaved: at least this many pairs of runs
+MIN_LEVELS = 4  # calibrated runs: at least this many calibration intervals in each for the verdict from them
 CONFIDENCE = 0.95
 CENTRAL_FRACTION = 0.2  # the attribution averages the middle 20% of the steps by step time ...
 CENTRAL_MIN_STEPS = 5  # ... and at least this many
@@ -454,12 +476,14 @@ def noise_floor_pct(base_ms, new_ms, run_noise_pct: float = 0.0) -> float | None
     return float(NOISE_Z * math.hypot(*(max(d or 0.0, run_noise_pct) for d in drifts)))
 
 
-def default_run_noise_pct(base_config: dict, new_config: dict) -> tuple[float, str]:
-    """The measured run-to-run noise for the runs' kind of machine (``RUN_NOISE_PCT``), and where it came from;
-    0 where none was measured (both runs must be of that kind)."""
+def default_run_noise_pct(base_config: dict, new_config: dict, calibrated: bool = False) -> tuple[float, str]:
+    """The measured run-to-run noise for the runs' kind of machine (``RUN_NOISE_PCT``, or
+    ``CALIBRATED_RUN_NOISE_PCT`` after the machine-speed correction), and where it came from; 0 where none was
+    measured (both runs must be of that kind)."""
     devices = {base_config.get("device"), new_config.get("device")}
-    if len(devices) == 1 and (device := devices.pop()) in RUN_NOISE_PCT:
-        return RUN_NOISE_PCT[device], f"measured default for {device} runs"
+    table = CALIBRATED_RUN_NOISE_PCT if calibrated else RUN_NOISE_PCT
+    if len(devices) == 1 and (device := devices.pop()) in table:
+        return table[device], f"measured default for {'calibrated ' if calibrated else ''}{device} runs"
     return 0.0, "none measured for this kind of machine"
 
 
@@ -522,12 +546,67 @@ def _within_noise_note(s: StepTime) -> str:
             f"[{r.ci_pct[0]:+.1f}%, {r.ci_pct[1]:+.1f}%] holds 0 or stays under {s.threshold_pct:g}%; more pairs "
             "narrow it"
         )
+    if s.machine is not None and s.drift_pct == [None, None]:
+        m = s.machine
+        return (
+            f"within noise: at the same machine speed the job's own change is {m.own_change_pct:+.1f}%, under the "
+            f"noise floor of {s.noise_floor_pct:.1f}% (each run's level is off the job's by {s.run_noise_pct:.1f}% "
+            f"from run to run [{s.run_noise_source}]); give repeats, BASE NEW BASE NEW ... --interleaved, to tell a "
+            "change this small"
+        )
     return (
         f"within noise: the steady step time moved {s.steady_change_pct:+.1f}%, under the noise floor of "
         f"{s.noise_floor_pct:.1f}% (each run's level is off the job's by {s.run_noise_pct:.1f}% from run to run "
         f"[{s.run_noise_source}], or by its own drift when larger: {_drift_text(s)}); two runs cannot tell a "
         "change this small from other load on the machine: give repeats, BASE NEW BASE NEW ... --interleaved, "
         "or set --run-noise-pct for a quieter machine"
+    )
+
+
+def machine_correction(base: RunSummary, new: RunSummary) -> tuple[MachineComparison | None, tuple | None]:
+    """When both runs were calibrated alike: how their machines differed, and both runs' step times at the base
+    run's machine speed (diag/analysis/calibration.py); (None, None) otherwise."""
+    speeds = base.report.run.machine, new.report.run.machine
+    if not comparable(*speeds) or not base.step_ms or not new.step_ms:
+        return None, None
+    b_speed, n_speed = speeds
+    if b_speed.device == "cuda":
+        busy = [r.gpu_busy_pct for r in (base, new) if r.gpu_busy_pct is not None]
+        prior = min(max(float(np.mean(busy)) / 100, 0.0), 1.0) if busy else 1.0
+        reason = "the GPU-busy share of the step (host time does not follow the GPU's clock)" if busy else "assumed 1"
+    else:
+        prior, reason = 1.0, "assumed 1: every part of a CPU job's step runs on the cores the calibration measures"
+    s, source = sensitivity([(b_speed, base.steps, base.step_ms), (n_speed, new.steps, new.step_ms)], prior, reason)
+    reference = b_speed.factor
+    runs = list(zip(speeds, (base, new), strict=True))
+    corrected = [corrected_steps(speed, run.steps, run.step_ms, reference, s) for speed, run in runs]
+    levels = [interval_levels(speed, run.steps, run.step_ms, reference, s) for speed, run in runs]
+    enough = all(len(v) >= MIN_LEVELS for v in levels)
+    machine = MachineComparison(
+        source=b_speed.source,
+        base_factor=b_speed.factor,
+        new_factor=n_speed.factor,
+        machine_change_pct=100 * (n_speed.factor / b_speed.factor - 1),
+        sensitivity=s,
+        sensitivity_source=source,
+    )
+    return machine, (levels if enough else None, *corrected)
+
+
+def machine_clause(m: MachineComparison) -> str:
+    """'the new run's machine was 30% slower (calibration: run-queue wait)', or '... as fast (...)'."""
+    how = {"runqueue": "CPU run-queue wait", "kernel": "a fixed kernel's time"}.get(m.source, m.source)
+    pct = m.machine_change_pct
+    if abs(pct) < THRESHOLD_PCT:
+        return f"both runs' machines ran at the same speed (calibration: {how})"
+    return f"the new run's machine was {abs(pct):.0f}% {'slower' if pct > 0 else 'faster'} (calibration: {how})"
+
+
+def _machine_note(m: MachineComparison) -> str:
+    return (
+        f"the steady step time moved {m.raw_steady_change_pct:+.1f}% as measured, but {machine_clause(m)}: at the "
+        f"same machine speed the job's own change is {m.own_change_pct:+.1f}% (the step goes with the machine's "
+        f"speed at a share of {m.sensitivity:.2f}, {m.sensitivity_source})"
     )
 
 
@@ -586,6 +665,9 @@ class StepTime:
     run_noise_source: str = ""  # where run_noise_pct came from: the measured default, --run-noise-pct, repeats
     within_noise: bool = False  # "no change" although the steps alone show one: it is under the noise floor
     repeats: Repeats | None = None  # --interleaved: the verdict's evidence from pairs of runs
+    # both runs calibrated (diag/analysis/calibration.py): the machines' speeds and the job's own change after the
+    # correction, which the verdict, drift and noise floor then read; None: compared as measured
+    machine: MachineComparison | None = None
 
 
 @dataclass
@@ -764,13 +846,26 @@ def _compare(
     b, n = np.asarray(base.step_ms), np.asarray(new.step_ms)
     median = bootstrap_change(b, n, 0.5, resamples, seed)
     steady = bootstrap_change(b, n, STEADY_QUANTILE, resamples, seed + 1)
+    machine, corrected = (None, None) if repeats is not None else machine_correction(base, new)
+    if machine is not None:  # the verdict, the drift and the floor read the steps at the base run's machine speed
+        levels, b, n = corrected
+        if levels is not None:  # calibrated often enough: the intervals' levels, resampled
+            change, ci = levels_change(*levels, resamples, seed + 2, CONFIDENCE)
+            own = Change(float(np.median(levels[0])) / 1e3, float(np.median(levels[1])) / 1e3, change, ci)
+        else:  # one or two intervals: each step at its interval's speed, the steady step time as without
+            own = bootstrap_change(b, n, STEADY_QUANTILE, resamples, seed + 2)
+        machine.raw_steady_change_pct, machine.raw_steady_ci_pct = steady.change_pct, steady.ci_pct
+        machine.own_change_pct, machine.own_ci_pct = own.change_pct, own.ci_pct
+        machine.statistic = "median of the intervals' levels" if levels is not None else "steady step time"
+    by_levels = machine is not None and levels is not None
     pairs = repeats_change(*repeats) if repeats is not None else None
     if repeats is not None:
         noise, source = (pairs.run_noise_pct, f"measured by {pairs.pairs} pairs of repeats") if pairs else (0.0, "")
     elif run_noise_pct is not None:
         noise, source = run_noise_pct, "--run-noise-pct"
     else:
-        noise, source = default_run_noise_pct(base.config, new.config)
+        noise, source = default_run_noise_pct(base.config, new.config, calibrated=by_levels)
+    floor_pct = None if repeats else noise_floor_pct(*(([], []) if by_levels else (b, n)), noise)
     step_time = StepTime(
         base_s=median.base_s,
         new_s=median.new_s,
@@ -783,8 +878,10 @@ def _compare(
         steady_ci_pct=steady.ci_pct,
         threshold_pct=threshold_pct,
         # with repeats the pairs measure the noise: a pooled run's windows would mix its repeats' levels
-        drift_pct=[None, None] if repeats else [drift_pct(b), drift_pct(n)],
-        noise_floor_pct=None if repeats else noise_floor_pct(b, n, noise),
+        # with repeats the pairs measure the noise: a pooled run's windows would mix its repeats' levels; with the
+        # intervals' levels, their spread is in the interval already
+        drift_pct=[None, None] if repeats or by_levels else [drift_pct(b), drift_pct(n)],
+        noise_floor_pct=floor_pct,
         steps_base=len(b),
         steps_new=len(n),
         resamples=resamples,
@@ -792,6 +889,7 @@ def _compare(
         run_noise_pct=noise,
         run_noise_source=source,
         repeats=pairs,
+        machine=machine,
     )
     notes = []
     if min(len(b), len(n)) < MIN_STEPS:
@@ -809,13 +907,16 @@ def _compare(
             evidence = Change(steady.base_s, steady.new_s, pairs.change_pct, pairs.ci_pct)
             direction = significant(evidence, threshold_pct)
         else:
-            direction = significant(steady, max(threshold_pct, floor))
+            direction = significant(own if machine is not None else steady, max(threshold_pct, floor))
         verdict = {1: "regression", -1: "improvement", 0: "no change"}[direction]
-        step_time.within_noise = direction == 0 and significant(steady, threshold_pct) != 0
+        evidence_change = own if machine is not None else steady
+        step_time.within_noise = direction == 0 and significant(evidence_change, threshold_pct) != 0
         if step_time.within_noise:
             notes.append(_within_noise_note(step_time))
         moved = significant(median, max(threshold_pct, floor))
-        if direction == 0 and moved and not step_time.within_noise:
+        if machine is not None and direction == 0 and significant(steady, max(threshold_pct, floor)):
+            notes.append(_machine_note(machine))
+        elif direction == 0 and moved and not step_time.within_noise and machine is None:
             notes.append(
                 f"the median step moved {median.change_pct:+.1f}% but the steady (lower-decile) step time did not: "
                 "only some steps were slower (faster): other load on the host, or intermittent stalls; rerun on a "
@@ -1016,6 +1117,16 @@ def _summary(c: Comparison) -> str:
             f"{c.verdict}: step time {_ms(s.base_s)} -> {_ms(s.new_s)} ({_signed(s.change_pct)} median over all "
             f"steps; steady {_signed(r.change_pct)} [{_signed(r.ci_pct[0])}, {_signed(r.ci_pct[1])}] over "
             f"{r.pairs} pairs of repeats)"
+        )
+        return head + _largest(c)
+    m = s.machine
+    if m is not None and m.own_ci_pct:
+        head = (
+            f"{c.verdict}: {machine_clause(m)}; the job's own change: {_signed(m.own_change_pct)} "
+            f"[{_signed(m.own_ci_pct[0])}, {_signed(m.own_ci_pct[1])}]"
+            + (f" (noise floor {s.noise_floor_pct:.1f}%)" if s.noise_floor_pct else "")
+            + f"; step time {_ms(s.base_s)} -> {_ms(s.new_s)} as measured ({_signed(s.change_pct)} median, steady "
+            f"{_signed(s.steady_change_pct)})"
         )
         return head + _largest(c)
     head = (

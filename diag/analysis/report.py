@@ -19,6 +19,7 @@ import pandas as pd
 
 from diag.analysis import grid
 from diag.analysis.bubble import BubbleReport, analyze_bubble, bubble_findings, gantt_rows
+from diag.analysis.calibration import MachineSpeed, machine_speed
 from diag.analysis.comms import (
     CommsReport,
     analyze_comms,
@@ -88,6 +89,7 @@ class RunInfo:
     job: dict | None = None  # {scheduler, job_id, job_name, restarts} from the manifests, when a launcher named one
     step_errors: list[dict] = field(default_factory=list)  # {rank, step, kind, error, time_us}, earliest first
     rank_exits: list[dict] = field(default_factory=list)  # {rank, how, error, last_step}: ranks that ended abnormally
+    machine: MachineSpeed | None = None  # how fast the machine ran (the calibration rows); None without them
 
 
 @dataclass
@@ -130,6 +132,8 @@ class Report:
         window.pop("step_indices", None)
         run = json_safe(self.run)
         run["window"] = window
+        if run.get("machine") is None:  # traces without calibration rows: the run section is what it was
+            run.pop("machine", None)
         out = {
             "report_version": REPORT_VERSION,
             "run": run,
@@ -370,6 +374,7 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failur
         job=trace.first_manifest_value("job"),
         step_errors=[dataclasses.asdict(f) for f in failures.step_errors[:MAX_SKIPPED_LISTED]],
         rank_exits=[dataclasses.asdict(e) for e in failures.exits],
+        machine=machine_speed(getattr(trace, "calibration", None)),
     )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from diag._warn import warn_once
 from diag.capture import collectives, torch_private
+from diag.capture.calibration import DEFAULT_CALIBRATE_EVERY
 from diag.capture.device_timer import host_value
 from diag.capture.flight_recorder import StepSpans
 from diag.capture.identity import RankIdentity, detect_identity
@@ -79,6 +80,9 @@ class Session:
     memory_deep_steps: (first step, count): for those few steps record what is behind the step's memory peak, by
     module and (CUDA) by allocation stack, into memory_deep.json (docs/memory.md; each such step runs several times
     slower); also set by DIAG_MEMORY_DEEP_STEPS=START,COUNT. None (default): off, at no cost.
+    calibrate_every: time a small fixed workload on the rank's device (diag/capture/calibration.py) at init, every
+    this many steps (between steps, outside their timing) and at finish, so that ``diag compare`` and ``diag
+    analyze`` can tell a slower machine from a slower job (docs/compare.md); 0: off.
     trace_format: 2 (default) writes the tables as Arrow stream segments compacted into Parquet (schema version
     2, ~9x smaller than CSV); 1 writes the CSV tables of schema version 1 (docs/trace-format.md).
     """
@@ -118,6 +122,7 @@ class Session:
         memory_deep_steps: tuple[int, int] | None = None,
         device=None,
         trace_format: int = DEFAULT_TRACE_FORMAT,
+        calibrate_every: int = DEFAULT_CALIBRATE_EVERY,
     ):
         validate_options(
             flops_per_step=flops_per_step,
@@ -146,6 +151,7 @@ class Session:
             model_shape=model_shape,
             memory_deep_steps=memory_deep_steps,
             trace_format=trace_format,
+            calibrate_every=calibrate_every,
         )
         self.trace_dir = Path(trace_dir)
         self.identity: RankIdentity = detect_identity()
@@ -198,6 +204,9 @@ class Session:
             self.writer.row_observer = self._observe_rows
         self.telemetry = self._start_telemetry(telemetry and writing, telemetry_interval_s)
         self.watchdog = self._start_watchdog(watchdog and writing, hang_threshold_s, heartbeat_interval_s)
+        self._calibrate_every = calibrate_every
+        self._steps_since_calibration = 0
+        self.calibrator = self._start_calibration(calibrate_every if writing else 0)
         self.manifest["capture"] = self.capture_status
         self.writer.write_manifest(self.manifest)
         self.writer.start()
@@ -342,6 +351,43 @@ class Session:
         if sampler is None and self.identity.local_rank == 0:
             log.warning("diag: GPU telemetry %s", status)
         return sampler
+
+    def _start_calibration(self, every: int):
+        """The machine-speed calibration, run once now (after the clock sync, so the ranks run it together)."""
+        if not every:
+            self.capture_status["calibration"] = "off"
+            return None
+        from diag.capture.calibration import Calibrator
+
+        calibrator = Calibrator(self.writer, self.device, self._nvml_handle if self.device.type == "cuda" else None)
+        calibrator.run(-1)
+        self.capture_status["calibration"] = f"on: at init, every {every} steps and at finish"
+        return calibrator
+
+    def _nvml_handle(self):
+        """(nvml, handle) of this rank's GPU for the calibration's clocks: the telemetry sampler's, else opened
+        once here; None without NVML (the calibration then has no clocks)."""
+        if self.telemetry is not None:
+            return self.telemetry.nvml, self.telemetry.handle
+        if not hasattr(self, "_own_nvml"):
+            self._own_nvml = None
+            try:
+                from diag.capture.nvml import _handle_of
+                from diag.metrics.nvml import open_nvml
+
+                nvml, _ = open_nvml()
+                if nvml is not None:
+                    self._own_nvml = (nvml, _handle_of(nvml, self.device)[0])
+            except Exception:  # noqa: BLE001 - no clocks, the timing itself still counts
+                self._own_nvml = None
+        return self._own_nvml
+
+    def _calibrate_between_steps(self) -> None:
+        """Every ``calibrate_every`` completed steps, after the step's row (never inside a step's timing)."""
+        self._steps_since_calibration += 1
+        if self._steps_since_calibration >= self._calibrate_every:
+            self._steps_since_calibration = 0
+            self.calibrator.run(self.last_step if self.last_step is not None else -1)
 
     def _start_watchdog(self, enabled: bool, threshold_s: float, heartbeat_s: float):
         if not enabled:
@@ -620,6 +666,8 @@ class Session:
             self._step_values = {}
             self._data_wait_us = self._comm_wait_us = 0.0
             self.current_phase = None
+            if self.calibrator is not None and completed:
+                self._calibrate_between_steps()
 
     def _on_step_error(self, exc: BaseException) -> None:
         try:
@@ -765,6 +813,7 @@ class Session:
             self._drain_device,
             self._stop_collectives,
             self._stop_deep,
+            self._last_calibration,
         )
         for closer in closers:
             try:
@@ -786,6 +835,10 @@ class Session:
                 sink.close()
             except Exception as exc:
                 warn_once("finish", f"error while finishing capture ({exc!r})")
+
+    def _last_calibration(self):
+        if self.calibrator is not None:
+            self.calibrator.run(self.last_step if self.last_step is not None else -1)
 
     def _stop_watchdog(self):
         if self.watchdog is not None:
@@ -853,6 +906,11 @@ def validate_options(**options) -> None:
         problems.append(f"wandb must be True (the active run), False or a W&B run object, not {run!r}")
     if options.get("trace_format", DEFAULT_TRACE_FORMAT) not in TRACE_FORMATS:
         problems.append(f"trace_format must be one of {TRACE_FORMATS}, not {options['trace_format']!r}")
+    from diag.capture.calibration import calibrate_every_problem
+
+    calibrate_problem = calibrate_every_problem(options.get("calibrate_every", 0))
+    if calibrate_problem:
+        problems.append(calibrate_problem)
     every = options.get("fingerprint_every", 0)
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         problems.append(f"fingerprint_every must be a whole number of steps >= 0 (0: off), not {every!r}")

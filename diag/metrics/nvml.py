@@ -68,6 +68,27 @@ def read_sample(nvml, handle) -> dict:
     }
 
 
+def read_clocks(nvml, handle) -> dict:
+    """The GPU's speed right now, for a calibration row: SM clock and its maximum (MHz), performance state (0
+    fastest) and clock-event reasons; a value the GPU does not give is None."""
+
+    def query(function, *args):
+        try:
+            return function(handle, *args)
+        except nvml.NVMLError:
+            return None
+
+    reasons_function = (
+        getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
+    return {
+        "sm_clock_mhz": query(nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM),
+        "sm_clock_max_mhz": query(nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_SM),
+        "pstate": query(nvml.nvmlDeviceGetPerformanceState),
+        "throttle_reasons": query(reasons_function),
+    }
+
+
 def _processes(infos) -> list[list] | None:
     """NVML's compute processes as [pid, used bytes] (None where NVML cannot say: MIG, WDDM, no permission)."""
     if infos is None:

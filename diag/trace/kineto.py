@@ -534,6 +534,7 @@ def _assemble(root: Path, ranks: dict[int, dict], skipped: list[Skipped]) -> Tra
         memory=empty_table(TABLES["memory"]),
         telemetry=empty_table(TABLES["telemetry"]),
         microbatches=empty_table(TABLES["microbatches"]),
+        calibration=empty_table(TABLES["calibration"]),
         manifests=manifests,
         events=pd.DataFrame(),
         heartbeats=pd.DataFrame(),

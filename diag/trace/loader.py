@@ -141,6 +141,7 @@ class Trace:
     memory: pd.DataFrame
     telemetry: pd.DataFrame
     microbatches: pd.DataFrame  # pipeline parallelism; empty for runs without it
+    calibration: pd.DataFrame  # the machine-speed calibration (diag/capture/calibration.py); empty before it
     manifests: dict[int, Manifest]  # by rank, ascending; ranks without a manifest.json are absent
     events: pd.DataFrame  # rank, time_us, kind, and the event's other fields
     heartbeats: pd.DataFrame  # rank and the heartbeat.json keys
@@ -785,6 +786,8 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         memory=data["memory"],
         telemetry=data["telemetry"],
         microbatches=data["microbatches"],
+        # a reader of only some tables (the dashboard's live one, perfetto's) may not have read it
+        calibration=data.get("calibration", empty_table(TABLES["calibration"])),
         manifests=manifests,
         events=data["events"],
         heartbeats=data["heartbeats"],

@@ -352,7 +352,44 @@ MICROBATCHES = Table(
     ),
 )
 
-TABLES: dict[str, Table] = {t.name: t for t in (STEPS, PHASES, COLLECTIVES, MEMORY, TELEMETRY, MICROBATCHES)}
+CALIBRATION = Table(
+    "calibration",
+    "A small fixed workload timed on the rank's device at `diag.init`, every `calibrate_every` steps (at the step "
+    "boundary, outside any step's timing) and at `diag.finish`: how fast the machine ran for this job, so that "
+    "`diag compare` and `diag analyze` can tell a slower machine from a slower job (diag/capture/calibration.py). "
+    "On CPU a float32 matmul on the job's intra-op threads (other load on the cores slows it as it slows the "
+    "job's compute); on CUDA a matmul timed with CUDA events, with the SM clock and performance state from NVML.",
+    (
+        Column("step", "int64", "the last step completed before it ran (-1: at init, before any step)"),
+        Column("time_us", "int64", "wall-clock instant it began"),
+        Column("device", "category", "where it ran: cpu or cuda"),
+        Column("threads", "int64", "intra-op threads it ran on (torch.get_num_threads(), the job's own)"),
+        Column("repeats", "int64", "timed repetitions of the fixed workload (after one untimed warm-up)"),
+        Column("flops", "int64", "floating-point operations of one repetition"),
+        Column("duration_us", "Float64", "mean time of one repetition (wall on CPU, CUDA events on GPU)"),
+        Column("min_duration_us", "Float64", "fastest repetition: what the device does unhindered"),
+        Column("sm_clock_mhz", "Float64", "CUDA: the SM clock NVML read right after it; empty elsewhere"),
+        Column("sm_clock_max_mhz", "Float64", "CUDA: the SM clock's maximum"),
+        Column("pstate", "Int64", "CUDA: NVML performance state (0 fastest to 15 slowest)"),
+        Column("throttle_reasons", "Int64", "CUDA: NVML clock-event reason bitmask (THROTTLE_REASONS)"),
+        Column(
+            "interval_cpu_us",
+            "Float64",
+            "CPU time the training thread (the one calling diag.step) ran since the previous calibration (at init: "
+            "during the calibration itself); Linux schedstat, empty elsewhere",
+        ),
+        Column(
+            "interval_runqueue_wait_us",
+            "Float64",
+            "time the training thread was ready to run but waited for a core since the previous calibration "
+            "(other load on the machine); (cpu + wait) / cpu is how much longer its runnable work took",
+        ),
+    ),
+)
+
+TABLES: dict[str, Table] = {
+    t.name: t for t in (STEPS, PHASES, COLLECTIVES, MEMORY, TELEMETRY, MICROBATCHES, CALIBRATION)
+}
 
 # Read, never written: a torch.profiler (Kineto) trace's GPU activity, the Trace's ``gpu_kernels`` frame
 # (diag.trace.kineto builds it; the GPU-time analysis reads it). Its times are on the trace's own clock.

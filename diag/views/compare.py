@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from diag.analysis.compare import machine_clause
 from diag.views.format import ms_from_s
 from diag.views.text import Block, blocks_to_markdown, blocks_to_text
 
@@ -137,6 +138,16 @@ def _verdict(c, suffix: str) -> Block:
         f"steady step (lower decile{WHOSE_STEADY[s.repeats is not None]}): {ms_from_s(s.steady_base_s)} -> "
         f"{ms_from_s(s.steady_new_s)}, {_signed_pct(s.steady_change_pct)} (95% interval {_ci(s.steady_ci_pct)})"
     )
+    m = s.machine
+    if m is not None:
+        block.lines.append(
+            f"machine: {machine_clause(m)}: {m.base_factor:.3g} -> {m.new_factor:.3g}; the step goes with it at a "
+            f"share of {m.sensitivity:.2f} ({m.sensitivity_source})"
+        )
+        block.lines.append(
+            f"the job's own change (the verdict's; {m.statistic} at the base run's machine speed): "
+            f"{_signed_pct(m.own_change_pct)} (95% interval {_ci(m.own_ci_pct)})"
+        )
     if s.repeats is not None:
         r = s.repeats
         block.lines.append(
@@ -148,6 +159,8 @@ def _verdict(c, suffix: str) -> Block:
     elif s.run_noise_source:  # empty: --interleaved without enough pairs (the note says so)
         floor = "-" if s.noise_floor_pct is None else f"{s.noise_floor_pct:.1f}%"
         drifts = " and ".join("-" if d is None else f"{d:.1f}%" for d in s.drift_pct)
+        if s.drift_pct == [None, None] and m is not None:
+            drifts = "the intervals' spread is in the interval instead"
         block.lines.append(
             f"noise floor {floor}: run-to-run noise {s.run_noise_pct:.1f}% ({s.run_noise_source}), or a run's own "
             f"drift when larger ({drifts}: std over windows of its steps); a change under the floor is what runs of "

@@ -108,6 +108,8 @@ def _run(report) -> Block:
         block.lines.append(
             f"steps: {run.steps} recorded; analysed {w.steps_analysed} (steps {w.first_step}..{w.last_step})"
         )
+    if run.machine is not None:
+        block.lines.append(machine_line(run.machine))
     block.lines.extend(f"note: {n}" for n in run.notes)
     if run.skipped_total:
         block.lines.append(f"skipped ({run.skipped_total}):")
@@ -118,6 +120,25 @@ def _run(report) -> Block:
         if run.skipped_total > TOP_ROWS:
             block.lines.append(f"  ... {run.skipped_total - TOP_ROWS} more (see --format json)")
     return block
+
+
+def machine_line(m) -> str:
+    """How fast the machine ran, from the run's calibration rows (diag/analysis/calibration.py)."""
+    if m.source == "runqueue":
+        head = (
+            f"machine: the training thread waited for a core {m.runqueue_wait_pct:.0f}% of its runnable time "
+            f"(runnable work took {m.factor:.2f}x its CPU time)"
+        )
+    else:
+        head = f"machine: a fixed {m.device} kernel took {m.factor:.0f} us (median)"
+    parts = (
+        [f"kernel {m.kernel_us:.0f} us, fastest {m.kernel_min_us:.0f} us"] if m.kernel_us and m.kernel_min_us else []
+    )
+    if m.sm_clock_mhz is not None:
+        parts.append(f"SM clock {m.sm_clock_mhz:.0f} of {m.sm_clock_max_mhz or 0:.0f} MHz, P{m.pstate}")
+    if m.throttled_share:
+        parts.append(f"clocks held down in {100 * m.throttled_share:.0f}% of calibrations")
+    return f"{head}; {', '.join(parts + [f'{m.rounds} calibrations'])}"
 
 
 def _job(job: dict | None) -> str:

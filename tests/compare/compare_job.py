@@ -10,6 +10,9 @@ usage: compare_job.py TRACE_DIR [--steps N] [--width W] [--depth D] [--batch B] 
 * ``--data-sleep-ms``: every rank's data loader sleeps this long before each batch (a planted slow loader).
 * ``--bucket-cap-mb``: DDP's bucket size (small: many all_reduce buckets a step).
 * ``--batch``: samples per rank per step (recorded with ``diag.step(samples=...)``).
+* ``--calibrate-every``: steps between diag's machine-speed calibrations (diag.init's ``calibrate_every``).
+* ``--compute-repeats``: the model's forward and backward run this many times a step (a planted regression in
+  compute that the machine's load slows as it slows the rest: 2 is twice the compute).
 
 Rank 0 prints, as JSON, each step's wall-clock time measured here with perf_counter (not by diag).
 """
@@ -46,6 +49,8 @@ def main() -> None:
     parser.add_argument("--data-sleep-ms", type=float, default=0.0)
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--calibrate-every", type=int, default=None)
+    parser.add_argument("--compute-repeats", type=int, default=1)
     args = parser.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
@@ -62,6 +67,7 @@ def main() -> None:
         flops_per_step=6.0 * n_params * args.batch,
         dtype=args.dtype,
         parallel={"dp": dist.get_world_size()},
+        **({} if args.calibrate_every is None else {"calibrate_every": args.calibrate_every}),
     )
     model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -72,6 +78,9 @@ def main() -> None:
         with diag.step(samples=len(batch)):
             if args.work_ms:
                 time.sleep(args.work_ms / 1e3)
+            for _ in range(args.compute_repeats - 1):  # extra compute, without DDP's all_reduce
+                with model.no_sync():
+                    model(batch).square().mean().backward()
             model(batch).square().mean().backward()
             optimizer.step()
             optimizer.zero_grad()

@@ -53,7 +53,10 @@ def test_the_same_job_run_twice_reads_no_change(same_job_pairs):
         st = data["step_time"]
         floors.append((round(st["steady_change_pct"], 1), round(st["noise_floor_pct"] or 0.0, 1)))
         assert data["verdict"] == "no change", data["summary"]
+        # 60 steps at the default calibrate_every: one calibration interval a run, so the steps are scaled by it
+        # and the floor is the uncalibrated one (the intervals' levels need at least MIN_LEVELS intervals)
         assert st["threshold_pct"] == 2.0 and st["run_noise_pct"] == RUN_NOISE_PCT["cpu"]
+        assert st["machine"] is not None and st["machine"]["statistic"] == "steady step time"
         assert data["config_differences"] == []
         assert all(a["share_pct"] is None for a in data["attribution"])
     print("same-job steady change and noise floor (%):", floors)
