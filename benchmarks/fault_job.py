@@ -57,7 +57,11 @@ SHAPES = (
     "trainer",  # diag.Trainer(...).fit(loader)
     "fsdp2",  # the loop of "propagate" around a fully_shard model
     "elastic",  # "propagate", then the driver restarts every rank into the same directory (attempt 1)
+    "lightning",  # Lightning's Trainer (DDP strategy) with diag's DiagCallback
+    "hf_trainer",  # transformers' Trainer (DDP on gloo) with diag's DiagTrainerCallback
+    "deepspeed",  # a DeepSpeed engine (ZeRO-1, DS_ACCELERATOR=cpu) in the loop of "propagate"
 )
+FRAMEWORK_SHAPES = ("lightning", "hf_trainer", "deepspeed")
 MAX_ERRORS = 3
 
 STEPS = int(os.environ.get("FAULT_STEPS", "14"))
@@ -208,16 +212,36 @@ def sync_activations(out: torch.Tensor) -> None:
 
 class StrikingSGD(torch.optim.SGD):
     def step(self, closure=None):
+        loss = None
+        if closure is not None:  # Lightning runs the forward and backward in the closure: before the update
+            with torch.enable_grad():
+                loss = closure()
         strike("optimizer")
-        return super().step(closure)
+        super().step()
+        return loss
 
 
-class Batches:
+class Batches(torch.utils.data.IterableDataset):
     def __iter__(self):
         for _ in range(STEPS):
-            strike("data")
-            x = torch.randn(16, 64)
-            yield x, x.flip(1)
+            yield batch_of_step()
+
+
+def batch_of_step() -> tuple[torch.Tensor, torch.Tensor]:
+    strike("data")
+    x = torch.randn(16, 64)
+    return x, x.flip(1)
+
+
+class BatchRows(torch.utils.data.Dataset):
+    """For the HF Trainer (its sampler shards a map-style dataset over the ranks): each item a whole batch."""
+
+    def __len__(self):
+        return STEPS * dist.get_world_size()
+
+    def __getitem__(self, index):
+        x, y = batch_of_step()
+        return {"x": x, "y": y}
 
 
 SIDE_GROUPS: tuple = ()
@@ -229,6 +253,8 @@ def partner_of(rank: int) -> int:
 
 def build_model(world_size: int):
     model = Net()
+    if SHAPE in FRAMEWORK_SHAPES:  # the framework wraps it (DDP) itself
+        return model
     if SHAPE == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -310,8 +336,112 @@ def run_shape(model, optimizer) -> None:
         raise SystemExit(f"unknown FAULT_SHAPE {SHAPE!r}; known: {', '.join(SHAPES)}")
 
 
+def run_lightning(model, options: dict) -> None:
+    """Lightning's Trainer joining this job's process group (as under torchrun), with DiagCallback, as
+    docs/integrations.md says; Lightning reports an exception to its callbacks and raises it again."""
+    import warnings
+
+    from lightning.pytorch import LightningModule, Trainer
+
+    from diag.integrations.lightning import DiagCallback
+
+    warnings.filterwarnings("ignore", module="lightning")  # its advice about num_workers and logging
+
+    class Module(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch, batch_idx):
+            x, target = batch
+            return loss_of(self.net(x), target)
+
+        def configure_optimizers(self):
+            return StrikingSGD(self.parameters(), lr=0.01)
+
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=dist.get_world_size(),
+        strategy="ddp",
+        max_steps=STEPS,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[DiagCallback(str(TRACE_DIR), **options)],
+    )
+    trainer.fit(Module(), torch.utils.data.DataLoader(Batches(), batch_size=None))
+
+
+def run_hf_trainer(model, options: dict) -> None:
+    """transformers' Trainer (DDP on gloo, joining this job's process group) with DiagTrainerCallback."""
+    from transformers import Trainer, TrainingArguments
+
+    from diag.integrations.huggingface import DiagTrainerCallback
+
+    class Regression(torch.nn.Module):  # a transformers-style model: keyword inputs, a dict with the loss out
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def forward(self, x, y=None):
+            out = self.net(x.squeeze(0))
+            return {"loss": loss_of(out, y.squeeze(0)), "logits": out}
+
+    training = TrainingArguments(
+        output_dir=str(TRACE_DIR / "hf_output"),
+        per_device_train_batch_size=1,  # one item is a whole batch
+        max_steps=STEPS,
+        learning_rate=0.01,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        ddp_backend="gloo",
+        ddp_find_unused_parameters=False,
+        logging_strategy="no",
+    )
+    net = Regression()
+    trainer = Trainer(
+        model=net,
+        args=training,
+        train_dataset=BatchRows(),
+        optimizers=(StrikingSGD(net.parameters(), lr=0.01), None),
+        callbacks=[DiagTrainerCallback(str(TRACE_DIR), **options)],
+    )
+    trainer.train()
+
+
+def run_deepspeed(model, options: dict) -> None:
+    """A DeepSpeed engine with ZeRO stage 1 over this job's own optimizer, in a plain loop, as
+    docs/frameworks.md says: diag.instrument(engine, optimizer)."""
+    import deepspeed
+
+    config = {
+        "train_micro_batch_size_per_gpu": 16,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 1},
+        "zero_allow_untested_optimizer": True,
+    }
+    optimizer = StrikingSGD(model.parameters(), lr=0.01)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    diag.init(TRACE_DIR, **options)
+    diag.instrument(engine, optimizer)
+    for x, target in diag.wrap_loader(Batches()):
+        with diag.step():
+            with diag.phase("forward"):
+                loss = loss_of(engine(x), target)
+            engine.backward(loss)
+            engine.step()
+    diag.finish()
+
+
 def main() -> None:
     global SIDE_GROUPS
+    os.environ.setdefault("TORCHELASTIC_RUN_ID", "diag-faults")  # frameworks: join this process group, spawn none
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(1)
     torch.manual_seed(0)  # the same weights on every rank
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
@@ -326,6 +456,12 @@ def main() -> None:
     if SHAPE == "trainer":
         trainer = diag.Trainer(model, optimizer, loss_of, str(TRACE_DIR), session_options=options)
         trainer.fit(Batches())
+    elif SHAPE == "lightning":
+        run_lightning(model, options)
+    elif SHAPE == "hf_trainer":
+        run_hf_trainer(model, options)
+    elif SHAPE == "deepspeed":
+        run_deepspeed(model, options)
     else:
         diag.init(TRACE_DIR, **options)
         diag.instrument(model, optimizer)

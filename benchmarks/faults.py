@@ -55,7 +55,19 @@ SEVERITY_ABOVE_LOW = ("medium", "high")
 # healthy runs too. They are counted apart ("job_wide_findings"), not as false alarms.
 JOB_WIDE_KINDS = ("communication", "low_mfu")
 
-SHAPES = ("propagate", "caught_finish", "finally", "sys_exit", "log_continue", "trainer", "fsdp2", "elastic")
+SHAPES = (
+    "propagate",
+    "caught_finish",
+    "finally",
+    "sys_exit",
+    "log_continue",
+    "trainer",
+    "fsdp2",
+    "elastic",
+    "lightning",
+    "hf_trainer",
+    "deepspeed",
+)
 COMPUTES = ("sleep", "matmul")
 WORLDS = (2, 3, 4, 8)
 LOADS = ("none", "1x", "2x")  # CPU burners beside the job: none, one or two per core
@@ -251,7 +263,8 @@ def draw_scenarios(
 
 @contextlib.contextmanager
 def burners(load: str):
-    """CPU burners (a busy loop each, one or two per core), each in its own process group, always stopped."""
+    """CPU burners (a busy loop each, one or two per core), each in its own process group, always stopped;
+    yields their processes."""
     count = {"none": 0, "1x": 1, "2x": 2}[load] * (os.cpu_count() or 1)
     procs = []
     try:
@@ -259,7 +272,7 @@ def burners(load: str):
             procs.append(
                 subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
             )  # fmt: skip
-        yield count
+        yield procs
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -478,11 +491,9 @@ def run_pair(scenario: Scenario, workdir: Path) -> Pair:
 
 
 def _compare_verdict(report: dict) -> tuple[str, float | None]:
-    """The step-time verdict of BASE against NEW in ``diag compare --format json``."""
-    comparison = (report.get("comparisons") or [report])[0]
-    step = comparison.get("step_time") or comparison
-    change = step.get("change_pct")
-    return str(step.get("verdict")), float(change) if change is not None else None
+    """The verdict of BASE against NEW in ``diag compare --format json``, and its steady step time's change."""
+    change = (report.get("step_time") or {}).get("steady_change_pct")
+    return str(report.get("verdict")), round(float(change), 1) if change is not None else None
 
 
 # -- summaries ------------------------------------------------------------------------------------------------
@@ -528,7 +539,10 @@ def summarize(outcomes: list[Outcome]) -> dict:
     for load in LOADS:
         mine = [o for o in healthy if o.scenario.load == load]
         if mine:
-            false_alarms_by_load[load] = {"healthy_runs": len(mine), "with_alarm": sum(bool(o.false_alarms) for o in mine)}
+            false_alarms_by_load[load] = {
+                "healthy_runs": len(mine),
+                "with_alarm": sum(bool(o.false_alarms) for o in mine),
+            }
     return {
         "runs": len(outcomes),
         "verdict_right": sum(o.verdict_right for o in outcomes),
@@ -592,9 +606,13 @@ def markdown(outcomes: list[Outcome], pairs: list[Pair]) -> str:
         if s["false_alarm_kinds"]:
             lines.append(f"| false alarm kinds | {', '.join(f'{k} x{n}' for k, n in s['false_alarm_kinds'].items())} |")
         lines.append(f"| diag itself failed | {s['diag_errors']} |")
-        lines.append(f"| fault to first stall dump (s) | median {s['fault_to_dump_s_median']}, max {s['fault_to_dump_s_max']} |")
+        lines.append(
+            f"| fault to first stall dump (s) | median {s['fault_to_dump_s_median']}, max {s['fault_to_dump_s_max']} |"
+        )
         for tool, median in s["fault_to_verdict_s_median"].items():
-            lines.append(f"| fault to verdict, `diag {tool}` (s) | median {median}, max {s['fault_to_verdict_s_max'][tool]} |")
+            lines.append(
+                f"| fault to verdict, `diag {tool}` (s) | median {median}, max {s['fault_to_verdict_s_max'][tool]} |"
+            )
         for dimension, values in s["per_dimension"].items():
             lines += ["", f"| {dimension} | runs | right verdict | right culprits |", "|---|---|---|---|"]
             for value, c in values.items():
@@ -629,7 +647,9 @@ def print_report(outcomes: list[Outcome], pairs: list[Pair]) -> None:
     print(markdown(outcomes, pairs))
     if outcomes:
         s = summarize(outcomes)
-        print(f"\nfalse alarm kinds: {s['false_alarm_kinds']}; job-wide on healthy: {s['job_wide_findings_on_healthy_runs']}")
+        print(
+            f"\nfalse alarm kinds: {s['false_alarm_kinds']}; job-wide on healthy: {s['job_wide_findings_on_healthy_runs']}"
+        )
 
 
 # -- result files ---------------------------------------------------------------------------------------------
