@@ -19,8 +19,10 @@ The bad rank writes ``TRACE_DIR/fault_at.json`` (wall-clock time of the injectio
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -438,10 +440,29 @@ def run_deepspeed(model, options: dict) -> None:
     diag.finish()
 
 
+def start_together() -> None:
+    """Import what the shape needs, then wait until every rank has (a file barrier, which has no timeout): on
+    a loaded machine importing a framework can take one rank far longer than another, which is no fault, and
+    would otherwise run into the collective timeout of the first collective."""
+    if SHAPE == "lightning":
+        import lightning.pytorch  # noqa: F401
+    elif SHAPE == "hf_trainer":
+        import transformers  # noqa: F401
+    elif SHAPE == "deepspeed":
+        import deepspeed  # noqa: F401
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    TRACE_DIR.parent.mkdir(parents=True, exist_ok=True)
+    (TRACE_DIR.parent / f".started-{ATTEMPT}-{rank}").touch()
+    while not all((TRACE_DIR.parent / f".started-{ATTEMPT}-{r}").exists() for r in range(world_size)):
+        time.sleep(0.05)
+
+
 def main() -> None:
     global SIDE_GROUPS
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a stuck rank is: kill -USR1 PID
     os.environ.setdefault("TORCHELASTIC_RUN_ID", "diag-faults")  # frameworks: join this process group, spawn none
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    start_together()
     torch.set_num_threads(1)
     torch.manual_seed(0)  # the same weights on every rank
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))

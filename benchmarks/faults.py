@@ -47,7 +47,7 @@ from diag.launch import start_ranks  # noqa: E402
 FAULT_JOB = Path(__file__).with_name("fault_job.py")
 PG_TIMEOUT_S = 6.0
 HANG_THRESHOLD_S = 2.0
-JOB_DEADLINE_S = 120.0  # no attempt outlives this
+JOB_DEADLINE_S = 300.0  # no attempt outlives this (starting 8 ranks on a loaded 2-core box takes minutes)
 RESTART_STEPS = 6  # the elastic restart's attempt: a short healthy run into the same directory
 SEVERITY_ABOVE_LOW = ("medium", "high")
 # Findings about the whole job's performance, not a fault: on these jobs (up to 8 ranks on 2 shared cores, gloo
@@ -113,12 +113,11 @@ EXPECTED = {
     "hang": _hang,
     "frozen": _hang,
     "sigkill": lambda where: ("triage", "dead_rank", ()),
-    "desync_op": lambda where: ("triage", "desync", ()),
-    "desync_shape": lambda where: ("triage", "desync", ()),
-    "desync_dtype": lambda where: ("triage", "desync", ()),
+    "desync": lambda where: ("triage", "desync", ()),
     "cross_group": lambda where: ("triage", "deadlock", ()),
     "preempted": lambda where: ("triage", "no_problem", ()),
 }
+DESYNCS = ("op", "shape", "dtype")  # all_gather against all_reduce; 4x3 against 3x4; float64 against float32
 _ALL = ("data", "forward", "backward", "optimizer", "collective", "step0")
 FAULTS = {
     f.kind: f
@@ -131,9 +130,8 @@ FAULTS = {
         Fault("hang", _ALL),
         Fault("frozen", ("forward", "backward", "optimizer", "collective", "step0")),
         Fault("sigkill", _ALL),
-        Fault("desync_op", ("collective",)),
-        Fault("desync_shape", ("collective",)),
-        Fault("desync_dtype", ("collective",)),
+        # one kind with variants (DESYNCS, in turn), so that collective-only kinds do not crowd out the others
+        Fault("desync", ("collective",)),
         Fault("cross_group", ("collective",), culprit_is_pair=True),
         Fault("preempted", (NO_WHERE,)),
     )
@@ -150,6 +148,7 @@ class Scenario:
     load: str
     rank: int
     step: int
+    variant: str = ""  # desync: which of DESYNCS
 
     @property
     def fault(self) -> Fault:
@@ -172,12 +171,15 @@ class Scenario:
         return [self.rank]
 
     def label(self) -> str:
-        return f"{self.kind}@{self.where} {self.shape} {self.compute} w{self.world} load {self.load} r{self.rank} s{self.step}"
+        kind = f"{self.kind}_{self.variant}" if self.variant else self.kind
+        return (
+            f"{kind}@{self.where} {self.shape} {self.compute} w{self.world} load {self.load} r{self.rank} s{self.step}"
+        )
 
     def job_env(self) -> dict[str, str]:
         where, step = ("forward", 0) if self.where == "step0" else (self.where, self.step)
         return {
-            "FAULT_KIND": self.kind,
+            "FAULT_KIND": f"{self.kind}_{self.variant}" if self.variant else self.kind,
             "FAULT_WHERE": where if where != NO_WHERE else "forward",
             "FAULT_RANK": str(self.rank),
             "FAULT_STEP": str(step),
@@ -240,22 +242,35 @@ def draw_scenarios(
         "kind": _stratified(rng, weighted, n),
         "load": _stratified(rng, list(loads), n),
     }
-    turn = {k: rng.randrange(len(FAULTS[k].wheres)) for k in kinds}  # each kind's strike points in turn
+    places: list[str] = []  # strike points, in shuffled rounds of all of them: each as often as the others
+    desyncs = rng.randrange(len(DESYNCS))
     scenarios = []
     for i in range(n):
         kind = columns["kind"][i]
-        wheres = FAULTS[kind].wheres
-        where = wheres[turn[kind] % len(wheres)]
-        turn[kind] += 1
+        where = _next_place(rng, places, FAULTS[kind].wheres)
         world = columns["world"][i]
         step = 0 if where == "step0" else rng.randint(2, 4)
+        variant = DESYNCS[desyncs % len(DESYNCS)] if kind == "desync" else ""
+        desyncs += kind == "desync"
         scenarios.append(
             Scenario(
                 columns["shape"][i], columns["compute"][i], world, kind, where, columns["load"][i],
-                rng.randrange(world), step,
+                rng.randrange(world), step, variant,
             )
         )  # fmt: skip
     return scenarios
+
+
+def _next_place(rng: random.Random, places: list[str], allowed: tuple[str, ...]) -> str:
+    """The first of ``places`` (the rounds still to hand out) that the fault can strike at, taken out of it
+    (a collective-only fault takes its collective from the rounds too, so that no place is drawn more often)."""
+    if allowed == (NO_WHERE,):
+        return NO_WHERE
+    while True:
+        for index, place in enumerate(places):
+            if place in allowed:
+                return places.pop(index)
+        places.extend(rng.sample(_ALL, len(_ALL)))
 
 
 # -- load beside the job --------------------------------------------------------------------------------------
@@ -696,6 +711,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", type=Path, nargs="+", help="print the markdown tables of result files")
     parser.add_argument("--keep", type=Path, help="keep each run's traces under this directory")
     args = parser.parse_args(argv)
+    # stopped from outside: leave through the finally blocks, which stop the job's ranks and the burners
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.table:
         outcomes, pairs = [], []
         for path in args.table:

@@ -22,7 +22,7 @@ SAMPLE = [
     S("caught_finish", "sleep", 2, "exception", "backward", "none", rank=1, step=2),
     S("trainer", "sleep", 2, "hang", "data", "none", rank=0, step=3),
     S("propagate", "sleep", 3, "sigkill", "collective", "none", rank=2, step=3),
-    S("sys_exit", "sleep", 2, "desync_shape", "collective", "none", rank=1, step=2),
+    S("sys_exit", "sleep", 2, "desync", "collective", "none", rank=1, step=2, variant="shape"),
 ]
 
 
