@@ -306,7 +306,10 @@ def run_job(scenario: Scenario, trace_dir: Path, env_extra: dict | None = None) 
     try:
         _drive(scenario, procs, trace_dir, acting=not env_extra)
     finally:
-        _end_all(procs)
+        outputs = _end_all(procs)
+        attempt = (env_extra or {}).get("FAULT_ATTEMPT", "0")
+        for rank, (stdout, stderr) in enumerate(outputs):  # beside the traces: what --keep keeps with them
+            (trace_dir.parent / f"attempt{attempt}-rank{rank}.log").write_text(stdout[-20000:] + stderr[-20000:])
     return [p.returncode for p in procs], time.time()
 
 
@@ -392,7 +395,7 @@ def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, a
         time.sleep(0.1)
 
 
-def _end_all(procs: list[subprocess.Popen]) -> None:
+def _end_all(procs: list[subprocess.Popen]) -> list[tuple[str, str]]:
     grace_end = time.monotonic() + 10
     while time.monotonic() < grace_end and any(p.poll() is None for p in procs):
         time.sleep(0.1)
@@ -400,8 +403,7 @@ def _end_all(procs: list[subprocess.Popen]) -> None:
         if proc.poll() is None:
             proc.send_signal(signal.SIGCONT)
             proc.kill()
-    for proc in procs:
-        proc.communicate()
+    return [proc.communicate() for proc in procs]
 
 
 # -- judging --------------------------------------------------------------------------------------------------
@@ -750,8 +752,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, scenario in enumerate(scenarios[len(done) :], start=len(done)):
         with tempfile.TemporaryDirectory(prefix="diag-fault-") as tmp:
             outcome = run_case(scenario, Path(tmp))
-            if args.keep and (Path(tmp) / "trace").is_dir():  # a job that died before diag.init wrote none
-                shutil.copytree(Path(tmp) / "trace", args.keep / f"{i:03d}-{scenario.kind}", dirs_exist_ok=True)
+            if args.keep:  # the traces and each rank's output
+                shutil.copytree(tmp, args.keep / f"{i:03d}-{scenario.kind}", dirs_exist_ok=True)
         outcomes.append(outcome)
         mark = "ok " if outcome.verdict_right and outcome.culprit_right else "BAD"
         print(f"[{i + 1:>3}/{len(scenarios)}] {mark} {scenario.label()} -> {outcome.given} {outcome.culprits} "
