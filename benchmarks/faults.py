@@ -14,6 +14,7 @@ is judged as the same error left to propagate.
     python benchmarks/faults.py --resume faults.json                            # continue a partial file
     python benchmarks/faults.py --table faults.json [more.json ...]             # markdown tables
     python benchmarks/faults.py --compare-pairs 20 --seed 2811 --out aa.json    # same job twice: diag compare
+    python benchmarks/faults.py --rejudge faults.json kept/                      # kept traces, today's diag
 
 Reported: the confusion matrix of expected against given verdict, verdict and culprit accuracy per value of
 every dimension, false alarms on healthy runs per load level (any finding above ``low`` naming ranks), and the
@@ -299,6 +300,14 @@ def burners(load: str):
 # -- one run --------------------------------------------------------------------------------------------------
 
 
+def prepare(shapes) -> None:
+    """Build what a shape compiles on its first use on a machine (DeepSpeed's shared-memory comm op on CPU
+    takes minutes to compile under load), once, before any run, so that no run's time includes it."""
+    if "deepspeed" in shapes:
+        build = "from deepspeed.accelerator import get_accelerator as g; g().create_op_builder('ShareMemCommBuilder').load()"
+        subprocess.run([sys.executable, "-c", build], env={**os.environ, "DS_ACCELERATOR": "cpu"}, check=True)
+
+
 def run_job(scenario: Scenario, trace_dir: Path, env_extra: dict | None = None) -> tuple[list[int | None], float]:
     """One attempt of the job; returns every rank's exit code and the wall time when the attempt ended."""
     env = {**scenario.job_env(), **(env_extra or {})}
@@ -325,11 +334,7 @@ def run_case(scenario: Scenario, workdir: Path) -> Outcome:
             run_job(scenario, trace_dir, restart)
             restarted = True
     judge_start = time.monotonic()
-    try:
-        judged = _judge_analyze(trace_dir) if scenario.tool == "analyze" else _judge_triage(trace_dir)
-        error = None
-    except Exception as exc:  # a crash of diag itself is a wrong verdict, and said so
-        judged, error = Judgement("error", []), f"{type(exc).__name__}: {exc}"
+    judged, error = judge(scenario, trace_dir)
     judge_s = time.monotonic() - judge_start
     fault_at = _fault_at(trace_dir)
     to_dump = _fault_to_dump_s(trace_dir, fault_at) if scenario.tool == "triage" else None
@@ -351,6 +356,29 @@ def run_case(scenario: Scenario, workdir: Path) -> Outcome:
         restarted=restarted,
         error=error,
     )
+
+
+def judge(scenario: Scenario, trace_dir: Path) -> tuple[Judgement, str | None]:
+    """What the diag command a user would reach for says of this run's traces."""
+    try:
+        judged = _judge_analyze(trace_dir) if scenario.tool == "analyze" else _judge_triage(trace_dir)
+        return judged, None
+    except Exception as exc:  # a crash of diag itself is a wrong verdict, and said so
+        return Judgement("error", []), f"{type(exc).__name__}: {exc}"
+
+
+def rejudge(results: Path, kept: Path) -> list[Outcome]:
+    """The runs of a results file judged again by today's diag from the traces its --keep directory holds:
+    for working on diag between fresh runs (the jobs are not run again; its figures are not fresh runs')."""
+    _, outcomes, _ = load_results(results)
+    for index, o in enumerate(outcomes):
+        judged, o.error = judge(o.scenario, kept / f"{index:03d}-{o.scenario.kind}" / "trace")
+        healthy = o.scenario.kind == "healthy"
+        o.expected, o.given, o.culprits = o.scenario.expected, judged.given, judged.culprits
+        o.verdict_right = is_right(o.scenario, judged.given)
+        o.culprit_right = judged.culprits == o.scenario.expected_culprits
+        o.false_alarms, o.job_wide = (judged.alarms, judged.job_wide) if healthy else ([], [])
+    return outcomes
 
 
 def is_right(scenario: Scenario, given: str) -> bool:
@@ -711,10 +739,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write every outcome and the summary as JSON (after each run)")
     parser.add_argument("--resume", type=Path, help="continue the runs of a partial --out file, into it")
     parser.add_argument("--table", type=Path, nargs="+", help="print the markdown tables of result files")
-    parser.add_argument("--keep", type=Path, help="keep each run's traces under this directory")
+    parser.add_argument("--keep", type=Path, help="keep each run's traces and rank output under this directory")
+    parser.add_argument(
+        "--rejudge",
+        type=Path,
+        nargs=2,
+        metavar=("RESULTS", "KEPT"),
+        help="judge the kept traces of a results file again with today's diag (not fresh runs)",
+    )
     args = parser.parse_args(argv)
     # stopped from outside: leave through the finally blocks, which stop the job's ranks and the burners
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.rejudge:
+        outcomes = rejudge(*args.rejudge)
+        print_report(outcomes, [])
+        if args.out:
+            save_results(args.out, {"rejudged": str(args.rejudge[0])}, outcomes, [])
+        return 0
     if args.table:
         outcomes, pairs = [], []
         for path in args.table:
@@ -749,6 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(scenarios)} runs, {len(pair_scenarios)} A/A pairs, seed {config['seed']}; "
           f"{len(done)} runs and {len(done_pairs)} pairs already done", flush=True)  # fmt: skip
     outcomes, pairs = list(done), list(done_pairs)
+    prepare({s.shape for s in scenarios + pair_scenarios})
     for i, scenario in enumerate(scenarios[len(done) :], start=len(done)):
         with tempfile.TemporaryDirectory(prefix="diag-fault-") as tmp:
             outcome = run_case(scenario, Path(tmp))
