@@ -748,8 +748,6 @@ def main(argv: list[str] | None = None) -> int:
         help="judge the kept traces of a results file again with today's diag (not fresh runs)",
     )
     args = parser.parse_args(argv)
-    # stopped from outside: leave through the finally blocks, which stop the job's ranks and the burners
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.rejudge:
         outcomes = rejudge(*args.rejudge)
         print_report(outcomes, [])
@@ -790,6 +788,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(scenarios)} runs, {len(pair_scenarios)} A/A pairs, seed {config['seed']}; "
           f"{len(done)} runs and {len(done_pairs)} pairs already done", flush=True)  # fmt: skip
     outcomes, pairs = list(done), list(done_pairs)
+    if len(outcomes) < len(scenarios) or len(pairs) < len(pair_scenarios):
+        # stopped from outside: leave through the finally blocks, which stop the job's ranks and the burners
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     prepare({s.shape for s in scenarios + pair_scenarios})
     for i, scenario in enumerate(scenarios[len(done) :], start=len(done)):
         with tempfile.TemporaryDirectory(prefix="diag-fault-") as tmp:

@@ -69,3 +69,23 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_resume_and_table_read_a_results_file(tmp_path, capsys):
+    config = {"runs": 3, "seed": 5, "shapes": ["propagate"], "computes": ["sleep"], "worlds": [2], "loads": ["none"]}
+    config.update(kinds=list(faults.FAULTS), compare_pairs=0)
+    drawn = faults.draw_scenarios(3, 5, ["propagate"], ["sleep"], [2], list(faults.FAULTS), ["none"])
+    outcomes = [
+        faults.Outcome(s, s.expected, s.expected, s.expected_culprits, True, True, fault_to_verdict_s=4.0)
+        for s in drawn
+    ]
+    path = tmp_path / "faults.json"
+    faults.save_results(path, config, outcomes, [])
+    assert faults.main(["--resume", str(path)]) == 0  # every run done: none started again
+    _, again, _ = faults.load_results(path)
+    assert again == outcomes
+    capsys.readouterr()
+    assert faults.main(["--table", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "| right verdict | 3 / 3 (100.0%) |" in table
+    assert "| shape | runs | right verdict | right culprits |" in table and "| propagate | 3 |" in table
