@@ -397,9 +397,18 @@ def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, a
     first_stall = None
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         ready = acting and (trace_dir / "ready").exists()
-        if ready and kind == "sigkill" and bad.poll() is None:
+        if ready and kind == "sigkill" and bad.poll() is None and not inside:
             time.sleep(0.3)
             bad.send_signal(signal.SIGKILL)
+        if ready and kind == "sigkill" and bad.poll() is None and inside:
+            # killed inside the collective once the others wait in it too (their stall dumps say so): held
+            # (SIGSTOP) in it until then, so that it neither completes nor leaves a rank that enters late
+            if stopped_at is None:
+                time.sleep(0.5)
+                bad.send_signal(signal.SIGSTOP)
+                stopped_at = time.monotonic()
+            elif _others_stalled(trace_dir, scenario) or time.monotonic() > stopped_at + PG_TIMEOUT_S - 1:
+                bad.send_signal(signal.SIGKILL)
         if ready and kind == "preempted":
             time.sleep(0.5)
             for proc in procs:  # what Slurm or Kubernetes does to every rank of a preempted job
@@ -409,7 +418,7 @@ def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, a
             time.sleep(0.5 if inside else 0)  # let it get into the all_reduce
             bad.send_signal(signal.SIGSTOP)
             stopped_at = time.monotonic()
-        if stopped_at is not None and time.monotonic() > stopped_at + PG_TIMEOUT_S + 5:
+        if kind != "sigkill" and stopped_at is not None and time.monotonic() > stopped_at + PG_TIMEOUT_S + 5:
             bad.send_signal(signal.SIGCONT)
             stopped_at = float("inf")
         if first_stall is None and any(trace_dir.glob("rank*/hang_dump_*.json")):
@@ -421,6 +430,12 @@ def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, a
                     proc.send_signal(signal.SIGTERM)
             return
         time.sleep(0.1)
+
+
+def _others_stalled(trace_dir: Path, scenario: Scenario) -> bool:
+    """Every rank but the bad one has dumped a stall: it has waited in a collective past the hang threshold."""
+    others = [r for r in range(scenario.world) if r != scenario.rank]
+    return all(any(trace_dir.glob(f"rank{r:05d}/hang_dump_*.json")) for r in others)
 
 
 def _end_all(procs: list[subprocess.Popen]) -> list[tuple[str, str]]:
