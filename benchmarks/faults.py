@@ -216,6 +216,7 @@ class Outcome:
     judge_s: float = 0.0  # the diag command's own time
     run_s: float = 0.0
     restarted: bool = False  # elastic: a second attempt ran into the same directory
+    ran: bool = True  # False: the job wrote no trace (it did not start before the deadline): no verdict to judge
     error: str | None = None
 
 
@@ -333,6 +334,9 @@ def run_case(scenario: Scenario, workdir: Path) -> Outcome:
             restart = {"FAULT_ATTEMPT": "1", "TORCHELASTIC_RESTART_COUNT": "1", "FAULT_STEPS": str(RESTART_STEPS)}
             run_job(scenario, trace_dir, restart)
             restarted = True
+    if not trace_dir.is_dir():  # the harness's failure, not diag's: counted apart
+        return Outcome(scenario, scenario.expected, "not_run", [], False, False, run_s=time.monotonic() - start,
+                       error="the job wrote no trace before the deadline", ran=False)  # fmt: skip
     judge_start = time.monotonic()
     judged, error = judge(scenario, trace_dir)
     judge_s = time.monotonic() - judge_start
@@ -442,10 +446,13 @@ def _end_all(procs: list[subprocess.Popen]) -> list[tuple[str, str]]:
     grace_end = time.monotonic() + 10
     while time.monotonic() < grace_end and any(p.poll() is None for p in procs):
         time.sleep(0.1)
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            proc.kill()
+    left = [proc for proc in procs if proc.poll() is None]
+    for proc in left:  # where each was stuck, in its output (fault_job registers SIGUSR1 with faulthandler)
+        proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGUSR1)
+    time.sleep(1 if left else 0)
+    for proc in left:
+        proc.kill()
     return [proc.communicate() for proc in procs]
 
 
@@ -572,6 +579,8 @@ def dimension_value(outcome: Outcome, dimension: str) -> str:
 
 
 def summarize(outcomes: list[Outcome]) -> dict:
+    not_run = sum(not o.ran for o in outcomes)
+    outcomes = [o for o in outcomes if o.ran]
     faulty = [o for o in outcomes if o.scenario.kind != "healthy"]
     healthy = [o for o in outcomes if o.scenario.kind == "healthy"]
     given_total = sum(len(o.culprits) for o in outcomes)
@@ -605,6 +614,7 @@ def summarize(outcomes: list[Outcome]) -> dict:
             }
     return {
         "runs": len(outcomes),
+        "not_run": not_run,  # jobs that wrote no trace (the harness's failure): left out of every figure
         "verdict_right": sum(o.verdict_right for o in outcomes),
         "culprit_right": sum(o.culprit_right for o in outcomes),
         "verdict_accuracy": sum(o.verdict_right for o in outcomes) / len(outcomes) if outcomes else None,
@@ -654,6 +664,8 @@ def markdown(outcomes: list[Outcome], pairs: list[Pair]) -> str:
         s = summarize(outcomes)
         lines += ["| figure | value |", "|---|---|"]
         lines.append(f"| runs | {s['runs']} ({s['runs'] - s['healthy_runs']} faulty, {s['healthy_runs']} healthy) |")
+        if s["not_run"]:
+            lines.append(f"| jobs that wrote no trace (left out) | {s['not_run']} |")
         lines.append(f"| right verdict | {_rate(s['verdict_right'], s['runs'])} |")
         lines.append(f"| right culprit set | {_rate(s['culprit_right'], s['runs'])} |")
         precision, recall = s["culprit_precision"], s["culprit_recall"]
@@ -680,7 +692,7 @@ def markdown(outcomes: list[Outcome], pairs: list[Pair]) -> str:
                     f"| {value} | {c['runs']} | {_rate(c['verdict_right'], c['runs'])} | "
                     f"{_rate(c['culprit_right'], c['runs'])} |"
                 )
-        matrix = confusion(outcomes)
+        matrix = confusion([o for o in outcomes if o.ran])
         givens = sorted({g for row in matrix.values() for g in row})
         lines += ["", "| expected \\ given | " + " | ".join(givens) + " |", "|---" * (len(givens) + 1) + "|"]
         for want in sorted(matrix):
