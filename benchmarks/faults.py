@@ -216,7 +216,7 @@ class Outcome:
     judge_s: float = 0.0  # the diag command's own time
     run_s: float = 0.0
     restarted: bool = False  # elastic: a second attempt ran into the same directory
-    ran: bool = True  # False: the job wrote no trace (it did not start before the deadline): no verdict to judge
+    ran: bool = True  # False: the suite's deadline ended the job (too slow to start or reach its fault here)
     error: str | None = None
 
 
@@ -309,18 +309,19 @@ def prepare(shapes) -> None:
         subprocess.run([sys.executable, "-c", build], env={**os.environ, "DS_ACCELERATOR": "cpu"}, check=True)
 
 
-def run_job(scenario: Scenario, trace_dir: Path, env_extra: dict | None = None) -> tuple[list[int | None], float]:
-    """One attempt of the job; returns every rank's exit code and the wall time when the attempt ended."""
+def run_job(scenario: Scenario, trace_dir: Path, env_extra: dict | None = None) -> tuple[list[int | None], float, bool]:
+    """One attempt of the job; returns every rank's exit code, the wall time when the attempt ended and whether
+    the suite's deadline ended it."""
     env = {**scenario.job_env(), **(env_extra or {})}
     procs = start_ranks([str(FAULT_JOB), str(trace_dir)], scenario.world, env)
     try:
-        _drive(scenario, procs, trace_dir, acting=not env_extra)
+        past_deadline = _drive(scenario, procs, trace_dir, acting=not env_extra)
     finally:
         outputs = _end_all(procs)
         attempt = (env_extra or {}).get("FAULT_ATTEMPT", "0")
         for rank, (stdout, stderr) in enumerate(outputs):  # beside the traces: what --keep keeps with them
             (trace_dir.parent / f"attempt{attempt}-rank{rank}.log").write_text(stdout[-20000:] + stderr[-20000:])
-    return [p.returncode for p in procs], time.time()
+    return [p.returncode for p in procs], time.time(), past_deadline
 
 
 def run_case(scenario: Scenario, workdir: Path) -> Outcome:
@@ -328,15 +329,15 @@ def run_case(scenario: Scenario, workdir: Path) -> Outcome:
     trace_dir = workdir / "trace"
     restarted = False
     with burners(scenario.load):
-        codes, ended_at = run_job(scenario, trace_dir)
+        codes, ended_at, past_deadline = run_job(scenario, trace_dir)
         if scenario.shape == "elastic" and any(code != 0 for code in codes):
             # what torchrun --max-restarts does after a failed attempt: every rank again, same directory
             restart = {"FAULT_ATTEMPT": "1", "TORCHELASTIC_RESTART_COUNT": "1", "FAULT_STEPS": str(RESTART_STEPS)}
             run_job(scenario, trace_dir, restart)
             restarted = True
-    if not trace_dir.is_dir():  # the harness's failure, not diag's: counted apart
+    if past_deadline or not trace_dir.is_dir():  # the harness's failure, not diag's: counted apart
         return Outcome(scenario, scenario.expected, "not_run", [], False, False, run_s=time.monotonic() - start,
-                       error="the job wrote no trace before the deadline", ran=False)  # fmt: skip
+                       error=f"the suite's deadline ({JOB_DEADLINE_S:.0f} s) ended the job", ran=False)  # fmt: skip
     judge_start = time.monotonic()
     judged, error = judge(scenario, trace_dir)
     judge_s = time.monotonic() - judge_start
@@ -391,9 +392,9 @@ def is_right(scenario: Scenario, given: str) -> bool:
     return any(given == w or given.startswith(w + ":") for w in (want, *also))
 
 
-def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, acting: bool = True) -> None:
+def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, acting: bool = True) -> bool:
     """Act where the job asks (SIGSTOP/SIGCONT, SIGKILL, SIGTERM); end a hung job as a launcher would after the
-    timeout."""
+    timeout. True when the suite's own deadline ended the job instead (the scenario did not play out)."""
     deadline = time.monotonic() + JOB_DEADLINE_S
     bad = procs[scenario.rank]
     kind, inside = scenario.kind, scenario.where == "collective"
@@ -417,7 +418,7 @@ def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, a
             time.sleep(0.5)
             for proc in procs:  # what Slurm or Kubernetes does to every rank of a preempted job
                 proc.send_signal(signal.SIGTERM)
-            return
+            return False
         if ready and kind in ("frozen", "hang") and stopped_at is None and (kind == "frozen" or inside):
             time.sleep(0.5 if inside else 0)  # let it get into the all_reduce
             bad.send_signal(signal.SIGSTOP)
@@ -432,8 +433,9 @@ def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, a
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGCONT)
                     proc.send_signal(signal.SIGTERM)
-            return
+            return False
         time.sleep(0.1)
+    return any(p.poll() is None for p in procs)
 
 
 def _others_stalled(trace_dir: Path, scenario: Scenario) -> bool:
@@ -614,7 +616,7 @@ def summarize(outcomes: list[Outcome]) -> dict:
             }
     return {
         "runs": len(outcomes),
-        "not_run": not_run,  # jobs that wrote no trace (the harness's failure): left out of every figure
+        "not_run": not_run,  # jobs the suite's deadline ended (the harness's failure): left out of every figure
         "verdict_right": sum(o.verdict_right for o in outcomes),
         "culprit_right": sum(o.culprit_right for o in outcomes),
         "verdict_accuracy": sum(o.verdict_right for o in outcomes) / len(outcomes) if outcomes else None,
@@ -665,7 +667,7 @@ def markdown(outcomes: list[Outcome], pairs: list[Pair]) -> str:
         lines += ["| figure | value |", "|---|---|"]
         lines.append(f"| runs | {s['runs']} ({s['runs'] - s['healthy_runs']} faulty, {s['healthy_runs']} healthy) |")
         if s["not_run"]:
-            lines.append(f"| jobs that wrote no trace (left out) | {s['not_run']} |")
+            lines.append(f"| jobs ended by the suite's deadline, not judged (left out) | {s['not_run']} |")
         lines.append(f"| right verdict | {_rate(s['verdict_right'], s['runs'])} |")
         lines.append(f"| right culprit set | {_rate(s['culprit_right'], s['runs'])} |")
         precision, recall = s["culprit_precision"], s["culprit_recall"]
