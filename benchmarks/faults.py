@@ -224,8 +224,10 @@ class Outcome:
 
 
 def _stratified(rng: random.Random, values, n: int) -> list:
-    """``n`` values in which each of ``values`` appears ``n // len(values)`` or one more times, shuffled."""
-    out = [values[i % len(values)] for i in range(n)]
+    """``n`` values in which each of ``values`` appears ``n // len(values)`` or one more times (which ones once
+    more is drawn too, so a short run does not always take the first values), shuffled."""
+    order = rng.sample(list(values), len(values))
+    out = [order[i % len(order)] for i in range(n)]
     rng.shuffle(out)
     return out
 
