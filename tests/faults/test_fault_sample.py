@@ -1,6 +1,8 @@
-"""A fixed sample of the fault-injection suite (benchmarks/faults.py): real 4-rank gloo jobs, each with one
-planted fault, judged by ``diag analyze`` or ``diag triage`` as a user would; the verdict and the culprit must
-both be right. The whole suite, randomised, with its accuracy and false-alarm figures: docs/benchmarks.md."""
+"""A fixed sample of the fault-injection suite (benchmarks/faults.py): real 2- and 3-rank gloo jobs of several
+shapes (the exception propagates, is caught before ``diag.finish()``, ``sys.exit`` in the handler,
+``diag.Trainer``), with sleep or matmul compute, each with one planted fault, judged by ``diag analyze`` or
+``diag triage`` as a user would; the verdict and the culprit must both be right. The whole suite, drawn from a
+seed over every dimension, with its accuracy and false-alarm figures: docs/benchmarks.md."""
 
 import sys
 
@@ -13,24 +15,77 @@ import faults  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
+S = faults.Scenario
 SAMPLE = [
-    faults.Case("healthy", rank=0, step=3, model="ddp", ranks=4),
-    faults.Case("compute", rank=2, step=2, model="ddp", ranks=4),
-    faults.Case("data", rank=1, step=2, model="fsdp2", ranks=4),
-    faults.Case("exception", rank=3, step=3, model="manual", ranks=4),
-    faults.Case("sigkill", rank=1, step=3, model="manual", ranks=4),
-    faults.Case("loader_hang", rank=2, step=3, model="manual", ranks=4),
-    faults.Case("desync_op", rank=0, step=2, model="manual", ranks=4),
-    faults.Case("late", rank=1, step=3, model="manual", ranks=4),
-    faults.Case("desync_shape", rank=3, step=2, model="manual", ranks=4),
+    S("propagate", "sleep", 3, "healthy", faults.NO_WHERE, "none", rank=0, step=0),
+    S("propagate", "matmul", 2, "straggler", "forward", "none", rank=1, step=2),
+    S("caught_finish", "sleep", 2, "exception", "backward", "none", rank=1, step=2),
+    S("trainer", "sleep", 2, "hang", "data", "none", rank=0, step=3),
+    S("propagate", "sleep", 3, "sigkill", "collective", "none", rank=2, step=3),
+    S("sys_exit", "sleep", 2, "desync", "collective", "none", rank=1, step=2, variant="shape"),
 ]
 
 
-@pytest.mark.parametrize("case", SAMPLE, ids=[c.fault for c in SAMPLE])
-def test_fault_is_named_with_its_culprit(case, tmp_path):
-    outcome = faults.run_case(case, tmp_path)
+@pytest.mark.parametrize("scenario", SAMPLE, ids=[f"{s.kind}@{s.where}-{s.shape}-{s.compute}" for s in SAMPLE])
+def test_fault_is_named_with_its_culprit(scenario, tmp_path):
+    outcome = faults.run_case(scenario, tmp_path)
     assert outcome.error is None, outcome.error
-    assert outcome.verdict_right, f"{case}: gave {outcome.given}, wanted {outcome.expected}"
-    assert outcome.culprit_right, f"{case}: gave {outcome.culprits}, wanted {case.expected_culprits}"
-    if case.fault == "healthy":
+    assert outcome.verdict_right, f"{scenario.label()}: gave {outcome.given}, wanted {outcome.expected}"
+    assert outcome.culprit_right, f"{scenario.label()}: gave {outcome.culprits}, wanted {scenario.expected_culprits}"
+    if scenario.kind == "healthy":
         assert outcome.false_alarms == []
+
+
+def test_scenarios_cover_every_value_of_every_dimension():
+    scenarios = faults.draw_scenarios(60, seed=2811)
+    assert {s.shape for s in scenarios} == set(faults.SHAPES)
+    assert {s.compute for s in scenarios} == set(faults.COMPUTES)
+    assert {s.world for s in scenarios} == set(faults.WORLDS)
+    assert {s.load for s in scenarios} == set(faults.LOADS)
+    assert {s.kind for s in scenarios} == set(faults.FAULTS)
+    assert {s.where for s in scenarios} >= {"data", "forward", "backward", "optimizer", "collective", "step0"}
+    assert all(s.where in faults.FAULTS[s.kind].wheres for s in scenarios)
+    assert faults.draw_scenarios(60, seed=2811) == scenarios  # the seed alone fixes the runs (--resume)
+
+
+def test_caught_error_is_expected_as_the_propagated_one():
+    for shape in faults.SHAPES:
+        caught = S(shape, "sleep", 4, "hang", "forward", "none", rank=3, step=5)
+        assert (caught.tool, caught.expected, caught.expected_culprits) == ("triage", "missing_ranks", [3])
+
+
+def test_burners_are_stopped_even_when_the_run_fails():
+    with pytest.raises(RuntimeError), faults.burners("2x") as procs:
+        pids = [p.pid for p in procs]
+        assert len(pids) == 2 * (faults.os.cpu_count() or 1) and all(_alive(pid) for pid in pids)
+        raise RuntimeError("the run failed")
+    for pid in pids:
+        assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_resume_and_table_read_a_results_file(tmp_path, capsys):
+    config = {"runs": 3, "seed": 5, "shapes": ["propagate"], "computes": ["sleep"], "worlds": [2], "loads": ["none"]}
+    config.update(kinds=list(faults.FAULTS), compare_pairs=0)
+    drawn = faults.draw_scenarios(3, 5, ["propagate"], ["sleep"], [2], list(faults.FAULTS), ["none"])
+    outcomes = [
+        faults.Outcome(s, s.expected, s.expected, s.expected_culprits, True, True, fault_to_verdict_s=4.0)
+        for s in drawn
+    ]
+    path = tmp_path / "faults.json"
+    faults.save_results(path, config, outcomes, [])
+    assert faults.main(["--resume", str(path)]) == 0  # every run done: none started again
+    _, again, _ = faults.load_results(path)
+    assert again == outcomes
+    capsys.readouterr()
+    assert faults.main(["--table", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "| right verdict | 3 / 3 (100.0%) |" in table
+    assert "| shape | runs | right verdict | right culprits |" in table and "| propagate | 3 |" in table
