@@ -601,8 +601,8 @@ class Session:
             return
         if step == last:
             message = (
-                f"diag.step called with step {step} again: call it once per optimizer step, around the whole "
-                "gradient accumulation (docs/capture.md, gradient accumulation)"
+                f"diag.step called with step {step} again: call it once per optimizer step, around all its "
+                "micro-batches (README, gradient accumulation)"
             )
         else:
             message = f"diag.step called with step {step} after step {last}: step numbers should increase"
