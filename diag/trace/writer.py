@@ -173,18 +173,6 @@ class RankWriter:
             self._disable(f"cannot write {path} ({exc}); capture is off for this rank", exc)
             return None
 
-    def write_bytes(self, name: str, data: bytes) -> Path | None:
-        """A binary side file (the Flight Recorder dump), written as ``write_text`` writes."""
-        if not self.enabled or not self.in_owner_process():
-            return None
-        path = self.rank_dir / name
-        try:
-            _write_new_file(path, data, truncate=True)
-            return path
-        except OSError as exc:
-            self._disable(f"cannot write {path} ({exc}); capture is off for this rank", exc)
-            return None
-
     def in_owner_process(self) -> bool:
         """False in a process forked from the rank (a DataLoader worker, a user's ``os.fork``): it inherited
         the buffers, and writing them would put the parent's rows in the parent's files twice."""
