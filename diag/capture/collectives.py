@@ -252,13 +252,15 @@ class CollectiveRecorder:
         )
 
     def _names_a_destroyed_group(self, group) -> bool:
-        """A group object not seen before whose trace name an earlier group object already has: torch names
-        groups afresh after ``destroy_process_group()``."""
+        """A group object not seen before whose trace name an earlier group object had, which torch no longer
+        knows: torch names groups afresh after ``destroy_process_group()``."""
         try:
             name = self.session.trace_group_name(group.group_name)
-        except Exception:
+            earlier = [known for known, known_name in self._groups.values() if known_name == name]
+            live = torch_private.process_group_names() if earlier else {}
+        except Exception:  # cannot tell: keep the names as they are
             return False
-        return any(known_name == name for _, known_name in self._groups.values())
+        return bool(earlier) and all(known not in live for known in earlier)
 
     def groups_destroyed(self, group) -> None:
         """``destroy_process_group(group)`` returned. ``None`` (every group, the usual way to re-initialise):
@@ -304,6 +306,7 @@ class CollectiveRecorder:
         if known is not None and known[0] is group:
             return known[1]
         if self._names_a_destroyed_group(group):  # destroy_process_group called where no wrapper saw it
+            _safely(self.flight_recorder.read, True)  # what the old groups issued, under their names
             self.groups_destroyed(None)
         name = self.session.register_process_group(group)
         self._groups[id(group)] = (group, name)

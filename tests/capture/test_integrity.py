@@ -145,12 +145,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_collectives_of_new_process_groups_recorded_after_destroy_process_group(tmp_path):
+@pytest.mark.parametrize("how", ["seen", "unseen"])
+def test_collectives_of_new_process_groups_recorded_after_destroy_process_group(tmp_path, how):
     """A real 2-rank gloo job: 16 steps, destroy_process_group(), a new group, 14 steps. Every step keeps its
     explicit all_reduce and its DDP bucket (from Flight Recorder), and the new group's collectives, numbered
-    from 1 again by c10d, never collide with the old group's (pg, seq)."""
+    from 1 again by c10d, never collide with the old group's (pg, seq). "unseen": the job calls a
+    destroy_process_group bound before diag.init; the new group is recognised when it first appears."""
     results = run_ranks(
-        [str(JOBS / "regroup_job.py"), str(tmp_path), str(_free_port())],
+        [str(JOBS / "regroup_job.py"), str(tmp_path), str(_free_port()), *(["unseen"] if how == "unseen" else [])],
         2,
         env={"TORCH_FR_BUFFER_SIZE": "4000"},
         timeout_s=240,
