@@ -66,6 +66,7 @@ class Watchdog:
         self._signal_dumped_us: dict[int, int] = {}  # signal -> when its dump was written
         self._signal_dump_done: dict[int, threading.Event] = {}  # signal -> set once its records are on disk
         self._fatal_file = None
+        self._fatal_path = None
         self._in_signal_handler = False  # a second SIGTERM must not cut the first one's dump short
         self._pid = os.getpid()  # a forked child (DataLoader worker) inherits the handlers, not the rank
 
@@ -449,6 +450,7 @@ class Watchdog:
             path = self.session.writer.rank_dir / FATAL_STACKS_FILE
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
             self._fatal_file = open(fd, "w")  # noqa: SIM115 - kept open for faulthandler
+            self._fatal_path = path  # the file object's name is its descriptor
             faulthandler.enable(file=self._fatal_file, all_threads=True)
         except (OSError, ValueError, RuntimeError) as exc:
             warn_once("watchdog-faulthandler", f"no stacks on fatal signals ({exc})")
@@ -468,7 +470,7 @@ class Watchdog:
         atexit.unregister(self._at_exit)
         if self._fatal_file is not None:
             faulthandler.disable()
-            path = self._fatal_file.name
+            path = self._fatal_path
             self._fatal_file.close()
             self._fatal_file = None
             if os.path.getsize(path) == 0:

@@ -237,3 +237,32 @@ def test_links_planted_at_file_names_are_never_written_through(tmp_path):
     assert losses == _reference_losses()
     assert len(messages) == 1 and "symbolic link" in messages[0]
     _assert_untouched(victim, files)
+
+
+FAULTHANDLER_JOB = """
+import sys
+import diag
+diag.init(sys.argv[1], telemetry=False)
+with diag.step():
+    pass
+diag.finish()
+"""
+
+
+def test_fatal_stacks_file_is_never_written_through_a_link_and_removed_when_empty(tmp_path):
+    """A job of its own (pytest enables faulthandler itself, and diag then leaves it alone)."""
+    victim, files = _victim(tmp_path)
+    planted = tmp_path / "planted" / "rank00000"
+    planted.mkdir(parents=True)
+    (planted / "fatal_stacks.txt").symlink_to(victim / "precious.txt")
+    for trace_dir in (tmp_path / "plain", tmp_path / "planted"):
+        result = subprocess.run(
+            [sys.executable, "-c", FAULTHANDLER_JOB, str(trace_dir)], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        said = [line for line in result.stderr.splitlines() if "DiagWarning" in line]
+        if trace_dir.name == "plain":
+            assert said == [] and not (trace_dir / "rank00000" / "fatal_stacks.txt").exists()
+        else:
+            assert len(said) == 1 and "no stacks on fatal signals" in said[0], said
+    _assert_untouched(victim, files)
