@@ -340,6 +340,30 @@ def _device_totals(tel: pd.DataFrame):
     return list(totals.items())
 
 
+def capture_stopped_notes(trace: Trace) -> list[str]:
+    """One note per (step, reason) where capture stopped mid-run on some ranks (``manifest.capture_stopped``): the
+    steps those ranks recorded are all the report can cover of them."""
+    by_stop: dict[tuple, list[int]] = {}
+    for rank, manifest in sorted(trace.manifests.items()):
+        stopped = manifest.capture_stopped
+        if stopped is not None:
+            by_stop.setdefault((stopped.step, stopped.reason), []).append(int(rank))
+    notes = []
+    for (step, reason), ranks in by_stop.items():
+        recorded = trace.steps.loc[trace.steps["rank"].isin(ranks), "step"] if len(trace.steps) else []
+        covers = f"steps {int(recorded.min())}-{int(recorded.max())}" if len(recorded) else "no step"
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_few_ranks(ranks)}"
+        at = f" at step {step}" if step is not None else ""
+        notes.append(
+            f"capture stopped{at} ({reason}) on {who}: the report covers {covers} there; nothing after was recorded"
+        )
+    return notes
+
+
+def _few_ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:10])) + (" ..." if len(ranks) > 10 else "")
+
+
 def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failures: FailureReport) -> RunInfo:
     with_steps = set(trace.steps["rank"].unique()) if len(trace.steps) else set()
     skipped = [{"path": s.path, "reason": s.reason, "lines": s.lines} for s in trace.skipped]
@@ -349,6 +373,7 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failur
             f"{len(trace.ranks_missing)} of {trace.world_size} ranks have no traces; the report covers the others"
         )
     notes += failures.notes()
+    notes += capture_stopped_notes(trace)
     without_steps = sorted(int(r) for r in set(trace.ranks_found) - with_steps)
     if without_steps and with_steps:
         shown = ", ".join(map(str, without_steps[:10])) + (" ..." if len(without_steps) > 10 else "")

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import logging
 import os
 import threading
 import time
@@ -30,6 +31,8 @@ from diag._warn import warn_once
 from diag.capture import torch_private
 from diag.capture.flight_recorder import FlightRecorderFollower
 from diag.trace.schema import COLLECTIVES
+
+log = logging.getLogger("diag")
 
 # op name -> (name of the parameter holding what this rank sends, reported op name)
 _OPS: dict[str, tuple[str, str]] = {
@@ -90,7 +93,8 @@ class CollectiveRecorder:
         self.session = session
         self._pending: dict[int, PendingCollective] = {}
         self._ids = itertools.count()
-        self._pg_names: dict[int, str] = {}
+        # id(group) -> (group, trace name): the group is held so that its id is never another group's
+        self._groups: dict[int, tuple[object, str]] = {}
         self._p2p_counts: dict[str, int] = {}  # point-to-point ops seen per group
         self._counts_p2p_in_seq: dict[str, bool] = {}  # does the group's c10d counter include p2p ops?
         self.seen_seqs: dict[str, set[int]] = {}  # recent collective seqs per group, to fill gaps at finish
@@ -247,6 +251,32 @@ class CollectiveRecorder:
             ),
         )
 
+    def _names_a_destroyed_group(self, group) -> bool:
+        """A group object not seen before whose trace name an earlier group object had, which torch no longer
+        knows: torch names groups afresh after ``destroy_process_group()``."""
+        try:
+            name = self.session.trace_group_name(group.group_name)
+            earlier = [known for known, known_name in self._groups.values() if known_name == name]
+            live = torch_private.process_group_names() if earlier else {}
+        except Exception:  # cannot tell: keep the names as they are
+            return False
+        return bool(earlier) and all(known not in live for known in earlier)
+
+    def groups_destroyed(self, group) -> None:
+        """``destroy_process_group(group)`` returned. ``None`` (every group, the usual way to re-initialise):
+        the groups made next are a new generation (``Session.trace_group_name``), whose numbering starts again,
+        and Flight Recorder is followed afresh; the old groups' state is dropped (and the objects released)."""
+        if group is not None:
+            self._groups.pop(id(group), None)
+            return
+        self.session.pg_generation += 1
+        self._groups.clear()
+        for state in (self._p2p_counts, self._counts_p2p_in_seq, self.seen_seqs, self.last_issued):
+            state.clear()
+        self.last_completed.clear()
+        self.flight_recorder.restart()
+        log.info("diag: process groups destroyed; new groups are recorded as generation %d", self.session.pg_generation)
+
     def _expected_sequence_number(self, pg_name: str, op: str, c10d_seq: int) -> int:
         """The number the op will get once issued (see ``_sequence_number``)."""
         if op in ("send", "recv"):
@@ -272,14 +302,18 @@ class CollectiveRecorder:
 
     def group_name(self, group) -> str:
         """The trace's name of a process group, registering it in the manifest the first time."""
-        key = id(group)
-        name = self._pg_names.get(key)
-        if name is None:
-            name = self._pg_names[key] = self.session.register_process_group(group)
-            backend = backend_of(group)
-            self._counts_p2p_in_seq[name] = backend == "gloo"
-            if backend == "nccl" and self.device_times.register(group, name):
-                self._device_timed.add(name)
+        known = self._groups.get(id(group))
+        if known is not None and known[0] is group:
+            return known[1]
+        if self._names_a_destroyed_group(group):  # destroy_process_group called where no wrapper saw it
+            _safely(self.flight_recorder.read, True)  # what the old groups issued, under their names
+            self.groups_destroyed(None)
+        name = self.session.register_process_group(group)
+        self._groups[id(group)] = (group, name)
+        backend = backend_of(group)
+        self._counts_p2p_in_seq[name] = backend == "gloo"
+        if backend == "nccl" and self.device_times.register(group, name):
+            self._device_timed.add(name)
         return name
 
 
@@ -418,8 +452,42 @@ def install_wrappers() -> None:
             setattr(c10d, name, wrapper)
             if getattr(dist, name, None) is original:
                 setattr(dist, name, wrapper)
+        _install_destroy_wrapper(c10d, dist)
         _install_functional_wait()
         _installed = True
+
+
+def _install_destroy_wrapper(c10d, dist) -> None:
+    """``destroy_process_group``: Flight Recorder is read once more first (the old groups' C++-issued
+    collectives), and the recorder told after (``CollectiveRecorder.groups_destroyed``)."""
+    original = getattr(c10d, "destroy_process_group", None)
+    if original is None or getattr(original, "__diag_wrapped__", False):
+        return
+
+    @functools.wraps(original)
+    def destroy_process_group(*args, **kwargs):
+        recorder = _active
+        if recorder is None:
+            return original(*args, **kwargs)
+        group = args[0] if args else kwargs.get("group")
+        if group is None or group is _safe_default_group():
+            group = None
+            _safely(recorder.flight_recorder.read, True)
+        result = original(*args, **kwargs)
+        _safely(recorder.groups_destroyed, group)
+        return result
+
+    destroy_process_group.__diag_wrapped__ = True
+    c10d.destroy_process_group = destroy_process_group
+    if getattr(dist, "destroy_process_group", None) is original:
+        dist.destroy_process_group = destroy_process_group
+
+
+def _safe_default_group():
+    try:
+        return _default_group()
+    except Exception:  # no default group any more
+        return None
 
 
 def _install_functional_wait() -> None:

@@ -131,6 +131,17 @@ class FlightRecorderFollower:
         self.ddp_groups[pg_name] = group
         self.start()
 
+    def restart(self) -> None:
+        """After ``destroy_process_group()``: the ring's entries so far are the old groups' (read just before);
+        the new groups, named as the old ones were, are followed from now, from their first collective."""
+        with self._lock:
+            self.since_ns = time.time_ns()
+            self._done.clear()
+            self.ddp_groups.clear()
+
+    def _trace_name(self, entry: dict) -> str:
+        return self.recorder.session.trace_group_name(entry.get("process_group", ("",))[0])
+
     def stop(self) -> int:
         """At finish: stop the thread and write everything still unwritten. Returns the rows written."""
         self._stop.set()
@@ -185,7 +196,7 @@ class FlightRecorderFollower:
                 for entry in dump.get("entries", []):
                     if entry.get("is_p2p") or (entry.get("time_created_ns") or 0) >= self.since_ns:
                         continue
-                    pg = str(entry.get("process_group", ("",))[0])
+                    pg = self._trace_name(entry)
                     self._done[pg] = max(self._done.get(pg, 0), int(entry.get("collective_seq_id", -1)))
         except Exception as exc:
             warn_once("flight-recorder-follow", f"cannot read Flight Recorder ({exc!r}); C++ collectives may be lost")
@@ -231,7 +242,7 @@ class FlightRecorderFollower:
         self._warn_if_overwritten(fresh)
         rows = []
         for entry in fresh:
-            pg = str(entry.get("process_group", ("",))[0])
+            pg = self._trace_name(entry)
             seq = int(entry.get("collective_seq_id", -1))
             done = self._done.setdefault(pg, 0)  # a group with no collective before diag starts at seq 1
             if seq <= done or (until_ns is not None and entry["time_created_ns"] >= until_ns):
@@ -249,7 +260,7 @@ class FlightRecorderFollower:
         """The ring wrapped between two reads: a group's oldest entry is past the next one to account for."""
         oldest: dict[str, int] = {}
         for entry in fresh:
-            oldest.setdefault(str(entry.get("process_group", ("",))[0]), int(entry.get("collective_seq_id", -1)))
+            oldest.setdefault(self._trace_name(entry), int(entry.get("collective_seq_id", -1)))
         lost = sum(max(0, first_seq - self._done.get(pg, 0) - 1) for pg, first_seq in oldest.items())
         self.entries_lost += lost
         if lost:

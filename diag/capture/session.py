@@ -170,13 +170,16 @@ class Session:
         self.current_phase: str | None = None
         self.step_started_us: int | None = None
         self._next_step = 0
+        self._last_index: int | None = None  # the last step number begun: a repeat is warned about once
         self._open_step = False  # begin_step without end_step yet
+        self._pid = os.getpid()  # a forked child (os.fork inside a step) records nothing of the parent's
         self._step_start_ns = 0
         self._step_device_event = None
         self._phase_us: dict[str, float] = {}
         self._data_wait_us = 0.0
         self._comm_wait_us = 0.0
         self._hooks: list = []
+        self.pg_generation = 0  # destroy_process_group() calls that ended every group (trace_group_name)
         self._meshes: list = []  # DeviceMeshes found on instrumented modules
         self._count_flops = count_flops and not flops_per_step
         self._ddp_buckets = "hook" if ddp_buckets is True else ddp_buckets
@@ -208,6 +211,7 @@ class Session:
         self._steps_since_calibration = 0
         self.calibrator = self._start_calibration(calibrate_every if writing else 0)
         self.manifest["capture"] = self.capture_status
+        self.writer.on_stop = self._on_capture_stopped
         self.writer.write_manifest(self.manifest)
         self.writer.start()
 
@@ -429,10 +433,17 @@ class Session:
     def add_data_wait(self, duration_us: float) -> None:
         self._data_wait_us += duration_us
 
+    def trace_group_name(self, torch_name) -> str:
+        """The trace's name of the process group torch calls ``torch_name``: torch's own name, and after
+        ``destroy_process_group()`` and a new ``init_process_group`` (torch then names groups "0", "1" ... again,
+        and numbers their collectives from 1 again) the name with the generation, "0@1": the new groups'
+        collectives never collide with the old ones' (pg, seq)."""
+        return str(torch_name) if not self.pg_generation else f"{torch_name}@{self.pg_generation}"
+
     def register_process_group(self, group) -> str:
         """Name a process group and describe it in the manifest the first time it is seen."""
         try:
-            name = str(group.group_name)
+            name = self.trace_group_name(group.group_name)
             if name not in self.manifest["process_groups"]:
                 self.manifest["process_groups"][name] = _describe_group(group)
                 self.writer.write_manifest(self.manifest)
@@ -450,16 +461,18 @@ class Session:
                 return
             groups = self.manifest["process_groups"]
             for group, name in torch_private.process_group_names().items():
-                groups.setdefault(str(name), _describe_group(group))
+                groups.setdefault(self.trace_group_name(name), _describe_group(group))
             for mesh in self._meshes:
                 names = list(mesh.mesh_dim_names or [f"dim{i}" for i in range(mesh.ndim)])
                 for dim, dim_name in enumerate(names):
                     group = mesh.get_group(dim)
-                    groups.setdefault(str(group.group_name), _describe_group(group))["mesh_dim"] = dim_name
+                    groups.setdefault(self.trace_group_name(group.group_name), _describe_group(group))["mesh_dim"] = (
+                        dim_name
+                    )
                 self.manifest["device_mesh"] = {
                     "shape": list(mesh.shape),
                     "dim_names": names,
-                    "groups": {n: str(mesh.get_group(d).group_name) for d, n in enumerate(names)},
+                    "groups": {n: self.trace_group_name(mesh.get_group(d).group_name) for d, n in enumerate(names)},
                 }
             self.writer.write_manifest(self.manifest)
         except Exception as exc:
@@ -612,6 +625,7 @@ class Session:
         try:
             self.device_timer.poll()
             self.current_step = self._next_step if index is None else int(index)
+            self._note_repeated_step(self.current_step)
             self._next_step = self.current_step + 1
             self.step_started_us = time.time_ns() // 1000
             self._step_start_ns = time.perf_counter_ns()
@@ -625,9 +639,39 @@ class Session:
             warn_once("step-begin", f"step timing failed ({exc!r})")
             return False
 
+    def _note_repeated_step(self, step: int) -> None:
+        """One warning when step numbers repeat or go back within this process: ``diag.step(global_step)``
+        called once per micro-batch makes each optimizer step several steps of the same number."""
+        last, self._last_index = self._last_index, step
+        if last is None or step > last:
+            return
+        if step == last:
+            message = (
+                f"diag.step called with step {step} again: call it once per optimizer step, around all its "
+                "micro-batches (README, gradient accumulation)"
+            )
+        else:
+            message = f"diag.step called with step {step} after step {last}: step numbers should increase"
+        warn_once("step-repeated", message)
+
+    def _in_owner_process(self) -> bool:
+        """False in a child forked from the rank: the buffered rows and the files are the parent's."""
+        return os.getpid() == self._pid
+
+    def _on_capture_stopped(self, reason: str) -> None:
+        """The writer stopped mid-run (a full disk, a directory made read-only): the manifest and heartbeat say
+        at which step and why, so that the report and triage do not read the rows that made it as the run."""
+        step = self.current_step if self.current_step is not None else self._next_step
+        stopped = {"step": step, "last_step": self.last_step, "reason": reason, "time_us": time.time_ns() // 1000}
+        self.manifest["capture_stopped"] = stopped
+        heartbeat = self.watchdog.stopped_heartbeat() if self.watchdog is not None else None
+        self.writer.write_last_words(self.manifest, heartbeat)
+
     def _end_step(self, samples, tokens, completed: bool) -> None:
         """Write the step's rows (a failed step's too: its time was spent). Only a completed step becomes
         ``last_step``, which hang triage reads as the last step this rank finished."""
+        if not self._in_owner_process():  # a forked child leaving a step the parent opened
+            return
         if self.memory_deep is not None:  # first: diag's own end-of-step work is not the step's memory
             self.memory_deep.on_step_end(self.current_step, failed=not completed)
         try:
@@ -670,6 +714,8 @@ class Session:
                 self._calibrate_between_steps()
 
     def _on_step_error(self, exc: BaseException) -> None:
+        if not self._in_owner_process():  # a forked child's own exit (SystemExit) is not the parent's step error
+            return
         try:
             if is_out_of_memory(exc):
                 summary = self.memory.summary() if self.memory is not None else None
@@ -807,6 +853,8 @@ class Session:
 
     # -- end ----------------------------------------------------------------------------------------------
     def finish(self) -> None:
+        if not self._in_owner_process():  # a forked child: the parent finishes its own capture
+            return
         closers = (
             self._stop_watchdog,
             self._stop_telemetry,

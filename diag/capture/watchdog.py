@@ -31,7 +31,7 @@ from diag._warn import warn_once
 from diag.capture import torch_private
 from diag.capture.flight_recorder import dump_bytes
 from diag.trace.records import ExitRecord, GroupProgress, HangDump, Heartbeat, PendingOp, Stall
-from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, STACKS_PREFIX, hang_dump_name
+from diag.trace.schema import CAPTURE_STOPPED, FATAL_STACKS_FILE, FR_DUMP_FILE, STACKS_PREFIX, hang_dump_name
 
 MAX_PENDING_IN_HEARTBEAT = 8
 GAP_INTERVALS = 3  # a tick this many intervals late means the process was frozen
@@ -66,6 +66,7 @@ class Watchdog:
         self._signal_dumped_us: dict[int, int] = {}  # signal -> when its dump was written
         self._signal_dump_done: dict[int, threading.Event] = {}  # signal -> set once its records are on disk
         self._fatal_file = None
+        self._fatal_path = None
         self._in_signal_handler = False  # a second SIGTERM must not cut the first one's dump short
         self._pid = os.getpid()  # a forked child (DataLoader worker) inherits the handlers, not the rank
 
@@ -195,7 +196,7 @@ class Watchdog:
             return []
         for entry in pending:
             if entry.get("seq", -1) == -1:  # a blocking op gets its seq only when it returns: ask c10d now
-                entry["seq"] = _current_seq(entry.get("pg"))
+                entry["seq"] = _current_seq(entry.get("pg"), self.session.trace_group_name)
                 entry["seq_inferred"] = True
         return pending
 
@@ -233,8 +234,18 @@ class Watchdog:
         return {pg: GroupProgress.from_json(progress) for pg, progress in marks.items()}
 
     def _write_heartbeat(self, state: str, pending: list[dict] | None = None) -> None:
+        heartbeat = self._heartbeat(state, pending)
+        with self._dump_lock:  # the writer renames one fixed temp file: one writer at a time
+            self.session.writer.write_heartbeat(heartbeat.to_json())
+
+    def stopped_heartbeat(self) -> dict:
+        """The last heartbeat once capture stopped (the writer's last words): state ``capture_stopped``, which
+        later beats, no longer written, never replace. Triage reads what the rank did after it as unknown."""
+        return self._heartbeat(CAPTURE_STOPPED, None).to_json()
+
+    def _heartbeat(self, state: str, pending: list[dict] | None) -> Heartbeat:
         pending = self._pending() if pending is None else pending
-        heartbeat = Heartbeat(
+        return Heartbeat(
             **self._state(),
             state=state if self._exit is None else self._exit.how or state,
             interval_s=self.heartbeat_interval_s,
@@ -247,8 +258,6 @@ class Watchdog:
             exit=self._exit,
             groups=self._groups(),
         )
-        with self._dump_lock:  # the writer renames one fixed temp file: one writer at a time
-            self.session.writer.write_heartbeat(heartbeat.to_json())
 
     def dump(self, reason: str, pending: list[dict] | None = None) -> None:
         """Write one hang dump now (any thread). Errors become one warning."""
@@ -288,14 +297,9 @@ class Watchdog:
             return None, repr(exc)[:300]
         if not data:
             return None, "Flight Recorder is off (set TORCH_FR_BUFFER_SIZE, e.g. 2000)"
-        path = self.session.writer.rank_dir / FR_DUMP_FILE
-        tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        except OSError as exc:  # a full disk: leave no half-written temp file behind, and dump the rest
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            self.session.writer.replace_file(FR_DUMP_FILE, data)
+        except OSError as exc:  # a full disk: no half-written temp file is left behind; the rest is dumped
             return None, repr(exc)[:300]
         return FR_DUMP_FILE, None
 
@@ -443,7 +447,10 @@ class Watchdog:
         if faulthandler.is_enabled():
             return  # the user's own faulthandler set-up wins
         try:
-            self._fatal_file = open(self.session.writer.rank_dir / FATAL_STACKS_FILE, "w")  # noqa: SIM115 - kept open for faulthandler
+            path = self.session.writer.rank_dir / FATAL_STACKS_FILE
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            self._fatal_file = open(fd, "w")  # noqa: SIM115 - kept open for faulthandler
+            self._fatal_path = path  # the file object's name is its descriptor
             faulthandler.enable(file=self._fatal_file, all_threads=True)
         except (OSError, ValueError, RuntimeError) as exc:
             warn_once("watchdog-faulthandler", f"no stacks on fatal signals ({exc})")
@@ -463,7 +470,7 @@ class Watchdog:
         atexit.unregister(self._at_exit)
         if self._fatal_file is not None:
             faulthandler.disable()
-            path = self._fatal_file.name
+            path = self._fatal_path
             self._fatal_file.close()
             self._fatal_file = None
             if os.path.getsize(path) == 0:
@@ -526,11 +533,11 @@ def _stacks_text(threads: list[dict], reason: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _current_seq(pg_name) -> int:
-    """The c10d sequence number of the group called ``pg_name`` now (-1 if unknown)."""
+def _current_seq(pg_name, trace_name) -> int:
+    """The c10d sequence number of the group the trace calls ``pg_name`` now (-1 if unknown)."""
     try:
         for group, name in torch_private.process_group_names().items():
-            if str(name) == str(pg_name):
+            if trace_name(name) == str(pg_name):
                 return torch_private.sequence_number(group)
     except Exception:
         pass

@@ -47,8 +47,9 @@ def command(
     PyTorch Flight Recorder dumps (files <prefix><rank> from TORCH_FR_DUMP_TEMP_FILE or
     TORCH_NCCL_DEBUG_INFO_TEMP_FILE, pickle or JSON; pickles are read with a restricted unpickler).
 
-    The verdict is one of missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, no_problem, with
-    the culprit ranks, the collective (process group, sequence number, op, sizes) and the evidence.
+    The verdict is one of missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, capture_stopped,
+    no_problem, with the culprit ranks, the collective (process group, sequence number, op, sizes) and the
+    evidence.
 
     Exit status: 0 no hang (no_problem, slow), 1 a hang verdict (missing_ranks, deadlock, desync, dead_rank,
     collective_hang), 2 nothing to judge or a bad PATH.

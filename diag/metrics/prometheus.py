@@ -53,6 +53,13 @@ BYTES_PER_KIB = 1024  # NVML reports PCIe throughput in KB/s of 1024 bytes
 # few enough to follow a rank that became slow), once it has a few
 STRAGGLER_WINDOW_STEPS = 50
 STRAGGLER_MIN_STEPS = 5
+# Label values that come from the user's names (phases, process groups, ops) are capped per source: 300,000
+# distinct phase names made /metrics 62 MB and 7 s a scrape. Beyond the cap, new ones are counted under
+# OTHER_LABEL (one warning); the trace keeps every name.
+MAX_PHASE_NAMES = 200
+MAX_COLLECTIVE_SERIES = 200  # (op, process group) pairs
+MAX_PENDING_GROUPS = 200
+OTHER_LABEL = "other"
 
 
 @dataclass(frozen=True)
@@ -413,7 +420,10 @@ class MetricsSource:
 
     def _phases(self, rows) -> None:
         for row in rows:
-            totals = self.phases.setdefault(str(row.name), [0, 0.0])
+            name = str(row.name)
+            if name not in self.phases and len(self.phases) >= MAX_PHASE_NAMES:
+                name = _over_cap("phase names", MAX_PHASE_NAMES, "phase")
+            totals = self.phases.setdefault(name, [0, 0.0])
             totals[0] += 1
             totals[1] += row.duration_us / 1e6
 
@@ -421,6 +431,9 @@ class MetricsSource:
         for row in rows:
             key = (str(row.op), str(row.pg))
             totals = self.collectives.get(key)
+            if totals is None and len(self.collectives) >= MAX_COLLECTIVE_SERIES:
+                key = (OTHER_LABEL, _over_cap("(op, process group) pairs", MAX_COLLECTIVE_SERIES, "op and pg"))
+                totals = self.collectives.get(key)
             if totals is None:
                 totals = self.collectives[key] = _Collective()
             totals.count += 1
@@ -486,9 +499,20 @@ class MetricsSource:
         for entry in heartbeat.pending:
             if entry.start_us is not None:
                 pg = str(entry.pg)
+                if pg not in oldest and len(oldest) >= MAX_PENDING_GROUPS:
+                    pg = _over_cap("process groups with pending collectives", MAX_PENDING_GROUPS, "pg")
                 oldest[pg] = max(oldest.get(pg, 0.0), max(time_us - entry.start_us, 0.0) / 1e6)
         self.pending_s = oldest
         self.stall = heartbeat.stall
+
+
+def _over_cap(what: str, cap: int, label: str) -> str:
+    warn_once(
+        f"prometheus-cap-{what}",
+        f"more than {cap} distinct {what} in one rank's metrics: the others are exported under "
+        f'{label}="{OTHER_LABEL}" (the trace keeps every name)',
+    )
+    return OTHER_LABEL
 
 
 def straggler_scores(sources: Iterable[MetricsSource]) -> None:
@@ -654,11 +678,13 @@ def new_registry(metrics: RowMetrics):
 
 def serve(registry, port: int, addr: str):
     """Serve ``registry`` on http://addr:port/metrics from a daemon thread; returns the server (OSError when
-    the port is taken)."""
-    from prometheus_client import start_http_server
+    the port is taken). The server times out idle and slow connections and bounds them per client
+    (diag/metrics/endpoint.py): prometheus_client's own has no timeouts."""
+    from prometheus_client import make_wsgi_app
 
-    started = start_http_server(port, addr=addr, registry=registry)
-    return started[0] if isinstance(started, tuple) else None  # prometheus-client < 0.20 returns nothing
+    from diag.metrics.endpoint import serve_wsgi
+
+    return serve_wsgi(make_wsgi_app(registry), port, addr)
 
 
 def stop_serving(server) -> None:

@@ -174,6 +174,9 @@ def write_parquet(table: Table, arrow: pa.Table, path: Path) -> None:
     atomically (a temporary file renamed into place): a reader sees the whole segment or none of it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        with contextlib.suppress(FileNotFoundError):  # a link planted at the name is removed, not written through
+            tmp.unlink()
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644))
         with pq.ParquetWriter(tmp, arrow.schema, **parquet_options(table)) as writer:
             writer.write_table(arrow, row_group_size=ROW_GROUP_ROWS)
             writer.add_key_value_metadata({MARKER_KEY: marker(table).encode()})
@@ -272,7 +275,7 @@ class StreamSegmentWriter:
     @staticmethod
     def _open_sink(path: Path) -> pa.NativeFile:
         """A new file, buffered in C++ (the IPC writer's many small writes reach the file as one write per
-        flush, without the GIL); raises FileExistsError if the name is taken."""
+        flush, without the GIL); raises FileExistsError if the name is taken (by a planted link too: O_EXCL)."""
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644))
         return pa.BufferedOutputStream(pa.OSFile(str(path), "a"), buffer_size=1 << 20)
 

@@ -858,7 +858,7 @@ def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
     steps = data["steps"]
     if steps.empty:
         return data
-    cuts, positional = latest_run_cuts(steps)
+    cuts, positional = latest_run_cuts(steps, process_starts_us(data["manifests"]))
     if not cuts and not positional:
         return data
     out = dict(data)
@@ -890,18 +890,43 @@ def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
     return out
 
 
-def latest_run_cuts(steps: pd.DataFrame) -> tuple[dict[int, float], dict[int, int]]:
+def process_starts_us(manifests: list[dict]) -> dict[int, int]:
+    """rank -> when its latest process started capturing (the manifest's ``start_time_us``: each process
+    rewrites the manifest at ``diag.init``), where the manifest says so plausibly."""
+    starts: dict[int, int] = {}
+    for raw in manifests:
+        rank, start_us = raw.get("rank"), raw.get("start_time_us")
+        if type(rank) is int and type(start_us) is int and 0 < start_us < 2**62:
+            starts[rank] = start_us
+    return starts
+
+
+def latest_run_cuts(
+    steps: pd.DataFrame, starts_us: dict[int, int] | None = None
+) -> tuple[dict[int, float], dict[int, int]]:
     """Ranks whose step numbers start again (a second run appended): rank -> the time before which rows belong
-    to the earlier run, and rank -> the steps row index where the latest run begins when its clock went back."""
+    to the earlier run, and rank -> the steps row index where the latest run begins when its clock went back.
+
+    A second run is a second process: where the manifest says when the latest process started
+    (``starts_us``), a number repeated within that process (``diag.step(global_step)`` called once per
+    micro-batch, which capture warns about) is that process's steps, not a run appended. Numbers that go back
+    are a run appended, as are repeats across the process's start."""
     cuts: dict[int, float] = {}
     positional: dict[int, int] = {}
+    starts_us = starts_us or {}
     order = np.argsort(steps["rank"].to_numpy(), kind="stable")  # each rank's rows in their order
     ranks, numbers = steps["rank"].to_numpy()[order], steps["step"].to_numpy()[order]
     if not ((ranks[1:] == ranks[:-1]) & (numbers[1:] <= numbers[:-1])).any():
         return cuts, positional  # no rank's steps start again: no per-rank loop (2.4 s at 16,384 ranks)
     for rank, group in steps.groupby("rank", sort=False):
         numbers = group["step"].to_numpy()
-        back = np.flatnonzero(numbers[1:] <= numbers[:-1])
+        back = numbers[1:] <= numbers[:-1]
+        start_us = starts_us.get(int(rank))
+        if start_us is not None:
+            begins = group["start_us"].to_numpy(dtype="float64", na_value=np.nan)
+            same_process = (begins[:-1] >= start_us) & (begins[1:] >= begins[:-1])
+            back &= ~(same_process & (numbers[1:] == numbers[:-1]))
+        back = np.flatnonzero(back)
         if not len(back):
             continue
         first = int(back[-1]) + 1

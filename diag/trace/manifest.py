@@ -127,6 +127,27 @@ MODEL_SHAPE_FLAGS = ("flash_attention", "dropout", "sequence_parallel")
 
 
 @dataclass(frozen=True)
+class CaptureStopped:
+    """A write failed mid-run and capture stopped (``manifest.capture_stopped``): nothing after ``step``."""
+
+    step: int | None
+    last_step: int | None  # the last step the rank completed when it stopped
+    reason: str
+    time_us: int | None
+
+    @classmethod
+    def from_json(cls, raw) -> CaptureStopped | None:
+        if not isinstance(raw, dict):
+            return None
+        return cls(
+            step=whole(raw.get("step")),
+            last_step=whole(raw.get("last_step")),
+            reason=(text(raw.get("reason")) or "unknown reason")[:200],
+            time_us=whole(raw.get("time_us")),
+        )
+
+
+@dataclass(frozen=True)
 class ParallelLayout:
     """The layout the user gave ``diag.init(parallel=...)``: degrees of each kind of parallelism."""
 
@@ -185,6 +206,7 @@ class Manifest:
     model_shape: ModelShape | None = None
     finished: bool = False
     end_time_us: int | None = None
+    capture_stopped: CaptureStopped | None = None
     # who wrote it: None for diag's capture, "kineto" for a manifest made from a torch.profiler trace
     source: str | None = None
     trace_id: str | None = None
@@ -247,6 +269,7 @@ class Manifest:
             model_shape=ModelShape.from_json(raw["model_shape"]) if isinstance(raw.get("model_shape"), dict) else None,
             finished=raw.get("finished") is True,
             end_time_us=whole(raw.get("end_time_us")),
+            capture_stopped=CaptureStopped.from_json(raw.get("capture_stopped")),
             source=text(raw.get("source")),
             trace_id=text(raw.get("trace_id")),
         )

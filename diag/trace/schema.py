@@ -470,6 +470,8 @@ MANIFEST_KEYS: dict[str, str] = {
     "sequence_parallel} as given to diag.init(model_shape=...), for the activation memory `diag memory-plan` predicts",
     "finished": "true once diag.finish() ran (rewritten at finish)",
     "end_time_us": "wall-clock instant diag.finish() ran",
+    "capture_stopped": "{step, last_step, reason, time_us} when a write failed mid-run (a full disk, a directory "
+    "made read-only) and capture stopped: nothing after `step` was recorded; absent while capture ran to the end",
 }
 
 
@@ -490,12 +492,16 @@ MEMORY_DEEP_KEYS: dict[str, str] = {
     "name}] innermost first}], stacks_total, ooms [{bytes, device_free_bytes, frames}]}; null on CPU",
 }
 
+# heartbeat.json state once a write failed mid-run and capture stopped (its last heartbeat)
+CAPTURE_STOPPED = "capture_stopped"
+
 # heartbeat.json (diag/trace/records.py Heartbeat; written by diag/capture/watchdog.py). A key added later is
 # absent from older heartbeats, and every reader takes it as unknown.
 HEARTBEAT_KEYS: dict[str, str] = {
     "rank, pid, time_us": "who wrote it, and the wall clock when (rewritten every interval_s while alive)",
     "step, last_step, phase, step_started_us": "the step in progress (null between steps), the last completed",
-    "state": "running, stalled, finished, or how the process ended",
+    "state": "running, stalled, finished, how the process ended, or capture_stopped (a write failed mid-run: the "
+    "last heartbeat written; the manifest's `capture_stopped` says when and why)",
     "interval_s, threshold_s": "how often it is rewritten; a collective pending this long is a stall",
     "pending, pending_count": "the collectives entered and not seen complete (the first 8 of pending_count)",
     "stall": "the stall it describes (the collective pending longest), when state is stalled",

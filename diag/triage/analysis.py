@@ -28,6 +28,8 @@ from Flight Recorder carry no completion).
   if some were inside a collective the first-stopped ranks never reached.
 * slow: nothing hung, but a watchdog stall was seen, or all members are inside one collective; the
   slowest rank named.
+* capture_stopped: nothing else found, but capture stopped mid-run on some ranks (a full disk, a directory made
+  read-only): what they did after it is unknown, so this is no clean bill of health; the ranks are named.
 * no_problem.
 """
 
@@ -39,6 +41,7 @@ import pandas as pd
 
 from diag.analysis.nccl import group_evidence
 from diag.trace.records import ExitRecord, Heartbeat
+from diag.trace.schema import CAPTURE_STOPPED
 from diag.triage.flight_recorder import is_library_file
 from diag.triage.sources import RankInfo, TriageInput, main_frames
 from diag.triage.summary import DEAD_MARGIN_INTERVALS, DEFAULT_HEARTBEAT_INTERVAL_S
@@ -63,7 +66,7 @@ class RankReport:
 
 @dataclass
 class Verdict:
-    verdict: str  # missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, no_problem
+    verdict: str  # missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, capture_stopped, no_problem
     culprit_ranks: list[int]
     collective: dict | None  # {pg, seq, op, sizes}
     ranks: dict[int, RankReport]
@@ -556,6 +559,11 @@ def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness:
             "stopped from outside (preemption, the launcher, a user), not a hang"
         )
     evidence += [f"{n} {'rank' if n == 1 else 'ranks'} {state}" for state, n in _count_states(ranks).items()]
+    stopped = _capture_stopped(data)
+    if stopped:
+        lines = [_capture_stopped_line(rank, data.ranks[rank]) for rank in stopped]
+        evidence[0] = f"in what was recorded, {evidence[0]}"
+        return _verdict("capture_stopped", stopped, None, ranks, lines + evidence, data)
     return _verdict("no_problem", [], None, ranks, evidence, data)
 
 
@@ -584,6 +592,23 @@ def _fr_problem_verdict(data: TriageInput, ops: pd.DataFrame, liveness: dict) ->
     return _verdict(problem.verdict, problem.culprits, collective, ranks, evidence, data)
 
 
+def _capture_stopped(data: TriageInput) -> list[int]:
+    """Ranks whose capture stopped mid-run: the manifest says so, or only the last heartbeat could."""
+    return sorted(
+        rank
+        for rank, info in data.ranks.items()
+        if info.capture_stopped is not None or (info.heartbeat is not None and info.heartbeat.state == CAPTURE_STOPPED)
+    )
+
+
+def _capture_stopped_line(rank: int, info: RankInfo) -> str:
+    stopped = info.capture_stopped
+    step = stopped.step if stopped is not None else info.heartbeat.step if info.heartbeat else None
+    at = f" at step {step}" if step is not None else ""
+    why = f" ({stopped.reason})" if stopped is not None else ""
+    return f"rank {rank}: capture stopped{at}{why}; nothing after it was recorded, so what the rank did then is unknown"
+
+
 def _slowest_by_steps(data: TriageInput) -> int | None:
     """In data parallelism all ranks take the same step time; the slow one is the one the others wait for:
     the largest step time outside communication."""
@@ -608,8 +633,8 @@ def _liveness(data: TriageInput) -> dict[int, str]:
             states[rank] = "finished"
         elif _exit_record(info):
             states[rank] = "exited"
-        elif not heartbeat:
-            states[rank] = "unknown"
+        elif not heartbeat or heartbeat.state == CAPTURE_STOPPED or info.capture_stopped is not None:
+            states[rank] = "unknown"  # a heartbeat that stopped with capture says nothing of the process
         else:
             interval_us = float(heartbeat.interval_s or DEFAULT_HEARTBEAT_INTERVAL_S) * 1e6
             stale = freshest_us - (heartbeat.time_us or 0) > DEAD_MARGIN_INTERVALS * interval_us

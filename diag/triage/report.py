@@ -11,6 +11,7 @@ HEADLINES = {
     "desync": "DESYNC: {ranks} issued a different collective than the others at the same sequence number",
     "dead_rank": "DEAD RANK: the process of {ranks} is gone",
     "slow": "SLOW, NOT HUNG: every rank is progressing; slowest: {ranks}",
+    "capture_stopped": "CAPTURE STOPPED on {ranks}: no problem found in what was recorded, but nothing after it was",
     "no_problem": "NO PROBLEM FOUND: no pending, mismatched or abandoned collective, no dead rank",
 }
 MAX_RANKS_LISTED = 32

@@ -33,7 +33,7 @@ from diag.trace.loader import (
     read_file_bytes,
     to_frame,
 )
-from diag.trace.manifest import Manifest
+from diag.trace.manifest import CaptureStopped, Manifest
 from diag.trace.records import HangDump, Heartbeat
 from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, MAX_RANK, SCALAR_TYPES, TABLES, hang_dump_number
 from diag.triage import fr_checks
@@ -77,6 +77,7 @@ class RankInfo:
     fr_last: dict | None = None  # last Flight Recorder entry of the rank, for FR-only input
     has_data: bool = True
     backend: str | None = None  # the default group's backend (nccl, gloo), from the manifest or a dump
+    capture_stopped: CaptureStopped | None = None  # a write failed mid-run: nothing recorded after its step
     judged_by_heartbeat: bool = False  # its tables were not read: its heartbeat said enough (summary.py)
 
 
@@ -157,6 +158,7 @@ def read_diag_trace(
         manifest = trace.manifest(rank) or Manifest(rank)
         info.finished = manifest.finished
         info.host, info.pid, info.backend = manifest.host, manifest.pid, manifest.backend
+        info.capture_stopped = manifest.capture_stopped
         ranks[rank] = info
     skipped = list(trace.skipped)
     ops = _diag_ops(trace.collectives)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from diag.trace.loader import TraceError
 from diag.trace.records import Heartbeat
+from diag.trace.schema import CAPTURE_STOPPED
 from diag.triage.analysis import Verdict, triage
 from diag.triage.sources import TriageInput, read_input
 
@@ -53,6 +54,8 @@ def stall_of(data: TriageInput, now_us: float, stall_s: float) -> Progress:
         beat_us = _number(heartbeat.time_us)
         if exits[rank] is not None or beat_us is None:
             continue
+        if heartbeat.state == CAPTURE_STOPPED:  # it writes nothing more: watching it cannot tell more
+            return Progress("stalled", f"rank {rank}'s capture stopped (its manifest says why)")
         if now_us - beat_us > stall_s * 1e6 + _number(heartbeat.interval_s, 0.0) * 1e6:
             return Progress("stalled", f"rank {rank} wrote no heartbeat for {(now_us - beat_us) / 1e6:.0f} s")
         oldest = _oldest_pending(heartbeat)

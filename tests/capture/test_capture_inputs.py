@@ -114,12 +114,26 @@ def test_a_forward_that_raised_does_not_inflate_the_next_forward(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
-def test_a_full_disk_during_a_hang_dump_is_one_warning_and_leaves_no_temp_file(tmp_path):
+def test_a_full_disk_during_a_hang_dump_is_one_warning_and_leaves_no_temp_file(tmp_path, monkeypatch):
     import torch.distributed as dist
 
+    from diag.trace import writer
+
     rank_dir = tmp_path / "rank00000"
-    rank_dir.mkdir()
-    (rank_dir / "fr_dump.tmp").symlink_to("/dev/full")  # the Flight Recorder dump fails with ENOSPC
+    write_new_file = writer._write_new_file
+
+    def on_dev_full(path, data, truncate=False):
+        """The Flight Recorder dump's temp file is created, then written on /dev/full (ENOSPC): only that file
+        meets a full disk (a link planted at its name would be refused, not written through)."""
+        write_new_file(path, b"", truncate)
+        if "fr_dump" in path.name:
+            with open("/dev/full", "wb") as full:
+                full.write(data)
+                full.flush()
+        else:
+            write_new_file(path, data, True)
+
+    monkeypatch.setattr(writer, "_write_new_file", on_dev_full)
     os.environ["TORCH_FR_BUFFER_SIZE"] = "64"
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
@@ -135,7 +149,7 @@ def test_a_full_disk_during_a_hang_dump_is_one_warning_and_leaves_no_temp_file(t
         del os.environ["TORCH_FR_BUFFER_SIZE"]
     messages = [str(w.message) for w in caught if issubclass(w.category, DiagWarning)]
     assert messages == [], messages  # the dump is written without it; the reason is in the dump
-    assert not (rank_dir / "fr_dump.tmp").exists()
+    assert not list(rank_dir.glob("*.tmp")) and not (rank_dir / "fr_dump.pkl").exists()
     dumps = sorted(rank_dir.glob("hang_dump_*.json"))
     assert dumps and "No space left" in dumps[0].read_text()
     assert session.writer.enabled  # the traces themselves still have room
