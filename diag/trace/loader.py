@@ -632,6 +632,11 @@ def gather_rank_reads(reads, table_names, skipped: list, progress=None) -> tuple
     return chunks, side
 
 
+# What reading one file can raise besides the reader's own checks: no access (a rank directory at mode 000),
+# or damage a format library finds first (pyarrow's checks of a crafted segment)
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, IndexError, pa.ArrowException)
+
+
 class TraceReader:
     """Incremental reader of a trace directory: each ``poll()`` reads only what was appended since."""
 
@@ -696,6 +701,11 @@ class TraceReader:
 
     def _read_rank(self, rank: int, rank_dir: Path):
         skipped: list[Skipped] = []
+        try:
+            os.listdir(rank_dir)
+        except OSError as exc:  # at mode 000 (another user's): one note for the directory, not one per file
+            self._note_unreadable(rank_dir, exc, skipped)
+            return None, None, {}, [], skipped, None
         manifest = _read_json(rank_dir / MANIFEST_FILE, skipped)
         heartbeat = _read_json(rank_dir / HEARTBEAT_FILE, skipped)
         tables = self.read_rank_tables(rank, rank_dir, self.tables, skipped)
@@ -719,11 +729,22 @@ class TraceReader:
         files = _listing(rank_dir, skipped) if files is None else files
         tables = {}
         for name in names:
-            arrow = self._read_new_rows(rank_dir / TABLES[name].file_name, TABLES[name], skipped)
-            arrow = _concat(arrow, self._read_new_segments(rank_dir, files, TABLES[name], skipped))
+            try:
+                arrow = self._read_new_rows(rank_dir / TABLES[name].file_name, TABLES[name], skipped)
+                arrow = _concat(arrow, self._read_new_segments(rank_dir, files, TABLES[name], skipped))
+            except UNREADABLE as exc:  # one table of one rank: named, and the others still read (a live view too)
+                self._note_unreadable(rank_dir / TABLES[name].file_name, exc, skipped)
+                continue
             if arrow is not None and arrow.num_rows:
                 tables[name] = arrow.add_column(0, "rank", pa.array(np.full(arrow.num_rows, rank, dtype="int32")))
         return tables
+
+    def _note_unreadable(self, path: Path, exc: BaseException, skipped: list[Skipped]) -> None:
+        """Said once per file, not at every poll of a live view (the file is tried again: it may be fixed)."""
+        key = f"{path}: {type(exc).__name__}"
+        if key not in self._noted:
+            self._noted.add(key)
+            skipped.append(Skipped(str(path), f"unreadable, left out: {type(exc).__name__}: {str(exc)[:200]}"))
 
     def _read_nccl_log(self, path: Path, skipped: list[Skipped]) -> NcclLog | None:
         """nccl.log parsed, again only when its size or time changed (NCCL appends while a live view polls)."""

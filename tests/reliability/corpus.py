@@ -297,15 +297,15 @@ def _parquet_segment(run: Path, arrow) -> None:
 
 
 def _duplicated_column(run: Path) -> None:
+    """Rank 0's first steps segment with its step column twice (still marked as a diag segment)."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     _to_columnar(run)
     path = run / "rank00000" / "steps.000001.parquet"
-    import pyarrow.parquet as pq
-
     table = pq.read_table(path)
-    pq.write_table(pa.Table.from_arrays([*table.columns, table.column("step")], names=[*table.column_names, "step"]),
-                   path)  # fmt: skip
+    doubled = pa.Table.from_arrays([*table.columns, table.column("step")], names=[*table.column_names, "step"])
+    pq.write_table(doubled.replace_schema_metadata(table.schema.metadata), path)
 
 
 def _constant_rows(run: Path) -> None:
