@@ -100,6 +100,10 @@ class _TokenSizedReader:
     BASE_BYTES = 64 << 10
     MAX_BYTES = 64 << 20
     _REAL_QUOTE = re.compile(rb'(?<!\\)"')
+    # MAX_NESTED_OPENS containers opened in a row (short keys between them allowed): ijson builds such an event
+    # whole, with a prefix string per level (50,000 levels: 6 GB and 100 s); real events nest a few levels
+    # (starts with a character class so that re scans for it in C: ~4% of the parse of a real trace)
+    _DEEP_RUN = re.compile(rb'[\[{](?:\s*(?:"[^"\\]{0,64}"\s*:\s*)?[\[{]){63}')
 
     def __init__(self, raw):
         self._raw = raw
@@ -109,6 +113,8 @@ class _TokenSizedReader:
         if n == 0:
             return self._raw.read(0)
         data = self._raw.read(self._size)
+        if self._DEEP_RUN.search(data):
+            raise ValueError("JSON nested deeper than 64 levels: not a trace event")
         if self._REAL_QUOTE.search(data):
             self._size = self.BASE_BYTES
         else:

@@ -67,3 +67,18 @@ def test_event_times_of_the_wrong_type_skip_the_event(tmp_path):
     trace = _load(tmp_path, doc)
     assert len(trace.gpu_kernels) == 3
     assert trace.gpu_kernels["launch_us"].isna().sum() == 1
+
+
+def test_an_event_nested_fifty_thousand_levels_is_refused_in_bounded_time_and_memory(tmp_path):
+    """ijson builds such an event whole with a prefix string per level (6 GB and 100 s): refused as it is read."""
+    import resource
+    import time
+
+    deep = json.dumps(_kineto_doc()).replace('"stream": 7', '"deep": ' + "[" * 50_000 + "]" * 50_000 + ', "stream": 7')
+    (tmp_path / "rank0.pt.trace.json").write_text(deep)
+    (tmp_path / "rank1.pt.trace.json").write_text(json.dumps(_kineto_doc(distributedInfo={"rank": 1})))
+    before_kib, started = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic()
+    trace = load_kineto(tmp_path)
+    assert time.monotonic() - started < 30
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before_kib < 1 << 20  # under 1 GiB more
+    assert trace.ranks_found == [1] and "nested deeper than 64 levels" in _reasons(trace)
