@@ -85,7 +85,6 @@ EXPECTED_NOTES = {
     "kineto_args_deep": "nested too deep",
     "events_odd_values": "event values of the wrong type",
     "events_numbers_as_text": "event values of the wrong type",
-    "events_many_keys": "other fields of a row, left out",
     "v2_duplicate_column": "appears more than once",
     "v2_parquet_constant_rows": "more than a trace segment holds",
     "nccl_log_long_prefix": "NCCL log lines not understood",
