@@ -322,7 +322,8 @@ def _imbalance(rank: int, report) -> tuple[list[int], list[str]]:
     ranks = report.per_rank if report is not None else []
     closest = list(report.closest_to_oom) if report is not None and report.closest_to_oom else []
     if not closest:
-        closest = [r.rank for r in sorted(ranks, key=_held, reverse=True) if _held(r) is not None][:5]
+        held = [r for r in ranks if _held(r) is not None]  # a rank without readings is not compared
+        closest = [r.rank for r in sorted(held, key=_held, reverse=True)][:5]
     this = next((r for r in ranks if r.rank == rank), None)
     if this is None or len(ranks) < 2:
         return closest, []

@@ -1519,7 +1519,8 @@ def read_share(path: str | Path, share: list[tuple[int, Path]], tick=None) -> tu
             tick(TICK_RANKS)
     if tick is not None and len(share) % TICK_RANKS:
         tick(len(share) % TICK_RANKS)
-    steps = reader._frame(STEPS, chunks.pop(STEPS)) if chunks[STEPS] else pd.DataFrame()
+    steps_chunks = chunks.pop(STEPS)  # gone from the chunks even when empty: a share of manifest-only ranks
+    steps = reader._frame(STEPS, steps_chunks) if steps_chunks else pd.DataFrame()
     rest["chunks"] = chunks
     rest["read_state"] = reader.read_state()  # where a live reader of the whole directory reads on from
     return steps, rest

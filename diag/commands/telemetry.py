@@ -32,6 +32,9 @@ from diag.trace.manifest import Manifest, parse_manifests
 FOLLOWED_TABLES = ("steps", "phases", "collectives", "memory", "telemetry")
 
 
+MAX_NOTES_SAID = 1000  # unreadable files named on stderr: beyond this many, the agent stays quiet about more
+
+
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -101,6 +104,7 @@ class TraceFollower:
         self.manifests: dict[int, Manifest] = {}
         self.sources: dict[int, MetricsSource] = {}
         self.problem: str | None = None  # why nothing is exported, in words, once
+        self._said: set[str] = set()  # files named as unreadable (each once)
 
     def poll(self) -> None:
         from diag.trace.loader import TraceError
@@ -110,6 +114,14 @@ class TraceFollower:
         except TraceError as exc:
             self._say(f"{exc}; waiting for the job to write it")
             return
+        except Exception as exc:  # noqa: BLE001 - the agent (and the GPU metrics it serves) outlives one bad read
+            self._say(f"could not read {self.trace_dir}: {type(exc).__name__}: {str(exc)[:300]}; trying again")
+            return
+        for note in data["skipped"]:  # a file that cannot be read: said once, skipped, the other ranks folded
+            unreadable = "unreadable" in note.reason or "not read" in note.reason
+            if unreadable and str(note) not in self._said and len(self._said) < MAX_NOTES_SAID:
+                self._said.add(str(note))
+                click.echo(f"diag telemetry: {note}", err=True)
         self.manifests.update(parse_manifests(data["manifests"], []))  # the analysis names odd values
         if self.gpus is not None:
             self.gpus.assign_ranks(self.manifests)

@@ -12,6 +12,7 @@ fleet bands over steps), always to a bounded size so that no figure grows with t
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
 import traceback
@@ -126,6 +127,7 @@ class LiveTrace:
         self._last_record_us: dict[int, int] = {}
         self._last_new_rows_s: float | None = None
         self._triage_at_s = 0.0
+        self._last_failure: str | None = None  # the last unexpected failure of a poll, said once
         self._triage_thread: threading.Thread | None = None
         self._triage_result: tuple[dict | None, str | None] = (None, "triage has not run yet")
         self._lock = threading.Lock()  # the poll and triage threads both publish snapshots
@@ -135,7 +137,21 @@ class LiveTrace:
 
     # -- reading ------------------------------------------------------------------------------------------
     def refresh(self) -> bool:
-        """Read what was appended; publish a new snapshot if anything changed. Never raises."""
+        """Read what was appended; publish a new snapshot if anything changed. Never raises: a file that cannot
+        be read is named in the snapshot's skipped list by the loader and the other ranks' rows of the same poll
+        are kept; anything else unexpected is said once (on stderr) and the last snapshot stays."""
+        try:
+            return self._refresh()
+        except Exception as exc:  # noqa: BLE001 - the live view outlives a bad file or a bug in one poll
+            message = f"could not read {self.trace_dir}: {type(exc).__name__}: {str(exc)[:300]}"
+            if self.snapshot.trace is None:
+                self._publish_error(message)
+            elif message != self._last_failure:
+                print(f"diag dashboard: {message}; showing the last data read", file=sys.stderr)
+            self._last_failure = message
+            return False
+
+    def _refresh(self) -> bool:
         try:
             if self.partitioned is None:
                 self._choose_reader()

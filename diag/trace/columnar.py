@@ -19,6 +19,7 @@ named in ``skipped`` and its readable rows kept.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
@@ -386,7 +387,10 @@ class TableSegments:
         try:
             categories = [c.name for c in self.table.columns if c.dtype == "category"]
             # ParquetFile, not read_table: no dataset discovery; one thread: the loader reads ranks in parallel
-            file = pq.ParquetFile(pa.BufferReader(_read_regular(path)), read_dictionary=categories)
+            data = _read_regular(path)
+            file = pq.ParquetFile(pa.BufferReader(data), read_dictionary=categories)
+            _check_rows(file.metadata.num_rows, len(data))
+            _check_names(file.schema_arrow.names)
             columns = self._wanted(file.schema_arrow.names)
             first = _first_group(file.metadata, last_rows)
             groups = None
@@ -447,6 +451,9 @@ class TableSegments:
                 arrow = ipc.open_stream(pa.py_buffer(state.prefix + data[:end])).read_all()
             else:
                 arrow = self._stream_tail(state.prefix, data, messages, last_rows)
+            arrow.validate()  # buffers as long as the lengths claimed (2**40 rows in a few KB: ArrowInvalid here)
+            _check_rows(arrow.num_rows, end)
+            _check_names(arrow.column_names)
         except (pa.ArrowException, OSError, ValueError) as exc:
             self.done.add(number)
             notes.append(Note(str(path), f"unreadable Arrow stream segment: {_short(exc)}"))
@@ -569,6 +576,23 @@ def _first_group(metadata: pq.FileMetaData, last_rows: int | None) -> int:
         first -= 1
         rows += metadata.row_group(first).num_rows
     return first
+
+
+MAX_ROWS_PER_BYTE = 1  # real segments hold under 0.1 row a byte (times and durations differ from row to row)
+MIN_ROWS_CHECKED = 1 << 16  # fewer rows than this cost little, whatever the file's size
+
+
+def _check_rows(rows: int, size_bytes: int) -> None:
+    """Refuse a segment that claims more rows than its bytes can hold as a real trace's: 42 million constant
+    rows fit in 2.6 MB of Parquet and take gigabytes once read."""
+    if rows > max(size_bytes * MAX_ROWS_PER_BYTE, MIN_ROWS_CHECKED):
+        raise ValueError(f"{rows} rows in {size_bytes} bytes: more than a trace segment holds; not read")
+
+
+def _check_names(names: list[str]) -> None:
+    duplicated = sorted(n for n, count in collections.Counter(names).items() if count > 1)
+    if duplicated:
+        raise ValueError(f"column {duplicated[0]!r} appears more than once: not a diag trace segment")
 
 
 def _complete_messages(data: bytes) -> tuple[int, list[tuple[str, int, int]], str | None]:

@@ -1,6 +1,6 @@
 """Values read from JSON files diag wrote, which anyone could have edited: each function gives the value in
-the type the reader expects, or None where it is something else (never an exception). Used by the manifest
-and by the watchdog's records."""
+the type the reader expects, or None where it is something else (never an exception). Used by the manifest,
+the watchdog's records, events.jsonl rows, Kineto metadata and Flight Recorder entries."""
 
 from __future__ import annotations
 
@@ -59,3 +59,30 @@ def as_rank(value) -> int | None:
     if number is None and isinstance(value, str) and len(value) < 20 and value.strip().isdigit():
         number = int(value)
     return number if number is not None and 0 <= number <= MAX_RANK else None
+
+
+INT64_MAX = 2**63 - 1
+
+
+def int64(value) -> int | None:
+    """A whole number that an int64 column holds (5, 5.0; not 10**30, not 1e300)."""
+    number = whole(value)
+    return number if number is not None and -INT64_MAX <= number <= INT64_MAX else None
+
+
+def time_us(value) -> int | None:
+    """An instant or span in microseconds that an int64 holds (a float is rounded down)."""
+    number = micros(value)
+    return number if number is not None and -INT64_MAX <= number <= INT64_MAX else None
+
+
+def scalar(value) -> str | int | float | bool | None:
+    """A value an event may carry in a column of its own: text (at most MAX_TEXT_CHARS), a finite number, a
+    boolean; None for containers, NaN, infinities."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, str):
+        return value[:MAX_TEXT_CHARS]
+    if isinstance(value, int):
+        return value if -INT64_MAX <= value <= INT64_MAX else None
+    return finite(value)

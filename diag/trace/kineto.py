@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from diag.trace import json_values
 from diag.trace.loader import Skipped, Trace, TraceError, empty_table
 from diag.trace.manifest import parse_manifests
 from diag.trace.schema import GPU_KERNELS, SCALAR_TYPES, TABLES
@@ -51,7 +52,7 @@ GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
 SEQ_PER_STEP = 1_000_000
 SUFFIXES = (".json", ".json.gz")
-_STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d+)")
+_STEP_RE = re.compile(r"^ProfilerStep\s*#\s*(\d{1,15})(?!\d)")  # a step number int64 and float hold
 _RANK_IN_NAME_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _HEAD_BYTES = 1 << 20  # "traceEvents" must appear this early for a file to count as a Kineto trace
 MAX_NAME_CHARS = 64 << 10  # a kernel name kept longer than this is cut (real ones are at most a few KB)
@@ -99,6 +100,10 @@ class _TokenSizedReader:
     BASE_BYTES = 64 << 10
     MAX_BYTES = 64 << 20
     _REAL_QUOTE = re.compile(rb'(?<!\\)"')
+    # MAX_NESTED_OPENS containers opened in a row (short keys between them allowed): ijson builds such an event
+    # whole, with a prefix string per level (50,000 levels: 6 GB and 100 s); real events nest a few levels
+    # (starts with a character class so that re scans for it in C: ~4% of the parse of a real trace)
+    _DEEP_RUN = re.compile(rb'[\[{](?:\s*(?:"[^"\\]{0,64}"\s*:\s*)?[\[{]){63}')
 
     def __init__(self, raw):
         self._raw = raw
@@ -108,6 +113,8 @@ class _TokenSizedReader:
         if n == 0:
             return self._raw.read(0)
         data = self._raw.read(self._size)
+        if self._DEEP_RUN.search(data):
+            raise ValueError("JSON nested deeper than 64 levels: not a trace event")
         if self._REAL_QUOTE.search(data):
             self._size = self.BASE_BYTES
         else:
@@ -176,7 +183,7 @@ def _read_metadata(handle) -> tuple[dict, bool]:
 
     meta: dict = {}
     key, builder, depth = None, None, 0
-    for seen, (event, value) in enumerate(ijson.basic_parse(_TokenSizedReader(handle)), start=1):
+    for seen, (event, value) in enumerate(ijson.basic_parse(_TokenSizedReader(handle), use_float=True), start=1):
         if seen > MAX_METADATA_EVENTS:
             raise ValueError(f"more than {MAX_METADATA_EVENTS} JSON values before traceEvents: not a Kineto trace")
         if event in ("start_map", "start_array"):
@@ -223,6 +230,8 @@ def read_rank_file(path: Path) -> RankEvents:
         raise ValueError(f"corrupt or truncated gzip: {exc}") from exc
     except OSError as exc:
         raise ValueError(f"unreadable: {exc}") from exc
+    except (MemoryError, RecursionError) as exc:  # an event nested thousands of levels deep (ijson builds it whole)
+        raise ValueError(f"an event nested too deep or too large to read ({type(exc).__name__})") from exc
     return out
 
 
@@ -241,14 +250,16 @@ def _read_events(events, out: RankEvents) -> None:
             cat = e.get("cat")
             if cat in GPU_CATS:
                 args = e.get("args") or {}
-                try:
-                    stream, corr = int(args["stream"]), int(args.get("correlation", -1))
-                    ts, dur = float(e["ts"]), float(e["dur"])
-                except (KeyError, TypeError, ValueError):
-                    continue  # HTA too ignores GPU events without a stream or a duration
-                if stream < 0 or corr < 0:
-                    continue
+                stream, corr = (
+                    _index(args.get("stream"), MAX_STREAM),
+                    _index(args.get("correlation", -1), MAX_CORRELATION),
+                )
+                ts, dur = _time_us(e.get("ts")), _time_us(e.get("dur"))
+                if stream is None or corr is None or ts is None or dur is None or dur < 0:
+                    continue  # HTA too ignores GPU events without a stream or a duration; and values out of range
                 name = e.get("name", "")
+                if not isinstance(name, str):
+                    continue
                 if len(name) > MAX_NAME_CHARS:
                     name = name[:MAX_NAME_CHARS]
                 name_id = names.get(name)
@@ -271,29 +282,99 @@ def _read_events(events, out: RankEvents) -> None:
                 k_name.append(name_id)
             elif cat in LAUNCH_CATS:
                 args = e.get("args") or {}
-                corr = args.get("correlation")
-                if corr is not None and "ts" in e:
-                    l_corr.append(int(corr))
-                    l_ts.append(float(e["ts"]))
+                corr, ts = _index(args.get("correlation"), MAX_CORRELATION), _time_us(e.get("ts"))
+                if corr is not None and ts is not None:
+                    l_corr.append(corr)
+                    l_ts.append(ts)
             elif cat in ("user_annotation", "cpu_op") and e.get("ph") == "X":
                 name = e.get("name", "")
+                ts, dur = _time_us(e.get("ts")), _time_us(e.get("dur"))
+                if not isinstance(name, str) or ts is None or dur is None or dur < 0:
+                    continue
                 if name.startswith("ProfilerStep"):
                     match = _STEP_RE.match(name)
-                    if match and "dur" in e:
-                        out.steps.append((int(match.group(1)), float(e["ts"]), float(e["dur"])))
-                elif name.startswith("gloo:") and "dur" in e:
-                    out.cpu_colls.append((name[5:], float(e["ts"]), float(e["dur"])))
+                    if match:
+                        out.steps.append((int(match.group(1)), ts, dur))
+                elif name.startswith("gloo:"):
+                    out.cpu_colls.append((name[5:MAX_NAME_CHARS], ts, dur))
 
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             continue  # an event of odd types (a number, a list for a duration, a non-string name): not usable
 
 
+MAX_STREAM = 2**31 - 1  # the int32 stream column
+MAX_CORRELATION = 2**63 - 1
+MAX_TIME_US = 2**53  # microseconds a float64 holds exactly (285 years): more is not a time
+
+
+def _index(value, limit: int) -> int | None:
+    """A stream or correlation id: a whole number from 0 to ``limit`` (text and floats are not one)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = json_values.whole(value)
+    return number if number is not None and 0 <= number <= limit else None
+
+
+def _time_us(value) -> float | None:
+    """An event's ts or dur: a finite number of microseconds within MAX_TIME_US of 0."""
+    number = json_values.finite(value)
+    return number if number is not None and abs(number) <= MAX_TIME_US else None
+
+
+def checked_metadata(meta: dict, path: Path, notes: list[Skipped]) -> dict:
+    """The trace's top-level metadata with every value diag reads checked for type and range, once, here:
+    ``distributedInfo`` a dict (its rank a rank, its world size a plausible one, its ``pg_config`` a list of
+    dicts), ``deviceProperties`` a list, ``baseTimeNanoseconds`` a time, names text. What is wrong is named in
+    ``notes`` and left out; the events are still read."""
+    out = dict(meta)
+    wrong = []
+    info = meta.get("distributedInfo")
+    if info is not None and not isinstance(info, dict):
+        wrong.append(f"distributedInfo is a {type(info).__name__}")
+    info = info if isinstance(info, dict) else {}
+    checked = {}
+    for key, check in (("backend", json_values.text), ("nccl_version", json_values.text)):
+        if info.get(key) is not None:
+            checked[key] = check(info[key])
+    if "rank" in info:
+        checked["rank"] = json_values.as_rank(info["rank"])
+        if checked["rank"] is None:
+            wrong.append(f"distributedInfo.rank {str(info['rank'])[:40]!r} is not a rank")
+    if info.get("world_size") is not None:
+        size = json_values.as_rank(info["world_size"])
+        checked["world_size"] = size if size else None
+        if not size:
+            wrong.append(f"distributedInfo.world_size {str(info['world_size'])[:40]!r} is not a world size")
+    pgs = info.get("pg_config")
+    if pgs is not None and not isinstance(pgs, list):
+        wrong.append(f"distributedInfo.pg_config is a {type(pgs).__name__}")
+    checked["pg_config"] = [pg for pg in pgs if isinstance(pg, dict)] if isinstance(pgs, list) else []
+    out["distributedInfo"] = {k: v for k, v in checked.items() if v is not None}
+    devices = meta.get("deviceProperties")
+    if devices is not None and not isinstance(devices, list):
+        wrong.append(f"deviceProperties is a {type(devices).__name__}")
+    out["deviceProperties"] = [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else []
+    base_ns = meta.get("baseTimeNanoseconds")
+    if base_ns is not None:
+        number = json_values.finite(base_ns)
+        out["baseTimeNanoseconds"] = number if number is not None and 0 <= number <= MAX_TIME_US * 1e3 else None
+        if out["baseTimeNanoseconds"] is None:
+            wrong.append(f"baseTimeNanoseconds {str(base_ns)[:40]!r} is not a time: the trace's own clock is used")
+    for key in ("host_name", "trace_id"):
+        out[key] = json_values.text(meta.get(key)) if meta.get(key) is not None else None
+    if wrong:
+        notes.append(
+            Skipped(str(path), "Kineto metadata of the wrong type or out of range, left out: " + "; ".join(wrong))
+        )
+    return out
+
+
 def _rank_of(rank_events: RankEvents, notes: list[Skipped], only_file: bool) -> int | None:
     """The rank from distributedInfo, else from a rank<N> in the file name; the only file of a directory is rank 0
     (the usual single-GPU profile has no distributedInfo); None where several files leave it unknown."""
-    info = rank_events.meta.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int | float):
-        return int(info["rank"])
+    rank = rank_events.meta["distributedInfo"].get("rank")  # checked_metadata: a rank or absent
+    if rank is not None:
+        return rank
     match = _RANK_IN_NAME_RE.search(rank_events.path.name)
     if match:
         notes.append(
@@ -302,7 +383,9 @@ def _rank_of(rank_events: RankEvents, notes: list[Skipped], only_file: bool) -> 
                 f"no distributedInfo.rank in the trace; rank {match.group(1)} taken from the file name",
             )
         )
-        return int(match.group(1))
+        rank = json_values.as_rank(match.group(1)[:19])
+        if rank is not None:
+            return rank
     if only_file:
         notes.append(
             Skipped(
@@ -333,6 +416,7 @@ def load_kineto(path: str | Path) -> Trace:
         except ValueError as exc:
             skipped.append(Skipped(str(file), f"{exc}; file skipped"))
             continue
+        rank_events.meta = checked_metadata(rank_events.meta, file, skipped)
         rank = _rank_of(rank_events, skipped, only_file=len(files) == 1)
         if rank is None:
             skipped.append(
@@ -356,7 +440,7 @@ def load_kineto(path: str | Path) -> Trace:
 def _rank_tables(rank: int, ev: RankEvents) -> dict:
     """Steps, collectives, GPU kernels and the manifest of one rank, as frames."""
     meta = ev.meta
-    base_us = float(meta.get("baseTimeNanoseconds") or 0) / 1e3  # Kineto ts are microseconds after this
+    base_us = (meta.get("baseTimeNanoseconds") or 0) / 1e3  # Kineto ts are microseconds after this
     steps = sorted(ev.steps, key=lambda s: s[1])
     step_no = np.array([s[0] for s in steps], dtype="int64")
     step_ts = np.array([s[1] for s in steps], dtype="float64")
@@ -424,8 +508,8 @@ def _steps_frame(rank, step_no, step_ts, step_dur, base_us) -> pd.DataFrame:
 def _collectives_frame(rank: int, ev: RankEvents, kernels: pd.DataFrame, step_at, base_us: float) -> pd.DataFrame:
     """NCCL kernels (GPU traces) or gloo annotations (CPU traces) as collectives rows."""
     template = empty_table(TABLES["collectives"])
-    pgs = (ev.meta.get("distributedInfo") or {}).get("pg_config") or []
-    default_pg = str(pgs[0].get("pg_name", "0")) if len(pgs) == 1 and isinstance(pgs[0], dict) else "unknown"
+    pgs = ev.meta["distributedInfo"]["pg_config"]
+    default_pg = _text(pgs[0].get("pg_name", "0")) or "unknown" if len(pgs) == 1 else "unknown"
     if ev.nccl:
         index = np.array([n[0] for n in ev.nccl], dtype="int64")
         names = {v: k for k, v in ev.names.items()}
@@ -433,12 +517,13 @@ def _collectives_frame(rank: int, ev: RankEvents, kernels: pd.DataFrame, step_at
         ops, dtypes, nbytes, pg = [], [], [], []
         for (_, op, nelems, dtype, pg_name), name_id in zip(ev.nccl, name_ids, strict=True):
             kernel_name = names[int(name_id)]
-            ops.append(op or NCCL_KERNEL_RE.match(kernel_name).group(1))
-            dtype_name, size = SCALAR_TYPES.get(str(dtype), (None, 0))
+            ops.append(_text(op) or NCCL_KERNEL_RE.match(kernel_name).group(1))
+            dtype_name, size = SCALAR_TYPES.get(dtype, (None, 0)) if isinstance(dtype, str) else (None, 0)
             dtype_name = dtype_name or _dtype_from_kernel_name(kernel_name)
             dtypes.append(dtype_name or "unknown")
-            nbytes.append(int(nelems) * size if isinstance(nelems, int | float) and size else 0)
-            pg.append(str(pg_name) if pg_name is not None else default_pg)
+            count = _index(nelems, MAX_ELEMENTS)
+            nbytes.append(count * size if count is not None and size else 0)
+            pg.append(_text(pg_name) or default_pg)
         start = kernels["launch_us"].to_numpy()[index]
         issue = np.where(np.isnan(start), kernels["ts_us"].to_numpy()[index], start)
         duration = (kernels["end_us"].to_numpy() - kernels["ts_us"].to_numpy())[index]
@@ -475,6 +560,14 @@ def _collectives_frame(rank: int, ev: RankEvents, kernels: pd.DataFrame, step_at
     return out[template.columns].astype(_dtypes(template))
 
 
+MAX_ELEMENTS = 2**50  # elements of one collective's message: more is not a real one (int64 bytes stay exact)
+
+
+def _text(value) -> str | None:
+    """A name from the trace (an op, a group): text, or a whole number as its digits; None otherwise."""
+    return json_values.text(value) if isinstance(value, str | int | float) and not isinstance(value, bool) else None
+
+
 def _dtypes(template: pd.DataFrame) -> dict:
     """The schema's dtypes, with plain "category" (an empty template's categories would turn values into NaN)."""
     return {c: "category" if isinstance(t, pd.CategoricalDtype) else t for c, t in template.dtypes.items()}
@@ -486,13 +579,13 @@ def _dtype_from_kernel_name(name: str) -> str | None:
 
 
 def _manifest(rank: int, meta: dict, kernels: pd.DataFrame) -> dict:
-    info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    devices = meta.get("deviceProperties") or []
-    device_name = devices[0].get("name") if devices and isinstance(devices[0], dict) else None
+    info = meta["distributedInfo"]  # checked_metadata's: values of the right types
+    devices = meta["deviceProperties"]
+    device_name = _text(devices[0].get("name")) if devices else None
     groups = {}
-    for pg in info.get("pg_config") or []:
-        if isinstance(pg, dict) and "pg_name" in pg:
-            groups[str(pg["pg_name"])] = {
+    for pg in info["pg_config"]:
+        if _text(pg.get("pg_name")) is not None:  # the group's values are checked by parse_manifests
+            groups[_text(pg["pg_name"])] = {
                 "ranks": pg.get("ranks"),
                 "size": pg.get("pg_size"),
                 "backend": pg.get("backend_config"),

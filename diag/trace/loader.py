@@ -12,6 +12,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ import pyarrow.csv as pacsv
 
 from diag.progress import NoBar
 from diag.progress import bar as progress_bar
+from diag.trace import json_values
 from diag.trace.columnar import ARROW_TYPES, TableSegments
 from diag.trace.manifest import Manifest, first_of, parse_manifests
 from diag.trace.memory_deep import read_memory_deep
@@ -464,6 +466,67 @@ def _read_json(path: Path, skipped: list[Skipped]) -> dict | None:
     return value
 
 
+# events.jsonl rows: the fields capture writes (diag/trace/writer.py ``event``: time_us and kind, then each kind's
+# own) and the check each value gets where it is read; a value that fails it is left out of its row.
+EVENT_FIELDS: dict[str, Callable] = {
+    "time_us": json_values.time_us,
+    "start_us": json_values.time_us,
+    "end_us": json_values.time_us,
+    "step": json_values.int64,
+    "seq": json_values.int64,
+    "peer": json_values.int64,
+    **dict.fromkeys(
+        ("error", "message", "op", "pg", "reason", "file", "phase", "value_name", "value", "summary_file"),
+        json_values.text,
+    ),  # fmt: skip
+    **dict.fromkeys(
+        (
+            "allocated_bytes",
+            "reserved_bytes",
+            "inactive_split_bytes",
+            "alloc_retries",
+            "ooms",
+            "param_bytes",
+            "grad_bytes",
+            "optimizer_state_bytes",
+        ),
+        json_values.finite,
+    ),  # fmt: skip
+}
+EXTRA_EVENT_FIELD = "extra"  # the other fields of a row, collapsed into one: a column per key would follow the input
+MAX_EXTRA_EVENT_KEYS = 32  # per row: more is not something capture wrote
+
+
+def checked_event(event: dict) -> tuple[dict | None, int]:
+    """An events.jsonl row with each known field checked (a value of the wrong type or out of range left out)
+    and its other fields collapsed into ``extra`` (scalars only, at most MAX_EXTRA_EVENT_KEYS); None without a
+    kind. Also the count of values left out."""
+    kind = json_values.text(event.get("kind"))
+    if kind is None or isinstance(event.get("kind"), int | float):
+        return None, 0
+    row: dict = {"kind": kind}
+    extra: dict = {}
+    dropped = 0
+    for key, value in event.items():
+        if key in ("kind", "rank"):  # the rank is the directory's
+            continue
+        check = EVENT_FIELDS.get(key)
+        if check is not None:
+            checked = check(value) if value is not None else None
+            dropped += value is not None and checked is None
+            row[key] = checked
+        elif len(extra) < MAX_EXTRA_EVENT_KEYS and isinstance(key, str) and len(key) <= 128:
+            checked = json_values.scalar(value)
+            dropped += value is not None and checked is None
+            if checked is not None:
+                extra[key] = checked
+        else:
+            dropped += 1
+    if extra:
+        row[EXTRA_EVENT_FIELD] = extra
+    return row, dropped
+
+
 def _read_events(path: Path, offset: int, skipped: list[Skipped]) -> tuple[list[dict], int]:
     try:
         data = read_file_bytes(path, offset)
@@ -473,20 +536,26 @@ def _read_events(path: Path, offset: int, skipped: list[Skipped]) -> tuple[list[
         skipped.append(Skipped(str(path), f"unreadable: {exc}"))
         return [], offset
     end = data.rfind(b"\n") + 1
-    events, bad = [], 0
+    events, bad, values_dropped = [], 0, 0
     for line in data[:end].splitlines():
         try:
             if not json_depth_ok(line):
                 raise ValueError("nested too deep")
             event = json.loads(line)
-            if isinstance(event, dict):
-                events.append(event)
-            else:
-                bad += 1
         except (ValueError, RecursionError):
             bad += 1
+            continue
+        row, dropped = checked_event(event) if isinstance(event, dict) else (None, 0)
+        if row is None:
+            bad += 1
+            continue
+        events.append(row)
+        values_dropped += dropped
     if bad:
         skipped.append(Skipped(str(path), "corrupt events skipped", bad))
+    if values_dropped:
+        reason = f"{values_dropped} event values of the wrong type or out of range, or beyond the first "
+        skipped.append(Skipped(str(path), reason + f"{MAX_EXTRA_EVENT_KEYS} other fields of a row, left out"))
     return events, offset + end
 
 
@@ -566,6 +635,11 @@ def gather_rank_reads(reads, table_names, skipped: list, progress=None) -> tuple
     return chunks, side
 
 
+# What reading one file can raise besides the reader's own checks: no access (a rank directory at mode 000),
+# or damage a format library finds first (pyarrow's checks of a crafted segment)
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, IndexError, pa.ArrowException)
+
+
 class TraceReader:
     """Incremental reader of a trace directory: each ``poll()`` reads only what was appended since."""
 
@@ -630,6 +704,11 @@ class TraceReader:
 
     def _read_rank(self, rank: int, rank_dir: Path):
         skipped: list[Skipped] = []
+        try:
+            os.listdir(rank_dir)
+        except OSError as exc:  # at mode 000 (another user's): one note for the directory, not one per file
+            self._note_unreadable(rank_dir, exc, skipped)
+            return None, None, {}, [], skipped, None
         manifest = _read_json(rank_dir / MANIFEST_FILE, skipped)
         heartbeat = _read_json(rank_dir / HEARTBEAT_FILE, skipped)
         tables = self.read_rank_tables(rank, rank_dir, self.tables, skipped)
@@ -653,11 +732,22 @@ class TraceReader:
         files = _listing(rank_dir, skipped) if files is None else files
         tables = {}
         for name in names:
-            arrow = self._read_new_rows(rank_dir / TABLES[name].file_name, TABLES[name], skipped)
-            arrow = _concat(arrow, self._read_new_segments(rank_dir, files, TABLES[name], skipped))
+            try:
+                arrow = self._read_new_rows(rank_dir / TABLES[name].file_name, TABLES[name], skipped)
+                arrow = _concat(arrow, self._read_new_segments(rank_dir, files, TABLES[name], skipped))
+            except UNREADABLE as exc:  # one table of one rank: named, and the others still read (a live view too)
+                self._note_unreadable(rank_dir / TABLES[name].file_name, exc, skipped)
+                continue
             if arrow is not None and arrow.num_rows:
                 tables[name] = arrow.add_column(0, "rank", pa.array(np.full(arrow.num_rows, rank, dtype="int32")))
         return tables
+
+    def _note_unreadable(self, path: Path, exc: BaseException, skipped: list[Skipped]) -> None:
+        """Said once per file, not at every poll of a live view (the file is tried again: it may be fixed)."""
+        key = f"{path}: {type(exc).__name__}"
+        if key not in self._noted:
+            self._noted.add(key)
+            skipped.append(Skipped(str(path), f"unreadable, left out: {type(exc).__name__}: {str(exc)[:200]}"))
 
     def _read_nccl_log(self, path: Path, skipped: list[Skipped]) -> NcclLog | None:
         """nccl.log parsed, again only when its size or time changed (NCCL appends while a live view polls)."""

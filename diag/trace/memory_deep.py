@@ -22,10 +22,10 @@ def read_memory_deep(trace_dir: Path, ranks: list[int], skipped: list) -> dict[i
     out = {}
     for rank in ranks:
         path = Path(trace_dir) / rank_dir_name(rank) / MEMORY_DEEP_FILE
-        if not path.exists():
-            continue
-        try:
+        try:  # no exists() first: in a directory at mode 000 it raises PermissionError
             value = load_json_limited(path, max_bytes=MAX_MEMORY_DEEP_BYTES)
+        except FileNotFoundError:
+            continue
         except (OSError, ValueError) as exc:
             skipped.append(Skipped(str(path), f"unreadable: {exc}"))
             continue

@@ -38,17 +38,19 @@ MAX_CONNECTIONS_PER_COMM = 4096  # a rank connects to its ring and tree neighbou
 MAX_LINE_CHARS = 4096  # a longer line is not NCCL's (its messages are under 1 KiB): skipped unread
 
 _MARKER_RE = re.compile(r"NCCL (INFO|WARN|TRACE|ABORT)\b")
-_PREFIX_RE = re.compile(
-    r"(?P<host>[^\s:\[\]]+)(?::(?P<pid>\d+):(?P<tid>\d+))? \[(?P<dev>-?\d+)\] (?:(?P<loc>\S+:\d+) )?"
-    r"NCCL (?P<level>INFO|WARN|TRACE|ABORT)(?: (?P<msg>.*))?$"
-)
-_BARE_VERSION_RE = re.compile(r"^(?:.*[\s:>\]])?NCCL version (?P<v>\S+)\s*$")
+# The prefix before the marker, read token by token from its end (``host[:pid:tid] [dev] [file.cc:123]``): a
+# regex searched over the whole line backtracks through every start position (quadratic in a 4 KB line)
+_DEV_TOKEN_RE = re.compile(r"\[-?\d+\]")
+_LOC_TOKEN_RE = re.compile(r"\S+:\d+")
+_HOST_CUT_RE = re.compile(r"[:\[\]]")
+_RANK_TOKEN_RE = re.compile(r"-?\d+")
+_BARE_VERSION_TAIL_RE = re.compile(r"NCCL version (?P<v>\S+)\s*")  # fullmatch from the last "NCCL version"
 _VERSION_RE = re.compile(r"^NCCL version (?P<v>\S+)\s*$")
 _VERSION_PARTS_RE = re.compile(r"^(?P<v>(?P<numbers>\d+\.\d+\.\d+)[^+\s]*?)(?:\+cuda(?P<cuda>\d+(?:\.\d+)*))?$")
 _DRIVER_RE = re.compile(r"^cudaDriverVersion (?P<v>\d+)\s*$")
 _PLUGIN_RE = re.compile(r"^NET/Plugin\s*:\s*(?P<rest>.*)$")
-_LOADED_PLUGIN_RE = re.compile(r"Loaded (?P<kind>net|collnet) plugin (?P<name>.+?)\s*$")
-_NETWORK_RE = re.compile(r"^Using network (?P<net>\S.*?)\s*$")
+_LOADED_PLUGIN_RE = re.compile(r"Loaded (?P<kind>net|collnet) plugin (?P<name>.+)$")
+_NETWORK_RE = re.compile(r"^Using network (?P<net>\S.*)$")
 _NET_IB_RE = re.compile(r"^NET/IB\s*:\s*Using (?P<devs>.*?);\s*OOB (?P<oob>\S*)")
 _NET_IB_NONE_RE = re.compile(r"^NET/IB\s*:\s*No device found")
 _NET_SOCKET_RE = re.compile(r"^NET/Socket\s*:\s*Using (?P<devs>\[\d+\].*)$")
@@ -57,16 +59,16 @@ _GDR_RE = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled) for (?P<what>
 _NVLS_MC_RE = re.compile(r"^NVLS multicast support is (?P<not>not )?available on dev (?P<dev>\d+)")
 _NVLS_COMM_RE = re.compile(r"^(?:NVLS comm 0x|Connected NVLS|NVLS Trees)")
 _COLLNET_RE = re.compile(r"^(?:Connected [Cc]oll[Nn]et|CollNet)")
-_CHANNEL_COUNT_RE = re.compile(r"(?P<n>\d+) (?P<kind>coll|collnet|nvls|p2p) channels(?P<per> per peer)?")
+_CHANNEL_COUNT_RE = re.compile(r"(?<!\d)(?P<n>\d+) (?P<kind>coll|collnet|nvls|p2p) channels(?P<per> per peer)?")
 # "Channel 00/02 :  0 1": NCCL prints the ring count with two digits; "Channel 00/0 : 0[0] -> ..." (a connection,
 # its connIndex with one) cut short after the first rank must not read as a ring
-_RING_RE = re.compile(r"^Channel (?P<c>\d+)/(?P<n>\d{2,}) :(?P<ranks>(?:\s+-?\d+)+)\s*$")
+_RING_RE = re.compile(r"^Channel (?P<c>\d+)/(?P<n>\d{2,}) :(?P<ranks>[\s\d-]+)$")  # ranks checked by _ring_ranks
 _RING_NEIGHBOURS_RE = re.compile(r"^Ring (?P<c>\d+) : (?P<prev>-?\d+) -> (?P<me>-?\d+) -> (?P<next>-?\d+)\s*$")
 _TREES_RE = re.compile(r"^Trees (?P<trees>\[\d+\].*)$")
 _TREE_RE = re.compile(r"\[(?P<c>\d+)\] (?P<tree>\S+)")
 _CONNECTION_RE = re.compile(
     r"^(?:Channel|Ring) (?P<c>\d+)(?:/(?P<sub>\d+))? : (?P<src>-?\d+)\[(?P<sdev>[^\]]*)\] -> "
-    r"(?P<dst>-?\d+)\[(?P<ddev>[^\]]*)\](?: \[(?P<dir>send|receive)\])? via (?P<via>\S.*?)\s*$"
+    r"(?P<dst>-?\d+)\[(?P<ddev>[^\]]*)\](?: \[(?P<dir>send|receive)\])? via (?P<via>\S.*)$"
 )
 _NET_VIA_RE = re.compile(r"^NET/(?P<net>.+?)/(?P<dev>\d+)(?:\(\d+\))?(?P<flags>(?:/[^/]+)*)$")
 _COMM_INIT_RE = re.compile(
@@ -78,7 +80,7 @@ _COMM_TOPO_RE = re.compile(
     r"^comm (?P<ptr>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nRanks (?P<n>\d+) nNodes (?P<nodes>\d+) "
     r"localRanks (?P<local>\d+)"
 )
-_SETTING_RE = re.compile(r"^(?P<key>NCCL_[A-Z0-9_]+) set (?:by environment )?to (?P<value>.*?)\s*$")
+_SETTING_RE = re.compile(r"^(?P<key>NCCL_[A-Z0-9_]+) set (?:by environment )?to (?P<value>.*)$")
 
 # Every message read here has one of these: a line without any is passed over without trying each pattern
 _WORTH_READING_RE = re.compile(
@@ -258,21 +260,53 @@ def _split(raw: str) -> _Line | None | str:
     if markers > 1:
         return "damaged"
     if markers == 1:
-        match = _PREFIX_RE.search(raw)
-        if match is None:
+        marker = _MARKER_RE.search(raw)
+        prefix = _prefix(raw[: marker.start()])
+        rest = raw[marker.end() :]
+        if prefix is None or (rest and not rest.startswith(" ")):
             return "damaged"
-        pid, tid = match.group("pid"), match.group("tid")
-        return _Line(
-            match.group("host"),
-            int(pid) if pid else None,
-            int(tid) if tid else None,
-            match.group("level"),
-            (match.group("msg") or "").strip(),
-        )
-    bare = _BARE_VERSION_RE.match(raw)
+        host, pid, tid = prefix
+        return _Line(host, pid, tid, marker.group(1), rest.strip())
+    bare = _bare_version(raw)
     if bare:  # NCCL <= 2.2x printed its version without the prefix
         return _Line(None, None, None, "VERSION", f"NCCL version {bare.group('v')}")
     return None
+
+
+def _bare_version(raw: str) -> re.Match | None:
+    """``NCCL version 2.18.5+cuda12.0`` at the line's start or after a space, ``:``, ``>`` or ``]`` (a launcher's
+    tag), found from its last occurrence rather than by a pattern that backtracks over the whole line."""
+    at = raw.rfind("NCCL version ")
+    if at < 0 or (at > 0 and raw[at - 1] not in " \t\r\f\v:>]"):
+        return None
+    return _BARE_VERSION_TAIL_RE.fullmatch(raw, at)
+
+
+def _ring_ranks(text: str) -> list[int] | None:
+    """The ranks of a ring line (``  0 1 2 3``): whitespace-separated integers, at least one, each split out
+    first (a pattern of repeated spaced numbers backtracks quadratically over a long run of spaces)."""
+    parts = text.split()
+    if not parts or not text[0].isspace() or not all(_RANK_TOKEN_RE.fullmatch(p) for p in parts):
+        return None
+    return [int(p) for p in parts]
+
+
+def _prefix(before: str) -> tuple[str, int | None, int | None] | None:
+    """(host, pid, tid) from what precedes ``NCCL INFO``: ``... host[:pid:tid] [dev] [file.cc:123] `` (anything
+    before the host: a launcher's tag, a timestamp); None when it is not that. Linear in the line's length."""
+    if not before.endswith(" "):
+        return None
+    tokens = before.split(" ")[:-1]  # single spaces between the parts, as NCCL writes them
+    if tokens and _LOC_TOKEN_RE.fullmatch(tokens[-1]) and len(tokens) > 1 and _DEV_TOKEN_RE.fullmatch(tokens[-2]):
+        tokens.pop()
+    if len(tokens) < 2 or not _DEV_TOKEN_RE.fullmatch(tokens[-1]):
+        return None
+    head, pid, tid = tokens[-2], None, None
+    parts = head.rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and parts[1].isascii() and parts[2].isascii():
+        head, pid, tid = parts[0], int(parts[1]), int(parts[2])
+    host = _HOST_CUT_RE.split(head)[-1]
+    return (host, pid, tid) if host else None
 
 
 class _Parser:
@@ -395,9 +429,9 @@ class _Parser:
         if match := _CONNECTION_RE.match(msg):
             self._connection(match, self._comm(tid))
             return True
-        if match := _RING_RE.match(msg):
+        if (match := _RING_RE.match(msg)) and (ranks := _ring_ranks(match.group("ranks"))):
             comm = self._comm(tid)
-            comm.rings[int(match.group("c"))] = [int(r) for r in match.group("ranks").split()]
+            comm.rings[int(match.group("c"))] = ranks
             comm.ring_channels = int(match.group("n"))
             return True
         if match := _RING_NEIGHBOURS_RE.match(msg):
@@ -410,8 +444,8 @@ class _Parser:
                 return None
             self._comm(tid).trees.update(trees)
             return True
-        counts = list(_CHANNEL_COUNT_RE.finditer(msg))
-        if counts and msg.endswith(("per peer", "per peer.")):
+        counts = list(_CHANNEL_COUNT_RE.finditer(msg)) if msg.endswith(("per peer", "per peer.")) else []
+        if counts:
             comm = self._comm(tid)
             for count in counts:
                 if not count.group("per"):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from diag.trace.json_values import INT64_MAX, finite
 from diag.trace.schema import MAX_RANK
 
 # Types a Flight Recorder dump is made of; anything else means the file is not a dump (or is hostile).
@@ -262,7 +263,7 @@ def _entry(raw: dict) -> FREntry:
         state=str(raw.get("state", "")),
         completed=False,
         time_created_ns=_int(raw.get("time_created_ns"), None),
-        duration_ms=float(duration) if isinstance(duration, (int, float)) else None,
+        duration_ms=finite(duration),
         frames=tuple(_frames(raw.get("frames"))),
         output_dtypes=_dtypes(raw.get("output_dtypes", [])),
         src=src,
@@ -339,10 +340,13 @@ def _rank_list(value: Any) -> list[int]:
 
 
 def _int(value: Any, default):
+    """A whole number an int64 holds (a seq, a time in ns, a line), from a number or its digits; ``default``
+    otherwise: None, text, nan, inf, more digits than int() takes, 10**30 (which would overflow later)."""
     try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):  # None, text, nan, inf, more digits than int() takes
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return default
+    return number if -INT64_MAX <= number <= INT64_MAX else default
 
 
 def _dict(value: Any) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from diag.triage.analysis import NOTHING_TO_JUDGE, RankReport, Verdict, _payload
+from diag.views.format import printable
 
 HEADLINES = {
     "missing_ranks": "HANG: {ranks} never reached a collective the others are waiting in",
@@ -46,7 +47,7 @@ def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
         lines.append("")
         lines.append("skipped (not analysed):")
         lines += [f"  {s}" for s in verdict.skipped]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # names and messages from the files: no escapes
 
 
 def _ranks_to_show(verdict: Verdict, all_ranks: bool) -> list[int]:

@@ -167,11 +167,17 @@ def read_diag_trace(
     fr_ops = []
     for rank, rank_dir in rank_dirs.items():
         fr_path = rank_dir / FR_DUMP_FILE
-        if fr_path.exists():
-            try:
-                fr_ops.append(fr_ops_frame(load_dump(fr_path, rank)))
-            except DumpRejected as exc:
-                skipped.append(Skipped(str(fr_path), str(exc)))
+        try:
+            fr_path.stat()  # not exists(): in a directory at mode 000 that raises PermissionError
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            skipped.append(Skipped(str(fr_path), f"unreadable: {exc}"))
+            continue
+        try:
+            fr_ops.append(fr_ops_frame(load_dump(fr_path, rank)))
+        except DumpRejected as exc:
+            skipped.append(Skipped(str(fr_path), str(exc)))
     ops = _merge_fr(ops, fr_ops)
     world_size = trace.world_size or (max(ranks) + 1 if ranks else 0)
     for rank in trace.ranks_missing:

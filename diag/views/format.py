@@ -7,6 +7,8 @@ writes ``-`` for a value that is not known (None).
 
 from __future__ import annotations
 
+import re
+
 BYTES_PER_MIB = 2**20
 BYTES_PER_GIB = 2**30
 MISSING = "-"
@@ -88,3 +90,15 @@ def count(value: float | None) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.{digits}f}{suffix}"
     return f"{value:,.0f}"
+
+
+# C0 controls but tab and newline, DEL, C1 controls (ESC starts CSI/OSC sequences: a window title, a clipboard
+# write (OSC 52), a cleared screen, hidden text; U+009B is a one-character CSI), and the bidirectional overrides
+_CONTROL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """A string from a trace file (a run id, host, device or group name, an error message) safe to print on a
+    terminal: every control character written as its escape (``\\x1b``), so nothing in a file can move the
+    cursor, retitle the window or write to the clipboard, and the reader still sees that it was there."""
+    return _CONTROL_RE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)

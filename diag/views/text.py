@@ -7,7 +7,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diag.views.format import gib, iec_bytes, mib, ms_from_s, ms_from_us, num, pct, pct_from_pct, rate, s_from_s, size
+from diag.views.format import (
+    gib,
+    iec_bytes,
+    mib,
+    ms_from_s,
+    ms_from_us,
+    num,
+    pct,
+    pct_from_pct,
+    printable,
+    rate,
+    s_from_s,
+    size,
+)
 
 TOP_ROWS = 10
 LOSS_FORMAT = "{:.4g}"
@@ -52,7 +65,7 @@ def render_markdown(report) -> str:
 def blocks_to_text(page_blocks: list[Block]) -> str:
     """Blocks as plain text: underlined headings, lines, aligned tables (diag analyze and diag compare)."""
     out = []
-    for block in page_blocks:
+    for block in map(_printable_block, page_blocks):
         out.append(block.heading)
         out.append("=" * len(block.heading))
         out.extend(block.lines)
@@ -62,9 +75,16 @@ def blocks_to_text(page_blocks: list[Block]) -> str:
     return "\n".join(out)
 
 
+def _printable_block(block: Block) -> Block:
+    """The block with every string made printable (views.format.printable): lines and cells carry names and
+    messages read from trace files, which must not reach a terminal as escape sequences."""
+    table = [[printable(str(cell)) for cell in row] for row in block.table] if block.table else block.table
+    return Block(printable(block.heading), [printable(line) for line in block.lines], table)
+
+
 def blocks_to_markdown(page_blocks: list[Block], title: str) -> str:
-    out = [f"# {title}", ""]
-    for block in page_blocks:
+    out = [f"# {printable(title)}", ""]
+    for block in map(_printable_block, page_blocks):
         out.append(f"## {block.heading}")
         out.append("")
         out.extend(f"{line}  " for line in block.lines)

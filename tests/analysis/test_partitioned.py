@@ -228,6 +228,28 @@ def test_worker_processes_load_the_same_trace(tmp_path):
     assert any("corrupt rows" in r for r in reasons) and any("not a regular file" in r for r in reasons)
 
 
+def test_worker_load_keeps_going_when_a_share_has_only_manifests(tmp_path):
+    """Ranks that died before their first flush leave only manifest.json: a worker whose whole share is such
+    ranks sends no steps, and the load is still the in-memory one; manifests alone load as no rows."""
+    run = tmp_path / "run"
+    make_trace(run, ranks=4, steps=12)
+    for rank in range(4, 8):  # the second worker's share: manifests only
+        (run / f"rank{rank:05d}").mkdir()
+        shutil.copy(run / "rank00000" / "manifest.json", run / f"rank{rank:05d}" / "manifest.json")
+    old = load_without_collectives(run, analysed_columns_only=True, without=partitioned_module.RANK_TABLES)
+    with ProcessEngine(2) as engine:
+        new = engine.load(run)
+    _same_trace(old, new)
+    assert sorted(new.steps["rank"].unique()) == [0, 1, 2, 3]
+    only_manifests = tmp_path / "only_manifests"
+    for rank in range(8):
+        (only_manifests / f"rank{rank:05d}").mkdir(parents=True)
+        shutil.copy(run / "rank00000" / "manifest.json", only_manifests / f"rank{rank:05d}" / "manifest.json")
+    with ProcessEngine(2) as engine:
+        bare = engine.load(only_manifests)
+    assert bare.steps.empty and sorted(bare.manifests) == list(range(8))  # the command's "nothing usable" follows
+
+
 def test_value_counts_percentiles_are_numpys():
     rng = np.random.default_rng(3)
     for values in (rng.integers(0, 50, 1001).astype(float), rng.normal(size=77), np.array([4.0]), np.arange(10.0)):

@@ -229,6 +229,215 @@ _FILE_CASES: dict[str, Callable[[Path], None]] = {
 }
 
 
+def _fr_dump(run: Path, entry: dict, as_json: bool = False) -> None:
+    """A Flight Recorder dump of rank 0 with one entry of the given fields (pickle, or JSON as some versions
+    write it)."""
+    base = {"process_group": ["0", "default_pg"], "profiling_name": "nccl:all_reduce", "collective_seq_id": 3,
+            "state": "completed", "time_created_ns": 1_795_385_910_061_116_000, "frames": []}  # fmt: skip
+    dump = {"version": "2.4", "pg_config": {"0": {"name": "0", "ranks": "[0, 1, 2]"}}, "entries": [{**base, **entry}]}
+    path = run / "rank00000" / "fr_dump.pkl"
+    path.write_bytes(json.dumps(dump).encode() if as_json else pickle.dumps(dump, protocol=2))
+
+
+def _kineto_doc(**changes) -> dict:
+    """A small torch.profiler trace of rank 0 (two steps, a compute and an NCCL kernel each, their launches),
+    with top-level keys replaced by ``changes``; ``event_args`` / ``event_fields`` change the first kernel."""
+    event_args, event_fields = changes.pop("event_args", {}), changes.pop("event_fields", {})
+    events = []
+    for step in range(2):
+        t0 = 1000.0 + step * 1000
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "ts": t0, "dur": 900.0})
+        for i, name in enumerate(("sgemm_kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgs)")):
+            corr = step * 10 + i + 1
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t0 + 10 + i * 100,
+                           "dur": 5.0, "args": {"correlation": corr}})  # fmt: skip
+            args = {"stream": 7 + i, "correlation": corr}
+            if name.startswith("nccl"):
+                args.update({"Collective name": "allreduce", "In msg nelems": 1024, "dtype": "Float",
+                             "Process Group Name": "0"})  # fmt: skip
+            events.append(
+                {"ph": "X", "cat": "kernel", "name": name, "ts": t0 + 20 + i * 100, "dur": 50.0, "args": args}
+            )
+    kernel = events[2]  # the first compute kernel
+    kernel["args"].update(event_args)
+    kernel.update(event_fields)
+    doc = {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000}],
+        "distributedInfo": {
+            "backend": "nccl",
+            "rank": 0,
+            "world_size": 1,
+            "pg_config": [
+                {"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl", "pg_size": 1, "ranks": [0]}
+            ],
+        },  # fmt: skip
+        "baseTimeNanoseconds": 1_795_385_900_000_000_000,
+        "traceEvents": events,
+    }
+    doc.update(changes)
+    return doc
+
+
+def _kineto_json(**changes) -> Callable[[Path], None]:
+    return lambda r: _kineto(r, json.dumps(_kineto_doc(**changes)).encode())
+
+
+def _events(run: Path, lines: list[str]) -> None:
+    with open(run / "rank00000" / "events.jsonl", "a") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def _parquet_segment(run: Path, arrow) -> None:
+    """Replace rank 0's steps by one Parquet segment holding ``arrow`` (written as pyarrow writes any file)."""
+    import pyarrow.parquet as pq
+
+    (run / "rank00000" / "steps.csv").unlink()
+    pq.write_table(arrow, run / "rank00000" / "steps.000001.parquet")
+
+
+def _duplicated_column(run: Path) -> None:
+    """Rank 0's first steps segment with its step column twice (still marked as a diag segment)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _to_columnar(run)
+    path = run / "rank00000" / "steps.000001.parquet"
+    table = pq.read_table(path)
+    doubled = pa.Table.from_arrays([*table.columns, table.column("step")], names=[*table.column_names, "step"])
+    pq.write_table(doubled.replace_schema_metadata(table.schema.metadata), path)
+
+
+def _constant_rows(run: Path) -> None:
+    """42 million identical rows: a few MB of Parquet (run-length encoded), gigabytes once read."""
+    import pyarrow as pa
+
+    from diag.trace.columnar import arrow_schema
+    from diag.trace.schema import TABLES
+
+    rows = 42_000_000
+    schema = arrow_schema(TABLES["steps"])
+    columns = [pa.nulls(rows, field.type) if field.nullable else pa.repeat(pa.scalar(1, field.type), rows)
+               if pa.types.is_integer(field.type) else pa.nulls(rows, field.type) for field in schema]  # fmt: skip
+    _parquet_segment(run, pa.Table.from_arrays(columns, schema=schema))
+
+
+def _arrow_stream_claiming(run: Path) -> None:
+    """An Arrow stream segment whose record batches say they hold 2**40 rows: every little-endian int64 equal to
+    the first batch's row count (the batch length and each field node's length) edited; the buffers stay as
+    small as they were."""
+    import pyarrow.ipc as ipc
+
+    _to_columnar(run)
+    path = run / "rank00000" / "steps.000002.arrows"
+    data = path.read_bytes()
+    count = next(iter(ipc.open_stream(data))).num_rows
+    path.write_bytes(data.replace(count.to_bytes(8, "little"), (1 << 40).to_bytes(8, "little")))
+
+
+def _many_event_keys(run: Path) -> None:
+    """30,000 distinct keys over 1,000 rows: a column per key would ask for gigabytes."""
+    lines = []
+    for i in range(1000):
+        fields = {f"k{i}_{j}": j for j in range(30)}
+        lines.append(json.dumps({"time_us": 1795385910061116 + i, "kind": "custom", **fields}))
+    _events(run, lines)
+
+
+def _mode_000(path: Path) -> None:
+    path.chmod(0)
+
+
+_ESCAPES = "\x1b]0;pwned\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\x1b[8mhidden\x1b[0m"
+_FILE_CASES.update(
+    {
+        "fr_pickle_time_huge": lambda r: _fr_dump(r, {"time_created_ns": 10**30, "collective_seq_id": 10**30}),
+        "fr_json_time_huge": lambda r: _fr_dump(r, {"time_created_ns": 10**400, "collective_seq_id": -(10**30)}, True),
+        "fr_pickle_duration_huge": lambda r: _fr_dump(r, {"duration_ms": 1e308 * 10, "time_created_ns": 1e300}),
+        "kineto_intact": _kineto_json(),
+        "kineto_rank_huge": _kineto_json(distributedInfo={"rank": 10**12, "world_size": 4}),
+        "kineto_rank_negative": _kineto_json(distributedInfo={"rank": -3, "world_size": 4}),
+        "kineto_rank_float": _kineto_json(distributedInfo={"rank": 1e300}),
+        "kineto_base_time_text": _kineto_json(baseTimeNanoseconds="yesterday"),
+        "kineto_base_time_huge": _kineto_json(baseTimeNanoseconds=1e300),
+        "kineto_step_name_huge": lambda r: _kineto(
+            r, json.dumps(_kineto_doc()).replace("ProfilerStep#1", "ProfilerStep#" + "9" * 40).encode()
+        ),
+        "kineto_device_props_dict": _kineto_json(deviceProperties={"name": "x"}),
+        "kineto_device_props_int": _kineto_json(deviceProperties=5),
+        "kineto_device_props_odd_items": _kineto_json(deviceProperties=[["x"], {"name": ["y"]}]),
+        "kineto_distributed_info_list": _kineto_json(distributedInfo=[0, 1]),
+        "kineto_distributed_info_text": _kineto_json(distributedInfo="rank 0"),
+        "kineto_pg_config_odd": _kineto_json(
+            distributedInfo={"rank": 0, "world_size": "x", "pg_config": {"pg_name": 5}, "backend": [1]}
+        ),
+        "kineto_pg_config_items_odd": _kineto_json(
+            distributedInfo={"rank": 0, "pg_config": [{"pg_name": [1], "ranks": "x", "pg_size": 1e300}, 7]}
+        ),
+        "kineto_stream_huge": _kineto_json(event_args={"stream": 1 << 40, "correlation": 1 << 70}),
+        "kineto_args_deep": lambda r: _kineto(
+            r,
+            json.dumps(_kineto_doc())
+            .replace('"stream": 7', '"deep": ' + "[" * 50_000 + "]" * 50_000 + ', "stream": 7')
+            .encode(),
+        ),
+        "kineto_event_fields_odd": _kineto_json(
+            event_fields={"ts": 1e300, "dur": float("inf"), "name": {"x": 1}},
+            event_args={"In msg nelems": 1e300, "Process Group Name": {"x": 1}},
+        ),
+        "kineto_host_escapes": _kineto_json(host_name="node" + _ESCAPES, trace_id=_ESCAPES),
+        "events_deep_rows": lambda r: _events(
+            r, ['{"time_us": 1, "kind": "oom", "x": ' + "[" * 90 + "]" * 90 + "}"] * 3
+        ),
+        "events_numbers_as_text": lambda r: _events(
+            r,
+            [
+                '{"time_us": "x", "kind": "step_error", "step": "3", "error": "boom"}',
+                '{"time_us": null, "kind": "collective_error", "step": null, "rank": "0"}',
+                '{"time_us": 5, "kind": "oom", "step": "x", "allocated_bytes": "12", "message": 7}',
+            ],
+        ),
+        "events_odd_values": lambda r: _events(
+            r,
+            [
+                '{"time_us": 1e300, "kind": "nonfinite", "step": [1]}',
+                '{"time_us": Infinity, "kind": "step_error", "step": {}}',
+                '{"time_us": -Infinity, "kind": "oom", "step": 1e300, "allocated_bytes": NaN}',
+                '{"time_us": 12, "kind": ["x"], "step": 1}',
+                '{"time_us": 12, "kind": {}, "step": 2}',
+                '{"time_us": 99999999999999999999999999, "kind": "heartbeat_gap", "start_us": 1e300}',
+            ],
+        ),
+        "events_many_keys": _many_event_keys,
+        "v2_duplicate_column": _duplicated_column,
+        "v2_arrow_rows_claimed_huge": _arrow_stream_claiming,
+        "v2_parquet_constant_rows": _constant_rows,
+        "nccl_log_long_prefix": lambda r: (r / "rank00000" / "nccl.log").write_text(
+            ("a" * 4000 + " NCCL INFO x\n") * 200
+        ),
+        "nccl_log_long_spaces": lambda r: (r / "rank00000" / "nccl.log").write_text(
+            (
+                "host:1:2 [0] NCCL INFO Channel 00/02 :" + " 0" + " " * 4000 + "x\n"
+                "host:1:2 [0] NCCL INFO NET/IB : Using " + " " * 4000 + "x\n"
+                "host:1:2 [0] NCCL INFO Using network " + " " * 4000 + "x\n"
+                "host:1:2 [0] NCCL INFO NCCL_DEBUG set to " + " " * 4000 + "x\n"
+                "host:1:2 [0] NCCL INFO Ring 00 : 0 -> 1 -> 2" + " " * 4000 + "x\n"
+                "host:1:2 [0] NCCL INFO Loaded net plugin " + " " * 4000 + "x\n"
+            )
+            * 30
+        ),
+        "rank_dir_mode_000": lambda r: _mode_000(r / "rank00001"),
+        "rank_file_mode_000": lambda r: _mode_000(r / "rank00001" / "steps.csv"),
+        "manifest_terminal_escapes": lambda r: _edit_manifest(
+            r, run_id="run" + _ESCAPES, host="node" + _ESCAPES, device_name="gpu" + _ESCAPES
+        ),
+        "manifest_pg_escapes": lambda r: _edit_manifest(
+            r, process_groups={"0" + _ESCAPES: {"ranks": [0, 1, 2], "desc": _ESCAPES, "backend": _ESCAPES}}
+        ),
+    }
+)
+
+
 def build_cases() -> list[str]:
     """Every case name: the table x column kind x mutation grid, then the file-level cases."""
     grid = [

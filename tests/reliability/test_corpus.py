@@ -43,6 +43,15 @@ SAMPLED = [
     "v2_truncated_parquet",
     "v2_junk_in_stream",
     "v2_fifo_segment",
+    "fr_pickle_time_huge",
+    "kineto_rank_huge",
+    "kineto_device_props_dict",
+    "events_odd_values",
+    "events_many_keys",
+    "v2_duplicate_column",
+    "v2_parquet_constant_rows",
+    "nccl_log_long_prefix",
+    "manifest_terminal_escapes",
 ]
 # what the output must say for a case: the skip is named, not silent
 EXPECTED_NOTES = {
@@ -68,6 +77,17 @@ EXPECTED_NOTES = {
     "v2_wrong_table_segment": "expected version 2 'steps'",
     "v2_fifo_segment": "not a regular file",
     "v2_dev_zero_segment": "not a regular file",
+    "kineto_rank_huge": "is not a rank",
+    "kineto_rank_negative": "is not a rank",
+    "kineto_base_time_text": "is not a time",
+    "kineto_device_props_dict": "deviceProperties is a dict",
+    "kineto_distributed_info_list": "distributedInfo is a list",
+    "kineto_args_deep": "nested too deep",
+    "events_odd_values": "event values of the wrong type",
+    "events_numbers_as_text": "event values of the wrong type",
+    "v2_duplicate_column": "appears more than once",
+    "v2_parquet_constant_rows": "more than a trace segment holds",
+    "nccl_log_long_prefix": "NCCL log lines not understood",
 }
 ANALYZE_COMMANDS = ("analyze_text", "analyze_json", "analyze_markdown", "analyze_html", "analyze_cached")
 
@@ -100,6 +120,8 @@ def _check(name: str, results: dict) -> None:
         assert not result["crashed"], f"{name}: {command} crashed:\n{result['traceback']}"
         assert "Traceback" not in result["output"], f"{name}: {command} printed a traceback"
         assert result["exit_code"] in (0, 1, 2), f"{name}: {command} exit {result['exit_code']}"
+        # a name or message from a file reaches the terminal printable: no escape sequence, no bell
+        assert "\x1b" not in result["output"] and "\x07" not in result["output"], f"{name}: {command} printed ESC"
     note = EXPECTED_NOTES.get(name)
     if note is not None:
         said = " ".join(results[c]["output"] for c in (*ANALYZE_COMMANDS, "triage", "export"))

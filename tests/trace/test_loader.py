@@ -128,6 +128,45 @@ def test_corrupt_manifest_and_events(tmp_path):
     assert any(r.startswith("unreadable JSON") for r in reasons) and "corrupt events skipped" in reasons
 
 
+def test_event_values_are_checked_where_read_and_the_report_goes_on(tmp_path):
+    """Strings where numbers belong, lists, dicts, 1e300, Infinity: each value is left out of its row and
+    counted; the analyses (OOM explanation, failures, health) run on what is left."""
+    from diag.analysis.report import analyze
+
+    write_rank(tmp_path, 0, 3, world_size=1)
+    rows = [
+        '{"time_us": "x", "kind": "step_error", "step": "3", "error": "boom"}',
+        '{"time_us": 1e300, "kind": "nonfinite", "step": [1]}',
+        '{"time_us": Infinity, "kind": "step_error", "step": {}}',
+        '{"time_us": 5, "kind": "oom", "step": 1e300, "allocated_bytes": NaN, "message": 7}',
+        '{"time_us": 99999999999999999999999999, "kind": "heartbeat_gap", "start_us": 12}',
+        '{"time_us": 12, "kind": ["x"], "step": 1}',
+    ]
+    (tmp_path / "rank00000" / "events.jsonl").write_text("\n".join(rows) + "\n")
+    trace = load(tmp_path)
+    events = trace.events
+    assert events["kind"].tolist() == ["step_error", "nonfinite", "step_error", "oom", "heartbeat_gap"]
+    assert events["time_us"].isna().tolist() == [True, True, True, False, True]
+    assert events["step"].isna().all() and events["message"].tolist()[3] == "7"
+    reasons = " ".join(str(s) for s in trace.skipped)
+    assert "corrupt events skipped (1 lines)" in reasons and "9 event values of the wrong type" in reasons
+    report = analyze(trace).to_dict()
+    assert report["run"]["ranks_found"] == [0]
+
+
+def test_distinct_event_keys_are_collapsed_not_a_column_each(tmp_path):
+    """30,000 distinct keys over 1,000 rows made a 30,000-column frame (6.7 GiB asked for): the known fields
+    keep their columns, the others go into one ``extra`` field of at most 32 keys a row."""
+    write_rank(tmp_path, 0, 3, world_size=1)
+    with open(tmp_path / "rank00000" / "events.jsonl", "w") as f:
+        for i in range(1000):
+            f.write(json.dumps({"time_us": 10 + i, "kind": "custom", **{f"k{i}_{j}": j for j in range(30)}}) + "\n")
+        f.write(json.dumps({"time_us": 1, "kind": "custom", **{f"many{j}": j for j in range(40)}}) + "\n")
+    events = load(tmp_path).events
+    assert len(events) == 1001 and set(events.columns) == {"time_us", "kind", "extra", "rank"}
+    assert events["extra"].iloc[0] == {f"k0_{j}": j for j in range(30)} and len(events["extra"].iloc[-1]) == 32
+
+
 def test_nothing_to_analyse_is_a_clear_error(tmp_path):
     with pytest.raises(TraceError, match="does not exist"):
         load(tmp_path / "nope")

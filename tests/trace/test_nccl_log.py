@@ -211,3 +211,40 @@ def test_unknown_nccl_version_is_kept_and_the_rest_still_parsed():
 def test_json_round_trip_keeps_everything(name):
     for log in processes(name).values():
         assert NcclLog.from_json(log.to_json()) == log
+
+
+CRAFTED_LINES = {  # lines a hostile or broken writer leaves, each under MAX_LINE_CHARS (so each is parsed)
+    "long host before the marker": "a" * 4000 + " NCCL INFO x",
+    "colons before the marker": "a:" * 2000 + " NCCL INFO x",
+    "ring then spaces": "h:1:2 [0] NCCL INFO Channel 00/02 : 0" + " " * 4000 + "x",
+    "setting then spaces": "h:1:2 [0] NCCL INFO NCCL_DEBUG set to " + " " * 4000 + "x",
+    "plugin then spaces": "h:1:2 [0] NCCL INFO NET/Plugin : Loaded net plugin " + " " * 4000 + "x",
+    "network then spaces": "h:1:2 [0] NCCL INFO Using network " + " " * 4000 + "x",
+    "connection then spaces": "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via " + " " * 4000 + "x",
+    "digits before channels": "h:1:2 [0] NCCL INFO " + "1" * 4000 + " coll channels, 1 p2p channels per peer",
+    "bare version after junk": "a" * 4000 + "NCCL version 2.18.5",
+}
+
+
+@pytest.mark.parametrize("kind", CRAFTED_LINES)
+def test_crafted_long_lines_parse_in_linear_time(kind):
+    """A pattern that backtracks over a 4 KB line costs 0.5-5 s a line (an 8 MB log: 17 minutes and more a
+    rank); parsed in linear time, 50 such lines take milliseconds. The bound is loose for a loaded machine."""
+    import time
+
+    started = time.perf_counter()
+    log = parse_text((CRAFTED_LINES[kind] + "\n") * 50)
+    assert time.perf_counter() - started < 3.0
+    assert log.lines_total == 50
+
+
+def test_prefix_read_from_its_end_keeps_host_pid_tid_and_location():
+    log = parse_text(
+        "[1,5]<stdout>:gpu-node-7:4242:4250 [3] NCCL INFO NCCL_IB_HCA set to mlx5_4  \n"
+        "2024-01-01T00:00:00 gpu-node-7:4242:4251 [3] transport.cc:12 NCCL WARN oops\n"
+        "gpu-node-7 [3] NCCL INFO Using network IB\n"
+        "gpu-node-7:4242:4250 [3]NCCL INFO Using network Socket\n"
+    )
+    assert (log.host, log.pid) == ("gpu-node-7", 4242)
+    assert log.settings["NCCL_IB_HCA"] == "mlx5_4" and log.warnings == ["oops"] and log.network == "IB"
+    assert log.lines_skipped == 1  # no space between the device and the marker: not NCCL's prefix
