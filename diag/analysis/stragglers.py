@@ -5,24 +5,27 @@ in collectives. So a rank's *busy* time per step is its data wait plus its step 
 blocked in communication. Only durations measured on one host are used: no cross-host clock comparison.
 
 Every comparison is with the *other* ranks (their median, leaving the rank itself out): with two ranks the
-median of both is their average, and a rank compared with it looks half as slow as it is. A rank's *excess*
-in a step is its busy time over the other ranks' median, as a fraction of that median; it is *slow in a step*
-when the excess is over ``SLOW_FRACTION``.
+median of both is their average, and a rank compared with it looks half as slow as it is. A rank is *slow in
+a step* when its busy time is over the other ranks' median by more than ``SLOW_FRACTION`` of that median. Its
+*excess* in a step is its busy time over the other ranks' median in units of the run's typical busy time (the
+median over all its peers' steps: a step's own median would make spikes of the steps where the others happened
+to be quick).
 
 Each rank is judged against the run's own noise, because hosts are noisy (OS jitter, garbage collection,
 other work on a shared host) and a tool that calls every noisy run a straggler is switched off:
 
 * the *step spread*: how much a rank's excess moves from step to step (a robust sigma, 1.4826 x the median
   absolute deviation, per rank; the run's is the median over ranks, so one erratic rank does not set it);
-* the *rank spread*: how far healthy ranks' slowdowns lie apart (the same robust sigma over ranks, with 3 or
-  more ranks; with 2, every difference is one rank against the other and says nothing about the spread).
+* the *rank spread*: how far healthy ranks' slowdowns lie apart (the same robust sigma over the ranks under
+  ``SLOWDOWN_MIN``, which cannot be stragglers, with 3 or more ranks; with 2, every difference is one rank
+  against the other and says nothing about the spread).
 
 A *persistent* straggler is slow in at least ``PERSISTENT_FRACTION`` of the steps (and in at least
 ``MIN_PERSISTENT_STEPS``), with a median busy time ``SLOWDOWN_MIN`` above the other ranks' and at least
 ``NAMED_Z`` times its noise (the standard error of its median excess from the step spread, and the rank
 spread). A *spike* is a step whose excess is above ``SPIKE_FRACTION`` and ``SPIKE_Z`` step spreads; a spike
-is the rank's *own* when it is also ``OWN_SPIKE_RATIO`` times the largest excess the other ranks typically
-show (the median over them of each one's largest): spikes that every rank has are the host's jitter, not a
+is the rank's *own* when it is also ``OWN_SPIKE_RATIO`` times the largest excess the other ranks show (the
+``OTHERS_LARGEST_QUANTILE`` quantile of each one's largest, so that one other straggler does not hide it): spikes that every rank has are the host's jitter, not a
 straggler. A rank with own spikes is a *transient* straggler; slow steps that no single rank explains are the
 job's *jitter*, a finding of its own, low unless it costs much.
 
@@ -60,11 +63,14 @@ SPREAD_PER_MAD = 1.4826  # a normal distribution's sigma per median absolute dev
 MEDIAN_STANDARD_ERROR = 1.2533  # the standard error of a median of n samples, in sigma / sqrt(n)
 NAMED_Z = 3.0  # a persistent straggler's slowdown is at least this many noise sigmas
 SPIKE_Z = 4.0  # a spike's excess is at least this many step spreads
-OWN_SPIKE_RATIO = 2.0  # an own spike is this many times the largest excess the other ranks typically show
+OWN_SPIKE_RATIO = 3.0  # an own spike is this many times the largest excess the other ranks show
+OTHERS_LARGEST_QUANTILE = 0.9  # "the largest the other ranks show": this quantile of each one's largest excess
 Z_FOR = {"high": 6.0, "medium": 4.0}  # a persistent straggler's slowdown in noise sigmas, for each severity
-SPIKES_FOR = {"high": 3, "medium": 2}  # a transient straggler's own spikes, for each severity
+SPIKES_FOR = {"high": 3, "medium": 3}  # a transient straggler's own spikes, for each severity: 2 are chance
+MAX_INDEPENDENT_STEPS = 10  # host noise comes in stretches: more steps are not more independent samples
 STEPS_FOR = {"high": 10, "medium": 5}  # steps analysed, for each severity: 4 steps are not a pattern
-JITTER_MEDIUM_SHARE = 0.2  # job-wide jitter is medium from this share of the step (and STEPS_FOR["high"])
+JITTER_MEDIUM_SHARE = 0.5  # job-wide jitter is medium from this share of the step (and STEPS_FOR["high"]) ...
+JITTER_HICCUP_FRACTION = 0.2  # ... when in at most this share of the steps (hiccups, not a noisy host)
 MAX_LISTED_STEPS = 20
 
 
@@ -165,7 +171,7 @@ class Jitter:
     median_step_s: float
     time_lost_s: float  # their time above the median step
     time_lost_per_step_s: float
-    busiest_ranks: dict[int, int]  # rank -> in how many of those steps it was the busiest
+    busiest_ranks: list[tuple[int, int]]  # (rank, in how many of those steps it was the busiest), most first
 
 
 @dataclass
@@ -268,9 +274,9 @@ def find_stragglers(
         others_compute_us=others_median(f["compute_us"].to_numpy(dtype="float64"), cell, rows),
     )
     excess = f["busy_us"] - f["others_busy_us"]
-    others_busy_us = f["others_busy_us"].to_numpy(dtype="float64")
+    typical_us = _typical_busy_us(f)
     with np.errstate(divide="ignore", invalid="ignore"):
-        f["excess_fraction"] = np.where(others_busy_us > 0, excess.to_numpy(dtype="float64") / others_busy_us, np.nan)
+        f["excess_fraction"] = np.where(typical_us > 0, excess.to_numpy(dtype="float64") / typical_us, np.nan)
     f["slow"] = excess > SLOW_FRACTION * f["others_busy_us"]
     noise, step_spread = _step_noise(f)
     f["spike"] = f["excess_fraction"] > noise.spike_threshold
@@ -344,6 +350,15 @@ def find_stragglers(
     return report
 
 
+def _typical_busy_us(f: pd.DataFrame) -> np.ndarray | float:
+    """The run's typical busy time (the median over its peers' rows), the unit of a rank's excess: a step's own
+    median would make a spike of the rank whose peers happened to be quick in that step."""
+    if _rank_major(f) is not None:
+        busy = f["busy_us"].to_numpy(dtype="float64")
+        return float(np.nanmedian(busy)) if np.isfinite(busy).any() else np.nan
+    return f.groupby("peers")["busy_us"].transform("median").to_numpy(dtype="float64")
+
+
 def _step_noise(f: pd.DataFrame) -> tuple[StepNoise, pd.Series]:
     """The run's step spread (the median over ranks of each rank's robust sigma of its excess from step to step)
     and the spike threshold it gives, with each rank's own step spread."""
@@ -357,18 +372,23 @@ def _step_noise(f: pd.DataFrame) -> tuple[StepNoise, pd.Series]:
 
 
 def _rank_spread(slowdowns: np.ndarray) -> float:
-    """Robust sigma of the ranks' slowdowns; 0 with fewer than 3 ranks (with 2, each is the other's mirror)."""
+    """Robust sigma of the slowdowns of the ranks that cannot be stragglers (under ``SLOWDOWN_MIN``), so that
+    stragglers, however many, do not widen it; 0 with fewer than 3 ranks (with 2, each is the other's mirror)
+    or fewer than 2 such ranks."""
     slowdowns = slowdowns[np.isfinite(slowdowns)]
-    if len(slowdowns) < 3:
+    healthy = slowdowns[slowdowns < SLOWDOWN_MIN]
+    if len(slowdowns) < 3 or len(healthy) < 2:
         return 0.0
-    return float(SPREAD_PER_MAD * np.median(np.abs(slowdowns - np.median(slowdowns))))
+    return float(SPREAD_PER_MAD * np.median(np.abs(healthy - np.median(healthy))))
 
 
 def _noise_z(per_rank: pd.DataFrame, step_spread: pd.Series, noise: StepNoise) -> np.ndarray:
     """Each rank's slowdown in sigmas of its noise: the standard error of its median excess (its own step
-    spread, at least the run's, over its steps) and the rank spread, added in quadrature."""
+    spread, at least the run's, over its steps, counted as at most ``MAX_INDEPENDENT_STEPS`` samples: a busy
+    neighbour slows a rank for a stretch of steps, not one step at a time) and the rank spread, added in
+    quadrature."""
     spread = np.maximum(np.nan_to_num(step_spread.to_numpy(dtype="float64")), noise.step_spread)
-    steps = np.maximum(per_rank["steps"].to_numpy(dtype="float64"), 1)
+    steps = np.clip(per_rank["steps"].to_numpy(dtype="float64"), 1, MAX_INDEPENDENT_STEPS)
     sigma = np.hypot(MEDIAN_STANDARD_ERROR * spread / np.sqrt(steps), noise.rank_spread)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(sigma > 0, per_rank["slowdown"].to_numpy() / sigma, np.inf)
@@ -376,13 +396,34 @@ def _noise_z(per_rank: pd.DataFrame, step_spread: pd.Series, noise: StepNoise) -
 
 def _own_spikes(f: pd.DataFrame, per_rank: pd.DataFrame, noise: StepNoise) -> np.ndarray:
     """Per row: a spike of its rank's own, above the spike threshold and ``OWN_SPIKE_RATIO`` times the largest
-    excess the other ranks (of its peers) typically show: the median over them of each one's largest."""
+    excess the other ranks (of its peers) show: the ``OTHERS_LARGEST_QUANTILE`` quantile of each one's largest."""
     largest = grid.per_rank(f, "excess_fraction", "max").reindex(per_rank.index).to_numpy(dtype="float64")
-    typical = others_median(np.nan_to_num(largest, nan=0.0), per_rank["peers"].to_numpy())
-    bar = np.maximum(noise.spike_threshold, OWN_SPIKE_RATIO * np.nan_to_num(typical, nan=0.0))
-    return (f["excess_fraction"].to_numpy() > _per_row(f, pd.Series(bar, index=per_rank.index))) & f[
-        "spike"
-    ].to_numpy()
+    others = others_quantile(np.nan_to_num(largest, nan=0.0), per_rank["peers"].to_numpy(), OTHERS_LARGEST_QUANTILE)
+    bar = np.maximum(noise.spike_threshold, OWN_SPIKE_RATIO * np.nan_to_num(others, nan=0.0))
+    return (f["excess_fraction"].to_numpy() > _per_row(f, pd.Series(bar, index=per_rank.index))) & f["spike"].to_numpy()
+
+
+def others_quantile(values: np.ndarray, groups: np.ndarray, q: float) -> np.ndarray:
+    """For each element, the ``q`` quantile (linear, as ``np.quantile``) of the *other* elements of its group
+    (NaN when it is alone): from each group sorted once, the k-th of the others being the k-th sorted value
+    below the element's own position, else the (k+1)-th."""
+    values = np.asarray(values, dtype="float64")
+    out = np.full(len(values), np.nan)
+    for group in np.unique(groups):
+        members = np.flatnonzero(groups == group)
+        n_others = len(members) - 1
+        if n_others < 1:
+            continue
+        order = np.argsort(values[members], kind="stable")
+        ordered = values[members][order]
+        position = np.empty(len(members), dtype="int64")
+        position[order] = np.arange(len(members))
+        h = q * (n_others - 1)
+        low, fraction = int(np.floor(h)), h - np.floor(h)
+        high = min(low + 1, n_others - 1)
+        lower, upper = (ordered[np.where(k < position, k, k + 1)] for k in (low, high))
+        out[members] = lower + fraction * (upper - lower)
+    return out
 
 
 def _per_row(f: pd.DataFrame, per_rank: pd.Series) -> np.ndarray:
@@ -473,7 +514,7 @@ def _jitter(f: pd.DataFrame, step_time_us: pd.Series, own_spike_steps: set, step
         median_step_s=median_us / 1e6,
         time_lost_s=lost_us / 1e6,
         time_lost_per_step_s=lost_us / steps / 1e6,
-        busiest_ranks={int(r): int(n) for r, n in busiest.items()},
+        busiest_ranks=[(int(r), int(n)) for r, n in busiest.items()],
     )
 
 
@@ -840,12 +881,15 @@ def _straggler_finding(kind, group: list[Straggler], steps: int, step_s, cause) 
 
 
 def _jitter_finding(jitter: Jitter, steps: int, step_s) -> Finding:
-    """Low unless the jitter costs ``JITTER_MEDIUM_SHARE`` of the step over enough steps: it is the host's (or
-    the whole job's) noise, worth knowing, rarely the first thing to fix."""
+    """Low unless a few steps (``JITTER_HICCUP_FRACTION`` of them at most: a periodic hiccup such as a
+    checkpoint or a collection on every rank, which the job can fix) cost ``JITTER_MEDIUM_SHARE`` of the step
+    over enough steps. Slow steps by the dozen are the host's noise (other work, a busy neighbour): worth
+    knowing, and the job cannot fix it."""
     per_step = jitter.time_lost_per_step_s
     share = per_step / step_s if step_s else 0.0
-    severity = "medium" if share >= JITTER_MEDIUM_SHARE and steps >= STEPS_FOR["high"] else "low"
-    busiest = ", ".join(f"rank {r} in {n}" for r, n in sorted(jitter.busiest_ranks.items(), key=lambda x: -x[1])[:6])
+    hiccups = len(jitter.steps) <= JITTER_HICCUP_FRACTION * steps
+    severity = "medium" if share >= JITTER_MEDIUM_SHARE and steps >= STEPS_FOR["high"] and hiccups else "low"
+    busiest = ", ".join(f"rank {r} in {n}" for r, n in jitter.busiest_ranks[:6])
     return Finding(
         kind="jitter",
         severity=severity,
@@ -860,8 +904,7 @@ def _jitter_finding(jitter: Jitter, steps: int, step_s) -> Finding:
             f"slow steps: {_steps_text(jitter.steps)} (median step {jitter.median_step_s * 1e3:.1f} ms)",
             f"the busiest rank in those steps: {busiest}"
             + (": the slowdown moves between ranks, as a host's noise does" if len(jitter.busiest_ranks) > 1 else ""),
-            "no rank's own spikes stand out: each rank's largest excess is within "
-            f"{OWN_SPIKE_RATIO:.0f}x of what the other ranks show",
+            f"no rank's spikes stand out: none is {OWN_SPIKE_RATIO:.0f}x the largest the other ranks show",
         ],
         advice=(
             "Job-wide jitter, not a straggler: look for other work on the hosts (CPU contention, noisy neighbours), "
