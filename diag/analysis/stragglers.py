@@ -63,7 +63,7 @@ SPREAD_PER_MAD = 1.4826  # a normal distribution's sigma per median absolute dev
 MEDIAN_STANDARD_ERROR = 1.2533  # the standard error of a median of n samples, in sigma / sqrt(n)
 NAMED_Z = 3.0  # a persistent straggler's slowdown is at least this many noise sigmas
 SPIKE_Z = 4.0  # a spike's excess is at least this many step spreads
-OWN_SPIKE_RATIO = 3.0  # an own spike is this many times the largest excess the other ranks show
+OWN_SPIKE_RATIO = 2.5  # an own spike is this many times the largest excess the other ranks show
 OTHERS_LARGEST_QUANTILE = 0.9  # "the largest the other ranks show": this quantile of each one's largest excess
 Z_FOR = {"high": 6.0, "medium": 4.0}  # a persistent straggler's slowdown in noise sigmas, for each severity
 SPIKES_FOR = {"high": 3, "medium": 3}  # a transient straggler's own spikes, for each severity: 2 are chance
@@ -383,15 +383,21 @@ def _rank_spread(slowdowns: np.ndarray) -> float:
 
 
 def _noise_z(per_rank: pd.DataFrame, step_spread: pd.Series, noise: StepNoise) -> np.ndarray:
-    """Each rank's slowdown in sigmas of its noise: the standard error of its median excess (its own step
-    spread, at least the run's, over its steps, counted as at most ``MAX_INDEPENDENT_STEPS`` samples: a busy
-    neighbour slows a rank for a stretch of steps, not one step at a time) and the rank spread, added in
-    quadrature."""
+    """Each rank's evidence in sigmas of its noise, the stronger of two: its slowdown over the standard error of
+    its median excess (its own step spread, at least the run's, over its steps, counted as at most
+    ``MAX_INDEPENDENT_STEPS`` samples: a busy neighbour slows a rank for a stretch of steps, not one step at a
+    time) and the rank spread, added in quadrature; and how much more often it is slow than the usual rank
+    (a sign test on as many samples), which a few extreme steps cannot sway."""
     spread = np.maximum(np.nan_to_num(step_spread.to_numpy(dtype="float64")), noise.step_spread)
     steps = np.clip(per_rank["steps"].to_numpy(dtype="float64"), 1, MAX_INDEPENDENT_STEPS)
     sigma = np.hypot(MEDIAN_STANDARD_ERROR * spread / np.sqrt(steps), noise.rank_spread)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(sigma > 0, per_rank["slowdown"].to_numpy() / sigma, np.inf)
+        by_median = np.where(sigma > 0, per_rank["slowdown"].to_numpy() / sigma, np.inf)
+    # how often it is slow, against how often any rank is (a sign test, on as many independent samples)
+    usual = float(np.clip(np.nanmedian(per_rank["slow_fraction"].to_numpy(dtype="float64")), 0.05, 0.95))
+    slow = per_rank["slow_fraction"].to_numpy(dtype="float64") * steps
+    by_count = (slow - steps * usual) / np.sqrt(steps * usual * (1 - usual))
+    return np.maximum(by_median, by_count)
 
 
 def _own_spikes(f: pd.DataFrame, per_rank: pd.DataFrame, noise: StepNoise) -> np.ndarray:
