@@ -6,12 +6,37 @@ blocked in communication. Only durations measured on one host are used: no cross
 
 Every comparison is with the *other* ranks (their median, leaving the rank itself out): with two ranks the
 median of both is their average, and a rank compared with it looks half as slow as it is. A rank is *slow in
-a step* when its busy time exceeds the other ranks' median by more than ``SLOW_FRACTION`` of that median. It
-is a *persistent* straggler when slow in at least ``PERSISTENT_FRACTION`` of the steps (and in at least
-``MIN_PERSISTENT_STEPS``) and its median busy
-time is ``SLOWDOWN_MIN`` above the other ranks'; otherwise occasional large spikes (GC, checkpointing) make it
-a *transient* one. What it costs is what the step would shrink if it worked like the others: the step lasts
-as long as its busiest rank, so down to the next busiest.
+a step* when its busy time is over the other ranks' median by more than ``SLOW_FRACTION`` of that median. Its
+*excess* in a step is its busy time over the other ranks' median in units of the run's typical busy time (the
+median over all its peers' steps: a step's own median would make spikes of the steps where the others happened
+to be quick).
+
+Each rank is judged against the run's own noise, because hosts are noisy (OS jitter, garbage collection,
+other work on a shared host) and a tool that calls every noisy run a straggler is switched off:
+
+* the *step spread*: how much a rank's excess moves from step to step (a robust sigma, 1.4826 x the median
+  absolute deviation, per rank; the run's is the median over ranks, so one erratic rank does not set it);
+* the *rank spread*: how far healthy ranks' slowdowns lie apart (the same robust sigma over the ranks under
+  ``SLOWDOWN_MIN``, which cannot be stragglers, with 3 or more ranks; with 2, every difference is one rank
+  against the other and says nothing about the spread).
+
+A *persistent* straggler is slow in at least ``PERSISTENT_FRACTION`` of the steps (and in at least
+``MIN_PERSISTENT_STEPS``), with a median busy time ``SLOWDOWN_MIN`` above the other ranks' and at least
+``NAMED_Z`` times its noise (the standard error of its median excess from the step spread, and the rank
+spread). A *spike* is a step whose excess is above ``SPIKE_FRACTION`` and ``SPIKE_Z`` step spreads; a spike
+is the rank's *own* when it is also ``OWN_SPIKE_RATIO`` times the largest excess the other ranks show (the
+``OTHERS_LARGEST_QUANTILE`` quantile of each one's largest, so that one other straggler does not hide it): spikes that every rank has are the host's jitter, not a
+straggler. A rank with own spikes is a *transient* straggler; slow steps that no single rank explains are the
+job's *jitter*, a finding of its own, low unless it costs much.
+
+Severity is the cost's (``findings.severity_for``) capped by the confidence: ``high`` needs ``STEPS_FOR``
+["high"] steps and an effect of ``Z_FOR["high"]`` noise sigmas (a persistent straggler) or ``SPIKES_FOR["high"]``
+own spikes (a transient one), likewise ``medium``; less evidence is ``low``.
+
+What a straggler costs: the step lasts as long as its busiest rank, so fixing one rank alone saves down to the
+next busiest (``time_saved_per_step_s``: nothing while a worse rank remains), and the job's loss is credited
+to stragglers in a waterfall, worst first (``cost_per_step_s``: what fixing it adds once the worse ones are
+fixed; the costs add up to what fixing them all would save).
 """
 
 from __future__ import annotations
@@ -23,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from diag.analysis import grid
-from diag.analysis.findings import Finding, FindingContext, ranks_text, severity_for
+from diag.analysis.findings import SEVERITY_ORDER, Finding, FindingContext, ranks_text, severity_for
 
 SLOW_FRACTION = 0.10
 PERSISTENT_FRACTION = 0.5
@@ -34,6 +59,19 @@ SPIKE_FRACTION = 0.5  # a transient spike must add at least this share of the ot
 TRANSIENT_MIN_LOST_FRACTION = 0.01  # report transient stragglers costing at least this share of the run
 CAUSE_SHARE = 0.5  # a component explaining this share of a rank's excess is named as the cause
 MAX_TRANSIENT = 20
+SPREAD_PER_MAD = 1.4826  # a normal distribution's sigma per median absolute deviation
+MEDIAN_STANDARD_ERROR = 1.2533  # the standard error of a median of n samples, in sigma / sqrt(n)
+NAMED_Z = 3.0  # a persistent straggler's slowdown is at least this many noise sigmas
+SPIKE_Z = 4.0  # a spike's excess is at least this many step spreads
+OWN_SPIKE_RATIO = 2.5  # an own spike is this many times the largest excess the other ranks show
+OTHERS_LARGEST_QUANTILE = 0.9  # "the largest the other ranks show": this quantile of each one's largest excess
+Z_FOR = {"high": 6.0, "medium": 4.0}  # a persistent straggler's slowdown in noise sigmas, for each severity
+SPIKES_FOR = {"high": 3, "medium": 3}  # a transient straggler's own spikes, for each severity: 2 are chance
+MAX_INDEPENDENT_STEPS = 10  # host noise comes in stretches: more steps are not more independent samples
+STEPS_FOR = {"high": 10, "medium": 5}  # steps analysed, for each severity: 4 steps are not a pattern
+JITTER_MEDIUM_SHARE = 0.5  # job-wide jitter is medium from this share of the step (and STEPS_FOR["high"]) ...
+JITTER_HICCUP_FRACTION = 0.2  # ... when in at most this share of the steps (hiccups, not a noisy host)
+MAX_LISTED_STEPS = 20
 
 
 class Cause(str, Enum):
@@ -108,7 +146,32 @@ class Straggler:
     excess_data_wait_ms: float  # median over its slow steps, against the median of the step's other ranks
     excess_compute_ms: float
     last_arrival_fraction: float | None  # share of its collectives where it arrived last
+    cost_per_step_s: float = 0.0  # what the job loses to it: its credit in the waterfall, worst first
+    slower_rank: int | None = None  # a worse straggler that still sets the step if this one alone is fixed
+    noise_z: float | None = None  # a persistent straggler's slowdown in sigmas of its noise
+    confidence: str = "low"  # the most severe grade the evidence allows (steps, noise sigmas, own spikes)
+    spike_steps: list[int] = field(default_factory=list)  # a transient straggler's own spikes
     evidence: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StepNoise:
+    """The run's own noise, against which each rank is judged (see the module's doc)."""
+
+    step_spread: float = 0.0  # robust sigma of a rank's excess from step to step (median over ranks)
+    rank_spread: float = 0.0  # robust sigma of the ranks' slowdowns (0 with fewer than 3 ranks)
+    spike_threshold: float = SPIKE_FRACTION  # an excess above this is a spike
+
+
+@dataclass
+class Jitter:
+    """Slow steps that no single rank explains: the host's or the job's jitter, not a straggler."""
+
+    steps: list[int]  # steps slower than SPIKE_FRACTION over the median step, without a straggler's own spike
+    median_step_s: float
+    time_lost_s: float  # their time above the median step
+    time_lost_per_step_s: float
+    busiest_ranks: list[tuple[int, int]]  # (rank, in how many of those steps it was the busiest), most first
 
 
 @dataclass
@@ -118,6 +181,8 @@ class StragglerReport:
     steps: int = 0
     note: str | None = None
     compared: bool = True  # False: ranks were not compared at all (one rank, too few steps, one rank per stage)
+    noise: StepNoise | None = None
+    jitter: Jitter | None = None
 
 
 def rank_step_times(
@@ -209,33 +274,52 @@ def find_stragglers(
         others_compute_us=others_median(f["compute_us"].to_numpy(dtype="float64"), cell, rows),
     )
     excess = f["busy_us"] - f["others_busy_us"]
+    typical_us = _typical_busy_us(f)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f["excess_fraction"] = np.where(typical_us > 0, excess.to_numpy(dtype="float64") / typical_us, np.nan)
     f["slow"] = excess > SLOW_FRACTION * f["others_busy_us"]
-    f["spike"] = excess > SPIKE_FRACTION * f["others_busy_us"]
-    saved = _saved_per_rank_step(f)
+    noise, step_spread = _step_noise(f)
+    f["spike"] = f["excess_fraction"] > noise.spike_threshold
+    saved_rows = _saved_rows(f)
+    saved = pd.Series(saved_rows).groupby(f["rank"].to_numpy()).sum()
     per_rank = _per_rank(f)
     per_rank["saved_us"] = saved.reindex(per_rank.index, fill_value=0.0)
     others_busy = others_median(per_rank["busy_median_us"].to_numpy(dtype="float64"), per_rank["peers"].to_numpy())
     per_rank["slowdown"] = np.nan_to_num(
         per_rank["busy_median_us"].to_numpy() / np.where(others_busy > 0, others_busy, np.nan) - 1, nan=0.0
     )
+    noise.rank_spread = _rank_spread(per_rank["slowdown"].to_numpy())
+    report.noise = noise
+    per_rank["noise_z"] = _noise_z(per_rank, step_spread.reindex(per_rank.index), noise)
+    own_spike = _own_spikes(f, per_rank, noise)
+    spiked = own_spike.nonzero()[0]
+    spike_rank = f["rank"].to_numpy()[spiked]
+    per_rank["own_spikes"] = pd.Series(1, index=spike_rank).groupby(level=0).sum().reindex(per_rank.index).fillna(0)
+    per_rank["spike_saved_us"] = (
+        pd.Series(saved_rows[spiked], index=spike_rank).groupby(level=0).sum().reindex(per_rank.index).fillna(0.0)
+    )
     n_steps = report.steps
-    total_time_us = float(grid.per_step(f, "iteration_us", "max").sum())
+    step_time_us = grid.per_step(f, "iteration_us", "max")
+    total_time_us = float(step_time_us.sum())
     persistent = per_rank[
         (per_rank["slow_fraction"] >= PERSISTENT_FRACTION)
         & (per_rank["slow_steps"] >= MIN_PERSISTENT_STEPS)
         & (per_rank["slowdown"] >= SLOWDOWN_MIN)
+        & (per_rank["noise_z"] >= NAMED_Z)
     ]
     transient = per_rank[
-        (per_rank["spikes"] > 0)
+        (per_rank["own_spikes"] > 0)
         & ~per_rank.index.isin(persistent.index)
-        & (per_rank["saved_us"] >= TRANSIENT_MIN_LOST_FRACTION * total_time_us)
-    ].nlargest(MAX_TRANSIENT, "saved_us")
+        & (per_rank["spike_saved_us"] >= TRANSIENT_MIN_LOST_FRACTION * total_time_us)
+    ].nlargest(MAX_TRANSIENT, "spike_saved_us")
     persistent_ranks = set(persistent.index)
     for rank, row in pd.concat([persistent, transient]).iterrows():
-        mine = f[(f["rank"] == rank) & (f["slow"] if rank in persistent_ranks else f["spike"])]
+        is_persistent = rank in persistent_ranks
+        mine = f[(f["rank"] == rank) & (f["slow"] if is_persistent else f["spike"])]
         excess_data = float((mine["data_wait_us"] - mine["others_data_us"]).median())
         excess_compute = float((mine["compute_us"] - mine["others_compute_us"]).median())
         info = ranks_info.loc[rank] if rank in ranks_info.index else None
+        spike_steps = [] if is_persistent else sorted(f["step"].to_numpy()[spiked[spike_rank == rank]].tolist())
         straggler = Straggler(
             rank=int(rank),
             host=_get(info, "host"),
@@ -243,18 +327,201 @@ def find_stragglers(
             gpu=_get_int(info, "gpu_index"),
             slowdown=float(row["slowdown"]),
             steps_slow_fraction=float(row["slow_fraction"]),
-            persistent=rank in persistent_ranks,
+            persistent=is_persistent,
             cause=Cause.UNKNOWN,
             time_saved_per_step_s=float(row["saved_us"]) / n_steps / 1e6,
             time_lost_s=float(row["saved_us"]) / 1e6,
             excess_data_wait_ms=excess_data / 1e3,
             excess_compute_ms=excess_compute / 1e3,
             last_arrival_fraction=last_arrival.get(int(rank)),
+            cost_per_step_s=0.0 if is_persistent else float(row["spike_saved_us"]) / n_steps / 1e6,
+            noise_z=_finite(row["noise_z"]) if is_persistent else None,
+            spike_steps=[int(s) for s in spike_steps],
         )
+        straggler.confidence = _confidence(straggler, n_steps)
         report.stragglers.append(straggler)
     _assign_causes(report.stragglers, ranks_info, throttled, persistent_ranks, memory_pressure or {})
-    report.stragglers.sort(key=lambda s: (not s.persistent, -s.time_lost_s))
+    _credit_costs(times, [s for s in report.stragglers if s.persistent], n_steps)
+    for s in report.stragglers:
+        s.evidence.append(cost_text(s))
+    report.stragglers.sort(key=lambda s: (not s.persistent, -s.cost_per_step_s, -s.time_lost_s))
+    own_spike_steps = {step for s in report.stragglers for step in s.spike_steps}
+    report.jitter = _jitter(f, step_time_us, own_spike_steps, n_steps)
     return report
+
+
+def _typical_busy_us(f: pd.DataFrame) -> np.ndarray | float:
+    """The run's typical busy time (the median over its peers' rows), the unit of a rank's excess: a step's own
+    median would make a spike of the rank whose peers happened to be quick in that step."""
+    if _rank_major(f) is not None:
+        busy = f["busy_us"].to_numpy(dtype="float64")
+        return float(np.nanmedian(busy)) if np.isfinite(busy).any() else np.nan
+    return f.groupby("peers")["busy_us"].transform("median").to_numpy(dtype="float64")
+
+
+def _step_noise(f: pd.DataFrame) -> tuple[StepNoise, pd.Series]:
+    """The run's step spread (the median over ranks of each rank's robust sigma of its excess from step to step)
+    and the spike threshold it gives, with each rank's own step spread."""
+    f["_median_excess"] = _per_row(f, grid.per_rank(f, "excess_fraction"))
+    f["_excess_deviation"] = (f["excess_fraction"] - f["_median_excess"]).abs()
+    per_rank_spread = SPREAD_PER_MAD * grid.per_rank(f, "_excess_deviation")
+    f.drop(columns=["_median_excess", "_excess_deviation"], inplace=True)
+    step_spread = float(np.nan_to_num(np.nanmedian(per_rank_spread.to_numpy())) if len(per_rank_spread) else 0.0)
+    noise = StepNoise(step_spread=step_spread, spike_threshold=max(SPIKE_FRACTION, SPIKE_Z * step_spread))
+    return noise, per_rank_spread
+
+
+def _rank_spread(slowdowns: np.ndarray) -> float:
+    """Robust sigma of the slowdowns of the ranks that cannot be stragglers (under ``SLOWDOWN_MIN``), so that
+    stragglers, however many, do not widen it; 0 with fewer than 3 ranks (with 2, each is the other's mirror)
+    or fewer than 2 such ranks."""
+    slowdowns = slowdowns[np.isfinite(slowdowns)]
+    healthy = slowdowns[slowdowns < SLOWDOWN_MIN]
+    if len(slowdowns) < 3 or len(healthy) < 2:
+        return 0.0
+    return float(SPREAD_PER_MAD * np.median(np.abs(healthy - np.median(healthy))))
+
+
+def _noise_z(per_rank: pd.DataFrame, step_spread: pd.Series, noise: StepNoise) -> np.ndarray:
+    """Each rank's evidence in sigmas of its noise, the stronger of two: its slowdown over the standard error of
+    its median excess (its own step spread, at least the run's, over its steps, counted as at most
+    ``MAX_INDEPENDENT_STEPS`` samples: a busy neighbour slows a rank for a stretch of steps, not one step at a
+    time) and the rank spread, added in quadrature; and how much more often it is slow than the usual rank
+    (a sign test on as many samples), which a few extreme steps cannot sway."""
+    spread = np.maximum(np.nan_to_num(step_spread.to_numpy(dtype="float64")), noise.step_spread)
+    steps = np.clip(per_rank["steps"].to_numpy(dtype="float64"), 1, MAX_INDEPENDENT_STEPS)
+    sigma = np.hypot(MEDIAN_STANDARD_ERROR * spread / np.sqrt(steps), noise.rank_spread)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        by_median = np.where(sigma > 0, per_rank["slowdown"].to_numpy() / sigma, np.inf)
+    # how often it is slow, against how often any rank is (a sign test, on as many independent samples)
+    usual = float(np.clip(np.nanmedian(per_rank["slow_fraction"].to_numpy(dtype="float64")), 0.05, 0.95))
+    slow = per_rank["slow_fraction"].to_numpy(dtype="float64") * steps
+    by_count = (slow - steps * usual) / np.sqrt(steps * usual * (1 - usual))
+    return np.maximum(by_median, by_count)
+
+
+def _own_spikes(f: pd.DataFrame, per_rank: pd.DataFrame, noise: StepNoise) -> np.ndarray:
+    """Per row: a spike of its rank's own, above the spike threshold and ``OWN_SPIKE_RATIO`` times the largest
+    excess the other ranks (of its peers) show: the ``OTHERS_LARGEST_QUANTILE`` quantile of each one's largest."""
+    largest = grid.per_rank(f, "excess_fraction", "max").reindex(per_rank.index).to_numpy(dtype="float64")
+    others = others_quantile(np.nan_to_num(largest, nan=0.0), per_rank["peers"].to_numpy(), OTHERS_LARGEST_QUANTILE)
+    bar = np.maximum(noise.spike_threshold, OWN_SPIKE_RATIO * np.nan_to_num(others, nan=0.0))
+    return (f["excess_fraction"].to_numpy() > _per_row(f, pd.Series(bar, index=per_rank.index))) & f["spike"].to_numpy()
+
+
+def others_quantile(values: np.ndarray, groups: np.ndarray, q: float) -> np.ndarray:
+    """For each element, the ``q`` quantile (linear, as ``np.quantile``) of the *other* elements of its group
+    (NaN when it is alone): from each group sorted once, the k-th of the others being the k-th sorted value
+    below the element's own position, else the (k+1)-th."""
+    values = np.asarray(values, dtype="float64")
+    out = np.full(len(values), np.nan)
+    for group in np.unique(groups):
+        members = np.flatnonzero(groups == group)
+        n_others = len(members) - 1
+        if n_others < 1:
+            continue
+        order = np.argsort(values[members], kind="stable")
+        ordered = values[members][order]
+        position = np.empty(len(members), dtype="int64")
+        position[order] = np.arange(len(members))
+        h = q * (n_others - 1)
+        low, fraction = int(np.floor(h)), h - np.floor(h)
+        high = min(low + 1, n_others - 1)
+        lower, upper = (ordered[np.where(k < position, k, k + 1)] for k in (low, high))
+        out[members] = lower + fraction * (upper - lower)
+    return out
+
+
+def _per_row(f: pd.DataFrame, per_rank: pd.Series) -> np.ndarray:
+    """A per-rank value at each row: repeated rank by rank in the usual layout, else mapped."""
+    layout = _rank_major(f)
+    if layout is None:
+        return f["rank"].map(per_rank).to_numpy(dtype="float64")
+    heads = f["rank"].to_numpy()[:: len(layout[1])]
+    return np.repeat(per_rank.reindex(heads).to_numpy(dtype="float64"), len(layout[1]))
+
+
+def _confidence(s: Straggler, steps: int) -> str:
+    """The most severe grade the evidence allows: enough steps, and an effect far enough above the noise (a
+    persistent straggler) or enough own spikes (a transient one)."""
+    for grade in ("high", "medium"):
+        enough = (s.noise_z or 0.0) >= Z_FOR[grade] if s.persistent else len(s.spike_steps) >= SPIKES_FOR[grade]
+        if steps >= STEPS_FOR[grade] and enough:
+            return grade
+    return "low"
+
+
+def _finite(value) -> float | None:
+    value = float(value)
+    return value if np.isfinite(value) else None
+
+
+def _credit_costs(times: RankStepTimes, persistent: list[Straggler], steps: int) -> None:
+    """Each persistent straggler's cost to the job, credited in the waterfall of the findings (causes worst
+    first, then ranks worst first): what fixing it adds once the worse ones are fixed. Where fixing it alone
+    saves less than that, the worst straggler before it is what still sets the step."""
+    if not persistent or not steps:
+        return
+    for rank_cost, s in zip(waterfall_us(times, waterfall_order(persistent)), waterfall_order(persistent)):
+        s.cost_per_step_s = rank_cost / steps / 1e6
+    order = waterfall_order(persistent)
+    for i, s in enumerate(order):
+        worse = order[:i]
+        if worse and s.time_saved_per_step_s < 0.5 * s.cost_per_step_s:
+            s.slower_rank = max(worse, key=lambda w: w.slowdown).rank
+
+
+def cost_text(s: Straggler) -> str:
+    """The straggler's two costs, said plainly: what the job loses to it, and what fixing it alone saves."""
+    cost = f"costs the job {s.cost_per_step_s * 1e3:.1f} ms/step"
+    if not s.persistent:
+        return f"{cost} in its spikes"
+    alone = f"fixing it alone saves {s.time_saved_per_step_s * 1e3:.1f} ms/step"
+    if s.slower_rank is not None:
+        return f"{cost}; {alone} while rank {s.slower_rank} is slower"
+    return f"{cost}; {alone}"
+
+
+def waterfall_order(persistent: list[Straggler]) -> list[Straggler]:
+    """Causes worst first (by their worst rank's slowdown), each cause's ranks worst first."""
+    worst = {}
+    for s in persistent:
+        worst[s.cause] = max(worst.get(s.cause, -np.inf), s.slowdown)
+    causes = sorted(worst, key=lambda c: -worst[c])
+    return sorted(persistent, key=lambda s: (causes.index(s.cause), -s.slowdown, s.rank))
+
+
+def waterfall_us(times: RankStepTimes, order: list[Straggler]) -> list[float]:
+    """What fixing each straggler adds once the ones before it are fixed (joint savings' differences)."""
+    fixed: list[int] = []
+    before_us, out = 0.0, []
+    for s in order:
+        fixed.append(s.rank)
+        after_us = joint_saving_us(times, fixed)
+        out.append(after_us - before_us)
+        before_us = after_us
+    return out
+
+
+def _jitter(f: pd.DataFrame, step_time_us: pd.Series, own_spike_steps: set, steps: int) -> Jitter | None:
+    """Steps over ``SPIKE_FRACTION`` slower than the median step that no straggler's own spike explains, with
+    what they cost (their time above the median step) and who was busiest in them; None without any, or when
+    they cost under ``TRANSIENT_MIN_LOST_FRACTION`` of the run."""
+    if not len(step_time_us) or not steps:
+        return None
+    median_us = float(step_time_us.median())
+    slow = step_time_us[(step_time_us > (1 + SPIKE_FRACTION) * median_us) & ~step_time_us.index.isin(own_spike_steps)]
+    lost_us = float((slow - median_us).sum())
+    if not len(slow) or lost_us < TRANSIENT_MIN_LOST_FRACTION * float(step_time_us.sum()):
+        return None
+    busiest = grid.rank_of_step_max(f, "busy_us").reindex(slow.index).dropna().astype(int).value_counts()
+    return Jitter(
+        steps=[int(s) for s in slow.index],
+        median_step_s=median_us / 1e6,
+        time_lost_s=lost_us / 1e6,
+        time_lost_per_step_s=lost_us / steps / 1e6,
+        busiest_ranks=[(int(r), int(n)) for r, n in busiest.items()],
+    )
 
 
 def _per_rank(f: pd.DataFrame) -> pd.DataFrame:
@@ -268,6 +535,7 @@ def _per_rank(f: pd.DataFrame) -> pd.DataFrame:
             slow_steps=("slow", "sum"),
             spikes=("spike", "sum"),
             peers=("peers", "first"),
+            steps=("excess_fraction", "count"),
         )
     ranks, steps = layout
     heads = f["rank"].to_numpy()[:: len(steps)]
@@ -281,6 +549,7 @@ def _per_rank(f: pd.DataFrame) -> pd.DataFrame:
             "slow_steps": slow.sum(axis=1),
             "spikes": spike.sum(axis=1),
             "peers": f["peers"].to_numpy()[:: len(steps)][order],
+            "steps": np.isfinite(f["excess_fraction"].to_numpy()).reshape(ranks, len(steps))[order].sum(axis=1),
         },
         index=pd.Index(heads[order], name="rank"),
     )
@@ -433,28 +702,41 @@ def _others_max(times: RankStepTimes, ranks: list[int]) -> pd.Series | None:
 
 
 def _saved_per_rank_step(f: pd.DataFrame) -> pd.Series:
-    """Per rank, summed over steps: what the step would shrink if that rank alone worked like the others.
+    """Per rank, summed over steps: what the step would shrink if that rank alone worked like the others."""
+    return pd.Series(_saved_rows(f)).groupby(f["rank"].to_numpy()).sum()
+
+
+def _saved_per_rank_step_by_cell(f: pd.DataFrame) -> pd.Series:
+    """``_saved_per_rank_step`` from ``_saved_rows_by_cell`` (the large-trace path), whatever the frame's size."""
+    return pd.Series(_saved_rows_by_cell(f)).groupby(f["rank"].to_numpy()).sum()
+
+
+def _saved_rows(f: pd.DataFrame) -> np.ndarray:
+    """Per row: what its step would shrink if its rank alone worked like the others (0 but for the step's
+    busiest rank).
 
     Only the busiest rank of a step can shorten it, and only down to the next busiest: that rank's busy time
     is at least the others' median, which is what the busiest would come down to."""
-    busy, step, peers = f["busy_us"].to_numpy(), f["step"].to_numpy(), f["peers"].to_numpy()
-    if len(busy) >= 1 << 16 and not np.isnan(busy.astype("float64")).any():
-        return _saved_per_rank_step_by_cell(f)
+    busy = f["busy_us"].to_numpy(dtype="float64")
+    if len(busy) >= 1 << 16 and not np.isnan(busy).any():
+        return _saved_rows_by_cell(f)
+    step, peers = f["step"].to_numpy(), f["peers"].to_numpy()
     order = np.lexsort((-busy, step, peers))
-    busy, step, peers, rank = busy[order], step[order], peers[order], f["rank"].to_numpy()[order]
+    busy, step, peers = busy[order], step[order], peers[order]
     new_cell = np.r_[True, (step[1:] != step[:-1]) | (peers[1:] != peers[:-1])]
     top = np.flatnonzero(new_cell)  # the busiest rank of each step (among its peers)
     nxt = np.minimum(top + 1, len(step) - 1)
     has_second = (top + 1 < len(step)) & ~new_cell[nxt]
-    saved = np.where(has_second, np.clip(busy[top] - busy[nxt], 0, None), 0.0)
-    return pd.Series(saved, index=rank[top]).groupby(level=0).sum()
+    out = np.zeros(len(busy))
+    out[order[top]] = np.nan_to_num(np.where(has_second, np.clip(busy[top] - busy[nxt], 0, None), 0.0))
+    return out
 
 
-def _saved_per_rank_step_by_cell(f: pd.DataFrame) -> pd.Series:
-    """``_saved_per_rank_step`` without sorting the rows (its lexsort of 16 M rank-steps was ~7 s at 16,384
-    ranks): each step's busiest and second busiest by a maximum per cell. The same Series: the busiest is the
-    first row (in the frame's order) at the cell's maximum, as the stable lexsort puts it; the cells are summed
-    per rank in the same (peers, step) order. No NaN busy time (the caller checks)."""
+def _saved_rows_by_cell(f: pd.DataFrame) -> np.ndarray:
+    """``_saved_rows`` without sorting the rows (its lexsort of 16 M rank-steps was ~7 s at 16,384 ranks):
+    each step's busiest and second busiest by a maximum per cell. The same values: the busiest is the first row
+    (in the frame's order) at the cell's maximum, as the stable lexsort puts it. No NaN busy time (the caller
+    checks)."""
     busy = f["busy_us"].to_numpy(dtype="float64")
     cell = step_cells(f, sort=True)
     cells = int(cell.max()) + 1
@@ -468,8 +750,9 @@ def _saved_per_rank_step_by_cell(f: pd.DataFrame) -> pd.Series:
     second = np.full(cells, -np.inf)
     np.maximum.at(second, cell, rest)
     has_second = np.bincount(cell, minlength=cells) > 1
-    saved = np.where(has_second, np.clip(first - second, 0, None), 0.0)
-    return pd.Series(saved, index=f["rank"].to_numpy()[top]).groupby(level=0).sum()
+    out = np.zeros(len(busy))
+    out[top] = np.where(has_second, np.clip(first - second, 0, None), 0.0)
+    return out
 
 
 def _assign_causes(
@@ -512,10 +795,16 @@ def _assign_causes(
             s.evidence.append(f"compute {s.excess_compute_ms:.1f} ms above the other ranks' median")
         if s.last_arrival_fraction is not None:
             s.evidence.append(f"arrived last at {100 * s.last_arrival_fraction:.0f}% of its collectives")
-        what = "of the steps" if s.persistent else "(spikes only)"
-        s.evidence.append(
-            f"slow in {100 * s.steps_slow_fraction:.0f}% {what}; median work {100 * s.slowdown:+.0f}% vs the other ranks"
-        )
+        if s.persistent:
+            noise = f" ({s.noise_z:.0f}x its noise)" if s.noise_z is not None else ""
+            s.evidence.append(
+                f"slow in {100 * s.steps_slow_fraction:.0f}% of the steps; median work {100 * s.slowdown:+.0f}% vs the other ranks{noise}"
+            )
+        else:
+            s.evidence.append(
+                f"spikes of its own in {len(s.spike_steps)} step(s): {_steps_text(s.spike_steps)}; median work "
+                f"{100 * s.slowdown:+.0f}% vs the other ranks"
+            )
 
 
 def _hosts_all_slow(stragglers: list[Straggler], ranks_info: pd.DataFrame, persistent: set) -> set[str]:
@@ -540,39 +829,36 @@ def _get_int(info, key):
 
 # -- findings --------------------------------------------------------------------------------------------------
 def straggler_findings(report: StragglerReport, ctx: FindingContext) -> list[Finding]:
-    """One finding per cause among persistent stragglers, one for all transient ones.
+    """One finding per cause among persistent stragglers, one for all transient ones, one for the job's jitter.
 
     Only the slowest rank of a step sets its length, so fixing one straggler helps only down to the next one.
-    Causes are credited in a waterfall, worst first: each gets what fixing it saves once the worse ones are
-    fixed, and the credits add up to what fixing them all would save."""
-    times, step_s = ctx.times, ctx.step_s
+    Causes are credited in a waterfall, worst first (``_credit_costs``): each gets what fixing it saves once the
+    worse ones are fixed, and the credits add up to what fixing them all would save. A finding's severity is
+    its cost's, capped by the confidence of its best-evidenced rank."""
+    step_s = ctx.step_s
     out = []
-    persistent = [s for s in report.stragglers if s.persistent]
-    causes = sorted({s.cause for s in persistent}, key=lambda c: -max(s.slowdown for s in persistent if s.cause == c))
-    fixed: list[int] = []
-    saved_before_us = 0.0
-    all_us = joint_saving_us(times, [s.rank for s in persistent]) if persistent else 0.0
+    order = waterfall_order([s for s in report.stragglers if s.persistent])
+    causes = list(dict.fromkeys(s.cause for s in order))
+    all_s = sum(s.cost_per_step_s for s in order)
     for cause in causes:
-        group = [s for s in persistent if s.cause == cause]
-        fixed += [s.rank for s in group]
-        saved_us = joint_saving_us(times, fixed)
-        finding = _straggler_finding("straggler", group, saved_us - saved_before_us, report.steps, step_s, cause)
+        group = [s for s in order if s.cause == cause]
+        finding = _straggler_finding("straggler", group, report.steps, step_s, cause)
         if len(causes) > 1:
             finding.evidence.append(
-                f"fixing every persistent straggler would save {all_us / max(report.steps, 1) / 1e3:.1f} ms/step; this one is credited what it adds once the slower ones are fixed"
+                f"fixing every persistent straggler would save {all_s * 1e3:.1f} ms/step; this one is credited what it adds once the slower ones are fixed"
             )
         out.append(finding)
-        saved_before_us = saved_us
     transient = [s for s in report.stragglers if not s.persistent]
     if transient:
-        lost_us = sum(s.time_lost_s for s in transient) * 1e6
-        out.append(_straggler_finding("transient_straggler", transient, lost_us, report.steps, step_s, None))
+        out.append(_straggler_finding("transient_straggler", transient, report.steps, step_s, None))
+    if report.jitter is not None:
+        out.append(_jitter_finding(report.jitter, report.steps, step_s))
     return out
 
 
-def _straggler_finding(kind, group: list[Straggler], lost_us: float, steps: int, step_s, cause) -> Finding:
+def _straggler_finding(kind, group: list[Straggler], steps: int, step_s, cause) -> Finding:
     ranks = [s.rank for s in group]
-    per_step = lost_us / steps / 1e6 if steps else 0.0
+    per_step = sum(s.cost_per_step_s for s in group)
     who = ranks_text(ranks)
     if kind == "straggler":
         worst = max(group, key=lambda s: s.slowdown)
@@ -585,15 +871,59 @@ def _straggler_finding(kind, group: list[Straggler], lost_us: float, steps: int,
         title = f"Occasional slow steps on {who} (transient spikes) cost {per_step * 1e3:.1f} ms/step on average"
         advice = "One-off slow steps: look for garbage collection (gc.freeze / gc.disable in the loop), checkpointing or logging on these ranks at those steps."
     evidence = [f"rank {s.rank}: {e}" for s in group[:5] for e in s.evidence]
+    confidence = min((s.confidence for s in group), key=SEVERITY_ORDER.get)
     return Finding(
         kind=kind,
-        severity=severity_for(per_step, step_s),
+        severity=_capped(severity_for(per_step, step_s), confidence),
         title=title,
         ranks=ranks,
-        time_lost_s=lost_us / 1e6,
+        time_lost_s=per_step * steps,
         time_lost_per_step_s=per_step,
         evidence=evidence,
         advice=advice,
         hosts=sorted({s.host for s in group if s.host}),
         gpus=[f"{s.host}:{s.gpu}" for s in group if s.gpu is not None],
     )
+
+
+def _jitter_finding(jitter: Jitter, steps: int, step_s) -> Finding:
+    """Low unless a few steps (``JITTER_HICCUP_FRACTION`` of them at most: a periodic hiccup such as a
+    checkpoint or a collection on every rank, which the job can fix) cost ``JITTER_MEDIUM_SHARE`` of the step
+    over enough steps. Slow steps by the dozen are the host's noise (other work, a busy neighbour): worth
+    knowing, and the job cannot fix it."""
+    per_step = jitter.time_lost_per_step_s
+    share = per_step / step_s if step_s else 0.0
+    hiccups = len(jitter.steps) <= JITTER_HICCUP_FRACTION * steps
+    severity = "medium" if share >= JITTER_MEDIUM_SHARE and steps >= STEPS_FOR["high"] and hiccups else "low"
+    busiest = ", ".join(f"rank {r} in {n}" for r, n in jitter.busiest_ranks[:6])
+    return Finding(
+        kind="jitter",
+        severity=severity,
+        title=(
+            f"Step time jitter: {len(jitter.steps)} of {steps} steps over {100 * (1 + SPIKE_FRACTION):.0f}% of the "
+            f"median step, no one rank behind them, cost {per_step * 1e3:.1f} ms/step on average"
+        ),
+        ranks=[],
+        time_lost_s=jitter.time_lost_s,
+        time_lost_per_step_s=per_step,
+        evidence=[
+            f"slow steps: {_steps_text(jitter.steps)} (median step {jitter.median_step_s * 1e3:.1f} ms)",
+            f"the busiest rank in those steps: {busiest}"
+            + (": the slowdown moves between ranks, as a host's noise does" if len(jitter.busiest_ranks) > 1 else ""),
+            f"no rank's spikes stand out: none is {OWN_SPIKE_RATIO:.0f}x the largest the other ranks show",
+        ],
+        advice=(
+            "Job-wide jitter, not a straggler: look for other work on the hosts (CPU contention, noisy neighbours), "
+            "garbage collection on every rank (gc.freeze / gc.disable in the loop), periodic logging or "
+            "checkpointing, and OS jitter (pin the ranks' CPU cores)."
+        ),
+    )
+
+
+def _capped(severity: str, confidence: str) -> str:
+    return max(severity, confidence, key=SEVERITY_ORDER.get)
+
+
+def _steps_text(steps: list[int]) -> str:
+    shown = ", ".join(map(str, steps[:MAX_LISTED_STEPS]))
+    return shown + (f" and {len(steps) - MAX_LISTED_STEPS} more" if len(steps) > MAX_LISTED_STEPS else "")

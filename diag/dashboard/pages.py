@@ -13,6 +13,7 @@ from dash import dcc, html
 
 from diag.analysis import grid
 from diag.analysis.memory import category_series, memory_metric, oom_steps
+from diag.analysis.stragglers import cost_text
 from diag.dashboard import compare_page
 from diag.dashboard import data as d
 from diag.dashboard import figures as f
@@ -303,7 +304,7 @@ def _stragglers_text(report) -> html.Div:
             x for x in (f"host {s.host}" if s.host else "", f"GPU {s.gpu}" if s.gpu is not None else "") if x
         )
         kind = "persistent" if s.persistent else "transient"
-        head = f"Rank {s.rank}{f' ({where})' if where else ''}: {kind} straggler, cause: {s.cause}; {pct(s.slowdown, 0, signed=True)} work vs the other ranks, costs {ms_from_s(s.time_saved_per_step_s)} per step"
+        head = f"Rank {s.rank}{f' ({where})' if where else ''}: {kind} straggler, cause: {s.cause}; {pct(s.slowdown, 0, signed=True)} work vs the other ranks, {cost_text(s)}"
         items.append(
             html.Li(
                 [html.B(head), html.Ul([html.Li(e) for e in s.evidence])],

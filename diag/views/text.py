@@ -198,14 +198,38 @@ def _stragglers(report) -> Block:
     s = report.stragglers
     block = Block("Stragglers")
     block.lines.append(f"method: busy time per rank and step (data wait + compute), blocked time from {s.wait_source}")
+    if s.noise is not None:
+        block.lines.append(
+            f"noise: step to step {pct(s.noise.step_spread)} of a typical step, rank to rank {pct(s.noise.rank_spread)}; "
+            f"spikes above {pct(s.noise.spike_threshold, 0)}"
+        )
     if s.note:
         block.lines.append(f"note: {s.note}")
     if not s.stragglers:
         if s.compared:
-            block.lines.append("No straggler: every rank's work per step is within 10% of the other ranks' median.")
+            block.lines.append("No straggler: no rank's work stands out from the run's noise.")
         return block
-    block.table = [["rank", "host", "gpu", "slowdown", "slow steps", "kind", "cause", "saved/step", "last arrival"]]
+    block.lines.append(
+        "job cost: what the job loses to the rank (credited worst first, they add up); "
+        "fixed alone: what fixing only it would save"
+    )
+    block.table = [
+        [
+            "rank",
+            "host",
+            "gpu",
+            "slowdown",
+            "slow steps",
+            "kind",
+            "cause",
+            "confidence",
+            "job cost/step",
+            "fixed alone/step",
+            "last arrival",
+        ]
+    ]
     for x in s.stragglers[:TOP_ROWS]:
+        alone = ms_from_s(x.time_saved_per_step_s)
         block.table.append(
             [
                 str(x.rank),
@@ -215,7 +239,9 @@ def _stragglers(report) -> Block:
                 pct(x.steps_slow_fraction),
                 "persistent" if x.persistent else "transient",
                 x.cause,
-                ms_from_s(x.time_saved_per_step_s),
+                x.confidence,
+                ms_from_s(x.cost_per_step_s),
+                alone if x.slower_rank is None else f"{alone} (rank {x.slower_rank} slower)",
                 pct(x.last_arrival_fraction),
             ]
         )
