@@ -63,13 +63,15 @@ def test_rank_of_step_max_equals_idxmax(f):
 @pytest.mark.parametrize("f", USUAL)
 def test_stragglers_per_rank_frame_equals_the_groupby(f):
     for g in [f, *others(f)[:2]]:
-        g = g.assign(slow=g["busy_us"] > 100, spike=g["busy_us"] > 107)
+        excess = (g["busy_us"] - 100) / 100
+        g = g.assign(slow=g["busy_us"] > 100, spike=g["busy_us"] > 107, excess_fraction=excess.where(excess > -0.5))
         expected = g.groupby("rank").agg(
             busy_median_us=("busy_us", "median"),
             slow_fraction=("slow", "mean"),
             slow_steps=("slow", "sum"),
             spikes=("spike", "sum"),
             peers=("peers", "first"),
+            steps=("excess_fraction", "count"),
         )
         pd.testing.assert_frame_equal(_per_rank(g), expected, check_exact=True)
 
