@@ -57,6 +57,8 @@ OPS_COLUMNS = [
     "shape",  # input and output shapes where Flight Recorder recorded them ("" where unknown)
 ]
 MAX_DUMPS_READ = 20  # the newest hang dumps read per rank (each holds every thread's stack)
+ERROR_COLUMNS = ["rank", "time_us", "kind", "step", "pg", "seq", "op", "start_us", "error"]
+ERROR_KINDS = ("step_error", "oom")  # and every event kind ending in "_error" (collective_error)
 
 
 @dataclass
@@ -94,6 +96,9 @@ class TriageInput:
     nccl_logs: dict = field(default_factory=dict)  # diag only: rank -> NcclLog, from the ranks' nccl.log
     # diag only: reads the steps of the ranks judged from their heartbeats (whose tables were not read)
     more_steps: Callable[[], pd.DataFrame | None] | None = None
+    # diag only: the errors capture recorded (ERROR_COLUMNS), earliest first, whether or not the job caught them
+    errors: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ERROR_COLUMNS))
+    attempt_start_us: dict[int, float] = field(default_factory=dict)  # rank -> when its latest diag.init ran
 
     def all_steps(self) -> pd.DataFrame | None:
         """Every rank's steps read (``steps`` holds only those of the ranks whose tables were read)."""
@@ -201,7 +206,28 @@ def read_diag_trace(
         notes=notes,
         nccl_logs=trace.nccl_logs,
         more_steps=more_steps if judged else None,
+        errors=recorded_errors(trace.events),
+        attempt_start_us={
+            rank: float(m.start_time_us) for rank, m in trace.manifests.items() if m.start_time_us is not None
+        },
     )
+
+
+def recorded_errors(events: pd.DataFrame) -> pd.DataFrame:
+    """The errors in the ranks' events (a collective that raised, an exception out of a step, an OOM), earliest
+    first: an error the job caught leaves no exit record, only these."""
+    if events is None or events.empty or "kind" not in events:
+        return pd.DataFrame(columns=ERROR_COLUMNS)
+    kind = events["kind"].astype(str)
+    frame = events[kind.isin(ERROR_KINDS) | kind.str.endswith("_error")]
+    frame = frame.reindex(columns=ERROR_COLUMNS)
+    if "message" in events:  # an OOM's text
+        frame["error"] = frame["error"].fillna(events.loc[frame.index, "message"])
+    for column in ("rank", "time_us", "start_us", "step", "seq"):  # a damaged event's field reads as unknown
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+    frame = frame[frame["rank"].notna()].astype({"rank": "int64"})
+    frame["pg"] = frame["pg"].where(frame["pg"].isna(), frame["pg"].astype(str))
+    return frame.sort_values(["time_us", "rank"], kind="stable").reset_index(drop=True)
 
 
 def _read_tails(
