@@ -42,8 +42,8 @@ def command(path: str, output_format: str, all_ranks: bool, watch: bool, stall_s
     PyTorch Flight Recorder dumps (files <prefix><rank> from TORCH_FR_DUMP_TEMP_FILE or
     TORCH_NCCL_DEBUG_INFO_TEMP_FILE, pickle or JSON; pickles are read with a restricted unpickler).
 
-    The verdict is one of missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, no_problem, with
-    the culprit ranks, the collective (process group, sequence number, op, sizes) and the evidence.
+    The verdict is one of missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, step_error,
+    no_problem, with the culprit ranks, the collective (process group, sequence number, op, sizes) and the evidence.
 
     \b
     Examples:

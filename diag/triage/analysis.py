@@ -60,7 +60,7 @@ class RankReport:
 
 @dataclass
 class Verdict:
-    verdict: str  # missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, no_problem
+    verdict: str  # missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, step_error, no_problem
     culprit_ranks: list[int]
     collective: dict | None  # {pg, seq, op, sizes}
     ranks: dict[int, RankReport]
@@ -584,7 +584,9 @@ def _caught_evidence(data: TriageInput) -> list[str]:
     errors = data.errors
     if not len(errors):
         return []
-    finished = {r for r, info in data.ranks.items() if info.finished or (_exit_record(info) or NO_EXIT).how == "finished"}
+    finished = {
+        r for r, info in data.ranks.items() if info.finished or (_exit_record(info) or NO_EXIT).how == "finished"
+    }
     caught = sorted(set(errors["rank"].tolist()) & finished)
     if not caught:
         return []
@@ -629,7 +631,10 @@ def _split_attempts(data: TriageInput) -> tuple[TriageInput | None, TriageInput]
         data,
         ops=data.ops[earlier_ops].reset_index(drop=True),
         errors=errors[earlier_errors.to_numpy()].reset_index(drop=True),
-        notes=[*data.notes, f"judged from the earlier attempt's records (before diag.init ran again at {_clock(min(starts.values()))})"],
+        notes=[
+            *data.notes,
+            f"judged from the earlier attempt's records (before diag.init ran again at {_clock(min(starts.values()))})",
+        ],
     )
     latest = dataclasses.replace(
         data,

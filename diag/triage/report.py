@@ -28,7 +28,9 @@ def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
     if verdict.errors_caught:
         lines.append("the job caught the error and finished: this is where it failed, from the errors it recorded")
     if verdict.attempts > 1:
-        lines.append(f"{verdict.attempts} attempts wrote into this directory (a restarted job): this is the first's failure")
+        lines.append(
+            f"{verdict.attempts} attempts wrote into this directory (a restarted job): this is the first's failure"
+        )
     if verdict.collective:
         c = verdict.collective
         lines.append(f"collective: {c['op']} seq {c['seq']} in process group {c['pg']} ({_payload(c)})")
