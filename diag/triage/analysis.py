@@ -429,6 +429,7 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
             stall = data.ranks[rank].stall_dump if rank in data.ranks else None
             where = f"; earlier its watchdog saw: {stall.reason}" if stall and stall.reason else ""
             ranks[rank] = _late_report(ranks.get(rank), data.ranks.get(rank))
+            _place_by_phase(ranks[rank], data, rank, gave_up[first_out])
             _note_caught(ranks[rank], data, rank, liveness)
             evidence.append(
                 f"rank {rank} entered at {_clock(entry_us[rank])}, {(entry_us[rank] - gave_up[first_out]) / 1e6:.1f} s "
@@ -532,6 +533,18 @@ def _late_report(report: RankReport | None, info: RankInfo | None) -> RankReport
     last_step = report.last_step if report is not None else None
     phase = stall.phase if stall else None
     return RankReport(state, last_step, phase, stack or (report.stack if report else []), detail)
+
+
+def _place_by_phase(report: RankReport, data: TriageInput, rank: int, time_us: float) -> None:
+    """A late rank no stall dump placed (the stall threshold was longer than its delay): the phase its phases
+    table shows it in when the first rank gave up."""
+    if report.state != "arrived_late" or data.phase_at is None:
+        return
+    phase = data.phase_at(rank, time_us)
+    if phase:
+        report.state = _classify([], phase)
+        report.last_phase = phase
+        report.detail = f"in phase {phase} when the timeout fired (its phases table); {report.detail}".rstrip("; ")
 
 
 def _note_pending_elsewhere(report: RankReport, ops: pd.DataFrame, rank: int, pg: str) -> None:

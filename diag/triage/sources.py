@@ -99,6 +99,9 @@ class TriageInput:
     # diag only: the errors capture recorded (ERROR_COLUMNS), earliest first, whether or not the job caught them
     errors: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ERROR_COLUMNS))
     attempt_start_us: dict[int, float] = field(default_factory=dict)  # rank -> when its latest diag.init ran
+    # diag only: (rank, time_us) -> the phase the rank was in then, from its phases table (read when asked: a
+    # rank that arrived late with no stall dump is placed by it)
+    phase_at: Callable[[int, float], str | None] | None = None
 
     def all_steps(self) -> pd.DataFrame | None:
         """Every rank's steps read (``steps`` holds only those of the ranks whose tables were read)."""
@@ -194,6 +197,9 @@ def read_diag_trace(
     def more_steps() -> pd.DataFrame | None:  # the slow-rank verdict compares every rank's steps: read when asked
         return _steps_of(reader, {rank: rank_dirs[rank] for rank in sorted(judged)}, rows)
 
+    def phase_at(rank: int, time_us: float) -> str | None:
+        return _phase_at(reader, rank_dirs.get(rank), rows, time_us)
+
     return TriageInput(
         path,
         "diag",
@@ -207,10 +213,27 @@ def read_diag_trace(
         nccl_logs=trace.nccl_logs,
         more_steps=more_steps if judged else None,
         errors=recorded_errors(trace.events),
+        phase_at=phase_at,
         attempt_start_us={
             rank: float(m.start_time_us) for rank, m in trace.manifests.items() if m.start_time_us is not None
         },
     )
+
+
+def _phase_at(reader: TraceReader, rank_dir: Path | None, rows: int, time_us: float) -> str | None:
+    """The innermost phase a rank was in at ``time_us`` (a phase's row is written when it ends), from the last
+    ``rows`` rows of its phases table; None when no phase row covers that time."""
+    if rank_dir is None:
+        return None
+    tail = read_tail(reader, rank_dir, _listing(rank_dir, []), TABLES["phases"], rows, [])
+    if tail.arrow is None or not tail.arrow.num_rows:
+        return None
+    phases = tail.arrow.to_pandas()
+    start = phases["start_us"].astype("float64")
+    covering = phases[(start <= time_us) & (time_us < start + phases["duration_us"].astype("float64"))]
+    if covering.empty:
+        return None
+    return str(covering.sort_values("start_us")["name"].iloc[-1])
 
 
 def recorded_errors(events: pd.DataFrame) -> pd.DataFrame:

@@ -2,7 +2,8 @@
 wrapped in the error handling users write around their loops, for ``test_caught_errors.py``.
 
 Run one process per rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) as
-``python caught_job.py SHAPE TRACE_DIR``, with CAUGHT_BAD_RANK, CAUGHT_PG_TIMEOUT_S in the environment.
+``python caught_job.py SHAPE TRACE_DIR``, with CAUGHT_BAD_RANK, CAUGHT_PG_TIMEOUT_S (and optionally
+CAUGHT_LATE_MARGIN_S, CAUGHT_HANG_THRESHOLD_S) in the environment.
 In step BAD_STEP the bad rank computes (a busy loop: real CPU work) for the timeout and LATE_MARGIN_S more; the
 others time out in the gradient all_reduce, and the bad rank then fails on the closed connection. Shapes:
   propagate  the exception leaves the script (the baseline: what the fault suite runs)
@@ -35,8 +36,12 @@ BAD_STEP = 5
 RESTARTED = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") not in ("", "0")
 BAD_RANK = -1 if RESTARTED else int(os.environ.get("CAUGHT_BAD_RANK", "1"))
 PG_TIMEOUT_S = float(os.environ.get("CAUGHT_PG_TIMEOUT_S", "5"))
-LATE_MARGIN_S = 4.0  # the bad rank arrives this long after the others' timeout
-HANG_THRESHOLD_S = 2.0
+LATE_MARGIN_S = float(os.environ.get("CAUGHT_LATE_MARGIN_S", "4"))  # the bad rank arrives this long after the timeout
+# diag's stall threshold; "default": diag.init's own (the issue's reproduction)
+HANG_THRESHOLD = os.environ.get("CAUGHT_HANG_THRESHOLD_S", "2")
+SESSION_OPTIONS = {"telemetry": False, "heartbeat_interval_s": 0.5}
+if HANG_THRESHOLD != "default":
+    SESSION_OPTIONS["hang_threshold_s"] = float(HANG_THRESHOLD)
 
 
 def busy_compute(seconds: float) -> None:
@@ -115,7 +120,7 @@ def run_trainer(rank: int, trace_dir: Path) -> None:
         optimizer,
         loss_fn,
         str(trace_dir),
-        session_options={"telemetry": False, "hang_threshold_s": HANG_THRESHOLD_S, "heartbeat_interval_s": 0.5},
+        session_options=SESSION_OPTIONS,
     )
     try:
         trainer.fit([torch.randn(16, 64) for _ in range(STEPS)])
@@ -131,7 +136,7 @@ def main() -> None:
     if shape == "trainer":
         run_trainer(rank, trace_dir)
         return
-    diag.init(trace_dir, telemetry=False, hang_threshold_s=HANG_THRESHOLD_S, heartbeat_interval_s=0.5)
+    diag.init(trace_dir, **SESSION_OPTIONS)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     diag.instrument(model, optimizer)
