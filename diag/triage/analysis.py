@@ -92,6 +92,10 @@ def triage(data: TriageInput) -> Verdict:
         return verdict
     if verdict.verdict in ("no_problem", "slow"):  # a restart that ran clean must not hide the failed attempt
         first = _judge(earlier)
+        for rank, report in first.ranks.items():  # its exit record is the later attempt's
+            errors = earlier.errors[earlier.errors["rank"] == rank]
+            if len(errors):
+                report.detail = f"first attempt: {_error_text(errors.iloc[0])}; later attempt: {report.detail}"
         first.evidence.append(_later_attempt_text(data, verdict))
         first.attempts = 2
         return first
@@ -594,7 +598,7 @@ def _error_verdict(data: TriageInput, ops: pd.DataFrame, liveness: dict) -> Verd
 def _caught_evidence(data: TriageInput) -> list[str]:
     """One line when ranks recorded errors and still ran diag.finish: the job caught them (or finished in a
     ``finally``), so no exit record tells of the failure; the verdict comes from the recorded errors."""
-    errors = data.errors
+    errors = _this_attempt(data.errors, data)
     if not len(errors):
         return []
     finished = {
@@ -657,8 +661,22 @@ def _split_attempts(data: TriageInput) -> tuple[TriageInput | None, TriageInput]
     return earlier, latest
 
 
+def _this_attempt(errors: pd.DataFrame, data: TriageInput) -> pd.DataFrame:
+    """The errors recorded since their rank's latest diag.init: an earlier attempt's say nothing of how the
+    latest one ended (its exit record is gone)."""
+    if not len(errors) or not data.attempt_start_us:
+        return errors
+    start_of = errors["rank"].map(data.attempt_start_us).astype("float64")
+    return errors[~(errors["time_us"] < start_of).to_numpy()]
+
+
 def _later_attempt_text(latest: TriageInput, verdict: Verdict) -> str:
-    outcome = "finished normally" if verdict.verdict == "no_problem" else f"was judged {verdict.verdict}"
+    finished = all(
+        info.finished or (_exit_record(info) or NO_EXIT).how == "finished"
+        for info in latest.ranks.values()
+        if info.has_data
+    )
+    outcome = "ran to diag.finish on every rank" if finished else f"was judged {verdict.verdict}"
     return (
         f"2 attempts wrote into this directory: the job was restarted (diag.init ran again at "
         f"{_clock(min(latest.attempt_start_us.values()))}) and the later attempt {outcome}; this verdict is the "
@@ -761,10 +779,15 @@ def _note_caught(report: RankReport, data: TriageInput, rank: int, liveness: dic
     """A rank that recorded an error and still finished: the job caught it. Say what it caught, and where."""
     if liveness.get(rank) != "finished" or not len(data.errors):
         return
-    errors = data.errors[data.errors["rank"] == rank]
+    errors = _this_attempt(data.errors[data.errors["rank"] == rank], data)
     if errors.empty:
         return
-    report.detail = f"{_error_text(errors.iloc[0])}; the job caught the error and finished (diag.finish ran)"
+    caught = f"{_error_text(errors.iloc[0])}; the job caught the error and finished (diag.finish ran)"
+    exit_text = "finished normally"  # what _exit_detail says of it: the error is what matters
+    if exit_text in report.detail:
+        report.detail = report.detail.replace(exit_text, caught)
+    else:
+        report.detail = f"{report.detail}; {caught}" if report.detail else caught
 
 
 def _rank_report(info: RankInfo, alive: str | None, entered_focus: bool, has_focus: bool) -> RankReport:

@@ -31,13 +31,17 @@ JOB_DEADLINE_S = 120
 BAD_STEP = 5
 
 
+def _heartbeat(trace_dir: Path, rank: int) -> Heartbeat | None:
+    try:
+        return Heartbeat.from_json(json.loads((trace_dir / f"rank{rank:05d}" / "heartbeat.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
 def _exited(trace_dir: Path, rank: int, pid: int) -> bool:
     """diag is done with the rank's process ``pid`` (its heartbeat has an exit record): a gloo process may then
     linger in its teardown for a minute, which says nothing of the job."""
-    try:
-        beat = Heartbeat.from_json(json.loads((trace_dir / f"rank{rank:05d}" / "heartbeat.json").read_text()))
-    except (OSError, ValueError):
-        return False
+    beat = _heartbeat(trace_dir, rank)
     return beat is not None and beat.pid == pid and beat.exit is not None
 
 
@@ -77,8 +81,9 @@ def run_two_attempts(trace_dir: Path, world_size: int, bad_rank: int) -> list[in
     propagates), the second (TORCHELASTIC_RESTART_COUNT=1, as torchrun --max-restarts sets it) runs healthy.
     Launched twice rather than by torchrun: on this torch, gloo's rendezvous in torchrun's second attempt
     reads the first attempt's addresses from the store and fails (connectFullMesh: connection refused)."""
-    first = run_job("propagate", trace_dir, world_size, bad_rank)
-    assert any(code not in (0, None) for code in first), first  # the first attempt failed
+    run_job("propagate", trace_dir, world_size, bad_rank)
+    exits = [_heartbeat(trace_dir, rank).exit.how for rank in range(world_size)]
+    assert exits == ["exception"] * world_size  # the first attempt failed
     return run_job("propagate", trace_dir, world_size, bad_rank, {"TORCHELASTIC_RESTART_COUNT": "1"})
 
 
