@@ -162,7 +162,7 @@ def _with_failed(ops: pd.DataFrame, errors: pd.DataFrame) -> pd.DataFrame:
     """Mark the collectives that raised on a rank (its ``collective_error`` events) as ``failed``, adding those
     no row was read for. A failed collective never completed, whether the job then died or caught the error."""
     failed = errors[(errors["kind"] == "collective_error") & errors["seq"].notna() & (errors["seq"] >= 0)]
-    ops = ops.assign(failed=False)
+    ops = ops.assign(failed=_in_failed_step(ops, errors))
     if failed.empty:
         return ops
     failed = failed.drop_duplicates(["rank", "pg", "seq"]).astype({"seq": "int64"})
@@ -199,6 +199,17 @@ def _with_failed(ops: pd.DataFrame, errors: pd.DataFrame) -> pd.DataFrame:
         }
     )
     return pd.concat([ops, rows[ops.columns]], ignore_index=True)
+
+
+def _in_failed_step(ops: pd.DataFrame, errors: pd.DataFrame) -> pd.Series:
+    """Untimed rows (DDP's buckets read from Flight Recorder carry no completion) of a step that raised on that
+    rank: nothing says they returned, as nothing would had the exception ended the process."""
+    raised = errors[~errors["kind"].eq("collective_error") & errors["step"].notna()]
+    if raised.empty or ops.empty:
+        return pd.Series(False, index=ops.index)
+    keys = pd.MultiIndex.from_arrays([raised["rank"].astype("int64"), raised["step"].astype("int64")])
+    rows = pd.MultiIndex.from_arrays([ops["rank"].astype("int64"), ops["step"].astype("int64")])
+    return pd.Series(rows.isin(keys) & ~ops["completed"].to_numpy(), index=ops.index)
 
 
 def _drop_stale_pending(ops: pd.DataFrame) -> pd.DataFrame:
@@ -417,7 +428,8 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
     fired), all stuck inside it (the transport), or in flight (slow)."""
     at_seq = ops[(ops["pg"] == hang["pg"]) & (ops["seq"] == hang["seq"])]
     entry_us = at_seq.groupby("rank")["start_us"].min()
-    gave_up = {r: t for r in entry_us.index if (t := _gave_up_us(data, int(r))) is not None}
+    step_of = at_seq.groupby("rank")["step"].first()
+    gave_up = {r: t for r in entry_us.index if (t := _gave_up_us(data, int(r), step_of.get(r))) is not None}
     late = _entered_after_others_gave_up(entry_us, gave_up)
     collective = _collective(ops, hang["pg"], hang["seq"])
     if late:
@@ -485,13 +497,18 @@ def _stopped_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], li
     return _verdict("no_problem", [], None, ranks, evidence, data)
 
 
-def _gave_up_us(data: TriageInput, rank: int) -> float | None:
+def _gave_up_us(data: TriageInput, rank: int, step: int | None = None) -> float | None:
     """When a rank gave up on the job's collectives (a timeout, a closed connection): its first collective that
-    raised, caught or not, else when its process raised out of the job; None if it did neither."""
+    raised, caught or not, else (a collective with no error of its own: DDP's buckets) when the step it issued
+    the collective in raised, or when its process raised out of the job; None if it did none of these."""
     times = []
     failed = _collective_errors(data, rank)
     if len(failed):
         times.append(float(failed["time_us"].iloc[0]))
+    elif step is not None and step >= 0:
+        errors = data.errors
+        raised = errors[(errors["rank"] == rank) & (errors["step"] == step) & errors["time_us"].notna()]
+        times += [float(raised["time_us"].iloc[0])] if len(raised) else []
     info = data.ranks.get(rank)
     record = _exit_record(info) if info is not None else None
     if record and record.how == "exception" and record.time_us:
@@ -503,6 +520,9 @@ def _gave_up_reason(data: TriageInput, rank: int) -> str:
     failed = _collective_errors(data, rank)
     if len(failed):
         return str(failed["error"].iloc[0])
+    raised = data.errors[data.errors["rank"] == rank]
+    if len(raised):
+        return str(raised["error"].iloc[0])
     return str((_exit_record(data.ranks[rank]) or NO_EXIT).error or "an error")
 
 

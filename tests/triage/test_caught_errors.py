@@ -25,6 +25,7 @@ from tests.triage.jobs import diag_triage_json
 
 pytestmark = pytest.mark.slow
 CAUGHT_JOB = Path(__file__).with_name("caught_job.py")
+LIGHTNING_JOB = Path(__file__).with_name("lightning_caught_job.py")
 PG_TIMEOUT_S = 4
 STOPPED_FOR_S = PG_TIMEOUT_S + 5  # a SIGSTOPped rank is continued this long after it stopped: after the timeout
 JOB_DEADLINE_S = 120
@@ -49,7 +50,8 @@ def run_job(shape: str, trace_dir: Path, world_size: int, bad_rank: int, env: di
     """Run one job to its end (every rank's diag finished or its process ended); returns the exit codes (None:
     killed after diag was done with it)."""
     env = {"CAUGHT_BAD_RANK": str(bad_rank), "CAUGHT_PG_TIMEOUT_S": str(PG_TIMEOUT_S), **(env or {})}
-    procs = start_ranks([str(CAUGHT_JOB), shape, str(trace_dir)], world_size, env)
+    argv = [str(LIGHTNING_JOB), str(trace_dir)] if shape == "lightning" else [str(CAUGHT_JOB), shape, str(trace_dir)]
+    procs = start_ranks(argv, world_size, env)
     stopped_at = None
     deadline = time.monotonic() + JOB_DEADLINE_S
     try:
@@ -174,6 +176,21 @@ def test_analyze_says_the_step_failed_when_the_job_caught_the_error(jobs, shape)
     report = diag_analyze_json(trace)
     assert {e["step"] for e in report["run"]["step_errors"]} >= {BAD_STEP}
     assert report["findings"][0]["kind"] == "step_error"  # first: a run that failed
+
+
+def test_lightning_fit_that_re_raises_a_caught_timeout_names_the_late_rank(jobs):
+    """Lightning's DDP all-reduces gradients in its reducer (no collective error of diag's own): the failed
+    step's untimed bucket and the step's error time stand in, as the exit record does when the error ends
+    the process."""
+    pytest.importorskip("lightning")
+    trace, _ = jobs("lightning", 2, 1)
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "missing_ranks", verdict["evidence"]
+    assert verdict["culprit_ranks"] == [1]
+    assert verdict["collective"]["op"] == "all_reduce"
+    assert verdict["ranks"]["1"]["state"] == "stuck_in_compute"
+    assert verdict["ranks"]["0"]["state"] == "waiting_in_collective"
+    assert verdict["errors_caught"] is True
 
 
 def test_restart_into_the_same_directory_does_not_hide_the_failed_attempt(jobs):
