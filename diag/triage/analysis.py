@@ -20,6 +20,11 @@ from Flight Recorder carry no completion).
   member had already given up on it (its collective timed out): when the timeout fired they were absent.
 * collective_hang: every member entered the pending collective in time and none completed it (a network or
   NCCL-level hang): no rank is missing; each rank's entry time and the group's backend are given.
+* errors the ranks recorded (``collective_error``, ``step_error`` events) count whether or not the job caught
+  them: a collective that raised never returned, and a rank gave up when it raised, so a job that catches the
+  error and finishes gets the verdict it gets when the error ends it; recorded errors with nothing pending are
+  step_error, never no_problem. Records from before a rank's latest diag.init are an earlier attempt's (a
+  restarted job), judged when the latest attempt reads healthy.
 * no_problem when every rank was ended by a signal with no stall seen before (a preempted healthy job), even
   if some were inside a collective the first-stopped ranks never reached.
 * slow: nothing hung, but a watchdog stall was seen, or all members are inside one collective; the
@@ -160,9 +165,10 @@ def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str]) -> pd.Data
 
 def _with_failed(ops: pd.DataFrame, errors: pd.DataFrame) -> pd.DataFrame:
     """Mark the collectives that raised on a rank (its ``collective_error`` events) as ``failed``, adding those
-    no row was read for. A failed collective never completed, whether the job then died or caught the error."""
+    no row was read for, and the untimed rows of a step that raised on it. A failed collective never
+    completed, whether the job then died or caught the error."""
     failed = errors[(errors["kind"] == "collective_error") & errors["seq"].notna() & (errors["seq"] >= 0)]
-    ops = ops.assign(failed=_in_failed_step(ops, errors))
+    ops["failed"] = _in_failed_step(ops, errors)  # ops is _with_signature's own copy: no second copy at scale
     if failed.empty:
         return ops
     failed = failed.drop_duplicates(["rank", "pg", "seq"]).astype({"seq": "int64"})
