@@ -38,6 +38,7 @@ BAD_RANK = -1 if RESTARTED else int(os.environ.get("CAUGHT_BAD_RANK", "1"))
 PG_TIMEOUT_S = float(os.environ.get("CAUGHT_PG_TIMEOUT_S", "5"))
 LATE_MARGIN_S = float(os.environ.get("CAUGHT_LATE_MARGIN_S", "4"))  # the bad rank arrives this long after the timeout
 # diag's stall threshold; "default": diag.init's own (the issue's reproduction)
+SETUP_TIMEOUT_S = 300  # the default group's: rendezvous and the start barrier wait for ranks a loaded box starts late
 HANG_THRESHOLD = os.environ.get("CAUGHT_HANG_THRESHOLD_S", "2")
 SESSION_OPTIONS = {"telemetry": False, "heartbeat_interval_s": 0.5}
 if HANG_THRESHOLD != "default":
@@ -58,7 +59,7 @@ def mark(trace_dir: Path, name: str) -> None:
     tmp.replace(trace_dir / name)
 
 
-def train_step(model, optimizer, batch, rank: int, step: int, shape: str, trace_dir: Path) -> None:
+def train_step(model, optimizer, batch, rank: int, step: int, shape: str, trace_dir: Path, group) -> None:
     with diag.phase("forward"):
         if rank == BAD_RANK and step == BAD_STEP:
             if shape == "stopped":
@@ -70,27 +71,27 @@ def train_step(model, optimizer, batch, rank: int, step: int, shape: str, trace_
     loss.backward()
     with diag.phase("grad_sync"):
         for param in model.parameters():
-            dist.all_reduce(param.grad)
+            dist.all_reduce(param.grad, group=group)
             param.grad /= dist.get_world_size()
     optimizer.step()
     optimizer.zero_grad()
 
 
-def loop(model, optimizer, rank: int, shape: str, trace_dir: Path) -> None:
+def loop(model, optimizer, rank: int, shape: str, trace_dir: Path, group) -> None:
     for step in range(STEPS):
         batch = torch.randn(16, 64)
         if shape == "continue":
             try:
                 with diag.step():
-                    train_step(model, optimizer, batch, rank, step, shape, trace_dir)
+                    train_step(model, optimizer, batch, rank, step, shape, trace_dir, group)
             except Exception as exc:  # noqa: BLE001 - the user's loop: log and go on
                 print(f"rank {rank} step {step} failed, skipping it: {exc}", flush=True)
             continue
         with diag.step():
-            train_step(model, optimizer, batch, rank, step, shape, trace_dir)
+            train_step(model, optimizer, batch, rank, step, shape, trace_dir, group)
 
 
-def run_trainer(rank: int, trace_dir: Path) -> None:
+def run_trainer(rank: int, trace_dir: Path, group) -> None:
     """diag.Trainer's loop; the bad rank's loss computes past the timeout in step BAD_STEP."""
     model = torch.nn.Sequential(torch.nn.Linear(64, 64))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -110,7 +111,7 @@ def run_trainer(rank: int, trace_dir: Path) -> None:
             super().__init__()
             self.inner = inner
             for param in inner.parameters():
-                param.register_post_accumulate_grad_hook(lambda p: dist.all_reduce(p.grad))
+                param.register_post_accumulate_grad_hook(lambda p: dist.all_reduce(p.grad, group=group))
 
         def forward(self, x):
             return self.inner(x)
@@ -131,26 +132,30 @@ def run_trainer(rank: int, trace_dir: Path) -> None:
 def main() -> None:
     shape, trace_dir = sys.argv[1], Path(sys.argv[2])
     torch.manual_seed(0)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=SETUP_TIMEOUT_S))
+    # the training collectives' group, with the short timeout: only the planted delay may exceed it
+    group = dist.new_group(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     rank = dist.get_rank()
     if shape == "trainer":
-        run_trainer(rank, trace_dir)
+        dist.barrier()
+        run_trainer(rank, trace_dir, group)
         return
     diag.init(trace_dir, **SESSION_OPTIONS)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     diag.instrument(model, optimizer)
+    dist.barrier()  # every rank set up before the first step, however late a loaded box started it
     if shape in ("propagate", "continue"):
-        loop(model, optimizer, rank, shape, trace_dir)
+        loop(model, optimizer, rank, shape, trace_dir, group)
         diag.finish()
     elif shape == "finally":
         try:
-            loop(model, optimizer, rank, shape, trace_dir)
+            loop(model, optimizer, rank, shape, trace_dir, group)
         finally:
             diag.finish()
     elif shape == "exit":
         try:
-            loop(model, optimizer, rank, shape, trace_dir)
+            loop(model, optimizer, rank, shape, trace_dir, group)
         except Exception as exc:  # noqa: BLE001 - the user's handler
             print(f"rank {rank}: {exc}", flush=True)
             diag.finish()
@@ -158,7 +163,7 @@ def main() -> None:
         diag.finish()
     else:  # caught, stopped
         try:
-            loop(model, optimizer, rank, shape, trace_dir)
+            loop(model, optimizer, rank, shape, trace_dir, group)
         except Exception as exc:  # noqa: BLE001 - the user's handler
             print(f"rank {rank}: {exc}", flush=True)
         diag.finish()
