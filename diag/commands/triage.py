@@ -47,12 +47,12 @@ def command(
     PyTorch Flight Recorder dumps (files <prefix><rank> from TORCH_FR_DUMP_TEMP_FILE or
     TORCH_NCCL_DEBUG_INFO_TEMP_FILE, pickle or JSON; pickles are read with a restricted unpickler).
 
-    The verdict is one of missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, capture_stopped,
-    no_problem, with the culprit ranks, the collective (process group, sequence number, op, sizes) and the
-    evidence.
+    The verdict is one of missing_ranks, deadlock, desync, dead_rank, collective_hang, step_error, slow,
+    capture_stopped, no_problem, with the culprit ranks, the collective (process group, sequence number, op,
+    sizes) and the evidence.
 
-    Exit status: 0 no hang (no_problem, slow), 1 a hang verdict (missing_ranks, deadlock, desync, dead_rank,
-    collective_hang), 2 nothing to judge or a bad PATH.
+    Exit status: 0 no hang (no_problem, slow), 1 a problem (missing_ranks, deadlock, desync, dead_rank,
+    collective_hang, step_error, capture_stopped), 2 nothing to judge or a bad PATH.
 
     \b
     Examples:
@@ -64,7 +64,7 @@ def command(
     from diag.triage.analysis import NOTHING_TO_JUDGE, triage
     from diag.triage.report import format_text
     from diag.triage.sources import read_input
-    from diag.triage.watch import HANG_VERDICTS
+    from diag.triage.watch import PROBLEM_VERDICTS
     from diag.views.colour import colour_wanted, paint_verdict
 
     set_quiet(quiet)
@@ -76,7 +76,7 @@ def command(
             return
         text = format_text(verdict, all_ranks=all_ranks)
         if colour_wanted():
-            text = paint_verdict(text, problem=verdict.verdict in HANG_VERDICTS)
+            text = paint_verdict(text, problem=verdict.verdict in PROBLEM_VERDICTS)
         click.echo(text)
 
     if watch:
@@ -95,4 +95,4 @@ def command(
     show(verdict)
     if verdict.evidence[:1] == [NOTHING_TO_JUDGE]:
         sys.exit(USAGE)
-    sys.exit(PROBLEM if verdict.verdict in HANG_VERDICTS else OK)
+    sys.exit(PROBLEM if verdict.verdict in PROBLEM_VERDICTS else OK)

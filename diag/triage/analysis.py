@@ -24,6 +24,11 @@ from Flight Recorder carry no completion).
   member had already given up on it (its collective timed out): when the timeout fired they were absent.
 * collective_hang: every member entered the pending collective in time and none completed it (a network or
   NCCL-level hang): no rank is missing; each rank's entry time and the group's backend are given.
+* errors the ranks recorded (``collective_error``, ``step_error`` events) count whether or not the job caught
+  them: a collective that raised never returned, and a rank gave up when it raised, so a job that catches the
+  error and finishes gets the verdict it gets when the error ends it; recorded errors with nothing pending are
+  step_error, never no_problem. Records from before a rank's latest diag.init are an earlier attempt's (a
+  restarted job), judged when the latest attempt reads healthy.
 * no_problem when every rank was ended by a signal with no stall seen before (a preempted healthy job), even
   if some were inside a collective the first-stopped ranks never reached.
 * slow: nothing hung, but a watchdog stall was seen, or all members are inside one collective; the
@@ -35,6 +40,7 @@ from Flight Recorder carry no completion).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
@@ -66,12 +72,14 @@ class RankReport:
 
 @dataclass
 class Verdict:
-    verdict: str  # missing_ranks, deadlock, desync, dead_rank, collective_hang, slow, capture_stopped, no_problem
+    verdict: str  # missing_ranks, deadlock, desync, dead_rank, collective_hang, step_error, slow, capture_stopped, no_problem
     culprit_ranks: list[int]
     collective: dict | None  # {pg, seq, op, sizes}
     ranks: dict[int, RankReport]
     evidence: list[str]
     skipped: list[str] = field(default_factory=list)
+    errors_caught: bool = False  # ranks recorded the error and still finished: the job caught it
+    attempts: int = 1  # diag.init runs into this directory seen (a restarted job's attempts)
 
     def to_json(self) -> dict:
         return {
@@ -81,6 +89,8 @@ class Verdict:
             "ranks": {str(r): asdict(v) for r, v in sorted(self.ranks.items())},
             "evidence": self.evidence,
             "skipped": self.skipped,
+            "errors_caught": self.errors_caught,
+            "attempts": self.attempts,
         }
 
 
@@ -88,8 +98,27 @@ NO_EXIT = ExitRecord()  # a rank with no exit record: every field unknown
 
 
 def triage(data: TriageInput) -> Verdict:
+    earlier, data = _split_attempts(data)
+    verdict = _judge(data)
+    if earlier is None:
+        return verdict
+    if verdict.verdict in ("no_problem", "slow"):  # a restart that ran clean must not hide the failed attempt
+        first = _judge(earlier)
+        for rank, report in first.ranks.items():  # its exit record is the later attempt's
+            errors = earlier.errors[earlier.errors["rank"] == rank]
+            if len(errors):
+                report.detail = f"first attempt: {_error_text(errors.iloc[0])}; later attempt: {report.detail}"
+        first.evidence.append(_later_attempt_text(data, verdict))
+        first.attempts = 2
+        return first
+    verdict.evidence.append(f"an earlier attempt wrote into this directory too: {_errors_text(earlier.errors)}")
+    verdict.attempts = 2
+    return verdict
+
+
+def _judge(data: TriageInput) -> Verdict:
     liveness = _liveness(data)
-    ops = _mark_known_returned(_drop_stale_pending(_with_signature(data.ops)), liveness)
+    ops = _mark_known_returned(_drop_stale_pending(_with_failed(_with_signature(data.ops), data.errors)), liveness)
     members = _members(data)
     desync = _first_desync(ops)
     if desync is not None:
@@ -104,6 +133,8 @@ def triage(data: TriageInput) -> Verdict:
     vanished = sorted(r for r, state in liveness.items() if state == "vanished")
     if vanished:
         return _dead_without_hang(data, ops, vanished, liveness)
+    if len(data.errors):
+        return _error_verdict(data, ops, liveness)
     return _slow_or_fine(data, ops, members, liveness)
 
 
@@ -134,9 +165,66 @@ def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str]) -> pd.Data
     done_seq = ops[ops["completed"]].groupby(["rank", "pg"])["seq"].max().rename("_done_seq")
     marked = ops.join(done_seq, on=["rank", "pg"])
     returned = marked["rank"].isin(finished) | (marked["seq"] < marked["_done_seq"].fillna(-1))
+    if "failed" in ops:  # it returned by raising: the rank finished because the job caught the error
+        returned &= ~ops["failed"]
     ops = ops.copy()
     ops.loc[returned.to_numpy(), "completed"] = True
     return ops
+
+
+def _with_failed(ops: pd.DataFrame, errors: pd.DataFrame) -> pd.DataFrame:
+    """Mark the collectives that raised on a rank (its ``collective_error`` events) as ``failed``, adding those
+    no row was read for, and the untimed rows of a step that raised on it. A failed collective never
+    completed, whether the job then died or caught the error."""
+    failed = errors[(errors["kind"] == "collective_error") & errors["seq"].notna() & (errors["seq"] >= 0)]
+    ops["failed"] = _in_failed_step(ops, errors)  # ops is _with_signature's own copy: no second copy at scale
+    if failed.empty:
+        return ops
+    failed = failed.drop_duplicates(["rank", "pg", "seq"]).astype({"seq": "int64"})
+    keys = pd.MultiIndex.from_frame(failed[["rank", "pg", "seq"]])
+    known = pd.MultiIndex.from_frame(ops[["rank", "pg", "seq"]].astype({"pg": str}))
+    ops.loc[known.isin(keys), ["failed", "completed"]] = [True, False]
+    absent = failed[~keys.isin(known)]
+    if absent.empty:
+        return ops
+    # what the other members issued at that seq (a failed op's event names the op, not its payload)
+    peers = ops.drop_duplicates(["pg", "seq"]).set_index(["pg", "seq"])
+    at = pd.MultiIndex.from_frame(absent[["pg", "seq"]])
+    op = absent["op"].astype(str)
+    signature = peers["signature"].reindex(at).to_numpy(dtype=object)
+    unknown = pd.isna(signature)
+    signature[unknown] = (op + "|0|").to_numpy(dtype=object)[unknown]
+    rows = pd.DataFrame(
+        {
+            "rank": absent["rank"].to_numpy(),
+            "pg": absent["pg"].to_numpy(),
+            "seq": absent["seq"].to_numpy(),
+            "op": op.to_numpy(),
+            "bytes": peers["bytes"].reindex(at).fillna(0).astype("int64").to_numpy(),
+            "dtype": peers["dtype"].reindex(at).fillna("").to_numpy(),
+            "sizes": peers["sizes"].reindex(at).fillna("0 B").to_numpy(),
+            "completed": False,
+            "start_us": absent["start_us"].to_numpy(),
+            "step": absent["step"].fillna(-1).astype("int64").to_numpy(),
+            "call_site": "",
+            "source": "diag-error",
+            "shape": "",
+            "signature": signature,
+            "failed": True,
+        }
+    )
+    return pd.concat([ops, rows[ops.columns]], ignore_index=True)
+
+
+def _in_failed_step(ops: pd.DataFrame, errors: pd.DataFrame) -> pd.Series:
+    """Untimed rows (DDP's buckets read from Flight Recorder carry no completion) of a step that raised on that
+    rank: nothing says they returned, as nothing would had the exception ended the process."""
+    raised = errors[~errors["kind"].eq("collective_error") & errors["step"].notna()]
+    if raised.empty or ops.empty:
+        return pd.Series(False, index=ops.index)
+    keys = pd.MultiIndex.from_arrays([raised["rank"].astype("int64"), raised["step"].astype("int64")])
+    rows = pd.MultiIndex.from_arrays([ops["rank"].astype("int64"), ops["step"].astype("int64")])
+    return pd.Series(rows.isin(keys) & ~ops["completed"].to_numpy(), index=ops.index)
 
 
 def _drop_stale_pending(ops: pd.DataFrame) -> pd.DataFrame:
@@ -406,12 +494,13 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
     fired), all stuck inside it (the transport), or in flight (slow)."""
     at_seq = ops[(ops["pg"] == hang["pg"]) & (ops["seq"] == hang["seq"])]
     entry_us = at_seq.groupby("rank")["start_us"].min()
-    gave_up = {r: t for r in entry_us.index if (t := _gave_up_us(data.ranks.get(int(r)))) is not None}
+    step_of = at_seq.groupby("rank")["step"].first()
+    gave_up = {r: t for r in entry_us.index if (t := _gave_up_us(data, int(r), step_of.get(r))) is not None}
     late = _entered_after_others_gave_up(entry_us, gave_up)
     collective = _collective(ops, hang["pg"], hang["seq"])
     if late:
         first_out = min(gave_up, key=gave_up.get)
-        reason = str((_exit_record(data.ranks[first_out]) or NO_EXIT).error or "an error")[:200]
+        reason = _gave_up_reason(data, first_out)[:200]
         evidence[0] = (
             f"{_ranks_text([r for r in entry_us.index if r not in late])} entered {collective['op']} "
             f"({_payload(collective)}) at {_where(hang['pg'], hang['seq'])} and gave up on it; "
@@ -422,6 +511,8 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
             stall = data.ranks[rank].stall_dump if rank in data.ranks else None
             where = f"; earlier its watchdog saw: {stall.reason}" if stall and stall.reason else ""
             ranks[rank] = _late_report(ranks.get(rank), data.ranks.get(rank))
+            _place_by_phase(ranks[rank], data, rank, gave_up[first_out])
+            _note_caught(ranks[rank], data, rank, liveness)
             evidence.append(
                 f"rank {rank} entered at {_clock(entry_us[rank])}, {(entry_us[rank] - gave_up[first_out]) / 1e6:.1f} s "
                 f"after rank {first_out} gave up: it was not there when the timeout fired{where}"
@@ -472,12 +563,38 @@ def _stopped_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], li
     return _verdict("no_problem", [], None, ranks, evidence, data)
 
 
-def _gave_up_us(info: RankInfo | None) -> float | None:
-    """When a rank's process raised out of the job (a collective's timeout, a closed connection), if it did."""
+def _gave_up_us(data: TriageInput, rank: int, step: int | None = None) -> float | None:
+    """When a rank gave up on the job's collectives (a timeout, a closed connection): its first collective that
+    raised, caught or not, else (a collective with no error of its own: DDP's buckets) when the step it issued
+    the collective in raised, or when its process raised out of the job; None if it did none of these."""
+    times = []
+    failed = _collective_errors(data, rank)
+    if len(failed):
+        times.append(float(failed["time_us"].iloc[0]))
+    elif step is not None and step >= 0:
+        errors = data.errors
+        raised = errors[(errors["rank"] == rank) & (errors["step"] == step) & errors["time_us"].notna()]
+        times += [float(raised["time_us"].iloc[0])] if len(raised) else []
+    info = data.ranks.get(rank)
     record = _exit_record(info) if info is not None else None
     if record and record.how == "exception" and record.time_us:
-        return float(record.time_us)
-    return None
+        times.append(float(record.time_us))
+    return min(times) if times else None
+
+
+def _gave_up_reason(data: TriageInput, rank: int) -> str:
+    failed = _collective_errors(data, rank)
+    if len(failed):
+        return str(failed["error"].iloc[0])
+    raised = data.errors[data.errors["rank"] == rank]
+    if len(raised):
+        return str(raised["error"].iloc[0])
+    return str((_exit_record(data.ranks[rank]) or NO_EXIT).error or "an error")
+
+
+def _collective_errors(data: TriageInput, rank: int) -> pd.DataFrame:
+    errors = data.errors
+    return errors[(errors["rank"] == rank) & (errors["kind"] == "collective_error") & errors["time_us"].notna()]
 
 
 def _entered_after_others_gave_up(entry_us: pd.Series, gave_up: dict) -> list[int]:
@@ -508,6 +625,18 @@ def _late_report(report: RankReport | None, info: RankInfo | None) -> RankReport
     return RankReport(state, last_step, phase, stack or (report.stack if report else []), detail)
 
 
+def _place_by_phase(report: RankReport, data: TriageInput, rank: int, time_us: float) -> None:
+    """A late rank no stall dump placed (the stall threshold was longer than its delay): the phase its phases
+    table shows it in when the first rank gave up."""
+    if report.state != "arrived_late" or data.phase_at is None:
+        return
+    phase = data.phase_at(rank, time_us)
+    if phase:
+        report.state = _classify([], phase)
+        report.last_phase = phase
+        report.detail = f"in phase {phase} when the timeout fired (its phases table); {report.detail}".rstrip("; ")
+
+
 def _note_pending_elsewhere(report: RankReport, ops: pd.DataFrame, rank: int, pg: str) -> None:
     """A missing rank inside a collective of another group is stuck there (e.g. a lock-order inversion)."""
     elsewhere = ops[(ops["rank"] == rank) & ~ops["completed"] & (ops["pg"] != pg)]
@@ -534,6 +663,111 @@ def _dead_without_hang(data: TriageInput, ops: pd.DataFrame, vanished: list[int]
     ranks = _rank_reports(data, ops, liveness, focus=None)
     evidence = [f"rank {r}: {_describe(ranks[r])}" for r in vanished]
     return _verdict("dead_rank", vanished, None, ranks, evidence, data)
+
+
+# -- recorded errors: caught by the job, or from an earlier attempt --------------------------------------------------
+
+
+def _error_verdict(data: TriageInput, ops: pd.DataFrame, liveness: dict) -> Verdict:
+    """Errors recorded with no collective left pending (a step that raised before any collective failed, an OOM
+    every rank hit): never "no problem". The culprits are the ranks that raised in the first failed step."""
+    errors = data.errors
+    first = errors.iloc[0]
+    in_first_step = errors[errors["step"] == first["step"]] if first["step"] == first["step"] else errors.iloc[:1]
+    culprits = sorted(set(in_first_step["rank"].tolist()))
+    ranks = _rank_reports(data, ops, liveness, focus=None)
+    evidence = [f"{_ranks_text(culprits)} raised: {_error_text(first)}"]
+    evidence += [f"rank {r}: {_describe(ranks[r])}" for r in culprits if r in ranks]
+    return _verdict("step_error", culprits, None, ranks, evidence, data)
+
+
+def _caught_evidence(data: TriageInput) -> list[str]:
+    """One line when ranks recorded errors and still ran diag.finish: the job caught them (or finished in a
+    ``finally``), so no exit record tells of the failure; the verdict comes from the recorded errors."""
+    errors = _this_attempt(data.errors, data)
+    if not len(errors):
+        return []
+    finished = {
+        r for r, info in data.ranks.items() if info.finished or (_exit_record(info) or NO_EXIT).how == "finished"
+    }
+    caught = sorted(set(errors["rank"].tolist()) & finished)
+    if not caught:
+        return []
+    return [
+        f"the job caught the error and finished: {_ranks_text(caught)} recorded {_errors_text(errors, first=False)} "
+        "and then ran diag.finish (a try/except or finally around the loop); the verdict is the one the error "
+        "would have given had it ended the job"
+    ]
+
+
+def _errors_text(errors: pd.DataFrame, first: bool = True) -> str:
+    """'collective_error, step_error in step 5 (first: rank 0 collective_error ... : RuntimeError: ...)'."""
+    kinds = ", ".join(dict.fromkeys(errors["kind"].astype(str)))
+    steps = sorted({int(s) for s in errors["step"] if s == s})
+    where = f" in step {steps[0]}" if len(steps) == 1 else f" in steps {steps[0]}-{steps[-1]}" if steps else ""
+    return f"{kinds}{where}" + (f" (first: {_error_text(errors.iloc[0])})" if first else "")
+
+
+def _error_text(error) -> str:
+    step = f" in step {int(error['step'])}" if error["step"] == error["step"] else ""
+    collective = ""
+    if error["kind"] == "collective_error" and error["seq"] == error["seq"]:
+        collective = f" ({error['op']} at {_where(str(error['pg']), int(error['seq']))})"
+    when = f" at {_clock(error['time_us'])}" if error["time_us"] == error["time_us"] else ""
+    return f"rank {int(error['rank'])} {error['kind']}{step}{collective}{when}: {str(error['error'])[:300]}"
+
+
+def _split_attempts(data: TriageInput) -> tuple[TriageInput | None, TriageInput]:
+    """A job restarted into the same directory (torchrun --max-restarts, a requeue) appends its records: the
+    errors and rows from before a rank's latest diag.init are the earlier attempt's. (earlier attempt or None,
+    latest attempt)."""
+    errors, starts = data.errors, data.attempt_start_us
+    if not len(errors) or not starts:
+        return None, data
+    start_of = errors["rank"].map(starts).astype("float64")
+    earlier_errors = errors["time_us"] < start_of
+    if not earlier_errors.any():
+        return None, data
+    ops_start = data.ops["rank"].map(starts).astype("float64")
+    earlier_ops = (data.ops["start_us"].astype("float64") < ops_start).to_numpy()
+    earlier = dataclasses.replace(
+        data,
+        ops=data.ops[earlier_ops].reset_index(drop=True),
+        errors=errors[earlier_errors.to_numpy()].reset_index(drop=True),
+        notes=[
+            *data.notes,
+            f"judged from the earlier attempt's records (before diag.init ran again at {_clock(min(starts.values()))})",
+        ],
+    )
+    latest = dataclasses.replace(
+        data,
+        ops=data.ops[~earlier_ops].reset_index(drop=True),
+        errors=errors[~earlier_errors.to_numpy()].reset_index(drop=True),
+    )
+    return earlier, latest
+
+
+def _this_attempt(errors: pd.DataFrame, data: TriageInput) -> pd.DataFrame:
+    """The errors recorded since their rank's latest diag.init: an earlier attempt's say nothing of how the
+    latest one ended (its exit record is gone)."""
+    if not len(errors) or not data.attempt_start_us:
+        return errors
+    start_of = errors["rank"].map(data.attempt_start_us).astype("float64")
+    return errors[~(errors["time_us"] < start_of).to_numpy()]
+
+
+def _later_attempt_text(latest: TriageInput, verdict: Verdict) -> str:
+    finished = all(
+        info.finished or (_exit_record(info) or NO_EXIT).how == "finished"
+        for info in latest.ranks.values()
+        if info.has_data
+    )
+    outcome = "ran to diag.finish on every rank" if finished else f"was judged {verdict.verdict}"
+    return (
+        f"2 attempts wrote into this directory: the job was restarted (diag.init ran again at "
+        f"{_clock(min(latest.attempt_start_us.values()))}) and the later attempt {outcome}; this verdict is the "
+        "first attempt's failure"
+    )
 
 
 # -- slow or fine ---------------------------------------------------------------------------------------------------
@@ -660,10 +894,33 @@ def _rank_reports(data: TriageInput, ops: pd.DataFrame, liveness: dict, focus) -
     entered = set()
     if focus is not None:
         entered = set(ops[(ops["pg"] == focus[0]) & (ops["seq"] == focus[1])]["rank"].tolist())
-    return {
+    reports = {
         rank: _rank_report(info, liveness.get(rank), rank in entered, focus is not None)
         for rank, info in data.ranks.items()
     }
+    if focus is not None and "failed" in ops:
+        failed = ops[(ops["pg"] == focus[0]) & (ops["seq"] == focus[1]) & ops["failed"]]["rank"]
+        for rank in set(failed.tolist()) & set(reports):
+            if reports[rank].state == "finished":  # it gave up in the collective, then the job caught the error
+                reports[rank].state = "waiting_in_collective"
+    for rank, report in reports.items():
+        _note_caught(report, data, rank, liveness)
+    return reports
+
+
+def _note_caught(report: RankReport, data: TriageInput, rank: int, liveness: dict) -> None:
+    """A rank that recorded an error and still finished: the job caught it. Say what it caught, and where."""
+    if liveness.get(rank) != "finished" or not len(data.errors):
+        return
+    errors = _this_attempt(data.errors[data.errors["rank"] == rank], data)
+    if errors.empty:
+        return
+    caught = f"{_error_text(errors.iloc[0])}; the job caught the error and finished (diag.finish ran)"
+    exit_text = "finished normally"  # what _exit_detail says of it: the error is what matters
+    if exit_text in report.detail:
+        report.detail = report.detail.replace(exit_text, caught)
+    else:
+        report.detail = f"{report.detail}; {caught}" if report.detail else caught
 
 
 def _rank_report(info: RankInfo, alive: str | None, entered_focus: bool, has_focus: bool) -> RankReport:
@@ -798,8 +1055,9 @@ def _step_divergence(ops: pd.DataFrame, pg: str, seq: int) -> list[str]:
 
 def _verdict(kind, culprits, collective, ranks, evidence, data: TriageInput) -> Verdict:
     skipped = [str(s) for s in data.skipped]
-    evidence = evidence + _nccl_evidence(data, collective, culprits) + list(data.notes)
-    return Verdict(kind, [int(r) for r in culprits], collective, ranks, evidence, skipped)
+    caught = _caught_evidence(data)
+    evidence = evidence + caught + _nccl_evidence(data, collective, culprits) + list(data.notes)
+    return Verdict(kind, [int(r) for r in culprits], collective, ranks, evidence, skipped, errors_caught=bool(caught))
 
 
 def _nccl_evidence(data: TriageInput, collective: dict | None, culprits) -> list[str]:

@@ -11,6 +11,7 @@ HEADLINES = {
     "collective_hang": "HANG INSIDE A COLLECTIVE: every member entered it and none completed it (network or NCCL level)",
     "desync": "DESYNC: {ranks} issued a different collective than the others at the same sequence number",
     "dead_rank": "DEAD RANK: the process of {ranks} is gone",
+    "step_error": "STEP FAILED: {ranks} raised an error in a step (no collective was left pending)",
     "slow": "SLOW, NOT HUNG: every rank is progressing; slowest: {ranks}",
     "capture_stopped": "CAPTURE STOPPED on {ranks}: no problem found in what was recorded, but nothing after it was",
     "no_problem": "NO PROBLEM FOUND: no pending, mismatched or abandoned collective, no dead rank",
@@ -28,6 +29,12 @@ def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
     if verdict.evidence[:1] == [NOTHING_TO_JUDGE]:
         headline = "NOTHING TO JUDGE: the directory holds no collectives, heartbeats or dumps"
     lines = [headline]
+    if verdict.errors_caught:
+        lines.append("the job caught the error and finished: this is where it failed, from the errors it recorded")
+    if verdict.attempts > 1:
+        lines.append(
+            f"{verdict.attempts} attempts wrote into this directory (a restarted job): this is the first's failure"
+        )
     if verdict.collective:
         c = verdict.collective
         lines.append(f"collective: {c['op']} seq {c['seq']} in process group {c['pg']} ({_payload(c)})")

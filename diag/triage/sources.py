@@ -58,6 +58,8 @@ OPS_COLUMNS = [
     "shape",  # input and output shapes where Flight Recorder recorded them ("" where unknown)
 ]
 MAX_DUMPS_READ = 20  # the newest hang dumps read per rank (each holds every thread's stack)
+ERROR_COLUMNS = ["rank", "time_us", "kind", "step", "pg", "seq", "op", "start_us", "error"]
+ERROR_KINDS = ("step_error", "oom")  # and every event kind ending in "_error" (collective_error)
 
 
 @dataclass
@@ -98,6 +100,12 @@ class TriageInput:
     more_steps: Callable[[], pd.DataFrame | None] | None = None
     # Flight Recorder only: what the entries themselves show (send/recv pairs, all_to_all splits)
     fr_problems: list[fr_checks.FRProblem] = field(default_factory=list)
+    # diag only: the errors capture recorded (ERROR_COLUMNS), earliest first, whether or not the job caught them
+    errors: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ERROR_COLUMNS))
+    attempt_start_us: dict[int, float] = field(default_factory=dict)  # rank -> when its latest diag.init ran
+    # diag only: (rank, time_us) -> the phase the rank was in then, from its phases table (read when asked: a
+    # rank that arrived late with no stall dump is placed by it)
+    phase_at: Callable[[int, float], str | None] | None = None
 
     def all_steps(self) -> pd.DataFrame | None:
         """Every rank's steps read (``steps`` holds only those of the ranks whose tables were read)."""
@@ -200,6 +208,9 @@ def read_diag_trace(
     def more_steps() -> pd.DataFrame | None:  # the slow-rank verdict compares every rank's steps: read when asked
         return _steps_of(reader, {rank: rank_dirs[rank] for rank in sorted(judged)}, rows)
 
+    def phase_at(rank: int, time_us: float) -> str | None:
+        return _phase_at(reader, rank_dirs.get(rank), rows, time_us)
+
     return TriageInput(
         path,
         "diag",
@@ -212,7 +223,45 @@ def read_diag_trace(
         notes=notes,
         nccl_logs=trace.nccl_logs,
         more_steps=more_steps if judged else None,
+        errors=recorded_errors(trace.events),
+        phase_at=phase_at,
+        attempt_start_us={
+            rank: float(m.start_time_us) for rank, m in trace.manifests.items() if m.start_time_us is not None
+        },
     )
+
+
+def _phase_at(reader: TraceReader, rank_dir: Path | None, rows: int, time_us: float) -> str | None:
+    """The innermost phase a rank was in at ``time_us`` (a phase's row is written when it ends), from the last
+    ``rows`` rows of its phases table; None when no phase row covers that time."""
+    if rank_dir is None:
+        return None
+    tail = read_tail(reader, rank_dir, _listing(rank_dir, []), TABLES["phases"], rows, [])
+    if tail.arrow is None or not tail.arrow.num_rows:
+        return None
+    phases = tail.arrow.to_pandas()
+    start = phases["start_us"].astype("float64")
+    covering = phases[(start <= time_us) & (time_us < start + phases["duration_us"].astype("float64"))]
+    if covering.empty:
+        return None
+    return str(covering.sort_values("start_us")["name"].iloc[-1])
+
+
+def recorded_errors(events: pd.DataFrame) -> pd.DataFrame:
+    """The errors in the ranks' events (a collective that raised, an exception out of a step, an OOM), earliest
+    first: an error the job caught leaves no exit record, only these."""
+    if events is None or events.empty or "kind" not in events:
+        return pd.DataFrame(columns=ERROR_COLUMNS)
+    kind = events["kind"].astype(str)
+    frame = events[kind.isin(ERROR_KINDS) | kind.str.endswith("_error")]
+    frame = frame.reindex(columns=ERROR_COLUMNS)
+    if "message" in events:  # an OOM's text
+        frame["error"] = frame["error"].fillna(events.loc[frame.index, "message"])
+    for column in ("rank", "time_us", "start_us", "step", "seq"):  # a damaged event's field reads as unknown
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+    frame = frame[frame["rank"].notna()].astype({"rank": "int64"})
+    frame["pg"] = frame["pg"].where(frame["pg"].isna(), frame["pg"].astype(str))
+    return frame.sort_values(["time_us", "rank"], kind="stable").reset_index(drop=True)
 
 
 def _read_tails(

@@ -26,6 +26,9 @@ from diag.triage.sources import TriageInput, read_input
 DEFAULT_STALL_S = 20.0  # a collective pending this long in a healthy job is already very unusual
 DEFAULT_INTERVAL_S = 2.0
 HANG_VERDICTS = ("missing_ranks", "deadlock", "desync", "dead_rank", "collective_hang")
+# a problem found, for the exit status: a hang, an error the job recorded (caught or not), or a capture that
+# stopped so that what followed is unknown
+PROBLEM_VERDICTS = (*HANG_VERDICTS, "step_error", "capture_stopped")
 BAD_EXITS = ("exception", "exited_without_finish")  # the watchdog's exit records that end a rank early
 
 
@@ -91,7 +94,7 @@ def watch(
                 say(f"[{_clock(now_s())}] {progress.detail}: judged")
                 if on_verdict is not None:
                     on_verdict(verdict)
-                return 1 if verdict.verdict in HANG_VERDICTS else 0  # as diag triage: exit status 1 for a hang
+                return 1 if verdict.verdict in PROBLEM_VERDICTS else 0  # as diag triage: exit status 1 for a problem
         status = f"{progress.state}: {progress.detail}"
         if status != last_status:  # a line when something changes, not one per poll
             say(f"[{_clock(now_s())}] {status}")
