@@ -472,7 +472,7 @@ def _diag_json(*args: str) -> dict:
         cwd=REPO,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
-    if result.returncode != 0:
+    if result.returncode not in (0, 1):  # 1: a problem found (a finding at or above --fail-on, a hang verdict)
         raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "no output")
     return json.loads(result.stdout)
 

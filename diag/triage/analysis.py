@@ -211,6 +211,7 @@ def _with_failed(ops: pd.DataFrame, errors: pd.DataFrame) -> pd.DataFrame:
             "shape": "",
             "signature": signature,
             "failed": True,
+            "state": "",  # Flight Recorder's own state: a raised collective's row comes from diag's events
         }
     )
     return pd.concat([ops, rows[ops.columns]], ignore_index=True)

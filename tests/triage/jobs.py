@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from diag.launch import start_ranks
-from diag.triage.watch import HANG_VERDICTS
+from diag.triage.watch import PROBLEM_VERDICTS
 
 HANG_JOB = Path(__file__).with_name("hang_job.py")
 WORLD_SIZE = 3
@@ -99,7 +99,7 @@ def diag_triage_json(path: Path) -> dict:
         timeout=120,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
-    assert result.returncode in (0, 1), result.stderr  # 1: a hang verdict
+    assert result.returncode in (0, 1), result.stderr  # 1: a problem found
     verdict = json.loads(result.stdout)
-    assert result.returncode == (1 if verdict["verdict"] in HANG_VERDICTS else 0), verdict["verdict"]
+    assert result.returncode == (1 if verdict["verdict"] in PROBLEM_VERDICTS else 0), verdict["verdict"]
     return verdict
