@@ -70,9 +70,11 @@ def test_ddp_job_names_the_module_whose_activations_hold_each_ranks_peak(tmp_pat
     CliRunner().invoke(main, ["analyze", str(tmp_path), "--no-cache", "--html", str(page)])
     assert "At the memory peak (deep mode): live activations and temporaries by module" in page.read_text()
     assert (
-        json.loads(CliRunner().invoke(main, ["analyze", str(tmp_path), "--format", "json", "--no-cache"]).output)[
-            "memory"
-        ]["deep"][0]["top_modules"][0]["module"]
+        json.loads(
+            CliRunner()
+            .invoke(main, ["analyze", str(tmp_path), "--format", "json", "--no-cache", "--fail-on", "never"])
+            .output
+        )["memory"]["deep"][0]["top_modules"][0]["module"]
         == ACT
     )
 
