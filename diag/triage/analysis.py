@@ -118,7 +118,9 @@ def triage(data: TriageInput) -> Verdict:
 
 def _judge(data: TriageInput) -> Verdict:
     liveness = _liveness(data)
-    ops = _mark_known_returned(_drop_stale_pending(_with_failed(_with_signature(data.ops), data.errors)), liveness)
+    # known returned first: a collective that returned on one member returned on all, so the others' pending
+    # copies of it are stale too
+    ops = _drop_stale_pending(_mark_known_returned(_with_failed(_with_signature(data.ops), data.errors), liveness))
     members = _members(data)
     desync = _first_desync(ops)
     if desync is not None:
@@ -158,13 +160,18 @@ def _with_signature(ops: pd.DataFrame) -> pd.DataFrame:
 
 def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str]) -> pd.DataFrame:
     """Rows nothing timed but that certainly returned: the rank finished (diag.finish runs after every
-    collective it issued returned), or it completed a later collective of the same group (in order)."""
+    collective it issued returned), it completed a later collective of the same group (in order), or, for a
+    row diag wrote untimed (DDP's gradient buckets), the rank issued a collective of the group in a later step
+    (the step ended: DDP waits for every bucket before its backward returns)."""
     if ops.empty or ops["completed"].all():
         return ops
     finished = [r for r, state in liveness.items() if state == "finished"]
     done_seq = ops[ops["completed"]].groupby(["rank", "pg"])["seq"].max().rename("_done_seq")
-    marked = ops.join(done_seq, on=["rank", "pg"])
-    returned = marked["rank"].isin(finished) | (marked["seq"] < marked["_done_seq"].fillna(-1))
+    last_step = ops.groupby(["rank", "pg"])["step"].max().rename("_last_step")
+    marked = ops.join(done_seq, on=["rank", "pg"]).join(last_step, on=["rank", "pg"])
+    untimed = ~marked["completed"] & marked["source"].eq("diag")
+    step_ended = untimed & (marked["step"] >= 0) & (marked["step"] < marked["_last_step"])
+    returned = marked["rank"].isin(finished) | (marked["seq"] < marked["_done_seq"].fillna(-1)) | step_ended
     if "failed" in ops:  # it returned by raising: the rank finished because the job caught the error
         returned &= ~ops["failed"]
     ops = ops.copy()
@@ -229,8 +236,9 @@ def _in_failed_step(ops: pd.DataFrame, errors: pd.DataFrame) -> pd.Series:
 
 
 def _drop_stale_pending(ops: pd.DataFrame) -> pd.DataFrame:
-    """A collective diag saw complete on one member completed on all: a rank that shows it pending is
-    showing an old snapshot (a heartbeat written before it returned, rows lost to a SIGKILL)."""
+    """A collective diag saw complete (or knew returned) on one member completed on all: a rank that shows it
+    pending is showing an old snapshot (a heartbeat written before it returned, rows lost to a SIGKILL, a gloo
+    Flight Recorder entry that never reads completed)."""
     done = ops[ops["completed"] & (ops["source"] == "diag")][["pg", "seq"]].drop_duplicates()
     if done.empty or ops["completed"].all():
         return ops
@@ -531,6 +539,10 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
             "is below PyTorch (network, NCCL): check NCCL_DEBUG=INFO logs and the links between these ranks' hosts"
         )
         return _verdict("collective_hang", [], collective, ranks, evidence, data)
+    # after the check above: every member stalled inside before one died is a hang the death did not cause
+    dead = [r for r in members if r in entry_us.index and liveness.get(r) == "vanished"]
+    if dead and not at_seq["completed"].any():
+        return _died_inside(collective, dead, ranks, evidence, data)
     last = at_seq.sort_values(["start_us", "rank"]).iloc[-1]
     slowest = int(last["rank"])
     evidence.append(
@@ -538,6 +550,14 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
         "after the first: the others waited for it"
     )
     return _verdict("slow", [slowest], _collective(ops, hang["pg"], hang["seq"]), ranks, evidence, data)
+
+
+def _died_inside(collective: dict, dead: list[int], ranks: dict, evidence: list[str], data: TriageInput) -> Verdict:
+    """Every member entered the collective and some died inside it (no exit record: SIGKILL, the OOM killer):
+    it could never complete, and the others waited for, or gave up on, the dead ranks."""
+    evidence[0] += f"; {_ranks_text(dead)} died inside it, so it could never complete"
+    evidence += [f"rank {rank}: {_describe(ranks[rank])}" for rank in dead if rank in ranks]
+    return _verdict("dead_rank", dead, collective, ranks, evidence, data)
 
 
 def _stopped_from_outside(data: TriageInput) -> bool:
