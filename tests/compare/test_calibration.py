@@ -57,8 +57,10 @@ def test_calibration_rows_come_at_init_every_n_steps_and_at_finish(tmp_path):
     assert (rows["device"] == "cpu").all() and (rows["repeats"] == calibration.CPU_REPEATS).all()
     assert (rows["duration_us"].astype(float) >= rows["min_duration_us"].astype(float)).all()
     assert (rows["min_duration_us"].astype(float) > 0).all()
-    # the training thread's schedstat over each interval: it computed between the calibrations
-    assert (rows["interval_cpu_us"].astype(float).iloc[1:] > 0).all()
+    # the training thread's schedstat over each interval: it computed between the calibrations. The kernel adds
+    # a running thread's CPU time at scheduler ticks and switches, so one short interval may read 0; the run's do not
+    intervals_cpu_us = rows["interval_cpu_us"].astype(float).iloc[1:]
+    assert (intervals_cpu_us >= 0).all() and intervals_cpu_us.sum() > 0
     assert (rows["interval_runqueue_wait_us"].astype(float) >= 0).all()
 
 

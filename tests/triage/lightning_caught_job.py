@@ -2,6 +2,10 @@
 one training step; the user's script catches the error ``trainer.fit`` re-raises (Lightning first calls the
 callbacks' ``on_exception``: diag's records the failed step and finishes the session).
 
+The script sets up the default group itself with a long timeout (Lightning then uses it as it is) and hands
+DDP a group with the short one: rendezvous and Lightning's setup barriers wait for a rank a loaded machine
+started late, and only the planted delay exceeds the training collectives' timeout.
+
 Run one process per rank with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT):
 ``python lightning_caught_job.py TRACE_DIR``, CAUGHT_BAD_RANK and CAUGHT_PG_TIMEOUT_S in the environment.
 """
@@ -12,11 +16,12 @@ import sys
 import warnings
 
 import torch
+import torch.distributed as dist
+from caught_job import BAD_STEP, LATE_MARGIN_S, SETUP_TIMEOUT_S, busy_compute  # beside this script
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import DDPStrategy
 
 from diag.integrations.lightning import DiagCallback
-from tests.triage.caught_job import BAD_STEP, LATE_MARGIN_S, busy_compute
 
 BAD_RANK = int(os.environ.get("CAUGHT_BAD_RANK", "1"))
 PG_TIMEOUT_S = float(os.environ.get("CAUGHT_PG_TIMEOUT_S", "4"))
@@ -41,12 +46,14 @@ def main() -> None:
     warnings.filterwarnings("ignore", module="lightning")
     trace_dir = sys.argv[1]
     torch.manual_seed(0)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=SETUP_TIMEOUT_S))
+    training_group = dist.new_group(timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
     x = torch.randn(128, 32)
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
     trainer = Trainer(
         accelerator="cpu",
         devices=int(os.environ["WORLD_SIZE"]),
-        strategy=DDPStrategy(process_group_backend="gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S)),
+        strategy=DDPStrategy(process_group_backend="gloo", process_group=training_group),
         max_steps=BAD_STEP + 3,
         limit_val_batches=0,
         logger=False,

@@ -70,13 +70,16 @@ def run_job(shape: str, trace_dir: Path, world_size: int, bad_rank: int, env: di
         else:  # killed mid-run, its ranks would read dead: say so rather than judge that
             pytest.fail(f"the {shape} job did not end within {JOB_DEADLINE_S} s")
     finally:
-        codes = []
+        codes, outputs = [], []
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
                 proc.kill()
-            proc.communicate()
+            stdout, stderr = proc.communicate()
             codes.append(proc.returncode if proc.returncode >= 0 else None)
+            outputs.append((stdout + stderr)[-2000:])
+    if not any(trace_dir.glob("rank*")):  # the job failed before diag started: what the ranks printed says why
+        pytest.fail(f"the {shape} job wrote no trace; exit codes {codes}; its ranks printed:\n" + "\n".join(outputs))
     return codes
 
 
