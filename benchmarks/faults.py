@@ -218,6 +218,7 @@ class Outcome:
     restarted: bool = False  # elastic: a second attempt ran into the same directory
     ran: bool = True  # False: the suite's deadline ended the job (too slow to start or reach its fault here)
     error: str | None = None
+    load_average_1m: float | None = None  # the machine's at the job's end, burners and whatever else ran beside
 
 
 # -- drawing scenarios ----------------------------------------------------------------------------------------
@@ -337,9 +338,11 @@ def run_case(scenario: Scenario, workdir: Path) -> Outcome:
             restart = {"FAULT_ATTEMPT": "1", "TORCHELASTIC_RESTART_COUNT": "1", "FAULT_STEPS": str(RESTART_STEPS)}
             run_job(scenario, trace_dir, restart)
             restarted = True
+        load_average_1m = os.getloadavg()[0]
     if past_deadline or not trace_dir.is_dir():  # the harness's failure, not diag's: counted apart
         return Outcome(scenario, scenario.expected, "not_run", [], False, False, run_s=time.monotonic() - start,
-                       error=f"the suite's deadline ({JOB_DEADLINE_S:.0f} s) ended the job", ran=False)  # fmt: skip
+                       error=f"the suite's deadline ({JOB_DEADLINE_S:.0f} s) ended the job", ran=False,
+                       load_average_1m=load_average_1m)  # fmt: skip
     judge_start = time.monotonic()
     judged, error = judge(scenario, trace_dir)
     judge_s = time.monotonic() - judge_start
@@ -362,6 +365,7 @@ def run_case(scenario: Scenario, workdir: Path) -> Outcome:
         run_s=time.monotonic() - start,
         restarted=restarted,
         error=error,
+        load_average_1m=load_average_1m,
     )
 
 
