@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,6 +49,22 @@ def cli_json(path: Path, *args: str) -> dict:
     result = run_cli(path, "--format", "json", "--no-cache", *args)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+def analyze_in_subprocess(trace_dir: Path, *args: str, env: dict | None = None, timeout_s: float = 300) -> str:
+    """``python -m diag analyze TRACE_DIR --format json --no-cache --fail-on never ARGS`` in a process of its own,
+    as a user runs it, with this checkout's diag; returns what it printed on stdout (the JSON report)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", "--no-cache"]
+        + ["--fail-on", "never", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 def kinds(report: dict) -> list[str]:

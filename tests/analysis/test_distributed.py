@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.analysis.helpers import REPO, make_trace
+from tests.analysis.helpers import REPO, analyze_in_subprocess, make_trace
 from tests.analysis.test_golden_reports import differences
 
 pytest.importorskip("distributed")
@@ -82,27 +82,7 @@ def _wait_for_workers(address: str, deadline: float) -> None:
 
 
 def _report(trace_dir: Path, *args: str) -> dict:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "diag",
-            "analyze",
-            str(trace_dir),
-            "--format",
-            "json",
-            "--no-cache",
-            "--fail-on",
-            "never",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=REPO,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout)
+    return json.loads(analyze_in_subprocess(trace_dir, *args))
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,24 +24,9 @@ PLACEHOLDER = "<TRACE_DIR>"
 
 def report_json(trace_dir: Path) -> dict:
     """The report as the CLI prints it, with the trace directory's path replaced by a placeholder."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "diag",
-            "analyze",
-            str(trace_dir),
-            "--format",
-            "json",
-            "--no-cache",
-            "--fail-on",
-            "never",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    ).stdout
+    from tests.analysis.helpers import analyze_in_subprocess  # here: run as a script, REPO joins sys.path first
+
+    out = analyze_in_subprocess(trace_dir)
     return json.loads(out.replace(str(trace_dir), PLACEHOLDER))
 
 

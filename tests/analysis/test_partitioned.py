@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from diag.analysis.partitioned import (
 )
 from diag.analysis.report import analyze
 from diag.trace.loader import TraceError, load
-from tests.analysis.helpers import REPO, cli_json, make_trace, run_cli, synthetic
+from tests.analysis.helpers import REPO, analyze_in_subprocess, cli_json, make_trace, run_cli, synthetic
 from tests.analysis.test_golden_reports import GOLDEN, PLACEHOLDER, SAMPLE_RUNS, differences
 
 SYNTHETIC_RANKS = 64
@@ -100,26 +99,7 @@ def test_sample_runs_partitioned_equal_their_golden_reports(run):
     """`diag analyze --partitioned` on the bundled runs (pipeline: send/recv matched with no one; hang: unfinished
     collectives known by issue time only) prints the golden report of the in-memory path."""
     trace_dir = REPO / "sample_traces" / run
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "diag",
-            "analyze",
-            str(trace_dir),
-            "--format",
-            "json",
-            "--no-cache",
-            "--partitioned",
-            "--fail-on",
-            "never",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    ).stdout
+    out = analyze_in_subprocess(trace_dir, "--partitioned")
     actual = json.loads(out.replace(str(trace_dir), PLACEHOLDER))
     expected = json.loads((GOLDEN / f"{run}.report.json").read_text())
     assert differences(expected, actual) == []
