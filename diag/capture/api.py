@@ -7,6 +7,7 @@ from contextlib import nullcontext
 
 from diag._warn import warn_once
 from diag.capture.session import DisabledSession, Session, validate_options
+from diag.extras import require
 
 _DISABLED = DisabledSession()
 _current: Session | DisabledSession = _DISABLED
@@ -22,6 +23,7 @@ def init(trace_dir, **options) -> Session | DisabledSession:
         raise TypeError(f"diag.init got unknown options {sorted(unknown)}")
     validate_options(**options)  # a plainly wrong value is a ValueError now, not capture silently hurting
     try:
+        require("capture", "diag.init")
         _current = Session(trace_dir, **options)
     except Exception as exc:
         warn_once("init", f"capture could not start ({exc!r}); the job runs without it")

@@ -10,7 +10,7 @@ import click
 from diag.commands import sample_run
 from diag.commands._load import PARTITIONED_MIN_RANKS
 from diag.commands._options import parse_steps, quiet_option
-from diag.commands.exit_codes import PROBLEM, InputError
+from diag.commands.exit_codes import PROBLEM, InputError, require_extra
 from diag.views.colour import colour_wanted, paint_severities
 
 FAIL_ON = ("high", "medium", "low", "never")
@@ -97,6 +97,8 @@ def command(
     from diag.views import render
 
     set_quiet(quiet)
+    if html_path is not None:  # before the analysis, which may take minutes
+        require_extra("html", "--html")
     step_range = parse_steps(steps)
     if trace_dir is None:
         trace_dir = sample_run("analysing")

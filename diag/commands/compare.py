@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from diag.commands._options import parse_steps, quiet_option
-from diag.commands.exit_codes import PROBLEM, InputError
+from diag.commands.exit_codes import PROBLEM, InputError, require_extra
 
 
 def _labels(paths: list[Path]) -> list[str]:
@@ -153,6 +153,8 @@ def command(
     from diag.views.compare import render_compare
 
     set_quiet(quiet)
+    if fmt == "html":
+        require_extra("html", "--format html")
     if len(runs) < 2:
         raise click.UsageError("compare needs at least two runs: BASE NEW [MORE ...]")
     step_range = parse_steps(steps)

@@ -12,7 +12,7 @@ import click
 
 from diag.commands import sample_run
 from diag.commands._options import POLL_MAX_S, Seconds
-from diag.commands.exit_codes import InputError
+from diag.commands.exit_codes import InputError, require_extra
 
 REFRESH_MIN_S = 0.5  # a page's own reloads come this often at most: faster would only load the browser and server
 
@@ -87,6 +87,7 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache, baselin
             f"WARNING: binding {host}: anyone who can reach this port can read the traces; requests need the token.",
             err=True,
         )
+    require_extra("dashboard", "diag dashboard")
     from diag.dashboard.app import create_app
     from diag.dashboard.data import LiveTrace
 

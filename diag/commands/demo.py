@@ -1,6 +1,6 @@
 import click
 
-from diag.commands.exit_codes import USAGE
+from diag.commands.exit_codes import USAGE, require_extra
 
 
 @click.command()
@@ -22,6 +22,7 @@ def command(trace_dir, ranks, steps, slow_rank, slow_data_rank):
     from diag.launch import run_ranks
     from diag.trace.loader import load
 
+    require_extra("capture", "diag demo (a training job with capture on)")
     if Path(trace_dir).exists():
         shutil.rmtree(trace_dir)
     argv = ["-m", "diag.demo", trace_dir, "--steps", str(steps), "--slow-rank", str(slow_rank)]

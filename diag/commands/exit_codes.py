@@ -22,3 +22,13 @@ class InputError(click.ClickException):
     stderr, exit status USAGE."""
 
     exit_code = USAGE
+
+
+def require_extra(part: str, what: str) -> None:
+    """diag.extras.require for a command: a missing optional package is an InputError (exit status USAGE)."""
+    from diag.extras import MissingExtra, require
+
+    try:
+        require(part, what)
+    except MissingExtra as exc:
+        raise InputError(str(exc)) from exc
