@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "sample_traces"
 OPTIONAL = ("torch", "dash", "plotly", "waitress", "flask", "pynvml")
