@@ -1,6 +1,6 @@
 """CPU per rank of each stage of the partitioned analysis's per-rank passes, serially in one process.
 
-The cold ``diag analyze`` at 16,384 ranks spends ~13 ms of CPU per rank (docs/scale.md §5); this splits the
+The cold ``diag analyze`` at 16,384 ranks spends ~13 ms of CPU per rank (docs/benchmarks.md); this splits the
 per-rank part of it into its stages, each timed alone over the same ranks (``time.process_time``, best of
 ``--repeat``, the files in the page cache), so that a change to one stage is measured by itself:
 

@@ -114,7 +114,7 @@ class RankPart:
 
     def __sizeof__(self) -> int:
         # what Dask's sizeof (sys.getsizeof for unknown types) reports: without it a part looked like 56 bytes,
-        # so the scheduler moved batches of parts between workers as if free (docs/scale.md §5, Dask)
+        # so the scheduler moved batches of parts between workers as if free (docs/scale.md, "Limits")
         return object.__sizeof__(self) + self.nbytes
 
 

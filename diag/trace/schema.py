@@ -45,8 +45,8 @@ second after it started lost ranks' exit records (the watchdog's SIGTERM handler
 thread writing them; fixed). tests/prometheus/test_rank_metrics.py failed 7 of 12 runs: pyarrow imports pandas
 the first time it converts Python values, and that happened on the writer thread's first flush, ~0.4 s holding
 the GIL mid-training; it is now done at ``diag.init`` (``columnar.warm_up``: init ~0.25 s longer, the first
-flush ~0.4 s shorter), and the test no longer races the Flight Recorder follower. Capture cost, the SIGKILL
-and reliability tests: docs/benchmarks.md ("Schema 2 as the default"). ``diag.init(trace_format=1)`` still
+flush ~0.4 s shorter), and the test no longer races the Flight Recorder follower. What each format costs to
+write and read: docs/benchmarks.md ("Trace storage"). ``diag.init(trace_format=1)`` still
 writes CSV, and the loader reads both.
 
 Times are wall-clock microseconds since the Unix epoch on the rank's own clock (``*_us`` columns that are
