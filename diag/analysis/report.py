@@ -456,10 +456,20 @@ def options_fingerprint(**options) -> str:
     """Identifies a report: the options it was made with and the analysis code that made it."""
     digest = hashlib.blake2b(digest_size=12)
     digest.update(json.dumps({"report_version": REPORT_VERSION, **options}, sort_keys=True, default=str).encode())
+    digest.update(_analysis_code_digest().encode())
+    return digest.hexdigest()
+
+
+@functools.cache
+def _analysis_code_digest() -> str:
+    """diag's version and the contents of the analysis and trace modules: an edited module makes a new report,
+    while a copy or a reinstall of the same code (new modification times) keeps serving the cached one."""
+    from diag import __version__
+
+    digest = hashlib.blake2b(__version__.encode(), digest_size=12)
     trace_code = Path(__file__).parents[1] / "trace"
     for source in [*sorted(Path(__file__).parent.glob("*.py")), *sorted(trace_code.glob("*.py"))]:
-        stat = source.stat()
-        digest.update(f"{source.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        digest.update(f"{source.name}:".encode() + source.read_bytes())
     return digest.hexdigest()
 
 
