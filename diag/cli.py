@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "analyze": "analyze",
     "compare": "compare",
     "triage": "triage",
+    "doctor": "doctor",
     "dashboard": "dashboard",
     "demo": "demo",
     "export": "export",
@@ -49,6 +50,7 @@ def main():
       diag analyze traces/run1         find what slows the job down
       diag compare traces/a traces/b   what changed between two runs (and scaling efficiency)
       diag triage traces/run1          explain a hang or NCCL timeout
+      diag doctor                      would a hang of a job launched from here be diagnosable
       diag dashboard traces/run1       follow a run in the browser
       diag export traces/run1 --perfetto run1.json   one timeline for ui.perfetto.dev
       diag analyze profiler_traces/    torch.profiler (Kineto) traces of every rank

@@ -10,10 +10,12 @@ import logging
 import math
 import os
 import platform
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from diag import readiness
 from diag._warn import warn_once
 from diag.capture import collectives, torch_private
 from diag.capture.calibration import DEFAULT_CALIBRATE_EVERY
@@ -162,6 +164,8 @@ class Session:
         )
         self.device = device if device is not None else _current_device()
         self.capture_status: dict[str, str] = {}
+        # the user's, before diag sets NCCL's log variables: what `diag doctor` judges
+        self._hang_settings = {name: os.environ[name] for name in readiness.HANG_SETTINGS if name in os.environ}
         self._start_nccl_log(nccl_log and self.writer.enabled)
 
         # step and phase state, read by the watchdog from its own thread
@@ -210,12 +214,44 @@ class Session:
         self._calibrate_every = calibrate_every
         self._steps_since_calibration = 0
         self.calibrator = self._start_calibration(calibrate_every if writing else 0)
+        self.manifest["hang_settings"] = self._hang_settings
+        self._check_readiness()
         self.manifest["capture"] = self.capture_status
         self.writer.on_stop = self._on_capture_stopped
         self.writer.write_manifest(self.manifest)
         self.writer.start()
 
     # -- setup ----------------------------------------------------------------------------------------------
+    def _check_readiness(self) -> None:
+        """Could a hang of this job be diagnosed (diag/readiness.py)? The answer in the manifest's capture status,
+        and one line on rank 0's stderr when a setting should change: at init, while it still can."""
+        try:
+            default_timeout_s = None
+            if self.manifest["backend"] is not None:
+                default_timeout_s = torch_private.process_group_timeout_s(torch_private.default_group())
+            job = readiness.JobFacts(
+                backend=self.manifest["backend"],
+                world_size=self.world_size,
+                local_world_size=self.identity.local_world_size,
+                trace_dir=str(self.trace_dir),
+                timeouts_s={"0": default_timeout_s} if default_timeout_s else None,
+            )
+            changes = [c for c in readiness.check(self._hang_settings, job) if c.status == "change"]
+        except Exception as exc:  # a readiness check never stops capture
+            self.capture_status["hang_readiness"] = f"not checked ({exc!r})"
+            return
+        if not changes:
+            self.capture_status["hang_readiness"] = "ok"
+            return
+        self.capture_status["hang_readiness"] = "to change: " + ", ".join(c.name for c in changes)
+        if self.rank == 0 and self.writer.enabled:
+            advice = "; ".join(c.advice for c in changes)
+            print(
+                f"diag: a hang of this job would be hard to diagnose: {advice} (`diag doctor {self.trace_dir}`)",
+                file=sys.stderr,
+                flush=True,
+            )
+
     def _base_manifest(self, flops_per_step, peak_tflops, dtype, parallel) -> dict:
         import torch
 
@@ -1053,6 +1089,7 @@ def _describe_group(group) -> dict:
         "size": group.size(),
         "backend": str(dist.get_backend(group)),
         "desc": getattr(group, "group_desc", None),
+        "timeout_s": torch_private.process_group_timeout_s(group),
     }
 
 

@@ -31,6 +31,19 @@ def default_group():
     return _get_default_group()
 
 
+def process_group_timeout_s(group) -> float | None:
+    """The timeout of the group's collectives (its backend's ``options._timeout``: gloo's and NCCL's), or None."""
+    import torch
+
+    for device in ("cuda", "cpu"):
+        try:
+            timeout = group._get_backend(torch.device(device)).options._timeout
+        except Exception:  # no backend for that device in this group
+            continue
+        return timeout.total_seconds()
+    return None
+
+
 def sequence_number(group) -> int:
     """The group's c10d sequence number: the number Flight Recorder and NCCL's watchdog report
     (``ProcessGroup._get_sequence_number_for_group``)."""

@@ -31,6 +31,7 @@ class ProcessGroupInfo:
     backend: str | None = None
     desc: str | None = None
     mesh_dim: str | None = None  # the DeviceMesh dimension this group is (tp, dp_shard), when a mesh was found
+    timeout_s: float | None = None  # its collectives' timeout
 
     @classmethod
     def from_json(cls, name: str, raw: dict) -> ProcessGroupInfo:
@@ -43,6 +44,7 @@ class ProcessGroupInfo:
             backend=text(raw.get("backend")),
             desc=text(raw.get("desc")),
             mesh_dim=text(raw.get("mesh_dim")),
+            timeout_s=positive_number(raw.get("timeout_s")),
         )
 
 
@@ -207,6 +209,7 @@ class Manifest:
     finished: bool = False
     end_time_us: int | None = None
     capture_stopped: CaptureStopped | None = None
+    hang_settings: dict[str, str] = field(default_factory=dict)  # readiness.HANG_SETTINGS the rank ran with
     # who wrote it: None for diag's capture, "kineto" for a manifest made from a torch.profiler trace
     source: str | None = None
     trace_id: str | None = None
@@ -270,6 +273,7 @@ class Manifest:
             finished=raw.get("finished") is True,
             end_time_us=whole(raw.get("end_time_us")),
             capture_stopped=CaptureStopped.from_json(raw.get("capture_stopped")),
+            hang_settings=_hang_settings(raw.get("hang_settings")),
             source=text(raw.get("source")),
             trace_id=text(raw.get("trace_id")),
         )
@@ -282,6 +286,17 @@ class Manifest:
             for name, group in out["process_groups"].items()
         }
         return out
+
+
+def _hang_settings(raw) -> dict[str, str]:
+    """The known variables only, as short strings: the manifest is user-writable."""
+    from diag.readiness import HANG_SETTINGS
+
+    values = mapping(raw) or {}
+    return {name: str(values[name])[:MAX_SETTING_CHARS] for name in HANG_SETTINGS if isinstance(values.get(name), str)}
+
+
+MAX_SETTING_CHARS = 500
 
 
 def parse_manifests(records: Iterable[dict], notes: list[str]) -> dict[int, Manifest]:

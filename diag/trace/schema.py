@@ -456,8 +456,9 @@ MANIFEST_KEYS: dict[str, str] = {
     "clock_offset_us": "this rank's wall clock minus rank 0's, measured at init",
     "clock_sync_error_us": "the true offset is within clock_offset_us +- this (half the shortest round trip to rank 0)",
     "start_time_us": "wall-clock instant diag.init ran",
-    "process_groups": "{pg name: {ranks, size, backend, desc, mesh_dim}} for every process group of the run "
-    "(mesh_dim: the DeviceMesh dimension it is, e.g. tp, when a mesh was found on an instrumented module)",
+    "process_groups": "{pg name: {ranks, size, backend, desc, mesh_dim, timeout_s}} for every process group of "
+    "the run (mesh_dim: the DeviceMesh dimension it is, e.g. tp, when a mesh was found on an instrumented module; "
+    "timeout_s: its collectives' timeout)",
     "device_mesh": "{shape, dim_names, groups: {dim name: pg name}} of the DeviceMesh of an instrumented "
     "module's DTensor parameters (tensor parallel, FSDP2), else absent",
     "capture": "what is being captured and what is off, with reasons",
@@ -468,6 +469,9 @@ MANIFEST_KEYS: dict[str, str] = {
     "model's, null when capture cannot tell, as for megatron-core's shards); absent when none was instrumented",
     "model_shape": "{micro_batch, seq_len, hidden, layers, heads, vocab, recompute, flash_attention, dropout, "
     "sequence_parallel} as given to diag.init(model_shape=...), for the activation memory `diag memory-plan` predicts",
+    "hang_settings": "the environment variables that decide what a hang leaves to read (Flight Recorder, its "
+    "dump, NCCL's watchdog and log: diag/readiness.py HANG_SETTINGS) as the rank ran with them, those set only; "
+    "`diag doctor TRACE_DIR` judges them",
     "finished": "true once diag.finish() ran (rewritten at finish)",
     "end_time_us": "wall-clock instant diag.finish() ran",
     "capture_stopped": "{step, last_step, reason, time_us} when a write failed mid-run (a full disk, a directory "
