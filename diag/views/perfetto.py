@@ -228,25 +228,31 @@ def _collective_duration(row: dict, ts: float, instance: _Instance | None, insta
     measured = row["duration_us"]
     if measured is not None:
         extra = {"duration": "measured"}
+        if instance is not None:
+            extra["last_rank_to_issue"] = instance.last[1]
         if measured < MIN_DRAWN_US:
             extra["drawn_us"] = MIN_DRAWN_US
         return max(float(measured), MIN_DRAWN_US), extra
     op, pg = _text(row["op"]), _text(row["pg"])
     wait_us = max(0.0, instance.latest_untimed_us - ts) if instance is not None else 0.0
-    basis = ["wait for the last rank to issue it (issue times)"] if instance is not None else []
-    transfer_us = None
+    transfer_us, transfer = None, f"unknown (no timed {op} in group {pg}): the estimate is a lower bound"
     if instance is not None and math.isfinite(instance.transfer_us):
-        transfer_us = instance.transfer_us
-        basis.append("transfer measured on another rank")
+        transfer_us, transfer = instance.transfer_us, "the shortest duration measured on another rank"
     else:
         bandwidth = instances.bandwidth_bytes_per_us(op, pg)
         if bandwidth:
-            transfer_us = (instance.bytes_max if instance is not None else int(row["bytes"] or 0)) / bandwidth
-            basis.append(f"bytes at the median bandwidth of timed {op} in group {pg} ({bandwidth:.1f} MB/s)")
-    if transfer_us is None:
-        basis.append(f"no timed {op} in group {pg} to give a transfer time: a lower bound")
+            nbytes = instance.bytes_max if instance is not None else int(row["bytes"] or 0)
+            transfer_us = nbytes / bandwidth
+            transfer = f"{nbytes} bytes at the median bandwidth of the timed {op} in group {pg} ({bandwidth:.1f} MB/s)"
     estimated_us = wait_us + (transfer_us or 0.0)
-    extra = {"duration": "estimated", "estimated_us": round(estimated_us, 1), "estimate": " + ".join(basis)}
+    extra = {
+        "duration": "estimated",
+        "estimated_us": round(estimated_us, 1),
+        "wait_us": round(wait_us, 1),  # until the last rank issued it, from the issue times on rank 0's clock
+        "transfer": transfer,
+    }
+    if instance is not None:
+        extra["last_rank_to_issue"] = instance.last[1]
     if estimated_us < MIN_DRAWN_US:
         extra["drawn_us"] = MIN_DRAWN_US
     return max(estimated_us, MIN_DRAWN_US), extra
@@ -360,7 +366,7 @@ def _laid_out_phases(rank: int, step: dict, timed: list[dict], offset, start, bo
         if ts is None:
             continue  # no free time left in the step: its duration is still in the step's args
         drawn_us = min(duration_us, _free_until(ts, busy, end) - ts)
-        args = {"step": step["step"], "duration_us": duration_us, "start": LAID_OUT}
+        args = {"step": step["step"], "duration_us": step[column], "start": LAID_OUT}
         if drawn_us < duration_us:
             args["drawn_us"] = drawn_us
         yield {
