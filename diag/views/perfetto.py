@@ -10,6 +10,7 @@ hosts. The file is written event by event: a large run never has to fit in memor
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -125,12 +126,18 @@ def _args(row) -> dict:
 # -- collectives across ranks: one instance per (group, seq) ------------------------------------------------------
 
 
+@functools.cache
+def _canonical_op(op: str) -> str:
+    """``comms.canonical_op``, once per op name (it is asked once per collective row)."""
+    from diag.analysis.comms import canonical_op
+
+    return canonical_op(op)
+
+
 def _matched(op: str, seq) -> bool:
     """Whether rows of this op and seq on different ranks are one instance (``comms.collective_waits``: point to
     point ops are numbered per rank, and an unknown seq (-1) matches nothing)."""
-    from diag.analysis.comms import canonical_op
-
-    return seq is not None and seq >= 0 and canonical_op(op) not in ("send", "recv")
+    return seq is not None and seq >= 0 and _canonical_op(op) not in ("send", "recv")
 
 
 @dataclass
@@ -176,21 +183,17 @@ class CollectiveInstances:
 
     def finish(self) -> None:
         """The bandwidths, once every rank was added."""
-        from diag.analysis.comms import canonical_op
-
         rates: dict[tuple[str, str], list[float]] = {}
         for (pg, _), instance in self._instances.items():
             if math.isfinite(instance.transfer_us) and instance.transfer_us > 0 and instance.bytes_max > 0:
-                rates.setdefault((canonical_op(instance.op), pg), []).append(instance.bytes_max / instance.transfer_us)
+                rates.setdefault((_canonical_op(instance.op), pg), []).append(instance.bytes_max / instance.transfer_us)
         self._bandwidth = {key: statistics.median(sorted(values)) for key, values in rates.items()}
 
     def get(self, pg: str, seq) -> _Instance | None:
         return self._instances.get((pg, int(seq))) if seq is not None else None
 
     def bandwidth_bytes_per_us(self, op: str, pg: str) -> float | None:
-        from diag.analysis.comms import canonical_op
-
-        return self._bandwidth.get((canonical_op(op), pg))
+        return self._bandwidth.get((_canonical_op(op), pg))
 
 
 def flow_id(pg: str, seq: int) -> str:
@@ -311,10 +314,13 @@ def _step_events(rank: int, steps: list[dict], phases: list[dict], offset: float
     for row in phases:
         timed.setdefault(row["step"], []).append(row)
     in_steps = set()
-    for row in steps:
+    previous_end = -math.inf
+    for row in sorted(steps, key=lambda r: r["start_us"]):
         step, body_ts = row["step"], row["start_us"] - offset
-        data_wait_us = float(row["data_wait_us"] or 0)
-        start, end = body_ts - data_wait_us, body_ts + float(row["duration_us"])
+        end = body_ts + float(row["duration_us"])
+        # from its data wait, but not before the previous step's end (a data wait spent inside a body)
+        start = max(body_ts - float(row["data_wait_us"] or 0), min(previous_end, body_ts))
+        previous_end = max(previous_end, end)
         yield {
             "ph": "X",
             "cat": "step",
@@ -360,12 +366,13 @@ def _laid_out_phases(rank: int, step: dict, timed: list[dict], offset, start, bo
         duration_us = float(step[column] or 0)
         if duration_us <= 0 or name in names:
             continue
-        if column != "data_wait_us":
-            cursor = max(cursor, body_ts)  # the data wait is before the body, the rest in it
-        ts = _free_at(cursor, duration_us, busy, end)
-        if ts is None:
-            continue  # no free time left in the step: its duration is still in the step's args
-        drawn_us = min(duration_us, _free_until(ts, busy, end) - ts)
+        if column == "data_wait_us" and body_ts - start >= duration_us:  # before the body (diag.wrap_loader)
+            ts, drawn_us = start, duration_us
+        else:  # in the body (a data wait that does not fit before it: the loader was waited on inside the step)
+            ts = _free_at(max(cursor, body_ts), duration_us, busy, end)
+            if ts is None:
+                continue  # no free time left in the step: its duration is still in the step's args
+            drawn_us = min(duration_us, _free_until(ts, busy, end) - ts)
         args = {"step": step["step"], "duration_us": step[column], "start": LAID_OUT}
         if drawn_us < duration_us:
             args["drawn_us"] = drawn_us
@@ -386,17 +393,16 @@ def _free_at(cursor: float, duration_us: float, busy: list[tuple], end: float) -
     """The first time from ``cursor`` that starts a free stretch holding ``duration_us`` (else the first free
     time at all), before ``end``."""
     first_free = None
-    for _ in range(len(busy) + 1):
+    while cursor < end:
         inside = [b for b in busy if b[0] <= cursor < b[1]]
         if inside:
             cursor = max(b[1] for b in inside)
             continue
-        if cursor >= end:
-            return first_free
         first_free = cursor if first_free is None else first_free
-        if _free_until(cursor, busy, end) - cursor >= duration_us:
-            return cursor
-        cursor = min(b[1] for b in busy if b[0] >= cursor)
+        free_end = _free_until(cursor, busy, end)
+        if free_end - cursor >= duration_us or free_end >= end:
+            return cursor if free_end - cursor >= duration_us else first_free
+        cursor = free_end  # a timed phase starts here: past it next
     return first_free
 
 
