@@ -196,6 +196,7 @@ class CollectiveInstances:
         return self._bandwidth.get((_canonical_op(op), pg))
 
 
+@functools.lru_cache(maxsize=1 << 16)  # each instance is asked once per rank
 def flow_id(pg: str, seq: int) -> str:
     """The flow that links one instance's slices on every rank: the same on every rank without any of them
     knowing the others' (hex: Perfetto reads a string bind_id as a hexadecimal number)."""
