@@ -485,7 +485,7 @@ def write_chrome_trace_dir(
         )
     chosen = {r: d for r, d in rank_dirs.items() if ranks is None or r in set(ranks)}
     skipped = list(reader._dir_notes)
-    with _bar(progress, len(rank_dirs) + len(chosen), "exporting ranks") as tick:
+    with _bar(progress, len(rank_dirs) + 2 * len(chosen), "exporting ranks") as tick:
         others, window_us, restarted = _first_pass(reader, rank_dirs, steps, tick, windowed)
         if others:
             skipped.append(_other_runs_note(trace_dir, others))
@@ -506,6 +506,7 @@ def write_chrome_trace_dir(
         for rank in written:
             data = rank_data(rank, COLLECTIVE_TABLES, [])
             instances.add_rank(rank, data.offset_us, data.rows["collectives"])
+            tick()
         instances.finish()
         count = 0
         with open(path, "w") as out:
@@ -518,12 +519,12 @@ def write_chrome_trace_dir(
 
 
 class _bar:
-    """diag.progress's bar over ranks (``tick()`` per rank and pass: two passes, so twice its threshold)."""
+    """diag.progress's bar over ranks (``tick()`` per rank and pass: three passes, so three times its threshold)."""
 
     def __init__(self, enabled: bool, total: int, desc: str):
         from diag.progress import MIN_ITEMS, NoBar, bar
 
-        self._bar = bar(total, desc, min_items=2 * MIN_ITEMS) if enabled else NoBar()
+        self._bar = bar(total, desc, min_items=3 * MIN_ITEMS) if enabled else NoBar()
 
     def __enter__(self):
         return lambda: self._bar.update(1)
