@@ -23,8 +23,9 @@ from diag.commands.exit_codes import InputError
 @click.option("--ranks", metavar="R1,R2,...", help="Only these ranks.")
 @quiet_option
 def command(trace_dir, perfetto_path, steps, ranks, quiet):
-    """Export all ranks of TRACE_DIR to one aligned timeline: steps, phases, collectives per process group,
-    pipeline micro-batches and GPU telemetry counters.
+    """Export all ranks of TRACE_DIR to one aligned timeline: each rank's steps with their phases nested inside,
+    collectives per process group (measured, or estimated and marked so) linked across ranks by flows, pipeline
+    micro-batches and GPU telemetry counters.
 
     \b
     Exit status: 0 written, 2 bad options or nothing to export (the folder of the output is created).
@@ -36,6 +37,7 @@ def command(trace_dir, perfetto_path, steps, ranks, quiet):
     """
     from diag.progress import set_quiet
     from diag.trace.loader import TraceError, find_rank_dirs
+    from diag.views.format import printable
     from diag.views.perfetto import write_chrome_trace_dir
 
     set_quiet(quiet)
@@ -48,24 +50,27 @@ def command(trace_dir, perfetto_path, steps, ranks, quiet):
         absent = sorted(set(rank_list) - present)
         if absent:
             raise InputError(
-                f"--ranks {ranks}: {trace_dir} has no rank {', '.join(map(str, absent))} "
-                f"(it has {_ranks_text(sorted(present))})"
+                printable(
+                    f"--ranks {ranks}: {trace_dir} has no rank {', '.join(map(str, absent))} "
+                    f"(it has {_ranks_text(sorted(present))})"
+                )
             )
     try:
         perfetto_path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"cannot create the folder of {perfetto_path}: {exc}") from exc
+        raise InputError(printable(f"cannot create the folder of {perfetto_path}: {exc}")) from exc
     try:
         # rank by rank: memory holds one rank's tables, and time follows the steps asked (docs/benchmarks.md)
         count, written, skipped = write_chrome_trace_dir(trace_dir, perfetto_path, step_range, rank_list, progress=True)
     except TraceError as exc:
-        raise InputError(str(exc)) from exc
+        raise InputError(printable(str(exc))) from exc
     except OSError as exc:
-        raise InputError(f"cannot write {perfetto_path}: {exc}") from exc
+        raise InputError(printable(f"cannot write {perfetto_path}: {exc}")) from exc
+    # names, paths and messages from the trace's files: no control character reaches the terminal
     for note in skipped:
-        click.echo(f"skipped: {note}", err=True)
+        click.echo(printable(f"skipped: {note}"), err=True)
     if not quiet:
-        click.echo(f"{count} events from {len(written)} ranks written to {perfetto_path}", err=True)
+        click.echo(printable(f"{count} events from {len(written)} ranks written to {perfetto_path}"), err=True)
 
 
 def _parse_ranks(text: str | None) -> list[int] | None:

@@ -1,34 +1,63 @@
 """All ranks on one timeline in the Chrome trace event format, which ui.perfetto.dev and chrome://tracing open.
 
-One process per rank (named with its host), one track per kind of record: steps, phases, collectives (one track
-per process group), pipeline micro-batches, and GPU telemetry as counters. Each rank's times are moved onto rank
-0's clock with its manifest's ``clock_offset_us``, so that collectives line up across hosts. The file is written
-event by event: a large run never has to fit in memory as JSON.
+One process per rank (pid = rank, named with its host), and in it: a track of steps with their phases nested
+inside (phases recorded only as a duration are laid out in order, and say so), one per process group for
+collectives (each drawn for its measured duration, or an estimate marked as one, and linked to the same
+collective on the other ranks by a flow), pipeline micro-batches, and GPU telemetry as counters. Each rank's
+times are moved onto rank 0's clock with its manifest's ``clock_offset_us``, so that collectives line up across
+hosts. The file is written event by event: a large run never has to fit in memory as JSON.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
+import statistics
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-TRACKS = {"steps": 1, "phases": 2, "pipeline": 3}  # collectives get 10 + their group's index
+# tids within a rank's process: the step track holds each step and its phases nested inside it; collectives get
+# COLLECTIVE_TID + LANES_PER_GROUP x their group's index + a lane (collectives of one group that overlap in time)
+STEP_TID = 1
+PIPELINE_TID = 3
+COLLECTIVE_TID = 10
+LANES_PER_GROUP = 1000
 TELEMETRY_COUNTERS = {
     "util_pct": "GPU utilisation %",
     "sm_clock_mhz": "SM clock MHz",
     "power_w": "power W",
     "temp_c": "temperature C",
 }
+# the step's phases recorded only as durations (steps table columns), in the order a training step runs them
+STEP_PHASES = (
+    ("data wait", "data_wait_us"),
+    ("forward", "forward_us"),
+    ("backward", "backward_us"),
+    ("optimizer", "optimizer_us"),
+)
+LAID_OUT = "laid out in order"  # args.start of a phase whose start was not recorded
+MIN_DRAWN_US = 1.0  # a collective narrower than this (an estimate of 0) is drawn this wide, its args say so
 
 
 def write_chrome_trace(trace, path: Path, steps: tuple[int, int] | None = None, ranks: list[int] | None = None) -> int:
     """Write ``trace`` (steps ``A <= step < B`` and ``ranks`` when given) to ``path``; returns the event count."""
+    wanted = sorted(set(ranks) if ranks is not None else set(trace.ranks_found))
+    window_us = _window_us(trace, steps)
+    data = {rank: _trace_rank_data(trace, rank, steps, window_us) for rank in wanted}
+    instances = CollectiveInstances()
+    for rank, rank_data in data.items():
+        instances.add_rank(rank, rank_data.offset_us, rank_data.rows["collectives"])
+    instances.finish()
     with open(path, "w") as out:
         out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
-        count = _write_events(out, _events(trace, steps, ranks), 0)
+        count = 0
+        for rank, rank_data in data.items():
+            count = _write_events(out, rank_events(rank, rank_data, instances), count)
         out.write("\n]}\n")
     return count
 
@@ -42,16 +71,6 @@ def _finite(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def _events(trace, steps, ranks) -> Iterator[dict]:
-    offsets = trace.clock_offsets_us()
-    wanted = set(ranks) if ranks is not None else set(trace.ranks_found)
-    yield from _metadata(trace, wanted)
-    for name, frame in (("steps", trace.steps), ("phases", trace.phases), ("pipeline", trace.microbatches)):
-        yield from _spans(name, _select(frame, steps, wanted), offsets)
-    yield from _collectives(_select(trace.collectives, steps, wanted), offsets)
-    yield from _telemetry(trace.telemetry[trace.telemetry["rank"].isin(wanted)], _window_us(trace, steps), offsets)
 
 
 def _select(frame: pd.DataFrame, steps, ranks: set[int]) -> pd.DataFrame:
@@ -71,85 +90,369 @@ def _window_us(trace, steps) -> tuple[float, float] | None:
     return float(chosen["start_us"].min()), float((chosen["start_us"] + chosen["duration_us"]).max())
 
 
-def _metadata(trace, ranks: set[int]) -> Iterator[dict]:
-    for rank in sorted(ranks):
-        manifest = trace.manifest(rank)
-        host = (manifest.host if manifest else None) or "?"
-        yield {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank} ({host})"}}
-        yield {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}}
-        for track, tid in TRACKS.items():
-            yield {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}}
+@dataclass
+class RankData:
+    """One rank's rows of the window, table by table, each row {column: value} (nulls as None): what its events
+    are made of, whichever way the rows were read (a loaded Trace, or Arrow straight from its files)."""
+
+    host: str
+    offset_us: float  # the rank's clock minus rank 0's
+    rows: dict[str, list[dict]]
 
 
-def _spans(kind: str, frame: pd.DataFrame, offsets: dict[int, float]) -> Iterator[dict]:
-    tid = TRACKS[kind]
-    for row in frame.itertuples(index=False):
-        yield {
-            "ph": "X",
-            "pid": int(row.rank),
-            "tid": tid,
-            "ts": row.start_us - offsets.get(int(row.rank), 0.0),
-            "dur": float(row.duration_us),
-            "name": _span_name(kind, row),
-            "args": _args(row),
-        }
-
-
-def _span_name(kind: str, row) -> str:
-    if kind == "steps":
-        return f"step {row.step}"
-    if kind == "phases":
-        return str(row.name)
-    return f"{row.action} mb{row.microbatch}"
-
-
-def _collectives(frame: pd.DataFrame, offsets: dict[int, float]) -> Iterator[dict]:
-    groups = {str(pg): 10 + i for i, pg in enumerate(sorted(frame["pg"].astype(str).unique()))}
-    for rank in frame["rank"].unique():
-        for pg, tid in groups.items():
-            yield {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": int(rank),
-                "tid": tid,
-                "args": {"name": f"collectives pg {pg}"},
-            }
-    for row in frame.itertuples(index=False):
-        duration = row.duration_us
-        yield {
-            "ph": "X",
-            "pid": int(row.rank),
-            "tid": groups[str(row.pg)],
-            "ts": row.start_us - offsets.get(int(row.rank), 0.0),
-            "dur": 0.0 if pd.isna(duration) else float(duration),  # never completed: a zero-length mark
-            "name": f"{row.op} #{row.seq}",
-            "args": _args(row),
-        }
-
-
-def _telemetry(frame: pd.DataFrame, window_us, offsets: dict[int, float]) -> Iterator[dict]:
+def _trace_rank_data(trace, rank: int, steps, window_us) -> RankData:
+    manifest = trace.manifest(rank)
+    rows = {}
+    for name, frame in (
+        ("steps", trace.steps),
+        ("phases", trace.phases),
+        ("microbatches", trace.microbatches),
+        ("collectives", trace.collectives),
+    ):
+        rows[name] = [_args(row) for row in _select(frame, steps, {rank}).itertuples(index=False)]
+    telemetry = trace.telemetry[trace.telemetry["rank"] == rank]
     if window_us is not None:
-        frame = frame[(frame["time_us"] >= window_us[0]) & (frame["time_us"] <= window_us[1])]
-    for row in frame.itertuples(index=False):
-        for column, label in TELEMETRY_COUNTERS.items():
-            value = getattr(row, column)
-            if not pd.isna(value):
-                yield {
-                    "ph": "C",
-                    "pid": int(row.rank),
-                    "ts": row.time_us - offsets.get(int(row.rank), 0.0),
-                    "name": f"GPU {row.gpu} {label}",
-                    "args": {label: float(value)},
-                }
+        inside = (telemetry["time_us"] >= window_us[0]) & (telemetry["time_us"] <= window_us[1])
+        telemetry = telemetry[inside]
+    rows["telemetry"] = [_args(row) for row in telemetry.itertuples(index=False)]
+    host = (manifest.host if manifest else None) or "?"
+    return RankData(host, trace.clock_offsets_us().get(rank, 0.0), rows)
 
 
 def _args(row) -> dict:
     return {k: (None if pd.isna(v) else v.item() if hasattr(v, "item") else v) for k, v in row._asdict().items()}
 
 
+# -- collectives across ranks: one instance per (group, seq) ------------------------------------------------------
+
+
+@functools.cache
+def _canonical_op(op: str) -> str:
+    """``comms.canonical_op``, once per op name (it is asked once per collective row)."""
+    from diag.analysis.comms import canonical_op
+
+    return canonical_op(op)
+
+
+def _matched(op: str, seq) -> bool:
+    """Whether rows of this op and seq on different ranks are one instance (``comms.collective_waits``: point to
+    point ops are numbered per rank, and an unknown seq (-1) matches nothing)."""
+    return seq is not None and seq >= 0 and _canonical_op(op) not in ("send", "recv")
+
+
+@dataclass
+class _Instance:
+    op: str
+    first: tuple = (math.inf, -1)  # (issue time on rank 0's clock, rank) of the first rank to issue it
+    last: tuple = (-math.inf, -1)  # and of the last: the rank the others waited for
+    ranks: int = 0
+    latest_untimed_us: float = -math.inf  # latest issue among the rows without a duration
+    transfer_us: float = math.inf  # shortest measured duration: the transfer once every rank was there
+    bytes_max: int = 0
+
+
+class CollectiveInstances:
+    """What a rank's collective events need of the other ranks, reduced rank by rank (memory: one record per
+    collective instance in the window, not per row), as ``comms.collective_waits`` defines it: who issued each
+    instance first and last, the latest issue of its untimed rows, its transfer time (shortest measured
+    duration), and per (op, group) the median bandwidth of the timed instances, to estimate the untimed ones."""
+
+    def __init__(self):
+        self._instances: dict[tuple[str, int], _Instance] = {}
+        self._bandwidth: dict[tuple[str, str], float] = {}  # bytes per us
+
+    def add_rank(self, rank: int, offset_us: float, rows: list[dict]) -> None:
+        for row in rows:
+            pg, op = _text(row["pg"]), _text(row["op"])
+            if not _matched(op, row["seq"]):
+                continue
+            key = (pg, int(row["seq"]))
+            instance = self._instances.get(key)
+            if instance is None:
+                instance = self._instances[key] = _Instance(op)
+            ts = row["start_us"] - offset_us
+            instance.first = min(instance.first, (ts, rank))
+            instance.last = max(instance.last, (ts, rank))
+            instance.ranks += 1
+            instance.bytes_max = max(instance.bytes_max, int(row["bytes"] or 0))
+            duration = row["duration_us"]
+            if duration is None:
+                instance.latest_untimed_us = max(instance.latest_untimed_us, ts)
+            else:
+                instance.transfer_us = min(instance.transfer_us, float(duration))
+
+    def finish(self) -> None:
+        """The bandwidths, once every rank was added."""
+        rates: dict[tuple[str, str], list[float]] = {}
+        for (pg, _), instance in self._instances.items():
+            if math.isfinite(instance.transfer_us) and instance.transfer_us > 0 and instance.bytes_max > 0:
+                rates.setdefault((_canonical_op(instance.op), pg), []).append(instance.bytes_max / instance.transfer_us)
+        self._bandwidth = {key: statistics.median(sorted(values)) for key, values in rates.items()}
+
+    def get(self, pg: str, seq) -> _Instance | None:
+        return self._instances.get((pg, int(seq))) if seq is not None else None
+
+    def bandwidth_bytes_per_us(self, op: str, pg: str) -> float | None:
+        return self._bandwidth.get((_canonical_op(op), pg))
+
+
+@functools.lru_cache(maxsize=1 << 16)  # each instance is asked once per rank
+def flow_id(pg: str, seq: int) -> str:
+    """The flow that links one instance's slices on every rank: the same on every rank without any of them
+    knowing the others' (hex: Perfetto reads a string bind_id as a hexadecimal number)."""
+    return hashlib.blake2b(f"{pg}\x1f{seq}".encode(), digest_size=8).hexdigest()
+
+
+def _flow(instance: _Instance | None, pg: str, seq, rank: int, ts: float) -> dict:
+    """The v2 flow fields (``bind_id`` with ``flow_in``/``flow_out`` on the slice itself) of a rank's slice of an
+    instance: one chain through its ranks in the order they issued it, ending at the last rank to arrive.
+
+    Why this shape: a flow on the slice binds to that slice exactly (no separate "s"/"f" event to place inside
+    it) and adds no event, so the file grows by a few fields per collective; Perfetto reads the events in time
+    order, so a chain must follow the issue times (a flow step before its start is dropped), and in that order
+    every arrow points forward in time and the chain ends at the rank everyone waited for. A star from the
+    last rank would need that rank's slice to carry one flow per other rank (one bind_id per slice), and each
+    rank's events to know every other rank's: a chain needs only who issued first and last."""
+    if instance is None or instance.ranks < 2:
+        return {}
+    first, last = instance.first == (ts, rank), instance.last == (ts, rank)
+    fields = {"bind_id": flow_id(pg, int(seq))}
+    if not first:
+        fields["flow_in"] = True
+    if not last:
+        fields["flow_out"] = True
+    return fields
+
+
+def _collective_duration(row: dict, ts: float, instance: _Instance | None, instances: CollectiveInstances):
+    """(drawn duration, args to add) of a collective row: its measured duration, else an estimate from the
+    other ranks' records: the wait for the last rank to issue it (issue times, on rank 0's clock) plus the
+    transfer (the shortest duration measured on another rank, else the bytes at the median bandwidth of the
+    timed collectives of the same op and group). Without either, the wait alone: a lower bound."""
+    measured = row["duration_us"]
+    if measured is not None:
+        extra = {"duration": "measured"}
+        if instance is not None:
+            extra["last_rank_to_issue"] = instance.last[1]
+        if measured < MIN_DRAWN_US:
+            extra["drawn_us"] = MIN_DRAWN_US
+        return max(float(measured), MIN_DRAWN_US), extra
+    op, pg = _text(row["op"]), _text(row["pg"])
+    wait_us = max(0.0, instance.latest_untimed_us - ts) if instance is not None else 0.0
+    transfer_us, transfer = None, f"unknown (no timed {op} in group {pg}): the estimate is a lower bound"
+    if instance is not None and math.isfinite(instance.transfer_us):
+        transfer_us, transfer = instance.transfer_us, "the shortest duration measured on another rank"
+    else:
+        bandwidth = instances.bandwidth_bytes_per_us(op, pg)
+        if bandwidth:
+            nbytes = instance.bytes_max if instance is not None else int(row["bytes"] or 0)
+            transfer_us = nbytes / bandwidth
+            transfer = f"{nbytes} bytes at the median bandwidth of the timed {op} in group {pg} ({bandwidth:.1f} MB/s)"
+    estimated_us = wait_us + (transfer_us or 0.0)
+    extra = {
+        "duration": "estimated",
+        "estimated_us": round(estimated_us, 1),
+        "wait_us": round(wait_us, 1),  # until the last rank issued it, from the issue times on rank 0's clock
+        "transfer": transfer,
+    }
+    if instance is not None:
+        extra["last_rank_to_issue"] = instance.last[1]
+    if estimated_us < MIN_DRAWN_US:
+        extra["drawn_us"] = MIN_DRAWN_US
+    return max(estimated_us, MIN_DRAWN_US), extra
+
+
+# -- one rank's events ----------------------------------------------------------------------------------------
+
+
+def rank_events(rank: int, data: RankData, instances: CollectiveInstances) -> Iterator[dict]:
+    """Every event of one rank: its process and tracks named, its steps with their phases nested inside, its
+    pipeline micro-batches, its collectives (measured or estimated, linked across ranks) and GPU counters."""
+    offset = data.offset_us
+    rows = data.rows
+    yield {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank} ({data.host})"}}
+    yield {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}}
+    yield from _thread(rank, STEP_TID, "steps and phases")
+    yield from _step_events(rank, rows["steps"], rows["phases"], offset)
+    if rows["microbatches"]:
+        yield from _thread(rank, PIPELINE_TID, "pipeline")
+    for row in rows["microbatches"]:
+        yield {
+            "ph": "X",
+            "cat": "pipeline",
+            "pid": rank,
+            "tid": PIPELINE_TID,
+            "ts": row["start_us"] - offset,
+            "dur": float(row["duration_us"]),
+            "name": f"{_text(row['action'])} mb{row['microbatch']}",
+            "args": row,
+        }
+    yield from _collective_events(rank, rows["collectives"], offset, instances)
+    for row in rows["telemetry"]:
+        for column, label in TELEMETRY_COUNTERS.items():
+            value = row[column]
+            if value is not None:
+                yield {
+                    "ph": "C",
+                    "pid": rank,
+                    "ts": row["time_us"] - offset,
+                    "name": f"GPU {row['gpu']} {label}",
+                    "args": {label: float(value)},
+                }
+
+
+def _thread(rank: int, tid: int, name: str) -> Iterator[dict]:
+    yield {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}}
+    yield {"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "args": {"sort_index": tid}}
+
+
+def _step_events(rank: int, steps: list[dict], phases: list[dict], offset: float) -> Iterator[dict]:
+    """Each step as a span from its data wait (spent before the body, in the loader) to the end of its body,
+    and inside it, on the same track, its phases: those with a recorded start where they ran, and the phases the
+    steps table has only as a duration (data wait, forward, backward, optimizer; the sum of their calls in the
+    step) laid out one after the other in that order, in the time the timed phases leave free."""
+    timed: dict[int, list[dict]] = {}
+    for row in phases:
+        timed.setdefault(row["step"], []).append(row)
+    in_steps = set()
+    previous_end = -math.inf
+    for row in sorted(steps, key=lambda r: r["start_us"]):
+        step, body_ts = row["step"], row["start_us"] - offset
+        end = body_ts + float(row["duration_us"])
+        # from its data wait, but not before the previous step's end (a data wait spent inside a body)
+        start = max(body_ts - float(row["data_wait_us"] or 0), min(previous_end, body_ts))
+        previous_end = max(previous_end, end)
+        yield {
+            "ph": "X",
+            "cat": "step",
+            "pid": rank,
+            "tid": STEP_TID,
+            "ts": start,
+            "dur": end - start,
+            "name": f"step {step}",
+            "args": {**row, "span": "data wait + step body"},
+        }
+        own = [p for p in timed.get(step, []) if start <= p["start_us"] - offset <= end]
+        in_steps.update(id(p) for p in own)
+        yield from _timed_phases(rank, own, offset, end)
+        yield from _laid_out_phases(rank, row, own, offset, start, body_ts, end)
+    for row in phases:  # outside any step of the window (step -1): where they ran, at the top of the track
+        if id(row) not in in_steps:
+            yield from _timed_phases(rank, [row], offset, math.inf)
+
+
+def _timed_phases(rank: int, rows: list[dict], offset: float, end: float) -> Iterator[dict]:
+    for row in rows:
+        ts = row["start_us"] - offset
+        yield {
+            "ph": "X",
+            "cat": "phase",
+            "pid": rank,
+            "tid": STEP_TID,
+            "ts": ts,
+            "dur": min(float(row["duration_us"]), end - ts),  # inside its step: host clocks round apart
+            "name": _text(row["name"]),
+            "args": row,
+        }
+
+
+def _laid_out_phases(rank: int, step: dict, timed: list[dict], offset, start, body_ts, end) -> Iterator[dict]:
+    """The duration-only phases of ``step``, each placed at the first free time after the previous one that holds
+    it (free: not in a timed phase, whose real time wins), cut at the step's end if it does not fit; a phase
+    the step also has timed rows of is shown by those."""
+    busy = sorted((p["start_us"] - offset, p["start_us"] - offset + float(p["duration_us"])) for p in timed)
+    names = {_text(p["name"]) for p in timed}
+    cursor = start
+    for name, column in STEP_PHASES:
+        duration_us = float(step[column] or 0)
+        if duration_us <= 0 or name in names:
+            continue
+        if column == "data_wait_us" and body_ts - start >= duration_us:  # before the body (diag.wrap_loader)
+            ts, drawn_us = start, duration_us
+        else:  # in the body (a data wait that does not fit before it: the loader was waited on inside the step)
+            ts = _free_at(max(cursor, body_ts), duration_us, busy, end)
+            if ts is None:
+                continue  # no free time left in the step: its duration is still in the step's args
+            drawn_us = min(duration_us, _free_until(ts, busy, end) - ts)
+        args = {"step": step["step"], "duration_us": step[column], "start": LAID_OUT}
+        if drawn_us < duration_us:
+            args["drawn_us"] = drawn_us
+        yield {
+            "ph": "X",
+            "cat": "phase",
+            "pid": rank,
+            "tid": STEP_TID,
+            "ts": ts,
+            "dur": drawn_us,
+            "name": name,
+            "args": args,
+        }
+        cursor = ts + drawn_us
+
+
+def _free_at(cursor: float, duration_us: float, busy: list[tuple], end: float) -> float | None:
+    """The first time from ``cursor`` that starts a free stretch holding ``duration_us`` (else the first free
+    time at all), before ``end``."""
+    first_free = None
+    while cursor < end:
+        inside = [b for b in busy if b[0] <= cursor < b[1]]
+        if inside:
+            cursor = max(b[1] for b in inside)
+            continue
+        first_free = cursor if first_free is None else first_free
+        free_end = _free_until(cursor, busy, end)
+        if free_end - cursor >= duration_us or free_end >= end:
+            return cursor if free_end - cursor >= duration_us else first_free
+        cursor = free_end  # a timed phase starts here: past it next
+    return first_free
+
+
+def _free_until(ts: float, busy: list[tuple], end: float) -> float:
+    return min([b[0] for b in busy if b[0] > ts] + [end])
+
+
+def _collective_events(rank: int, rows: list[dict], offset: float, instances: CollectiveInstances) -> Iterator[dict]:
+    """One track per process group (more when its collectives overlap in time: asynchronous ones, so that every
+    slice nests), each collective drawn for its measured or estimated duration and linked to its instance on the
+    other ranks."""
+    groups = {pg: COLLECTIVE_TID + LANES_PER_GROUP * i for i, pg in enumerate(sorted({_text(r["pg"]) for r in rows}))}
+    events, lane_ends = [], {}
+    for row in sorted(rows, key=lambda r: (r["start_us"], _text(r["pg"]), r["seq"])):
+        pg, op, seq = _text(row["pg"]), _text(row["op"]), row["seq"]
+        ts = row["start_us"] - offset
+        instance = instances.get(pg, seq) if _matched(op, seq) else None
+        dur, extra = _collective_duration(row, ts, instance, instances)
+        ends = lane_ends.setdefault(pg, [])
+        lane = next((i for i, lane_end in enumerate(ends) if lane_end <= ts), len(ends))
+        lane = min(lane, LANES_PER_GROUP - 1)
+        if lane == len(ends):
+            ends.append(ts + dur)
+        else:
+            ends[lane] = max(ends[lane], ts + dur)
+        estimated = extra["duration"] == "estimated"
+        events.append(
+            {
+                "ph": "X",
+                "cat": "collective,estimated" if estimated else "collective",
+                "pid": rank,
+                "tid": groups[pg] + lane,
+                "ts": ts,
+                "dur": dur,
+                "name": f"{op} #{seq}" + (" (estimated)" if estimated else ""),
+                "args": {**row, **extra},
+                **_flow(instance, pg, seq, rank, ts),
+            }
+        )
+    for pg, tid in groups.items():
+        for lane in range(len(lane_ends.get(pg, []))):
+            yield from _thread(rank, tid + lane, f"collectives pg {pg}" + (f" (overlapping {lane})" if lane else ""))
+    yield from events
+
+
 # -- a trace directory, rank by rank -------------------------------------------------------------------------------
 
 EXPORT_TABLES = ("steps", "phases", "microbatches", "collectives", "telemetry")  # memory is not on the timeline
+COLLECTIVE_TABLES = ("steps", "collectives")  # the steps: a second run appended to a rank's files is cut by them
 
 
 def write_chrome_trace_dir(
@@ -182,36 +485,46 @@ def write_chrome_trace_dir(
         )
     chosen = {r: d for r, d in rank_dirs.items() if ranks is None or r in set(ranks)}
     skipped = list(reader._dir_notes)
-    with _bar(progress, len(rank_dirs) + len(chosen), "exporting ranks") as tick:
+    with _bar(progress, len(rank_dirs) + 2 * len(chosen), "exporting ranks") as tick:
         others, window_us, restarted = _first_pass(reader, rank_dirs, steps, tick, windowed)
         if others:
             skipped.append(_other_runs_note(trace_dir, others))
         written = [r for r in chosen if r not in others]
+
+        def rank_data(rank: int, tables: tuple, notes: list) -> RankData:
+            full = TraceReader(trace_dir, tables=tables)
+            if windowed and rank not in restarted:
+                pruned = TraceReader(trace_dir, tables=tables)
+                pruned.windows = _read_windows(steps, window_us)
+                return _arrow_rank_data(pruned, full, trace_dir, rank, chosen[rank], notes, steps, window_us)
+            trace = _rank_trace(full, trace_dir, rank, chosen[rank], notes, steps, window_us)
+            return _trace_rank_data(trace, rank, steps, window_us)
+
+        # the collectives of every rank first, reduced to one record per instance: what each rank's collective
+        # events need of the others (estimates, flows). Their notes are those the second read gives again.
+        instances = CollectiveInstances()
+        for rank in written:
+            data = rank_data(rank, COLLECTIVE_TABLES, [])
+            instances.add_rank(rank, data.offset_us, data.rows["collectives"])
+            tick()
+        instances.finish()
         count = 0
-        full = TraceReader(trace_dir, tables=EXPORT_TABLES)
-        pruned = TraceReader(trace_dir, tables=EXPORT_TABLES)
-        pruned.windows = _read_windows(steps, window_us)
         with open(path, "w") as out:
             out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
             for rank in written:
-                if windowed and rank not in restarted:
-                    events = _rank_events(pruned, full, trace_dir, rank, chosen[rank], skipped, steps, window_us)
-                else:
-                    trace = _rank_trace(full, trace_dir, rank, chosen[rank], skipped, steps, window_us)
-                    events = _events_of_rank(trace, rank, steps, window_us)
-                count = _write_events(out, events, count)
+                count = _write_events(out, rank_events(rank, rank_data(rank, EXPORT_TABLES, skipped), instances), count)
                 tick()
             out.write("\n]}\n")
     return count, written, skipped
 
 
 class _bar:
-    """diag.progress's bar over ranks (``tick()`` per rank and pass: two passes, so twice its threshold)."""
+    """diag.progress's bar over ranks (``tick()`` per rank and pass: three passes, so three times its threshold)."""
 
     def __init__(self, enabled: bool, total: int, desc: str):
         from diag.progress import MIN_ITEMS, NoBar, bar
 
-        self._bar = bar(total, desc, min_items=2 * MIN_ITEMS) if enabled else NoBar()
+        self._bar = bar(total, desc, min_items=3 * MIN_ITEMS) if enabled else NoBar()
 
     def __enter__(self):
         return lambda: self._bar.update(1)
@@ -366,16 +679,6 @@ def _empty(name: str) -> pd.DataFrame:
     return _EMPTY[name].copy()
 
 
-def _events_of_rank(trace, rank: int, steps, window_us) -> Iterator[dict]:
-    offsets = trace.clock_offsets_us()
-    wanted = {rank}
-    yield from _metadata(trace, wanted)
-    for name, frame in (("steps", trace.steps), ("phases", trace.phases), ("pipeline", trace.microbatches)):
-        yield from _spans(name, _select(frame, steps, wanted), offsets)
-    yield from _collectives(_select(trace.collectives, steps, wanted), offsets)
-    yield from _telemetry(trace.telemetry, window_us, offsets)
-
-
 # -- the windowed path: one rank's rows of the chosen steps, from Arrow -----------------------------------------
 
 STEP_TABLES = ("steps", "phases", "microbatches", "collectives")
@@ -392,10 +695,10 @@ def _read_windows(steps, window_us) -> dict:
     return windows
 
 
-def _rank_events(pruned, full, trace_dir: Path, rank: int, rank_dir: Path, skipped: list, steps, window_us):
-    """One rank's events, as ``_events_of_rank`` of ``_rank_trace`` gives them: its tables read by ``pruned``
+def _arrow_rank_data(pruned, full, trace_dir: Path, rank: int, rank_dir: Path, skipped: list, steps, window_us):
+    """One rank's RankData, as ``_trace_rank_data`` of ``_rank_trace`` gives it: its tables read by ``pruned``
     (the window's row groups and batches only), the window's rows kept exactly, then the loader's checks of a
-    rank's rows (insane durations dropped, the manifest's notes), events written straight from Arrow. Without
+    rank's rows (insane durations dropped, the manifest's notes), rows taken straight from Arrow. Without
     ``steps`` (whole tables), a rank whose steps start again goes through ``_rank_trace`` with ``full``."""
     from diag.trace.loader import _read_json
     from diag.trace.schema import MANIFEST_FILE
@@ -404,15 +707,18 @@ def _rank_events(pruned, full, trace_dir: Path, rank: int, rank_dir: Path, skipp
     pruned._segments.clear()
     notes: list = []
     manifest = _read_json(rank_dir / MANIFEST_FILE, notes)
-    tables = pruned.read_rank_tables(rank, rank_dir, EXPORT_TABLES, notes)
+    tables = pruned.read_rank_tables(rank, rank_dir, pruned.tables, notes)
     if steps is None and _restarted(tables.get("steps")):
-        return _events_of_rank(_rank_trace(full, trace_dir, rank, rank_dir, skipped), rank, None, None)
+        return _trace_rank_data(_rank_trace(full, trace_dir, rank, rank_dir, skipped), rank, None, None)
     if steps is not None:
         tables = {name: _in_window(name, arrow, steps, window_us) for name, arrow in tables.items()}
     tables = _sane_durations(tables, notes, trace_dir)
     parsed = _rank_manifest(trace_dir, rank, manifest, notes)
     skipped.extend(notes)
-    return _arrow_events(rank, parsed, tables)
+    offset = parsed.clock_offset_us if parsed is not None and parsed.clock_offset_us is not None else 0.0
+    host = (parsed.host if parsed else None) or "?"
+    rows = {name: list(_rows(tables.get(name))) for name in EXPORT_TABLES}
+    return RankData(host, offset, rows)
 
 
 def _sane_durations(tables: dict, skipped: list, trace_dir: Path) -> dict:
@@ -447,57 +753,6 @@ def _rank_manifest(trace_dir: Path, rank: int, manifest: dict | None, skipped: l
     return manifests.get(rank)
 
 
-def _arrow_events(rank: int, manifest, tables: dict) -> Iterator[dict]:
-    """``_events_of_rank``'s events, in its order, from one rank's Arrow tables (already cut to the window): the
-    same names, times and args (every column, nulls as None, as ``_args`` gives them from pandas)."""
-    offset = manifest.clock_offset_us if manifest is not None and manifest.clock_offset_us is not None else 0.0
-    host = (manifest.host if manifest else None) or "?"
-    yield {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank} ({host})"}}
-    yield {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}}
-    for track, tid in TRACKS.items():
-        yield {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": track}}
-    for kind, name in (("steps", "steps"), ("phases", "phases"), ("pipeline", "microbatches")):
-        for row in _rows(tables.get(name)):
-            yield {
-                "ph": "X",
-                "pid": rank,
-                "tid": TRACKS[kind],
-                "ts": row["start_us"] - offset,
-                "dur": float(row["duration_us"]),
-                "name": _row_span_name(kind, row),
-                "args": row,
-            }
-    yield from _arrow_collectives(list(_rows(tables.get("collectives"))), rank, offset)
-    for row in _rows(tables.get("telemetry")):
-        for column, label in TELEMETRY_COUNTERS.items():
-            value = row[column]
-            if value is not None:
-                yield {
-                    "ph": "C",
-                    "pid": rank,
-                    "ts": row["time_us"] - offset,
-                    "name": f"GPU {row['gpu']} {label}",
-                    "args": {label: float(value)},
-                }
-
-
-def _arrow_collectives(rows: list[dict], rank: int, offset: float) -> Iterator[dict]:
-    groups = {pg: 10 + i for i, pg in enumerate(sorted({_text(row["pg"]) for row in rows}))}
-    for pg, tid in groups.items():
-        yield {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": f"collectives pg {pg}"}}
-    for row in rows:
-        duration = row["duration_us"]
-        yield {
-            "ph": "X",
-            "pid": rank,
-            "tid": groups[_text(row["pg"])],
-            "ts": row["start_us"] - offset,
-            "dur": 0.0 if duration is None else float(duration),  # never completed: a zero-length mark
-            "name": f"{_text(row['op'])} #{row['seq']}",
-            "args": row,
-        }
-
-
 def _rows(arrow) -> Iterator[dict]:
     """Each row as {column: value}, in the columns' order (the rank first), nulls as None."""
     if arrow is None or not arrow.num_rows:
@@ -527,14 +782,6 @@ def _values(column) -> list:
 def _text(value) -> str:
     """A category value as pandas prints it: a missing one (NaN in a categorical) is "nan"."""
     return "nan" if value is None else str(value)
-
-
-def _row_span_name(kind: str, row: dict) -> str:
-    if kind == "steps":
-        return f"step {row['step']}"
-    if kind == "phases":
-        return _text(row["name"])
-    return f"{_text(row['action'])} mb{row['microbatch']}"
 
 
 # one encoder for every event: json.dumps with options builds a new JSONEncoder per call (~10% of writing a run)

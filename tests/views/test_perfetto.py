@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import pandas as pd
 from click.testing import CliRunner
 
 import diag
@@ -109,3 +110,190 @@ def test_rank_by_rank_export_of_a_rank_whose_files_hold_a_second_run(tmp_path):
         by_rank = json.loads((tmp_path / "by_rank.json").read_text())["traceEvents"]
         key = lambda e: json.dumps(e, sort_keys=True)  # noqa: E731
         assert sorted(map(key, by_rank)) == sorted(map(key, whole)), steps
+
+
+# -- what the timeline shows: nested phases, collectives timed or estimated, flows between ranks -----------------
+
+REAL_RUNS = ("straggler", "straggler-h200", "hang", "pipeline")  # real gloo runs: 3 ranks (DDP), 3, 3, 4 (pipeline)
+
+
+def assert_honest_timeline(events: list[dict]) -> None:
+    """Every slice nests on its track, each phase inside its step (same track), no collective of zero length,
+    estimated collectives named, categorised and argued as such, and every flow a chain across distinct ranks
+    in issue order: the first rank to issue only flows out, the last only in, those between both."""
+    slices = [e for e in events if e["ph"] == "X"]
+    tracks: dict = {}
+    for e in slices:
+        tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    for track in tracks.values():
+        stack: list = []
+        for e in sorted(track, key=lambda e: (e["ts"], -e["dur"])):
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            assert not stack or e["ts"] + e["dur"] <= stack[-1]["ts"] + stack[-1]["dur"], (e, stack[-1])
+            stack.append(e)
+    steps = {(e["pid"], e["args"]["step"]): e for e in slices if e.get("cat") == "step"}
+    for phase in (e for e in slices if e.get("cat") == "phase" and e["args"]["step"] >= 0):
+        step = steps[(phase["pid"], phase["args"]["step"])]
+        assert phase["tid"] == step["tid"]
+        assert step["ts"] <= phase["ts"] and phase["ts"] + phase["dur"] <= step["ts"] + step["dur"], (phase, step)
+    collectives = [e for e in slices if e.get("cat", "").startswith("collective")]
+    for e in collectives:
+        assert e["dur"] > 0, e
+        estimated = e["args"]["duration"] == "estimated"
+        assert estimated == (e["args"]["duration_us"] is None)
+        assert estimated == e["name"].endswith("(estimated)") == (e["cat"] == "collective,estimated")
+        if not estimated:
+            assert e["dur"] == max(e["args"]["duration_us"], 1.0)
+    chains: dict = {}
+    for e in collectives:
+        if "bind_id" in e:
+            chains.setdefault(e["bind_id"], []).append(e)
+    for chain in chains.values():
+        chain.sort(key=lambda e: (e["ts"], e["pid"]))
+        assert len(chain) >= 2 and len({e["pid"] for e in chain}) == len(chain)
+        assert len({(e["args"]["pg"], e["args"]["seq"]) for e in chain}) == 1
+        directions = [(bool(e.get("flow_in")), bool(e.get("flow_out"))) for e in chain]
+        assert directions == [(False, True)] + [(True, True)] * (len(chain) - 2) + [(True, False)]
+        assert {e["args"]["last_rank_to_issue"] for e in chain} == {chain[-1]["pid"]}
+
+
+def test_real_runs_show_steps_with_nested_phases_collectives_with_durations_and_flows(tmp_path):
+    for name in REAL_RUNS:
+        run = REPO / "sample_traces" / name
+        out = tmp_path / f"{name}.json"
+        result = CliRunner().invoke(export_command, [str(run), "--perfetto", str(out), "-q"])
+        assert result.exit_code == 0, result.output
+        events = json.loads(out.read_text())["traceEvents"]
+        assert_honest_timeline(events)
+        trace = diag.load(run)
+        steps = [e for e in events if e.get("cat") == "step"]
+        assert len(steps) == len(trace.steps)
+        # the steps table's phases, laid out and said so, unless the trace timed a phase of that name
+        for step in steps:
+            row = step["args"]
+            inside = [e for e in events if e.get("cat") == "phase" and e["pid"] == step["pid"]]
+            inside = [e for e in inside if e["args"]["step"] == row["step"]]
+            laid_out = {
+                e["name"]: e["args"]["duration_us"] for e in inside if e["args"].get("start") == "laid out in order"
+            }
+            expected = {"data wait": row["data_wait_us"], "forward": row["forward_us"]}
+            expected.update(backward=row["backward_us"], optimizer=row["optimizer_us"])
+            assert laid_out == {k: v for k, v in expected.items() if v > 0}, (name, row)
+            timed = trace.phases[(trace.phases["rank"] == step["pid"]) & (trace.phases["step"] == row["step"])]
+            assert sorted(e["name"] for e in inside if "start" not in e["args"]) == sorted(timed["name"].astype(str))
+        # every collective of the trace, and the instances of more than one rank linked
+        collectives = [e for e in events if e.get("cat", "").startswith("collective")]
+        assert len(collectives) == len(trace.collectives)
+        shared = (
+            trace.collectives[trace.collectives["seq"] >= 0].groupby(["pg", "seq"], observed=True)["rank"].nunique()
+        )
+        linked = {e["bind_id"] for e in collectives if "bind_id" in e}
+        point_to_point = trace.collectives["op"].astype(str).isin(["send", "recv"]).any()
+        if not point_to_point:
+            assert len(linked) == int((shared > 1).sum()), name
+
+
+def test_untimed_collectives_are_estimated_from_the_analysis_waits(tmp_path):
+    """straggler-h200's collectives carry issue times only (DDP buckets read from gloo's Flight Recorder): each
+    is drawn for the wait for the last rank to issue it, which is the wait ``comms.collective_waits`` gives the
+    report; the last rank's own (no wait, no timed collective to give a transfer) is a 1 us lower bound."""
+    from diag.analysis.comms import collective_waits
+
+    run = REPO / "sample_traces" / "straggler-h200"
+    events = export_events(tmp_path, run)
+    trace = diag.load(run)
+    coll = trace.collectives
+    assert coll["duration_us"].isna().all()
+    waits = collective_waits(coll, clock_offsets_us=trace.clock_offsets_us())
+    expected = {
+        (int(r), str(pg), int(s)): w for r, pg, s, w in zip(coll["rank"], coll["pg"], coll["seq"], waits.wait_us)
+    }
+    estimated = [e for e in events if e.get("cat") == "collective,estimated"]
+    assert len(estimated) == len(coll)
+    for e in estimated:
+        wait_us = expected[(e["pid"], e["args"]["pg"], e["args"]["seq"])]
+        assert e["args"]["wait_us"] == round(wait_us, 1)
+        assert abs(e["dur"] - max(wait_us, 1.0)) < 1e-6
+        assert "lower bound" in e["args"]["transfer"]
+    assert any(e["dur"] > 1000 for e in estimated)  # the straggler's peers waited for it
+
+
+def test_untimed_collective_takes_its_peers_transfer_else_the_measured_bandwidth(tmp_path):
+    """The straggler run with rank 2's all_reduce durations removed (as Flight Recorder gives DDP's buckets on
+    gloo): each is drawn for its wait for the last rank to issue it plus the transfer ranks 0 and 1 measured;
+    with step 7's removed on every rank, plus its bytes at the median bandwidth of the run's timed all_reduce."""
+    import statistics
+
+    trace = diag.load(SAMPLE)
+    coll = trace.collectives
+    all_reduce = coll["op"].astype(str) == "all_reduce"
+    step7 = int(coll[all_reduce & (coll["step"] == 7)]["seq"].iloc[0])
+    untimed = all_reduce & ((coll["rank"] == 2) | (coll["seq"] == step7))
+    coll.loc[untimed, "duration_us"] = pd.NA
+    transfer = coll[all_reduce].groupby("seq")["duration_us"].min()  # the shortest measured: ranks 0 and 1's
+    rate = statistics.median(sorted((coll[all_reduce].groupby("seq")["bytes"].max() / transfer).dropna().tolist()))
+    write_chrome_trace(trace, tmp_path / "run.json")
+    events = json.loads((tmp_path / "run.json").read_text())["traceEvents"]
+    assert_honest_timeline(events)
+    estimated = [e for e in events if e.get("cat") == "collective,estimated" and e["args"]["op"] == "all_reduce"]
+    assert len(estimated) == int(untimed.sum())
+    for e in estimated:
+        seq = e["args"]["seq"]
+        same = coll[all_reduce & (coll["seq"] == seq)]
+        issued = same["start_us"] - same["rank"].map(trace.clock_offsets_us()).fillna(0.0)
+        untimed_issued = issued[same["duration_us"].isna()]
+        wait_us = untimed_issued.max() - issued[same["rank"] == e["pid"]].iloc[0]
+        if seq == step7:
+            expected = wait_us + same["bytes"].max() / rate
+            assert "median bandwidth of the timed all_reduce" in e["args"]["transfer"]
+        else:
+            expected = wait_us + transfer[seq]
+            assert e["args"]["transfer"] == "the shortest duration measured on another rank"
+        assert abs(e["dur"] - max(expected, 1.0)) < 1e-3, (e, expected)
+
+
+def export_events(tmp_path, run) -> list[dict]:
+    out = tmp_path / f"{run.name}.json"
+    result = CliRunner().invoke(export_command, [str(run), "--perfetto", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text())["traceEvents"]
+
+
+def test_output_folder_created_and_absent_rank_is_exit_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = REPO / "sample_traces" / "pipeline"  # 4 ranks
+    result = CliRunner().invoke(export_command, [str(run), "--perfetto", "out/missing_dir/run1.json", "-q"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "out" / "missing_dir" / "run1.json").read_text())["traceEvents"]
+    result = CliRunner().invoke(export_command, [str(run), "--perfetto", "out/r9.json", "--ranks", "9"])
+    assert result.exit_code == 2 and "has no rank 9 (it has ranks 0-3)" in result.output
+    assert not (tmp_path / "out" / "r9.json").exists()
+
+
+def test_messages_from_trace_files_print_no_control_characters(tmp_path):
+    """A run whose folder name and manifest hold terminal escapes (a cleared screen, a window title): the notes
+    and the summary on stderr show them escaped."""
+    import shutil
+    import subprocess
+    import sys
+
+    run = shutil.copytree(REPO / "sample_traces" / "hang", tmp_path / "run\x1b[2J")
+    manifest_path = run / "rank00000" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["world_size"] = "\x1b]0;pwned\x07"
+    manifest_path.write_text(json.dumps(manifest))
+    stderr = {}
+    for name, extra in (("export", []), ("absent rank", ["--ranks", "9"])):
+        result = subprocess.run(
+            [sys.executable, "-m", "diag", "export", str(run), "--perfetto", str(tmp_path / "o.json"), *extra],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        assert result.returncode == (2 if extra else 0), result.stderr
+        stderr[name] = result.stderr
+    for text in stderr.values():
+        assert "\x1b" not in text and "\x07" not in text
+        assert "run\\x1b[2J" in text
+    assert "world_size in manifests (\\x1b]0;pwned\\x07)" in stderr["export"]

@@ -18,6 +18,7 @@ from diag.trace.schema import TABLES
 from diag.views.perfetto import EXPORT_TABLES, write_chrome_trace, write_chrome_trace_dir
 from tests.analysis.helpers import synthetic
 from tests.conftest import REPO
+from tests.views.test_perfetto import assert_honest_timeline
 
 JOB = REPO / "tests" / "views" / "export_job.py"
 JOB_STEPS = 40
@@ -44,6 +45,7 @@ def assert_same_export(run, tmp_path, windows=WINDOWS, ranks=None):
         key = lambda e: json.dumps(e, sort_keys=True)  # noqa: E731 - events are dicts: compare as text
         assert sorted(map(key, json.loads(new)["traceEvents"])) == sorted(map(key, whole)), (run.name, steps)
         assert count == len(whole) > 0
+        assert_honest_timeline(whole)
 
 
 def windowed_rows(run, rank: int, name: str, window) -> tuple[list, list]:
