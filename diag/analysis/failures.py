@@ -187,8 +187,13 @@ def failure_findings(report: FailureReport, ctx: FindingContext | None = None) -
             time_lost_s=0.0,
             time_lost_per_step_s=0.0,
             evidence=evidence,
-            advice="Fix the first error: the others usually follow from it (a peer's closed connection or "
-            "timeout). diag triage shows each rank's stacks and pending collectives at the end.",
+            advice=(
+                "Start from the culprit: the first errors are the waiting ranks' timeouts and closed connections, "
+                "which follow from it. "
+                if culprits
+                else "Fix the first error: the others usually follow from it (a peer's closed connection or timeout). "
+            )
+            + "diag triage shows each rank's stacks and pending collectives at the end.",
         )
     ]
 
