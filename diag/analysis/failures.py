@@ -5,6 +5,11 @@ failed step's timings (its time was spent), and the watchdog's heartbeat keeps h
 (``exit``: exception with its message, SIGTERM, exit without ``diag.finish``). A failed step's timings say how
 long a rank took to fail, not how fast it works: the window leaves such steps out, so they never make a
 straggler, and the failures themselves become the run's first finding.
+
+The rank that raised first is seldom the cause: when a rank is late to a collective, the ranks waiting for it
+time out and raise first, and it raises last (its peers closed the connection). The finding names the culprit
+``diag triage`` names (``judge_failure`` runs triage's verdict on the loaded trace), so both commands blame
+the same rank, and says which rank raised first as detail.
 """
 
 from __future__ import annotations
@@ -42,10 +47,21 @@ class RankExit:
 
 
 @dataclass
+class Blame:
+    """``diag triage``'s verdict on the failure: who the others waited for."""
+
+    verdict: str  # missing_ranks, dead_rank, deadlock, desync, collective_hang, step_error, ...
+    culprit_ranks: list[int]
+    collective: dict | None = None  # {pg, seq, op, sizes, dtype} the verdict is about
+    note: str = ""  # why there is no verdict (triage could not judge the trace)
+
+
+@dataclass
 class FailureReport:
     step_errors: list[StepFailure] = field(default_factory=list)  # earliest first
     exits: list[RankExit] = field(default_factory=list)  # ranks that ended abnormally
     failed_steps: list[int] = field(default_factory=list)  # steps in which any rank raised
+    blame: Blame | None = None  # triage's culprit, judged when the run failed (judge_failure)
 
     @property
     def first(self) -> StepFailure | None:
@@ -75,6 +91,19 @@ def find_failures(
     report.failed_steps = sorted({f.step for f in report.step_errors if f.step is not None})
     report.exits = _abnormal_exits(heartbeats, manifests, report.step_errors)
     return report
+
+
+def judge_failure(trace) -> Blame:
+    """``diag triage``'s verdict on a loaded trace (``diag.triage.analysis.triage``, the same function), for a
+    run whose ranks raised. Triage is imported here, not at the top: a report of a healthy run never needs it."""
+    from diag.triage.analysis import triage
+    from diag.triage.sources import input_from_trace
+
+    try:
+        verdict = triage(input_from_trace(trace))
+    except Exception as exc:  # noqa: BLE001 - a trace triage cannot judge still gets its failure finding
+        return Blame("unknown", [], note=f"who the others waited for could not be judged: {exc!r}"[:300])
+    return Blame(verdict.verdict, list(verdict.culprit_ranks), verdict.collective)
 
 
 def _step_errors(events: pd.DataFrame, offsets: dict[int, float]) -> list[StepFailure]:
@@ -123,14 +152,17 @@ def failure_findings(report: FailureReport, ctx: FindingContext | None = None) -
         return []
     first = report.first
     ended = [e.rank for e in crashed]
-    if first is not None:
+    culprits = _culprits(report)
+    if culprits and first is not None:
+        title = _culprit_title(report.blame, culprits, first, ended)
+    elif first is not None:
         where = f"in step {first.step}" if first.step is not None else "outside any step"
         verb = "crashed" if first.rank in ended else "failed"
         title = f"Rank {first.rank} {verb} {where}: {_short(first.error)}"
     else:
         exit_ = crashed[0]
         title = f"Rank {exit_.rank} ended abnormally ({exit_.how}): {_short(exit_.error or '')}".rstrip(": ")
-    evidence = []
+    evidence = _blame_evidence(report.blame, culprits)
     if ended:
         evidence.append(f"ranks that ended without finishing: {_ranks(ended)}")
     for failure in report.step_errors[1:6]:
@@ -155,9 +187,57 @@ def failure_findings(report: FailureReport, ctx: FindingContext | None = None) -
             time_lost_s=0.0,
             time_lost_per_step_s=0.0,
             evidence=evidence,
-            advice="Fix the first error: the others usually follow from it (a peer's closed connection or "
-            "timeout). diag triage shows each rank's stacks and pending collectives at the end.",
+            advice=(
+                "Start from the culprit: the first errors are the waiting ranks' timeouts and closed connections, "
+                "which follow from it. "
+                if culprits
+                else "Fix the first error: the others usually follow from it (a peer's closed connection or timeout). "
+            )
+            + "diag triage shows each rank's stacks and pending collectives at the end.",
         )
+    ]
+
+
+def _culprits(report: FailureReport) -> list[int]:
+    """Triage's culprits, where they are not simply the rank that raised first."""
+    blame, first = report.blame, report.first
+    if blame is None or not blame.culprit_ranks or first is None:
+        return []
+    return [] if blame.culprit_ranks == [first.rank] else blame.culprit_ranks
+
+
+def _culprit_title(blame: Blame, culprits: list[int], first: StepFailure, ended: list[int]) -> str:
+    """'Rank 3 held up step 5: the others waited for it in all_reduce (process group 1); rank 0 raised first: ...'."""
+    who = f"Rank {culprits[0]}" if len(culprits) == 1 else f"Ranks {_ranks(culprits)}"
+    where = f"step {first.step}" if first.step is not None else "the run"
+    them = "it" if len(culprits) == 1 else "them"
+    collective = blame.collective or {}
+    in_op = f" in {collective['op']} (process group {collective['pg']})" if collective.get("op") else ""
+    if blame.verdict == "dead_rank":
+        why = f"died in {where}; the others waited for {them}{in_op}"
+    elif blame.verdict == "deadlock":
+        why = f"deadlocked in {where}: they waited for each other across process groups"
+    elif blame.verdict == "desync":
+        why = f"issued a different collective than the others in {where}{in_op}"
+    elif blame.verdict == "step_error":
+        why = f"{'crashed' if set(culprits) & set(ended) else 'failed'} in {where}"
+    else:
+        why = f"held up {where}: the others waited for {them}{in_op}"
+    return f"{who} {why}; rank {first.rank} raised first: {_short(first.error)}"
+
+
+def _blame_evidence(blame: Blame | None, culprits: list[int]) -> list[str]:
+    if blame is None:
+        return []
+    if blame.note:
+        return [blame.note]
+    if not culprits:
+        return []
+    return [
+        f"culprit as diag triage judges it ({blame.verdict}): {_ranks(culprits)}; the first to raise was waiting "
+        "for it and gave up (a timeout, a closed connection)"
+        if blame.verdict in ("missing_ranks", "dead_rank")
+        else f"culprit as diag triage judges it ({blame.verdict}): {_ranks(culprits)}"
     ]
 
 

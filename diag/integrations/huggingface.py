@@ -18,13 +18,20 @@ with ``loss``, as transformers models give when the batch has labels), kept on t
 ``diag.record`` at ``on_step_end``. The gradient norm is not recorded: the Trainer clips before
 ``on_pre_optimizer_step`` and keeps the norm to itself until its logging.
 
-The Trainer has no exception event: when training raises, the open step is not written; diag's watchdog
-records the uncaught exception (and a hang dump) at exit, and ``diag.finish()`` in your own ``except``
-closes the session.
+Failures: the Trainer has no exception event. At ``on_train_begin`` the callback finds the Trainer that called
+it and wraps that instance's ``training_step`` (forward and backward, where a collective timeout or an OOM
+raises): a step that raises is recorded as failed with its exception, and the session the callback opened is
+finished, as Lightning's ``on_exception`` does; the exception still leaves ``trainer.train()``. So a script
+that catches it and goes on gets the verdict the uncaught error would have given. An exception outside
+``training_step`` (the optimizer step, a data loader) leaves the step open: the watchdog records it at exit
+when it is not caught.
 """
 
 from __future__ import annotations
 
+import sys
+
+from diag._warn import warn_once
 from diag.integrations._driver import StepDriver, guarded, missing_framework
 
 try:
@@ -51,7 +58,34 @@ class DiagTrainerCallback(_TrainerCallback):
         self._driver.start()
         self._instrument(model)
         self._track_optimizer(kwargs.get("optimizer"))
+        self._catch_step_errors(_calling_trainer())
         self._driver.data_wait_begin(mark_phase=False)
+
+    @guarded
+    def _catch_step_errors(self, trainer) -> None:
+        """Wrap ``trainer.training_step`` on the instance (removed at finish): a step that raises is recorded."""
+        if trainer is None:
+            warn_once("hf-trainer", "the Trainer calling the callback was not found: a failed step is not recorded")
+            return
+        if not self._driver.session.enabled or getattr(trainer.training_step, "__diag_wrapped__", False):
+            return
+        original = trainer.training_step
+
+        def training_step(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                self._on_step_raised(exc)
+                raise
+
+        training_step.__diag_wrapped__ = True
+        self._driver.keep_handle(_InstanceAttribute(trainer, "training_step", training_step))
+
+    def _on_step_raised(self, error: BaseException) -> None:
+        """Training ends with this exception: the open step failed, and the session this callback opened ends."""
+        self._micro_losses = []
+        self._driver.finish(error)
+        self._model = None
 
     @guarded
     def _track_optimizer(self, optimizer) -> None:
@@ -144,3 +178,31 @@ class DiagTrainerCallback(_TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self._driver.finish()
         self._model = None
+
+
+class _InstanceAttribute:
+    """``obj.name = value`` on the instance, and ``remove()`` putting back what the instance had (a handle)."""
+
+    def __init__(self, obj, name: str, value):
+        self._obj, self._name = obj, name
+        self._previous = obj.__dict__.get(name)
+        setattr(obj, name, value)
+
+    def remove(self) -> None:
+        if self._previous is None:
+            self._obj.__dict__.pop(self._name, None)
+        else:
+            setattr(self._obj, self._name, self._previous)
+
+
+def _calling_trainer():
+    """The Trainer whose callback handler is calling us (``Trainer._inner_training_loop`` calls
+    ``on_train_begin``): the events pass the callbacks the model, the optimizer and the data loaders, never the
+    Trainer itself. None if no caller up the stack has a ``training_step`` and a ``callback_handler``."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not None and hasattr(owner, "callback_handler") and callable(getattr(owner, "training_step", None)):
+            return owner
+        frame = frame.f_back
+    return None

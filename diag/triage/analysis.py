@@ -5,7 +5,8 @@ group in issue order on every rank. Then, in order of precedence:
 Before judging, what is known to have returned is marked so: a rank that reached ``diag.finish`` returned from
 every collective it issued, and a collective issued before one the same rank completed in the same group
 returned too (a group runs its collectives in order), even where nothing timed it (gloo's DDP buckets read
-from Flight Recorder carry no completion).
+from Flight Recorder carry no completion); so did a gloo bucket issued before the rank's current step began,
+when the step before completed without an error.
 * desync: at one (pg, seq) ranks issued different collectives (op, bytes, dtype, and the tensors' shapes
   where every rank's record has them: an all_reduce of 4x3 against 3x4 moves equal bytes). The culprits are the
   minority; on a tie, the side whose collective the group issued least often before; on a tie again,
@@ -120,7 +121,8 @@ def _judge(data: TriageInput) -> Verdict:
     liveness = _liveness(data)
     # known returned first: a collective that returned on one member returned on all, so the others' pending
     # copies of it are stale too
-    ops = _drop_stale_pending(_mark_known_returned(_with_failed(_with_signature(data.ops), data.errors), liveness))
+    ops = _with_failed(_with_signature(data.ops), data.errors)
+    ops = _drop_stale_pending(_mark_known_returned(_returned_before_this_step(ops, data), liveness))
     members = _members(data)
     desync = _first_desync(ops)
     if desync is not None:
@@ -176,6 +178,37 @@ def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str]) -> pd.Data
         returned &= ~ops["failed"]
     ops = ops.copy()
     ops.loc[returned.to_numpy(), "completed"] = True
+    return ops
+
+
+def _returned_before_this_step(ops: pd.DataFrame, data: TriageInput) -> pd.DataFrame:
+    """gloo Flight Recorder entries (no step, no completion: DDP's gradient buckets a dump holds past diag's last
+    row) that the rank issued before its current step began, when the step before it completed and the rank
+    recorded no error since: DDP waits for every bucket before its backward returns, and gloo's wait is the
+    CPU's, so they returned. Without this a bucket of the last finished step reads as the collective a rank
+    hangs in, hiding where it really waits (another group's barrier, a cross-group deadlock). Not for NCCL: a
+    step ends with its collectives still running on the GPU."""
+    candidates = ~ops["completed"] & ops["source"].astype(str).str.startswith("flight_recorder") & (ops["step"] < 0)
+    if not candidates.any():
+        return ops
+    began_us = {}
+    for rank, info in data.ranks.items():
+        beat = info.heartbeat
+        if info.backend != "gloo" or beat is None or beat.step is None or beat.step_started_us is None:
+            continue
+        if beat.last_step is None or beat.last_step != beat.step - 1:
+            continue  # the step before did not complete: its buckets may never have returned
+        errors = data.errors[(data.errors["rank"] == rank) & data.errors["time_us"].notna()]
+        first_error_us = float(errors["time_us"].min()) if len(errors) else float("inf")
+        began_us[rank] = min(float(beat.step_started_us), first_error_us)
+    if not began_us:
+        return ops
+    before = ops["start_us"].astype("float64") < ops["rank"].map(began_us).astype("float64")
+    returned = (candidates & before.fillna(False)).to_numpy()
+    if not returned.any():
+        return ops
+    ops = ops.copy()
+    ops.loc[returned, "completed"] = True
     return ops
 
 

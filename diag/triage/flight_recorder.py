@@ -124,6 +124,9 @@ class FREntry:
     # all_to_all: elements sent to / received from each peer, in group rank order (dump version 2.11 on)
     input_split_sizes: tuple = ()
     output_split_sizes: tuple = ()
+    # torch's id of the group object (``pg_id``), counted in creation order in the process: after
+    # destroy_process_group() a new group takes the old one's name ("0") but a new id
+    pg_uid: int | None = None
 
     @property
     def call_site(self) -> str:
@@ -270,6 +273,7 @@ def _entry(raw: dict) -> FREntry:
         dst=dst,
         input_split_sizes=_int_tuple(raw.get("input_split_sizes")),
         output_split_sizes=_int_tuple(raw.get("output_split_sizes")),
+        pg_uid=_int(raw.get("pg_id"), None) if raw.get("process_group") else None,
     )
 
 
@@ -299,8 +303,10 @@ def _int_tuple(value: Any) -> tuple:
 
 
 def _with_completion(entry: FREntry, last_completed: dict[str, int]) -> FREntry:
-    # gloo never sets state=completed; its pg_status still counts completed collectives.
-    done = entry.state == "completed" or (not entry.is_p2p and 0 <= entry.seq <= last_completed.get(entry.pg, -1))
+    # gloo never sets state=completed; its pg_status still counts completed collectives. pg_status is keyed by
+    # the group's id, which equals its name until groups are made again after destroy_process_group()
+    key = str(entry.pg_uid) if entry.pg_uid is not None and str(entry.pg_uid) in last_completed else entry.pg
+    done = entry.state == "completed" or (not entry.is_p2p and 0 <= entry.seq <= last_completed.get(key, -1))
     return entry if done == entry.completed else replace(entry, completed=done)
 
 

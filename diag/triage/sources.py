@@ -10,6 +10,7 @@ dumps. No torch.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -172,21 +173,7 @@ def read_diag_trace(
     ops = _diag_ops(trace.collectives)
     ops = _with_heartbeat_ops(ops, {rank: beats[rank] for rank in sorted(judged)})
     ops = _add_pending_from_dumps(ops, ranks)
-    fr_ops = []
-    for rank, rank_dir in rank_dirs.items():
-        fr_path = rank_dir / FR_DUMP_FILE
-        try:
-            fr_path.stat()  # not exists(): in a directory at mode 000 that raises PermissionError
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            skipped.append(Skipped(str(fr_path), f"unreadable: {exc}"))
-            continue
-        try:
-            fr_ops.append(fr_ops_frame(load_dump(fr_path, rank)))
-        except DumpRejected as exc:
-            skipped.append(Skipped(str(fr_path), str(exc)))
-    ops = _merge_fr(ops, fr_ops)
+    ops = _with_fr_dumps(ops, rank_dirs, skipped, _pg_ranks_from_manifests(trace, trace.world_size or 0))
     world_size = trace.world_size or (max(ranks) + 1 if ranks else 0)
     for rank in trace.ranks_missing:
         ranks[rank] = RankInfo(rank, has_data=False)
@@ -229,6 +216,122 @@ def read_diag_trace(
             rank: float(m.start_time_us) for rank, m in trace.manifests.items() if m.start_time_us is not None
         },
     )
+
+
+def input_from_trace(trace) -> TriageInput:
+    """What triage reads of a trace directory, from a ``Trace`` already loaded (``diag analyze``'s): its
+    collectives (each rank's last ``tail_rows``, as triage reads them), recorded errors, heartbeats and
+    manifests, and the side files the loader does not read (hang dumps, Flight Recorder dumps) from the trace's
+    directory where it has one: the collective a rank hung in is often known only from its hang dump."""
+    rows = tail_rows(max(1, len(trace.ranks_found)))
+    rank_dirs = find_rank_dirs(trace.path) if trace.path is not None and Path(trace.path).is_dir() else {}
+    collectives = trace.collectives
+    if len(collectives):
+        collectives = collectives.groupby("rank", sort=False).tail(rows)
+    beats = {}
+    if len(trace.heartbeats) and "rank" in trace.heartbeats:
+        for raw in trace.heartbeats.to_dict("records"):
+            beats[int(raw["rank"])] = Heartbeat.from_json({k: v for k, v in raw.items() if _present(v)})
+    ranks = {}
+    for rank in trace.ranks_found:
+        manifest = trace.manifest(rank) or Manifest(rank)
+        rank_dir = rank_dirs.get(rank)
+        info = _dump_info(rank, rank_dir, _listing(rank_dir, [])) if rank_dir is not None else RankInfo(rank)
+        info.heartbeat, info.finished, info.host = beats.get(rank), manifest.finished, manifest.host
+        info.pid, info.backend, info.capture_stopped = manifest.pid, manifest.backend, manifest.capture_stopped
+        ranks[rank] = info
+    for rank in trace.ranks_missing:
+        ranks[rank] = RankInfo(rank, has_data=False)
+    world_size = trace.world_size or (max(ranks) + 1 if ranks else 0)
+    steps = trace.steps[["rank", "step", "duration_us", "comm_wait_us", "data_wait_us"]] if len(trace.steps) else None
+    skipped = list(trace.skipped)
+    found = {rank: rank_dirs[rank] for rank in trace.ranks_found if rank in rank_dirs}
+    trace_groups = _pg_ranks_from_manifests(trace, world_size)
+    ops = _with_fr_dumps(_add_pending_from_dumps(_diag_ops(collectives), ranks), found, skipped, trace_groups)
+    return TriageInput(
+        trace.path,
+        "diag",
+        world_size,
+        ops,
+        ranks,
+        trace_groups,
+        skipped,
+        steps,
+        errors=recorded_errors(trace.events),
+        attempt_start_us={
+            rank: float(m.start_time_us) for rank, m in trace.manifests.items() if m.start_time_us is not None
+        },
+    )
+
+
+def _present(value) -> bool:
+    """A heartbeat field this rank wrote (a frame of every rank's heartbeats holds NaN for the others' keys)."""
+    return not (value is None or (isinstance(value, float) and value != value))
+
+
+def _with_fr_dumps(
+    ops: pd.DataFrame, rank_dirs: dict[int, Path], skipped: list[Skipped], trace_groups: dict[str, list[int]]
+) -> pd.DataFrame:
+    """``ops`` with what the ranks' Flight Recorder dumps (``fr_dump.pkl``, written by the watchdog) add, their
+    groups under the trace's names (``trace_groups``: the trace's group names and members)."""
+    fr_ops = []
+    for rank, rank_dir in rank_dirs.items():
+        fr_path = rank_dir / FR_DUMP_FILE
+        try:
+            fr_path.stat()  # not exists(): in a directory at mode 000 that raises PermissionError
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            skipped.append(Skipped(str(fr_path), f"unreadable: {exc}"))
+            continue
+        try:
+            dump = load_dump(fr_path, rank)
+            fr_ops.append(fr_ops_frame(trace_group_names(dump, trace_groups, ops[ops["rank"] == rank])))
+        except DumpRejected as exc:
+            skipped.append(Skipped(str(fr_path), str(exc)))
+    return _merge_fr(ops, fr_ops)
+
+
+def trace_group_names(dump: FRDump, trace_groups: dict[str, list[int]], rank_ops: pd.DataFrame) -> FRDump:
+    """The dump with its groups under the trace's names. After ``destroy_process_group()`` and a new
+    ``init_process_group``, torch names the new groups "0", "1" ... again, and Flight Recorder with it, while
+    diag's trace calls them "0@1", "1@1" (``Session.trace_group_name``). The dump tells them apart by ``pg_id``,
+    counted in creation order: a name's ids, oldest first, are that name's generations in the trace, oldest
+    first (those whose members include this rank). Where the ring kept fewer generations than the trace has,
+    the alignment is the one that puts most of the entries on a row diag wrote for the same group and seq
+    (``rank_ops``: this rank's rows), the newest generations on a tie."""
+    uids: dict[str, list[int]] = {}
+    for entry in dump.entries:
+        if entry.pg_uid is not None and entry.pg_uid not in uids.setdefault(entry.pg, []):
+            uids[entry.pg].append(entry.pg_uid)
+    renames: dict[tuple[str, int], str] = {}
+    for name, ids in uids.items():
+        generations = _generations(name, trace_groups, dump.rank)
+        if len(generations) < 2 or len(ids) > len(generations):
+            continue  # never made again, or a dump the trace does not describe: torch's name is the trace's
+        ids = sorted(ids)
+        seqs = {uid: {e.seq for e in dump.entries if e.pg_uid == uid and not e.is_p2p} for uid in ids}
+        diag_seqs = {g: set(rank_ops.loc[rank_ops["pg"] == g, "seq"].astype("int64")) for g in generations}
+
+        def matches(offset: int, ids=ids, seqs=seqs, diag_seqs=diag_seqs, generations=generations) -> int:
+            return sum(len(seqs[uid] & diag_seqs[generations[i + offset]]) for i, uid in enumerate(ids))
+
+        offset = max(range(len(generations) - len(ids) + 1), key=lambda k: (matches(k), k))
+        renames.update({(name, uid): generations[i + offset] for i, uid in enumerate(ids)})
+    if not renames:
+        return dump
+    entries = [dataclasses.replace(e, pg=renames.get((e.pg, e.pg_uid), e.pg)) for e in dump.entries]
+    return dataclasses.replace(dump, entries=entries)
+
+
+def _generations(name: str, trace_groups: dict[str, list[int]], rank: int) -> list[str]:
+    """The trace's names of torch's group ``name``, oldest first: "0", "0@1", "0@2" ... (those ``rank`` is in)."""
+    found = []
+    for trace_name, members in trace_groups.items():
+        base, _, generation = trace_name.partition("@")
+        if base == name and (generation == "" or generation.isdigit()) and (not members or rank in members):
+            found.append((int(generation or 0), trace_name))
+    return [trace_name for _, trace_name in sorted(found)]
 
 
 def _phase_at(reader: TraceReader, rank_dir: Path | None, rows: int, time_us: float) -> str | None:

@@ -11,6 +11,10 @@ Run one process per rank (``run_job`` in conftest.py does): RANK, WORLD_SIZE, MA
   chain     rank 2's data loader blocks before step 3; rank 1 first waits for rank 2 in a barrier of a side
             group [1, 2]; rank 0 waits in the all_reduce for both: the culprit is rank 2, at the end of the chain
   slow      rank 1's forward takes 3 s in step 3 (longer than the hang threshold, shorter than the timeout)
+  regroup   after step 0 every rank destroys its process groups and initialises the default group again (on
+            HANG_JOB_SECOND_PORT: the launcher's store holds the first group's keys), as an elastic job does;
+            the new default group's numbering starts again and diag names it "0@1", Flight Recorder "0".
+            In step 4 rank 1 blocks in its data loader: the others wait in the new group's all_reduce
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import diag
 
 STEPS = 6
 BAD_STEP = 3
+REGROUP_AFTER_STEP = 0  # the regroup scenario's groups are made again after this step
+REGROUP_BAD_STEP = 4  # later than BAD_STEP: the new group's seqs run past the old one's
 BAD_RANK = 1
 CHAIN_END_RANK = 2
 PG_TIMEOUT_S = float(os.environ.get("HANG_JOB_PG_TIMEOUT_S", "8"))
@@ -45,8 +51,8 @@ class Batches:
 
     def __iter__(self):
         for step in range(STEPS):
-            stuck_rank = {"loader": BAD_RANK, "chain": CHAIN_END_RANK}.get(self.scenario)
-            if self.rank == stuck_rank and step == BAD_STEP:
+            stuck_rank = {"loader": BAD_RANK, "chain": CHAIN_END_RANK, "regroup": BAD_RANK}.get(self.scenario)
+            if self.rank == stuck_rank and step == (REGROUP_BAD_STEP if self.scenario == "regroup" else BAD_STEP):
                 threading.Event().wait()  # a data loader worker that never answers
             yield torch.randn(8, 64)
 
@@ -65,6 +71,20 @@ def sync_gradients(model, rank: int, step: int, scenario: str, side_group=None) 
     if scenario == "kill" and rank == BAD_RANK and step == BAD_STEP:
         (Path(sys.argv[2]) / "ready_to_kill").write_text(str(os.getpid()))
         time.sleep(3600)
+
+
+def regroup() -> None:
+    """End every process group and make the default group again, as an elastic job's re-initialisation does."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{address}:{os.environ['HANG_JOB_SECOND_PORT']}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
+    )
 
 
 def main() -> None:
@@ -89,6 +109,8 @@ def main() -> None:
                 sync_gradients(model, rank, step, scenario, side_group)
             optimizer.step()
             optimizer.zero_grad()
+        if scenario == "regroup" and step == REGROUP_AFTER_STEP:
+            regroup()
     diag.finish()
     dist.destroy_process_group()
     print(f"rank {rank} finished", flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from diag.triage.watch import PROBLEM_VERDICTS
 HANG_JOB = Path(__file__).with_name("hang_job.py")
 WORLD_SIZE = 3
 BAD_RANK = 1
-JOB_DEADLINE_S = 60  # the longest any scenario may run before every rank is killed
+JOB_DEADLINE_S = 120  # the longest any scenario may run before every rank is killed (a loaded box starts ranks late)
 PG_TIMEOUT_S = 8
 HANG_THRESHOLD_S = 2
 FR_PREFIX = "fr_trace_"
@@ -29,6 +30,7 @@ def run_scenario(scenario: str, out_dir: Path, world_size: int = WORLD_SIZE) -> 
         "TORCH_FR_BUFFER_SIZE": "2000",
         "HANG_JOB_PG_TIMEOUT_S": str(PG_TIMEOUT_S),
         "HANG_JOB_THRESHOLD_S": str(HANG_THRESHOLD_S),
+        "HANG_JOB_SECOND_PORT": str(free_port()),  # the regroup scenario's second default group
     }
     procs = start_ranks([str(HANG_JOB), scenario, str(trace_dir)], world_size, env)
     try:
@@ -36,6 +38,12 @@ def run_scenario(scenario: str, out_dir: Path, world_size: int = WORLD_SIZE) -> 
     finally:
         _end_all(procs)
     return trace_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _drive(scenario: str, procs: list[subprocess.Popen], trace_dir: Path) -> None:

@@ -26,6 +26,8 @@ from tests.triage.jobs import diag_triage_json
 pytestmark = pytest.mark.slow
 CAUGHT_JOB = Path(__file__).with_name("caught_job.py")
 LIGHTNING_JOB = Path(__file__).with_name("lightning_caught_job.py")
+HF_JOB = Path(__file__).with_name("hf_caught_job.py")
+FRAMEWORK_JOBS = {"lightning": LIGHTNING_JOB, "hf": HF_JOB}  # jobs that take only the trace directory
 PG_TIMEOUT_S = 4
 STOPPED_FOR_S = PG_TIMEOUT_S + 5  # a SIGSTOPped rank is continued this long after it stopped: after the timeout
 JOB_DEADLINE_S = 300  # a loaded machine runs these jobs several times slower; past it ranks are killed
@@ -50,7 +52,8 @@ def run_job(shape: str, trace_dir: Path, world_size: int, bad_rank: int, env: di
     """Run one job to its end (every rank's diag finished or its process ended); returns the exit codes (None:
     killed after diag was done with it)."""
     env = {"CAUGHT_BAD_RANK": str(bad_rank), "CAUGHT_PG_TIMEOUT_S": str(PG_TIMEOUT_S), **(env or {})}
-    argv = [str(LIGHTNING_JOB), str(trace_dir)] if shape == "lightning" else [str(CAUGHT_JOB), shape, str(trace_dir)]
+    job = FRAMEWORK_JOBS.get(shape)
+    argv = [str(job), str(trace_dir)] if job else [str(CAUGHT_JOB), shape, str(trace_dir)]
     procs = start_ranks(argv, world_size, env)
     stopped_at = None
     deadline = time.monotonic() + JOB_DEADLINE_S
@@ -183,6 +186,28 @@ def test_analyze_says_the_step_failed_when_the_job_caught_the_error(jobs, shape)
     assert report["findings"][0]["kind"] == "step_error"  # first: a run that failed
 
 
+@pytest.mark.parametrize(
+    ("shape", "world_size", "bad_rank"),
+    [("caught", 4, 3), ("propagate", 4, 3), ("caught", 2, 0), ("caught", 4, 0), ("propagate", 2, 0)],
+)
+def test_analyze_names_the_culprit_triage_names(jobs, shape, world_size, bad_rank):
+    """The ranks waiting for the late one time out and raise first; the late rank raises last. ``diag analyze``'s
+    failure finding names the rank ``diag triage`` names, and the first to raise only as detail."""
+    trace, _ = jobs(shape, world_size, bad_rank)
+    verdict = diag_triage_json(trace)
+    report = diag_analyze_json(trace)
+    assert verdict["culprit_ranks"] == [bad_rank]
+    finding = report["findings"][0]
+    assert finding["kind"] == ("step_error" if shape == "caught" else "crash")
+    first = report["run"]["step_errors"][0]["rank"]
+    assert first != bad_rank  # the first error is a waiting rank's timeout
+    assert finding["title"].startswith(
+        f"Rank {bad_rank} held up step {BAD_STEP}: the others waited for it in all_reduce"
+    )
+    assert f"; rank {first} raised first: " in finding["title"]
+    assert f"culprit as diag triage judges it (missing_ranks): {bad_rank};" in finding["evidence"][0]
+
+
 def test_lightning_fit_that_re_raises_a_caught_timeout_names_the_late_rank(jobs):
     """Lightning's DDP all-reduces gradients in its reducer (no collective error of diag's own): the failed
     step's untimed bucket and the step's error time stand in, as the exit record does when the error ends
@@ -194,6 +219,26 @@ def test_lightning_fit_that_re_raises_a_caught_timeout_names_the_late_rank(jobs)
     assert verdict["culprit_ranks"] == [1]
     assert verdict["collective"]["op"] == "all_reduce"
     assert verdict["ranks"]["1"]["state"] == "stuck_in_compute"
+    assert verdict["ranks"]["0"]["state"] == "waiting_in_collective"
+    assert verdict["errors_caught"] is True
+
+
+def test_hf_trainer_train_that_raises_a_caught_timeout_names_the_late_rank(jobs):
+    """transformers' Trainer has no exception event: DiagTrainerCallback wraps the Trainer's training_step, so
+    the failed step is recorded (and the session finished) as Lightning's on_exception does; DDP's gradient
+    buckets, read from Flight Recorder on gloo, carry the collective. The user's script catches what
+    ``trainer.train()`` raises and exits cleanly."""
+    pytest.importorskip("transformers")
+    trace, codes = jobs("hf", 2, 1)
+    assert all(code in (0, None) for code in codes)  # the script caught the error
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "missing_ranks", verdict["evidence"]
+    assert verdict["culprit_ranks"] == [1]
+    assert verdict["collective"]["op"] == "all_reduce"
+    assert verdict["ranks"]["1"]["state"] == "stuck_in_compute"
+    stack = verdict["ranks"]["1"]["stack"]  # placed by its stall dump: in the model's forward, computing
+    assert any("/hf_caught_job.py:" in frame and frame.endswith(" in forward") for frame in stack), stack
+    assert stack[-1].endswith(" in busy_compute"), stack
     assert verdict["ranks"]["0"]["state"] == "waiting_in_collective"
     assert verdict["errors_caught"] is True
 

@@ -1,7 +1,7 @@
 """Real 3-rank gloo jobs that hang in different ways; ``diag triage`` must name verdict, rank and collective.
 
 Each job runs as real processes with an 8 s process-group timeout and a 2 s hang threshold, and is killed
-after at most 60 s (see jobs.py). The jobs are run once per module and shared by the tests below.
+after at most 120 s (see jobs.py). The jobs are run once per module and shared by the tests below.
 """
 
 from __future__ import annotations
@@ -239,7 +239,16 @@ def _without_heartbeat_groups(trace: Path, copy: Path) -> Path:
 # a stall, whose groups agree. The data loader and wait-chain hangs: every rank; the healthy and slow jobs
 # finished (their verdict may rest on their whole history): none. The skipped all_reduce, the desync and the
 # SIGKILL vary with which ranks' watchdogs dumped a stall before their timeouts fired (None: not pinned).
-JUDGED_BY_HEARTBEAT = {"loader": 3, "chain": 3, "healthy": 0, "slow": 0, "skip": None, "desync": None, "kill": None}
+JUDGED_BY_HEARTBEAT = {
+    "loader": 3,
+    "chain": 3,
+    "regroup": 3,
+    "healthy": 0,
+    "slow": 0,
+    "skip": None,
+    "desync": None,
+    "kill": None,
+}
 
 
 @pytest.mark.parametrize("scenario", sorted(JUDGED_BY_HEARTBEAT))
@@ -264,3 +273,26 @@ def test_worker_processes_read_the_same_as_one_process(runs, scenario, tmp_path)
     trace, _ = runs(scenario)
     assert_same_read(trace, 2)
     assert_same_read(_without_heartbeat_groups(trace, tmp_path / "old"), 2)
+
+
+def test_regrouped_default_group_is_named_once_across_diag_and_flight_recorder(runs):
+    """The job destroys its groups after step 0 and makes the default group again: diag's rows name it "0@1",
+    the watchdog's Flight Recorder dumps "0" (told apart from the old "0" by its pg_id). Joined, the verdict
+    and every rank's detail name one group, and no entry of the new group is read as a pending one of the old."""
+    from diag.triage.sources import read_diag_trace
+
+    trace, _ = runs("regroup")
+    assert all((trace / f"rank{r:05d}" / "fr_dump.pkl").exists() for r in (0, 2))  # the waiting ranks dumped
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "missing_ranks", verdict["evidence"]
+    assert verdict["culprit_ranks"] == [BAD_RANK]
+    assert verdict["collective"]["pg"] == "0@1" and verdict["collective"]["op"] == "all_reduce"
+    assert verdict["ranks"][str(BAD_RANK)]["state"] == "stuck_in_data_loader"
+    texts = verdict["evidence"] + [r["detail"] for r in verdict["ranks"].values()]
+    assert not [t for t in texts if "process group 0 " in f"{t} " or "group 0;" in t], texts
+    for heartbeats in (True, False):
+        ops = read_diag_trace(trace, heartbeats=heartbeats).ops
+        old = ops[ops["pg"] == "0"]
+        assert old["completed"].all(), old  # the old group's collectives all returned before it was destroyed
+        new_from_fr = ops[(ops["pg"] == "0@1") & ops["source"].str.startswith("flight_recorder")]
+        assert set(new_from_fr["rank"]) <= {0, 2}  # only the waiting ranks' dumps hold entries past diag's rows
