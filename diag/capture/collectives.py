@@ -660,7 +660,6 @@ def install_ddp_hook(ddp_model, recorder_getter, on_user_hook=None) -> bool:
     which NCCL and gloo on torch 2.13 do as part of the reduction), and divides itself only where the backend
     refuses AVG."""
     import torch.distributed as dist
-
     from torch.compiler import is_compiling
 
     group = ddp_model.process_group

@@ -38,7 +38,9 @@ class Block(torch.nn.Module):
         self.norm1 = torch.nn.LayerNorm(WIDTH)
         self.attention = torch.nn.MultiheadAttention(WIDTH, HEADS, batch_first=True)
         self.norm2 = torch.nn.LayerNorm(WIDTH)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(WIDTH, 2 * WIDTH), torch.nn.GELU(), torch.nn.Linear(2 * WIDTH, WIDTH))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(WIDTH, 2 * WIDTH), torch.nn.GELU(), torch.nn.Linear(2 * WIDTH, WIDTH)
+        )
 
     def forward(self, x):
         h = self.norm1(x)
