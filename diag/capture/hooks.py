@@ -37,7 +37,7 @@ def compiling() -> bool:
 
 def run_eagerly_under_compile(function):
     """Have dynamo run ``function`` eagerly where it meets it as a frame of its own (module docstring); without
-    that (a torch before 2.6) such a hook returns on ``compiling()`` there and its phase goes untimed."""
+    that (an older torch without the API) such a hook returns on ``compiling()`` there and its phase goes untimed."""
     try:
         torch_private.run_frames_eagerly(function.__code__)
     except Exception as exc:

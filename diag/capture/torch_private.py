@@ -96,7 +96,7 @@ def run_frames_eagerly(code) -> None:
     module compiled with ``torch.compile(module)`` run outside the compiled forward, each met as such a frame:
     traced, a clock read in them is a graph break. Where dynamo inlines the function into a region it traces,
     this does not apply (the caller returns on ``torch.compiler.is_compiling()`` there). Checked on torch 2.13;
-    absent before 2.6."""
+    older releases may lack it."""
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 
     set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))

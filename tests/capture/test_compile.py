@@ -26,11 +26,13 @@ TIMED_PHASES = {
     "per_block": ("forward", "backward", "optimizer"),
     "compiled_optimizer_step": ("forward", "backward"),
     "compiled_autograd": ("forward", "backward", "optimizer"),
+    "compiled_train_step": ("backward",),
 }
 
 
 def _counts(result: dict) -> tuple:
-    return result["graph_breaks"], result["unique_graphs"], result["recompiles"]
+    keys = ("graph_breaks", "unique_graphs", "recompiles", "logged_graph_breaks", "logged_recompiles")
+    return tuple(result[key] for key in keys)
 
 
 def _assert_steps_recorded(trace_dir, phases, ranks=(0,)):

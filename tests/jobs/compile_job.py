@@ -11,6 +11,7 @@ and inductor's C++ build of every kernel takes minutes on a loaded CPU host.
 
 import contextlib
 import json
+import logging
 import os
 import sys
 
@@ -29,6 +30,7 @@ CASES = (
     "per_block",  # torchtitan: every block compiled in place, the model itself eager
     "compiled_optimizer_step",  # torch.compile(optimizer.step)
     "compiled_autograd",  # torch.compile(model) and compiled autograd for the backward
+    "compiled_train_step",  # forward, backward and optimizer step in one compiled function
 )
 
 
@@ -82,6 +84,8 @@ def _compile(case: str, model, optimizer, with_diag: bool, ddp: bool):
         for block in blocks:
             block.compile(backend=BACKEND)
         instrument(model, optimizer)
+    elif case == "compiled_train_step":
+        instrument(model, optimizer)
     elif case == "compiled_optimizer_step":
         instrument(model, optimizer)
         step = torch.compile(optimizer.step, backend=BACKEND)
@@ -96,8 +100,45 @@ def _backward_context(case: str):
     return torch._dynamo.compiled_autograd._enable(torch.compile(backend=BACKEND))
 
 
+class _LoggedRecords(logging.Handler):
+    """Dynamo's graph-break and recompilation log records (``TORCH_LOGS=graph_breaks,recompiles``): a break in
+    the first instruction of a frame, where dynamo then skips the frame, is logged but not always counted in
+    ``counters["graph_break"]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.graph_breaks = self.recompiles = 0
+
+    def emit(self, record):
+        if record.name.endswith("__graph_breaks"):
+            self.graph_breaks += 1
+        elif record.name.endswith("__recompiles"):
+            self.recompiles += 1
+
+
+@contextlib.contextmanager
+def _logged_records():
+    records = _LoggedRecords()
+    torch._logging.set_logs(graph_breaks=True, recompiles=True)
+    logger = logging.getLogger("torch._dynamo")  # torch._logging gives it its own handlers, not propagated
+    logger.addHandler(records)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(records)
+        torch._logging.set_logs()
+
+
 def run_case(case: str, with_diag: bool, trace_dir: str, steps: int, ddp: bool = False) -> dict:
-    """Train ``steps`` steps from a fresh dynamo state; dynamo's counters after them, and diag's steps."""
+    """Train ``steps`` steps from a fresh dynamo state; dynamo's counters and log records after them."""
+    with _logged_records() as records:
+        result = _train(case, with_diag, trace_dir, steps, ddp)
+    result["logged_graph_breaks"] = records.graph_breaks
+    result["logged_recompiles"] = records.recompiles
+    return result
+
+
+def _train(case: str, with_diag: bool, trace_dir: str, steps: int, ddp: bool) -> dict:
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
@@ -106,16 +147,22 @@ def run_case(case: str, with_diag: bool, trace_dir: str, steps: int, ddp: bool =
     if with_diag:
         diag.init(trace_dir, telemetry=False)
     model, optimizer_step = _compile(case, model, optimizer, with_diag, ddp)
+
+    def train_step(tokens):
+        logits = model(tokens)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+        with _backward_context(case):
+            loss.backward()
+        optimizer_step()
+        optimizer.zero_grad()
+
+    if case == "compiled_train_step":
+        train_step = torch.compile(train_step, backend=BACKEND)
     generator = torch.Generator().manual_seed(1)
     for _ in range(steps):
         tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
         with diag.step() if with_diag else contextlib.nullcontext():
-            logits = model(tokens)
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
-            with _backward_context(case):
-                loss.backward()
-            optimizer_step()
-            optimizer.zero_grad()
+            train_step(tokens)
     if with_diag:
         diag.finish()
     result = {
