@@ -502,11 +502,12 @@ def _install_functional_wait() -> None:
     original = getattr(funcol, "wait_tensor", None)
     if original is None or getattr(original, "__diag_wrapped__", False):
         return
+    from torch.compiler import is_compiling
 
     @functools.wraps(original)
     def wait_tensor(tensor):
         recorder = _active
-        if recorder is None:
+        if recorder is None or is_compiling():  # traced: no clock read, no graph break
             return original(tensor)
         start_ns = time.perf_counter_ns()
         result = original(tensor)
@@ -523,6 +524,7 @@ def _make_wrapper(name: str, original):
     positions = {p: params.index(p) for p in (input_param, "group", "async_op", *_PEER_PARAMS) if p in params}
     is_p2p = name in _P2P
     always_async = name in ("isend", "irecv")
+    from torch.compiler import is_compiling
 
     def argument(args, kwargs, param, default=None):
         if param in kwargs:
@@ -533,7 +535,8 @@ def _make_wrapper(name: str, original):
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         recorder = _active
-        if recorder is None or getattr(_local, "depth", 0):
+        # traced by torch.compile: torch's own function, which dynamo turns into a functional collective
+        if recorder is None or getattr(_local, "depth", 0) or is_compiling():
             return original(*args, **kwargs)
         token = None
         try:
@@ -604,8 +607,9 @@ class LastGradientWait:
     hook, on that parameter, is all that runs inside the backward."""
 
     def __init__(self, ddp_model, add_wait):
-        from diag.capture.hooks import listen_to_backward
+        from diag.capture.hooks import compiling, listen_to_backward
 
+        self._compiling = compiling
         self._add_wait = add_wait
         self._last_ns = 0
         self._last_param_id: int | None = None
@@ -614,6 +618,8 @@ class LastGradientWait:
         listen_to_backward(self)
 
     def _on_gradient(self, param) -> None:
+        if self._compiling():  # traced by compiled autograd: no clock read, no graph break; this wait goes untimed
+            return
         try:
             self._last_ns = time.perf_counter_ns()
             self._last_param_id = id(param)
@@ -654,6 +660,7 @@ def install_ddp_hook(ddp_model, recorder_getter, on_user_hook=None) -> bool:
     which NCCL and gloo on torch 2.13 do as part of the reduction), and divides itself only where the backend
     refuses AVG."""
     import torch.distributed as dist
+    from torch.compiler import is_compiling
 
     group = ddp_model.process_group
     group_size = group.size()
@@ -676,7 +683,7 @@ def install_ddp_hook(ddp_model, recorder_getter, on_user_hook=None) -> bool:
         if user:
             return _call_user_hook(user["hook"], user["state"], bucket)
         buffer = bucket.buffer()
-        recorder = recorder_getter()
+        recorder = None if is_compiling() else recorder_getter()  # traced: the all-reduce alone, no recording
         token = None
         if recorder is not None:
             try:

@@ -7,6 +7,14 @@
   queued on the engine measured the same and cost ~45 us a step: every call from the engine into Python
   does (docs/benchmarks.md); the wrapper is one Python frame;
 * optimizer: the optimizer's step pre- and post-hooks.
+
+Under ``torch.compile`` no hook adds a graph break or a recompilation: a clock read is a builtin dynamo cannot
+trace. A hook that dynamo meets as a frame of its own (the hooks of a ``torch.compile(module)``-d module, which
+run outside its compiled forward; the backward wrapper called after a graph break) runs eagerly and times as
+usual (``torch_private.run_frames_eagerly``). A hook that dynamo inlines into a region it traces (a
+``module.compile()``-d module's own hooks, a compiled optimizer step, compiled autograd's hooks) returns at once
+on ``torch.compiler.is_compiling()``, which dynamo folds to a constant: that phase is not timed
+(docs/frameworks.md, torch.compile).
 """
 
 from __future__ import annotations
@@ -15,13 +23,38 @@ import functools
 import threading
 import time
 
+import torch
+
 from diag._warn import warn_once
+from diag.capture import torch_private
+
+
+def compiling() -> bool:
+    """True while dynamo traces the caller into a graph. Dynamo folds it to a constant, so a hook that returns on
+    it adds nothing to the graph and no break."""
+    return torch.compiler.is_compiling()
+
+
+def run_eagerly_under_compile(function):
+    """Have dynamo run ``function`` eagerly where it meets it as a frame of its own (module docstring); without
+    that (an older torch without the API) such a hook returns on ``compiling()`` there and its phase goes untimed."""
+    try:
+        torch_private.run_frames_eagerly(function.__code__)
+    except Exception as exc:
+        warn_once(
+            "compile-eager-hooks",
+            f"cannot keep diag's hooks out of torch.compile's tracing ({exc!r}); under torch.compile the forward "
+            "and optimizer phases may go untimed",
+        )
+    return function
 
 
 def _guarded(method):
-    """A hook must never raise into the user's forward, backward or optimizer step."""
+    """A hook must never raise into the user's forward, backward or optimizer step, nor break a compiled graph."""
 
     def guarded(self, *args):
+        if compiling():
+            return None
         try:
             return method(self, *args)
         except Exception as exc:
@@ -30,6 +63,10 @@ def _guarded(method):
 
     guarded.__name__ = method.__name__
     return guarded
+
+
+# every guarded hook shares this code object: set once, at import
+_run_hooks_eagerly = run_eagerly_under_compile(_guarded(lambda _self: None))
 
 
 # -- backward passes ------------------------------------------------------------------------------------------
@@ -73,8 +110,6 @@ def stop_listening_to_backward(listener) -> None:
 
 
 def _install_backward_wrapper() -> None:
-    import torch.autograd
-
     original = torch.autograd.backward
     if getattr(original, "__diag_wrapped__", False):
         return
@@ -84,6 +119,7 @@ def _install_backward_wrapper() -> None:
         return run_as_backward(original, *args, **kwargs)
 
     backward.__diag_wrapped__ = True
+    run_eagerly_under_compile(backward)
     torch.autograd.backward = backward
 
 
@@ -92,7 +128,7 @@ def run_as_backward(original, *args, **kwargs):
     framework's call that holds it (DeepSpeed's ``engine.backward``, with ZeRO's reduction after autograd).
     A backward started inside another is the outer one's time, not a second pass."""
     listeners = tuple(_backward_listeners)
-    if not listeners:
+    if not listeners or compiling():  # traced: dynamo handles torch's own backward as without diag
         return original(*args, **kwargs)
     outermost = _nesting.enter()
     try:

@@ -100,3 +100,16 @@ def pipeline_schedule_class():
     from torch.distributed.pipelining.schedules import _PipelineSchedule
 
     return _PipelineSchedule
+
+
+def run_frames_eagerly(code) -> None:
+    """Have dynamo run ``code`` and every frame it calls eagerly wherever it meets them as frames of their own,
+    instead of tracing them (``torch._C._dynamo.eval_frame.set_code_exec_strategy``, ``FrameAction.SKIP`` for
+    the frame and its callees; what ``torch._dynamo.eval_frame.skip_code`` does for one frame). The hooks of a
+    module compiled with ``torch.compile(module)`` run outside the compiled forward, each met as such a frame:
+    traced, a clock read in them is a graph break. Where dynamo inlines the function into a region it traces,
+    this does not apply (the caller returns on ``torch.compiler.is_compiling()`` there). Checked on torch 2.13;
+    older releases may lack it."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
