@@ -29,7 +29,8 @@ body { font-family: system-ui, sans-serif; margin: 0; color: #222; }
 .header a { color: #c9d1d9; text-decoration: none; } .header a:hover { color: white; }
 .header .title { font-weight: bold; font-size: 18px; } .header .picker { color: #222; font-size: 13px; }
 .status { padding: 4px 16px; background: #f6f8fa; border-bottom: 1px solid #ddd; font-size: 13px; }
-.page { padding: 0 16px 24px 16px; } .intro { color: #555; }
+.page { padding: 0 16px 24px 16px; overflow-wrap: break-word; } .intro { color: #555; }
+.page pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 .cards { display: flex; flex-wrap: wrap; gap: 8px; } .card { border: 1px solid #ddd; border-radius: 6px; padding: 6px 10px; }
 .card-key { display: block; font-size: 11px; color: #666; } .card-value { font-weight: 600; }
 .table { border-collapse: collapse; font-size: 13px; margin: 8px 0; } .table td, .table th { border: 1px solid #ddd; padding: 3px 6px; text-align: left; vertical-align: top; }

@@ -228,7 +228,8 @@ def update_compare(snap, rank: int | None) -> dict:
 
 
 def _message(text: str) -> dict:
-    out = {name: f.message_figure(name, text) for name in GRAPHS}
+    """``text`` once, the figures blank."""
+    out = {name: f.blank_figure() for name in GRAPHS}
     out["body"] = html.Div(text, className="missing")
     return out
 

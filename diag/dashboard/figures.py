@@ -59,6 +59,16 @@ def message_figure(title: str, message: str) -> go.Figure:
     return fig
 
 
+def blank_figure() -> go.Figure:
+    """A figure with nothing in it, drawn as a thin white band: where the page says once, in its text, why
+    there is nothing to draw, rather than every figure repeating it."""
+    fig = go.Figure()
+    fig.update_layout(height=10, margin={"l": 0, "r": 0, "t": 0, "b": 0}, **PLAIN_STYLE)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
 # -- overview ---------------------------------------------------------------------------------------------
 def step_time_figure(per_step: pd.DataFrame, selected: pd.DataFrame) -> go.Figure:
     """Iteration time per step: the median rank's and the slowest rank's, and the selected rank's."""
@@ -205,8 +215,7 @@ def heatmap_figure(
     if y is not None:
         fig.add_hline(y=y, line={"color": SELECTED_COLOR, "width": 1, "dash": "dot"})
     fig.update_layout(margin={"r": 190})
-    if len(matrix.row_first_rank) <= 32:
-        fig.update_yaxes(dtick=1)
+    _rank_ticks(fig, matrix.row_first_rank, axis="y")
     out = fig.to_plotly_json()
     out["data"][0]["customdata"] = _ranks(matrix.argmax_rank)
     return out
@@ -245,7 +254,7 @@ def rank_distribution_figure(
         hovertemplate="rank %{x}: median %{y:.1f} ms<extra></extra>",
     )
     _add_selected_marker(fig, q.rename(columns={"p50": "value"}).assign(value=p50), selected_rank)
-    _few_ranks_ticks(fig, len(q))
+    _rank_ticks(fig, q["rank"])
     return fig
 
 
@@ -355,7 +364,7 @@ def comm_wait_figure(per_rank: list, selected_rank: int | None) -> go.Figure:
         hovertemplate="rank %{x}: %{y:.1f}% waiting, %{text}<extra></extra>",
     )
     _add_selected_marker(fig, frame.rename(columns={"blocked": "value"}), selected_rank)
-    _few_ranks_ticks(fig, len(frame))
+    _rank_ticks(fig, frame["rank"])
     return fig
 
 
@@ -468,7 +477,7 @@ def memory_per_rank_figure(per_rank: list, selected_rank: int | None) -> go.Figu
         return message_figure(
             "Memory per rank", "no CUDA allocator statistics on this run (CPU): fragmentation and headroom unknown"
         )
-    _few_ranks_ticks(fig, len(frame))
+    _rank_ticks(fig, frame["rank"])
     return fig
 
 
@@ -542,6 +551,7 @@ def memory_categories_figure(series: pd.DataFrame, per_rank: list, rank: int | N
         **PLAIN_STYLE,
     )
     fig.update_yaxes(title_text="GiB", row=1, col=1)
+    _rank_ticks(fig, [r.rank for r in top], row=1, col=2)
     return fig
 
 
@@ -644,7 +654,7 @@ def gpu_summary_figure(gpus: list, selected_rank: int | None) -> go.Figure:
         hovertemplate="rank %{x}: %{y:.0f}% of max clock, %{text}<extra></extra>",
     )
     _add_selected_marker(fig, frame, selected_rank)
-    _few_ranks_ticks(fig, len(frame))
+    _rank_ticks(fig, frame["rank"])
     return fig
 
 
@@ -675,9 +685,16 @@ def bubble_figure(report) -> go.Figure:
 
 
 # -- shared -------------------------------------------------------------------------------------------------
-def _few_ranks_ticks(fig: go.Figure, n_ranks: int) -> None:
-    if n_ranks <= 32:
-        fig.update_xaxes(dtick=1)
+MAX_RANK_TICKS = 32  # up to this many ranks on an axis, one tick per rank; beyond, plotly's (integer) spacing
+
+
+def _rank_ticks(fig: go.Figure, ranks, axis: str = "x", **where) -> None:
+    """A tick at each rank drawn, and nowhere else: plotly's own ticks on a few ranks fall between them
+    (-0.5, 0.5) or on ranks that do not exist (-1 beside a single rank 0)."""
+    ranks = sorted({int(r) for r in ranks})
+    if 0 < len(ranks) <= MAX_RANK_TICKS:
+        update = fig.update_xaxes if axis == "x" else fig.update_yaxes
+        update(tickmode="array", tickvals=ranks, ticktext=[str(r) for r in ranks], **where)
 
 
 def _add_selected_marker(fig: go.Figure, frame: pd.DataFrame, rank: int | None) -> None:

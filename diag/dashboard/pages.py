@@ -115,11 +115,22 @@ def _straggler_ranks(snap: d.Snapshot) -> set[int]:
 
 
 def unavailable(page: Page, reason: str) -> dict:
-    """Every figure and text of ``page`` saying that ``reason`` keeps it from being drawn."""
-    out = {name: f.message_figure(name, reason) for name in page.graphs}
-    out.update({name: html.Div(reason, className="missing") for name in page.texts})
+    """``page`` saying once, in its first text, that ``reason`` keeps it from being drawn; its figures blank
+    (each repeating it buried the one sentence that matters)."""
+    out = {name: f.blank_figure() for name in page.graphs}
+    out.update({name: html.Div() for name in page.texts})
     if page.texts:
         out[page.texts[0]] = html.Div(f"Cannot draw this page: {reason}", className="missing")
+    else:
+        out = {name: f.message_figure(name, f"Cannot draw this page: {reason}") for name in page.graphs}
+    return out
+
+
+def said_once(page: Page, text: str, text_id: str | None = None) -> dict:
+    """``page`` with nothing to draw for this run (not pipelined, no GPU): ``text`` once, its figures blank."""
+    out = {name: f.blank_figure() for name in page.graphs}
+    out.update({name: html.Div() for name in page.texts})
+    out[page.texts[0]] = html.Div(text, className="missing", id=text_id)
     return out
 
 
@@ -194,7 +205,7 @@ def _findings(findings: list) -> html.Div:
             x.title,
             ", ".join(map(str, x.ranks[:8])) + (" ..." if len(x.ranks) > 8 else ""),
             ms_from_s(x.time_lost_per_step_s),
-            x.advice[:160],
+            x.advice,  # whole: a cut mid-word lost the action
         ]
         for x in findings[:MAX_FINDINGS_SHOWN]
     ]
@@ -514,6 +525,8 @@ def update_telemetry(snap: d.Snapshot, rank: int | None) -> dict:
         "tel_bands", lambda: {c: d.fleet_band(tel, "t_s", c, max_points=windows) for c, _ in f.TELEMETRY_PANELS}
     )
     report = snap.report.telemetry
+    if not len(tel) and not report.gpus:
+        return said_once(PAGES["/telemetry"], _no_telemetry_text(snap), "telemetry-none")
     lines = [report.note] if report.note else []
     for g in [g for g in report.gpus if g.throttled or g.hot or g.ecc_uncorrected or g.xids][:10]:
         what = [x for x, on in (("throttled", g.throttled), ("hot", g.hot)) if on]
@@ -543,9 +556,7 @@ def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
         why = "This run is not pipelined: it has no pipeline micro-batch records (microbatches.csv), so there is no stage x time Gantt or bubble to show."
         if pp > 1:
             why = f"The manifests give {pp} pipeline stages, but no rank recorded pipeline micro-batches (microbatches.csv): instrument the schedule with diag.instrument(schedule) to see its Gantt and bubbles."
-        out = unavailable(page, why)
-        out["body"] = html.Div(why, className="missing", id="pipeline-none")
-        return out
+        return said_once(page, why, "pipeline-none")
     theory = (
         pct(report.theoretical_fraction, 0) if report.theoretical_fraction is not None else "unknown for this schedule"
     )
@@ -563,6 +574,15 @@ def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
     }
 
 
+def _no_telemetry_text(snap: d.Snapshot) -> str:
+    device = snap.report.run.device_name
+    if device and device.lower().startswith("cpu"):
+        why = f"this run is on the CPU (device {device}): there is no GPU to sample"
+    else:
+        why = "no rank recorded any: NVML could not be read, or capture ran with diag.init(telemetry=False)"
+    return f"No GPU telemetry: {why}. Utilisation, clocks, power, temperature and throttling need NVML on a GPU."
+
+
 # -- triage -------------------------------------------------------------------------------------------------
 def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
     if snap.error:
@@ -573,11 +593,7 @@ def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
     ranks = verdict.get("ranks", {})
     culprits = set(verdict.get("culprit_ranks", []))
     counts = pd.Series([r.get("state") for r in ranks.values()]).value_counts()
-    shown = sorted(int(r) for r in ranks if int(r) in culprits or int(r) == rank)
-    example = {}
-    for r, info in ranks.items():
-        example.setdefault(info.get("state"), int(r))
-    shown = sorted(set(shown) | set(example.values()))[:MAX_RANKS_LISTED]
+    shown = _triage_ranks_listed(ranks, culprits, rank)
     rows = [
         [
             r,
@@ -598,11 +614,33 @@ def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
         html.Ul([html.Li(e) for e in verdict.get("evidence", [])]),
         html.H4("Ranks by state"),
         html.P(", ".join(f"{n} {s}" for s, n in counts.items())),
+        html.P(
+            f"{len(shown)} of {len(ranks)} ranks listed: the culprits, the selected rank and one of each state, "
+            "then by rank",
+            id="triage-listed",
+        )
+        if len(shown) < len(ranks)
+        else None,
         _table(["rank", "state", "last step", "phase", "detail", ""], rows),
     ]
     if verdict.get("skipped"):
         body += [html.H4("Skipped"), html.Ul([html.Li(s) for s in verdict["skipped"][:20]])]
     return {"body": html.Div([b for b in body if b is not None])}
+
+
+def _triage_ranks_listed(ranks: dict, culprits: set[int], selected: int | None) -> list[int]:
+    """Every rank the counts above the table count, up to MAX_RANKS_LISTED: then the culprits, the selected
+    rank and one rank of each state first, the others by rank."""
+    every = sorted(int(r) for r in ranks)
+    if len(every) <= MAX_RANKS_LISTED:
+        return every
+    first = {r for r in every if r in culprits or r == selected}
+    example = {}
+    for r, info in ranks.items():
+        example.setdefault(info.get("state"), int(r))
+    first |= set(example.values())
+    rest = [r for r in every if r not in first]
+    return sorted([*sorted(first)[:MAX_RANKS_LISTED], *rest][:MAX_RANKS_LISTED])
 
 
 PAGES: dict[str, Page] = {

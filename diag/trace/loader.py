@@ -942,8 +942,8 @@ def _drop_insane_durations(data: dict, skipped: list[Skipped], path: Path) -> di
 
 def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
     """A job run twice into the same directory appends a second run to each file: step numbers go back to 0
-    (and throughput would double). Keep the latest run of each such rank: rows at or after the end of the
-    earlier run's last step. If the second run's clock is behind the first (time going backwards), the
+    (and throughput would double). Keep the latest run of each such rank: rows and events from when its process
+    started (``latest_run_cuts``). If the second run's clock is behind the first (time going backwards), the
     runs cannot be told apart by time: only the steps table is cut, by position, and that is said."""
     steps = data["steps"]
     if steps.empty:
@@ -954,10 +954,10 @@ def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
     out = dict(data)
     out["earlier_run_cuts_us"] = cuts
     dropped = 0
-    for name in TABLES:
+    for name in (*TABLES, "events"):  # an earlier run's step errors and exits are not this run's
         frame = out[name]
         column = "start_us" if "start_us" in frame else "time_us" if "time_us" in frame else None
-        if frame.empty or column is None:
+        if frame.empty or column is None or "rank" not in frame:
             continue
         limit = frame["rank"].map(cuts).to_numpy(dtype="float64", na_value=np.nan)
         early = frame[column].to_numpy(dtype="float64", na_value=np.nan) < limit
@@ -997,6 +997,8 @@ def latest_run_cuts(
     """Ranks whose step numbers start again (a second run appended): rank -> the time before which rows belong
     to the earlier run, and rank -> the steps row index where the latest run begins when its clock went back.
 
+    Rows before the cut are the earlier run's, in every table and in the events (``_cut_between_runs_us``).
+
     A second run is a second process: where the manifest says when the latest process started
     (``starts_us``), a number repeated within that process (``diag.step(global_step)`` called once per
     micro-batch, which capture warns about) is that process's steps, not a run appended. Numbers that go back
@@ -1021,11 +1023,22 @@ def latest_run_cuts(
             continue
         first = int(back[-1]) + 1
         previous_end = float(group["start_us"].iloc[first - 1] + group["duration_us"].iloc[first - 1])
-        if float(group["start_us"].iloc[first]) >= previous_end:
-            cuts[int(rank)] = previous_end
+        latest_begin = float(group["start_us"].iloc[first])
+        if latest_begin >= previous_end:
+            cuts[int(rank)] = _cut_between_runs_us(previous_end, latest_begin, start_us)
         else:
             positional[int(rank)] = int(group.index[first])
     return cuts, positional
+
+
+def _cut_between_runs_us(previous_end_us: float, latest_begin_us: float, process_start_us: int | None) -> float:
+    """When the latest run begins. Rows are written between the runs: the earlier run's last memory sample and
+    calibration as it exits, the latest run's start-up calibration. The latest process's start (manifest) parts
+    them; without one between the runs, the latest run's first step does, so no earlier row is kept (its memory
+    peak or its samples counted with the latest run's)."""
+    if process_start_us is not None and previous_end_us <= process_start_us <= latest_begin_us:
+        return float(process_start_us)
+    return latest_begin_us
 
 
 def _world_size(manifests: dict[int, Manifest], ranks: list[int], skipped: list[Skipped], path: Path) -> int | None:
