@@ -163,7 +163,7 @@ def _dump_file(environ, job: JobFacts, mounts) -> Check:
 def _dump_on_timeout(environ) -> Check:
     name = "dump on timeout"
     value = environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT")
-    if value is not None and value.strip().lower() not in TRUE_VALUES:
+    if _switched_off(value):
         return Check(
             name,
             "change",
@@ -202,7 +202,7 @@ def _async_error_handling(environ) -> Check | None:
 def _monitoring(environ) -> Check:
     name = "watchdog monitor"
     enabled = environ.get("TORCH_NCCL_ENABLE_MONITORING")
-    if enabled is not None and enabled.strip().lower() not in TRUE_VALUES:
+    if _switched_off(enabled):
         return Check(
             name,
             "note",
@@ -272,7 +272,7 @@ def _timing_serialises(environ) -> Check | None:
 
 def _stack_traces(environ) -> Check:
     value = environ.get("TORCH_INCLUDE_STACK_TRACE")
-    if value is not None and value.strip().lower() not in TRUE_VALUES:
+    if _switched_off(value):
         return Check(
             "stacks in the dump",
             "ok",
@@ -331,6 +331,11 @@ def _trace_dir(job: JobFacts, mounts) -> Check:
 
 
 # -- helpers --------------------------------------------------------------------------------------------------
+
+
+def _switched_off(value: str | None) -> bool:
+    """A boolean variable set to anything but a true value (torch's getCvarBool reads it so)."""
+    return value is not None and value.strip().lower() not in TRUE_VALUES
 
 
 def _int(environ, name: str) -> int | None:

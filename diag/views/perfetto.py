@@ -344,16 +344,12 @@ def _step_events(rank: int, steps: list[dict], phases: list[dict], offset: float
 def _timed_phases(rank: int, rows: list[dict], offset: float, end: float) -> Iterator[dict]:
     for row in rows:
         ts = row["start_us"] - offset
-        yield {
-            "ph": "X",
-            "cat": "phase",
-            "pid": rank,
-            "tid": STEP_TID,
-            "ts": ts,
-            "dur": min(float(row["duration_us"]), end - ts),  # inside its step: host clocks round apart
-            "name": _text(row["name"]),
-            "args": row,
-        }
+        # inside its step: host clocks round apart
+        yield _phase_span(rank, ts, min(float(row["duration_us"]), end - ts), _text(row["name"]), row)
+
+
+def _phase_span(rank: int, ts: float, dur: float, name: str, args: dict) -> dict:
+    return {"ph": "X", "cat": "phase", "pid": rank, "tid": STEP_TID, "ts": ts, "dur": dur, "name": name, "args": args}
 
 
 def _laid_out_phases(rank: int, step: dict, timed: list[dict], offset, start, body_ts, end) -> Iterator[dict]:
@@ -377,16 +373,7 @@ def _laid_out_phases(rank: int, step: dict, timed: list[dict], offset, start, bo
         args = {"step": step["step"], "duration_us": step[column], "start": LAID_OUT}
         if drawn_us < duration_us:
             args["drawn_us"] = drawn_us
-        yield {
-            "ph": "X",
-            "cat": "phase",
-            "pid": rank,
-            "tid": STEP_TID,
-            "ts": ts,
-            "dur": drawn_us,
-            "name": name,
-            "args": args,
-        }
+        yield _phase_span(rank, ts, drawn_us, name, args)
         cursor = ts + drawn_us
 
 
