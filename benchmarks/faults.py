@@ -118,6 +118,17 @@ EXPECTED = {
     "cross_group": lambda where: ("triage", "deadlock", ()),
     "preempted": lambda where: ("triage", "no_problem", ()),
 }
+# diag/triage/action.py's answers: the job's own code kept a rank away (it computed past the timeout, or its
+# data loader never answered), a process the node froze (SIGSTOPped: its watchdog could not dump), a rank
+# killed without an error of its own, ranks disagreeing on the collectives
+EXPECTED_ACTIONS = {
+    "hang": "fix_code",
+    "frozen": "evict",
+    "sigkill": "restart",
+    "desync": "fix_code",
+    "cross_group": "fix_code",
+    "preempted": "none",
+}
 DESYNCS = ("op", "shape", "dtype")  # all_gather against all_reduce; 4x3 against 3x4; float64 against float32
 _ALL = ("data", "forward", "backward", "optimizer", "collective", "step0")
 FAULTS = {
@@ -165,6 +176,17 @@ class Scenario:
         return self.fault.expected(self.where)
 
     @property
+    def expected_action(self) -> str | None:
+        """What `diag triage` should say to do (its JSON's ``action``); None for runs `diag analyze` judges."""
+        if self.tool != "triage":
+            return None
+        if self.expected in ("slow", "no_problem"):
+            return "none"
+        if self.expected == "collective_hang":  # every member entered: the network's, not the code's
+            return "restart"
+        return EXPECTED_ACTIONS[self.kind]
+
+    @property
     def tool(self) -> str:
         return self.expectation()[0]
 
@@ -206,6 +228,7 @@ class Scenario:
 class Judgement:
     given: str  # the verdict, or the finding kind (with a straggler's cause)
     culprits: list[int]
+    action: str | None = None  # diag triage's: fix_code, restart, evict, none
     alarms: list[str] = field(default_factory=list)  # findings above low that claim a fault
     job_wide: list[str] = field(default_factory=list)  # JOB_WIDE_KINDS findings above low
 
@@ -228,6 +251,8 @@ class Outcome:
     ran: bool = True  # False: the suite's deadline ended the job (too slow to start or reach its fault here)
     error: str | None = None
     load_average_1m: float | None = None  # the machine's at the job's end, burners and whatever else ran beside
+    action: str | None = None  # what diag triage said to do (None: judged by diag analyze)
+    action_right: bool | None = None
 
 
 # -- drawing scenarios ----------------------------------------------------------------------------------------
@@ -366,6 +391,8 @@ def run_case(scenario: Scenario, workdir: Path) -> Outcome:
         culprits=judged.culprits,
         verdict_right=is_right(scenario, judged.given),
         culprit_right=judged.culprits == scenario.expected_culprits,
+        action=judged.action,
+        action_right=None if scenario.expected_action is None else judged.action == scenario.expected_action,
         false_alarms=judged.alarms if healthy else [],
         job_wide=judged.job_wide if healthy else [],
         fault_to_dump_s=to_dump,
@@ -397,6 +424,8 @@ def rejudge(results: Path, kept: Path) -> list[Outcome]:
         o.expected, o.given, o.culprits = o.scenario.expected, judged.given, judged.culprits
         o.verdict_right = is_right(o.scenario, judged.given)
         o.culprit_right = judged.culprits == o.scenario.expected_culprits
+        o.action = judged.action
+        o.action_right = None if o.scenario.expected_action is None else judged.action == o.scenario.expected_action
         o.false_alarms, o.job_wide = (judged.alarms, judged.job_wide) if healthy else ([], [])
     return outcomes
 
@@ -524,7 +553,8 @@ def _straggler_cause(title: str) -> str:
 
 def _judge_triage(trace_dir: Path) -> Judgement:
     verdict = _diag_json("triage", str(trace_dir))
-    return Judgement(str(verdict.get("verdict")), sorted(int(r) for r in verdict.get("culprit_ranks") or []))
+    culprits = sorted(int(r) for r in verdict.get("culprit_ranks") or [])
+    return Judgement(str(verdict.get("verdict")), culprits, action=verdict.get("action"))
 
 
 def _fault_at(trace_dir: Path) -> float | None:
@@ -636,6 +666,13 @@ def summarize(outcomes: list[Outcome]) -> dict:
         "not_run": not_run,  # jobs the suite's deadline ended (the harness's failure): left out of every figure
         "verdict_right": sum(o.verdict_right for o in outcomes),
         "culprit_right": sum(o.culprit_right for o in outcomes),
+        "action_judged": sum(o.action_right is not None for o in outcomes),
+        "action_right": sum(bool(o.action_right) for o in outcomes),
+        "actions_wrong": [
+            f"{o.scenario.label()}: {o.action} (want {o.scenario.expected_action})"
+            for o in outcomes
+            if o.action_right is False
+        ],  # fmt: skip
         "verdict_accuracy": sum(o.verdict_right for o in outcomes) / len(outcomes) if outcomes else None,
         "culprit_accuracy": sum(o.culprit_right for o in outcomes) / len(outcomes) if outcomes else None,
         "culprit_precision": hits / given_total if given_total else None,
@@ -691,6 +728,8 @@ def markdown(outcomes: list[Outcome], pairs: list[Pair]) -> str:
             lines.append(f"| jobs ended by the suite's deadline, not judged (left out) | {s['not_run']} |")
         lines.append(f"| right verdict | {_rate(s['verdict_right'], s['runs'])} |")
         lines.append(f"| right culprit set | {_rate(s['culprit_right'], s['runs'])} |")
+        if s["action_judged"]:
+            lines.append(f"| right action, `diag triage` runs | {_rate(s['action_right'], s['action_judged'])} |")
         precision, recall = s["culprit_precision"], s["culprit_recall"]
         lines.append(
             f"| culprit precision / recall | {precision and round(precision, 3)} / {recall and round(recall, 3)} |"

@@ -49,6 +49,8 @@ import pandas as pd
 from diag.analysis.nccl import group_evidence
 from diag.trace.records import ExitRecord, Heartbeat
 from diag.trace.schema import CAPTURE_STOPPED
+from diag.triage.action import NONE, Action
+from diag.triage.action import decide as decide_action
 from diag.triage.flight_recorder import is_library_file
 from diag.triage.sources import RankInfo, TriageInput, main_frames
 from diag.triage.summary import DEAD_MARGIN_INTERVALS, DEFAULT_HEARTBEAT_INTERVAL_S
@@ -81,6 +83,7 @@ class Verdict:
     skipped: list[str] = field(default_factory=list)
     errors_caught: bool = False  # ranks recorded the error and still finished: the job caught it
     attempts: int = 1  # diag.init runs into this directory seen (a restarted job's attempts)
+    action: Action | None = None  # what to do next (action.py), set once the verdict is final
 
     def to_json(self) -> dict:
         return {
@@ -92,6 +95,7 @@ class Verdict:
             "skipped": self.skipped,
             "errors_caught": self.errors_caught,
             "attempts": self.attempts,
+            **(self.action or Action(NONE, "not decided")).to_json(),
         }
 
 
@@ -99,6 +103,12 @@ NO_EXIT = ExitRecord()  # a rank with no exit record: every field unknown
 
 
 def triage(data: TriageInput) -> Verdict:
+    verdict = _judge_attempts(data)
+    verdict.action = decide_action(verdict, data)
+    return verdict
+
+
+def _judge_attempts(data: TriageInput) -> Verdict:
     earlier, data = _split_attempts(data)
     verdict = _judge(data)
     if earlier is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from diag.triage.action import NONE, Action
 from diag.triage.analysis import NOTHING_TO_JUDGE, RankReport, Verdict, _payload
 from diag.views.format import printable
 
@@ -16,6 +17,7 @@ HEADLINES = {
     "capture_stopped": "CAPTURE STOPPED on {ranks}: no problem found in what was recorded, but nothing after it was",
     "no_problem": "NO PROBLEM FOUND: no pending, mismatched or abandoned collective, no dead rank",
 }
+ACTION_WORDS = {"fix_code": "FIX THE CODE", "restart": "RESTART", "evict": "EVICT"}
 MAX_RANKS_LISTED = 32
 STACK_FRAMES_SHOWN = 8
 
@@ -38,6 +40,8 @@ def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
     if verdict.collective:
         c = verdict.collective
         lines.append(f"collective: {c['op']} seq {c['seq']} in process group {c['pg']} ({_payload(c)})")
+    if verdict.action is not None and verdict.action.kind != NONE:
+        lines.append(_action_line(verdict.action))
     lines.append("")
     lines.append("evidence:")
     lines += [f"  {line}" for line in verdict.evidence]
@@ -55,6 +59,13 @@ def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
         lines.append("skipped (not analysed):")
         lines += [f"  {s}" for s in verdict.skipped]
     return "\n".join(printable(line) for line in lines)  # names and messages from the files: no escapes
+
+
+def _action_line(action: Action) -> str:
+    where = [f"host {', '.join(action.hosts)}"] if action.hosts else []
+    where += [f"GPU {', '.join(action.gpus)}"] if action.gpus else []
+    on = f" ({'; '.join(where)})" if where else ""
+    return f"next: {ACTION_WORDS[action.kind]}{on}: {action.why}"
 
 
 def _ranks_to_show(verdict: Verdict, all_ranks: bool) -> list[int]:

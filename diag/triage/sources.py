@@ -71,6 +71,7 @@ class RankInfo:
     heartbeat: Heartbeat | None = None  # heartbeat.json as last written
     finished: bool = False  # diag.finish ran
     host: str | None = None
+    gpu: str | None = None  # its GPU's UUID, else host:index, for an action naming it; None on CPU
     pid: int | None = None
     stall_dump: HangDump | None = None  # the watchdog's latest dump written because of a stall or a signal
     stalls: list[str] = field(default_factory=list)  # reasons of its dumps written for a stall (not a signal)
@@ -167,6 +168,7 @@ def read_diag_trace(
         manifest = trace.manifest(rank) or Manifest(rank)
         info.finished = manifest.finished
         info.host, info.pid, info.backend = manifest.host, manifest.pid, manifest.backend
+        info.gpu = _gpu_name(manifest)
         info.capture_stopped = manifest.capture_stopped
         ranks[rank] = info
     skipped = list(trace.skipped)
@@ -239,6 +241,7 @@ def input_from_trace(trace) -> TriageInput:
         info = _dump_info(rank, rank_dir, _listing(rank_dir, [])) if rank_dir is not None else RankInfo(rank)
         info.heartbeat, info.finished, info.host = beats.get(rank), manifest.finished, manifest.host
         info.pid, info.backend, info.capture_stopped = manifest.pid, manifest.backend, manifest.capture_stopped
+        info.gpu = _gpu_name(manifest)
         ranks[rank] = info
     for rank in trace.ranks_missing:
         ranks[rank] = RankInfo(rank, has_data=False)
@@ -780,3 +783,11 @@ def _read_json(path: Path) -> dict | None:
         return value if isinstance(value, dict) else None
     except (OSError, ValueError, RecursionError):
         return None
+
+
+def _gpu_name(manifest: Manifest) -> str | None:
+    if manifest.gpu_uuid:
+        return manifest.gpu_uuid
+    if manifest.gpu_index is not None:
+        return f"{manifest.host or '?'}:{manifest.gpu_index}"
+    return None
