@@ -4,7 +4,7 @@
 argument is the caller's bug and is said at init, before training starts; capture never raises into the training
 loop after that). ``CaptureConfig.from_environment(**options)`` also reads ``DIAG_<OPTION>`` variables, so that a
 launcher can set options for every rank without touching the script; the options given in the script win.
-docs/capture-options.md is generated from this module: ``python -m diag.capture.config > docs/capture-options.md``.
+docs/capture-options.md is generated from this module: ``python -m diag.capture.options_doc > docs/capture-options.md``.
 """
 
 from __future__ import annotations
@@ -414,10 +414,10 @@ def render_markdown() -> str:
     )
     return f"""# Options of diag.init
 
-<!-- generated from diag/capture/config.py: python -m diag.capture.config > docs/capture-options.md -->
+<!-- generated from diag/capture/config.py: python -m diag.capture.options_doc > docs/capture-options.md -->
 
 `diag.init(trace_dir, **options)` takes the options below, as do the framework callbacks
-(`DiagCallback(trace_dir, **options)`, `DiagTrainerCallback(trace_dir, **options)`, docs/integrations.md) and
+(`DiagCallback(trace_dir, **options)`, `DiagTrainerCallback(trace_dir, **options)`, [integrations.md](integrations.md)) and
 `diag.Trainer(session_options=...)`. They are the fields of `diag.capture.config.CaptureConfig`, a frozen dataclass:
 `diag.init(trace_dir, config=CaptureConfig(...))` takes one built beforehand (options given beside it replace its
 fields; the environment is not read then).
@@ -447,7 +447,3 @@ DIAG_HANG_THRESHOLD_S=60 DIAG_TELEMETRY=0 DIAG_MEMORY_DEEP_STEPS=100,3 torchrun 
 - `CaptureConfig.from_environment(environ=os.environ, **options)` is what `diag.init` calls: the same rules, for a
   launcher or a test of your own.
 """
-
-
-if __name__ == "__main__":
-    print(render_markdown(), end="")
