@@ -15,10 +15,14 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from diag.capture.calibration import DEFAULT_CALIBRATE_EVERY, calibrate_every_problem
 from diag.capture.memory_deep import MAX_DEEP_STEPS, deep_steps_problem
 from diag.trace.writer import DEFAULT_TRACE_FORMAT, TRACE_FORMATS
+
+if TYPE_CHECKING:
+    import torch
 
 ENV_PREFIX = "DIAG_"
 DDP_BUCKET_MODES = ("auto", "hook", "flight_recorder", True, False)
@@ -214,7 +218,7 @@ class CaptureConfig:
         _optional(_parse_steps),
         "START,COUNT (or START: one step)",
     )
-    device: object = _option(
+    device: str | torch.device | None = _option(
         None,
         "The rank's device (a `torch.device` or a string such as `'cuda:1'`); None: the current CUDA device, "
         "else the CPU.",
