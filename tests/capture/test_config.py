@@ -252,6 +252,35 @@ def test_a_malformed_variable_stops_init_before_anything_starts(tmp_path, monkey
     assert not diag.session().enabled and not (tmp_path / "rank00000").exists()
 
 
+def test_the_framework_callbacks_pass_a_config_through(tmp_path):
+    from diag.integrations._driver import StepDriver  # what DiagCallback and DiagTrainerCallback start sessions with
+
+    driver = StepDriver(tmp_path, {"config": CaptureConfig(**QUIET, memory=False), "dtype": "bf16"})
+    driver.start()
+    try:
+        assert driver.owns_session and driver.session.config == CaptureConfig(**QUIET, memory=False, dtype="bf16")
+    finally:
+        diag.finish()
+
+
+@pytest.mark.parametrize("config_dtype, expected", [(None, "bfloat16"), ("fp32", "fp32")])
+def test_diag_trainer_names_its_amp_dtype_unless_the_config_names_one(tmp_path, config_dtype, expected):
+    import torch
+
+    model = torch.nn.Linear(4, 1)
+    options = {"config": CaptureConfig(**QUIET, dtype=config_dtype)}
+    trainer = diag.Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        torch.nn.functional.mse_loss,
+        tmp_path,
+        amp_dtype=torch.bfloat16,
+        session_options=options,
+    )
+    trainer.fit([(torch.randn(8, 4), torch.randn(8, 1))] * 2)
+    assert diag.load(tmp_path).manifest(0).dtype == expected
+
+
 # -- documentation ----------------------------------------------------------------------------------------------
 def test_every_option_is_documented():
     assert all(f.metadata["doc"].strip() and f.metadata["env_form"].strip() for f in fields())
