@@ -252,6 +252,7 @@ class CaptureConfig:
         empty (``DIAG_HANG_THRESHOLD_S=60``, ``DIAG_TELEMETRY=0``). A malformed variable is a ``ValueError``
         naming it; an unknown option a ``TypeError`` naming it."""
         check_option_names(overrides)
+        _warn_near_misses(environ)
         values, texts, problems = dict(overrides), {}, []
         for option in fields():
             variable = env_variable(option.name)
@@ -285,6 +286,28 @@ def check_option_names(options: Mapping) -> None:
     unknown = set(options) - {option.name for option in fields()}
     if unknown:
         raise TypeError(f"diag.init got unknown options {sorted(unknown)}")
+
+
+def _warn_near_misses(environ: Mapping[str, str]) -> None:
+    """One warning for a ``DIAG_`` variable that is not an option's but nearly one's name (``DIAG_HANG_THRESHOLD``
+    for ``DIAG_HANG_THRESHOLD_S``, any case): the launcher meant the option, which would silently keep its
+    default. diag's other variables (``DIAG_RUN_ID``, ...) are no option's prefix and are left alone."""
+    from diag._warn import warn_once
+
+    known = {env_variable(option.name) for option in fields()}
+    for name in environ:
+        upper = name.upper()
+        if name in known or not upper.startswith(ENV_PREFIX):
+            continue
+        meant = (
+            [upper]
+            if upper in known
+            else sorted(k for k in known if k.startswith(upper + "_") or upper.startswith(k + "_"))
+        )
+        if meant:
+            warn_once(
+                f"config-env-{name}", f"{name} is not an option's variable (meant {' or '.join(meant)}?): ignored"
+            )
 
 
 def _values(config: CaptureConfig) -> dict:
@@ -447,6 +470,8 @@ DIAG_HANG_THRESHOLD_S=60 DIAG_TELEMETRY=0 DIAG_MEMORY_DEEP_STEPS=100,3 torchrun 
   None to None; `parallel` and `model_shape` are JSON.
 - A malformed variable (`DIAG_TELEMETRY=maybe`, `DIAG_HANG_THRESHOLD_S=0`) is a `ValueError` from `diag.init`
   naming the variable, on every rank, before training starts.
+- A variable that is nearly an option's (`DIAG_HANG_THRESHOLD` for `DIAG_HANG_THRESHOLD_S`, `diag_telemetry` for
+  `DIAG_TELEMETRY`) is one warning naming the option it missed, and is ignored.
 - `wandb` from the environment is `1` (the active W&B run) or `0`; a run object can only be given in the script.
 - `CaptureConfig.from_environment(environ=os.environ, **options)` is what `diag.init` calls: the same rules, for a
   launcher or a test of your own.

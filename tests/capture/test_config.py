@@ -3,11 +3,13 @@ environment variables and their precedence, unknown options, ``config=``, and th
 
 import dataclasses
 import math
+import warnings
 from pathlib import Path
 
 import pytest
 
 import diag
+from diag._warn import DiagWarning, reset_for_tests
 from diag.capture.config import (
     DEFAULT_FINGERPRINT_EVERY,
     CaptureConfig,
@@ -191,6 +193,29 @@ def test_a_wrong_option_given_is_named_as_the_option_not_as_a_variable():
 def test_empty_and_unrelated_variables_change_nothing():
     environ = {"DIAG_TELEMETRY": "", "DIAG_MEMORY": "  ", "DIAG_RUN_ID": "run-7", "TELEMETRY": "0"}
     assert CaptureConfig.from_environment(environ) == CaptureConfig()
+
+
+@pytest.mark.parametrize(
+    "variable, meant",
+    [
+        ("DIAG_HANG_THRESHOLD", "DIAG_HANG_THRESHOLD_S"),
+        ("DIAG_MEMORY_DEEP", "DIAG_MEMORY_DEEP_STEPS"),
+        ("diag_telemetry", "DIAG_TELEMETRY"),
+        ("DIAG_WATCHDOG_TIMEOUT", "DIAG_WATCHDOG"),
+    ],
+)
+def test_a_nearly_right_variable_is_one_warning_naming_the_option_it_missed(variable, meant):
+    reset_for_tests()
+    with pytest.warns(DiagWarning, match=f"{variable} is not an option's variable.*{meant}"):
+        assert CaptureConfig.from_environment({variable: "60"}) == CaptureConfig()
+
+
+def test_diags_other_variables_are_no_near_miss():
+    environ = {"DIAG_RUN_ID": "r", "DIAG_DASHBOARD_TOKEN": "t", "DIAG_COMPLETE": "1", "DIAG_AS_INSTALLED": "1"}
+    reset_for_tests()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagWarning)
+        assert CaptureConfig.from_environment(environ) == CaptureConfig()
 
 
 def test_the_process_environment_is_read_by_default(monkeypatch):
