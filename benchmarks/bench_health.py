@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from diag.capture.config import DEFAULT_FINGERPRINT_EVERY  # noqa: E402
 from diag.capture.device_timer import host_value  # noqa: E402
-from diag.capture.session import DEFAULT_FINGERPRINT_EVERY  # noqa: E402
 
 
 def median_s(function, repeats: int) -> float:

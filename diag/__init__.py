@@ -32,11 +32,26 @@ __all__ = [
 ]
 
 
-def init(trace_dir, **options):
-    """Start capturing this rank into ``trace_dir``; see ``diag.capture.session.Session`` for options."""
+def init(trace_dir, config=None, **options):
     from diag.capture import api
 
-    return api.init(trace_dir, **options)
+    return api.init(trace_dir, config, **options)
+
+
+def _init_doc() -> str:
+    # the options are documented once, as the fields of CaptureConfig (which imports neither torch nor pandas)
+    from diag.capture.config import options_text
+
+    return (
+        "Start capturing this rank into ``trace_dir``.\n\n"
+        "``options`` are the fields of ``diag.capture.config.CaptureConfig`` (docs/capture-options.md); each not "
+        "given is read from its ``DIAG_<OPTION>`` environment variable when set. ``config``: a ``CaptureConfig`` "
+        "instead (the options given beside it replace its fields; the environment is not read). A misspelt option "
+        "is a TypeError, a plainly wrong value a ValueError naming every such option.\n\nOptions:\n\n" + options_text()
+    )
+
+
+init.__doc__ = _init_doc()
 
 
 def step(step_index: int | None = None, samples: int | None = None, tokens: int | None = None):

@@ -2,33 +2,44 @@
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from contextlib import nullcontext
 
 from diag._warn import warn_once
-from diag.capture.session import DisabledSession, Session, validate_options
+from diag.capture.config import CaptureConfig, check_option_names
+from diag.capture.session import DisabledSession, Session
 from diag.extras import require
 
 _DISABLED = DisabledSession()
 _current: Session | DisabledSession = _DISABLED
 
 
-def init(trace_dir, **options) -> Session | DisabledSession:
+def init(trace_dir, config: CaptureConfig | None = None, **options) -> Session | DisabledSession:
     global _current
     if _current.enabled:
         warn_once("init-twice", "diag.init called twice; finishing the previous session first")
         finish()
-    unknown = set(options) - set(inspect.signature(Session.__init__).parameters)
-    if unknown:  # a misspelt option is the caller's bug: say so at once, before training starts
-        raise TypeError(f"diag.init got unknown options {sorted(unknown)}")
-    validate_options(**options)  # a plainly wrong value is a ValueError now, not capture silently hurting
+    # A misspelt option (TypeError) or a plainly wrong value (ValueError) is the caller's bug: said at once,
+    # before anything starts, not capture silently hurting
+    config = _config(config, options)
     try:
         require("capture", "diag.init")
-        _current = Session(trace_dir, **options)
+        _current = Session(trace_dir, config)
     except Exception as exc:
         warn_once("init", f"capture could not start ({exc!r}); the job runs without it")
         _current = _DISABLED
     return _current
+
+
+def _config(config: CaptureConfig | None, options: dict) -> CaptureConfig:
+    """The options given and the ``DIAG_*`` environment; or ``config`` as given, with ``options`` replacing its
+    fields."""
+    if config is None:
+        return CaptureConfig.from_environment(**options)
+    if not isinstance(config, CaptureConfig):
+        raise TypeError(f"diag.init's config must be a CaptureConfig, not {config!r}")
+    check_option_names(options)
+    return dataclasses.replace(config, **options)
 
 
 def current() -> Session | DisabledSession:

@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 
 from diag._warn import warn_once
 from diag.trace.schema import MEMORY_DEEP_FILE, MEMORY_DEEP_FORMAT
 
-DEEP_STEPS_ENV = "DIAG_MEMORY_DEEP_STEPS"  # "START,COUNT" (or "START": one step)
 MAX_DEEP_STEPS = 10  # "a few steps": each tracked step runs several times slower
 HISTORY_MAX_ENTRIES = 200_000  # allocator trace entries kept (a ring buffer; torch: "several KB" each)
 TOP_ALLOCATIONS = 20  # stacks kept in the side file, most bytes first
@@ -61,25 +59,6 @@ def deep_steps_problem(value) -> str | None:
     if ok:
         return None
     return f"memory_deep_steps must be (first step >= 0, count 1-{MAX_DEEP_STEPS}) or None, not {value!r}"
-
-
-def deep_steps_from_env(environ=os.environ) -> tuple[int, int] | None:
-    """``DIAG_MEMORY_DEEP_STEPS=START,COUNT`` (a launcher sets it for every rank without touching the script).
-    A malformed value is one warning and no deep mode: it is not the script's bug."""
-    text = environ.get(DEEP_STEPS_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        parts = [int(p) for p in text.split(",")]
-        value = (parts[0], parts[1] if len(parts) > 1 else 1)
-        if len(parts) > 2 or deep_steps_problem(value):
-            raise ValueError
-        return value
-    except ValueError:
-        warn_once(
-            "memory-deep-env", f"{DEEP_STEPS_ENV}={text!r} is not START,COUNT (count 1-{MAX_DEEP_STEPS}): ignored"
-        )
-        return None
 
 
 class DeepMemory:

@@ -7,7 +7,6 @@ diag is one warning and the training loop goes on untouched. The user's own exce
 from __future__ import annotations
 
 import logging
-import math
 import os
 import platform
 import sys
@@ -18,155 +17,43 @@ from pathlib import Path
 from diag import readiness
 from diag._warn import warn_once
 from diag.capture import collectives, torch_private
-from diag.capture.calibration import DEFAULT_CALIBRATE_EVERY
+from diag.capture.config import CaptureConfig
 from diag.capture.device_timer import host_value
 from diag.capture.flight_recorder import StepSpans
 from diag.capture.identity import RankIdentity, detect_identity
 from diag.capture.memory import MemorySampler, is_out_of_memory
 from diag.capture.nvtx import start_nvtx
 from diag.trace.schema import PHASES, STEPS, rank_dir_name
-from diag.trace.writer import DEFAULT_TRACE_FORMAT, TRACE_FORMATS, RankWriter
+from diag.trace.writer import RankWriter
 
 log = logging.getLogger("diag")
 
-DDP_BUCKET_MODES = ("auto", "hook", "flight_recorder", True, False)
-# Below this, a background thread (writer, sampler) wakes so often that it takes the GIL from training:
-# flush_interval_s=0 made a job 230x slower. 10 ms is already 100 flushes a second.
-MIN_INTERVAL_S = 0.01
-_FLAGS = (
-    "telemetry",
-    "collectives",
-    "memory",
-    "clock_sync",
-    "watchdog",
-    "count_flops",
-    "loggers_on_every_rank",
-    "nccl_log",
-    "nvtx",
-)
-_INTERVALS = ("telemetry_interval_s", "heartbeat_interval_s", "flush_interval_s")
-# Replica fingerprints: every this many steps, each data-parallel replica sums its parameters (one pass over
-# them on the device, read back without waiting); see docs/health.md for its measured cost
-DEFAULT_FINGERPRINT_EVERY = 100
-
 
 class Session:
-    """Created by ``diag.init``. Options:
-
-    flops_per_step: model FLOPs of one step on this rank (for MFU); peak_tflops: the device's peak for
-    ``dtype``; dtype: training compute dtype; parallel: layout, e.g. {"dp": 8, "tp": 4, "pp": 2};
-    telemetry / telemetry_interval_s: NVML sampling; collectives: record collectives; memory: per-step
-    memory; clock_sync: measure clock offsets at init (through the rendezvous store: every rank must call diag.init);
-    watchdog / hang_threshold_s / heartbeat_interval_s: hang dumps and heartbeats for ``diag triage``;
-    flush_interval_s: how often records reach the disk (the most a SIGKILL loses); count_flops: when
-    flops_per_step is not given, count the model FLOPs of step 1 (the second step) with
-    torch.utils.flop_counter.FlopCounterMode (that one step runs slower); ddp_buckets: how DDP's gradient
-    all-reduces are recorded: "hook" times each through a DDP communication hook (DDP's Python hook path
-    costs a few percent of a step where the CPU computes, see docs/benchmarks.md); "flight_recorder" keeps
-    DDP's built-in path and reads the buckets from Flight Recorder (issue time, size, no duration) with the
-    step's exposed communication timed from its last gradient; "auto" (default): "hook" on NCCL, where the
-    host runs ahead of the GPU, "flight_recorder" elsewhere; False: not recorded; fingerprint_every: every
-    this many steps, the instrumented DDP model's parameters are summed on each replica (in the steps table,
-    compared across replicas by the analysis); 0: off;
-    prometheus_port / prometheus_addr: serve live Prometheus metrics on http://ADDR:PORT+local_rank/metrics
-    (docs/prometheus.md), updated from the rows as the writer flushes them, off the training thread;
-    tensorboard: a log directory for diag's per-step series as TensorBoard scalars; wandb: True (the active
-    W&B run) or a run object, to log them there against ``diag/step``; both from rank 0 only unless
-    loggers_on_every_rank (docs/health.md).
-    nccl_log: have NCCL write its log (NCCL_DEBUG=INFO, init and topology only) into the rank's directory when
-    the user set none of NCCL_DEBUG, NCCL_DEBUG_SUBSYS, NCCL_DEBUG_FILE and NCCL has not started yet.
-    model_shape: the transformer's {micro_batch, seq_len, hidden, layers, heads, vocab, recompute,
-    flash_attention, dropout, sequence_parallel}, for the activation memory the report predicts (docs/memory.md).
-    nvtx: diag's steps and phases as NVTX ranges, for Nsight Systems timelines (docs/health.md); needs a CUDA
-    build of torch, else off with one warning.
-    memory_deep_steps: (first step, count): for those few steps record what is behind the step's memory peak, by
-    module and (CUDA) by allocation stack, into memory_deep.json (docs/memory.md; each such step runs several times
-    slower); also set by DIAG_MEMORY_DEEP_STEPS=START,COUNT. None (default): off, at no cost.
-    calibrate_every: time a small fixed workload on the rank's device (diag/capture/calibration.py) at init, every
-    this many steps (between steps, outside their timing) and at finish, so that ``diag compare`` and ``diag
-    analyze`` can tell a slower machine from a slower job (docs/compare.md); 0: off.
-    trace_format: 2 (default) writes the tables as Arrow stream segments compacted into Parquet (schema version
-    2, ~9x smaller than CSV); 1 writes the CSV tables of schema version 1 (docs/trace-format.md).
-    """
+    """Created by ``diag.init``; its options are the fields of ``CaptureConfig`` (diag/capture/config.py,
+    docs/capture-options.md)."""
 
     COUNT_FLOPS_AT_STEP = 1  # not step 0: lazy initialisation and DDP's bucket rebuild happen there
 
     enabled = True
 
-    def __init__(
-        self,
-        trace_dir: str | os.PathLike,
-        *,
-        flops_per_step: float | None = None,
-        peak_tflops: float | None = None,
-        dtype: str | None = None,
-        parallel: dict | None = None,
-        telemetry: bool = True,
-        telemetry_interval_s: float = 1.0,
-        collectives: bool = True,
-        memory: bool = True,
-        clock_sync: bool = True,
-        watchdog: bool = True,
-        hang_threshold_s: float = 120.0,
-        heartbeat_interval_s: float = 5.0,
-        flush_interval_s: float = 0.5,
-        count_flops: bool = False,
-        ddp_buckets: bool | str = "auto",
-        fingerprint_every: int = DEFAULT_FINGERPRINT_EVERY,
-        prometheus_port: int | None = None,
-        prometheus_addr: str = "0.0.0.0",
-        tensorboard: str | os.PathLike | None = None,
-        wandb=False,
-        loggers_on_every_rank: bool = False,
-        nccl_log: bool = True,
-        nvtx: bool = False,
-        model_shape: dict | None = None,
-        memory_deep_steps: tuple[int, int] | None = None,
-        device=None,
-        trace_format: int = DEFAULT_TRACE_FORMAT,
-        calibrate_every: int = DEFAULT_CALIBRATE_EVERY,
-    ):
-        validate_options(
-            flops_per_step=flops_per_step,
-            peak_tflops=peak_tflops,
-            dtype=dtype,
-            parallel=parallel,
-            telemetry=telemetry,
-            telemetry_interval_s=telemetry_interval_s,
-            collectives=collectives,
-            memory=memory,
-            clock_sync=clock_sync,
-            watchdog=watchdog,
-            hang_threshold_s=hang_threshold_s,
-            heartbeat_interval_s=heartbeat_interval_s,
-            flush_interval_s=flush_interval_s,
-            count_flops=count_flops,
-            ddp_buckets=ddp_buckets,
-            fingerprint_every=fingerprint_every,
-            prometheus_port=prometheus_port,
-            prometheus_addr=prometheus_addr,
-            tensorboard=tensorboard,
-            wandb=wandb,
-            loggers_on_every_rank=loggers_on_every_rank,
-            nccl_log=nccl_log,
-            nvtx=nvtx,
-            model_shape=model_shape,
-            memory_deep_steps=memory_deep_steps,
-            trace_format=trace_format,
-            calibrate_every=calibrate_every,
-        )
+    def __init__(self, trace_dir: str | os.PathLike, config: CaptureConfig | None = None):
+        config = CaptureConfig() if config is None else config  # a CaptureConfig has checked its values
+        self.config = config
         self.trace_dir = Path(trace_dir)
         self.identity: RankIdentity = detect_identity()
         self.rank = self.identity.rank
         self.world_size = self.identity.world_size
         self.writer = RankWriter(
-            self.trace_dir / rank_dir_name(self.rank), flush_interval_s=flush_interval_s, schema_version=trace_format
+            self.trace_dir / rank_dir_name(self.rank),
+            flush_interval_s=config.flush_interval_s,
+            schema_version=config.trace_format,
         )
-        self.device = device if device is not None else _current_device()
+        self.device = _device(config.device)
         self.capture_status: dict[str, str] = {}
         # the user's, before diag sets NCCL's log variables: what `diag doctor` judges
         self._hang_settings = {name: os.environ[name] for name in readiness.HANG_SETTINGS if name in os.environ}
-        self._start_nccl_log(nccl_log and self.writer.enabled)
+        self._start_nccl_log(config.nccl_log and self.writer.enabled)
 
         # step and phase state, read by the watchdog from its own thread
         self.current_step: int | None = None
@@ -185,35 +72,39 @@ class Session:
         self._hooks: list = []
         self.pg_generation = 0  # destroy_process_group() calls that ended every group (trace_group_name)
         self._meshes: list = []  # DeviceMeshes found on instrumented modules
-        self._count_flops = count_flops and not flops_per_step
-        self._ddp_buckets = "hook" if ddp_buckets is True else ddp_buckets
-        self._fingerprint_every = fingerprint_every
+        self._count_flops = config.count_flops and not config.flops_per_step
+        self._ddp_buckets = "hook" if config.ddp_buckets is True else config.ddp_buckets
+        self._fingerprint_every = config.fingerprint_every
         self._replica_params: list = []  # parameters of the instrumented DDP model: identical on its replicas
         self._step_values: dict = {}  # loss, grad_norm given for the step in progress (diag.record)
         self.step_spans = StepSpans()
-        self.nvtx = start_nvtx(nvtx)  # None when off: one test per step and phase boundary
-        self.capture_status["nvtx"] = "on" if self.nvtx else "off: this torch has no NVTX" if nvtx else "off"
+        self.nvtx = start_nvtx(config.nvtx)  # None when off: one test per step and phase boundary
+        self.capture_status["nvtx"] = "on" if self.nvtx else "off: this torch has no NVTX" if config.nvtx else "off"
 
-        self.manifest = self._base_manifest(flops_per_step, peak_tflops, dtype, parallel)
-        if model_shape:
-            self.manifest["model_shape"] = dict(model_shape)
+        self.manifest = self._base_manifest(config)
+        if config.model_shape:
+            self.manifest["model_shape"] = dict(config.model_shape)
         # Without a writable trace directory (already warned about) nothing else is worth starting, but the
         # clock sync still runs: it is a collective the other ranks are waiting in.
         writing = self.writer.enabled
-        self.memory = self._start_memory(memory and writing)
-        self.memory_deep = self._start_memory_deep(memory_deep_steps if writing else None)
+        self.memory = self._start_memory(config.memory and writing)
+        self.memory_deep = self._start_memory_deep(config.memory_deep_steps if writing else None)
         self.device_timer = self._make_device_timer()
-        self.recorder = self._start_collectives(collectives and writing)
-        self._sync_clocks(clock_sync)
-        self.metrics = self._start_metrics(prometheus_port if writing else None, prometheus_addr)
-        self.loggers = self._start_loggers(tensorboard, wandb, loggers_on_every_rank) if writing else []
+        self.recorder = self._start_collectives(config.collectives and writing)
+        self._sync_clocks(config.clock_sync)
+        self.metrics = self._start_metrics(config.prometheus_port if writing else None, config.prometheus_addr)
+        self.loggers = (
+            self._start_loggers(config.tensorboard, config.wandb, config.loggers_on_every_rank) if writing else []
+        )
         if self.loggers:  # set once the list exists: the writer's thread may flush at any moment
             self.writer.row_observer = self._observe_rows
-        self.telemetry = self._start_telemetry(telemetry and writing, telemetry_interval_s)
-        self.watchdog = self._start_watchdog(watchdog and writing, hang_threshold_s, heartbeat_interval_s)
-        self._calibrate_every = calibrate_every
+        self.telemetry = self._start_telemetry(config.telemetry and writing, config.telemetry_interval_s)
+        self.watchdog = self._start_watchdog(
+            config.watchdog and writing, config.hang_threshold_s, config.heartbeat_interval_s
+        )
+        self._calibrate_every = config.calibrate_every
         self._steps_since_calibration = 0
-        self.calibrator = self._start_calibration(calibrate_every if writing else 0)
+        self.calibrator = self._start_calibration(config.calibrate_every if writing else 0)
         self.manifest["hang_settings"] = self._hang_settings
         self._check_readiness()
         self.manifest["capture"] = self.capture_status
@@ -252,7 +143,7 @@ class Session:
                 flush=True,
             )
 
-    def _base_manifest(self, flops_per_step, peak_tflops, dtype, parallel) -> dict:
+    def _base_manifest(self, config: CaptureConfig) -> dict:
         import torch
 
         ident = self.identity
@@ -277,11 +168,11 @@ class Session:
             "cuda_version": torch.version.cuda,
             "nccl_version": _nccl_version(),
             "python_version": platform.python_version(),
-            "parallel": parallel,
-            "flops_per_step": flops_per_step,
-            "flops_source": "user" if flops_per_step else None,
-            "peak_tflops": peak_tflops,
-            "dtype": dtype,
+            "parallel": config.parallel,
+            "flops_per_step": config.flops_per_step,
+            "flops_source": "user" if config.flops_per_step else None,
+            "peak_tflops": config.peak_tflops,
+            "dtype": config.dtype,
             "clock_offset_us": 0.0 if ident.world_size == 1 else None,
             "clock_sync_error_us": None,
             "start_time_us": time.time_ns() // 1000,
@@ -301,9 +192,8 @@ class Session:
 
     def _start_memory_deep(self, steps):
         """The opt-in deep memory mode (None: off, and the steps pay one ``is None`` check)."""
-        from diag.capture.memory_deep import DeepMemory, deep_steps_from_env
+        from diag.capture.memory_deep import DeepMemory
 
-        steps = steps or deep_steps_from_env()
         if steps is None:
             return None
         try:
@@ -949,102 +839,6 @@ class Session:
                 self.recorder.flight_recorder.stop()
 
 
-def validate_options(**options) -> None:
-    """Raise one ValueError naming every plainly wrong option value (given to ``diag.init`` or ``Session``).
-
-    The project's convention: a wrong argument is the caller's bug and is said at once, at init, before
-    training starts (as an unknown option is a TypeError); capture never raises into the training loop after
-    that. Options not given keep their defaults and are not checked."""
-    problems = []
-    for name in _FLAGS:
-        if name in options and not isinstance(options[name], bool):
-            problems.append(f"{name} must be True or False, not {options[name]!r}")
-    for name in _INTERVALS:
-        if name in options and not _is_number_at_least(options[name], MIN_INTERVAL_S):
-            problems.append(f"{name} must be a number of seconds >= {MIN_INTERVAL_S}, not {options[name]!r}")
-    if "hang_threshold_s" in options and not _is_number_at_least(options["hang_threshold_s"], MIN_INTERVAL_S):
-        problems.append(
-            f"hang_threshold_s must be a number of seconds >= {MIN_INTERVAL_S}, not {options['hang_threshold_s']!r}"
-        )
-    for name in ("flops_per_step", "peak_tflops"):
-        value = options.get(name)
-        if value is not None and not (_is_number_at_least(value, 0.0) and value > 0):
-            problems.append(f"{name} must be a positive number or None, not {value!r}")
-    if options.get("dtype") is not None and not isinstance(options["dtype"], str):
-        problems.append(f"dtype must be a string such as 'bf16' or None, not {options['dtype']!r}")
-    parallel = options.get("parallel")
-    if parallel is not None and not (
-        isinstance(parallel, dict)
-        and all(
-            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0 for k, v in parallel.items()
-        )
-    ):
-        problems.append(
-            f"parallel must map dimension names to positive sizes, e.g. {{'dp': 8, 'tp': 4}}, not {parallel!r}"
-        )
-    board = options.get("tensorboard")
-    if board is not None and not isinstance(board, str | os.PathLike):
-        problems.append(f"tensorboard must be a log directory or None, not {board!r}")
-    run = options.get("wandb", False)
-    if not (isinstance(run, bool) or hasattr(run, "log")):
-        problems.append(f"wandb must be True (the active run), False or a W&B run object, not {run!r}")
-    if options.get("trace_format", DEFAULT_TRACE_FORMAT) not in TRACE_FORMATS:
-        problems.append(f"trace_format must be one of {TRACE_FORMATS}, not {options['trace_format']!r}")
-    from diag.capture.calibration import calibrate_every_problem
-
-    calibrate_problem = calibrate_every_problem(options.get("calibrate_every", 0))
-    if calibrate_problem:
-        problems.append(calibrate_problem)
-    every = options.get("fingerprint_every", 0)
-    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-        problems.append(f"fingerprint_every must be a whole number of steps >= 0 (0: off), not {every!r}")
-    if "ddp_buckets" in options and not any(
-        options["ddp_buckets"] == mode and type(options["ddp_buckets"]) is type(mode) for mode in DDP_BUCKET_MODES
-    ):
-        problems.append(f"ddp_buckets must be one of {DDP_BUCKET_MODES}, not {options['ddp_buckets']!r}")
-    port = options.get("prometheus_port")
-    if port is not None and not (isinstance(port, int) and not isinstance(port, bool) and 0 <= port <= 65535):
-        problems.append(f"prometheus_port must be a port number 0-65535 or None, not {port!r}")
-    if "prometheus_addr" in options and not isinstance(options["prometheus_addr"], str):
-        problems.append(f"prometheus_addr must be an address string, not {options['prometheus_addr']!r}")
-    problems += _model_shape_problems(options.get("model_shape"))
-    from diag.capture.memory_deep import deep_steps_problem
-
-    deep_problem = deep_steps_problem(options.get("memory_deep_steps"))
-    if deep_problem:
-        problems.append(deep_problem)
-    if problems:
-        raise ValueError("diag.init: " + "; ".join(problems))
-
-
-def _model_shape_problems(shape) -> list[str]:
-    from diag.trace.manifest import MODEL_SHAPE_FLAGS, MODEL_SHAPE_SIZES
-
-    if shape is None:
-        return []
-    if not isinstance(shape, dict):
-        return [f"model_shape must be a dict such as {{'hidden': 4096, 'layers': 32}}, not {shape!r}"]
-    unknown = set(map(str, shape)) - {*MODEL_SHAPE_SIZES, *MODEL_SHAPE_FLAGS, "recompute"}
-    problems = [f"model_shape has unknown keys {sorted(unknown)}"] if unknown else []
-    for key in MODEL_SHAPE_SIZES:
-        value = shape.get(key)
-        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-            problems.append(f"model_shape[{key!r}] must be a positive integer, not {value!r}")
-    for key in MODEL_SHAPE_FLAGS:
-        if shape.get(key) is not None and not isinstance(shape[key], bool):
-            problems.append(f"model_shape[{key!r}] must be True or False, not {shape[key]!r}")
-    if shape.get("recompute") not in (None, "none", "selective", "full"):
-        problems.append(f"model_shape['recompute'] must be none, selective or full, not {shape['recompute']!r}")
-    return problems
-
-
-def _is_number_at_least(value, minimum: float) -> bool:
-    """A real, finite number (not a bool) no smaller than ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return math.isfinite(value) and value >= minimum
-
-
 class DisabledSession:
     """What ``diag.session()`` is before ``diag.init`` or after a failed init: every call does nothing."""
 
@@ -1093,9 +887,12 @@ def _describe_group(group) -> dict:
     }
 
 
-def _current_device():
+def _device(device):
+    """The option's device (a torch.device or a string such as 'cuda:1'), else the current CUDA device, else the CPU."""
     import torch
 
+    if device is not None:
+        return torch.device(device)
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -44,7 +44,8 @@ class Trainer:
         self.max_grad_norm = max_grad_norm
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.session_options = dict(session_options or {})
-        if amp_dtype is not None and "dtype" not in self.session_options:
+        given = self.session_options.get("config")  # a CaptureConfig's own dtype, when set, is the user's word
+        if amp_dtype is not None and "dtype" not in self.session_options and getattr(given, "dtype", None) is None:
             self.session_options["dtype"] = str(amp_dtype).removeprefix("torch.")
         use_scaler = amp_dtype == torch.float16 and self.device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None

@@ -16,7 +16,6 @@ import diag
 from diag._warn import DiagWarning, reset_for_tests
 from diag.analysis.memory_deep import deep_of
 from diag.analysis.report import analyze
-from diag.capture import memory_deep
 from diag.capture.memory_deep import allocation_summary
 from diag.cli import main
 from diag.dashboard.data import Snapshot
@@ -105,19 +104,19 @@ def test_gradient_accumulation_is_tracked_across_the_root_modules_second_forward
 
 
 def test_environment_variable_chooses_the_steps(tmp_path, monkeypatch):
-    monkeypatch.setenv(memory_deep.DEEP_STEPS_ENV, "2,2")
+    monkeypatch.setenv("DIAG_MEMORY_DEEP_STEPS", "2,2")
     small_run(tmp_path)
     assert deep_file(tmp_path)["steps"] == [2, 3]
     manifest = json.loads((tmp_path / "rank00000" / "manifest.json").read_text())
     assert manifest["capture"]["memory_deep"] == "on: steps 2-3"
 
 
-def test_a_malformed_environment_variable_is_one_warning_and_no_deep_mode(tmp_path, monkeypatch):
-    reset_for_tests()
-    monkeypatch.setenv(memory_deep.DEEP_STEPS_ENV, "two")
-    with pytest.warns(DiagWarning, match="DIAG_MEMORY_DEEP_STEPS"):
+def test_a_malformed_environment_variable_is_an_error_naming_it_at_init(tmp_path, monkeypatch):
+    # a launcher's typo is said at once on every rank, before training starts, as a wrong option is
+    monkeypatch.setenv("DIAG_MEMORY_DEEP_STEPS", "two")
+    with pytest.raises(ValueError, match="DIAG_MEMORY_DEEP_STEPS='two'"):
         small_run(tmp_path)
-    assert not (tmp_path / "rank00000" / MEMORY_DEEP_FILE).exists()
+    assert not diag.session().enabled and not (tmp_path / "rank00000").exists()
 
 
 @pytest.mark.parametrize("value", [(3,), (-1, 2), (0, 0), (0, 11), "2,2", (1.0, 2)])
