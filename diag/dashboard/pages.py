@@ -17,6 +17,7 @@ from diag.analysis.stragglers import cost_text
 from diag.dashboard import compare_page
 from diag.dashboard import data as d
 from diag.dashboard import figures as f
+from diag.triage.report import ACTION_WORDS
 from diag.views.format import mib, ms_from_s, pct, pct_from_pct, rate
 
 MAX_FINDINGS_SHOWN = 20
@@ -610,6 +611,7 @@ def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
         html.H3(f"Verdict: {verdict['verdict']}", id="triage-verdict"),
         html.P(f"Culprit ranks: {', '.join(map(str, sorted(culprits))) or '-'}"),
         html.P(f"Collective: {coll['op']} seq {coll['seq']} in process group {coll['pg']}") if coll else None,
+        _triage_action(verdict),
         html.H4("Evidence"),
         html.Ul([html.Li(e) for e in verdict.get("evidence", [])]),
         html.H4("Ranks by state"),
@@ -626,6 +628,16 @@ def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
     if verdict.get("skipped"):
         body += [html.H4("Skipped"), html.Ul([html.Li(s) for s in verdict["skipped"][:20]])]
     return {"body": html.Div([b for b in body if b is not None])}
+
+
+def _triage_action(verdict: dict):
+    """What to do next (diag/triage/action.py), with the hosts and GPUs it concerns; nothing when nothing."""
+    action = verdict.get("action")
+    if action in (None, "none"):
+        return None
+    where = ", ".join([*verdict.get("hosts", []), *verdict.get("gpus", [])])
+    text = f"Next: {ACTION_WORDS.get(action, action)}{f' ({where})' if where else ''}: {verdict.get('action_why', '')}"
+    return html.P(text, id="triage-action", className="advice")
 
 
 def _triage_ranks_listed(ranks: dict, culprits: set[int], selected: int | None) -> list[int]:

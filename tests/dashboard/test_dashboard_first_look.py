@@ -71,6 +71,15 @@ def test_triage_lists_every_rank_it_counts(browser, serve, sample_run):
     assert listed == ["0", "1", "2"]
 
 
+def test_triage_says_what_to_do_next(browser, serve, tmp_path):
+    hang = tmp_path / "hang"
+    shutil.copytree(SAMPLE.parent / "hang", hang)
+    base = serve(make_app(hang))
+    browser.get(base + "/triage")
+    b.wait_for(browser, lambda d: b.text(d, "triage-action"), "what to do next")
+    assert b.text(browser, "triage-action").startswith("Next: FIX THE CODE (vm): a rank waited for its data loader")
+
+
 def test_pages_with_nothing_to_draw_for_this_run_say_so_once_and_why(browser, serve, sample_run):
     base = serve(make_app(sample_run))
     for path, text_id, said, why in (
