@@ -228,9 +228,9 @@ class Scenario:
 class Judgement:
     given: str  # the verdict, or the finding kind (with a straggler's cause)
     culprits: list[int]
-    action: str | None = None  # diag triage's: fix_code, restart, evict, none
     alarms: list[str] = field(default_factory=list)  # findings above low that claim a fault
     job_wide: list[str] = field(default_factory=list)  # JOB_WIDE_KINDS findings above low
+    action: str | None = None  # diag triage's: fix_code, restart, evict, none
 
 
 @dataclass
