@@ -59,7 +59,7 @@ def decide(verdict, data) -> Action:
         return _on(FIX_CODE, "a step raised an error with no collective left pending: the job's own failure", data,
                    culprits)  # fmt: skip
     if kind == "dead_rank":
-        return _dead_rank(verdict, data, culprits)
+        return _dead_rank(data, culprits)
     if kind == "collective_hang":
         members = sorted(verdict.ranks)
         return _on(RESTART, "every member entered the collective and none completed it: the network or NCCL, not "
@@ -69,7 +69,7 @@ def decide(verdict, data) -> Action:
     return _on(RESTART, f"no rule for a {kind} verdict: restart and triage again if it recurs", data, culprits)
 
 
-def _dead_rank(verdict, data, culprits: list[int]) -> Action:
+def _dead_rank(data, culprits: list[int]) -> Action:
     raised = [r for r in culprits if _exit_how(data, r) == "exception"]
     if raised:
         return _on(FIX_CODE, f"rank {raised[0]} died of an exception of its own: the job's failure", data, raised)
