@@ -17,7 +17,8 @@ needs the entries themselves is here:
 * members: gloo's ``pg_config`` names only the default group (often without its ranks); a group's members are
   then the ranks whose dumps list it (``pg_status`` holds one record per group the rank belongs to).
 * gloo's completion: gloo records no completion state and its ``last_completed_collective`` lags behind, so an
-  entry that every member has gone past (each issued a later seq of the group) is taken as returned.
+  entry that every member has gone past (each issued a later seq of the group) is taken as returned, and so is
+  a symmetric collective (every member sends to and receives from the others) that some member returned from.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ COALESCED_END_OPS = ("coalesced", "ALLGATHER_coalesced", "REDUCE_SCATTER_coalesc
 ALL_TO_ALL_OPS = ("all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall", "alltoall_base")
 # collectives whose sizes may differ across ranks by design: not compared shape by shape
 UNEVEN_OPS = (*ALL_TO_ALL_OPS, "all_gather_v", "reduce_scatter_v")
+# ops one rank may leave before another entered them (a root, a sender): returning from them proves nothing
+# about the other members
+ROOTED_OPS = ("gather", "scatter", "reduce", "broadcast")
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,23 @@ def returned_below(groups: dict[int, list[OpGroup]], members: dict[str, list[int
         if ranks and all((pg, r) in last_seq for r in ranks):
             floors[pg] = min(last_seq[(pg, r)] for r in ranks)
     return floors
+
+
+def returned_on_a_member(groups: dict[int, list[OpGroup]], members: dict[str, list[int]]) -> set[tuple[str, int]]:
+    """The (pg, seq) of symmetric collectives that a member returned from while every member issued them: no
+    member can return before all have sent their part, so on the others it is done or about to be (gloo bumps
+    ``last_completed_collective`` after ``wait()`` returns, and a dump taken in between reads it pending)."""
+    issued: dict[tuple[str, int], set[int]] = defaultdict(set)
+    returned: set[tuple[str, int]] = set()
+    for rank, rank_groups in groups.items():
+        for group in rank_groups:
+            last = group.last
+            if last.is_p2p or any(e.op in ROOTED_OPS for e in group.ops):
+                continue
+            issued[(last.pg, last.seq)].add(rank)
+            if last.completed:
+                returned.add((last.pg, last.seq))
+    return {key for key in returned if set(members.get(key[0], [])) <= issued[key] and members.get(key[0])}
 
 
 # -- all_to_all ------------------------------------------------------------------------------------------------

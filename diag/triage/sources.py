@@ -674,7 +674,8 @@ def read_fr_dir(path: Path) -> TriageInput:
     groups = {r: fr_checks.op_groups(d) for r, d in dumps.items()}
     # gloo's last_completed_collective lags: what every member went past returned (NCCL records completion)
     floors = fr_checks.returned_below(groups, pg_ranks) if gloo else {}
-    frames = [fr_ops_frame(d, groups[r], floors) for r, d in dumps.items()]
+    returned = fr_checks.returned_on_a_member(groups, pg_ranks) if gloo else set()
+    frames = [fr_ops_frame(d, groups[r], floors, returned) for r, d in dumps.items()]
     ops = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=FR_OPS_COLUMNS)
     problems = fr_checks.all_to_all_problems(groups, pg_ranks)
     p2p, p2p_notes = fr_checks.p2p_problems(dumps, pg_ranks)
@@ -719,19 +720,24 @@ FR_OPS_COLUMNS = [*OPS_COLUMNS, "state"]  # Flight Recorder's state: scheduled, 
 
 
 def fr_ops_frame(
-    dump: FRDump, groups: list | None = None, returned_below: dict[str, int] | None = None
+    dump: FRDump,
+    groups: list | None = None,
+    returned_below: dict[str, int] | None = None,
+    returned: set[tuple[str, int]] | None = None,
 ) -> pd.DataFrame:
     """One row per (pg, seq) of the rank: a coalesced group is one row describing every op in it, and each
-    op is described by what all members must agree on (``fr_checks.comparable``)."""
+    op is described by what all members must agree on (``fr_checks.comparable``). ``returned_below`` and
+    ``returned``: what gloo's lagging completion count misses (``fr_checks``)."""
     rows = []
     returned_below = returned_below or {}
+    returned = returned or set()
     for group in fr_checks.op_groups(dump) if groups is None else groups:
         first, last = group.ops[0], group.last
         described = [fr_checks.comparable(e) for e in group.ops]
         dtype_name = next((d[0] for _, d, _ in described if d), "")
         dtype, element_bytes = SCALAR_TYPES.get(dtype_name, (str(dtype_name), 0)) if dtype_name else ("", 0)
         numel = sum(fr_checks.comparable_numel(e) for e in group.ops)
-        completed = last.completed or last.seq < returned_below.get(last.pg, -1)
+        completed = last.completed or last.seq < returned_below.get(last.pg, -1) or (last.pg, last.seq) in returned
         rows.append(
             (
                 dump.rank,

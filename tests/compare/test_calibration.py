@@ -194,7 +194,10 @@ def test_the_same_job_with_a_burner_beside_one_run_reads_no_change(tmp_path):
 def test_a_planted_regression_with_a_burner_beside_the_faster_run_reads_regression(tmp_path):
     with burner():
         run_job(tmp_path / "base", 3, *JOB)
-    run_job(tmp_path / "slower", 3, *JOB, "--compute-repeats", "3")  # the forward and backward run 3 times
+    # the forward and backward 3 times and 30 ms more of the step's sleep (10 ms by default): well over the 35%
+    # floor of one calibrated pair on any machine (where the compute is a small part of the step, 3 times the
+    # compute alone was +21%)
+    run_job(tmp_path / "slower", 3, *JOB, "--compute-repeats", "3", "--work-ms", "40")
     data = compare_json(tmp_path / "base", tmp_path / "slower", extra=("--no-cache",))
     print("planted regression, burner beside the base:", data["summary"])
     assert data["step_time"]["machine"] is not None
