@@ -849,8 +849,10 @@ def load(path: str | Path, progress: bool = False) -> Trace:
     return assemble_trace(Path(path), data)
 
 
-def assemble_trace(path: Path, data: dict) -> Trace:
-    """A Trace from what ``TraceReader.poll`` read: keeps one run, finds missing ranks, lists what was skipped."""
+def assemble_trace(path: Path, data: dict, latest_run_only: bool = True) -> Trace:
+    """A Trace from what ``TraceReader.poll`` read: keeps one run, finds missing ranks, lists what was skipped.
+    ``latest_run_only=False`` keeps a rank's earlier runs appended to the same files (triage judges a failed
+    attempt that a restart into the same directory followed)."""
     skipped: list[Skipped] = data["skipped"]
     ranks = data["ranks"]
     run_ids = pd.Series([r.get("run_id") for r in data["manifests"]], dtype="object")
@@ -865,7 +867,9 @@ def assemble_trace(path: Path, data: dict) -> Trace:
         )
         data = _drop_ranks(data, set(others))
         ranks = [r for r in ranks if r not in set(others)]
-    data = _latest_run_only(_drop_insane_durations(data, skipped, path), skipped, path)
+    data = _drop_insane_durations(data, skipped, path)
+    if latest_run_only:
+        data = _latest_run_only(data, skipped, path)
     manifests, world_size = checked_manifests(data["manifests"], ranks, skipped, path)
     missing = sorted(set(range(world_size or 0)) - set(ranks))
     return Trace(

@@ -161,7 +161,7 @@ def read_diag_trace(
     rows = rows_per_rank or tail_rows(len(rank_dirs))
     data, infos, beats, cut = _read_tails(reader, rank_dirs, rows, heartbeats, progress, workers)
     judged = {rank for rank, info in infos.items() if info.judged_by_heartbeat}
-    trace = assemble_trace(path, data)
+    trace = assemble_trace(path, data, latest_run_only=False)  # _split_attempts judges each attempt
     ranks = {}
     for rank, info in infos.items():
         info.heartbeat = beats.get(rank)

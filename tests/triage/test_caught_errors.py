@@ -243,11 +243,6 @@ def test_hf_trainer_train_that_raises_a_caught_timeout_names_the_late_rank(jobs)
     assert verdict["errors_caught"] is True
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="reads step_error, not missing_ranks: the loader now cuts an earlier run's rows at the latest "
-    "process's start, which drops the failed attempt's pending collectives before triage splits the attempts",
-)
 def test_restart_into_the_same_directory_does_not_hide_the_failed_attempt(jobs):
     trace, codes = jobs("restart", 2, 1)
     assert all(code in (0, None) for code in codes)  # the second attempt ran clean
