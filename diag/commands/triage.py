@@ -37,9 +37,31 @@ from diag.trace.loader import TraceError
     show_default=True,
     help="With --watch: seconds between reads.",
 )
+@click.option(
+    "--prometheus-port",
+    type=click.IntRange(1, 65535),
+    help="With --watch: serve the verdict as diag_triage_verdict on http://BIND:PORT/metrics (its labels: the "
+    "verdict, the culprit ranks and what to do next), and keep serving it after the verdict until stopped, for "
+    "the DiagTriageProblem alert (dashboards/alerts.yml).",
+)
+@click.option(
+    "--bind",
+    default="127.0.0.1",
+    show_default=True,
+    help="With --prometheus-port: the address to bind. 0.0.0.0 lets a Prometheus on another machine scrape it, "
+    "and anyone who can reach the port read the verdict (there is no authentication).",
+)
 @quiet_option
 def command(
-    path: str, output_format: str, all_ranks: bool, watch: bool, stall_s: float, interval: float, quiet: bool
+    path: str,
+    output_format: str,
+    all_ranks: bool,
+    watch: bool,
+    stall_s: float,
+    interval: float,
+    prometheus_port: int | None,
+    bind: str,
+    quiet: bool,
 ) -> None:
     """Explain why a distributed job hung or timed out.
 
@@ -79,15 +101,11 @@ def command(
             text = paint_verdict(text, problem=verdict.verdict in PROBLEM_VERDICTS)
         click.echo(text)
 
+    if prometheus_port is not None and not watch:
+        raise click.UsageError("--prometheus-port serves the verdict of --watch: add --watch")
     if watch:
-        from diag.triage.watch import watch as watch_job
-
         say = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo
-        try:
-            code = watch_job(path, stall_s=stall_s, interval_s=interval, say=say, on_verdict=show)
-        except KeyboardInterrupt:
-            code = 130
-        sys.exit(code)
+        sys.exit(_watch(path, stall_s, interval, say, show, prometheus_port, bind))
     try:
         verdict = triage(read_input(path, progress=True))
     except TraceError as exc:
@@ -96,3 +114,47 @@ def command(
     if verdict.evidence[:1] == [NOTHING_TO_JUDGE]:
         sys.exit(USAGE)
     sys.exit(PROBLEM if verdict.verdict in PROBLEM_VERDICTS else OK)
+
+
+def _watch(path, stall_s, interval, say, show, prometheus_port, bind) -> int:
+    """--watch; with a port, the verdict is also served to Prometheus, until SIGTERM or Ctrl-C."""
+    import time
+    from pathlib import Path
+
+    from diag.triage.watch import watch as watch_job
+
+    if prometheus_port is None:
+        try:
+            return watch_job(path, stall_s=stall_s, interval_s=interval, say=say, on_verdict=show)
+        except KeyboardInterrupt:
+            return 130
+    import signal
+
+    from diag.metrics.prometheus import stop_serving
+    from diag.metrics.verdict import VerdictMetrics, run_id_of, serve_verdict
+
+    served = VerdictMetrics()
+    try:
+        server = serve_verdict(served, prometheus_port, bind)
+    except OSError as exc:
+        raise InputError(f"cannot serve on {bind}:{prometheus_port} ({exc}); choose another --prometheus-port") from exc
+    say(f"Serving the verdict on http://{bind}:{prometheus_port}/metrics")
+
+    def on_verdict(verdict) -> None:
+        show(verdict)
+        served.update(run_id_of(Path(path)), verdict.to_json(), time.time())
+
+    def interrupt(*_) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # a launcher's stop ends the serving as Ctrl-C does
+    code = 130
+    try:
+        code = watch_job(path, stall_s=stall_s, interval_s=interval, say=say, on_verdict=on_verdict)
+        say("Verdict served until stopped (SIGTERM or Ctrl-C)")
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return code  # the verdict's exit status once there was one
+    finally:
+        stop_serving(server)

@@ -269,21 +269,42 @@ METRICS: tuple[MetricSpec, ...] = (
         kind="counter",
     ),
 )
-SPECS = {spec.name: spec for spec in METRICS}
+# served by ``diag triage --watch --prometheus-port`` (diag/metrics/verdict.py), not by the ranks: no rank labels
+TRIAGE_LABELS = ("run", "verdict", "culprit_ranks", "action", "hosts", "gpus", "why")
+TRIAGE_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "diag_triage_verdict",
+        "gauge",
+        "1",
+        "1 for the latest verdict of `diag triage --watch --prometheus-port` (labels without rank, local_rank and "
+        "host): what went wrong, which ranks, and what to do next (action fix_code, restart, evict or none; the "
+        "hosts and GPUs to evict; why)",
+        TRIAGE_LABELS,
+    ),
+    MetricSpec(
+        "diag_triage_judged_timestamp_seconds",
+        "gauge",
+        "seconds",
+        "Unix time of that verdict (labels: run only)",
+        ("run",),
+    ),
+)
+SPECS = {spec.name: spec for spec in (*METRICS, *TRIAGE_METRICS)}
 
 
 def exported_sample_names() -> set[str]:
-    """Every sample name diag can expose (histograms with their _bucket, _sum and _count series)."""
-    return {name for spec in METRICS for name in spec.sample_names}
+    """Every sample name diag can expose (histograms with their _bucket, _sum and _count series): the ranks', the
+    node agent's and ``diag triage --watch``'s."""
+    return {name for spec in SPECS.values() for name in spec.sample_names}
 
 
 def render_metric_table() -> str:
-    """The metric table of docs/prometheus.md, generated from ``METRICS``."""
+    """The metric table of docs/prometheus.md, generated from ``METRICS`` and ``TRIAGE_METRICS``."""
     lines = [
         "| metric | type | unit | labels beyond run, rank, local_rank, host | meaning | DCGM exporter |",
         "|---|---|---|---|---|---|",
     ]
-    for spec in METRICS:
+    for spec in SPECS.values():
         extra = ", ".join(label for label in spec.labels if label not in RANK_LABELS) or ""
         field_name, _, note = (spec.dcgm or "").partition(" ")
         dcgm = f"`{field_name}` {note}".strip() if field_name else ""

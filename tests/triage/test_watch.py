@@ -18,9 +18,9 @@ pytestmark = pytest.mark.slow
 WATCH_DEADLINE_S = 120
 
 
-def _watch(trace_dir: Path, stall_s: float) -> subprocess.Popen:
+def _watch(trace_dir: Path, stall_s: float, *extra: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "diag", "triage", "--watch", "--format", "json"]
-    command += ["--stall-s", str(stall_s), "--interval", "0.5", str(trace_dir)]
+    command += ["--stall-s", str(stall_s), "--interval", "0.5", *extra, str(trace_dir)]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -67,6 +67,56 @@ def test_watch_follows_a_healthy_job_to_its_end(tmp_path):
     assert json.loads(out)["verdict"] == "no_problem"
     assert all(p.returncode == 0 for p in procs)
     assert "every rank ended (finished)" in err
+
+
+def test_watch_serves_the_verdict_and_what_to_do_to_prometheus_until_stopped(tmp_path):
+    """With --prometheus-port the verdict of a real hang is served as diag_triage_verdict, with the labels the
+    DiagTriageProblem alert pages with (promtool checks the alert in tests/prometheus), until SIGTERM."""
+    from tests.prometheus.helpers import free_ports, samples, scrape, wait_until
+
+    trace_dir = tmp_path / "trace"
+    port = free_ports(1)
+    procs = _job("loader", trace_dir)  # rank 1's data loader blocks forever before step 3
+    watcher = _watch(trace_dir, 3, "--prometheus-port", str(port))
+    try:
+
+        def served():
+            if watcher.poll() is not None:
+                raise AssertionError(f"the watch exited: {watcher.communicate()}")
+            try:
+                found = [s for s in samples(scrape(port)) if s.name == "diag_triage_verdict"]
+            except OSError:
+                return None
+            return found
+
+        (verdict,) = wait_until(served, WATCH_DEADLINE_S, "the watch to serve a verdict", interval_s=0.5)
+        judged = [s for s in samples(scrape(port)) if s.name == "diag_triage_judged_timestamp_seconds"]
+        assert watcher.poll() is None  # still serving after its verdict
+        watcher.terminate()
+        out, err = watcher.communicate(timeout=30)
+    finally:
+        for proc in (*procs, watcher):
+            proc.kill()
+            proc.communicate()
+    printed = json.loads(out)
+    assert watcher.returncode == 1, err  # the verdict's exit status, as without the port
+    assert verdict.value == 1.0
+    assert verdict.labels["verdict"] == printed["verdict"] == "missing_ranks"
+    assert verdict.labels["culprit_ranks"] == "1"
+    assert verdict.labels["action"] == printed["action"] and verdict.labels["action"] in ("fix_code", "restart")
+    assert verdict.labels["why"] == printed["action_why"][:300] and verdict.labels["why"]
+    assert verdict.labels["run"]  # the ranks' run id, as their own metrics carry it
+    assert judged and abs(judged[0].value - time.time()) < WATCH_DEADLINE_S
+
+
+def test_prometheus_port_without_watch_is_a_usage_error(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "diag", "triage", "--prometheus-port", "9999", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "add --watch" in result.stderr
 
 
 def _pending(trace_dir: Path) -> list[dict]:
