@@ -447,7 +447,7 @@ def main() -> None:
         type=int,
         default=2,
         choices=(1, 2),
-        help="trace schema version diag writes (2: capture's default; 1: CSV, what figures before 2026-11-26 used)",
+        help="trace schema version diag writes (2: capture's default; 1: CSV)",
     )
     parser.add_argument("--real-step-pairs", type=int, default=8, help="model pairs of the one-process real-step cost")
     parser.add_argument("--real-step-steps", type=int, default=800, help="steps of each model of a pair")

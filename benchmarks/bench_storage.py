@@ -279,7 +279,7 @@ from concurrent.futures import ThreadPoolExecutor
 from diag.trace import loader
 from diag.trace.schema import TABLES
 
-def whole_table_to_pandas(parts, table):  # the conversion loader.to_frame did before 2026-11-26
+def whole_table_to_pandas(parts, table):  # one conversion of the whole table, beside loader.to_frame's
     arrow = pa.concat_tables(parts).unify_dictionaries() if len(parts) > 1 else parts[0]
     parts.clear()
     frame = arrow.to_pandas(split_blocks=True, self_destruct=True)

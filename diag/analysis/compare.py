@@ -105,7 +105,7 @@ NOISE_Z = 2.0  # the noise floor: this many standard deviations of the differenc
 # two runs alone cannot tell it from a change of the job. Keyed by the runs' device; only CPU runs (gloo on
 # shared cores) have been measured: elsewhere none is assumed, and --run-noise-pct or repeats (--interleaved)
 # supply it.
-RUN_NOISE_PCT = {"cpu": 8.7}  # bench_compare_noise.py, first series of 2026-11-25: 13 runs, 12 consecutive pairs
+RUN_NOISE_PCT = {"cpu": 8.7}  # bench_compare_noise.py: 13 runs, 12 consecutive pairs
 # The same after the machine-speed correction (both runs calibrated): what is left of a run's level off the job's
 # once its intervals are put at the base run's machine speed. Measured on the shared 2-core machine at a load
 # average of 13-34 (where the runs' median steps moved from 30 to 107 ms with no change of the job): the job's own
