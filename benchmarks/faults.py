@@ -168,10 +168,11 @@ class Scenario:
 
     def expectation(self) -> tuple[str, str, tuple[str, ...]]:
         """(tool, verdict, other verdicts as true) for this scenario."""
-        if self.shape == "deepspeed" and self.kind in ("hang", "frozen") and self.where not in ("data", "collective"):
+        if self.shape == "deepspeed" and self.kind in ("hang", "frozen") and self.where in ("backward", "optimizer"):
             # ZeRO's process groups come from new_group without a timeout, and torch gives those the backend's
-            # default (30 min for gloo), not the job's: a stall past the job's timeout ends in time, the job only
-            # ran slow, and the stalled rank is the slowest
+            # default (30 min for gloo), not the job's: a stall before their next collective ends in time, the
+            # job only ran slow, and the stalled rank is the slowest. A stall in the forward (step0 included)
+            # keeps the others in the forward's own all_reduce on the default group, whose timeout is the job's.
             return "triage", "slow", ()
         return self.fault.expected(self.where)
 
