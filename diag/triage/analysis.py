@@ -947,10 +947,10 @@ def _liveness(data: TriageInput) -> dict[int, str]:
             states[rank] = "finished"
         elif _exit_record(info):
             states[rank] = "exited"
-        elif info.ras_dead:  # NCCL RAS could not reach its process for 60 s
-            states[rank] = "vanished"
         elif not heartbeat or heartbeat.state == CAPTURE_STOPPED or info.capture_stopped is not None:
-            states[rank] = "unknown"  # a heartbeat that stopped with capture says nothing of the process
+            # a heartbeat that stopped with capture says nothing of the process; NCCL RAS may: it could not
+            # reach the process for 60 s (a heartbeat still beating says otherwise, and wins)
+            states[rank] = "vanished" if info.ras_dead else "unknown"
         else:
             interval_us = float(heartbeat.interval_s or DEFAULT_HEARTBEAT_INTERVAL_S) * 1e6
             stale = freshest_us - (heartbeat.time_us or 0) > DEAD_MARGIN_INTERVALS * interval_us

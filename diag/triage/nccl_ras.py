@@ -25,6 +25,7 @@ RAS_FILE_RE = re.compile(r"^nccl_ras.*\.(txt|json|log)$")  # a triage directory'
 MAX_RAS_BYTES = 64 << 20  # a RAS output of a 16k-rank job in JSON is a few MB
 MIN_FROZEN_POLLS = 2  # successive outputs showing the same disagreement before it counts as a hang
 MAX_LISTED = 16
+MAX_RAS_FILES = 20  # the newest outputs of a directory read (monitor files sort after timestamped polls)
 
 
 @dataclass

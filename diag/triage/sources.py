@@ -143,6 +143,9 @@ def with_nccl_ras(data: TriageInput) -> TriageInput:
         return data
     if not files:
         return data
+    if len(files) > nccl_ras.MAX_RAS_FILES:  # a watch saving a poll every 30 s: the newest tell the state
+        data.notes.append(f"NCCL RAS: the newest {nccl_ras.MAX_RAS_FILES} of {len(files)} outputs read")
+        files = files[-nccl_ras.MAX_RAS_FILES :]
     pids = {rank: (info.pid, info.host) for rank, info in data.ranks.items()}
     found = nccl_ras.findings([nccl_ras.read_file(p) for p in files], data.world_size, pids)
     for rank, text in [*found.unresponsive.items(), *found.dead.items()]:

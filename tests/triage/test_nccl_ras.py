@@ -300,3 +300,17 @@ def test_recorded_trace_with_a_ras_output_of_another_communicator_keeps_it_as_ev
     line = next(e for e in verdict.evidence if e.startswith("NCCL RAS (nccl_ras.txt): communicator cf264af53edbe986"))
     assert "not mapped to global ranks: rank 21" in line
     assert any("process 3487984 on node 172.16.64.213 (GPU 5) sent no data" in e for e in verdict.evidence)
+
+
+def test_ras_maps_a_dead_process_by_its_pid_and_the_rank_s_own_records_win(tmp_path):
+    """The recorded trace's rank 0 (pid 15320 in its manifest) reported dead in a PEER_DEAD event line (written
+    here in the format of the user guide's, with this trace's pid): mapped by pid, shown in rank 0's detail,
+    and the verdict stays the trace's: rank 0's own exit record says what happened to it."""
+    trace = tmp_path / "trace"
+    shutil.copytree(TRACES / "sigkill_inside_all_reduce", trace)
+    event = "[2025-12-19 13:07:07] PEER_DEAD: Process 15320 on node vm managing GPU 0\n"
+    (trace / "nccl_ras_monitor.txt").write_text(event)
+    verdict = triage(read_input(trace))
+    assert (verdict.verdict, verdict.culprit_ranks) == ("dead_rank", [2])
+    assert verdict.ranks[0].state != "dead"
+    assert "its process 15320 on vm considered dead by NCCL RAS (nccl_ras_monitor.txt)" in verdict.ranks[0].detail
