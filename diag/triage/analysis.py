@@ -149,7 +149,23 @@ def _judge(data: TriageInput) -> Verdict:
         return _dead_without_hang(data, ops, vanished, liveness)
     if len(data.errors):
         return _error_verdict(data, ops, liveness)
-    return _slow_or_fine(data, ops, members, liveness)
+    verdict = _slow_or_fine(data, ops, members, liveness)
+    if verdict.verdict in ("no_problem", "slow") and data.nccl_ras is not None and data.nccl_ras.frozen:
+        return _ras_stuck_verdict(data, ops, liveness)
+    return verdict
+
+
+def _ras_stuck_verdict(data: TriageInput, ops: pd.DataFrame, liveness: dict) -> Verdict:
+    """Nothing else pending, but NCCL RAS shows ranks of a communicator at different operation counts that did
+    not move across successive polls: the ranks behind never launched the operation the others wait in."""
+    behind = data.nccl_ras.behind
+    ranks = _rank_reports(data, ops, liveness, focus=None)
+    evidence = [
+        "NCCL RAS: a communicator's operation counts disagree and did not move across successive polls: "
+        + (f"{_ranks_text(behind)} never launched the operation the others wait in" if behind else "stuck")
+    ]
+    evidence += [f"rank {r}: {_describe(ranks[r])}" for r in behind if r in ranks]
+    return _verdict("missing_ranks" if behind else "collective_hang", behind, None, ranks, evidence, data)
 
 
 # -- cross-rank matching ---------------------------------------------------------------------------------------
@@ -932,7 +948,9 @@ def _liveness(data: TriageInput) -> dict[int, str]:
         elif _exit_record(info):
             states[rank] = "exited"
         elif not heartbeat or heartbeat.state == CAPTURE_STOPPED or info.capture_stopped is not None:
-            states[rank] = "unknown"  # a heartbeat that stopped with capture says nothing of the process
+            # a heartbeat that stopped with capture says nothing of the process; NCCL RAS may: it could not
+            # reach the process for 60 s (a heartbeat still beating says otherwise, and wins)
+            states[rank] = "vanished" if info.ras_dead else "unknown"
         else:
             interval_us = float(heartbeat.interval_s or DEFAULT_HEARTBEAT_INTERVAL_S) * 1e6
             stale = freshest_us - (heartbeat.time_us or 0) > DEAD_MARGIN_INTERVALS * interval_us
@@ -969,6 +987,9 @@ def _rank_reports(data: TriageInput, ops: pd.DataFrame, liveness: dict, focus) -
                 reports[rank].state = "waiting_in_collective"
     for rank, report in reports.items():
         _note_caught(report, data, rank, liveness)
+        info = data.ranks[rank]
+        if info.ras and info.has_data and info.ras not in report.detail:  # what NCCL RAS says of it
+            report.detail = f"{report.detail}; {info.ras}" if report.detail else info.ras
     return reports
 
 
@@ -989,6 +1010,8 @@ def _note_caught(report: RankReport, data: TriageInput, rank: int, liveness: dic
 
 def _rank_report(info: RankInfo, alive: str | None, entered_focus: bool, has_focus: bool) -> RankReport:
     if not info.has_data:
+        if info.ras:
+            return RankReport("dead" if info.ras_dead else "no_data", detail=f"no trace or dump; {info.ras}")
         return RankReport("no_data", detail="no trace or dump for this rank")
     dump = info.stall_dump or info.last_dump
     heartbeat = info.heartbeat or Heartbeat()
@@ -1047,6 +1070,8 @@ def _death_detail(info: RankInfo) -> str:
     if info.fatal_stacks:
         first = info.fatal_stacks.strip().splitlines()[0]
         text += f"; faulthandler: {first}"
+    elif info.ras_dead and not heartbeat.time_us:
+        return info.ras
     else:
         text += ": killed by SIGKILL, the OOM killer, or a crash outside Python"
     return text

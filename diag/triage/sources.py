@@ -37,7 +37,7 @@ from diag.trace.loader import (
 from diag.trace.manifest import CaptureStopped, Manifest
 from diag.trace.records import HangDump, Heartbeat
 from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, MAX_RANK, SCALAR_TYPES, TABLES, hang_dump_number
-from diag.triage import fr_checks
+from diag.triage import fr_checks, nccl_ras
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 from diag.triage.summary import heartbeat_ops, judged_by_heartbeat
 from diag.triage.tail import read_tail
@@ -83,6 +83,8 @@ class RankInfo:
     backend: str | None = None  # the default group's backend (nccl, gloo), from the manifest or a dump
     capture_stopped: CaptureStopped | None = None  # a write failed mid-run: nothing recorded after its step
     judged_by_heartbeat: bool = False  # its tables were not read: its heartbeat said enough (summary.py)
+    ras: str | None = None  # what NCCL RAS says of it: dead or unreachable (nccl_ras.py)
+    ras_dead: bool = False  # NCCL RAS considers its process dead
 
 
 @dataclass
@@ -108,6 +110,7 @@ class TriageInput:
     # diag only: (rank, time_us) -> the phase the rank was in then, from its phases table (read when asked: a
     # rank that arrived late with no stall dump is placed by it)
     phase_at: Callable[[int, float], str | None] | None = None
+    nccl_ras: nccl_ras.RasFindings | None = None  # saved NCCL RAS outputs in the directory (nccl_ras_*.json)
 
     def all_steps(self) -> pd.DataFrame | None:
         """Every rank's steps read (``steps`` holds only those of the ranks whose tables were read)."""
@@ -125,8 +128,33 @@ def read_input(path: str | Path, progress: bool = False) -> TriageInput:
     if not path.exists():
         raise TraceError(f"{path} does not exist")
     if path.is_dir() and find_rank_dirs(path):
-        return read_diag_trace(path, progress=progress)
-    return read_fr_dir(path)
+        return with_nccl_ras(read_diag_trace(path, progress=progress))
+    return with_nccl_ras(read_fr_dir(path))
+
+
+def with_nccl_ras(data: TriageInput) -> TriageInput:
+    """``data`` with what the NCCL RAS outputs saved at the directory's top level (``nccl_ras*.txt`` or
+    ``.json``, oldest first by name) say: ranks RAS counts dead or could not reach, ranks behind in a
+    disagreement of operation counts, as evidence lines; a file that cannot be read is a note."""
+    directory = data.path if data.path.is_dir() else data.path.parent
+    try:
+        files = sorted(p for p in directory.iterdir() if nccl_ras.is_ras_file(p.name) and p.is_file())
+    except OSError:
+        return data
+    if not files:
+        return data
+    if len(files) > nccl_ras.MAX_RAS_FILES:  # a watch saving a poll every 30 s: the newest tell the state
+        data.notes.append(f"NCCL RAS: the newest {nccl_ras.MAX_RAS_FILES} of {len(files)} outputs read")
+        files = files[-nccl_ras.MAX_RAS_FILES :]
+    pids = {rank: (info.pid, info.host) for rank, info in data.ranks.items()}
+    found = nccl_ras.findings([nccl_ras.read_file(p) for p in files], data.world_size, pids)
+    for rank, text in [*found.unresponsive.items(), *found.dead.items()]:
+        info = data.ranks.get(rank)
+        if info is not None:
+            info.ras, info.ras_dead = text, rank in found.dead
+    data.notes += found.lines + found.hang_lines
+    data.nccl_ras = found
+    return data
 
 
 # -- diag trace directories -------------------------------------------------------------------------------------
@@ -635,6 +663,7 @@ def _pg_ranks_from_manifests(trace, world_size: int) -> dict[str, list[int]]:
 
 def read_fr_dir(path: Path) -> TriageInput:
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    files = [p for p in files if not nccl_ras.is_ras_file(p.name)]  # read by with_nccl_ras
     skipped, dumps = [], {}
     for file in files:
         try:

@@ -67,6 +67,10 @@ def stall_of(data: TriageInput, now_us: float, stall_s: float) -> Progress:
             return Progress("stalled", f"rank {rank} has waited {(beat_us - start_us) / 1e6:.0f} s in {what}")
         if heartbeat.state == "stalled":
             return Progress("stalled", f"rank {rank}'s watchdog reports a stall")
+    ras = data.nccl_ras
+    if ras is not None and (ras.frozen or ras.dead):  # saved RAS polls: counts stuck, or a process gone
+        why = "operation counts unchanged across polls" if ras.frozen else "a process considered dead"
+        return Progress("stalled", f"NCCL RAS: {why}")
     return Progress("running", f"{len(ranks)} ranks running")
 
 
