@@ -147,7 +147,9 @@ def _threads(lines: list[str]) -> list[dict]:
             continue
         frame = FRAME_RE.match(line)
         if frame and threads:
-            threads[-1]["frames"].insert(0, {"file": frame.group(1), "line": int(frame.group(2)), "name": frame.group(3)})
+            threads[-1]["frames"].insert(
+                0, {"file": frame.group(1), "line": int(frame.group(2)), "name": frame.group(3)}
+            )
     threads = [t for t in threads if t["frames"]]
     main = next((t for t in threads if t["frames"][0]["name"] == "<module>"), threads[0] if threads else None)
     if main is not None:
