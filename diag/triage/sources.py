@@ -37,7 +37,7 @@ from diag.trace.loader import (
 from diag.trace.manifest import CaptureStopped, Manifest
 from diag.trace.records import HangDump, Heartbeat
 from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, MAX_RANK, SCALAR_TYPES, TABLES, hang_dump_number
-from diag.triage import fr_checks, nccl_ras
+from diag.triage import debug_server, fr_checks, nccl_ras
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 from diag.triage.summary import heartbeat_ops, judged_by_heartbeat
 from diag.triage.tail import read_tail
@@ -129,6 +129,8 @@ def read_input(path: str | Path, progress: bool = False) -> TriageInput:
         raise TraceError(f"{path} does not exist")
     if path.is_dir() and find_rank_dirs(path):
         return with_nccl_ras(read_diag_trace(path, progress=progress))
+    if debug_server.is_dump_dir(path):
+        return with_nccl_ras(debug_server.read_debug_server_dir(path))
     return with_nccl_ras(read_fr_dir(path))
 
 
