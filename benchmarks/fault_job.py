@@ -44,7 +44,7 @@ KINDS = (
     "frozen",  # SIGSTOPped by the driver at the strike point, SIGCONTed after the others' timeout
     "sigkill",  # SIGKILLed by the driver at the strike point
     "desync_op",  # collective only: all_gather where the others all_reduce
-    "desync_shape",  # collective only: 4x3 where the others pass 3x4 (equal bytes)
+    "desync_shape",  # collective only: 4x3 where the others pass the 12 values as always (equal bytes)
     "desync_dtype",  # collective only: float64 where the others pass float32
     "cross_group",  # collective only: the bad rank and its partner enter two side groups in opposite orders
     "preempted",  # a healthy job whose every rank gets SIGTERM mid-run (the driver)
@@ -196,7 +196,7 @@ def sync_activations(out: torch.Tensor) -> None:
     elif KIND == "desync_op" and bad:
         dist.all_gather([torch.empty(12) for _ in range(dist.get_world_size())], summary)
     elif KIND == "desync_shape":
-        dist.all_reduce(summary.reshape(4, 3) if bad else summary.reshape(3, 4))
+        dist.all_reduce(summary.reshape(4, 3) if bad else summary)
     elif KIND == "desync_dtype":
         dist.all_reduce(summary.double() if bad else summary)
     elif KIND == "cross_group":

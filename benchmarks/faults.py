@@ -129,7 +129,7 @@ EXPECTED_ACTIONS = {
     "cross_group": "fix_code",
     "preempted": "none",
 }
-DESYNCS = ("op", "shape", "dtype")  # all_gather against all_reduce; 4x3 against 3x4; float64 against float32
+DESYNCS = ("op", "shape", "dtype")  # all_gather against all_reduce; 4x3 against 12; float64 against float32
 _ALL = ("data", "forward", "backward", "optimizer", "collective", "step0")
 FAULTS = {
     f.kind: f

@@ -417,17 +417,26 @@ def _desync_verdict(data: TriageInput, ops: pd.DataFrame, key: tuple[str, int], 
     sides = {sig: sorted(rows["rank"].tolist()) for sig, rows in at_seq.groupby("signature")}
     history = ops[(ops["pg"] == pg) & (ops["seq"] < seq)]["signature"].value_counts()
     # reference side: most ranks, then most issued before, then holding the lowest rank
-    reference = max(sides, key=lambda s: (len(sides[s]), int(history.get(s, 0)), -min(sides[s])))
+    standing = {s: (len(sides[s]), int(history.get(s, 0))) for s in sides}
+    reference = max(sides, key=lambda s: (*standing[s], -min(sides[s])))
     culprits = sorted(r for s, ranks in sides.items() if s != reference for r in ranks)
+    undecided = sum(1 for s in sides if standing[s] == standing[reference]) > 1
+    if undecided:  # as many ranks on each side, each issued as often before: nothing says which side is wrong
+        culprits = sorted(r for ranks in sides.values() for r in ranks)
     ranks = _rank_reports(data, ops, liveness, focus=(pg, seq))
     evidence = [f"ranks issued different collectives at {_where(pg, seq)}:"]
     for sig, side in sorted(sides.items(), key=lambda item: (item[0] != reference, min(item[1]))):
         row = at_seq[at_seq["rank"] == side[0]].iloc[0]
         site = _call_site(data, ops, side[0], pg, seq) or "call site unknown"
-        role = "expected" if sig == reference else "culprit"
+        role = "one side" if undecided else "expected" if sig == reference else "culprit"
         shape = f", shapes {row['shape']}" if sig.count("|") > 2 and row.get("shape") else ""
         evidence.append(f"  {role}: {_ranks_text(side)} called {row['op']} ({_payload(row)}{shape}) at {site}")
-    if len(sides[reference]) == len(culprits):
+    if undecided:
+        evidence.append(
+            f"  (tie: {row_count_text(history, sides)}; as many ranks on each side, each issued as often before: "
+            "the ranks of every side are named, and the code that gave them different collectives is the culprit)"
+        )
+    elif len(sides[reference]) == len(culprits):
         evidence.append(
             f"  (tie: {row_count_text(history, sides)}; the side issued less often before is named culprit)"
         )

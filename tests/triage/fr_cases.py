@@ -61,7 +61,7 @@ class Case:
     name: str
     source: str  # "pytorch test_fr_analysis.py", "issue 29", "real gloo job"
     verdicts: tuple[str, ...]  # the right verdicts (first: the expected one)
-    culprits: list[int] | None  # None: the culprit cannot be known (a tie of two ranks)
+    culprits: list[int] | None  # None: any culprit set is taken as right
     write: object  # callable(directory) writing the dump files
     note: str = ""
 
@@ -351,7 +351,7 @@ def upstream_build_db_cases() -> list[Case]:
             "upstream build_db 4: mismatch inside a coalesced group (2 ranks, a tie)",
             src,
             ("desync",),
-            None,
+            [0, 1],  # one rank on each side and neither issued before: both are named
             job.writer(),
         )
     )
