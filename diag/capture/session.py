@@ -661,6 +661,18 @@ class Session:
         except Exception as inner:
             warn_once("step-error", f"could not record a failed step ({inner!r})")
 
+    def _on_loader_error(self, exc: BaseException) -> None:
+        """The data loader raised, outside any step: recorded as the step's error it was loading for, so that a
+        job that catches it, or restarts into the same directory (overwriting the exit record), still shows
+        which rank failed first."""
+        if not self._in_owner_process():
+            return
+        try:
+            self.writer.event("data_error", step=self._next_step, error=repr(exc)[:2000])
+            self.writer.flush()
+        except Exception as inner:
+            warn_once("data-error", f"could not record a data loader error ({inner!r})")
+
     def _oom_fields(self) -> dict:
         try:
             return self.memory.oom_fields(self.current_step) if self.memory is not None else {}
@@ -767,6 +779,9 @@ class Session:
                 batch = next(iterator)
             except StopIteration:
                 return
+            except Exception as exc:
+                self._on_loader_error(exc)
+                raise
             finally:
                 self.current_phase = previous
             self.add_data_wait((time.perf_counter_ns() - start_ns) / 1000)

@@ -131,6 +131,24 @@ def test_user_exceptions_propagate_and_are_recorded(tmp_path):
     assert trace.steps["step"].tolist() == [0]
 
 
+def test_an_exception_from_the_data_loader_propagates_and_is_recorded(tmp_path):
+    def batches():
+        yield 1
+        raise OSError("shard 7 unreadable")
+
+    diag.init(tmp_path, telemetry=False)
+    seen = []
+    with pytest.raises(OSError, match="shard 7"):
+        for batch in diag.wrap_loader(batches()):
+            with diag.step():
+                seen.append(batch)
+    diag.finish()
+    trace = diag.load(tmp_path)
+    assert seen == [1]
+    assert trace.events["kind"].tolist() == ["data_error"] and "shard 7 unreadable" in trace.events["error"][0]
+    assert trace.events["step"].tolist() == [1]  # the step it was loading for
+
+
 @pytest.mark.parametrize("trace_format", [1, 2])
 def test_sigkill_loses_at_most_about_a_second(tmp_path, trace_format):
     flush_interval_s = 0.5
