@@ -60,10 +60,13 @@ def test_every_triage_fault_has_an_expected_action():
 
 def test_caught_error_is_expected_as_the_propagated_one():
     for shape in faults.SHAPES:
+        # the forward's all_reduce is on the default group, with the job's timeout, in every shape
         caught = S(shape, "sleep", 4, "hang", "forward", "none", rank=3, step=5)
-        # ZeRO's groups take torch's 30 min default timeout: a stall that ends is a slow job there
+        assert (caught.tool, caught.expected, caught.expected_culprits) == ("triage", "missing_ranks", [3])
+        # ZeRO's groups take torch's 30 min default timeout: a stall before their collectives only slows the job
+        later = S(shape, "sleep", 4, "hang", "backward", "none", rank=3, step=5)
         expected = "slow" if shape == "deepspeed" else "missing_ranks"
-        assert (caught.tool, caught.expected, caught.expected_culprits) == ("triage", expected, [3])
+        assert (later.tool, later.expected, later.expected_culprits) == ("triage", expected, [3])
 
 
 def test_burners_are_stopped_even_when_the_run_fails():
