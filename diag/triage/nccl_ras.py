@@ -183,37 +183,32 @@ def _parse_json(text: str, source: str) -> RasReport:
     return report
 
 
+def _json_rank_items(items) -> list[tuple[dict, tuple, dict]]:
+    """The JSON entries of ranks (present or missing) that name a rank: (entry, (rank, host, pid, GPU), status)."""
+    return [
+        (
+            item,
+            (_int(item["rank"]), _host(item.get("host")), _pid(item.get("pid")), _int(item.get("cuda_dev"))),
+            _dict(item.get("status")),
+        )
+        for item in items or []
+        if isinstance(item, dict) and _int(item.get("rank")) is not None
+    ]
+
+
 def _json_comm(raw: dict) -> RasComm:
     comm = RasComm(_hash(raw.get("hash")), size=_int(raw.get("size")))
-    for item in raw.get("ranks") or []:
-        if not isinstance(item, dict) or _int(item.get("rank")) is None:
-            continue
-        status = _dict(item.get("status"))
-        rank = RasRank(
-            _int(item["rank"]),
-            _host(item.get("host")),
-            _pid(item.get("pid")),
-            _int(item.get("cuda_dev")),
-            {str(k): int(v) for k, v in _dict(item.get("collective_counts")).items() if _int(v) is not None},
-            _json_status(status),
-        )
+    for item, who, status in _json_rank_items(raw.get("ranks")):
+        counts = {str(k): int(v) for k, v in _dict(item.get("collective_counts")).items() if _int(v) is not None}
+        rank = RasRank(*who, counts, _json_status(status))
         init_state, async_error = _int(status.get("init_state")) or 0, _int(status.get("async_error")) or 0
         if init_state not in (0, 7) or async_error not in (0, 7):  # 7: ncclInProgress
             rank.error = f"init_state {init_state}, async_error {async_error}"
             comm.errors.append(f"rank {rank.rank}: {rank.error}")
         comm.ranks[rank.rank] = rank
-    for item in raw.get("missing_ranks") or []:
-        if not isinstance(item, dict) or _int(item.get("rank")) is None:
-            continue
-        status = _dict(item.get("status"))
-        missing = RasMissingRank(
-            _int(item["rank"]),
-            _host(item.get("host")),
-            _pid(item.get("pid")),
-            _int(item.get("cuda_dev")),
-            bool(status.get("unresponsive")) if "unresponsive" in status else None,
-            bool(status.get("considered_dead")),
-        )
+    for _item, who, status in _json_rank_items(raw.get("missing_ranks")):
+        unresponsive = bool(status.get("unresponsive")) if "unresponsive" in status else None
+        missing = RasMissingRank(*who, unresponsive, bool(status.get("considered_dead")))
         comm.missing[missing.rank] = missing
     comm.n_missing = _int(raw.get("missing_ranks_count")) or len(comm.missing)
     comm.mismatches = _json_mismatches(comm)
