@@ -59,6 +59,7 @@ NOTHING_TO_JUDGE = (
     "nothing to judge: no collectives, heartbeats, hang dumps or Flight Recorder entries were found "
     "(was diag.init run with watchdog=True?); this is no evidence that the job was healthy"
 )
+P2P_OPS = ("send", "recv")  # numbered per rank by a counter of their own, not per group
 MAX_OTHER_HANGS = 5  # other groups' pending collectives listed as evidence
 DATA_LOADER_FUNCTIONS = ("__next__", "_next_data", "_get_data", "_try_get_data", "wrap_loader")
 BARRIER_FUNCTIONS = ("barrier", "monitored_barrier", "_store_based_barrier")
@@ -134,12 +135,12 @@ def _judge(data: TriageInput) -> Verdict:
     ops = _with_failed(_with_signature(data.ops), data.errors)
     ops = _drop_stale_pending(_mark_known_returned(_returned_before_this_step(ops, data), liveness))
     members = _members(data)
-    desync = _first_desync(ops)
+    desync = _first_desync(_collectives_only(ops))
     if desync is not None:
         return _desync_verdict(data, ops, desync, liveness)
     if data.fr_problems:
         return _fr_problem_verdict(data, ops, liveness)
-    hangs = _hangs(ops, members, data)
+    hangs = _hangs(_collectives_only(ops), members, data)
     if hangs and _stopped_from_outside(data):
         return _stopped_verdict(data, ops, hangs, liveness)
     if hangs:
@@ -147,6 +148,9 @@ def _judge(data: TriageInput) -> Verdict:
     vanished = sorted(r for r, state in liveness.items() if state == "vanished")
     if vanished:
         return _dead_without_hang(data, ops, vanished, liveness)
+    stalled = _stalled_apart(data) if len(data.errors) else None
+    if stalled is not None:
+        return _stalled_apart_verdict(data, ops, liveness, *stalled)
     if len(data.errors):
         return _error_verdict(data, ops, liveness)
     verdict = _slow_or_fine(data, ops, members, liveness)
@@ -306,6 +310,14 @@ def _drop_stale_pending(ops: pd.DataFrame) -> pd.DataFrame:
     return ops[~stale.to_numpy()].reset_index(drop=True)
 
 
+def _collectives_only(ops: pd.DataFrame) -> pd.DataFrame:
+    """The rows that every member of their group issues under one sequence number. Point-to-point ops are
+    numbered per rank by their own counter (as Flight Recorder numbers them), so the k-th recv of one rank and
+    of another are not one op: matching them by (group, seq) would read a pipeline's sends and recvs as a
+    desync."""
+    return ops[~ops["op"].isin(P2P_OPS)]
+
+
 def _members(data: TriageInput) -> dict[str, list[int]]:
     return {pg: sorted(ranks) for pg, ranks in data.pg_ranks.items()}
 
@@ -455,7 +467,9 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
     hang = hangs[0]
     latest = not data.completion_reliable
     roots, links, cycle = (
-        _wait_chain(ops, _members(data), hang["missing"], latest) if hang["missing"] else ([], [], False)
+        _wait_chain(_collectives_only(ops), _members(data), hang["missing"], latest)
+        if hang["missing"]
+        else ([], [], False)
     )
     # report the collective the culprits themselves never reached (the last link of a wait chain)
     hang = next((h for h in hangs if h["missing"] and set(h["missing"]) <= set(roots)), hang)
@@ -494,7 +508,13 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
         _note_pending_elsewhere(ranks[rank], ops, rank, pg)
         evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
     evidence += _step_divergence(ops, pg, seq)
-    if dead and len(dead) == len(roots):
+    victims = _gave_up_after_death(data, dead, [r for r in roots if r not in dead])
+    if victims:
+        evidence.append(
+            f"{_ranks_text(victims)} gave up only after {_ranks_text(dead)} had died ({_gave_up_reason(data, victims[0])[:200]}): "
+            "they waited for it"
+        )
+    if dead and len(dead) + len(victims) == len(roots):
         return _verdict("dead_rank", dead, collective, ranks, evidence, data)
     if cycle:
         return _verdict("deadlock", roots, collective, ranks, evidence, data)
@@ -547,6 +567,21 @@ def _wait_chain(
         links.append(f"{_ranks_text(on_cycle)} wait for each other across process groups (a deadlock)")
         return on_cycle, links, True
     return sorted(roots), links, False
+
+
+def _gave_up_after_death(data: TriageInput, dead: list[int], others: list[int]) -> list[int]:
+    """Of ``others`` (ranks at the end of a wait chain, alive when the wait began), those that raised out of the
+    job only after a rank of ``dead`` had vanished (its last heartbeat): a peer's connection closed under them, as
+    in a pipeline's send or receive with the dead rank, which no collective row shows them waiting in."""
+    deaths = [
+        data.ranks[r].heartbeat.time_us
+        for r in dead
+        if data.ranks[r].heartbeat is not None and data.ranks[r].heartbeat.time_us
+    ]
+    if not deaths:
+        return []
+    died_us = min(deaths)
+    return [r for r in others if (gave_up := _gave_up_us(data, r)) is not None and gave_up >= died_us]
 
 
 def _on_cycle(waits_for: dict[int, list[int]]) -> list[int]:
@@ -748,6 +783,46 @@ def _died_before(info: RankInfo, state: str | None, waiting_since_us: float) -> 
     return False
 
 
+def _stalled_apart(data: TriageInput) -> tuple[list[int], list[int]] | None:
+    """(ranks stalled waiting in communication, ranks stalled elsewhere) in one step, from the watchdog's stall
+    dumps, when both are there: what shows a hang whose waits no collective row holds, as a pipeline's
+    point-to-point sends and receives (numbered per rank, never pending under a group's sequence number)."""
+    states: dict[int, tuple[str, int | None]] = {}
+    for rank, info in data.ranks.items():
+        dump = info.stall_dump
+        if dump is not None and info.stalls:
+            states[rank] = (_classify(main_frames(dump), dump.phase), dump.step)
+    waiting = {r: step for r, (state, step) in states.items() if state in ("stuck_in_collective", "stuck_in_barrier")}
+    if not waiting:
+        return None
+    step = max(set(waiting.values()), key=list(waiting.values()).count)
+    elsewhere = [
+        r for r, (state, s) in states.items() if state in ("stuck_in_compute", "stuck_in_data_loader") and s == step
+    ]
+    if not elsewhere:
+        return None
+    return sorted(r for r, s in waiting.items() if s == step), sorted(elsewhere)
+
+
+def _stalled_apart_verdict(
+    data: TriageInput, ops: pd.DataFrame, liveness: dict, waiting: list[int], culprits: list[int]
+) -> Verdict:
+    ranks = _rank_reports(data, ops, liveness, focus=None)
+    for rank in waiting:
+        ranks[rank].state = "waiting_in_collective"
+    evidence = [
+        f"no collective was left pending, but the watchdog's stall dumps show {_ranks_text(waiting)} waiting in "
+        f"communication (point-to-point sends and receives, as a pipeline schedule's) while "
+        f"{_ranks_text(culprits)} stalled outside it: the others waited for " + ("it" if len(culprits) == 1 else "them")
+    ]
+    for rank in culprits:
+        dump = data.ranks[rank].stall_dump
+        ranks[rank].state = _classify(main_frames(dump), dump.phase if dump else None)
+        evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
+    evidence += _caught_evidence(data)
+    return _verdict("missing_ranks", culprits, None, ranks, evidence, data)
+
+
 def _dead_without_hang(data: TriageInput, ops: pd.DataFrame, vanished: list[int], liveness: dict) -> Verdict:
     ranks = _rank_reports(data, ops, liveness, focus=None)
     evidence = [f"rank {r}: {_describe(ranks[r])}" for r in vanished]
@@ -895,7 +970,7 @@ def _fr_problem_verdict(data: TriageInput, ops: pd.DataFrame, liveness: dict) ->
     whose sizes disagree (desync), a send or recv whose peer never issued its counterpart (missing_ranks)."""
     desyncs = [p for p in data.fr_problems if p.verdict == "desync"]
     problem = min(desyncs or data.fr_problems, key=lambda p: (p.start_us, p.pg, p.seq))
-    focus = (problem.pg, problem.seq) if problem.op not in ("send", "recv", "send/recv") else None
+    focus = (problem.pg, problem.seq) if problem.op not in (*P2P_OPS, "send/recv") else None
     ranks = _rank_reports(data, ops, liveness, focus=focus)
     evidence = list(problem.evidence)
     for rank, op in problem.waiting.items():
@@ -1061,6 +1136,8 @@ def _classify(frames: list[dict], phase: str | None) -> str:
         if name in BARRIER_FUNCTIONS:
             return "stuck_in_barrier"
         if filename.endswith("distributed_c10d.py") or name == "wait" and "distributed" in filename:
+            return "stuck_in_collective"
+        if "p2p" in name and "distributed" in filename:  # torch.distributed.pipelining's _wait_batch_p2p
             return "stuck_in_collective"
         if "torch/utils/data" in filename or name in DATA_LOADER_FUNCTIONS:
             return "stuck_in_data_loader"

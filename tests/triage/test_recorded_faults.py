@@ -30,3 +30,26 @@ def test_rank_sigkilled_inside_an_all_reduce_every_rank_entered_is_dead():
     assert verdict.culprit_ranks == [2], verdict.evidence
     assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 12)
     assert verdict.ranks[2].state == "dead"
+
+
+def test_pipeline_stage_that_computes_past_the_timeout_is_missing_though_no_collective_is_pending():
+    """torch.distributed.pipelining's Schedule1F1B over 4 gloo ranks, one stage each: stage 2 computes past the
+    timeout in a step's forward. Its neighbours wait in the schedule's batched sends and receives, which are
+    numbered per rank (no group sequence number to be pending under), time out, and every rank raises. The
+    watchdog's stall dumps hold the answer: three ranks stalled in communication, rank 2 in its compute."""
+    verdict = triage(read_input(FIXTURES / "pipeline_stage_hang"))
+    assert verdict.verdict == "missing_ranks", verdict.evidence
+    assert verdict.culprit_ranks == [2], verdict.evidence
+    assert verdict.ranks[2].state == "stuck_in_compute"
+    assert {verdict.ranks[r].state for r in (0, 1, 3)} == {"waiting_in_collective"}
+    assert verdict.action.kind == "fix_code"
+
+
+def test_pipeline_stage_sigkilled_is_dead_not_a_desync_of_its_sends_and_receives():
+    """The same pipeline on 3 ranks: stage 1 is SIGKILLed in a backward. The ranks' k-th sends and receives
+    differ in size (the schedule's shape exchange, then activations), which matched by sequence number as
+    collectives read "desync"; rank 0 raised "connection closed" only after rank 1's heartbeat stopped."""
+    verdict = triage(read_input(FIXTURES / "pipeline_stage_sigkill"))
+    assert verdict.verdict == "dead_rank", verdict.evidence
+    assert verdict.culprit_ranks == [1], verdict.evidence
+    assert verdict.action.kind == "restart"
