@@ -27,12 +27,14 @@ import numpy as np
 import pandas as pd
 
 from diag.analysis.findings import Finding, FindingContext, severity_for
+from diag.analysis.stragglers import MAX_INDEPENDENT_STEPS, MEDIAN_STANDARD_ERROR, SPREAD_PER_MAD
 from diag.trace.manifest import PipelineLayout
 
 COMPUTE_ACTIONS = ("forward", "backward", "backward_input", "backward_weight")
 BACKWARD_START_ACTIONS = ("backward", "backward_input")  # a stage's first backward ends its warm-up
 BUBBLE_FINDING_MIN = 0.10  # measured bubble share of the step worth a finding
 IMBALANCE_MIN = 0.10  # slowest stage this much above the others: advise rebalancing
+IMBALANCE_Z_MIN = 3.0  # ... and its excess this many standard errors of its own step-to-step spread
 SCHEDULE_GAP_MIN = 0.05  # measured within this of theory: the schedule, not imbalance, is to blame
 TARGET_BUBBLE = 0.10  # the bubble share "more micro-batches" advice aims for
 
@@ -64,11 +66,22 @@ class BubbleReport:
     slowest_stage: int
     slowest_stage_excess_fraction: float
     slowest_stage_time_lost_per_step_s: float  # span lost to the imbalance
+    slowest_stage_evidence_z: float  # its excess in standard errors of its step-to-step spread
     time_lost_per_step_s: float  # mean idle of a stage per step: the whole bubble, in seconds
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def imbalanced(self) -> bool:
+        """The slowest stage computes longer than the others by more than the rebalancing threshold and the
+        step-to-step noise."""
+        return (
+            len(self.per_stage) > 1
+            and self.slowest_stage_excess_fraction >= IMBALANCE_MIN
+            and self.slowest_stage_evidence_z >= IMBALANCE_Z_MIN
+        )
 
 
 # -- theory -----------------------------------------------------------------------------------------------
@@ -141,7 +154,8 @@ def analyze_bubble(trace, window_steps=None) -> BubbleReport | None:
     )
     measured = float(np.mean([s.bubble_fraction for s in per_stage]))
     span_s = float(spans["span_us"].mean()) / 1e6
-    slowest, excess, imbalance_s = _imbalance(per_stage, span_s)
+    slowest, imbalance_s = _imbalance(per_stage, span_s)
+    excess, evidence_z = _excess_over_noise(per_rank_step, slowest)
     return BubbleReport(
         schedule=layout["schedule"],
         stages=layout["stages"],
@@ -156,6 +170,7 @@ def analyze_bubble(trace, window_steps=None) -> BubbleReport | None:
         slowest_stage=slowest,
         slowest_stage_excess_fraction=excess,
         slowest_stage_time_lost_per_step_s=imbalance_s,
+        slowest_stage_evidence_z=evidence_z,
         time_lost_per_step_s=float(np.mean([s.idle_s for s in per_stage])),
         notes=notes,
     )
@@ -278,13 +293,34 @@ def _per_stage(per_rank_step: pd.DataFrame) -> list[StageBubble]:
     return stages
 
 
-def _imbalance(per_stage: list[StageBubble], span_s: float) -> tuple[int, float, float]:
+def _imbalance(per_stage: list[StageBubble], span_s: float) -> tuple[int, float]:
+    """The busiest stage (by mean busy time per step) and the span it costs the pipeline per step."""
     slowest = max(per_stage, key=lambda s: s.busy_s)
-    others = [s.busy_s for s in per_stage if s is not slowest]
-    excess = slowest.busy_s / float(np.mean(others)) - 1 if others and np.mean(others) > 0 else 0.0
     mean_busy_s = float(np.mean([s.busy_s for s in per_stage]))
     lost_s = span_s * (1 - mean_busy_s / slowest.busy_s) if slowest.busy_s > 0 else 0.0
-    return slowest.stage, float(excess), float(lost_s)
+    return slowest.stage, float(lost_s)
+
+
+def _excess_over_noise(per_rank_step: pd.DataFrame, stage: int) -> tuple[float, float]:
+    """How much longer ``stage`` computes than the others, and how sure that is: (the median over steps of its
+    busy time over the other stages' median in the same step, minus 1; that excess in standard errors of its own
+    step-to-step spread). Per step and by medians, because a loaded host slows a stage for a few steps at a time:
+    a stage that computes a little longer in two noisy steps of twelve is no imbalance to rebalance layers for.
+    Steps count as at most ``MAX_INDEPENDENT_STEPS`` samples, as in the straggler analysis."""
+    busy = per_rank_step.groupby(["step", "stage"])["busy"].mean().unstack("stage")
+    others = busy.drop(columns=[stage])
+    if others.empty or busy.shape[0] == 0:
+        return 0.0, 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = (busy[stage] / others.median(axis=1)).replace([np.inf, -np.inf], np.nan).dropna()
+    if ratio.empty:
+        return 0.0, 0.0
+    excess = float(ratio.median()) - 1
+    spread = SPREAD_PER_MAD * float((ratio - ratio.median()).abs().median())
+    samples = min(len(ratio), MAX_INDEPENDENT_STEPS)
+    standard_error = MEDIAN_STANDARD_ERROR * spread / np.sqrt(samples)
+    evidence_z = excess / standard_error if standard_error > 0 else (np.inf if excess > 0 else 0.0)
+    return excess, float(min(evidence_z, 1e6))
 
 
 def _layout(trace, rows: pd.DataFrame) -> dict:
@@ -313,7 +349,7 @@ def bubble_findings(report: BubbleReport, ctx: FindingContext | None = None) -> 
         return []
     measured = report.measured_fraction
     step_s = ctx.step_s if ctx is not None and ctx.step_s else report.step_span_s
-    imbalanced = report.slowest_stage_excess_fraction >= IMBALANCE_MIN and len(report.per_stage) > 1
+    imbalanced = report.imbalanced
     slowest = next(s for s in report.per_stage if s.stage == report.slowest_stage)
     evidence = [
         f"stages idle {measured:.0%} of a {report.step_span_s * 1e3:.1f} ms pipeline step "

@@ -564,7 +564,7 @@ def update_pipeline(snap: d.Snapshot, rank: int | None) -> dict:
     lines = [
         f"{report.schedule or 'unknown schedule'}: {report.stages} stages x {report.virtual_stages} chunks, {report.microbatches} micro-batches, {report.steps_analysed} steps analysed",
         f"Bubble: {pct(report.measured_fraction, 0)} of the step measured, {theory} in theory ({report.theory})",
-        f"Slowest stage {report.slowest_stage}: {pct(report.slowest_stage_excess_fraction, 0, signed=True)} busy vs the others, costs {ms_from_s(report.slowest_stage_time_lost_per_step_s)} per step",
+        f"Slowest stage {report.slowest_stage}: {pct(report.slowest_stage_excess_fraction, 0, signed=True)} busy vs the others{'' if report.imbalanced else ' (within noise)'}, costs {ms_from_s(report.slowest_stage_time_lost_per_step_s)} per step",
         *report.notes,
     ]
     gantt = snap.memo("gantt", lambda: gantt_figure_from_rows(pd.DataFrame(snap.report.pipeline_timeline)))
