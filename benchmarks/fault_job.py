@@ -62,6 +62,7 @@ SHAPES = (
     "lightning",  # Lightning's Trainer (DDP strategy) with diag's DiagCallback
     "hf_trainer",  # transformers' Trainer (DDP on gloo) with diag's DiagTrainerCallback
     "deepspeed",  # a DeepSpeed engine (ZeRO-1, DS_ACCELERATOR=cpu) in the loop of "propagate"
+    "pipeline",  # one stage per rank under torch's Schedule1F1B, the loss all-reduced for logging each step
 )
 FRAMEWORK_SHAPES = ("lightning", "hf_trainer", "deepspeed")
 MAX_ERRORS = 3
@@ -440,6 +441,74 @@ def run_deepspeed(model, options: dict) -> None:
     diag.finish()
 
 
+class StageWork(torch.autograd.Function):
+    """One micro-batch's share of a stage's compute in the forward and in the backward; the backward faults
+    strike in a step's first micro-batch backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        work(0.5 / pipeline_microbatches())
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        strike_once_per_step("backward")
+        work(0.5 / pipeline_microbatches())
+        return grad
+
+
+class Stage(torch.nn.Module):
+    """A pipeline stage: one rank's layer; the forward faults strike in a step's first micro-batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        strike_once_per_step("forward")
+        return StageWork.apply(torch.relu(self.linear(x)))
+
+
+_PIPELINE_STEP = [0]  # the step the pipeline's loop is in
+_STRUCK_IN_STEP: dict[str, int] = {}
+
+
+def strike_once_per_step(where: str) -> None:
+    """A schedule runs a stage's forward and backward once per micro-batch (and the forward once more to infer
+    shapes): strike at the first of each step, so that a strike's index is the step's."""
+    if _STRUCK_IN_STEP.get(where) != _PIPELINE_STEP[0]:
+        _STRUCK_IN_STEP[where] = _PIPELINE_STEP[0]
+        strike(where)
+
+
+def pipeline_microbatches() -> int:
+    return max(4, dist.get_world_size())  # 1F1B needs at least as many micro-batches as stages
+
+
+def run_pipeline(options: dict) -> None:
+    """Pipeline parallelism as torch.distributed.pipelining runs it: rank r holds stage r of a Schedule1F1B; the
+    first stage reads the batch, the last computes the loss; then the stages' loss summary is all-reduced for
+    the log (where the collective faults strike), and each stage steps its own optimizer."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    stage = Stage()
+    schedule = Schedule1F1B(
+        PipelineStage(stage, rank, world_size, torch.device("cpu")), pipeline_microbatches(), loss_fn=loss_of
+    )
+    optimizer = StrikingSGD(stage.parameters(), lr=0.01)
+    diag.init(TRACE_DIR, **options)
+    diag.instrument(schedule, optimizer)
+    for step, (x, target) in enumerate(diag.wrap_loader(Batches())):
+        _PIPELINE_STEP[0] = step
+        with diag.step():
+            schedule.step(*((x,) if rank == 0 else ()), target=target if rank == world_size - 1 else None)
+            sync_activations(stage.linear.weight.detach()[:1])
+            optimizer.step()
+            optimizer.zero_grad()
+    diag.finish()
+
+
 def start_together() -> None:
     """Import what the shape needs, then wait until every rank has (a file barrier, which has no timeout): on
     a loaded machine importing a framework can take one rank far longer than another, which is no fault, and
@@ -471,6 +540,10 @@ def main() -> None:
         pair = sorted({BAD_RANK, partner_of(BAD_RANK)})
         SIDE_GROUPS = (dist.new_group(pair), dist.new_group(pair))
     options = {"telemetry": False, "hang_threshold_s": HANG_THRESHOLD_S, "heartbeat_interval_s": 0.5}
+    if SHAPE == "pipeline":  # its own stage per rank, no data-parallel model
+        run_pipeline(options)
+        dist.destroy_process_group()
+        return
     model = build_model(world_size)
     optimizer = StrikingSGD(model.parameters(), lr=0.01)
     torch.manual_seed(1 + rank)

@@ -68,6 +68,7 @@ SHAPES = (
     "lightning",
     "hf_trainer",
     "deepspeed",
+    "pipeline",
 )
 COMPUTES = ("sleep", "matmul")
 WORLDS = (2, 3, 4, 8)
@@ -526,9 +527,9 @@ def _judge_analyze(trace_dir: Path) -> Judgement:
     report = _diag_json("analyze", str(trace_dir), "--no-cache")
     findings = report.get("findings", [])
     world = set(report.get("run", {}).get("ranks_found") or [])
-    above_low = [f"{f['kind']}[{f['severity']}]" for f in findings if f.get("severity") in SEVERITY_ABOVE_LOW]
-    alarms = [a for a in above_low if a.split("[")[0] not in JOB_WIDE_KINDS]
-    job_wide = [a for a in above_low if a.split("[")[0] in JOB_WIDE_KINDS]
+    above_low = [f for f in findings if f.get("severity") in SEVERITY_ABOVE_LOW]
+    alarms = [f"{f['kind']}[{f['severity']}]" for f in above_low if not _is_job_wide(f, world)]
+    job_wide = [f"{f['kind']}[{f['severity']}]" for f in above_low if _is_job_wide(f, world)]
     for finding in findings:
         kind, ranks = finding["kind"], sorted(finding.get("ranks") or [])
         if finding.get("severity") not in SEVERITY_ABOVE_LOW:
@@ -543,6 +544,14 @@ def _judge_analyze(trace_dir: Path) -> Judgement:
             return Judgement(f"straggler:{cause}", ranks, alarms, job_wide)
         return Judgement(kind, ranks, alarms, job_wide)
     return Judgement("none", [], alarms, job_wide)
+
+
+def _is_job_wide(finding: dict, world: set) -> bool:
+    """A finding about the whole job's performance, true of a healthy run too: JOB_WIDE_KINDS, and a pipeline
+    bubble that names every stage (the schedule's own idle time, not a slow stage)."""
+    if finding["kind"] in JOB_WIDE_KINDS:
+        return True
+    return finding["kind"] == "pipeline_bubble" and set(finding.get("ranks") or []) >= world
 
 
 def _straggler_cause(title: str) -> str:
