@@ -175,6 +175,10 @@ class Scenario:
             # job only ran slow, and the stalled rank is the slowest. A stall in the forward (step0 included)
             # keeps the others in the forward's own all_reduce on the default group, whose timeout is the job's.
             return "triage", "slow", ()
+        if self.shape == "pipeline" and self.kind == "straggler" and self.where in ("forward", "backward", "step0"):
+            # a stage that computes longer sets the whole pipeline's pace: diag's bubble finding names it, and
+            # stragglers are not compared across stages, which do different work
+            return "analyze", "pipeline_bubble", ("straggler",)
         return self.fault.expected(self.where)
 
     @property
