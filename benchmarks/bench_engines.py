@@ -1,5 +1,5 @@
 """The partitioned analysis of one trace with the per-rank passes on threads (LocalEngine) and in worker
-processes (ProcessEngine, the default from PROCESS_MIN_RANKS ranks), alternated, each run its own process
+processes (ProcessEngine, the default from diag.processes.PROCESS_MIN_RANKS ranks), alternated, each run its own process
 (benchmarks/measured.py): wall, CPU (worker processes included), largest process's peak RSS, and the peak summed
 PSS of the process tree.
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import click
 
+from diag.analysis.report_cache import open_cache, report_from_state, result_name
 from diag.commands.exit_codes import InputError
+from diag.processes import PARTITIONED_MIN_RANKS
 
 
 @dataclass
@@ -24,56 +26,6 @@ class Analysed:
     report_from_cache: bool
 
 
-def open_cache(path: Path, no_cache: bool):
-    """The cache of ``path``, or None: ``--no-cache``, not a directory, or torch.profiler traces (read
-    directly: they are not diag's tables)."""
-    from diag.trace.cache import TraceCache
-    from diag.trace.kineto import is_kineto_dir
-
-    if no_cache or not path.is_dir() or is_kineto_dir(path):
-        return None
-    return TraceCache(path)
-
-
-def result_name(kind: str, steps: str | None, peak_tflops, flops_per_step) -> str:
-    """The cache entry's name of a result computed with these options (``report-...``, ``compare-...``)."""
-    from diag.analysis.report import options_fingerprint
-
-    return f"{kind}-{options_fingerprint(steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step)}"
-
-
-def report_from_state(state: dict, path: Path | None = None):
-    """The cached report, or None when it is of another version or shape (a damaged or planted entry): recompute.
-    ``path``: the trace directory as asked for now, which the report names instead of the path it was first
-    made with (``work/traces/demo``, not the ``traces/demo`` of a run from another directory)."""
-    from diag.analysis.report import REPORT_VERSION, Report
-    from diag.views import render
-
-    if state.get("report_version", REPORT_VERSION) != REPORT_VERSION or not isinstance(state.get("run"), dict):
-        return None
-    try:
-        report = Report.from_state(state)
-        render(report, "json")  # a report that cannot be rendered is no report
-    except Exception:  # noqa: BLE001 - whatever a bad cache entry raises, the answer is to recompute
-        return None
-    if path is not None:
-        _rename_run_path(report.run, str(path))
-    return report
-
-
-def _rename_run_path(run, path: str) -> None:
-    """The report's trace path, and the skipped files' paths under it, as ``path``."""
-    old = run.path
-    run.path = path
-    if old == path:
-        return
-    for skipped in run.skipped:
-        where = skipped.get("path")
-        if isinstance(where, str) and (where == old or where.startswith(old.rstrip("/") + "/")):
-            skipped["path"] = path + where[len(old) :]
-
-
-PARTITIONED_MIN_RANKS = 64  # above this many rank directories the collectives are reduced rank by rank
 SCHEDULER_CONNECT_TIMEOUT_S = 10
 
 
@@ -105,11 +57,18 @@ def _dask_client(scheduler: str):
 
 
 def analyse_partitioned(
-    path: Path, step_range, peak_tflops, flops_per_step, scheduler: str | None, whole_tables: bool = False
+    path: Path,
+    step_range,
+    peak_tflops,
+    flops_per_step,
+    scheduler: str | None,
+    whole_tables: bool = False,
+    workers: int | None = None,
 ):
-    """(trace without its collectives, report): the collectives reduced rank by rank, here or on the Dask
-    cluster at ``scheduler``. The trace's per-step tables hold only the columns the analyses read unless
-    ``whole_tables`` (a caller that draws or compares the others)."""
+    """(trace without its collectives, report): the collectives reduced rank by rank, here (in ``workers``
+    processes; None: ``diag.processes.worker_count`` decides) or on the Dask cluster at ``scheduler``. The trace's
+    per-step tables hold only the columns the analyses read unless ``whole_tables`` (a caller that draws or
+    compares the others)."""
     from diag.analysis.partitioned import analyze_partitioned
     from diag.trace.loader import TraceError
 
@@ -124,6 +83,7 @@ def analyse_partitioned(
             progress=True,
             with_trace=True,
             analysed_columns_only=not whole_tables,
+            workers=workers,
         )
     except TraceError as exc:
         raise InputError(str(exc)) from exc
@@ -195,12 +155,14 @@ def analysed(
     quiet: bool = False,
     partitioned: bool | None = None,
     scheduler: str | None = None,
+    workers: int | None = None,
 ) -> Analysed:
     """``path``'s report for these options: the cached one when there is a valid one, else analysed and cached.
     ``steps`` is the ``--steps`` text (the cache key), ``step_range`` its parsed form. ``need_trace`` loads the
     trace even when the report is cached; ``quiet`` says nothing on stderr about the caches. ``partitioned``,
     ``scheduler``: see ``use_partitioned`` (the same report, in bounded memory); the trace it gives then has
-    every table but the collectives, which were reduced rank by rank."""
+    every table but the collectives, which were reduced rank by rank, in ``workers`` processes (see
+    ``diag.processes.worker_count``)."""
     from diag.analysis.report import analyze
 
     cache = open_cache(path, no_cache)
@@ -215,7 +177,9 @@ def analysed(
     if use_partitioned(path, partitioned, scheduler):
         if report is not None:  # cached: the per-step tables only, when asked for
             return Analysed(report, load_per_step_tables(path) if need_trace else None, cache, True)
-        trace, report = analyse_partitioned(path, step_range, peak_tflops, flops_per_step, scheduler, need_trace)
+        trace, report = analyse_partitioned(
+            path, step_range, peak_tflops, flops_per_step, scheduler, need_trace, workers
+        )
         if cache is not None:
             cache.put_result(name, report.to_state(), create=True)  # no table cache: a results-only entry
         return Analysed(report, trace, cache, False)

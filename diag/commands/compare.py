@@ -30,7 +30,8 @@ def load_summary(
     """One run's summary: from the cache next to the traces when it is there, else loaded and analysed through
     ``diag.commands._load.analysed`` (the report ``diag analyze`` caches, and caches for it)."""
     from diag.analysis.compare import RunSummary, summarize_run
-    from diag.commands._load import analysed, open_cache, result_name
+    from diag.analysis.report_cache import open_cache, result_name
+    from diag.commands._load import analysed
 
     cache = open_cache(path, no_cache)
     name = result_name("compare", steps, peak_tflops, flops_per_step)
