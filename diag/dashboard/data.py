@@ -207,12 +207,15 @@ class LiveTrace:
         """Many ranks, nothing read yet: fork the first read's workers now, on the thread that starts polling
         and before this object's threads (a server's may already run: ``worker_count`` then says 1, and the
         first read is done here by threads)."""
-        if self.partitioned is None:
-            self._choose_reader()
-        engine = local_engine(self._ranks_at_start, self.workers) if self.partitioned else None
-        if isinstance(engine, ProcessEngine):
-            engine.start()
-            self._first_engine = engine
+        try:
+            if self.partitioned is None:
+                self._choose_reader()
+            engine = local_engine(self._ranks_at_start, self.workers) if self.partitioned else None
+            if isinstance(engine, ProcessEngine):
+                engine.start()
+                self._first_engine = engine
+        except (TraceError, OSError):  # a directory not readable yet, or no fork: the poll thread reads it itself
+            self.partitioned = None
 
     def _absorb(self, data: dict) -> bool:
         changed = False
