@@ -207,9 +207,11 @@ def load_summary(
     peak_tflops=None,
     flops_per_step=None,
     no_cache: bool = False,
+    workers: int | None = None,
 ):
     """One run's summary (``diag.analysis.compare.RunSummary``): from the cache next to the traces when it is
-    there, else loaded and analysed through ``analysed`` (the report ``diag analyze`` caches, and caches for it)."""
+    there, else loaded and analysed through ``analysed`` (the report ``diag analyze`` caches, and caches for it;
+    ``workers``: its worker processes, see ``diag.processes.worker_count``)."""
     from diag.analysis.compare import RunSummary, summarize_run
 
     cache = open_cache(path, no_cache)
@@ -232,6 +234,7 @@ def load_summary(
         no_cache=no_cache,
         need_trace=True,
         quiet=True,
+        workers=workers,
     )
     if run.trace.steps.empty:
         reasons = "\n".join(f"  {s}" for s in run.trace.skipped[:20]) or "  (no rank recorded a step)"

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from diag.commands._load import load_summary
-from diag.commands._options import parse_steps, quiet_option
+from diag.commands._options import parse_steps, quiet_option, workers_option
 from diag.commands.exit_codes import PROBLEM, InputError, require_extra
 
 
@@ -70,6 +70,7 @@ def _labels(paths: list[Path]) -> list[str]:
     show_default=True,
     help="Exit with status 1 when a run's step time regressed against BASE ('never': 0 whatever the verdict).",
 )
+@workers_option
 @quiet_option
 def command(
     runs,
@@ -83,6 +84,7 @@ def command(
     flops_per_step,
     no_cache,
     fail_on,
+    workers,
     quiet,
 ):
     """Compare runs: BASE against NEW (and MORE, each against BASE). Says whether step time regressed,
@@ -116,7 +118,7 @@ def command(
         raise click.UsageError("compare needs at least two runs: BASE NEW [MORE ...]")
     step_range = parse_steps(steps)
     summaries = [
-        load_summary(path, label, steps, step_range, peak_tflops, flops_per_step, no_cache)
+        load_summary(path, label, steps, step_range, peak_tflops, flops_per_step, no_cache, workers=workers)
         for path, label in zip(runs, _labels(list(runs)), strict=True)
     ]
     try:

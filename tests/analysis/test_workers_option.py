@@ -173,7 +173,7 @@ def test_triage_gives_the_same_verdict_in_one_process_and_in_two_workers(hang, f
 
 
 # -- usage errors --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("command", ["analyze", "triage", "dashboard"])
+@pytest.mark.parametrize("command", ["analyze", "triage", "compare", "dashboard"])
 @pytest.mark.parametrize("value", ["0", "-2", "two"])
 def test_a_worker_count_below_one_is_a_usage_error(tmp_path, command, value):
     result = CliRunner().invoke(main, [command, str(tmp_path), "--workers", value])
@@ -182,7 +182,7 @@ def test_a_worker_count_below_one_is_a_usage_error(tmp_path, command, value):
     assert ("give 1 or more worker processes" in result.output) or ("whole number" in result.output)
 
 
-@pytest.mark.parametrize("command", ["analyze", "triage", "dashboard"])
+@pytest.mark.parametrize("command", ["analyze", "triage", "compare", "dashboard"])
 def test_workers_is_in_the_help(command):
     result = CliRunner().invoke(main, [command, "--help"])
     assert result.exit_code == 0 and "--workers N" in result.output
