@@ -19,6 +19,7 @@ from concurrent.futures import Executor, Future
 
 import diag.analysis.partitioned as P
 import diag.analysis.report as R
+import diag.processes as processes
 import diag.trace.loader as L
 
 STAGES = ("find_failures", "choose_window", "select", "rank_step_times", "analyze_comms", "find_stragglers",
@@ -69,7 +70,7 @@ def main() -> None:
     marks: list = []
     if args.profile:
         P.ThreadPoolExecutor = L.ThreadPoolExecutor = lambda *a, **k: Serial()
-        P.PROCESS_MIN_RANKS = 1 << 62
+        processes.PROCESS_MIN_RANKS = 1 << 62  # profiled in this process: no worker processes
     P.load_without_collectives = Timed("load the per-step tables", P.load_without_collectives, marks)
     if hasattr(P.ProcessEngine, "load"):  # from 512 ranks the worker processes load them (branch cold2)
         load = P.ProcessEngine.load

@@ -1,7 +1,7 @@
-"""The partitioned analysis of one trace with the per-rank passes on threads (LocalEngine) and in worker
-processes (ProcessEngine, the default from PROCESS_MIN_RANKS ranks), alternated, each run its own process
-(benchmarks/measured.py): wall, CPU (worker processes included), largest process's peak RSS, and the peak summed
-PSS of the process tree.
+"""The partitioned analysis of one trace with the per-rank passes on threads (LocalEngine) and in two worker
+processes (ProcessEngine, the default from diag.processes.PROCESS_MIN_RANKS ranks), alternated, each run its own
+process (benchmarks/measured.py): wall, CPU (worker processes included), largest process's peak RSS, and the peak
+summed PSS of the process tree.
 
     python benchmarks/bench_engines.py /tmp/cold16k/s1024 --repeat 2
 """

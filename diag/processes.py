@@ -1,14 +1,55 @@
-"""Worker processes that read a large trace's ranks, each a contiguous share, and talk to this process through a
-pipe: what the partitioned analysis (``diag.analysis.partitioned.ProcessEngine``) and ``diag triage``
-(``diag.triage.workers``) share. Reading a rank is mostly Python and pyarrow calls on small files, which threads
-run one at a time under the GIL; processes use every core.
+"""Where rank-parallel work runs: the one decision (``worker_count``) and the worker processes that read a large
+trace's ranks, each a contiguous share, talking to this process through a pipe. The partitioned analysis
+(``diag.analysis.partitioned``: ``local_engine`` picks ``ProcessEngine`` or threads), ``diag triage``
+(``diag.triage.workers``) and the dashboard's first read all ask ``worker_count``. Reading a rank is mostly Python
+and pyarrow calls on small files, which threads run one at a time under the GIL; processes use every core.
+
+The worker count comes from the machine (the cores this process may run on) and the trace's size, never from the
+load average: on a box busy with other work the user says ``--workers 1``.
 
 A worker sends ``("tick", n)`` as it goes (n more ranks done), ``("error", traceback)`` when it fails, and its
 results as any other message."""
 
 from __future__ import annotations
 
-import numpy as np
+import os
+import threading
+
+# above this many rank directories the collectives are never loaded whole (~5 GB per thousand ranks): they are
+# reduced rank by rank (diag.analysis.partitioned), by diag analyze and the dashboard alike
+PARTITIONED_MIN_RANKS = 64
+# from this many ranks worker processes pay by default: their start (~1 s with the fork and the pickling of what
+# they send back) is then a small share of the read; below it a few threads here are as fast
+PROCESS_MIN_RANKS = 512
+# the default's cap: each worker holds its share's partial results, and more than a few cores' worth is a Dask
+# cluster's job (diag analyze --scheduler)
+WORKERS_MAX = 4
+
+
+def default_workers() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or a job's share, not the machine's),
+    at most WORKERS_MAX."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, WORKERS_MAX))
+
+
+def worker_count(ranks: int, workers: int | None = None) -> int:
+    """How many worker processes do the per-rank work of ``ranks`` ranks; 1: all of it in this process.
+
+    ``workers`` (the user's ``--workers``) wins, capped at the number of ranks. Otherwise 1 in a process that runs
+    other threads (the dashboard's server): a fork copies the locks those threads hold, not the threads that would
+    release them, so a worker could wait forever on one. Otherwise 1 below PROCESS_MIN_RANKS ranks, else
+    ``default_workers()``."""
+    if workers is not None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, not {workers}")
+        return max(1, min(workers, ranks))
+    if threading.active_count() > 1 or ranks < PROCESS_MIN_RANKS:
+        return 1
+    return default_workers()
 
 
 def start_worker(target, *args):
@@ -29,6 +70,8 @@ def start_worker(target, *args):
 def contiguous_shares(items: list, workers: int) -> list[list]:
     """``items`` cut into at most ``workers`` contiguous shares, in order, none empty (the first ones one longer
     where they do not divide evenly)."""
+    import numpy as np
+
     return [[items[i] for i in share] for share in np.array_split(np.arange(len(items)), workers) if len(share)]
 
 

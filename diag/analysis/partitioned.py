@@ -20,7 +20,6 @@ Every function here is top-level and pickles its arguments: a Dask worker runs i
 from __future__ import annotations
 
 import operator
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ import pyarrow.compute as pc
 
 from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op, size_bucket
 from diag.analysis.window import StepWindow, in_window, in_window_array
-from diag.processes import contiguous_shares, next_result, start_worker
+from diag.processes import contiguous_shares, next_result, start_worker, worker_count
 from diag.trace.columnar import TableSegments
 from diag.trace.loader import (
     MAX_DURATION_US,
@@ -1724,17 +1723,11 @@ def _rank_file_key(path: Path, root: Path) -> tuple[int, int] | None:
     return int(match.group(1)), _file_order(path.name)
 
 
-PROCESS_MIN_RANKS = 512  # from this many ranks the passes run in worker processes (their start, ~1 s, then pays)
-PROCESS_WORKERS_MAX = 4  # each holds its share's parts; more than a few cores' worth is the Dask engine's job
-
-
-def local_engine(ranks: int):
-    """The engine for ``ranks`` on this machine: worker processes on every core (up to PROCESS_WORKERS_MAX) for a
-    large run, threads for a small one (and on one core)."""
-    workers = min(os.cpu_count() or 1, PROCESS_WORKERS_MAX)
-    if ranks >= PROCESS_MIN_RANKS and workers >= 2:
-        return ProcessEngine(workers)
-    return LocalEngine()
+def local_engine(ranks: int, workers: int | None = None):
+    """The engine for ``ranks`` on this machine: ``ProcessEngine`` with ``diag.processes.worker_count(ranks,
+    workers)`` worker processes when that is more than one, else threads in this process (``LocalEngine``)."""
+    count = worker_count(ranks, workers)
+    return ProcessEngine(count) if count > 1 else LocalEngine()
 
 
 def analyze_partitioned(
@@ -1747,19 +1740,22 @@ def analyze_partitioned(
     with_trace: bool = False,
     analysed_columns_only: bool = True,
     engine=None,
+    workers: int | None = None,
 ):
     """``analyze(load(path))`` with the collectives reduced rank by rank: on this machine, or on the workers of
     the Dask ``client`` (which read ``path`` themselves: a filesystem they share). ``with_trace``: return
     (trace without its collectives, report, collective rows read); ``analysed_columns_only``: that trace's per-step
     tables hold only the columns the analyses read (False: whole, for views that draw the others); ``engine``:
-    the per-rank passes' engine (default: Dask with ``client``, else ``local_engine``: worker processes from
-    PROCESS_MIN_RANKS ranks)."""
+    the per-rank passes' engine (default: Dask with ``client``, else ``local_engine(ranks, workers)``: worker
+    processes from ``diag.processes.PROCESS_MIN_RANKS`` ranks, or ``workers`` of them; 1: threads here)."""
     from diag.analysis.report import analyze
 
     # memory and telemetry are analysed rank by rank too, unless the caller wants the trace's tables whole
     per_rank = RANK_TABLES if analysed_columns_only else ()
-    if engine is None:  # a caller inside a threaded server may ask for LocalEngine() (no fork)
-        engine = DaskEngine(client) if client is not None else local_engine(len(TraceReader(path).rank_dirs()))
+    if engine is None and client is not None:
+        engine = DaskEngine(client)
+    elif engine is None:  # a caller inside a threaded server may ask for LocalEngine() (no fork)
+        engine = local_engine(len(TraceReader(path).rank_dirs()), workers)
     # worker processes read the per-step tables too (each its share of the ranks), then others do the passes
     in_workers = isinstance(engine, ProcessEngine) and analysed_columns_only
     try:

@@ -1,227 +1,30 @@
-"""A trace directory and its analysis report, through the cache next to it: the one loader ``diag analyze``,
-``diag compare`` and the dashboard's baseline share, so that each reads the report the others cached (same
-options, same key) and a damaged cache entry or an unusable trace is handled the same way everywhere.
-Never imports torch."""
+"""``diag.analysis.runs`` for a command: a run that cannot be analysed is a usage error (exit status 2) saying
+why. Never imports torch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-
-import click
 
 from diag.commands.exit_codes import InputError
 
 
-@dataclass
-class Analysed:
-    """A run's report, and its trace when it was loaded (None when the report came from the cache and the
-    caller did not ask for the trace)."""
-
-    report: object  # diag.analysis.report.Report
-    trace: object | None  # diag.trace.loader.Trace
-    cache: object | None  # diag.trace.cache.TraceCache; None with --no-cache or for torch.profiler directories
-    report_from_cache: bool
-
-
-def open_cache(path: Path, no_cache: bool):
-    """The cache of ``path``, or None: ``--no-cache``, not a directory, or torch.profiler traces (read
-    directly: they are not diag's tables)."""
-    from diag.trace.cache import TraceCache
-    from diag.trace.kineto import is_kineto_dir
-
-    if no_cache or not path.is_dir() or is_kineto_dir(path):
-        return None
-    return TraceCache(path)
-
-
-def result_name(kind: str, steps: str | None, peak_tflops, flops_per_step) -> str:
-    """The cache entry's name of a result computed with these options (``report-...``, ``compare-...``)."""
-    from diag.analysis.report import options_fingerprint
-
-    return f"{kind}-{options_fingerprint(steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step)}"
-
-
-def report_from_state(state: dict, path: Path | None = None):
-    """The cached report, or None when it is of another version or shape (a damaged or planted entry): recompute.
-    ``path``: the trace directory as asked for now, which the report names instead of the path it was first
-    made with (``work/traces/demo``, not the ``traces/demo`` of a run from another directory)."""
-    from diag.analysis.report import REPORT_VERSION, Report
-    from diag.views import render
-
-    if state.get("report_version", REPORT_VERSION) != REPORT_VERSION or not isinstance(state.get("run"), dict):
-        return None
-    try:
-        report = Report.from_state(state)
-        render(report, "json")  # a report that cannot be rendered is no report
-    except Exception:  # noqa: BLE001 - whatever a bad cache entry raises, the answer is to recompute
-        return None
-    if path is not None:
-        _rename_run_path(report.run, str(path))
-    return report
-
-
-def _rename_run_path(run, path: str) -> None:
-    """The report's trace path, and the skipped files' paths under it, as ``path``."""
-    old = run.path
-    run.path = path
-    if old == path:
-        return
-    for skipped in run.skipped:
-        where = skipped.get("path")
-        if isinstance(where, str) and (where == old or where.startswith(old.rstrip("/") + "/")):
-            skipped["path"] = path + where[len(old) :]
-
-
-PARTITIONED_MIN_RANKS = 64  # above this many rank directories the collectives are reduced rank by rank
-SCHEDULER_CONNECT_TIMEOUT_S = 10
-
-
-def use_partitioned(path: Path, choice: bool | None, scheduler: str | None) -> bool:
-    """Whether to reduce the collectives rank by rank (bounded memory, docs/scale.md) rather than load them
-    whole: asked (``--partitioned``), a cluster given, or more than PARTITIONED_MIN_RANKS ranks (where the
-    whole table costs gigabytes). Never for torch.profiler directories."""
-    from diag.trace.kineto import is_kineto_dir
-    from diag.trace.loader import find_rank_dirs
-
-    if not path.is_dir() or is_kineto_dir(path):
-        return False
-    if choice is not None or scheduler is not None:
-        return bool(choice is None or choice)
-    return len(find_rank_dirs(path)) > PARTITIONED_MIN_RANKS
-
-
-def _dask_client(scheduler: str):
-    try:
-        from distributed import Client
-    except ImportError as exc:
-        raise InputError(
-            "--scheduler needs Dask distributed: pip install 'dask[distributed]' (or '.[scale]' in diag's checkout)"
-        ) from exc
-    try:
-        return Client(scheduler, timeout=SCHEDULER_CONNECT_TIMEOUT_S)
-    except (OSError, TimeoutError) as exc:
-        raise InputError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
-
-
-def analyse_partitioned(
-    path: Path, step_range, peak_tflops, flops_per_step, scheduler: str | None, whole_tables: bool = False
-):
-    """(trace without its collectives, report): the collectives reduced rank by rank, here or on the Dask
-    cluster at ``scheduler``. The trace's per-step tables hold only the columns the analyses read unless
-    ``whole_tables`` (a caller that draws or compares the others)."""
-    from diag.analysis.partitioned import analyze_partitioned
-    from diag.trace.loader import TraceError
-
-    client = _dask_client(scheduler) if scheduler is not None else None
-    try:
-        trace, report, collective_rows = analyze_partitioned(
-            path,
-            step_range,
-            peak_tflops,
-            flops_per_step,
-            client=client,
-            progress=True,
-            with_trace=True,
-            analysed_columns_only=not whole_tables,
-        )
-    except TraceError as exc:
-        raise InputError(str(exc)) from exc
-    except Exception as exc:
-        if client is None:
-            raise
-        # a worker without diag (or another diag), or one that died: the cluster's error, said plainly
-        raise InputError(
-            f"the Dask cluster at {scheduler} failed to reduce the collectives: {exc!r} (do its workers have "
-            "this version of diag installed, and see TRACE_DIR at the same path?)"
-        ) from exc
-    finally:
-        if client is not None:
-            client.close()
-    if _nothing_usable(trace) and not collective_rows:
-        _raise_nothing_usable(path, trace)
-    return trace, report
-
-
-def load_per_step_tables(path: Path):
-    """The trace without its collectives (the large table, which the partitioned path never holds whole)."""
-    from diag.analysis.partitioned import load_without_collectives
-    from diag.trace.loader import TraceError
+def analysed(path: Path, **options):
+    """``diag.analysis.runs.analysed``; its RunError an InputError."""
+    from diag.analysis.runs import RunError
+    from diag.analysis.runs import analysed as analysed_run
 
     try:
-        return load_without_collectives(path, progress=True)
-    except TraceError as exc:
+        return analysed_run(path, **options)
+    except RunError as exc:
         raise InputError(str(exc)) from exc
 
 
-def _raise_nothing_usable(path: Path, trace):
-    reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
-    raise InputError(f"nothing in {path} could be analysed:\n{reasons}")
-
-
-def _nothing_usable(trace) -> bool:
-    return all(getattr(trace, name).empty for name in ("steps", "phases", "collectives", "memory", "telemetry"))
-
-
-def load_trace(path: Path, cache, quiet: bool = False):
-    """The trace of ``path`` (a diag trace directory, through ``cache`` when given, or torch.profiler traces);
-    an InputError (exit status 2) when it cannot be read or holds nothing to analyse, with the reasons."""
-    from diag.trace.kineto import is_kineto_dir, load_kineto
-    from diag.trace.loader import TraceError, load
+def load_summary(path: Path, label: str, *options, **named):
+    """``diag.analysis.runs.load_summary``; its RunError an InputError."""
+    from diag.analysis.runs import RunError
+    from diag.analysis.runs import load_summary as load_run_summary
 
     try:
-        if is_kineto_dir(path):
-            trace, how = load_kineto(path), "loaded"
-        else:
-            trace, how = cache.load(progress=True) if cache is not None else (load(path, progress=True), "loaded")
-    except TraceError as exc:
+        return load_run_summary(path, label, *options, **named)
+    except RunError as exc:
         raise InputError(str(exc)) from exc
-    if _nothing_usable(trace):
-        _raise_nothing_usable(path, trace)
-    if how == "cache" and not quiet:
-        click.echo(f"(trace read from the cache in {path}/.diag-cache)", err=True)
-    return trace
-
-
-def analysed(
-    path: Path,
-    *,
-    steps: str | None = None,
-    step_range=None,
-    peak_tflops=None,
-    flops_per_step=None,
-    no_cache: bool = False,
-    need_trace: bool = False,
-    quiet: bool = False,
-    partitioned: bool | None = None,
-    scheduler: str | None = None,
-) -> Analysed:
-    """``path``'s report for these options: the cached one when there is a valid one, else analysed and cached.
-    ``steps`` is the ``--steps`` text (the cache key), ``step_range`` its parsed form. ``need_trace`` loads the
-    trace even when the report is cached; ``quiet`` says nothing on stderr about the caches. ``partitioned``,
-    ``scheduler``: see ``use_partitioned`` (the same report, in bounded memory); the trace it gives then has
-    every table but the collectives, which were reduced rank by rank."""
-    from diag.analysis.report import analyze
-
-    cache = open_cache(path, no_cache)
-    name = result_name("report", steps, peak_tflops, flops_per_step)
-    report = None
-    if cache is not None:
-        state = cache.get_result(name)
-        report = report_from_state(state, path) if state is not None else None
-        if report is not None and not quiet:
-            click.echo(f"(report read from the cache in {path}/.diag-cache; use --no-cache to recompute)", err=True)
-    from_cache = report is not None
-    if use_partitioned(path, partitioned, scheduler):
-        if report is not None:  # cached: the per-step tables only, when asked for
-            return Analysed(report, load_per_step_tables(path) if need_trace else None, cache, True)
-        trace, report = analyse_partitioned(path, step_range, peak_tflops, flops_per_step, scheduler, need_trace)
-        if cache is not None:
-            cache.put_result(name, report.to_state(), create=True)  # no table cache: a results-only entry
-        return Analysed(report, trace, cache, False)
-    trace = load_trace(path, cache, quiet) if report is None or need_trace else None
-    if report is None:
-        report = analyze(trace, steps=step_range, peak_tflops=peak_tflops, flops_per_step=flops_per_step)
-        if cache is not None:
-            cache.put_result(name, report.to_state())
-    return Analysed(report, trace, cache, from_cache)

@@ -1,4 +1,4 @@
-"""Options several commands share, checked in one place: step ranges, intervals in seconds, --quiet."""
+"""Options several commands share, checked in one place: step ranges, intervals in seconds, --quiet, --workers."""
 
 from __future__ import annotations
 
@@ -63,4 +63,33 @@ def quiet_option(command):
         "--quiet",
         is_flag=True,
         help="No progress bar or notes on stderr (errors still are). Bars are drawn only when stderr is a terminal.",
+    )(command)
+
+
+class WorkerCount(click.ParamType):
+    """``--workers N``: a whole number of worker processes, at least 1."""
+
+    name = "workers"
+
+    def convert(self, value, param, ctx):
+        try:
+            workers = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a whole number of worker processes", param, ctx)
+        if workers < 1:
+            self.fail(f"{value!r}: give 1 or more worker processes (1 runs everything in this process)", param, ctx)
+        return workers
+
+    def get_metavar(self, param, ctx=None):
+        return "N"
+
+
+def workers_option(command):
+    """``--workers N``: the worker processes that read and reduce a large trace's ranks (``diag.processes``)."""
+    return click.option(
+        "--workers",
+        type=WorkerCount(),
+        default=None,
+        help="Worker processes that read the ranks (1: everything in this process, e.g. on a busy machine). "
+        "Default: one per core this process may use, at most 4, from 512 ranks; in this process below that.",
     )(command)

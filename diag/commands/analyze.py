@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 
 from diag.commands import sample_run
-from diag.commands._load import PARTITIONED_MIN_RANKS
-from diag.commands._options import parse_steps, quiet_option
+from diag.commands._options import parse_steps, quiet_option, workers_option
 from diag.commands.exit_codes import PROBLEM, InputError, require_extra
+from diag.processes import PARTITIONED_MIN_RANKS
 from diag.views.colour import colour_wanted, paint_severities
 
 FAIL_ON = ("high", "medium", "low", "never")
@@ -63,6 +63,7 @@ FAIL_ON = ("high", "medium", "low", "never")
     help="Run the per-rank reduction on this Dask cluster (tcp://host:8786); its workers read TRACE_DIR "
     "themselves, so it must be on a filesystem they share. Needs pip install 'dask[distributed]'.",
 )
+@workers_option
 @click.option(
     "--fail-on",
     type=click.Choice(FAIL_ON),
@@ -73,7 +74,18 @@ FAIL_ON = ("high", "medium", "low", "never")
 )
 @quiet_option
 def command(
-    trace_dir, fmt, html_path, steps, peak_tflops, flops_per_step, no_cache, partitioned, scheduler, fail_on, quiet
+    trace_dir,
+    fmt,
+    html_path,
+    steps,
+    peak_tflops,
+    flops_per_step,
+    no_cache,
+    partitioned,
+    scheduler,
+    workers,
+    fail_on,
+    quiet,
 ):
     """Analyse a trace directory: stragglers, MFU, communication, memory and GPU telemetry,
     with findings ranked by the time each one costs. TRACE_DIR may also be a directory of
@@ -90,6 +102,7 @@ def command(
       diag analyze traces/run1 --steps 100:500 --format json > report.json
       diag analyze traces/run1 --html report.html --peak-tflops 989
       diag analyze traces/run1 --fail-on medium --quiet   (in CI: exit 1 on a medium or high finding)
+      diag analyze traces/run16k --workers 1   (a busy machine: read every rank in this process)
       diag analyze                     (the bundled sample run)
     """
     from diag.commands._load import analysed
@@ -97,6 +110,9 @@ def command(
     from diag.views import render
 
     set_quiet(quiet)
+    if workers is not None and scheduler is not None:
+        raise click.UsageError("--workers sets this machine's worker processes; with --scheduler the Dask cluster's "
+                               "workers reduce the ranks: give one of them")  # fmt: skip
     if html_path is not None:  # before the analysis, which may take minutes
         require_extra("html", "--html")
     step_range = parse_steps(steps)
@@ -114,6 +130,7 @@ def command(
         no_cache=no_cache,
         partitioned=partitioned,
         scheduler=scheduler,
+        workers=workers,
         quiet=quiet,
     ).report
     if steps is not None and not report.run.window.steps_analysed:

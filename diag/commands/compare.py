@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from diag.commands._options import parse_steps, quiet_option
+from diag.commands._load import load_summary
+from diag.commands._options import parse_steps, quiet_option, workers_option
 from diag.commands.exit_codes import PROBLEM, InputError, require_extra
 
 
@@ -16,50 +17,6 @@ def _labels(paths: list[Path]) -> list[str]:
     """Each run's name in the output: its directory's name, or its path where two names are alike."""
     names = [p.resolve().name or str(p) for p in paths]
     return [str(p) if names.count(n) > 1 else n for p, n in zip(paths, names, strict=True)]
-
-
-def load_summary(
-    path: Path,
-    label: str,
-    steps: str | None = None,
-    step_range=None,
-    peak_tflops=None,
-    flops_per_step=None,
-    no_cache: bool = False,
-):
-    """One run's summary: from the cache next to the traces when it is there, else loaded and analysed through
-    ``diag.commands._load.analysed`` (the report ``diag analyze`` caches, and caches for it)."""
-    from diag.analysis.compare import RunSummary, summarize_run
-    from diag.commands._load import analysed, open_cache, result_name
-
-    cache = open_cache(path, no_cache)
-    name = result_name("compare", steps, peak_tflops, flops_per_step)
-    if cache is not None:
-        state = cache.get_result(name)
-        if state is not None:
-            try:
-                summary = RunSummary.from_state(state)
-                summary.label, summary.path = label, str(path)
-                return summary
-            except Exception:  # noqa: BLE001 - a damaged or foreign cache entry: recompute
-                pass
-    run = analysed(
-        path,
-        steps=steps,
-        step_range=step_range,
-        peak_tflops=peak_tflops,
-        flops_per_step=flops_per_step,
-        no_cache=no_cache,
-        need_trace=True,
-        quiet=True,
-    )
-    if run.trace.steps.empty:
-        reasons = "\n".join(f"  {s}" for s in run.trace.skipped[:20]) or "  (no rank recorded a step)"
-        raise InputError(f"{path}: no steps to compare:\n{reasons}")
-    summary = summarize_run(run.trace, run.report, label)
-    if cache is not None:
-        cache.put_result(name, summary.to_state())
-    return summary
 
 
 @click.command("compare")
@@ -113,6 +70,7 @@ def load_summary(
     show_default=True,
     help="Exit with status 1 when a run's step time regressed against BASE ('never': 0 whatever the verdict).",
 )
+@workers_option
 @quiet_option
 def command(
     runs,
@@ -126,6 +84,7 @@ def command(
     flops_per_step,
     no_cache,
     fail_on,
+    workers,
     quiet,
 ):
     """Compare runs: BASE against NEW (and MORE, each against BASE). Says whether step time regressed,
@@ -159,7 +118,7 @@ def command(
         raise click.UsageError("compare needs at least two runs: BASE NEW [MORE ...]")
     step_range = parse_steps(steps)
     summaries = [
-        load_summary(path, label, steps, step_range, peak_tflops, flops_per_step, no_cache)
+        load_summary(path, label, steps, step_range, peak_tflops, flops_per_step, no_cache, workers=workers)
         for path, label in zip(runs, _labels(list(runs)), strict=True)
     ]
     try:

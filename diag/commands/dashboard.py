@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from diag.commands import sample_run
-from diag.commands._options import POLL_MAX_S, Seconds
+from diag.commands._options import POLL_MAX_S, Seconds, workers_option
 from diag.commands.exit_codes import InputError, require_extra
 
 REFRESH_MIN_S = 0.5  # a page's own reloads come this often at most: faster would only load the browser and server
@@ -63,10 +63,16 @@ def is_loopback(host: str) -> bool:
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Let the Compare page pick baselines anywhere under this directory (default: only beside TRACE_DIR).",
 )
+@workers_option
 @click.option("-v", "--verbose", is_flag=True, help="Log every request (method, path, status, time) on stderr.")
-def command(trace_dir, host, port, token, refresh_s, baseline, no_cache, baseline_root, verbose):
+def command(trace_dir, host, port, token, refresh_s, baseline, no_cache, baseline_root, workers, verbose):
     """Serve a live dashboard of TRACE_DIR: findings, stragglers, communication, memory, GPU telemetry,
     pipeline and triage pages, updated while the job writes.
+
+    Above 64 ranks the collectives are reduced rank by rank; from 512 ranks the first read is done by
+    worker processes forked before the server starts, and the later analyses run in this process beside
+    the server's threads (a fork there could copy a lock one of them holds) unless --workers asks for
+    worker processes.
 
     \b
     Examples:
@@ -102,7 +108,7 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache, baselin
         set_baseline(load_summary(baseline, baseline.resolve().name or str(baseline)), baseline)
 
     started = time.perf_counter()
-    live = LiveTrace(trace_dir, poll_interval_s=refresh_s, cache=not no_cache)
+    live = LiveTrace(trace_dir, poll_interval_s=refresh_s, cache=not no_cache, workers=workers)
     if _many_ranks(trace_dir):
         # the first load takes minutes at thousands of ranks (the report: the collectives reduced rank by rank):
         # serve at once; the poll thread loads, and publishes the ranks, then the report (pages say what is coming)
@@ -137,7 +143,7 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache, baselin
 
 
 def _many_ranks(trace_dir: Path) -> bool:
-    from diag.dashboard.data import PARTITIONED_MIN_RANKS
+    from diag.processes import PARTITIONED_MIN_RANKS
     from diag.trace.loader import find_rank_dirs
 
     return len(find_rank_dirs(trace_dir)) > PARTITIONED_MIN_RANKS

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from diag.commands._options import POLL_MAX_S, Seconds, poll_seconds, quiet_option
+from diag.commands._options import POLL_MAX_S, Seconds, poll_seconds, quiet_option, workers_option
 from diag.commands.exit_codes import OK, PROBLEM, USAGE, InputError
 from diag.trace.loader import TraceError
 
@@ -51,6 +51,7 @@ from diag.trace.loader import TraceError
     help="With --prometheus-port: the address to bind. 0.0.0.0 lets a Prometheus on another machine scrape it, "
     "and anyone who can reach the port read the verdict (there is no authentication).",
 )
+@workers_option
 @quiet_option
 def command(
     path: str,
@@ -61,6 +62,7 @@ def command(
     interval: float,
     prometheus_port: int | None,
     bind: str,
+    workers: int | None,
     quiet: bool,
 ) -> None:
     """Explain why a distributed job hung or timed out.
@@ -81,6 +83,7 @@ def command(
       diag triage traces/run1
       diag triage /tmp/fr_dumps --format json
       diag triage --watch traces/run1  while the job runs: a verdict within about stall-s + 5 s of a hang
+      diag triage traces/run16k --workers 1   (a busy machine: read every rank in this process)
     """
     from diag.progress import set_quiet
     from diag.triage.analysis import NOTHING_TO_JUDGE, triage
@@ -105,9 +108,9 @@ def command(
         raise click.UsageError("--prometheus-port serves the verdict of --watch: add --watch")
     if watch:
         say = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo
-        sys.exit(_watch(path, stall_s, interval, say, show, prometheus_port, bind))
+        sys.exit(_watch(path, stall_s, interval, say, show, prometheus_port, bind, workers))
     try:
-        verdict = triage(read_input(path, progress=True))
+        verdict = triage(read_input(path, progress=True, workers=workers))
     except TraceError as exc:
         raise InputError(str(exc)) from exc
     show(verdict)
@@ -116,7 +119,7 @@ def command(
     sys.exit(PROBLEM if verdict.verdict in PROBLEM_VERDICTS else OK)
 
 
-def _watch(path, stall_s, interval, say, show, prometheus_port, bind) -> int:
+def _watch(path, stall_s, interval, say, show, prometheus_port, bind, workers) -> int:
     """--watch; with a port, the verdict is also served to Prometheus, until SIGTERM or Ctrl-C."""
     import time
     from pathlib import Path
@@ -125,7 +128,7 @@ def _watch(path, stall_s, interval, say, show, prometheus_port, bind) -> int:
 
     if prometheus_port is None:
         try:
-            return watch_job(path, stall_s=stall_s, interval_s=interval, say=say, on_verdict=show)
+            return watch_job(path, stall_s=stall_s, interval_s=interval, say=say, on_verdict=show, workers=workers)
         except KeyboardInterrupt:
             return 130
     import signal
@@ -150,7 +153,7 @@ def _watch(path, stall_s, interval, say, show, prometheus_port, bind) -> int:
     signal.signal(signal.SIGTERM, interrupt)  # a launcher's stop ends the serving as Ctrl-C does
     code = 130
     try:
-        code = watch_job(path, stall_s=stall_s, interval_s=interval, say=say, on_verdict=on_verdict)
+        code = watch_job(path, stall_s=stall_s, interval_s=interval, say=say, on_verdict=on_verdict, workers=workers)
         say("Verdict served until stopped (SIGTERM or Ctrl-C)")
         while True:
             time.sleep(1.0)

@@ -36,7 +36,7 @@ _baseline_version = 0  # changes with every baseline set: the page's content and
 
 
 def set_baseline(summary, path: Path | None = None) -> None:
-    """The baseline's ``RunSummary`` (``diag.commands.compare.load_summary``), or None for no baseline."""
+    """The baseline's ``RunSummary`` (``diag.analysis.runs.load_summary``), or None for no baseline."""
     global _baseline, _baseline_path, _baseline_version
     _baseline = summary
     _baseline_path = Path(path).resolve() if path is not None else None
@@ -133,9 +133,7 @@ def resolve_baseline(text: str | None, run_dir: Path) -> tuple[Path | None, str 
 
 def use_baseline(text: str | None, run_dir: Path) -> tuple[bool, str]:
     """Validate, load and set the baseline ``text`` names; (done, message for the page)."""
-    import click
-
-    from diag.commands.compare import load_summary
+    from diag.analysis.runs import RunError, load_summary
 
     path, error = resolve_baseline(text, run_dir)
     if error is not None:
@@ -144,8 +142,8 @@ def use_baseline(text: str | None, run_dir: Path) -> tuple[bool, str]:
         return True, f"baseline: {path} ({len(_baseline.step_ms)} steps)"
     try:
         summary = load_summary(path, path.name or str(path))
-    except click.ClickException as exc:
-        return False, f"{path} cannot be compared: {exc.format_message()}"
+    except RunError as exc:
+        return False, f"{path} cannot be compared: {exc}"
     except Exception as exc:  # noqa: BLE001 - a page shows why, the server carries on
         return False, f"{path} cannot be compared: {type(exc).__name__}: {exc}"
     set_baseline(summary, path)

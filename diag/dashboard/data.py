@@ -37,15 +37,13 @@ from diag.analysis.partitioned import (
     release_arrow_memory,
     release_heap_memory,
 )
+from diag.processes import PARTITIONED_MIN_RANKS
 from diag.trace.loader import Trace, TraceError, TraceReader, assemble_trace, empty_table, find_rank_dirs
 from diag.trace.schema import TABLES
 
 STALE_AFTER_S = 30.0  # a rank whose newest record is this much older than the freshest rank's is stale
 POLL_INTERVAL_S = 2.0
 TRIAGE_MIN_INTERVAL_S = 30.0  # triage re-reads the whole directory: not more often than this
-# Above this many rank directories the collectives (20 rows per rank-step, ~5 GB per thousand ranks loaded) are
-# never loaded: they are reduced rank by rank (diag.analysis.partitioned), as `diag analyze` does
-PARTITIONED_MIN_RANKS = 64
 
 # State of a rank, as the pages show it.
 LIVE, STALE, FINISHED, NO_DATA = "live", "stale", "finished", "no data"
@@ -98,8 +96,12 @@ class LiveTrace:
         stale_after_s: float = STALE_AFTER_S,
         triage: bool = True,
         cache: bool = True,
+        workers: int | None = None,
     ):
         self.trace_dir = Path(trace_dir)
+        # worker processes of the per-rank work (the user's --workers; None: diag.processes.worker_count decides)
+        self.workers = workers
+        self._first_engine: ProcessEngine | None = None  # forked by start(), before this object's threads run
         # many ranks: read the report `diag analyze` cached for the files as they are (.diag-cache), and cache
         # the one computed here, under the same key (see _report_cache)
         self.use_cache = cache
@@ -190,12 +192,30 @@ class LiveTrace:
     def _first_poll_in_workers(self) -> dict | None:
         """Many ranks, the first read: every rank's per-step tables read by worker processes on every core, as
         ``diag analyze`` loads them (ProcessEngine.poll; the reader reads on from where they stopped). Threads
-        here read under the GIL, one core's worth: ~25 s of the first page at 16,384 ranks. None: read here."""
-        engine = local_engine(self._ranks_at_start) if self.partitioned else None
+        here read under the GIL, one core's worth: ~25 s of the first page at 16,384 ranks. None: read here.
+        The workers are those ``start`` forked, else forked now if ``worker_count`` allows it (not beside other
+        threads, unless the user asked for workers)."""
+        engine, self._first_engine = self._first_engine, None
+        if engine is None and self.partitioned:
+            engine = local_engine(self._ranks_at_start, self.workers)
         if not isinstance(engine, ProcessEngine):
             return None
         with engine:
             return engine.poll(self._reader)
+
+    def _fork_first_readers(self) -> None:
+        """Many ranks, nothing read yet: fork the first read's workers now, on the thread that starts polling
+        and before this object's threads (a server's may already run: ``worker_count`` then says 1, and the
+        first read is done here by threads)."""
+        try:
+            if self.partitioned is None:
+                self._choose_reader()
+            engine = local_engine(self._ranks_at_start, self.workers) if self.partitioned else None
+            if isinstance(engine, ProcessEngine):
+                engine.start()
+                self._first_engine = engine
+        except (TraceError, OSError):  # a directory not readable yet, or no fork: the poll thread reads it itself
+            self.partitioned = None
 
     def _absorb(self, data: dict) -> bool:
         changed = False
@@ -348,7 +368,7 @@ class LiveTrace:
         if not self.partitioned:
             times = all_step_times(trace)
             return analyze(trace), compact_times(times.frame) if times is not None else None
-        return partitioned_report(trace, cache, cached)
+        return partitioned_report(trace, cache, cached, self.workers)
 
     def _report_cache(self):
         """(the trace directory's cache, the report cached there for the files as they are now, or None).
@@ -359,7 +379,7 @@ class LiveTrace:
         written for this publication (the rows are kept for it). ``partitioned_report`` writes the computed
         report only if the signature is still the same after the analysis (the files did not change under it).
         Never raises: a cache that cannot be used is no cache."""
-        from diag.commands._load import open_cache, report_from_state
+        from diag.analysis.report_cache import open_cache, report_from_state
 
         if not self.use_cache:
             return None, None
@@ -418,6 +438,8 @@ class LiveTrace:
     # -- background thread --------------------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
+            if self.snapshot.version == 0:  # nothing read yet: its workers are forked here, before the poll thread
+                self._fork_first_readers()
             self._thread = threading.Thread(target=self._run, name="diag-dashboard-poll", daemon=True)
             self._thread.start()
 
@@ -425,6 +447,9 @@ class LiveTrace:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._first_engine is not None and not (self._thread is not None and self._thread.is_alive()):
+            self._first_engine.close()  # stopped before the first read used them
+            self._first_engine = None
 
     def _run(self) -> None:
         if self.snapshot.version == 0:  # never read (diag dashboard on many ranks serves before the first load)
@@ -447,7 +472,7 @@ class LiveTrace:
 def report_cache_name() -> str:
     """The name `diag analyze` caches its report under with its default options (no --steps, --peak-tflops,
     --flops-per-step): what the dashboard analyses."""
-    from diag.commands._load import result_name
+    from diag.analysis.report_cache import result_name
 
     return result_name("report", None, None, None)
 
@@ -477,15 +502,15 @@ def own_wait_times(trace: Trace) -> pd.DataFrame:
     return compact_times(rank_step_times(trace.steps, None, _pipeline_stages(trace)).frame)
 
 
-def partitioned_report(trace: Trace, cache=None, cached=None):
+def partitioned_report(trace: Trace, cache=None, cached=None, workers: int | None = None):
     """(report, per rank-step times) of a many-rank trace, as `diag analyze` makes it.
 
     ``cached``: the report `diag analyze` (or an earlier server) cached for these files: used as it is, and every
     step's times are split with the waits the ranks measured themselves (steps' comm_wait_us), the collectives
     not being read at all. Else the collectives are reduced rank by rank ONCE, for the report's window, with the
-    engine `diag analyze` uses (worker processes from PROCESS_MIN_RANKS ranks: the per-rank work is Python and
-    numpy under the GIL, so threads used one core of two) and each rank's memory and telemetry reduced in the
-    same pass, as its collectives are read (each rank's files read once); the report is then cached under
+    engine `diag analyze` uses (``local_engine``: worker processes when ``diag.processes.worker_count`` says so,
+    which beside a server's threads is only with ``workers`` given) and each rank's memory and telemetry reduced in
+    the same pass, as its collectives are read (each rank's files read once); the report is then cached under
     ``cache``'s key when the files are still the ones that key names. The times of every step are split with
     the reduced waits; a step outside the window (warm-up, a step not every rank finished yet, a failed one)
     has only the wait its rank measured itself."""
@@ -497,7 +522,7 @@ def partitioned_report(trace: Trace, cache=None, cached=None):
     if cached is not None:
         return cached, own_wait_times(trace)
     tables = rank_tables_reducer(trace)
-    reducer = collectives_reducer(trace, local_engine(len(trace.ranks_found)), rank_tables=tables)
+    reducer = collectives_reducer(trace, local_engine(len(trace.ranks_found), workers), rank_tables=tables)
     reduced = []
 
     def reduce_once(window):

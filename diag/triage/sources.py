@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from diag.processes import worker_count
 from diag.trace.loader import (
     READ_THREADS,
     Skipped,
@@ -41,7 +42,7 @@ from diag.triage import debug_server, fr_checks, nccl_ras
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 from diag.triage.summary import heartbeat_ops, judged_by_heartbeat
 from diag.triage.tail import read_tail
-from diag.triage.workers import read_in_workers, worker_count
+from diag.triage.workers import read_in_workers
 
 OPS_COLUMNS = [
     "rank",
@@ -121,14 +122,15 @@ class TriageInput:
         return self.steps
 
 
-def read_input(path: str | Path, progress: bool = False) -> TriageInput:
+def read_input(path: str | Path, progress: bool = False, workers: int | None = None) -> TriageInput:
     """Read a diag trace directory or a directory of Flight Recorder dumps. Raises TraceError when neither.
-    ``progress``: a bar on stderr while a large trace's ranks are read."""
+    ``progress``: a bar on stderr while a large trace's ranks are read. ``workers``: processes reading a diag
+    trace's ranks (1: this process; None: ``diag.processes.worker_count`` decides)."""
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path} does not exist")
     if path.is_dir() and find_rank_dirs(path):
-        return with_nccl_ras(read_diag_trace(path, progress=progress))
+        return with_nccl_ras(read_diag_trace(path, progress=progress, workers=workers))
     if debug_server.is_dump_dir(path):
         return with_nccl_ras(debug_server.read_debug_server_dir(path))
     return with_nccl_ras(read_fr_dir(path))
@@ -185,7 +187,7 @@ def read_diag_trace(
     """``rows_per_rank``: the last rows of each rank's steps and collectives read (``tail_rows`` by default).
     ``heartbeats``: judge the ranks whose heartbeat says enough from it, without reading their tables
     (diag/triage/summary.py); False: read every rank's tables. ``progress``: a bar while the ranks are read.
-    ``workers``: processes reading the ranks (1: this process; default ``workers.worker_count``)."""
+    ``workers``: processes reading the ranks (1: this process; default: ``diag.processes.worker_count``'s)."""
     reader = TraceReader(path, tables=())  # side files only: the tables are read from their ends below
     rank_dirs = reader.rank_dirs()
     rows = rows_per_rank or tail_rows(len(rank_dirs))
@@ -414,7 +416,7 @@ def _read_tails(
     then the tables of the ranks their heartbeats do not decide: in worker processes for a large trace
     (diag/triage/workers.py), else by a few threads, as the loader reads ranks. ``progress``: a bar of the
     ranks read (worker processes only: a smaller read takes a few seconds). ``workers``: see read_diag_trace."""
-    workers = worker_count(len(rank_dirs)) if workers is None else min(workers, len(rank_dirs))
+    workers = worker_count(len(rank_dirs), workers)
     if workers > 1:
         sides, tails, judged, chunks = _read_in_workers(reader.path, rank_dirs, rows, use_heartbeats, workers, progress)
     else:

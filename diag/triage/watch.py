@@ -81,13 +81,14 @@ def watch(
     say: Callable[[str], None] = print,
     on_verdict: Callable[[Verdict], None] | None = None,
     now_s: Callable[[], float] = time.time,
+    workers: int | None = None,
 ) -> int:
     """Poll ``path`` until a hang verdict can be given (returns 1) or every rank finished (returns 1 if the
-    verdict is a hang, else 0)."""
+    verdict is a hang, else 0). ``workers``: processes reading a large trace's ranks (see read_input)."""
     last_status = None
     while True:
         try:
-            data = read_input(path)
+            data = read_input(path, workers=workers)
         except TraceError as exc:
             data, progress = None, Progress("waiting", str(exc))
         else:

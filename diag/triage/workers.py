@@ -1,4 +1,4 @@
-"""The ranks of a large trace read by ``diag triage`` in worker processes, one per core.
+"""The ranks of a large trace read by ``diag triage`` in worker processes (how many: ``diag.processes.worker_count``).
 
 Reading a rank for triage (its side files, the last row groups of its steps and collectives) is ~2.5 ms of
 CPU, mostly Python and pyarrow calls on small files: threads run it one at a time under the GIL, so 16,384
@@ -17,7 +17,6 @@ in-process read gathers them, so the verdict is the same.
 
 from __future__ import annotations
 
-import os
 import traceback
 from pathlib import Path
 
@@ -26,47 +25,8 @@ import pyarrow.compute as pc
 
 from diag.processes import contiguous_shares, next_result, start_worker
 
-WORKERS_MIN_RANKS = 512  # below, the in-process read (a few threads) is as fast: no fork, no pickling
 TICK_RANKS = 64  # a worker says its progress every this many ranks
-BUSY_SPARE_CORES = 0.5  # a load average of cores - this or more: read in this process (``_busy``)
 COMBINE_RANKS = 256  # a worker copies its ranks' tails into one table this often: the decoded row groups are freed
-
-
-def worker_count(ranks: int) -> int:
-    """How many worker processes read ``ranks`` ranks: one per core (up to ProcessEngine's maximum) for a large
-    trace; 1 (read in this process) for a small one, on one core, on a machine whose other work holds most of a core
-    (``_busy``), or in a process running other threads (the dashboard's server: a fork copies the locks its
-    threads hold, not the threads that would release them)."""
-    import threading
-
-    if ranks < WORKERS_MIN_RANKS:  # before the import below: a small trace (diag triage --watch polls) pays nothing
-        return 1
-    from diag.analysis.partitioned import PROCESS_WORKERS_MAX
-
-    cores = _cores()
-    workers = min(cores, PROCESS_WORKERS_MAX)
-    if workers < 2 or threading.active_count() > 1 or _busy(cores):
-        return 1
-    return workers
-
-
-def _busy(cores: int) -> bool:
-    """The last minute's load average is at least ``cores - BUSY_SPARE_CORES``: other work holds most of a core.
-    Two workers pay only with both cores to themselves: 16,384 ranks of an old trace on the shared 2-core box took
-    27.5 s wall read by two workers with the others' load ~0.1 (main: 48.5 s), and 57.1 and 58.7 s with the
-    others' load ~1.5 (one process 43.2 s, main 52.6 s; docs/benchmarks.md). The threshold sits between those
-    measurements; the load average is the last minute's (a run just ended still counts), not this moment's."""
-    try:
-        return os.getloadavg()[0] >= cores - BUSY_SPARE_CORES
-    except (OSError, AttributeError):  # no load average (not Unix): take the cores as free
-        return False
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # the cores this process may run on (a container's share)
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def read_in_workers(

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diag import processes as processes_module
 from diag.analysis import partitioned as partitioned_module
 from diag.analysis.comms import ValueCounts
 from diag.analysis.partitioned import (
@@ -84,8 +85,8 @@ def test_worker_processes_give_the_same_report(planted, monkeypatch):
     with two cores), each rank's memory and telemetry reduced in the same task as its collectives: the report of
     the whole tables in memory, whole window and a step range."""
     path, plants = planted
-    monkeypatch.setattr(partitioned_module, "PROCESS_MIN_RANKS", 1)
-    monkeypatch.setattr(partitioned_module.os, "cpu_count", lambda: 2, raising=False)
+    monkeypatch.setattr(processes_module, "PROCESS_MIN_RANKS", 1)
+    monkeypatch.setattr(processes_module, "default_workers", lambda: 2)
     assert isinstance(partitioned_module.local_engine(SYNTHETIC_RANKS), ProcessEngine)
     new = partitioned(path)
     assert differences(in_memory(path), new) == []
@@ -452,7 +453,7 @@ def test_unreadable_partitions_at_scale_are_skipped_and_named(tmp_path, monkeypa
         assert path.exists(), path
         damage(path)
     if processes:  # the passes in worker processes, as from PROCESS_MIN_RANKS ranks
-        monkeypatch.setattr(partitioned_module, "PROCESS_MIN_RANKS", 1)
+        monkeypatch.setattr(processes_module, "PROCESS_MIN_RANKS", 1)
     result = run_cli(tmp_path, "--format", "json", "--no-cache")  # no flag: partitioned above 64 ranks
     assert result.exit_code == 0, result.output
     new = json.loads(result.stdout)

@@ -147,10 +147,11 @@ def test_the_first_read_in_worker_processes_is_the_same_and_reads_on(tmp_path, m
     import pandas as pd
 
     import diag.analysis.partitioned as partitioned
+    import diag.processes
 
     synthetic.generate(tmp_path, RANKS, STEPS, PER_STEP, trace_format=trace_format)
     threads, _ = load(tmp_path, cache=False)
-    monkeypatch.setattr(partitioned, "PROCESS_MIN_RANKS", 64)
+    monkeypatch.setattr(diag.processes, "PROCESS_MIN_RANKS", 64)
     polls = []
     poll = partitioned.ProcessEngine.poll
     monkeypatch.setattr(partitioned.ProcessEngine, "poll", lambda *a, **k: polls.append(1) or poll(*a, **k))

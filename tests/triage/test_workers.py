@@ -6,17 +6,16 @@ gloo jobs are compared in test_hangs.py (test_worker_processes_read_the_same_as_
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 
 import pandas as pd
 import pytest
 
+from diag.processes import PROCESS_MIN_RANKS, default_workers, worker_count
 from diag.trace.schema import CSV_SCHEMA_VERSION, SCHEMA_VERSION, rank_dir_name
 from diag.triage.analysis import triage
 from diag.triage.sources import read_diag_trace
-from diag.triage.workers import WORKERS_MIN_RANKS, worker_count
 from tests.analysis.helpers import synthetic
 
 RANKS, STEPS, PER_STEP = 12, 30, 5
@@ -89,15 +88,13 @@ def test_a_damaged_partition_read_by_a_worker_is_skipped_and_named(tmp_path):
 
 
 def test_workers_only_for_a_large_trace_and_never_beside_other_threads():
-    assert worker_count(WORKERS_MIN_RANKS - 1) == 1
-    cores = len(os.sched_getaffinity(0))
-    idle = os.getloadavg()[0] < cores - 0.5  # other work holding most of a core: no workers
-    assert worker_count(WORKERS_MIN_RANKS) == (min(cores, 4) if cores >= 2 and idle else 1)  # 4: ProcessEngine's
+    assert worker_count(PROCESS_MIN_RANKS - 1) == 1
+    assert worker_count(PROCESS_MIN_RANKS) == default_workers()
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)  # as in the dashboard's server: no fork beside other threads
     other.start()
     try:
-        assert worker_count(10 * WORKERS_MIN_RANKS) == 1
+        assert worker_count(10 * PROCESS_MIN_RANKS) == 1
     finally:
         stop.set()
         other.join()
