@@ -135,7 +135,7 @@ def _judge(data: TriageInput) -> Verdict:
     ops = _with_failed(_with_signature(data.ops), data.errors)
     ops = _drop_stale_pending(_mark_known_returned(_returned_before_this_step(ops, data), liveness))
     members = _members(data)
-    desync = _first_desync(_collectives_only(ops))
+    desync = _first_desync(_collectives_only(_issued_before_first_error(ops, data)))
     if desync is not None:
         return _desync_verdict(data, ops, desync, liveness)
     if data.fr_problems:
@@ -316,6 +316,17 @@ def _collectives_only(ops: pd.DataFrame) -> pd.DataFrame:
     of another are not one op: matching them by (group, seq) would read a pipeline's sends and recvs as a
     desync."""
     return ops[~ops["op"].isin(P2P_OPS)]
+
+
+def _issued_before_first_error(ops: pd.DataFrame, data: TriageInput) -> pd.DataFrame:
+    """The rows issued before the first error the job recorded: after it, ranks run their handlers (a
+    framework's SIGTERM handler broadcasts, a teardown barriers) while the others have given up, and what they
+    issue then is no desync of the job's. A real desync issues its mismatched collectives before the error
+    they cause."""
+    times = data.errors["time_us"].dropna() if len(data.errors) else None
+    if times is None or times.empty:
+        return ops
+    return ops[~(ops["start_us"].astype("float64") > float(times.min()))]
 
 
 def _members(data: TriageInput) -> dict[str, list[int]]:

@@ -53,3 +53,13 @@ def test_pipeline_stage_sigkilled_is_dead_not_a_desync_of_its_sends_and_receives
     assert verdict.verdict == "dead_rank", verdict.evidence
     assert verdict.culprit_ranks == [1], verdict.evidence
     assert verdict.action.kind == "restart"
+
+
+def test_a_sigterm_handlers_broadcast_after_the_timeout_is_no_desync():
+    """Lightning's Trainer on 3 ranks: rank 1's data loader never answers in step 1, ranks 0 and 2 wait in the
+    step's broadcast, time out and finish. The launcher then SIGTERMs rank 1, whose Lightning SIGTERM handler
+    broadcasts at the same sequence number, 10 s after the others gave up: aftermath, not a desync."""
+    verdict = triage(read_input(FIXTURES / "lightning_loader_hang_then_sigterm"))
+    assert verdict.verdict == "missing_ranks", verdict.evidence
+    assert verdict.culprit_ranks == [1], verdict.evidence
+    assert verdict.ranks[1].last_phase == "data_wait"
