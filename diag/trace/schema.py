@@ -5,7 +5,7 @@ A trace directory holds one sub-directory per rank, ``rank00007/``, with:
 * ``manifest.json``: who this rank is (host, pid, ranks, device, versions, layout, FLOPs, clock anchor).
 * the tables below, in one of two formats (the loader reads both, even mixed in one directory):
 
-  * **schema version 2** (what capture writes by default; ``benchmarks/synthetic.py --format 2``;
+  * **schema version 2** (what capture writes by default; ``python3 -m diag.testing.synthetic --format 2``;
     diag/trace/columnar.py): each table as numbered
     *segments*, ``steps.000001.arrows``, ``steps.000001.parquet``, ``steps.000002.arrows``, ... A live segment
     (``.arrows``) is an Arrow IPC stream: a schema message whose metadata ``diag-trace`` holds the marker

@@ -183,8 +183,8 @@ def test_each_straggler_says_what_it_costs_the_job_and_what_fixing_it_alone_save
 
 
 def test_stragglers_table_names_the_cost_and_the_saving_alone(tmp_path):
-    from benchmarks.synthetic import Plants, generate
     from diag.analysis.report import analyze
+    from diag.testing.synthetic import Plants, generate
     from diag.trace.loader import load
     from diag.views import render
 

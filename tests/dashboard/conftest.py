@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import sys
 import threading
 from pathlib import Path
 
@@ -22,8 +21,7 @@ logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request woul
 def synthetic_run(tmp_path_factory) -> tuple[Path, dict]:
     """16 ranks x 60 steps from the synthetic generator, with its planted problems (compute straggler,
     data straggler, throttled GPU, memory leak)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from synthetic import generate
+    from diag.testing.synthetic import generate
 
     out = tmp_path_factory.mktemp("synthetic16")
     generate(out, ranks=16, steps=60, collectives_per_step=4)

@@ -208,7 +208,7 @@ def test_kill_between_compaction_and_removal_reads_each_row_once(tmp_path):
 
 
 def test_synthetic_trace_in_v2_loads_the_same_frames_as_in_csv(tmp_path):
-    """benchmarks/synthetic.py --format 2 (the scale benchmarks' traces): the same rows, types and report."""
+    """diag.testing.synthetic --format 2 (the scale benchmarks' traces): the same rows, types and report."""
     from tests.analysis.helpers import synthetic
 
     for trace_format in (1, 2):

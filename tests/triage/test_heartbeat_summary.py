@@ -1,6 +1,6 @@
 """``diag triage`` judges a rank that stalled or ended from its heartbeat's ``groups`` (each process group's
 last collective issued and completed) without reading its tables (diag/triage/summary.py), and reads the
-tables of every rank its heartbeat cannot decide. Here on synthetic hangs (benchmarks/synthetic.py --hang:
+tables of every rank its heartbeat cannot decide. Here on synthetic hangs (diag.testing.synthetic --hang:
 heartbeats as capture writes them); the real gloo jobs are in test_hangs.py
 (test_verdict_from_heartbeats_equals_the_verdict_from_the_tables)."""
 

@@ -1,6 +1,6 @@
 """``diag triage`` on a large trace reads only each rank's last rows of steps and collectives
 (diag/triage/tail.py): the verdict is the one of the whole trace, in both file formats, on a synthetic hang
-(benchmarks/synthetic.py --hang: one rank stuck in its data loader, the others in the next all_reduce) and on
+(diag.testing.synthetic --hang: one rank stuck in its data loader, the others in the next all_reduce) and on
 the bundled hang sample; only the evidence gains a line saying what was not read."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ RANKS, STEPS, PER_STEP = 12, 40, 5
 
 
 def verdict_of(path, rows_per_rank=None, heartbeats=False) -> dict:
-    """The verdict from each rank's last rows (``heartbeats`` False: synthetic.py's heartbeats would otherwise
+    """The verdict from each rank's last rows (``heartbeats`` False: the synthetic generator's heartbeats would otherwise
     decide its hang without a table read, test_heartbeat_summary.py)."""
     return triage(read_diag_trace(path, rows_per_rank, heartbeats=heartbeats)).to_json()
 

@@ -106,7 +106,7 @@ def test_real_job_killed_with_live_streams_of_a_batch_per_flush(job_runs, tmp_pa
 
 
 def test_synthetic_schema_2_in_many_row_groups_with_telemetry(tmp_path, monkeypatch):
-    """benchmarks/synthetic.py writes a rank as one Parquet segment per table; in row groups of 16 rows here, so
+    """diag.testing.synthetic writes a rank as one Parquet segment per table; in row groups of 16 rows here, so
     collectives (4 a step), steps and telemetry samples (timed, windowed by the steps' span) all have many."""
     monkeypatch.setattr(columnar, "ROW_GROUP_ROWS", 16)
     run = tmp_path / "s2"

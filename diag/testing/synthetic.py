@@ -9,7 +9,7 @@ Planted (ranks chosen from the world size, see ``Plants.for_world``): a compute 
 straggler, a throttled GPU (hot, low SM clock, slower compute), a memory leak, and a rank with a few
 transient spikes. Files are formatted by pyarrow, a whole rank at a time, so 1,024 ranks take about a minute.
 
-    python benchmarks/synthetic.py /tmp/synth --ranks 64 --steps 200 [--format 2] [--hang]
+    python3 -m diag.testing.synthetic /tmp/synth --ranks 64 --steps 200 [--format 2] [--hang]
 """
 
 from __future__ import annotations
