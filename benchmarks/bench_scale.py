@@ -44,7 +44,7 @@ from bench_analyze import check_planted  # noqa: E402
 from measured import run_measured  # noqa: E402
 
 from diag.testing import synthetic  # noqa: E402
-from tests.analysis.test_golden_reports import differences  # noqa: E402
+from tests.analysis.golden import differences  # noqa: E402
 
 
 def analyze_run(trace_dir: Path, *args: str):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.analysis.golden import differences
 from tests.analysis.helpers import REPO, analyze_in_subprocess, make_trace
-from tests.analysis.test_golden_reports import differences
 
 pytest.importorskip("distributed")
 

@@ -5,37 +5,20 @@ on a trace directory with nccl.log files."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from diag.analysis.findings import FindingContext
 from diag.analysis.nccl import analyze_nccl, nccl_findings
 from diag.analysis.report import analyze
 from diag.trace.loader import load
 from diag.trace.manifest import Manifest
-from diag.trace.nccl_log import parse_lines, split_processes
+from diag.trace.nccl_log import parse_lines
 from tests.analysis.helpers import make_trace, run_cli
+from tests.analysis.nccl_logs import SOURCES, process_lines
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nccl"
 CTX = FindingContext(step_s=0.1, steps=10, times=None, stragglers=None)
 
 
-def process_lines(fixture: str, host: str, pid: int) -> list[str]:
-    text = "\n".join(line for line in (FIXTURES / fixture).read_text().splitlines() if not line.startswith("## "))
-    return split_processes(text)[(host, pid)]
 
 
-SOURCES = {  # a name -> (fixture, host, pid) of a real process's log
-    "roce_2.18.5": ("roce_2.18.5_nccl-1052.log", "node2", 14159),
-    "roce_nover": ("roce_2.18.5_nccl-1052.log", "node4", 565139),
-    "roce_2.19.3": ("roce_2.19.3_nccl-tests-185.log", "dgxh100-4", 460770),
-    "socket_2.19.3": ("socket_2.19.3_nccl-1267.log", "instance-8g-96c-4", 101707),
-    "shm": ("shm_h800_nccl-1609.log", "tj5-sc-ai-h800r-dev01", 533),
-    "p2p_a": ("ibext_nvls_nccl-1814.log", "hostname-test", 984),
-    "p2p_b": ("ibext_nvls_nccl-1814.log", "hostname-test", 983),
-    "gdr_on": ("ibext_gdr_2.21.5_nccl-tests-252.log", "kolyoz2", 25146),
-    "gdr_off": ("ib_p2p_2node_nccl-1412.log", "swat1-04", 2017630),
-    "two_channels": ("socket_shm_2node_nccl-1232.log", "node2", 22556),
-}
 
 
 def logs_of(*names: str):

@@ -3,7 +3,7 @@ memory: on synthetic runs with planted stragglers, on the bundled sample runs (t
 traces (the loader's notes about skipped and dropped rows included), and when ranks are read again instead of
 held between the passes.
 
-Tolerance: floats equal to 1e-9 relative (tests/analysis/test_golden_reports.differences); sums are added in
+Tolerance: floats equal to 1e-9 relative (tests/analysis/golden.differences); sums are added in
 another order, percentiles are exact (value counts, numpy's own interpolation)."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from diag.analysis.partitioned import (
 )
 from diag.analysis.report import analyze
 from diag.trace.loader import TraceError, load
+from tests.analysis.golden import GOLDEN, PLACEHOLDER, SAMPLE_RUNS, differences
 from tests.analysis.helpers import REPO, analyze_in_subprocess, cli_json, make_trace, run_cli, synthetic
-from tests.analysis.test_golden_reports import GOLDEN, PLACEHOLDER, SAMPLE_RUNS, differences
 
 SYNTHETIC_RANKS = 64
 SYNTHETIC_STEPS = 120

@@ -15,29 +15,7 @@ import pytest
 
 import diag
 from diag._warn import DiagWarning
-
-STEPS = 6
-
-
-def train(trace_dir, **options) -> list[float]:
-    import torch
-
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    diag.init(trace_dir, telemetry=False, watchdog=False, **options)
-    diag.instrument(model, optimizer)
-    losses = []
-    for _ in range(STEPS):
-        with diag.step(samples=16):
-            loss = model(torch.randn(16, 8)).square().mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            diag.record(loss=loss)
-            losses.append(float(loss.detach()))
-    diag.finish()
-    return losses
+from tests.capture.loggers_train import STEPS, train
 
 
 def test_tensorboard_gets_the_step_series(tmp_path):
@@ -59,7 +37,7 @@ def test_tensorboard_gets_the_step_series(tmp_path):
 WANDB_JOB = """
 import json, sys, wandb
 sys.path.insert(0, {repo!r})
-from tests.capture.test_loggers import train
+from tests.capture.loggers_train import train
 run = wandb.init(project="diag-test", dir={wandb_dir!r})
 losses = train({trace_dir!r}, wandb=True)
 wandb.log({{"user_metric": 1.0}})  # the user's own logging goes on beside diag's

@@ -16,7 +16,7 @@ from diag.capture.memory import memory_row
 from diag.metrics.nvml import decode_sample, process_memory, read_sample
 from diag.trace.schema import STEPS
 from diag.trace.writer import RankWriter
-from tests.capture.test_gpu_artifacts import ReplayNvml, read_nvml_fixture
+from tests.capture.helpers import ReplayNvml, read_nvml_fixture
 
 GIB = 2**30
 

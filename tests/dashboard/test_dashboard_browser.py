@@ -15,6 +15,7 @@ from diag.trace.writer import RankWriter
 
 browser_mod = pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e .[test])")
 from tests.dashboard import browser as b  # noqa: E402
+from tests.dashboard.helpers import make_app  # noqa: E402
 
 PAGE_GRAPHS = {
     "/": 4,
@@ -27,16 +28,6 @@ PAGE_GRAPHS = {
 }
 
 
-def make_app(trace_dir: Path, **kwargs):
-    from diag.dashboard.app import create_app
-    from diag.dashboard.data import LiveTrace
-
-    live = LiveTrace(
-        trace_dir, poll_interval_s=kwargs.pop("poll_s", 0.3), stale_after_s=kwargs.pop("stale_after_s", 30.0)
-    )
-    live.refresh()
-    live.wait_for_triage()
-    return create_app(trace_dir, live=live, refresh_ms=kwargs.pop("refresh_ms", 500), **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import pytest
 from diag.dashboard.data import LiveTrace, report_cache_name
 from diag.trace.cache import CACHE_DIR, TraceCache
 from diag.trace.schema import TABLES
+from tests.analysis.golden import differences
 from tests.analysis.helpers import run_cli, synthetic
-from tests.analysis.test_golden_reports import differences
 
 pytestmark = pytest.mark.slow
 RANKS, STEPS, PER_STEP = 72, 12, 4

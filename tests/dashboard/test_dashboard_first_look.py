@@ -17,7 +17,7 @@ from tests.analysis.helpers import make_trace, synthetic
 
 pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e .[test])")
 from tests.dashboard import browser as b  # noqa: E402
-from tests.dashboard.test_dashboard_browser import make_app  # noqa: E402
+from tests.dashboard.helpers import make_app  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler"  # 3 ranks, CPU, not pipelined
 

@@ -8,8 +8,8 @@ import pytest
 from diag.dashboard import data as d
 from diag.dashboard import figures as f
 from tests.analysis.helpers import make_trace
-from tests.analysis.test_nccl_report import SOURCES, process_lines
-from tests.analysis.test_slow_links import layout, links_of
+from tests.analysis.nccl_logs import SOURCES, process_lines
+from tests.analysis.slow_links import layout, links_of
 
 
 def test_communication_page_shows_nccl_view_with_the_odd_rank_first(tmp_path):

@@ -20,7 +20,7 @@ from diag.dashboard.data import (
     rank_options,
 )
 from diag.dashboard.pages import update_memory
-from tests.analysis.test_golden_reports import differences
+from tests.analysis.golden import differences
 
 pytestmark = pytest.mark.slow
 RANKS, STEPS, PER_STEP = 320, 12, 4

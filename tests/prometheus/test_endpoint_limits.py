@@ -16,8 +16,17 @@ from diag._warn import DiagWarning
 from diag.metrics import endpoint
 from diag.metrics.prometheus import MAX_COLLECTIVE_SERIES, MAX_PHASE_NAMES, OTHER_LABEL, start_metrics
 from diag.trace.schema import COLLECTIVES, PHASES
-from tests.prometheus.helpers import free_ports, samples, scrape, values
-from tests.prometheus.test_telemetry_command import STRAGGLER, no_nvml, scrape_when_up, start_agent, stop
+from tests.prometheus.helpers import (
+    STRAGGLER,
+    free_ports,
+    no_nvml,
+    samples,
+    scrape,
+    scrape_when_up,
+    start_agent,
+    stop,
+    values,
+)
 
 # the idle connections come from another loopback address than the scrapers, as a hostile host's would
 IDLE_CLIENT = "127.0.0.2"

@@ -14,7 +14,7 @@ from diag.metrics.nvml import decode_sample
 from diag.metrics.prometheus import PrometheusSink, RankLabels, RowMetrics, new_registry
 from diag.trace.manifest import parse_manifests
 from diag.trace.writer import RankWriter
-from tests.capture.test_gpu_artifacts import ReplayNvml, read_nvml_fixture
+from tests.capture.helpers import ReplayNvml, read_nvml_fixture
 from tests.conftest import requires_gpu
 from tests.prometheus.helpers import free_ports, samples, scrape, value, values
 

@@ -1,8 +1,6 @@
 """``diag telemetry``, the node agent, as a real process: its one line where there is no NVML, and the step,
 collective and memory metrics of a trace directory (the bundled sample run, a real 3-rank gloo job)."""
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,44 +9,26 @@ import pytest
 
 import diag
 from diag.analysis.peaks import lookup_peak_tflops
-from diag.metrics.nvml import open_nvml
-from tests.prometheus.helpers import free_ports, samples, scrape, value, values, wait_until
+from tests.prometheus.helpers import (
+    STRAGGLER,
+    free_ports,
+    no_nvml,
+    samples,
+    scrape_when_up,
+    start_agent,
+    stop,
+    value,
+    values,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-STRAGGLER = REPO / "sample_traces" / "straggler"
 H100_RUN = REPO / "sample_traces" / "straggler-h100"
-no_nvml = pytest.mark.skipif(open_nvml()[0] is not None, reason="this machine has NVML: the agent samples its GPUs")
 
 
-def start_agent(*args):
-    return subprocess.Popen(
-        [sys.executable, "-m", "diag", "telemetry", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
 
 
-def scrape_when_up(agent, port, ready):
-    """Scrape until ``ready(text)``: the agent serves at once and reads the trace directory just after."""
-
-    def attempt():
-        assert agent.poll() is None, agent.communicate()[1]
-        try:
-            text = scrape(port, timeout_s=2)
-        except OSError:
-            return None
-        return text if ready(text) else None
-
-    return wait_until(attempt, 30, "the agent's metrics", interval_s=0.1)
 
 
-def stop(agent) -> str:
-    agent.send_signal(signal.SIGTERM)
-    _, stderr = agent.communicate(timeout=10)
-    assert agent.returncode == 0, stderr
-    return stderr
 
 
 @no_nvml

@@ -16,9 +16,9 @@ from diag.trace.columnar import PARQUET_SUFFIX, StreamSegmentWriter, arrow_schem
 from diag.trace.loader import TraceReader, load
 from diag.trace.schema import STEPS, TELEMETRY, segment_name
 from diag.trace.writer import RankWriter
-from tests.analysis.test_golden_reports import GOLDEN, REPO, SAMPLE_RUNS, differences, report_json
+from tests.analysis.golden import GOLDEN, REPO, SAMPLE_RUNS, differences, report_json
 from tests.reliability.corpus import _to_columnar
-from tests.trace.test_loader import step_row as loader_step_row
+from tests.trace.helpers import step_row as loader_step_row
 
 
 def step_row(step: int, loss=None) -> tuple:

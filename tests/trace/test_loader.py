@@ -7,21 +7,7 @@ import pytest
 from diag.trace.loader import TraceError, TraceReader, load
 from diag.trace.schema import COLLECTIVES, STEPS
 from diag.trace.writer import RankWriter
-
-
-def step_row(step: int, loss=None, first_start_us: int = 1_000_000) -> tuple:
-    return STEPS.row(
-        step=step,
-        start_us=first_start_us + step * 20_000,
-        duration_us=20_000,
-        data_wait_us=10,
-        forward_us=5_000,
-        backward_us=9_000,
-        optimizer_us=1_000,
-        comm_wait_us=2_000,
-        samples=32,
-        loss=loss,
-    )
+from tests.trace.helpers import step_row
 
 
 def write_rank(

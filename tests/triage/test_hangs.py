@@ -280,7 +280,7 @@ def test_verdict_from_heartbeats_equals_the_verdict_from_the_tables(runs, scenar
 def test_worker_processes_read_the_same_as_one_process(runs, scenario, tmp_path):
     """A large trace's ranks are read by worker processes (diag/triage/workers.py): asked for here on each real job
     (3 ranks, two workers), new and old (heartbeats without groups), the read equals one process's."""
-    from tests.triage.test_workers import assert_same_read
+    from tests.triage.helpers import assert_same_read
 
     trace, _ = runs(scenario)
     assert_same_read(trace, 2)

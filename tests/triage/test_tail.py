@@ -18,7 +18,7 @@ from diag.triage.analysis import triage
 from diag.triage.sources import read_diag_trace, tail_rows
 from tests.analysis.helpers import synthetic
 from tests.conftest import REPO
-from tests.trace.test_loader import step_row
+from tests.trace.helpers import step_row
 
 RANKS, STEPS, PER_STEP = 12, 40, 5
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from diag.cli import main
-from tests.analysis.test_nccl_report import SOURCES, process_lines
+from tests.analysis.nccl_logs import SOURCES, process_lines
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "hang"
 

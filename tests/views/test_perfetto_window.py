@@ -18,7 +18,7 @@ from diag.trace.schema import TABLES
 from diag.views.perfetto import EXPORT_TABLES, write_chrome_trace, write_chrome_trace_dir
 from tests.analysis.helpers import synthetic
 from tests.conftest import REPO
-from tests.views.test_perfetto import assert_honest_timeline
+from tests.views.helpers import assert_honest_timeline
 
 JOB = REPO / "tests" / "views" / "export_job.py"
 JOB_STEPS = 40
