@@ -42,7 +42,7 @@ much uncompacted.
 
 Version 2 became the default once its last open questions were answered. A real 4-rank job SIGTERMed a
 second after it started lost ranks' exit records (the watchdog's SIGTERM handler did not wait for the other
-thread writing them; fixed). tests/prometheus/test_rank_metrics.py failed 7 of 12 runs: pyarrow imports pandas
+thread writing them; fixed). tests/integration/prometheus/test_rank_metrics.py failed 7 of 12 runs: pyarrow imports pandas
 the first time it converts Python values, and that happened on the writer thread's first flush, ~0.4 s holding
 the GIL mid-training; it is now done at ``diag.init`` (``columnar.warm_up``: init ~0.25 s longer, the first
 flush ~0.4 s shorter), and the test no longer races the Flight Recorder follower. What each format costs to

@@ -76,7 +76,7 @@ def _segments_on_dev_full(monkeypatch) -> None:
 
 def test_full_disk_warns_once_and_training_is_unchanged(tmp_path, monkeypatch):
     """Segments on /dev/full (every write ENOSPC). A real full disk, in both trace formats, is a small tmpfs
-    in tests/capture/test_integrity.py (a link to /dev/full planted at a CSV table's name is now refused)."""
+    in tests/integration/capture/test_integrity.py (a link to /dev/full planted at a CSV table's name is now refused)."""
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
     expected = reference_losses()

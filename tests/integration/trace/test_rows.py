@@ -12,7 +12,7 @@ def test_rows_resolved_before_a_timed_flush_are_written_by_the_writer_thread(tmp
     """GPU spans' rows wait on CUDA events (diag/capture/device_timer.py); the writer's thread resolves them
     before each timed flush, so they are written even when the training thread stops appending. Here the
     hook appends a row itself (no CUDA on this machine: the real DeviceTimer path runs in
-    tests/prometheus/test_gpu_metrics.py on a GPU)."""
+    tests/integration/prometheus/test_gpu_metrics.py on a GPU)."""
     import threading
     import time
 

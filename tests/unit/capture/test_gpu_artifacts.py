@@ -1,7 +1,7 @@
 """Decoding of real GPU artifacts recorded on an H100 (../shared/fixtures/gpu-h100): NVML readings, CUDA
 allocator statistics and a real CUDA OOM. NVML cannot exist on a machine without an NVIDIA GPU, so the
 sampler thread is driven by a stand-in that replays the recorded readings; the real path runs in
-tests/capture/test_gpu.py where a GPU is present."""
+tests/integration/capture/test_gpu.py where a GPU is present."""
 
 import json
 import warnings

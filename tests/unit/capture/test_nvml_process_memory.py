@@ -1,7 +1,7 @@
 """Memory PyTorch does not see: NVML's per-process memory (nvmlDeviceGetComputeRunningProcesses) read and decoded,
 and set against the allocator's reserved bytes. NVML cannot exist without an NVIDIA GPU and the recorded H100
 readings predate the process list, so pynvml's process records are stood in for here (SimpleNamespace with
-pynvml's field names, ``pid`` and ``usedGpuMemory``); the real path runs in tests/capture/test_gpu.py on a GPU."""
+pynvml's field names, ``pid`` and ``usedGpuMemory``); the real path runs in tests/integration/capture/test_gpu.py on a GPU."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`diag samples` lists and copies the sample runs, `diag docs` prints the pages the help points to (here from
-the checkout; tests/packaging/test_plain_install.py checks the same from a wheel)."""
+the checkout; tests/integration/packaging/test_plain_install.py checks the same from a wheel)."""
 
 from __future__ import annotations
 
