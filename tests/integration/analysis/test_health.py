@@ -11,7 +11,7 @@ import pytest
 from diag.launch import run_ranks
 from tests.analysis.helpers import cli_json
 
-JOB = Path(__file__).resolve().parents[3] / "analysis" / "health_job.py"
+JOB = Path(__file__).resolve().parents[2] / "analysis" / "health_job.py"
 WORLD, STEPS, PLANT_RANK, PLANT_STEP = 3, 30, 1, 17
 HEALTH_KINDS = ("nonfinite", "replica_divergence", "loss_spike", "rank_departs")
 

@@ -11,7 +11,7 @@ import pytest
 from diag.launch import run_ranks
 from tests.analysis.helpers import cli_json, run_cli
 
-JOB = Path(__file__).resolve().parents[3] / "analysis" / "slow_link_job.py"
+JOB = Path(__file__).resolve().parents[2] / "analysis" / "slow_link_job.py"
 WORLD, STEPS, SLOW_RANK, DELAY_MS = 4, 10, 3, 40.0
 
 

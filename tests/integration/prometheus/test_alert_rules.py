@@ -14,8 +14,8 @@ from tests.conftest import REPO
 from tests.prometheus.helpers import free_ports, samples, scrape, values, wait_until
 
 RULES = REPO / "dashboards" / "alerts.yml"
-RULE_TESTS = Path(__file__).resolve().parents[3] / "prometheus" / "alerts_test.yml"
-HANG_JOB = Path(__file__).resolve().parents[3] / "prometheus" / "hang_metrics_job.py"
+RULE_TESTS = Path(__file__).resolve().parents[2] / "prometheus" / "alerts_test.yml"
+HANG_JOB = Path(__file__).resolve().parents[2] / "prometheus" / "hang_metrics_job.py"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool not installed (Debian's prometheus package; .ci/run installs it)"

@@ -15,7 +15,7 @@ import pytest
 from diag import readiness
 from diag.launch import run_ranks
 
-JOB = Path(__file__).resolve().parents[3] / "readiness" / "readiness_job.py"
+JOB = Path(__file__).resolve().parents[2] / "readiness" / "readiness_job.py"
 SAMPLES = Path(__file__).resolve().parents[3] / "sample_traces"
 
 

@@ -24,9 +24,9 @@ from diag.trace.records import Heartbeat
 from tests.triage.jobs import diag_triage_json
 
 pytestmark = pytest.mark.slow
-CAUGHT_JOB = Path(__file__).resolve().parents[3] / "triage" / "caught_job.py"
-LIGHTNING_JOB = Path(__file__).resolve().parents[3] / "triage" / "lightning_caught_job.py"
-HF_JOB = Path(__file__).resolve().parents[3] / "triage" / "hf_caught_job.py"
+CAUGHT_JOB = Path(__file__).resolve().parents[2] / "triage" / "caught_job.py"
+LIGHTNING_JOB = Path(__file__).resolve().parents[2] / "triage" / "lightning_caught_job.py"
+HF_JOB = Path(__file__).resolve().parents[2] / "triage" / "hf_caught_job.py"
 FRAMEWORK_JOBS = {"lightning": LIGHTNING_JOB, "hf": HF_JOB}  # jobs that take only the trace directory
 PG_TIMEOUT_S = 4
 STOPPED_FOR_S = PG_TIMEOUT_S + 5  # a SIGSTOPped rank is continued this long after it stopped: after the timeout

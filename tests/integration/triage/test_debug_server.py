@@ -16,7 +16,7 @@ import pytest
 from diag.launch import free_port, start_ranks
 from diag.triage.debug_server import STACKS_RE, parse_stacks
 
-JOB = Path(__file__).resolve().parents[3] / "triage" / "debug_server_job.py"
+JOB = Path(__file__).resolve().parents[2] / "triage" / "debug_server_job.py"
 
 
 def _stacks(dump_dir: Path) -> list[Path]:

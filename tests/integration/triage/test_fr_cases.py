@@ -18,7 +18,7 @@ from diag.triage.analysis import triage
 from diag.triage.sources import read_fr_dir
 from tests.triage.fr_cases import FIXTURES
 
-FR_JOB = Path(__file__).resolve().parents[3] / "triage" / "fr_job.py"
+FR_JOB = Path(__file__).resolve().parents[2] / "triage" / "fr_job.py"
 
 
 def _run_fr_job(scenario: str, out_dir: Path, timeout_s: float = 240) -> None:

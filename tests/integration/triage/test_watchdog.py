@@ -16,7 +16,7 @@ from diag.launch import start_ranks
 from tests.triage.jobs import _end_all
 
 pytestmark = pytest.mark.slow  # real processes, a few seconds each
-JOB = Path(__file__).resolve().parents[3] / "triage" / "watchdog_job.py"
+JOB = Path(__file__).resolve().parents[2] / "triage" / "watchdog_job.py"
 SINGLE_ENV = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
 
 

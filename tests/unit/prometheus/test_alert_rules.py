@@ -12,7 +12,7 @@ from diag.metrics.prometheus import exported_sample_names
 from tests.conftest import REPO
 
 RULES = REPO / "dashboards" / "alerts.yml"
-RULE_TESTS = Path(__file__).resolve().parents[3] / "prometheus" / "alerts_test.yml"
+RULE_TESTS = Path(__file__).resolve().parents[2] / "prometheus" / "alerts_test.yml"
 
 
 def _names_in(text: str) -> set[str]:
