@@ -104,4 +104,3 @@ def stop(agent) -> str:
     _, stderr = agent.communicate(timeout=10)
     assert agent.returncode == 0, stderr
     return stderr
-

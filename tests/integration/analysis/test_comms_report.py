@@ -47,5 +47,3 @@ def test_waiting_shares_stay_within_the_step(bucketed_job):
     # rank 0 waits for rank 1's 40 ms in every ~52 ms step: most of its time, counted once per step
     assert 50 < shares[0]["wait_share_pct"] < 100
     assert shares[1]["wait_share_pct"] < 10
-
-

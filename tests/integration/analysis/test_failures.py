@@ -57,5 +57,3 @@ def test_text_report_names_the_crash(crashed_run):
     assert result.exit_code == 0, result.output
     assert "1. [high] Rank 1 crashed in step 2: RuntimeError" in result.stdout
     assert "steps in which a rank raised were left out" in result.stdout
-
-

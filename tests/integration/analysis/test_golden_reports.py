@@ -32,5 +32,3 @@ def test_single_gpu_profiler_trace_report_equals_golden(tmp_path, gpu_fixtures):
     expected = json.loads((GOLDEN / "kineto-h100.report.json").read_text())
     found = differences(expected, report_json(kineto_dir(tmp_path, gpu_fixtures)))
     assert not found, "differences from tests/golden/kineto-h100.report.json:\n" + "\n".join(found[:20])
-
-

@@ -63,5 +63,3 @@ def test_a_replica_that_drifts_is_named_at_the_step_it_drifted(tmp_path, plant):
     assert sorted(divergence["majority"]) == sorted(set(range(WORLD)) - {PLANT_RANK})
     finding = health_findings(report)["replica_divergence"]
     assert finding["severity"] == "high" and finding["ranks"] == [PLANT_RANK]
-
-

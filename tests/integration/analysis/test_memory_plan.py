@@ -21,5 +21,3 @@ def test_memory_plan_never_imports_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env={**os.environ}, check=True
     )
     assert out.stdout.strip() == "False"
-
-

@@ -315,3 +315,26 @@ def test_unreadable_partitions_at_scale_are_skipped_and_named(tmp_path, monkeypa
     assert differences(in_memory(tmp_path), new) == []
     assert len(new["telemetry"]["per_gpu"]) == 95  # every rank's GPU but the one whose telemetry is unreadable
     assert plants.compute_straggler in {s["rank"] for s in new["stragglers"]}
+
+
+def test_a_rank_directory_missing_where_it_is_read_is_named(planted):
+    """A rank's directory gone between the load and the reduction (on a cluster: a worker that does not see the
+    trace directory) is named in run.skipped, not silently left out: on threads and in worker processes."""
+    path, _ = planted
+    engines = {"threads": LocalEngine(), "processes": ProcessEngine(2)}
+    traces = {name: load_without_collectives(path) for name in engines}
+    gone = path / "rank00003"
+    hidden = path.parent / "hidden-rank00003"
+    gone.rename(hidden)
+    try:
+        reports = {
+            name: analyze(traces[name], reduce_collectives=collectives_reducer(traces[name], engine)).to_dict()
+            for name, engine in engines.items()
+        }
+    finally:
+        hidden.rename(gone)
+    for report in reports.values():
+        notes = [s for s in report["run"]["skipped"] if s["path"] == str(gone)]
+        assert notes and "filesystem every Dask worker sees" in notes[0]["reason"]
+        assert report["comms"]["per_rank"]  # the other ranks are analysed
+    assert differences(reports["threads"], reports["processes"]) == []

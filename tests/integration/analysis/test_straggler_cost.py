@@ -36,5 +36,3 @@ def test_straggler_cost_matches_the_measured_slowdown(tmp_path, world):
     # its slowdown is its work against the others' (10 ms of sleep + a tiny model), not against the average
     assert persistent[0]["slowdown"] > 2.0
     assert not findings_of(baseline, "straggler") and not [s for s in baseline["stragglers"] if s["persistent"]]
-
-

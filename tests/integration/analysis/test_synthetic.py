@@ -30,5 +30,3 @@ def test_analyze_command_never_imports_torch(planted):
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env={**os.environ}, check=True
     )
     assert out.stdout.strip() == "False"
-
-

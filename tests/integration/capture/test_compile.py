@@ -62,3 +62,23 @@ def test_ddp_job_under_compile_has_no_graph_break_from_diag(tmp_path, case):
 
     assert counts_of(True) == counts_of(False)
     _assert_steps_recorded(tmp_path / "diag", ("forward", "backward", "optimizer"), ranks=(0, 1))
+
+
+TIMED_PHASES = {
+    "compile_then_instrument": ("forward", "backward", "optimizer"),
+    "instrument_then_compile": ("forward", "backward", "optimizer"),
+    "module_compile": ("forward", "backward", "optimizer"),
+    "per_block": ("forward", "backward", "optimizer"),
+    "compiled_optimizer_step": ("forward", "backward"),
+    "compiled_autograd": ("forward", "backward", "optimizer"),
+    "compiled_train_step": ("backward",),
+}
+
+
+@pytest.mark.parametrize("case", compile_job.CASES)
+def test_diag_adds_no_graph_break_or_recompilation_under_compile(tmp_path, case):
+    plain = compile_job.run_case(case, False, str(tmp_path / "plain"), STEPS)
+    instrumented = compile_job.run_case(case, True, str(tmp_path / "diag"), STEPS)
+    assert _counts(instrumented) == _counts(plain), (plain, instrumented)
+    assert not any("perf_counter" in reason for reason in instrumented["graph_break_reasons"])
+    _assert_steps_recorded(tmp_path / "diag", TIMED_PHASES[case])

@@ -25,5 +25,3 @@ def test_sampler_thread_writes_recorded_readings(tmp_path, gpu_fixtures):
     telemetry = diag.load(tmp_path).telemetry
     assert len(telemetry) >= 5 and (telemetry["gpu"] == 3).all()
     assert telemetry["power_w"].tolist()[:5] == pytest.approx([s["power_mw"] / 1000 for s in samples[:5]])
-
-

@@ -75,5 +75,3 @@ def test_wandb_offline_run_gets_the_step_series_against_diag_step(tmp_path):
     assert [r["diag/loss"] for r in rows] == pytest.approx(losses, rel=1e-6)
     assert all(r["diag/samples_per_s"] > 0 for r in rows)
     assert any("user_metric" in r for r in wandb_history(run_file))
-
-

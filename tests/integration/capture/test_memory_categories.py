@@ -176,3 +176,32 @@ def test_cpu_oom_report_names_what_the_rank_held_and_how_it_differs(tmp_path):
     assert any(line.startswith("Memory plan (2 GPUs, dp=2, no ZeRO), predicted / measured") for line in summary)
 
 
+WORLD, STEPS = 2, 6
+
+
+def test_a_model_shape_given_to_init_gives_the_report_its_activation_prediction(tmp_path):
+    import torch
+
+    shape = {"micro_batch": 2, "seq_len": 16, "hidden": 32, "layers": 2, "heads": 4}
+    with pytest.raises(ValueError, match="model_shape"):
+        diag.init(tmp_path / "bad", model_shape={**shape, "hidden": 0})
+    with pytest.raises(ValueError, match="unknown keys"):
+        diag.init(tmp_path / "bad", model_shape={"hiden": 32})
+    model = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    diag.init(tmp_path, telemetry=False, watchdog=False, model_shape=shape)
+    diag.instrument(model, optimizer)
+    for _ in range(3):
+        with diag.step():
+            model(torch.randn(2, 16, 32)).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    diag.finish()
+    trace = diag.load(tmp_path)
+    assert trace.manifests[0].model_shape.hidden == 32
+    rows = {r.category: r for r in analyze(trace).memory.plan.rows}
+    sbh = 16 * 2 * 32
+    assert rows["activation_bytes"].predicted_bytes == pytest.approx(2 * sbh * (34 + 5 * 4 * 16 / 32))
+    assert rows["activation_bytes"].measured_bytes is None  # no CUDA allocator on this run
+    params = sum(p.numel() for p in model.parameters())
+    assert rows["param_bytes"].predicted_bytes == rows["param_bytes"].measured_bytes == 4 * params

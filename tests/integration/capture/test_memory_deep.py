@@ -70,5 +70,3 @@ def test_ddp_job_names_the_module_whose_activations_hold_each_ranks_peak(tmp_pat
         )["memory"]["deep"][0]["top_modules"][0]["module"]
         == ACT
     )
-
-

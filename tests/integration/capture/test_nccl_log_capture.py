@@ -27,5 +27,3 @@ def test_real_nccl_log_on_one_gpu_is_captured_and_parsed(tmp_path, monkeypatch):
     assert log.version == trace.manifest(0).nccl_version
     assert log.cuda_driver and log.lines_used > 0 and log.lines_skipped == 0
     assert any(comm.nranks == 1 and comm.rank == 0 for comm in log.comms)
-
-

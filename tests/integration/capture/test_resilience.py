@@ -149,5 +149,3 @@ def test_sigkill_loses_at_most_about_a_second(tmp_path, trace_format):
     assert trace.steps["step"].tolist() == list(range(last_recorded + 1))  # nothing torn or out of order
     lost_s = killed_at - float(printed[last_recorded][1])
     assert last_recorded <= last_printed and lost_s <= 1.0 + 0.2
-
-

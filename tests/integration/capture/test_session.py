@@ -47,5 +47,3 @@ def test_rank_identity_from_launcher_environment(monkeypatch, env, expected):
         identity.local_world_size,
         identity.launcher,
     ) == expected
-
-

@@ -55,5 +55,3 @@ def test_help_imports_neither_torch_nor_dash(command):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
-
-

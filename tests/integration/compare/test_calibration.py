@@ -56,5 +56,3 @@ def test_a_planted_regression_with_a_burner_beside_the_faster_run_reads_regressi
     print("planted regression, burner beside the base:", data["summary"])
     assert data["step_time"]["machine"] is not None
     assert data["verdict"] == "regression", data["summary"]
-
-

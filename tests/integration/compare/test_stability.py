@@ -68,5 +68,3 @@ def test_stability_in_text_markdown_and_html(runs, tmp_path):
     data = compare_json(runs / "none", runs / "spike", extra=("--no-cache",))
     for run in data["runs"]:
         assert len(run["loss_steps"]) == STEPS and json.dumps(run["loss"][PLANT_STEP])[:8] in html
-
-

@@ -37,5 +37,3 @@ def test_compare_never_imports_torch_or_dash(synthetic_runs, tmp_path):
     assert result.stdout.split() == ["False", "False"]
     page = out.read_text()
     assert page.count("plotly-graph-div") == 3 and "Scaling" in page
-
-

@@ -28,8 +28,6 @@ PAGE_GRAPHS = {
 }
 
 
-
-
 @pytest.fixture(scope="module")
 def synthetic_page(synthetic_run, browser):
     """One server over the synthetic run for the read-only page tests of this module."""

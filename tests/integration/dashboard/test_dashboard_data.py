@@ -125,5 +125,3 @@ def test_slow_analysis_publishes_less_often_but_loses_no_rows(tmp_path):
     live.prepare = None
     assert live.refresh()
     assert live.snapshot.trace.steps["step"].tolist() == list(range(7))
-
-

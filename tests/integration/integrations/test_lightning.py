@@ -1,7 +1,6 @@
 """DiagCallback in real Lightning fits: a 2-rank DDP job (ranks started with torchrun's variables) with
 gradient accumulation, and single-process fits in this process."""
 
-
 import pytest
 
 pytest.importorskip("lightning")
@@ -74,5 +73,3 @@ def test_ddp_manifest_and_analyze(ddp_run):
     assert len({m.run_id for m in trace.manifests.values()}) == 1
     run = analyze_json(trace_dir)["run"]
     assert run["world_size"] == WORLD and run["ranks_found"] == [0, 1] and run["steps"] == STEPS
-
-

@@ -70,5 +70,3 @@ def test_a_real_hang_is_served_as_hang_metrics(tmp_path):
     (idle,) = [s for s in samples(rank1) if s.name == "diag_hang_stalled_seconds"]
     assert idle.labels["op"] == "" and idle.labels["rank"] == "1" and idle.value > 1.0  # stuck in its step
     assert values(rank0, "diag_heartbeat_timestamp_seconds")
-
-

@@ -7,16 +7,20 @@ import contextlib
 import socket
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
+from diag._warn import DiagWarning
 from diag.metrics import endpoint
-from diag.metrics.prometheus import start_metrics
+from diag.metrics.prometheus import MAX_COLLECTIVE_SERIES, MAX_PHASE_NAMES, OTHER_LABEL, start_metrics
+from diag.trace.schema import COLLECTIVES, PHASES
 from tests.prometheus.helpers import (
     STRAGGLER,
     free_ports,
     no_nvml,
+    samples,
     scrape,
     scrape_when_up,
     start_agent,
@@ -125,3 +129,56 @@ def _loopback_alias():
             probe.bind((IDLE_CLIENT, 0))
     except OSError as exc:
         pytest.skip(f"cannot bind {IDLE_CLIENT} here ({exc}): the idle client needs its own address")
+
+
+def test_rank_endpoint_answers_scrapes_beside_800_half_open_connections():
+    sink = _rank_endpoint()
+    threads_before = threading.active_count()
+    try:
+        with _idle_connections(sink.port, 800):
+            slowest = _scrapers_all_answered(sink.port)
+            assert max(slowest) < SCRAPE_WITHIN_S
+            # a thread per connection held: the idle client's bound, and scrapes still finishing
+            assert threading.active_count() - threads_before <= endpoint.MAX_CONNECTIONS_PER_CLIENT + 8
+    finally:
+        sink.close()
+
+
+def test_idle_connection_is_closed_after_the_idle_timeout():
+    sink = _rank_endpoint()
+    try:
+        with _idle_connections(sink.port, 1) as (conn,):
+            conn.settimeout(endpoint.IDLE_TIMEOUT_S + 5)
+            started = time.monotonic()
+            assert conn.recv(1024) == b""  # closed by the server, not by the test's timeout
+            assert time.monotonic() - started < endpoint.IDLE_TIMEOUT_S + 3
+    finally:
+        sink.close()
+
+
+def test_phase_and_collective_names_are_capped_with_an_other_series():
+    sink = _rank_endpoint()
+    names = 5_000
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sink.observe("phases", [PHASES.row(step=0, name=f"p{i}", start_us=1, duration_us=10) for i in range(names)])
+            sink.observe(
+                "collectives",
+                [
+                    COLLECTIVES.row(step=0, pg=f"g{i}", seq=1, op="all_reduce", bytes=8, dtype="float32", start_us=1)
+                    for i in range(names)
+                ],
+            )
+        said = [str(w.message) for w in caught if issubclass(w.category, DiagWarning)]
+        assert len(said) == 2 and all(OTHER_LABEL in s for s in said)
+        started = time.monotonic()
+        text = scrape(sink.port)
+        assert time.monotonic() - started < SCRAPE_WITHIN_S
+        phases = {s.labels["phase"]: s.value for s in samples(text) if s.name == "diag_phases_total"}
+        assert len(phases) == MAX_PHASE_NAMES + 1 and sum(phases.values()) == names
+        assert phases[OTHER_LABEL] == names - MAX_PHASE_NAMES
+        pairs = values(text, "diag_collectives_total")
+        assert len(pairs) == MAX_COLLECTIVE_SERIES + 1 and sum(pairs) == names
+    finally:
+        sink.close()

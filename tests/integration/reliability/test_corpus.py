@@ -137,5 +137,3 @@ def test_corpus_sample(name, tmp_path):
 @pytest.mark.parametrize("name", [n for n in build_cases() if n not in SAMPLED])
 def test_corpus_exhaustive(name, tmp_path):
     _check(name, _run(name, tmp_path))
-
-

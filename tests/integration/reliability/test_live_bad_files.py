@@ -68,5 +68,3 @@ def _to_columnar_rank(rank_dir: Path) -> None:
     arrow = read_table_arrow(rank_dir / "steps.csv", TABLES["steps"]).table
     (rank_dir / "steps.csv").unlink()
     write_parquet(TABLES["steps"], arrow, rank_dir / segment_name("steps", 1, PARQUET_SUFFIX))
-
-

@@ -6,11 +6,17 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
+from diag.trace.columnar import PARQUET_SUFFIX, StreamSegmentWriter, arrow_schema, write_parquet
+from diag.trace.loader import load
+from diag.trace.schema import STEPS, segment_name
 from tests.analysis.golden import GOLDEN, REPO, SAMPLE_RUNS, differences, report_json
 from tests.reliability.corpus import _to_columnar
+from tests.trace.helpers import step_row as loader_step_row
 
 
 @pytest.mark.parametrize("run", SAMPLE_RUNS)
@@ -48,3 +54,35 @@ def test_first_v2_flush_imports_nothing(tmp_path):
     assert out.stdout.strip() == "[]"
 
 
+def step_row(step: int, loss=None) -> tuple:
+    return loader_step_row(step, loss=loss, first_start_us=1_795_000_000_000_000)  # a real epoch time
+
+
+def rank_dir(tmp_path: Path, rank: int = 0) -> Path:
+    """A rank directory with its manifest, as diag.init leaves it."""
+    path = tmp_path / f"rank{rank:05d}"
+    path.mkdir(parents=True, exist_ok=True)
+    manifest = {"rank": rank, "world_size": 2 if rank else 1, "run_id": "r", "schema_version": 2}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    return path
+
+
+def test_segment_claiming_more_rows_than_its_bytes_hold_is_refused_before_decoding(tmp_path):
+    """42 million constant rows are 2.6 MB of Parquet and gigabytes once read: refused from the file's
+    metadata, with the reason; rank 1's rows are still read."""
+    path = rank_dir(tmp_path)
+    rows = 3_000_000
+    schema = arrow_schema(STEPS)
+    columns = [
+        pa.repeat(pa.scalar(1, field.type), rows) if pa.types.is_integer(field.type) else pa.nulls(rows, field.type)
+        for field in schema
+    ]
+    write_parquet(STEPS, pa.Table.from_arrays(columns, schema=schema), path / segment_name("steps", 1, PARQUET_SUFFIX))
+    assert (path / segment_name("steps", 1, PARQUET_SUFFIX)).stat().st_size < rows
+    other = rank_dir(tmp_path, 1)
+    segments = StreamSegmentWriter(other, STEPS)
+    segments.append([step_row(0), step_row(1)])
+    segments.close()
+    trace = load(tmp_path)
+    assert trace.steps["rank"].tolist() == [1, 1]
+    assert any("rows in" in s.reason and "more than a trace segment holds" in s.reason for s in trace.skipped)

@@ -63,5 +63,3 @@ def test_a_failing_pre_flush_hook_warns_once_and_the_writer_keeps_flushing(tmp_p
     assert len(calls) == 1
     assert len([w for w in caught if issubclass(w.category, DiagWarning)]) == 1
     assert diag.load(tmp_path).steps["step"].tolist() == [3]
-
-

@@ -82,5 +82,3 @@ def test_real_debug_server_dumps_name_the_missing_rank_and_where_it_sleeps(tmp_p
     assert verdict["ranks"]["0"]["state"] == "waiting_in_collective"
     assert partial is not None, [p.name for p in _stacks(dump_dir)]
     assert any(partial.name in e and "lacks ranks [2]" in e for e in verdict["evidence"]), verdict["evidence"]
-
-

@@ -15,8 +15,9 @@ import pytest
 
 from diag.launch import start_ranks
 from diag.triage.analysis import triage
+from diag.triage.flight_recorder import load_dump
 from diag.triage.sources import read_fr_dir
-from tests.triage.fr_cases import FIXTURES
+from tests.triage.fr_cases import FIXTURES, gloo_cases
 
 FR_JOB = Path(__file__).resolve().parents[2] / "triage" / "fr_job.py"
 
@@ -57,3 +58,23 @@ def test_triage_command_reads_gloo_dumps_without_torch(tmp_path):
     assert result.stdout.startswith("HANG: rank 2 never reached a collective the others are waiting in")
 
 
+def _judge(case, tmp_path: Path):
+    case.write(tmp_path)
+    return triage(read_fr_dir(tmp_path))
+
+
+def test_real_gloo_hang_gets_one_verdict_on_every_run(tmp_path):
+    """Runs of one job whose dumps differ in how far gloo's last_completed_collective lags the entries (some
+    read seq 8 where the entries reach 9): one verdict, one culprit."""
+    lags = set()
+    answers = set()
+    for case in gloo_cases():
+        directory = tmp_path / case.name.replace(" ", "_").replace(":", "").replace("(", "").replace(")", "")
+        directory.mkdir()
+        verdict = _judge(case, directory)
+        answers.add((case.name.rsplit("_", 1)[0], verdict.verdict, tuple(verdict.culprit_ranks)))
+        for dump in (load_dump(p) for p in directory.iterdir()):
+            top = max((e.seq for e in dump.entries if e.pg == "0"), default=-1)
+            lags.add(top - dump.last_completed_seq.get("0", top))
+    assert len(answers) == 3, answers  # missing_rank, subgroup_chain, rooted: one answer each
+    assert max(lags) >= 1  # the fixtures hold the lag that made the verdict flip

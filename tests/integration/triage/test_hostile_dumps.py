@@ -38,5 +38,3 @@ def test_fifo_and_device_in_a_trace_do_not_hang_triage(tmp_path):
     )
     assert "Traceback" not in result.stderr, result.stderr
     assert "not a regular file" in result.stdout + result.stderr
-
-

@@ -99,5 +99,3 @@ def test_real_job_killed_with_live_streams_of_a_batch_per_flush(job_runs, tmp_pa
     assert_pruned(run, 0, "steps", 30, 32)  # batches of the live stream
     assert_pruned(run, 0, "steps", 5, 8)  # row groups of the compacted segment, the stream's batches skipped
     assert_same_export(run, tmp_path)
-
-

@@ -17,10 +17,6 @@ from tests.analysis.nccl_logs import SOURCES, process_lines
 CTX = FindingContext(step_s=0.1, steps=10, times=None, stragglers=None)
 
 
-
-
-
-
 def logs_of(*names: str):
     return {rank: parse_lines(process_lines(*SOURCES[name])) for rank, name in enumerate(names)}
 

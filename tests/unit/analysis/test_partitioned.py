@@ -16,25 +16,8 @@ import pytest
 
 from diag.analysis import partitioned as partitioned_module
 from diag.analysis.comms import ValueCounts
-from diag.analysis.partitioned import (
-    LocalEngine,
-    ProcessEngine,
-    collectives_reducer,
-    load_without_collectives,
-)
-from diag.analysis.report import analyze
 from tests.analysis.golden import differences
 from tests.analysis.helpers import REPO, cli_json, make_trace, run_cli
-
-SYNTHETIC_RANKS = 64
-SYNTHETIC_STEPS = 120
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    path = tmp_path_factory.mktemp("partitioned")
-    plants = make_trace(path, ranks=SYNTHETIC_RANKS, steps=SYNTHETIC_STEPS)
-    return path, plants
 
 
 def test_value_counts_percentiles_are_numpys():
@@ -147,29 +130,6 @@ def test_a_trace_of_collectives_only_is_analysed_on_both_paths(tmp_path):
     assert differences(old, new) == []
 
 
-def test_a_rank_directory_missing_where_it_is_read_is_named(planted):
-    """A rank's directory gone between the load and the reduction (on a cluster: a worker that does not see the
-    trace directory) is named in run.skipped, not silently left out: on threads and in worker processes."""
-    path, _ = planted
-    engines = {"threads": LocalEngine(), "processes": ProcessEngine(2)}
-    traces = {name: load_without_collectives(path) for name in engines}
-    gone = path / "rank00003"
-    hidden = path.parent / "hidden-rank00003"
-    gone.rename(hidden)
-    try:
-        reports = {
-            name: analyze(traces[name], reduce_collectives=collectives_reducer(traces[name], engine)).to_dict()
-            for name, engine in engines.items()
-        }
-    finally:
-        hidden.rename(gone)
-    for report in reports.values():
-        notes = [s for s in report["run"]["skipped"] if s["path"] == str(gone)]
-        assert notes and "filesystem every Dask worker sees" in notes[0]["reason"]
-        assert report["comms"]["per_rank"]  # the other ranks are analysed
-    assert differences(reports["threads"], reports["processes"]) == []
-
-
 def test_partitioned_report_is_cached_and_read_back(tmp_path):
     """A repeat with the same options reads the report (the issue's repeat <= 10 s), though no tables were
     cached; the cached report equals the computed one."""
@@ -179,5 +139,3 @@ def test_partitioned_report_is_cached_and_read_back(tmp_path):
     assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
     assert "report read from the cache" in second.stderr
     assert json.loads(second.stdout) == json.loads(first.stdout)
-
-

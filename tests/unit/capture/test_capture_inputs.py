@@ -77,5 +77,3 @@ def test_any_phase_name_round_trips_and_forges_no_row(tmp_path, name, trace_form
     expected = name.replace("\n", "\\n").replace("\r", "\\r") if trace_format == 1 else name
     assert set(phases["name"].astype(str)) == {expected}
     assert list(phases["step"]) == [0, 1, 2]
-
-

@@ -1,6 +1,5 @@
 """Capture never hurts the job: every failure is one warning, the loop goes on, and its results are unchanged."""
 
-
 import pytest
 import torch
 

@@ -140,5 +140,3 @@ def test_a_typed_baseline_relative_to_the_runs_parent_or_absolute_is_compared(ru
     content = render_page(PAGES["/compare"], _live(runs / "straggler").snapshot, None)
     assert "regression" in str(content["body"]) and "straggler loss" in str(content["body"])
     assert compare_page.use_baseline(str(runs / "base"), runs / "straggler")[0]
-
-

@@ -134,5 +134,3 @@ def test_report_with_gpu_time_survives_the_cache_round_trip(hta_fixtures):
 
 def test_no_gpu_time_section_for_diag_traces():
     assert analyze_gpu_time(None, np.arange(3)) is None
-
-

@@ -24,5 +24,3 @@ def test_the_package_requires_neither_torch_nor_the_dashboard():
     assert any(r.startswith("torch") for r in extras["capture"])
     assert {r.split(">")[0] for r in extras["dashboard"]} == {"dash", "plotly", "waitress"}
     assert "diag[capture,dashboard,scale]" in extras["test"]  # the README's test command installs everything
-
-

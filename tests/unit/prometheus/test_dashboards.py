@@ -183,5 +183,3 @@ def test_gpu_metrics_name_their_dcgm_counterpart():
 def test_docs_metric_table_is_generated_from_the_code():
     docs = (REPO / "docs" / "prometheus.md").read_text()
     assert render_metric_table() in docs
-
-

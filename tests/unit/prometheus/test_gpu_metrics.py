@@ -2,7 +2,6 @@
 by the real H100 readings in ../shared/fixtures/gpu-h100 (the stand-in answers NVML's calls from them); on a
 GPU the real NVML path runs end to end (requires_gpu)."""
 
-
 import pytest
 
 from diag.commands.telemetry import NodeGpus
@@ -80,5 +79,3 @@ def test_node_agent_labels_each_gpu_and_the_rank_that_uses_it(h100):
     (power,) = [s for s in samples(text) if s.name == "diag_gpu_power_usage_watts"]
     assert (power.labels["run"], power.labels["rank"], power.labels["local_rank"]) == ("run-b", "12", "4")
     assert power.value == pytest.approx(readings[1]["power_mw"] / 1000)
-
-

@@ -1,8 +1,6 @@
 """``diag telemetry``, the node agent, as a real process: its one line where there is no NVML, and the step,
 collective and memory metrics of a trace directory (the bundled sample run, a real 3-rank gloo job)."""
 
-
-
 import diag
 from tests.prometheus.helpers import (
     STRAGGLER,
@@ -25,5 +23,3 @@ def test_only_this_hosts_ranks_by_default(tmp_path):
     follower = TraceFollower(trace_dir, metrics, host=diag.load(trace_dir).manifest(0).host)
     follower.poll()
     assert sorted(follower.sources) == [0, 1, 2]
-
-

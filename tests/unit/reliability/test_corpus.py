@@ -4,8 +4,6 @@ memory, and the skip named. Each case runs in its own subprocess under RLIMIT_AS
 The default run takes a sample of the corpus (every class represented, about two minutes on two cores); the
 exhaustive run is marked slow: ``pytest tests/reliability -m slow``."""
 
-
-
 from tests.reliability.corpus import build_cases
 
 SAMPLED = [

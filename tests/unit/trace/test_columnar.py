@@ -222,27 +222,6 @@ def test_capture_writes_schema_2_by_default_and_csv_when_asked(tmp_path):
     assert json.loads((tmp_path / "default" / "rank00000" / "manifest.json").read_text())["schema_version"] == 2
 
 
-def test_segment_claiming_more_rows_than_its_bytes_hold_is_refused_before_decoding(tmp_path):
-    """42 million constant rows are 2.6 MB of Parquet and gigabytes once read: refused from the file's
-    metadata, with the reason; rank 1's rows are still read."""
-    path = rank_dir(tmp_path)
-    rows = 3_000_000
-    schema = arrow_schema(STEPS)
-    columns = [
-        pa.repeat(pa.scalar(1, field.type), rows) if pa.types.is_integer(field.type) else pa.nulls(rows, field.type)
-        for field in schema
-    ]
-    write_parquet(STEPS, pa.Table.from_arrays(columns, schema=schema), path / segment_name("steps", 1, PARQUET_SUFFIX))
-    assert (path / segment_name("steps", 1, PARQUET_SUFFIX)).stat().st_size < rows
-    other = rank_dir(tmp_path, 1)
-    segments = StreamSegmentWriter(other, STEPS)
-    segments.append([step_row(0), step_row(1)])
-    segments.close()
-    trace = load(tmp_path)
-    assert trace.steps["rank"].tolist() == [1, 1]
-    assert any("rows in" in s.reason and "more than a trace segment holds" in s.reason for s in trace.skipped)
-
-
 def test_stream_whose_lengths_claim_2_to_the_40_rows_is_refused_with_the_reason(tmp_path):
     path = rank_dir(tmp_path)
     segments = StreamSegmentWriter(path, STEPS)

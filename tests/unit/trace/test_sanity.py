@@ -146,5 +146,3 @@ def test_export_never_writes_infinity_and_survives_no_manifests(tmp_path):
     assert "Infinity" not in text and "NaN" not in text
     parsed = json.loads(text, parse_constant=lambda c: math.nan)
     assert parsed["traceEvents"]
-
-

@@ -85,5 +85,3 @@ def test_a_hang_inside_a_collective_is_restarted_on_every_members_host():
 def test_nothing_to_do_for_a_slow_or_healthy_job():
     for kind in ("no_problem", "slow", "capture_stopped"):
         assert decide(_verdict(kind, [], {0: "finished"}), _data({0: _rank()})).kind == "none"
-
-

@@ -102,5 +102,3 @@ def test_non_dump_files_are_rejected_with_reasons(tmp_path):
         with pytest.raises(DumpRejected, match=reason):
             load_dump(tmp_path / name)
     assert read_dump_file(tmp_path / "json_2") == [1, 2]
-
-
