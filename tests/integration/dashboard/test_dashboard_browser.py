@@ -130,7 +130,7 @@ def test_unknown_url_reaches_no_file(browser, synthetic_page):
 
 
 def test_pipeline_page_draws_the_gantt_and_names_the_slow_stage(browser, serve):
-    run = Path(__file__).resolve().parents[2] / "sample_traces" / "pipeline"  # real 4-rank 1F1B run, stage 2 slow
+    run = Path(__file__).resolve().parents[3] / "sample_traces" / "pipeline"  # real 4-rank 1F1B run, stage 2 slow
     if not (run / "rank00000" / "microbatches.csv").exists():
         pytest.skip(f"the pipeline sample run is not in {run}")
     base = serve(make_app(run))

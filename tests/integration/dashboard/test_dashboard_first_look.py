@@ -19,7 +19,7 @@ pytest.importorskip("selenium", reason="browser tests need selenium (pip install
 from tests.dashboard import browser as b  # noqa: E402
 from tests.dashboard.helpers import make_app  # noqa: E402
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler"  # 3 ranks, CPU, not pipelined
+SAMPLE = Path(__file__).resolve().parents[3] / "sample_traces" / "straggler"  # 3 ranks, CPU, not pipelined
 
 
 @pytest.fixture(scope="module")

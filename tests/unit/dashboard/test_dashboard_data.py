@@ -159,7 +159,7 @@ def test_pipeline_page_draws_the_reports_bubble_and_timeline():
 
     from diag.dashboard.pages import update_pipeline
 
-    run = Path(__file__).resolve().parents[2] / "sample_traces" / "pipeline"  # 4-rank 1F1B, stage 2 slow
+    run = Path(__file__).resolve().parents[3] / "sample_traces" / "pipeline"  # 4-rank 1F1B, stage 2 slow
     live = d.LiveTrace(run, triage=False)
     live.refresh()
     snap = live.snapshot

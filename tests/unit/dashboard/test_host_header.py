@@ -4,7 +4,7 @@ from pathlib import Path
 
 from diag.dashboard.app import create_app, require_local_host_header
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler"
+SAMPLE = Path(__file__).resolve().parents[3] / "sample_traces" / "straggler"
 
 
 def test_only_local_host_headers_are_served():

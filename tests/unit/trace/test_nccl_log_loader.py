@@ -73,5 +73,5 @@ def test_parsed_logs_come_back_from_the_cache(tmp_path):
 
 
 def test_a_run_without_nccl_log_has_none(tmp_path):
-    shutil.copytree(Path(__file__).resolve().parents[2] / "sample_traces" / "straggler", tmp_path / "s")
+    shutil.copytree(Path(__file__).resolve().parents[3] / "sample_traces" / "straggler", tmp_path / "s")
     assert load(tmp_path / "s").nccl_logs == {}

@@ -11,7 +11,7 @@ from diag.cli import main
 from diag.trace.loader import load
 from diag.views.perfetto import write_chrome_trace
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "straggler"
+SAMPLE = Path(__file__).resolve().parents[3] / "sample_traces" / "straggler"
 
 
 def _copy(tmp_path) -> Path:

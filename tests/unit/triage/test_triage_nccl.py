@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from diag.cli import main
 from tests.analysis.nccl_logs import SOURCES, process_lines
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "hang"
+SAMPLE = Path(__file__).resolve().parents[3] / "sample_traces" / "hang"
 
 
 def test_hang_verdict_carries_the_groups_nccl_transport_and_warnings(tmp_path):
