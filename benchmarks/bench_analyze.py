@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import synthetic  # noqa: E402
 from measured import run_measured  # noqa: E402
+
+from diag.testing import synthetic  # noqa: E402
 
 
 def run_analyze(trace_dir: Path, *args: str) -> tuple[str, float, str]:

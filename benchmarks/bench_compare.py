@@ -26,8 +26,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import synthetic  # noqa: E402
 from measured import run_measured  # noqa: E402
+
+from diag.testing import synthetic  # noqa: E402
 
 
 def diag(*args: str):

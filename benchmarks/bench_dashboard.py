@@ -221,7 +221,7 @@ def main() -> None:
     from diag.dashboard.pages import PAGES
 
     if not (args.trace_dir / "planted.json").exists():
-        from synthetic import generate
+        from diag.testing.synthetic import generate
 
         started = time.perf_counter()
         generate(args.trace_dir, args.ranks, args.steps, trace_format=args.format)

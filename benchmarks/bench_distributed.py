@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_scale import Cluster, analyze_run  # noqa: E402
 
-from tests.analysis.test_golden_reports import differences  # noqa: E402
+from tests.analysis.golden import differences  # noqa: E402
 
 
 def loopback_bytes() -> int:

@@ -1,4 +1,4 @@
-"""`diag export --perfetto` at scale: a synthetic run (real file format, ``synthetic.py``) exported whole and as
+"""`diag export --perfetto` at scale: a synthetic run (real file format, ``diag.testing.synthetic``) exported whole and as
 a window of 10 steps, each as its own ``python -m diag export`` process, as a user would run it.
 
 Wall time, CPU time and peak RSS per process (os.wait4); the file's size and event count; and that the file
@@ -29,8 +29,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import synthetic  # noqa: E402
 from measured import run_measured  # noqa: E402
+
+from diag.testing import synthetic  # noqa: E402
 
 
 def run_export(trace_dir: Path, out: Path, *args: str, code: Path | None = None) -> dict:

@@ -1,6 +1,6 @@
 """What the Parquet row-group size of a schema-2 segment costs its readers and its writer.
 
-One rank's collectives from a ``synthetic.py`` run (1,000 steps x 20 collectives), repeated 3x (60,000 rows: about
+One rank's collectives from a ``diag.testing.synthetic`` run (1,000 steps x 20 collectives), repeated 3x (60,000 rows: about
 a compacted segment, 65,536 rows), written with diag's Parquet options (``columnar.parquet_options``) in row
 groups of each size; then, in one process, interleaved, minimum over rounds:
 
@@ -15,7 +15,6 @@ groups of each size; then, in one process, interleaved, minimum over rounds:
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,11 +22,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from diag.testing import synthetic
 from diag.trace import columnar
 from diag.trace.schema import COLLECTIVES
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import synthetic  # noqa: E402
 
 
 def segment_rows(work: Path, repeat: int) -> pa.Table:

@@ -1,6 +1,6 @@
 """`diag analyze` cold, old path against new: the collectives loaded whole in pandas (``--in-memory``) or reduced
 rank by rank (``--partitioned``, bounded memory), on synthetic traces of 256, 512 and 1,024 ranks x 1,000 steps x
-20 collectives (benchmarks/synthetic.py, problems planted). Each run is its own process, without the cache;
+20 collectives (diag.testing.synthetic, problems planted). Each run is its own process, without the cache;
 wall time, CPU time and peak RSS from os.wait4. Both reports must be equal (1e-9 relative) and find the
 planted problems.
 
@@ -40,11 +40,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import synthetic  # noqa: E402
 from bench_analyze import check_planted  # noqa: E402
 from measured import run_measured  # noqa: E402
 
-from tests.analysis.test_golden_reports import differences  # noqa: E402
+from diag.testing import synthetic  # noqa: E402
+from tests.analysis.golden import differences  # noqa: E402
 
 
 def analyze_run(trace_dir: Path, *args: str):
@@ -150,7 +150,7 @@ def cold_and_repeat(
     ranks: int, steps: int, collectives: int, root: Path, trace_format: int, in_memory_max: int, existing: Path | None
 ) -> dict:
     """Generation, then the partitioned path cold (writing the report cache) and repeated (reading it).
-    ``existing``: a trace synthetic.py already wrote (its planted.json), kept; only its report cache is removed."""
+    ``existing``: a trace diag.testing.synthetic already wrote (its planted.json), kept; only its report cache is removed."""
     trace_dir = existing or root / f"diag-scale-{ranks}-v{trace_format}"
     if existing is None:
         shutil.rmtree(trace_dir, ignore_errors=True)
@@ -215,7 +215,7 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--cold-and-repeat", action="store_true", help="the partitioned path alone: cold, then repeat")
     parser.add_argument("--format", type=int, default=1, choices=(1, 2), help="trace schema version (2: columnar)")
-    parser.add_argument("--trace-dir", type=Path, help="with --cold-and-repeat: a trace synthetic.py wrote (one size)")
+    parser.add_argument("--trace-dir", type=Path, help="with --cold-and-repeat: a trace the generator wrote (one size)")
     parser.add_argument(
         "--report-out", type=Path, help="with --cold-and-repeat: write the cold run's JSON report here (to compare)"
     )

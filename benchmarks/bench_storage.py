@@ -3,7 +3,7 @@
 1. Real collectives: ``benchmarks/storage_job.py``, a 2-rank gloo DDP job (every bucket timed by diag's hook),
    captured once per format. Bytes per collective (and step) record of the finished trace (format 2: Parquet
    segments), and of the live Arrow streams before compaction (what a job killed before finish leaves).
-2. Synthetic collectives (``benchmarks/synthetic.py``, 1,000 steps x 20 collectives a rank): bytes per record;
+2. Synthetic collectives (``diag.testing.synthetic``, 1,000 steps x 20 collectives a rank): bytes per record;
    and the candidate formats on the same rows (``candidates``: CSV, Arrow IPC file, Parquet's defaults, Parquet
    with diag's encodings, the live stream at several batch sizes), which is how the format was chosen.
 3. The writer thread's cost per row: CSV formatting and writing vs building a record batch and appending it to
@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO))
 
 import pyarrow as pa  # noqa: E402
 
-from benchmarks import synthetic  # noqa: E402
 from diag.launch import run_ranks  # noqa: E402
+from diag.testing import synthetic  # noqa: E402
 from diag.trace.columnar import StreamSegmentWriter  # noqa: E402
 from diag.trace.loader import load  # noqa: E402
 from diag.trace.schema import COLLECTIVES, TABLES  # noqa: E402

@@ -9,7 +9,7 @@ shows the loader. Heartbeats, manifests, steps and collectives as capture writes
     python benchmarks/bench_triage.py /tmp/watchdog_bench --watchdog   # capture side: watchdog cost
 
 At scale (``--scale``): ``diag triage`` as its own process (wall, CPU, peak RSS) on hangs written by
-``synthetic.py --hang`` (1,000 steps x 20 collectives per rank, schema version 2 unless ``--format 1``), one run
+``diag.testing.synthetic --hang`` (1,000 steps x 20 collectives per rank, schema version 2 unless ``--format 1``), one run
 of ``--ranks`` each, generated in OUT/hangN when absent and kept (``--keep``) or deleted afterwards; with
 ``--old`` also the previous reader (every row of every rank, ``read_diag_trace(path, 10**12)``) on the same
 trace, and the two verdicts compared:
@@ -18,7 +18,7 @@ trace, and the two verdicts compared:
 
 ``--baseline DIR``: also the same read by the code of another checkout (``PYTHONPATH=DIR``, e.g. main's), on the
 same trace, back to back, and the two verdicts compared whole (evidence included). ``--live``: the hang as a
-still-running job leaves it (what capture writes, not ``synthetic.py``'s one Parquet segment a table): each
+still-running job leaves it (what capture writes, not the synthetic generator's one Parquet segment a table): each
 rank's steps and collectives rewritten as a live Arrow stream segment, one record batch per 0.5 s flush (5 steps,
 100 collectives), never compacted (20,000 rows is below the 65,536 that trigger compaction); in OUT/liveN.
 ``--tables``: also this checkout with no rank judged from its heartbeat (every rank's table tails read);
@@ -47,7 +47,7 @@ from pathlib import Path
 from diag.trace.schema import COLLECTIVES, MANIFEST_FILE, STEPS, rank_dir_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from synthetic import Pending, write_hang_state  # noqa: E402  the hang's dumps, as synthetic.py --hang plants them
+from diag.testing.synthetic import Pending, write_hang_state  # noqa: E402  the hang's dumps, as --hang plants them
 
 START_US = 1_795_000_000_000_000
 STEP_US = 100_000
@@ -203,8 +203,9 @@ def bench_scale(
     one_process: bool = False,
 ) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import synthetic
     from measured import run_measured
+
+    from diag.testing import synthetic
 
     print(
         f"{'ranks':>6} {'reader':<26} {'wall s':>7} {'CPU s':>7} {'peak RSS GB':>12} {'tree PSS GB':>12} load  verdict"
@@ -287,7 +288,7 @@ def judge_both(root: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
-    parser.add_argument("--scale", action="store_true", help="diag triage at scale on synthetic.py --hang runs")
+    parser.add_argument("--scale", action="store_true", help="diag triage at scale on synthetic --hang runs")
     parser.add_argument("--format", type=int, default=2, choices=(1, 2), help="with --scale: the trace format")
     parser.add_argument("--old", action="store_true", help="with --scale: also the previous whole-table reader")
     parser.add_argument("--keep", action="store_true", help="with --scale: keep the generated traces")

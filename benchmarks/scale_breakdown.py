@@ -1,9 +1,9 @@
 """Where `diag analyze`'s memory goes: per table of the loaded trace (pandas ``memory_usage(deep=True)``) and per
 analysis of ``diag.analysis.report.analyze`` (tracemalloc: bytes held after the stage and the stage's peak above
 what was held before it), with the process RSS after loading. Run on a trace directory, e.g. one written by
-``benchmarks/synthetic.py``:
+``diag.testing.synthetic``:
 
-    python benchmarks/synthetic.py /tmp/s1024 --ranks 1024 --steps 1000
+    python3 -m diag.testing.synthetic /tmp/s1024 --ranks 1024 --steps 1000
     python benchmarks/scale_breakdown.py /tmp/s1024
 
 The stages repeat ``analyze``'s own calls in its order (a stage's inputs are the previous stages' results), so

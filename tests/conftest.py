@@ -4,9 +4,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.dashboard.fixtures import browser, serve, synthetic_run  # noqa: F401 - the dashboard tests' fixtures
+
 REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "tests" / "jobs"
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+INTEGRATION = REPO / "tests" / "integration"
 
 
 def has_cuda() -> bool:
@@ -51,3 +54,10 @@ def _fresh_warnings():
 def copy_tree(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/integration is ``slow``: ``-m "not slow"`` selects exactly tests/unit."""
+    for item in items:
+        if item.path.is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.slow)

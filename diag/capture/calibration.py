@@ -16,7 +16,7 @@ same cores, a GPU at a lower clock) from the job's own step times. So each rank 
 
 It runs between steps (after the step's row is taken, before the next begins), so the step times never include
 it, and never while a CUDA graph is being captured or torch.compile is tracing (it would be recorded into the
-graph). Its cost is about a fifth of one step of a small MLP (tests/compare/test_calibration.py checks it stays
+graph). Its cost is about a fifth of one step of a small MLP (tests/unit/compare/test_calibration.py checks it stays
 under a tenth of the steps' time at every 10 steps; the default is every 200). Any failure is one warning, and
 calibration stops; training goes on.
 """

@@ -5,7 +5,7 @@ A trace directory holds one sub-directory per rank, ``rank00007/``, with:
 * ``manifest.json``: who this rank is (host, pid, ranks, device, versions, layout, FLOPs, clock anchor).
 * the tables below, in one of two formats (the loader reads both, even mixed in one directory):
 
-  * **schema version 2** (what capture writes by default; ``benchmarks/synthetic.py --format 2``;
+  * **schema version 2** (what capture writes by default; ``python3 -m diag.testing.synthetic --format 2``;
     diag/trace/columnar.py): each table as numbered
     *segments*, ``steps.000001.arrows``, ``steps.000001.parquet``, ``steps.000002.arrows``, ... A live segment
     (``.arrows``) is an Arrow IPC stream: a schema message whose metadata ``diag-trace`` holds the marker
@@ -42,7 +42,7 @@ much uncompacted.
 
 Version 2 became the default once its last open questions were answered. A real 4-rank job SIGTERMed a
 second after it started lost ranks' exit records (the watchdog's SIGTERM handler did not wait for the other
-thread writing them; fixed). tests/prometheus/test_rank_metrics.py failed 7 of 12 runs: pyarrow imports pandas
+thread writing them; fixed). tests/integration/prometheus/test_rank_metrics.py failed 7 of 12 runs: pyarrow imports pandas
 the first time it converts Python values, and that happened on the writer thread's first flush, ~0.4 s holding
 the GIL mid-training; it is now done at ``diag.init`` (``columnar.warm_up``: init ~0.25 s longer, the first
 flush ~0.4 s shorter), and the test no longer races the Flight Recorder follower. What each format costs to

@@ -1,5 +1,5 @@
 """A small DDP job (gloo, CPU) that records its loss and gradient norm with diag.record, with one planted
-training-health fault, for tests/analysis/test_health.py.
+training-health fault, for tests/integration/analysis/test_health.py.
 
 usage: health_job.py TRACE_DIR STEPS {none,nan,spike,desync,skip_allreduce} RANK STEP
 

@@ -1,9 +1,8 @@
-"""Trace directories for the analysis tests: the benchmark's synthetic generator (real file format, problems
+"""Trace directories for the analysis tests: the synthetic generator (real file format, problems
 planted at known ranks) at a small size, and small surgery on them (truncate, corrupt, drop ranks)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import statistics
@@ -16,14 +15,10 @@ from click.testing import CliRunner
 from diag.analysis.report import analyze
 from diag.cli import main
 from diag.launch import run_ranks
+from diag.testing import synthetic
 from diag.trace.loader import load
 
 REPO = Path(__file__).resolve().parents[2]
-
-_spec = importlib.util.spec_from_file_location("diag_bench_synthetic", REPO / "benchmarks" / "synthetic.py")
-synthetic = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = synthetic  # dataclasses look their module up there
-_spec.loader.exec_module(synthetic)
 
 RANKS = 16
 STEPS = 60

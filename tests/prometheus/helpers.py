@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from diag.metrics.nvml import open_nvml
+from tests.conftest import REPO
 
 
 def scrape(port: int, host: str = "127.0.0.1", timeout_s: float = 5.0) -> str:
@@ -59,3 +67,40 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.05)
             return result
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+STRAGGLER = REPO / "sample_traces" / "straggler"
+
+
+no_nvml = pytest.mark.skipif(open_nvml()[0] is not None, reason="this machine has NVML: the agent samples its GPUs")
+
+
+def start_agent(*args):
+    return subprocess.Popen(
+        [sys.executable, "-m", "diag", "telemetry", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def scrape_when_up(agent, port, ready):
+    """Scrape until ``ready(text)``: the agent serves at once and reads the trace directory just after."""
+
+    def attempt():
+        assert agent.poll() is None, agent.communicate()[1]
+        try:
+            text = scrape(port, timeout_s=2)
+        except OSError:
+            return None
+        return text if ready(text) else None
+
+    return wait_until(attempt, 30, "the agent's metrics", interval_s=0.1)
+
+
+def stop(agent) -> str:
+    agent.send_signal(signal.SIGTERM)
+    _, stderr = agent.communicate(timeout=10)
+    assert agent.returncode == 0, stderr
+    return stderr

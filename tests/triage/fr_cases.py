@@ -11,7 +11,7 @@ one can be named; on two ranks it is a tie), and its ``testBuildDB`` dumps keep 
 sequence numbers a real recorder writes (the upstream fixtures put every entry at collective_seq_id "0", which
 no recorder does: torch's analyser matches by order, diag by sequence number).
 
-Used by tests/triage/test_fr_cases.py and benchmarks/fr_cases.py (which also runs on a diag without them).
+Used by tests/unit/triage/test_fr_cases.py and benchmarks/fr_cases.py (which also runs on a diag without them).
 Imports neither diag nor torch.
 """
 

@@ -1,0 +1,152 @@
+"""`diag analyze --scheduler ADDRESS` on a real Dask cluster that the test starts: a `dask scheduler` and two
+`dask worker` processes on 127.0.0.1, reading the trace directory themselves (the shared filesystem is this
+machine's). The JSON report equals the single-machine run's; `diag --help` and `diag analyze` without
+--scheduler never import dask."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.analysis.golden import differences
+from tests.analysis.helpers import REPO, analyze_in_subprocess, make_trace
+
+pytest.importorskip("distributed")
+
+WORKERS = 2
+START_TIMEOUT_S = 60
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO)}  # the workers import this checkout's diag
+
+
+def _dask(*args: str, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", *args], stdout=log.open("w"), stderr=subprocess.STDOUT, env=_env(), cwd=REPO
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A scheduler and WORKERS single-threaded worker processes, started as a user would; stopped afterwards."""
+    root = tmp_path_factory.mktemp("dask")
+    scheduler_file = root / "scheduler.json"
+    procs = [
+        _dask(
+            "distributed.cli.dask_scheduler",
+            "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file", str(scheduler_file),
+            log=root / "scheduler.log",
+        )
+    ]  # fmt: skip
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not scheduler_file.exists():
+            assert time.monotonic() < deadline, (root / "scheduler.log").read_text()
+            time.sleep(0.2)
+        for i in range(WORKERS):
+            procs.append(
+                _dask(
+                    "distributed.cli.dask_worker",
+                    "--scheduler-file", str(scheduler_file), "--nthreads", "1", "--nworkers", "1",
+                    "--no-dashboard", "--host", "127.0.0.1", "--local-directory", str(root / f"worker{i}"),
+                    log=root / f"worker{i}.log",
+                )
+            )  # fmt: skip
+        address = json.loads(scheduler_file.read_text())["address"]
+        _wait_for_workers(address, deadline)
+        yield address
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _wait_for_workers(address: str, deadline: float) -> None:
+    from distributed import Client
+
+    with Client(address, timeout=START_TIMEOUT_S) as client:
+        while len(client.scheduler_info()["workers"]) < WORKERS:
+            assert time.monotonic() < deadline, "the dask workers did not join"
+            time.sleep(0.2)
+
+
+def _report(trace_dir: Path, *args: str) -> dict:
+    return json.loads(analyze_in_subprocess(trace_dir, *args))
+
+
+@pytest.mark.slow
+def test_cluster_report_equals_the_single_machine_report(cluster, tmp_path):
+    plants = make_trace(tmp_path, ranks=24, steps=80)
+    local = _report(tmp_path, "--in-memory")
+    on_cluster = _report(tmp_path, "--scheduler", cluster)
+    assert differences(local, on_cluster) == []
+    persistent = {s["rank"] for s in on_cluster["stragglers"] if s["persistent"]}
+    assert persistent == {plants.compute_straggler, plants.data_straggler, plants.throttled}
+
+
+@pytest.mark.slow
+def test_both_workers_did_the_partitions(cluster, tmp_path):
+    """The ranks are read by the workers, not the client: each worker ran some of the batches of ranks."""
+    from distributed import Client
+
+    make_trace(tmp_path, ranks=16, steps=40)
+    from diag.analysis.partitioned import analyze_partitioned
+
+    with Client(cluster) as client:
+        analyze_partitioned(tmp_path, client=client)
+        ran = client.run(_tasks_run_here)
+    assert len(ran) == WORKERS and all(count > 0 for count in ran.values()), ran
+
+
+def _tasks_run_here(dask_worker) -> int:
+    """read_batch tasks this worker took to memory (its transition log names every task it handled)."""
+    done = {str(entry[0]) for entry in dask_worker.state.log if "read_batch" in str(entry[0]) and "memory" in entry}
+    return len(done)
+
+
+@pytest.mark.slow
+def test_sample_pipeline_run_on_the_cluster_equals_its_golden_report(cluster):
+    """Send/recv rows matched with no other rank, several process groups: same report on the cluster."""
+    trace_dir = REPO / "sample_traces" / "pipeline"
+    assert differences(_report(trace_dir, "--in-memory"), _report(trace_dir, "--scheduler", cluster)) == []
+
+
+@pytest.mark.slow
+def test_unreachable_scheduler_is_a_clear_error(tmp_path):
+    make_trace(tmp_path, ranks=4, steps=10)
+    out = subprocess.run(
+        [sys.executable, "-m", "diag", "analyze", str(tmp_path), "--scheduler", "tcp://127.0.0.1:9", "--no-cache"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_help_and_analyze_without_scheduler_never_import_dask(tmp_path):
+    make_trace(tmp_path, ranks=4, steps=10)
+    code = (
+        "import sys; from click.testing import CliRunner; from diag.cli import main; "
+        "assert CliRunner().invoke(main, ['--help']).exit_code == 0; "
+        f"r = CliRunner().invoke(main, ['analyze', {str(tmp_path)!r}, '--format', 'json', '--no-cache', '--partitioned', '--fail-on', 'never']); "
+        "assert r.exit_code == 0, r.output; "
+        "print(sorted(m for m in ('dask', 'distributed', 'torch', 'dash') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,84 @@
+"""Triage of PyTorch's debug server's periodic dumps (diag/triage/debug_server.py): a real job's, and recorded ones."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diag.launch import free_port, start_ranks
+from diag.triage.debug_server import STACKS_RE, parse_stacks
+
+JOB = Path(__file__).resolve().parents[2] / "triage" / "debug_server_job.py"
+
+
+def _stacks(dump_dir: Path) -> list[Path]:
+    return sorted(p for p in dump_dir.iterdir() if STACKS_RE.match(p.name)) if dump_dir.is_dir() else []
+
+
+def _wait_for(dump_dir: Path, test, timeout_s: float, procs) -> Path | None:
+    """The first new stacks dump ``test`` accepts, within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    seen: set[Path] = set()
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        for path in _stacks(dump_dir):
+            if path in seen:
+                continue
+            seen.add(path)
+            try:
+                if test(parse_stacks(path)):
+                    return path
+            except (OSError, ValueError):
+                seen.discard(path)  # being written: read it again
+        time.sleep(0.5)
+    return None
+
+
+def _end(procs, pid_file: Path) -> None:
+    if pid_file.exists():  # the frontend is a daemon of rank 0, but rank 0's SIGKILL leaves it running
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def _in_sleep(dump) -> bool:
+    frames = [f["name"] for t in dump.threads.get(2, []) if t["main"] for f in t["frames"]]
+    return dump.complete and "wait_for_slow_input" in frames
+
+
+@pytest.mark.slow
+def test_real_debug_server_dumps_name_the_missing_rank_and_where_it_sleeps(tmp_path):
+    """A real gloo job with the debug server on: rank 2 sleeps before an all_reduce ranks 0 and 1 wait in. Then
+    rank 2 is frozen (SIGSTOP), so the later dumps lack it: triage judges the latest complete dump and says so."""
+    dump_dir, pid_file = tmp_path / "dumps", tmp_path / "frontend.pid"
+    procs = start_ranks([str(JOB), str(dump_dir), str(free_port())], 3, {"TORCH_FR_BUFFER_SIZE": "2000"})
+    try:
+        complete = _wait_for(dump_dir, _in_sleep, 90, procs)
+        assert complete is not None, [p.name for p in _stacks(dump_dir)]
+        procs[2].send_signal(signal.SIGSTOP)  # frozen: its worker server answers no more, its peers keep waiting
+        partial = _wait_for(dump_dir, lambda d: 2 in d.failed, 60, procs)
+    finally:
+        _end(procs, pid_file)
+    result = subprocess.run(
+        [sys.executable, "-m", "diag", "triage", str(dump_dir), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    verdict = json.loads(result.stdout)
+    assert verdict["verdict"] == "missing_ranks", verdict["evidence"]
+    assert verdict["culprit_ranks"] == [2]
+    assert any("debug_server_job.py" in s and "wait_for_slow_input" in s for s in verdict["ranks"]["2"]["stack"])
+    assert verdict["ranks"]["0"]["state"] == "waiting_in_collective"
+    assert partial is not None, [p.name for p in _stacks(dump_dir)]
+    assert any(partial.name in e and "lacks ranks [2]" in e for e in verdict["evidence"]), verdict["evidence"]

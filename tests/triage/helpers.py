@@ -1,0 +1,28 @@
+"""Checks shared by the triage tests."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from diag.triage.analysis import triage
+from diag.triage.sources import read_diag_trace
+
+
+def assert_same_read(path, workers: int, **options) -> dict:
+    """The trace read by ``workers`` processes and by this one: the same collectives, steps, ranks' states, notes,
+    skipped files and verdict (whole, evidence included). Returns the verdict."""
+    one = read_diag_trace(path, workers=1, **options)
+    many = read_diag_trace(path, workers=workers, **options)
+    pd.testing.assert_frame_equal(many.ops, one.ops)
+    if one.steps is None:  # every rank judged from its heartbeat: no table read
+        assert many.steps is None
+    else:
+        pd.testing.assert_frame_equal(many.steps, one.steps)
+    assert [str(s) for s in many.skipped] == [str(s) for s in one.skipped]
+    assert many.notes == one.notes
+    assert {r: i.judged_by_heartbeat for r, i in many.ranks.items()} == {
+        r: i.judged_by_heartbeat for r, i in one.ranks.items()
+    }
+    verdict = triage(many).to_json()
+    assert verdict == triage(one).to_json()
+    return verdict

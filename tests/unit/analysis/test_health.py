@@ -1,0 +1,47 @@
+"""Training health: real DDP jobs (gloo, 3 ranks) that record their loss and gradient norm, each with one
+planted fault, are named at the right rank and step; a healthy one has no health finding; and the rules on
+numbers made to test them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diag.analysis.health import _clusters, analyze_health
+from diag.trace.manifest import Manifest
+
+WORLD, STEPS, PLANT_RANK, PLANT_STEP = 3, 30, 1, 17
+
+
+def steps_frame(values: dict[int, list[float]], name: str = "loss") -> pd.DataFrame:
+    rows = [
+        {"rank": r, "step": s, "loss": np.nan, "grad_norm": np.nan, "param_fingerprint": np.nan, name: v}
+        for r, series in values.items()
+        for s, v in enumerate(series)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_a_noisy_but_steady_loss_has_no_spike_and_a_jump_has_one():
+    rng = np.random.default_rng(0)
+    noisy = list(2.0 + 0.05 * rng.standard_normal(60))
+    assert analyze_health(steps_frame({0: noisy}), pd.DataFrame(), {}).spikes == []
+    noisy[40] = 4.0
+    (spike,) = analyze_health(steps_frame({0: noisy}), pd.DataFrame(), {}).spikes
+    assert (spike.step, spike.ranks) == (40, [0])
+
+
+def test_a_rank_whose_gradient_norm_departs_from_its_peers_is_named():
+    equal = [1.0 + 0.1 * i for i in range(20)]
+    frame = steps_frame({0: equal, 1: equal, 2: [v * 1.5 for v in equal], 3: equal}, "grad_norm")
+    (departure,) = analyze_health(frame, pd.DataFrame(), {}).departures
+    assert (departure.rank, departure.value_name) == (2, "grad_norm")
+
+
+def test_fingerprints_are_compared_within_each_replica_group_only():
+    frame = steps_frame({0: [1.0] * 5, 1: [1.0] * 5, 2: [7.0] * 5, 3: [7.0] * 5}, "param_fingerprint")
+    groups = {0: "a", 1: "a", 2: "b", 3: "b"}  # two tensor-parallel shards, each replicated twice
+    manifests = {r: Manifest(r, replica_group=g) for r, g in groups.items()}
+    report = analyze_health(frame, pd.DataFrame(), manifests)
+    assert report.divergence is None and report.fingerprint_steps == 10
+    assert _clusters({0: 1.0, 1: 1.0 + 1e-12, 2: 1.5}) == [[0, 1], [2]]

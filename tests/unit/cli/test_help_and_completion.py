@@ -1,0 +1,19 @@
+"""What docs/cli.md promises of the command line besides exit codes: shell completion through click (the
+subcommands, which the lazy group lists without importing them, and their options), and help that never
+imports torch or dash and points to pages `diag docs` can print."""
+
+from __future__ import annotations
+
+
+def test_help_points_to_pages_diag_docs_prints():
+    from click.testing import CliRunner
+
+    from diag.cli import main
+
+    runner = CliRunner()
+    helps = "".join(runner.invoke(main, [c, "--help"]).output for c in ("analyze", "compare", "telemetry"))
+    assert "docs/" not in helps  # a plain install has no docs/ folder: help names `diag docs PAGE`
+    for name in ("kineto", "scale", "compare", "prometheus"):
+        assert f"diag docs {name}" in " ".join(helps.split()), name
+        printed = runner.invoke(main, ["docs", name])
+        assert printed.exit_code == 0 and printed.output.startswith("#"), name

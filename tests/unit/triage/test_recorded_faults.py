@@ -1,0 +1,65 @@
+"""Verdicts on traces recorded by real fault-injection runs (benchmarks/faults.py, 2- and 3-rank gloo jobs on
+CPU), kept in tests/fixtures/triage so that the verdict logic is checked without running the jobs: the real
+jobs themselves run in tests/integration/faults/test_fault_sample.py (slow). In both, the last step's DDP gradient bucket
+is a row diag wrote untimed (or, on the trainer's rank 0, only Flight Recorder's gloo entry that never reads
+completed), just before the collective the job hung in."""
+
+from pathlib import Path
+
+from diag.triage.analysis import triage
+from diag.triage.sources import read_input
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "triage"
+
+
+def test_trainer_rank_hung_in_its_data_loader_is_missing_from_the_next_all_reduce():
+    """diag.Trainer job, 2 ranks: rank 0 blocks in its data loader at step 3; rank 1 waits in step 3's first
+    all_reduce, times out, and the job catches it. Step 2's bucket was not the hang: both ranks left step 2."""
+    verdict = triage(read_input(FIXTURES / "trainer_data_loader_hang"))
+    assert verdict.verdict == "missing_ranks", verdict.evidence
+    assert verdict.culprit_ranks == [0], verdict.evidence
+    assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 12)
+    assert verdict.ranks[0].state == "stuck_in_data_loader"
+
+
+def test_rank_sigkilled_inside_an_all_reduce_every_rank_entered_is_dead():
+    """3 ranks: rank 2 is stopped inside step 3's all_reduce and SIGKILLed once the others have stalled there;
+    they then raise (connection closed). Everyone entered it, so no rank is missing: the dead one is the cause."""
+    verdict = triage(read_input(FIXTURES / "sigkill_inside_all_reduce"))
+    assert verdict.verdict == "dead_rank", verdict.evidence
+    assert verdict.culprit_ranks == [2], verdict.evidence
+    assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 12)
+    assert verdict.ranks[2].state == "dead"
+
+
+def test_pipeline_stage_that_computes_past_the_timeout_is_missing_though_no_collective_is_pending():
+    """torch.distributed.pipelining's Schedule1F1B over 4 gloo ranks, one stage each: stage 2 computes past the
+    timeout in a step's forward. Its neighbours wait in the schedule's batched sends and receives, which are
+    numbered per rank (no group sequence number to be pending under), time out, and every rank raises. The
+    watchdog's stall dumps hold the answer: three ranks stalled in communication, rank 2 in its compute."""
+    verdict = triage(read_input(FIXTURES / "pipeline_stage_hang"))
+    assert verdict.verdict == "missing_ranks", verdict.evidence
+    assert verdict.culprit_ranks == [2], verdict.evidence
+    assert verdict.ranks[2].state == "stuck_in_compute"
+    assert {verdict.ranks[r].state for r in (0, 1, 3)} == {"waiting_in_collective"}
+    assert verdict.action.kind == "fix_code"
+
+
+def test_pipeline_stage_sigkilled_is_dead_not_a_desync_of_its_sends_and_receives():
+    """The same pipeline on 3 ranks: stage 1 is SIGKILLed in a backward. The ranks' k-th sends and receives
+    differ in size (the schedule's shape exchange, then activations), which matched by sequence number as
+    collectives read "desync"; rank 0 raised "connection closed" only after rank 1's heartbeat stopped."""
+    verdict = triage(read_input(FIXTURES / "pipeline_stage_sigkill"))
+    assert verdict.verdict == "dead_rank", verdict.evidence
+    assert verdict.culprit_ranks == [1], verdict.evidence
+    assert verdict.action.kind == "restart"
+
+
+def test_a_sigterm_handlers_broadcast_after_the_timeout_is_no_desync():
+    """Lightning's Trainer on 3 ranks: rank 1's data loader never answers in step 1, ranks 0 and 2 wait in the
+    step's broadcast, time out and finish. The launcher then SIGTERMs rank 1, whose Lightning SIGTERM handler
+    broadcasts at the same sequence number, 10 s after the others gave up: aftermath, not a desync."""
+    verdict = triage(read_input(FIXTURES / "lightning_loader_hang_then_sigterm"))
+    assert verdict.verdict == "missing_ranks", verdict.evidence
+    assert verdict.culprit_ranks == [1], verdict.evidence
+    assert verdict.ranks[1].last_phase == "data_wait"

@@ -1,0 +1,25 @@
+"""``diag triage`` reads the ranks of a large trace in worker processes (diag/triage/workers.py): what they read is
+what one process reads, row for row, so the verdict is the same. Here the workers are asked for on small
+synthetic hangs (diag.testing.synthetic --hang, real trace files) that one process would otherwise read; the real
+gloo jobs are compared in test_hangs.py (test_worker_processes_read_the_same_as_one_process)."""
+
+from __future__ import annotations
+
+import threading
+
+from diag.processes import PROCESS_MIN_RANKS, default_workers, worker_count
+
+RANKS, STEPS, PER_STEP = 12, 30, 5
+
+
+def test_workers_only_for_a_large_trace_and_never_beside_other_threads():
+    assert worker_count(PROCESS_MIN_RANKS - 1) == 1
+    assert worker_count(PROCESS_MIN_RANKS) == default_workers()
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # as in the dashboard's server: no fork beside other threads
+    other.start()
+    try:
+        assert worker_count(10 * PROCESS_MIN_RANKS) == 1
+    finally:
+        stop.set()
+        other.join()
