@@ -806,13 +806,22 @@ def _stalled_apart(data: TriageInput) -> tuple[list[int], list[int]] | None:
     waiting = {r: step for r, (state, step) in states.items() if state in ("stuck_in_collective", "stuck_in_barrier")}
     if not waiting:
         return None
-    step = max(set(waiting.values()), key=list(waiting.values()).count)
+    # the culprit stalls in the step the others wait in, or one behind it: a pipeline has no barrier between
+    # steps, so a stage that stalls in its optimizer step leaves its neighbours waiting in the next step's sends
+    latest = max((s for s in waiting.values() if s is not None), default=None)
     elsewhere = [
-        r for r, (state, s) in states.items() if state in ("stuck_in_compute", "stuck_in_data_loader") and s == step
+        r
+        for r, (state, s) in states.items()
+        if state in ("stuck_in_compute", "stuck_in_data_loader") and (latest is None or s is None or s <= latest)
     ]
     if not elsewhere:
-        return None
-    return sorted(r for r, s in waiting.items() if s == step), sorted(elsewhere)
+        # no rank stalled elsewhere: a rank whose watchdog wrote no stall dump while every other rank's did, in
+        # communication, stopped answering altogether (a process the node froze: its watchdog thread stopped too)
+        silent = [r for r, info in data.ranks.items() if info.has_data and r not in states]
+        if not silent or len(states) != len(waiting):
+            return None
+        elsewhere = silent
+    return sorted(waiting), sorted(elsewhere)
 
 
 def _stalled_apart_verdict(
@@ -828,7 +837,10 @@ def _stalled_apart_verdict(
     ]
     for rank in culprits:
         dump = data.ranks[rank].stall_dump
-        ranks[rank].state = _classify(main_frames(dump), dump.phase if dump else None)
+        if dump is not None and data.ranks[rank].stalls:
+            ranks[rank].state = _classify(main_frames(dump), dump.phase)
+        else:
+            ranks[rank].state = "unresponsive"
         evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
     evidence += _caught_evidence(data)
     return _verdict("missing_ranks", culprits, None, ranks, evidence, data)

@@ -63,3 +63,22 @@ def test_a_sigterm_handlers_broadcast_after_the_timeout_is_no_desync():
     assert verdict.verdict == "missing_ranks", verdict.evidence
     assert verdict.culprit_ranks == [1], verdict.evidence
     assert verdict.ranks[1].last_phase == "data_wait"
+
+
+def test_pipeline_stage_stalled_in_its_optimizer_step_is_missing_from_the_next_steps_sends():
+    """2 pipeline stages: stage 0 computes past the timeout in its optimizer step of step 4; stage 1, with no
+    barrier between steps, waits in step 5's receive. The culprit stalls one step behind those it keeps."""
+    verdict = triage(read_input(FIXTURES / "pipeline_optimizer_hang"))
+    assert verdict.verdict == "missing_ranks", verdict.evidence
+    assert verdict.culprit_ranks == [0], verdict.evidence
+    assert verdict.action.kind == "fix_code"
+
+
+def test_pipeline_stage_frozen_is_the_rank_without_a_stall_dump_and_is_evicted():
+    """8 pipeline stages: stage 2 is SIGSTOPped in a forward (its watchdog thread with it) and continued after
+    the others' timeout. Every other rank's stall dump is in communication; rank 2 wrote none."""
+    verdict = triage(read_input(FIXTURES / "pipeline_stage_frozen"))
+    assert verdict.verdict == "missing_ranks", verdict.evidence
+    assert verdict.culprit_ranks == [2], verdict.evidence
+    assert verdict.ranks[2].state == "unresponsive"
+    assert verdict.action.kind == "evict"
