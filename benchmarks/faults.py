@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -538,9 +539,13 @@ def _judge_analyze(trace_dir: Path) -> Judgement:
         kind, ranks = finding["kind"], sorted(finding.get("ranks") or [])
         if finding.get("severity") not in SEVERITY_ABOVE_LOW:
             continue
-        if kind in ("crash", "step_error"):  # every rank may have raised; the first error is the cause
+        if kind in ("crash", "step_error"):  # every rank may have raised: the culprit the finding names, else
+            # the first to raise (a rank whose exception left no step error, as an HF Trainer's optimizer step
+            # raising outside its training_step, is named from its exit: "culprit as diag triage judges it")
+            named = _named_culprits(finding.get("evidence") or [])
             errors = report.get("run", {}).get("step_errors") or []
-            return Judgement("crash", [int(errors[0]["rank"])] if errors else ranks, alarms, job_wide)
+            first = [int(errors[0]["rank"])] if errors else ranks
+            return Judgement("crash", named or first, alarms, job_wide)
         if not ranks or set(ranks) == world:
             continue
         if kind == "straggler":
@@ -548,6 +553,15 @@ def _judge_analyze(trace_dir: Path) -> Judgement:
             return Judgement(f"straggler:{cause}", ranks, alarms, job_wide)
         return Judgement(kind, ranks, alarms, job_wide)
     return Judgement("none", [], alarms, job_wide)
+
+
+def _named_culprits(evidence: list[str]) -> list[int]:
+    """The ranks of a crash finding's 'culprit as diag triage judges it (verdict): 2, 3; ...' line, if any."""
+    for line in evidence:
+        match = re.match(r"culprit as diag triage judges it \([a-z_]+\): ([0-9, ]+)", line)
+        if match:
+            return sorted(int(r) for r in match.group(1).replace(" ", "").split(",") if r)
+    return []
 
 
 def _is_job_wide(finding: dict, world: set) -> bool:
