@@ -381,9 +381,14 @@ def run_case(scenario: Scenario, workdir: Path) -> Outcome:
             restarted = True
         load_average_1m = os.getloadavg()[0]
     if past_deadline or not trace_dir.is_dir():  # the harness's failure, not diag's: counted apart
+        why = (
+            f"the suite's deadline ({JOB_DEADLINE_S:.0f} s) ended the job"
+            if past_deadline
+            else f"the job wrote no trace directory: no rank reached diag.init (rank 0 said: "
+            f"{_last_line(workdir / 'attempt0-rank0.log')})"
+        )
         return Outcome(scenario, scenario.expected, "not_run", [], False, False, run_s=time.monotonic() - start,
-                       error=f"the suite's deadline ({JOB_DEADLINE_S:.0f} s) ended the job", ran=False,
-                       load_average_1m=load_average_1m)  # fmt: skip
+                       error=why, ran=False, load_average_1m=load_average_1m)  # fmt: skip
     judge_start = time.monotonic()
     judged, error = judge(scenario, trace_dir)
     judge_s = time.monotonic() - judge_start
@@ -410,6 +415,14 @@ def run_case(scenario: Scenario, workdir: Path) -> Outcome:
         error=error,
         load_average_1m=load_average_1m,
     )
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no output"
+    return lines[-1][:200] if lines else "no output"
 
 
 def judge(scenario: Scenario, trace_dir: Path) -> tuple[Judgement, str | None]:
