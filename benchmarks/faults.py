@@ -380,7 +380,9 @@ def run_case(scenario: Scenario, workdir: Path) -> Outcome:
             run_job(scenario, trace_dir, restart)
             restarted = True
         load_average_1m = os.getloadavg()[0]
-    if past_deadline or not trace_dir.is_dir():  # the harness's failure, not diag's: counted apart
+    # the harness's failure, not diag's, counted apart: no rank reached diag.init (a framework may have made the
+    # directory for its own output before its start-up timed out on the loaded box)
+    if past_deadline or not any(trace_dir.glob("rank*")):
         why = (
             f"the suite's deadline ({JOB_DEADLINE_S:.0f} s) ended the job"
             if past_deadline
