@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
+from diag.trace.schema import rank_dir_name
 from diag.triage.analysis import triage
 from diag.triage.sources import read_diag_trace
 
@@ -26,3 +29,18 @@ def assert_same_read(path, workers: int, **options) -> dict:
     verdict = triage(many).to_json()
     assert verdict == triage(one).to_json()
     return verdict
+
+
+def judged(path, heartbeats=True) -> tuple[dict, int]:
+    """The verdict without its notes on what was read, and how many ranks were judged from heartbeats."""
+    data = read_diag_trace(path, heartbeats=heartbeats)
+    verdict = triage(data).to_json()
+    verdict["evidence"] = [line for line in verdict["evidence"] if line not in data.notes]
+    return verdict, sum(info.judged_by_heartbeat for info in data.ranks.values())
+
+
+def edit_heartbeat(path, rank: int, edit) -> None:
+    file = path / rank_dir_name(rank) / "heartbeat.json"
+    heartbeat = json.loads(file.read_text())
+    edit(heartbeat)
+    file.write_text(json.dumps(heartbeat))

@@ -13,46 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.corpus import SENTINEL_NAME, build_cases, make_case
+from tests.reliability.corpus import SAMPLED, SENTINEL_NAME, build_cases, make_case
 
 MEMORY_LIMIT_BYTES = 4 << 30
 CASE_TIMEOUT_S = 240  # generous: the machine is shared; a hang is forever, not minutes
 ROOT = Path(__file__).resolve().parents[3]
 
-SAMPLED = [
-    "cell:steps.csv:int:float",
-    "cell:steps.csv:int_time:digits20",
-    "cell:collectives.csv:category:nonutf8",
-    "cell:collectives.csv:float:inf",
-    "cell:memory.csv:int:quote",
-    "binary_junk_mid_file",
-    "random_bytes_file",
-    "fifo_manifest",
-    "fifo_steps",
-    "dev_zero_steps",
-    "manifest_deep",
-    "manifest_world_size_huge",
-    "manifest_peak_zero",
-    "manifest_odd_types",
-    "rank_dir_huge_number",
-    "second_run_appended",
-    "swapped_start_duration",
-    "pickle_self_list",
-    "pickle_code",
-    "kineto_deep_metadata",
-    "v2_truncated_parquet",
-    "v2_junk_in_stream",
-    "v2_fifo_segment",
-    "fr_pickle_time_huge",
-    "kineto_rank_huge",
-    "kineto_device_props_dict",
-    "events_odd_values",
-    "events_many_keys",
-    "v2_duplicate_column",
-    "v2_parquet_constant_rows",
-    "nccl_log_long_prefix",
-    "manifest_terminal_escapes",
-]
 # what the output must say for a case: the skip is named, not silent
 EXPECTED_NOTES = {
     "cell:steps.csv:int:float": "corrupt rows skipped",

@@ -6,29 +6,11 @@ heartbeats as capture writes them); the real gloo jobs are in test_hangs.py
 
 from __future__ import annotations
 
-import json
-
-from diag.trace.schema import CSV_SCHEMA_VERSION, SCHEMA_VERSION, rank_dir_name
-from diag.triage.analysis import triage
-from diag.triage.sources import read_diag_trace
+from diag.trace.schema import CSV_SCHEMA_VERSION, SCHEMA_VERSION
 from tests.analysis.helpers import synthetic
+from tests.triage.helpers import edit_heartbeat, judged
 
 RANKS, STEPS, PER_STEP = 12, 30, 5
-
-
-def judged(path, heartbeats=True) -> tuple[dict, int]:
-    """The verdict without its notes on what was read, and how many ranks were judged from heartbeats."""
-    data = read_diag_trace(path, heartbeats=heartbeats)
-    verdict = triage(data).to_json()
-    verdict["evidence"] = [line for line in verdict["evidence"] if line not in data.notes]
-    return verdict, sum(info.judged_by_heartbeat for info in data.ranks.values())
-
-
-def edit_heartbeat(path, rank: int, edit) -> None:
-    file = path / rank_dir_name(rank) / "heartbeat.json"
-    heartbeat = json.loads(file.read_text())
-    edit(heartbeat)
-    file.write_text(json.dumps(heartbeat))
 
 
 def test_every_rank_of_a_synthetic_hang_is_judged_from_its_heartbeat_with_the_tables_verdict(tmp_path):

@@ -9,26 +9,10 @@ from __future__ import annotations
 import json
 
 from diag.trace.schema import SCHEMA_VERSION, rank_dir_name
-from diag.triage.analysis import triage
-from diag.triage.sources import read_diag_trace
 from tests.analysis.helpers import synthetic
+from tests.triage.helpers import edit_heartbeat, judged
 
 RANKS, STEPS, PER_STEP = 12, 30, 5
-
-
-def judged(path, heartbeats=True) -> tuple[dict, int]:
-    """The verdict without its notes on what was read, and how many ranks were judged from heartbeats."""
-    data = read_diag_trace(path, heartbeats=heartbeats)
-    verdict = triage(data).to_json()
-    verdict["evidence"] = [line for line in verdict["evidence"] if line not in data.notes]
-    return verdict, sum(info.judged_by_heartbeat for info in data.ranks.values())
-
-
-def edit_heartbeat(path, rank: int, edit) -> None:
-    file = path / rank_dir_name(rank) / "heartbeat.json"
-    heartbeat = json.loads(file.read_text())
-    edit(heartbeat)
-    file.write_text(json.dumps(heartbeat))
 
 
 def test_an_old_trace_without_heartbeat_groups_is_judged_from_its_tables(tmp_path):
