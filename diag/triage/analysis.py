@@ -817,7 +817,15 @@ def _stalled_apart(data: TriageInput) -> tuple[list[int], list[int]] | None:
     if not elsewhere:
         # no rank stalled elsewhere: a rank whose watchdog wrote no stall dump while every other rank's did, in
         # communication, stopped answering altogether (a process the node froze: its watchdog thread stopped too)
-        silent = [r for r, info in data.ranks.items() if info.has_data and r not in states]
+        # (a rank that raised before the waiting ranks gave up is the failure itself, not a frozen one)
+        gave_up = [t for r in waiting if (t := _gave_up_us(data, r)) is not None]
+        silent = [
+            r
+            for r, info in data.ranks.items()
+            if info.has_data
+            and r not in states
+            and ((t := _gave_up_us(data, r)) is None or not gave_up or t >= max(gave_up))
+        ]
         if not silent or len(states) != len(waiting):
             return None
         elsewhere = silent
