@@ -1,6 +1,6 @@
 """A fixed sample of the fault-injection suite (benchmarks/faults.py): real 2- and 3-rank gloo jobs of several
 shapes (the exception propagates, is caught before ``diag.finish()``, ``sys.exit`` in the handler,
-``diag.Trainer``), with sleep or matmul compute, each with one planted fault, judged by ``diag analyze`` or
+``diag.Trainer``, a pipeline schedule), with sleep or matmul compute, each with one planted fault, judged by ``diag analyze`` or
 ``diag triage`` as a user would; the verdict and the culprit must both be right. The whole suite, drawn from a
 seed over every dimension, with its accuracy and false-alarm figures: docs/benchmarks.md."""
 
@@ -23,6 +23,8 @@ SAMPLE = [
     S("trainer", "sleep", 2, "hang", "data", "none", rank=0, step=3),
     S("propagate", "sleep", 3, "sigkill", "collective", "none", rank=2, step=3),
     S("sys_exit", "sleep", 2, "desync", "collective", "none", rank=1, step=2, variant="shape"),
+    # a pipeline's waits are sends and receives: no collective is left pending (the stall dumps tell)
+    S("pipeline", "sleep", 3, "hang", "forward", "none", rank=1, step=2),
 ]
 
 
