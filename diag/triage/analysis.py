@@ -795,9 +795,9 @@ def _died_before(info: RankInfo, state: str | None, waiting_since_us: float) -> 
 
 
 def _stalled_apart(data: TriageInput) -> tuple[list[int], list[int]] | None:
-    """(ranks stalled waiting in communication, ranks stalled elsewhere) in one step, from the watchdog's stall
-    dumps, when both are there: what shows a hang whose waits no collective row holds, as a pipeline's
-    point-to-point sends and receives (numbered per rank, never pending under a group's sequence number)."""
+    """(ranks stalled waiting in communication, ranks that kept them waiting), from the watchdog's stall dumps:
+    what shows a hang whose waits no collective row holds, as a pipeline's point-to-point sends and receives
+    (numbered per rank, never pending under a group's sequence number). None unless both are there."""
     states: dict[int, tuple[str, int | None]] = {}
     for rank, info in data.ranks.items():
         dump = info.stall_dump
@@ -812,24 +812,27 @@ def _stalled_apart(data: TriageInput) -> tuple[list[int], list[int]] | None:
     elsewhere = [
         r
         for r, (state, s) in states.items()
-        if state in ("stuck_in_compute", "stuck_in_data_loader") and (latest is None or s is None or s <= latest)
+        if state in ("stuck_in_compute", "stuck_in_data_loader")
+        and (latest is None or s is None or latest - 1 <= s <= latest)
     ]
-    if not elsewhere:
-        # no rank stalled elsewhere: a rank whose watchdog wrote no stall dump while every other rank's did, in
-        # communication, stopped answering altogether (a process the node froze: its watchdog thread stopped too)
-        # (a rank that raised before the waiting ranks gave up is the failure itself, not a frozen one)
-        gave_up = [t for r in waiting if (t := _gave_up_us(data, r)) is not None]
-        silent = [
-            r
-            for r, info in data.ranks.items()
-            if info.has_data
-            and r not in states
-            and ((t := _gave_up_us(data, r)) is None or not gave_up or t >= max(gave_up))
-        ]
-        if not silent or len(states) != len(waiting):
-            return None
-        elsewhere = silent
-    return sorted(waiting), sorted(elsewhere)
+    if not elsewhere and len(states) == len(waiting):
+        elsewhere = _frozen(data, states, list(waiting))
+    return (sorted(waiting), sorted(elsewhere)) if elsewhere else None
+
+
+def _frozen(data: TriageInput, stalled: dict, waiting: list[int]) -> list[int]:
+    """Every rank with a stall dump stalled in communication: the ranks that wrote none stopped answering
+    altogether (a process the node froze, its watchdog thread with it), unless they raised before the waiting
+    ranks gave up (their exception is the failure, not a freeze)."""
+    gave_up = [t for r in waiting if (t := _gave_up_us(data, r)) is not None]
+    last_gave_up = max(gave_up) if gave_up else None
+    return [
+        r
+        for r, info in data.ranks.items()
+        if info.has_data
+        and r not in stalled
+        and (last_gave_up is None or (t := _gave_up_us(data, r)) is None or t >= last_gave_up)
+    ]
 
 
 def _stalled_apart_verdict(
