@@ -152,6 +152,9 @@ def test_the_first_read_in_worker_processes_is_the_same_and_reads_on(tmp_path, m
     synthetic.generate(tmp_path, RANKS, STEPS, PER_STEP, trace_format=trace_format)
     threads, _ = load(tmp_path, cache=False)
     monkeypatch.setattr(diag.processes, "PROCESS_MIN_RANKS", 64)
+    # threads earlier tests of this pytest process left running would make worker_count say 1 (no fork beside
+    # other threads); LiveTrace.start forks before its own poll thread, which is what this test is about
+    monkeypatch.setattr(diag.processes.threading, "active_count", lambda: 1)
     polls = []
     poll = partitioned.ProcessEngine.poll
     monkeypatch.setattr(partitioned.ProcessEngine, "poll", lambda *a, **k: polls.append(1) or poll(*a, **k))
