@@ -20,7 +20,7 @@ class RunError(Exception):
 
 
 def _note(text: str) -> None:
-    print(text, file=sys.stderr)
+    print(text, file=sys.stderr, flush=True)  # before what the command prints after it, as a terminal shows it
 
 
 @dataclass
