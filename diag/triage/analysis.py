@@ -42,6 +42,7 @@ when the step before completed without an error.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
@@ -63,6 +64,7 @@ P2P_OPS = ("send", "recv")  # numbered per rank by a counter of their own, not p
 MAX_OTHER_HANGS = 5  # other groups' pending collectives listed as evidence
 DATA_LOADER_FUNCTIONS = ("__next__", "_next_data", "_get_data", "_try_get_data", "wrap_loader")
 BARRIER_FUNCTIONS = ("barrier", "monitored_barrier", "_store_based_barrier")
+TIMEOUT_PATTERN = re.compile(r"timed out|timeout", re.IGNORECASE)  # gloo's and NCCL's watchdog's wording
 
 
 @dataclass
@@ -630,6 +632,12 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
             f"{_ranks_text(late)} entered only after that"
         )
         evidence.append(f"rank {first_out} gave up at {_clock(gave_up[first_out])}: {reason}")
+        timed_out = _first_timed_out(data, {r: t for r, t in gave_up.items() if r not in late})
+        if timed_out is not None and timed_out != first_out:
+            evidence.append(
+                f"rank {timed_out} timed out at {_clock(gave_up[timed_out])}: "
+                f"{_gave_up_reason(data, timed_out)[:200]}"
+            )
         for rank in late:
             stall = data.ranks[rank].stall_dump if rank in data.ranks else None
             where = f"; earlier its watchdog saw: {stall.reason}" if stall and stall.reason else ""
@@ -725,6 +733,14 @@ def _gave_up_reason(data: TriageInput, rank: int) -> str:
     if len(raised):
         return str(raised["error"].iloc[0])
     return str((_exit_record(data.ranks[rank]) or NO_EXIT).error or "an error")
+
+
+def _first_timed_out(data: TriageInput, gave_up: dict[int, float]) -> int | None:
+    """The first of these ranks whose error is a timeout. The first rank out may have raised something else
+    (a peer that had timed out and exited closed its connection, and the error was recorded before the
+    timeout's): the timeout is what says the late ranks were absent when it fired."""
+    timed_out = [r for r in gave_up if TIMEOUT_PATTERN.search(_gave_up_reason(data, r))]
+    return min(timed_out, key=gave_up.get) if timed_out else None
 
 
 def _collective_errors(data: TriageInput, rank: int) -> pd.DataFrame:

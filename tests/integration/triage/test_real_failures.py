@@ -40,7 +40,7 @@ def test_rank_arriving_after_the_others_timed_out_is_missing_not_slow(tmp_path):
     assert verdict["verdict"] == "missing_ranks" and verdict["culprit_ranks"] == [3]
     assert verdict["collective"]["op"] == "all_reduce"
     evidence = "\n".join(verdict["evidence"])
-    assert "entered only after that" in evidence and "Timed out" in evidence
+    assert "entered only after that" in evidence and "Timed out" in evidence, evidence
     late = verdict["ranks"]["3"]
     assert late["state"] == "stuck_in_compute" and late["last_phase"] == "forward"  # where it was, from its stall
     # capture recorded each collective that raised, with its error and when it was entered and raised

@@ -82,3 +82,15 @@ def test_pipeline_stage_frozen_is_the_rank_without_a_stall_dump_and_is_evicted()
     assert verdict.culprit_ranks == [2], verdict.evidence
     assert verdict.ranks[2].state == "unresponsive"
     assert verdict.action.kind == "evict"
+
+
+def test_late_rank_evidence_quotes_the_timeout_when_a_closed_connection_was_recorded_first():
+    """4 ranks: rank 3 is stopped in step 3's forward and continued after the others timed out in the
+    all_reduce. Rank 1's record was edited to what a loaded host records: "connection closed by peer" (rank 0
+    timed out and exited) stamped before rank 0's timeout. The first rank out says why it gave up; the
+    timeout, which is what says rank 3 was absent, is quoted too."""
+    verdict = triage(read_input(FIXTURES / "late_rank_after_a_peer_closed"))
+    assert verdict.verdict == "missing_ranks" and verdict.culprit_ranks == [3], verdict.evidence
+    evidence = "\n".join(verdict.evidence)
+    assert "rank 1 gave up" in evidence and "Connection closed by peer" in evidence, evidence
+    assert "rank 0 timed out" in evidence and "Timed out waiting" in evidence, evidence
