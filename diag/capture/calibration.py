@@ -171,6 +171,39 @@ class SchedStats:
         return max(cpu_ns, 0) / 1000, max(wait_ns, 0) / 1000
 
 
+class ThreadRunQueueWait:
+    """The calling thread's cumulative run-queue wait (time ready to run but without a core) in ns, from
+    Linux schedstat, or None where the kernel does not keep it. One open file per thread, re-read in place
+    (a few microseconds): a pipeline stage reads it around each action, so that time spent waiting for a core
+    on a loaded host is not taken for the stage's own work."""
+
+    def __init__(self):
+        self._files: dict[int, int] = {}  # native thread id -> open descriptor of its schedstat
+        self.available = os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat")
+
+    def read_ns(self) -> int | None:
+        if not self.available:
+            return None
+        thread_id = threading.get_native_id()
+        try:
+            descriptor = self._files.get(thread_id)
+            if descriptor is None:
+                descriptor = os.open(f"/proc/self/task/{thread_id}/schedstat", os.O_RDONLY)
+                self._files[thread_id] = descriptor
+            return int(os.pread(descriptor, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            self.available = False
+            return None
+
+    def close(self) -> None:
+        for descriptor in self._files.values():
+            try:
+                os.close(descriptor)
+            except OSError:
+                pass
+        self._files.clear()
+
+
 def _capturing_or_compiling() -> bool:
     """A CUDA graph being captured or torch.compile tracing: a matmul now would become part of the graph."""
     import torch

@@ -26,6 +26,7 @@ from contextlib import contextmanager, suppress
 
 from diag._warn import warn_once
 from diag.capture import torch_private
+from diag.capture.calibration import ThreadRunQueueWait
 from diag.trace.schema import MICROBATCHES
 
 COMPUTE_ACTIONS = ("forward", "backward", "backward_input", "backward_weight")
@@ -42,13 +43,17 @@ class _Recorder:
 
     def __init__(self, session):
         self.session = session
+        self.core_wait = ThreadRunQueueWait()
 
     def begin(self):
-        return time.time_ns() // 1000, time.perf_counter_ns(), self.session.device_timer.start()
+        wait_ns = self.core_wait.read_ns()
+        return time.time_ns() // 1000, time.perf_counter_ns(), self.session.device_timer.start(), wait_ns
 
     def end(self, started, step: int, stage: int, virtual_stage: int, microbatch: int, action: str) -> None:
-        start_us, start_ns, event = started
+        start_us, start_ns, event, wait_start_ns = started
         duration_us = round((time.perf_counter_ns() - start_ns) / 1000)
+        wait_end_ns = self.core_wait.read_ns() if wait_start_ns is not None else None
+        runqueue_wait_us = (wait_end_ns - wait_start_ns) / 1000 if wait_end_ns is not None else None
         row = MICROBATCHES.row(
             step=step,
             stage=stage,
@@ -57,6 +62,7 @@ class _Recorder:
             action=action,
             start_us=start_us,
             duration_us=duration_us,
+            runqueue_wait_us=runqueue_wait_us,
         )
         self.session.device_timer.stop(event, "microbatches", row)
 

@@ -349,6 +349,12 @@ MICROBATCHES = Table(
         Column("start_us", "int64", "wall-clock instant the action began"),
         Column("duration_us", "int64", "host wall time of the action"),
         Column("device_us", "Float64", "GPU time of the action from CUDA events; empty on CPU"),
+        Column(
+            "runqueue_wait_us",
+            "Float64",
+            "time the recording thread was ready to run but waited for a core during the action (other load on "
+            "the host; Linux schedstat, empty elsewhere): not the stage's own work",
+        ),
     ),
 )
 

@@ -594,7 +594,7 @@ def _bubble(report) -> Block:
         f"schedule {bubble.schedule or 'unknown'}: {bubble.stages} stages, {bubble.virtual_stages} chunk(s) per rank, "
         f"{bubble.microbatches} micro-batches; {bubble.steps_analysed} steps analysed",
         f"bubble: measured {pct(bubble.measured_fraction)} of a {ms_from_s(bubble.step_span_s)} step, theory {theory} ({bubble.theory})",
-        f"slowest stage {bubble.slowest_stage}: +{pct(bubble.slowest_stage_excess_fraction)} busy vs the others"
+        f"slowest stage {bubble.slowest_stage}: +{pct(bubble.slowest_stage_excess_fraction)} work vs the others"
         f"{'' if bubble.imbalanced else ' (within noise)'}, costs {ms_from_s(bubble.slowest_stage_time_lost_per_step_s)}/step",
         *bubble.notes,
     ]

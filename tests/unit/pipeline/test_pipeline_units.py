@@ -158,3 +158,50 @@ def test_gpu_actions_carry_cuda_event_times(one_gpu_world):
     assert len(compute) == 3 * 2 * 4 * 2  # steps x chunks x micro-batches x (forward, backward)
     assert compute["device_us"].notna().all() and (compute["device_us"] > 0).all()
     assert set(compute["virtual_stage"]) == {0, 1} and set(compute["stage"]) == {0}
+
+
+def _pipeline_sample_with(tmp_path, edit_stage_rows) -> "diag.Trace":
+    """The bundled pipeline sample (4 stages, stage 2 computing twice as long), its stage-2 microbatches rows
+    given a run-queue wait column by ``edit_stage_rows(row) -> wait_us``."""
+    import shutil
+
+    trace_dir = tmp_path / "pipeline"
+    shutil.copytree(REPO / "sample_traces" / "pipeline", trace_dir)
+    for path in trace_dir.glob("rank*/microbatches.csv"):
+        header, columns, *rows = path.read_text().splitlines()
+        names = columns.split(",")
+        edited = []
+        for line in rows:
+            row = dict(zip(names, line.split(",")))
+            wait_us = edit_stage_rows(row) if row["stage"] == "2" else 0
+            edited.append(f"{line},{wait_us}")
+        path.write_text("\n".join([header, columns + ",runqueue_wait_us", *edited]) + "\n")
+    return diag.load(trace_dir)
+
+
+def test_a_stage_slower_only_by_waiting_for_a_core_is_no_imbalance(tmp_path):
+    """On a CPU host with more runnable threads than cores a stage's actions can take longer only because its
+    thread waited for a core (in 1F1B, the last stage's back-to-back forward and backward). Stage 2's extra half
+    of each compute action recorded as run-queue wait: its work equals the others', and it is not named."""
+    compute = {"forward", "backward"}
+    trace = _pipeline_sample_with(tmp_path, lambda row: int(row["duration_us"]) // 2 if row["action"] in compute else 0)
+    report = analyze_bubble(trace)
+    stage_2 = next(s for s in report.per_stage if s.stage == 2)
+    assert stage_2.busy_s > 1.8 * stage_2.work_s  # the wall time still shows what the pipeline did
+    assert abs(report.slowest_stage_excess_fraction) < 0.1 and not report.imbalanced
+
+
+def test_a_stage_with_more_work_is_named_whatever_its_core_waits(tmp_path):
+    trace = _pipeline_sample_with(tmp_path, lambda row: 0)
+    report = analyze_bubble(trace)
+    assert report.imbalanced and report.slowest_stage == 2
+    assert report.slowest_stage_excess_fraction == pytest.approx(0.98, abs=0.05)
+
+
+def test_an_imbalance_seen_in_fewer_than_three_steps_is_no_evidence():
+    """A run killed after two steps: a one- or two-step median has no spread to measure, which read as
+    infinite evidence and named a stage of a healthy 8-stage job."""
+    trace = diag.load(REPO / "sample_traces" / "pipeline")
+    report = analyze_bubble(trace, window_steps=[1, 2])
+    assert report.slowest_stage == 2 and report.slowest_stage_excess_fraction > 0.5
+    assert report.slowest_stage_evidence_z == 0.0 and not report.imbalanced
