@@ -72,6 +72,7 @@ STEPS_FOR = {"high": 10, "medium": 5}  # steps analysed, for each severity: 4 st
 JITTER_MEDIUM_SHARE = 0.5  # job-wide jitter is medium from this share of the step (and STEPS_FOR["high"]) ...
 JITTER_HICCUP_FRACTION = 0.2  # ... when in at most this share of the steps (hiccups, not a noisy host)
 MAX_LISTED_STEPS = 20
+LARGE_SLOWDOWN = 10.0  # from this slowdown (+1000%) a straggler's extra work is said in milliseconds
 
 
 class Cause(str, Enum):
@@ -257,10 +258,18 @@ def find_stragglers(
         report.note = f"only {report.steps} step(s) analysed: too few to tell a straggler from warm-up or noise"
         report.compared = False
         return report
-    if (layout[0] if layout else f.groupby("peers")["rank"].nunique().max()) < 2:
-        report.note = "pipeline parallel with one rank per stage: stages do different work, so ranks are not compared (see the pipeline bubble report)"
-        report.compared = False
-        return report
+    data_only = (layout[0] if layout else f.groupby("peers")["rank"].nunique().max()) < 2
+    if data_only:
+        times = _data_waits_only(times)
+        if times is None:
+            report.note = "pipeline parallel with one rank per stage: stages do different work, so ranks are not compared (see the pipeline bubble report)"
+            report.compared = False
+            return report
+        f, layout = times.frame, None
+        report.note = (
+            "pipeline parallel with one rank per stage: stages do different work, so ranks are compared on their "
+            "data wait only (see the pipeline bubble report for their compute)"
+        )
     if layout is None and f["peers"].nunique() > 1:
         report.note = "pipeline parallel: each rank is compared with the ranks of its own stage"
     if times.wait_source == "none":
@@ -346,8 +355,25 @@ def find_stragglers(
         s.evidence.append(cost_text(s))
     report.stragglers.sort(key=lambda s: (not s.persistent, -s.cost_per_step_s, -s.time_lost_s))
     own_spike_steps = {step for s in report.stragglers for step in s.spike_steps}
-    report.jitter = _jitter(f, step_time_us, own_spike_steps, n_steps)
+    # one rank per stage: the step time is the pipeline's, which no comparison of data waits explains
+    report.jitter = None if data_only else _jitter(f, step_time_us, own_spike_steps, n_steps)
     return report
+
+
+def _data_waits_only(times: RankStepTimes) -> RankStepTimes | None:
+    """A pipeline with one rank per stage: each rank's data wait as its busy time, every rank that waits for
+    data a peer of the others (their loaders do the same work, whatever their stages compute), or None with
+    fewer than two such ranks. A rank without a loader (a middle stage fed by its neighbours) waits 0."""
+    frame = times.frame
+    waits = frame.groupby("rank")["data_wait_us"].median()
+    loading = waits.index[waits > 0]
+    if len(loading) < 2:
+        return None
+    frame = frame[frame["rank"].isin(loading)].copy()
+    frame["compute_us"] = 0.0
+    frame["busy_us"] = frame["data_wait_us"].astype("float64")
+    frame["peers"] = np.zeros(len(frame), dtype="int64")
+    return RankStepTimes(frame.reset_index(drop=True), times.wait_source)
 
 
 def _typical_busy_us(f: pd.DataFrame) -> np.ndarray | float:
@@ -856,6 +882,14 @@ def straggler_findings(report: StragglerReport, ctx: FindingContext) -> list[Fin
     return out
 
 
+def _extra_work_text(s: Straggler) -> str:
+    """'+45% work'; in milliseconds where the others' work is next to nothing (a pipeline's ranks compared on
+    their data waits alone: +595781% said nothing)."""
+    if s.slowdown < LARGE_SLOWDOWN:
+        return f"{100 * s.slowdown:+.0f}% work"
+    return f"{s.excess_data_wait_ms + s.excess_compute_ms:+.1f} ms work a step"
+
+
 def _straggler_finding(kind, group: list[Straggler], steps: int, step_s, cause) -> Finding:
     ranks = [s.rank for s in group]
     per_step = sum(s.cost_per_step_s for s in group)
@@ -864,7 +898,7 @@ def _straggler_finding(kind, group: list[Straggler], steps: int, step_s, cause) 
         worst = max(group, key=lambda s: s.slowdown)
         title = (
             f"{who[0].upper()}{who[1:]} {'is a' if len(ranks) == 1 else 'are'} persistent straggler{'s' * (len(ranks) > 1)} ({cause}): "
-            f"{100 * worst.slowdown:+.0f}% work, costs the job {per_step * 1e3:.1f} ms/step"
+            f"{_extra_work_text(worst)}, costs the job {per_step * 1e3:.1f} ms/step"
         )
         advice = Cause(cause).advice
     else:

@@ -438,6 +438,7 @@ def _collective(ops: pd.DataFrame, pg: str, seq: int, ranks: list[int] | None = 
 
 def _desync_verdict(data: TriageInput, ops: pd.DataFrame, key: tuple[str, int], liveness: dict) -> Verdict:
     pg, seq = key
+    ops = _collectives_only(ops)  # a pipeline's sends and receives share the group's numbers, not its ops
     at_seq = ops[(ops["pg"] == pg) & (ops["seq"] == seq)]
     sides = {sig: sorted(rows["rank"].tolist()) for sig, rows in at_seq.groupby("signature")}
     history = ops[(ops["pg"] == pg) & (ops["seq"] < seq)]["signature"].value_counts()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -178,3 +179,49 @@ def test_pipeline_sample_with_one_rank_per_stage_names_no_straggler():
 
     report = report_of(REPO / "sample_traces" / "pipeline")
     assert report["stragglers"] == [] and "one rank per stage" in report["straggler_method"]["note"]
+
+
+def _one_rank_per_stage(data_wait_us: dict[int, float], compute_us: dict[int, float], steps: int = 20):
+    rows = []
+    generator = np.random.default_rng(0)
+    for step in range(steps):
+        for rank in data_wait_us:
+            wait = data_wait_us[rank] * (1 + 0.05 * generator.standard_normal())
+            compute = compute_us[rank]
+            rows.append(
+                {
+                    "rank": rank,
+                    "step": step,
+                    "data_wait_us": max(wait, 0.0),
+                    "compute_us": compute,
+                    "wait_us": 0.0,
+                    "busy_us": compute + max(wait, 0.0),
+                    "iteration_us": 600_000.0,
+                    "peers": rank,  # each rank its own stage
+                }
+            )
+    return RankStepTimes(pd.DataFrame(rows), "steps.comm_wait_us")
+
+
+def test_pipeline_with_one_rank_per_stage_compares_data_waits_only():
+    """Stages compute different amounts (stage 3 twice stage 0's: no straggler); rank 1's loader is 40 ms
+    slower than the others': a data straggler, whatever the stages compute."""
+    compute = {0: 100_000.0, 1: 120_000.0, 2: 150_000.0, 3: 200_000.0}
+    waits = {0: 2_000.0, 1: 42_000.0, 2: 2_000.0, 3: 2_000.0}
+    info = pd.DataFrame({"host": ["node0"] * 4}, index=range(4))
+    report = find_stragglers(_one_rank_per_stage(waits, compute), info, throttled={}, last_arrival={})
+    assert "data wait only" in report.note
+    assert [(s.rank, s.cause, s.persistent) for s in report.stragglers] == [(1, "data", True)]
+    assert report.stragglers[0].excess_data_wait_ms == pytest.approx(40, rel=0.1)
+    assert report.jitter is None
+    healthy = find_stragglers(_one_rank_per_stage(dict.fromkeys(waits, 2_000.0), compute), info, {}, {})
+    assert healthy.stragglers == [] and healthy.compared
+
+
+def test_pipeline_whose_middle_stages_load_nothing_is_not_compared():
+    """Only stage 0 reads batches: one rank with a loader has nobody to be compared with."""
+    waits = {0: 5_000.0, 1: 0.0, 2: 0.0, 3: 0.0}
+    report = find_stragglers(
+        _one_rank_per_stage(waits, dict.fromkeys(waits, 100_000.0)), pd.DataFrame(), throttled={}, last_arrival={}
+    )
+    assert not report.compared and report.stragglers == [] and "not compared" in report.note

@@ -94,3 +94,14 @@ def test_late_rank_evidence_quotes_the_timeout_when_a_closed_connection_was_reco
     evidence = "\n".join(verdict.evidence)
     assert "rank 1 gave up" in evidence and "Connection closed by peer" in evidence, evidence
     assert "rank 0 timed out" in evidence and "Timed out waiting" in evidence, evidence
+
+
+def test_pipeline_dtype_desync_names_the_rank_not_its_receives():
+    """A 3-stage pipeline whose stage 0 all-reduces the step's loss summary in float64, the others in float32;
+    gloo aborts rank 2. The schedule's receives are numbered like the group's collectives (seq 5 is both an
+    all_reduce and a recv here): the desync is the all_reduce's, and its culprit rank 0 alone."""
+    verdict = triage(read_input(FIXTURES / "pipeline_dtype_desync"))
+    assert verdict.verdict == "desync", verdict.evidence
+    assert verdict.culprit_ranks == [0], verdict.evidence
+    assert verdict.collective["op"] == "all_reduce"
+    assert not any("recv" in line for line in verdict.evidence), verdict.evidence
