@@ -241,10 +241,12 @@ def find_stragglers(
     throttled: dict[int, float],
     last_arrival: dict[int, float],
     memory_pressure: dict[int, str] | None = None,
+    stage_work_us: pd.Series | None = None,
 ) -> StragglerReport:
     """``ranks_info``: rank-indexed host, local_rank, gpu; ``throttled``: rank -> share of throttled samples, for
     the ranks whose GPU the telemetry analysis calls throttled;
-    ``memory_pressure``: rank -> what the memory analysis saw (a leak, allocator retries) on that rank."""
+    ``memory_pressure``: rank -> what the memory analysis saw (a leak, allocator retries) on that rank;
+    ``stage_work_us``: a pipeline's compute work per (rank, step) (diag.analysis.bubble), when it has one."""
     f = times.frame
     layout = _rank_major(f)  # the usual layout: ranks and steps counted without hashing 16 M rows
     report = StragglerReport(
@@ -260,7 +262,7 @@ def find_stragglers(
         return report
     data_only = (layout[0] if layout else f.groupby("peers")["rank"].nunique().max()) < 2
     if data_only:
-        times = _data_waits_only(times)
+        times = _across_stages(times, stage_work_us)
         if times is None:
             report.note = "pipeline parallel with one rank per stage: stages do different work, so ranks are not compared (see the pipeline bubble report)"
             report.compared = False
@@ -268,7 +270,8 @@ def find_stragglers(
         f, layout = times.frame, None
         report.note = (
             "pipeline parallel with one rank per stage: stages do different work, so ranks are compared on their "
-            "data wait only (see the pipeline bubble report for their compute)"
+            "data wait and on their compute against their own usual step (see the pipeline bubble report for a "
+            "stage that always computes longer)"
         )
     if layout is None and f["peers"].nunique() > 1:
         report.note = "pipeline parallel: each rank is compared with the ranks of its own stage"
@@ -360,18 +363,32 @@ def find_stragglers(
     return report
 
 
-def _data_waits_only(times: RankStepTimes) -> RankStepTimes | None:
-    """A pipeline with one rank per stage: each rank's data wait as its busy time, every rank that waits for
-    data a peer of the others (their loaders do the same work, whatever their stages compute), or None with
-    fewer than two such ranks. A rank without a loader (a middle stage fed by its neighbours) waits 0."""
+def _across_stages(times: RankStepTimes, stage_work_us: pd.Series | None) -> RankStepTimes | None:
+    """A pipeline with one rank per stage, made comparable across stages: each rank's busy time is its data
+    wait (the loaders do the same work whatever their stages compute) plus its compute work moved to a common
+    level (its work in the step, less its own median, plus the median over ranks of theirs), so that a stage
+    that always computes longer is not a straggler (the bubble analysis's imbalance) while a step in which one
+    stage computed far longer than usual is that stage's own spike. Without pipeline work rows, data waits
+    alone, among the ranks that wait for data (a middle stage fed by its neighbours waits 0); None when fewer
+    than two ranks are left to compare."""
     frame = times.frame
-    waits = frame.groupby("rank")["data_wait_us"].median()
-    loading = waits.index[waits > 0]
-    if len(loading) < 2:
+    if stage_work_us is not None and len(stage_work_us):
+        work = pd.Series(
+            stage_work_us.reindex(pd.MultiIndex.from_arrays([frame["rank"], frame["step"]])).to_numpy(),
+            index=frame.index,
+        )
+        usual = work.groupby(frame["rank"]).transform("median")
+        common = float(work.groupby(frame["rank"]).median().median())
+        compute = (work - usual).fillna(0.0) + common
+        frame = frame[frame["rank"].isin(stage_work_us.index.get_level_values(0))].copy()
+        frame["compute_us"] = compute.reindex(frame.index).clip(lower=0).to_numpy()
+    else:
+        waits = frame.groupby("rank")["data_wait_us"].median()
+        frame = frame[frame["rank"].isin(waits.index[waits > 0])].copy()
+        frame["compute_us"] = 0.0
+    if frame["rank"].nunique() < 2:
         return None
-    frame = frame[frame["rank"].isin(loading)].copy()
-    frame["compute_us"] = 0.0
-    frame["busy_us"] = frame["data_wait_us"].astype("float64")
+    frame["busy_us"] = frame["data_wait_us"].astype("float64") + frame["compute_us"]
     frame["peers"] = np.zeros(len(frame), dtype="int64")
     return RankStepTimes(frame.reset_index(drop=True), times.wait_source)
 

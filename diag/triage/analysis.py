@@ -53,18 +53,22 @@ from diag.trace.schema import CAPTURE_STOPPED
 from diag.triage.action import NONE, Action
 from diag.triage.action import decide as decide_action
 from diag.triage.flight_recorder import is_library_file
-from diag.triage.sources import RankInfo, TriageInput, main_frames
+from diag.triage.sources import P2P_OPS, RankInfo, TriageInput, main_frames
 from diag.triage.summary import DEAD_MARGIN_INTERVALS, DEFAULT_HEARTBEAT_INTERVAL_S
 
 NOTHING_TO_JUDGE = (
     "nothing to judge: no collectives, heartbeats, hang dumps or Flight Recorder entries were found "
     "(was diag.init run with watchdog=True?); this is no evidence that the job was healthy"
 )
-P2P_OPS = ("send", "recv")  # numbered per rank by a counter of their own, not per group
 MAX_OTHER_HANGS = 5  # other groups' pending collectives listed as evidence
 DATA_LOADER_FUNCTIONS = ("__next__", "_next_data", "_get_data", "_try_get_data", "wrap_loader")
 BARRIER_FUNCTIONS = ("barrier", "monitored_barrier", "_store_based_barrier")
 TIMEOUT_PATTERN = re.compile(r"timed out|timeout", re.IGNORECASE)  # gloo's and NCCL's watchdog's wording
+# what a rank raises when a peer it waits for has failed: gloo's and NCCL's timeouts, closed connections
+COMMUNICATION_FAILURE_PATTERN = re.compile(
+    r"timed out|timeout|connection (?:closed|reset)|closed by peer|broken pipe|NCCL communicator was aborted",
+    re.IGNORECASE,
+)
 
 
 @dataclass
@@ -200,12 +204,14 @@ def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str]) -> pd.Data
     if ops.empty or ops["completed"].all():
         return ops
     finished = [r for r, state in liveness.items() if state == "finished"]
-    done_seq = ops[ops["completed"]].groupby(["rank", "pg"])["seq"].max().rename("_done_seq")
+    p2p = ops["op"].isin(P2P_OPS)  # numbered apart: a later send says nothing of an earlier all_reduce
+    done_seq = ops[ops["completed"] & ~p2p].groupby(["rank", "pg"])["seq"].max().rename("_done_seq")
     last_step = ops.groupby(["rank", "pg"])["step"].max().rename("_last_step")
     marked = ops.join(done_seq, on=["rank", "pg"]).join(last_step, on=["rank", "pg"])
     untimed = ~marked["completed"] & marked["source"].eq("diag")
     step_ended = untimed & (marked["step"] >= 0) & (marked["step"] < marked["_last_step"])
-    returned = marked["rank"].isin(finished) | (marked["seq"] < marked["_done_seq"].fillna(-1)) | step_ended
+    later_done = ~p2p & (marked["seq"] < marked["_done_seq"].fillna(-1))
+    returned = marked["rank"].isin(finished) | later_done | step_ended
     if "failed" in ops:  # it returned by raising: the rank finished because the job caught the error
         returned &= ~ops["failed"]
     ops = ops.copy()
@@ -253,14 +259,18 @@ def _with_failed(ops: pd.DataFrame, errors: pd.DataFrame) -> pd.DataFrame:
     if failed.empty:
         return ops
     failed = failed.drop_duplicates(["rank", "pg", "seq"]).astype({"seq": "int64"})
-    keys = pd.MultiIndex.from_frame(failed[["rank", "pg", "seq"]])
-    known = pd.MultiIndex.from_frame(ops[["rank", "pg", "seq"]].astype({"pg": str}))
+    # sends and receives are numbered apart from the group's collectives: match each with its own kind
+    failed = failed.assign(p2p=failed["op"].astype(str).isin(P2P_OPS))
+    keys = pd.MultiIndex.from_frame(failed[["rank", "pg", "seq", "p2p"]])
+    known = pd.MultiIndex.from_frame(
+        ops[["rank", "pg", "seq"]].astype({"pg": str}).assign(p2p=ops["op"].astype(str).isin(P2P_OPS))
+    )
     ops.loc[known.isin(keys), ["failed", "completed"]] = [True, False]
     absent = failed[~keys.isin(known)]
     if absent.empty:
         return ops
     # what the other members issued at that seq (a failed op's event names the op, not its payload)
-    peers = ops.drop_duplicates(["pg", "seq"]).set_index(["pg", "seq"])
+    peers = _collectives_only(ops).drop_duplicates(["pg", "seq"]).set_index(["pg", "seq"])
     at = pd.MultiIndex.from_frame(absent[["pg", "seq"]])
     op = absent["op"].astype(str)
     signature = peers["signature"].reindex(at).to_numpy(dtype=object)
@@ -304,11 +314,12 @@ def _drop_stale_pending(ops: pd.DataFrame) -> pd.DataFrame:
     """A collective diag saw complete (or knew returned) on one member completed on all: a rank that shows it
     pending is showing an old snapshot (a heartbeat written before it returned, rows lost to a SIGKILL, a gloo
     Flight Recorder entry that never reads completed)."""
-    done = ops[ops["completed"] & (ops["source"] == "diag")][["pg", "seq"]].drop_duplicates()
+    p2p = ops["op"].isin(P2P_OPS).to_numpy()  # a completed send at seq 3 is not the group's op at seq 3
+    done = ops[ops["completed"] & (ops["source"] == "diag") & ~p2p][["pg", "seq"]].drop_duplicates()
     if done.empty or ops["completed"].all():
         return ops
     marked = ops.merge(done.assign(_done=True), on=["pg", "seq"], how="left")
-    stale = ~marked["completed"] & marked["_done"].fillna(False).astype(bool)
+    stale = ~marked["completed"] & marked["_done"].fillna(False).astype(bool) & ~p2p
     return ops[~stale.to_numpy()].reset_index(drop=True)
 
 
@@ -480,8 +491,9 @@ def row_count_text(history: pd.Series, sides: dict[str, list[int]]) -> str:
 def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liveness: dict) -> Verdict:
     hang = hangs[0]
     latest = not data.completion_reliable
+    ops = _collectives_only(ops)  # the hang is a collective's: sends and receives share its numbers
     roots, links, cycle = (
-        _wait_chain(_collectives_only(ops), _members(data), hang["missing"], latest)
+        _wait_chain(ops, _members(data), hang["missing"], latest)
         if hang["missing"]
         else ([], [], False)
     )
@@ -889,11 +901,29 @@ def _error_verdict(data: TriageInput, ops: pd.DataFrame, liveness: dict) -> Verd
     errors = data.errors
     first = errors.iloc[0]
     in_first_step = errors[errors["step"] == first["step"]] if first["step"] == first["step"] else errors.iloc[:1]
-    culprits = sorted(set(in_first_step["rank"].tolist()))
+    raised = sorted(set(in_first_step["rank"].tolist()))
+    culprits = _not_waiting_victims(in_first_step) or raised
     ranks = _rank_reports(data, ops, liveness, focus=None)
-    evidence = [f"{_ranks_text(culprits)} raised: {_error_text(first)}"]
-    evidence += [f"rank {r}: {_describe(ranks[r])}" for r in culprits if r in ranks]
+    evidence = [f"{_ranks_text(raised)} raised: {_error_text(first)}"]
+    victims = [r for r in raised if r not in culprits]
+    if victims:
+        evidence.append(
+            f"{_ranks_text(victims)} only gave up waiting for {_ranks_text(culprits)} afterwards (a timeout or a "
+            "closed connection): not a cause"
+        )
+    evidence += [f"rank {r}: {_describe(ranks[r])}" for r in raised if r in ranks]
     return _verdict("step_error", culprits, None, ranks, evidence, data)
+
+
+def _not_waiting_victims(errors: pd.DataFrame) -> list[int]:
+    """The ranks whose first error in the step is the job's own (not a timeout or a closed connection, which a
+    rank raises when a peer it waits for has failed), when such an error came first; [] otherwise. A pipeline
+    stage that raises leaves its neighbour waiting in a send or receive, which times out in the same step."""
+    firsts = errors.sort_values("time_us", kind="stable").groupby("rank", sort=False).head(1)
+    own = firsts[~firsts["error"].astype(str).str.contains(COMMUNICATION_FAILURE_PATTERN)]
+    if own.empty or own["time_us"].min() > firsts["time_us"].min():
+        return []
+    return sorted(int(r) for r in own["rank"])
 
 
 def _caught_evidence(data: TriageInput) -> list[str]:

@@ -44,6 +44,7 @@ from diag.triage.summary import heartbeat_ops, judged_by_heartbeat
 from diag.triage.tail import read_tail
 from diag.triage.workers import read_in_workers
 
+P2P_OPS = ("send", "recv")  # numbered per rank by a counter of their own, not per group
 OPS_COLUMNS = [
     "rank",
     "pg",
@@ -623,7 +624,7 @@ def _add_pending_from_dumps(ops: pd.DataFrame, ranks: dict[int, RankInfo]) -> pd
     combined = pd.concat([ops, pd.DataFrame(rows, columns=OPS_COLUMNS)], ignore_index=True)
     # a row written at completion wins over the same op seen pending earlier
     combined = combined.sort_values("completed", ascending=False, kind="stable")
-    return combined.drop_duplicates(["rank", "pg", "seq"]).reset_index(drop=True)
+    return _one_row_per_op(combined).reset_index(drop=True)
 
 
 def _merge_fr(ops: pd.DataFrame, fr_frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -791,7 +792,14 @@ def fr_ops_frame(
         )
     frame = pd.DataFrame(rows, columns=FR_OPS_COLUMNS)
     # a ring buffer may hold one seq twice after a wrap: keep the newest
-    return frame.drop_duplicates(["rank", "pg", "seq"], keep="last")
+    return _one_row_per_op(frame, keep="last")
+
+
+def _one_row_per_op(frame: pd.DataFrame, keep: str = "first") -> pd.DataFrame:
+    """One row per rank and (group, seq), counted apart for sends and receives: they are numbered by a counter
+    of their own, so a pipeline's send at seq 3 and its all_reduce at seq 3 are two ops."""
+    p2p = frame["op"].astype(str).isin(P2P_OPS)
+    return frame.assign(_p2p=p2p).drop_duplicates(["rank", "pg", "seq", "_p2p"], keep=keep).drop(columns="_p2p")
 
 
 def _group_state(group) -> str:

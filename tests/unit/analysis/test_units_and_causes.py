@@ -210,7 +210,7 @@ def test_pipeline_with_one_rank_per_stage_compares_data_waits_only():
     waits = {0: 2_000.0, 1: 42_000.0, 2: 2_000.0, 3: 2_000.0}
     info = pd.DataFrame({"host": ["node0"] * 4}, index=range(4))
     report = find_stragglers(_one_rank_per_stage(waits, compute), info, throttled={}, last_arrival={})
-    assert "data wait only" in report.note
+    assert "data wait" in report.note
     assert [(s.rank, s.cause, s.persistent) for s in report.stragglers] == [(1, "data", True)]
     assert report.stragglers[0].excess_data_wait_ms == pytest.approx(40, rel=0.1)
     assert report.jitter is None
@@ -225,3 +225,24 @@ def test_pipeline_whose_middle_stages_load_nothing_is_not_compared():
         _one_rank_per_stage(waits, dict.fromkeys(waits, 100_000.0)), pd.DataFrame(), throttled={}, last_arrival={}
     )
     assert not report.compared and report.stragglers == [] and "not compared" in report.note
+
+
+def test_pipeline_stage_spiking_over_its_own_usual_compute_is_a_transient_straggler():
+    """Stages' usual work differs (100 to 200 ms a step: no straggler); stage 2 computes 300 ms longer than
+    its usual in steps 3, 9 and 15, as a rank stalled by a one-off hiccup does: its own spikes."""
+    compute = {0: 100_000.0, 1: 120_000.0, 2: 150_000.0, 3: 200_000.0}
+    waits = dict.fromkeys(compute, 1_000.0)
+    times = _one_rank_per_stage(waits, compute)
+    generator = np.random.default_rng(1)
+    work = {
+        (rank, step): compute[rank] * (1 + 0.03 * generator.standard_normal()) + (300_000.0 if rank == 2 and step % 6 == 3 else 0.0)
+        for rank in compute
+        for step in range(20)
+    }
+    stage_work = pd.Series(work).rename_axis(["rank", "step"])
+    info = pd.DataFrame({"host": ["node0"] * 4}, index=range(4))
+    report = find_stragglers(times, info, throttled={}, last_arrival={}, stage_work_us=stage_work)
+    assert [(s.rank, s.persistent, s.spike_steps) for s in report.stragglers] == [(2, False, [3, 9, 15])]
+    steady = pd.Series({k: v for k, v in work.items() if not (k[0] == 2 and k[1] % 6 == 3)})
+    steady = steady.reindex(stage_work.index).fillna(compute[2])
+    assert find_stragglers(times, info, {}, {}, stage_work_us=steady).stragglers == []

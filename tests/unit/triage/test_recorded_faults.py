@@ -105,3 +105,22 @@ def test_pipeline_dtype_desync_names_the_rank_not_its_receives():
     assert verdict.culprit_ranks == [0], verdict.evidence
     assert verdict.collective["op"] == "all_reduce"
     assert not any("recv" in line for line in verdict.evidence), verdict.evidence
+
+
+def test_pipeline_op_desync_reads_the_collective_at_a_seq_its_sends_also_hold():
+    """8 stages; stage 7 all-gathers where the others all-reduce the step's loss summary. The first and last
+    stages' completed sends at seq 3 had hidden their pending all_reduce / all_gather at seq 3 (one row per
+    rank and seq was kept), which read as ranks 0 and 7 missing from it."""
+    verdict = triage(read_input(FIXTURES / "pipeline_op_desync"))
+    assert verdict.verdict == "desync", verdict.evidence
+    assert verdict.culprit_ranks == [7], verdict.evidence
+    assert verdict.collective["op"] == "all_reduce"
+
+
+def test_pipeline_stage_that_raises_is_the_culprit_not_the_neighbour_that_timed_out():
+    """2 stages: stage 0 raises in a backward; stage 1, waiting in a send to it, times out 6 s later in the
+    same step. The step failed on both; only stage 0's error is the job's own."""
+    verdict = triage(read_input(FIXTURES / "pipeline_stage_exception"))
+    assert verdict.verdict == "step_error", verdict.evidence
+    assert verdict.culprit_ranks == [0], verdict.evidence
+    assert any("rank 1 only gave up waiting for rank 0" in line for line in verdict.evidence), verdict.evidence
