@@ -100,6 +100,8 @@ def _stopped_answering(verdict, data, rank: int) -> bool:
     report = verdict.ranks.get(rank)
     if info is None or report is None or report.state in ("dead", "finished", "exited", "terminated"):
         return False
+    if report.state == "unresponsive":  # triage saw its watchdog silent while the others waited
+        return True
     if info.stall_dump is not None or info.fatal_stacks or not info.has_data:
         return False
     return any(i.stall_dump is not None for r, i in data.ranks.items() if r != rank)

@@ -875,12 +875,22 @@ def _stalled_apart_verdict(
         f"communication (point-to-point sends and receives, as a pipeline schedule's) while "
         f"{_ranks_text(culprits)} stalled outside it: the others waited for " + ("it" if len(culprits) == 1 else "them")
     ]
+    gave_up = [t for r in waiting if (t := _gave_up_us(data, r)) is not None]
     for rank in culprits:
-        dump = data.ranks[rank].stall_dump
-        if dump is not None and data.ranks[rank].stalls:
-            ranks[rank].state = _classify(main_frames(dump), dump.phase)
-        else:
+        info = data.ranks[rank]
+        dump = info.stall_dump
+        if dump is None or not info.stalls:
             ranks[rank].state = "unresponsive"
+        elif gave_up and info.first_stall_us is not None and info.first_stall_us >= max(gave_up):
+            # a live watchdog dumps within its threshold of a stall; this one's first came only after every
+            # waiting rank had given up: the process was stopped (SIGSTOP, a frozen node) and ran again later
+            ranks[rank].state = "unresponsive"
+            evidence.append(
+                f"rank {rank}'s first stall dump was written at {_clock(info.first_stall_us)}, after the others "
+                f"had given up ({_clock(max(gave_up))}): its watchdog did not run while they waited"
+            )
+        else:
+            ranks[rank].state = _classify(main_frames(dump), dump.phase)
         evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
     evidence += _caught_evidence(data)
     return _verdict("missing_ranks", culprits, None, ranks, evidence, data)

@@ -77,6 +77,7 @@ class RankInfo:
     pid: int | None = None
     stall_dump: HangDump | None = None  # the watchdog's latest dump written because of a stall or a signal
     stalls: list[str] = field(default_factory=list)  # reasons of its dumps written for a stall (not a signal)
+    first_stall_us: float | None = None  # when its earliest stall dump read was written
     last_dump: HangDump | None = None  # the latest dump of any kind
     dumps: int = 0
     fatal_stacks: str | None = None  # faulthandler's output on a fatal signal
@@ -560,6 +561,7 @@ def _dump_info(rank: int, rank_dir: Path, names: list[str]) -> RankInfo:
         info.last_dump = info.last_dump or dump
         if reason.startswith("stall"):
             info.stalls.append(reason)
+            info.first_stall_us = float(dump.time_us) if dump.time_us else info.first_stall_us
         if info.stall_dump is None and reason.startswith(("stall", "signal")) and dump.main_frames():
             info.stall_dump = dump
     fatal = rank_dir / FATAL_STACKS_FILE

@@ -124,3 +124,16 @@ def test_pipeline_stage_that_raises_is_the_culprit_not_the_neighbour_that_timed_
     assert verdict.verdict == "step_error", verdict.evidence
     assert verdict.culprit_ranks == [0], verdict.evidence
     assert any("rank 1 only gave up waiting for rank 0" in line for line in verdict.evidence), verdict.evidence
+
+
+def test_pipeline_stage_whose_first_stall_dump_follows_the_timeout_was_frozen():
+    """3 stages: stage 1 is SIGSTOPped in a forward and continued after its neighbours timed out in their sends
+    and receives; once running again its watchdog dumped the stall it had been in (11.5 s without progress). A
+    live watchdog dumps within its threshold: a first dump after every waiting rank gave up is a process that
+    did not run meanwhile, which is the node's doing (evict), not the code's."""
+    verdict = triage(read_input(FIXTURES / "pipeline_stage_frozen_after_dump"))
+    assert verdict.verdict == "missing_ranks", verdict.evidence
+    assert verdict.culprit_ranks == [1], verdict.evidence
+    assert verdict.ranks[1].state == "unresponsive"
+    assert verdict.action.kind == "evict"
+    assert any("its watchdog did not run while they waited" in line for line in verdict.evidence)
