@@ -131,6 +131,7 @@ EXPECTED_ACTIONS = {
     "cross_group": "fix_code",
     "preempted": "none",
 }
+PIPELINE_WORK = ("forward", "backward", "step0", "optimizer")  # a pipeline stage's own compute
 DESYNCS = ("op", "shape", "dtype")  # all_gather against all_reduce; 4x3 against 12; float64 against float32
 _ALL = ("data", "forward", "backward", "optimizer", "collective", "step0")
 FAULTS = {
@@ -176,9 +177,9 @@ class Scenario:
             # job only ran slow, and the stalled rank is the slowest. A stall in the forward (step0 included)
             # keeps the others in the forward's own all_reduce on the default group, whose timeout is the job's.
             return "triage", "slow", ()
-        if self.shape == "pipeline" and self.kind == "straggler" and self.where in ("forward", "backward", "step0"):
-            # a stage that computes longer sets the whole pipeline's pace: diag's bubble finding names it, and
-            # stragglers are not compared across stages, which do different work
+        if self.shape == "pipeline" and self.kind == "straggler" and self.where in PIPELINE_WORK:
+            # a stage that computes longer (in the schedule or its own optimizer step) sets the whole
+            # pipeline's pace: diag's bubble finding names it; stragglers compare stages only on what is alike
             return "analyze", "pipeline_bubble", ("straggler",)
         if self.shape == "pipeline" and self.kind == "memory":
             # filling the leaked memory is real work in the leaking stage (5 ms a step, 13% more in one run):

@@ -14,7 +14,8 @@ analysed:
   the cool-down starts at the last one's end.
 * measured fraction: the mean of the stages' bubble fractions. Theoretical fraction: see
   ``theoretical_fraction``.
-* work: busy less the time its actions waited for a core (``runqueue_wait_us``; see ``_excess_over_noise``).
+* work: busy less the time its actions waited for a core (``runqueue_wait_us``; see ``_excess_over_noise``),
+  plus its optimizer step (``steps.optimizer_us``).
 * imbalance: the slowest stage is the one with the most work; its excess is its work over the other stages'
   (per step, by medians) - 1. A pipeline advances at the pace of its slowest stage, so with the work spread
   evenly the span would shrink by about span x (1 - mean work / max work): the time lost to the imbalance.
@@ -50,7 +51,7 @@ class StageBubble:
     stage: int
     ranks: list[int]
     busy_s: float  # per step, mean over the steps analysed
-    work_s: float  # busy_s less the time its actions waited for a core (a loaded CPU host): its own work
+    work_s: float  # busy_s less the time its actions waited for a core (a loaded CPU host), plus its optimizer step
     idle_s: float
     bubble_fraction: float
     warmup_idle_s: float
@@ -152,7 +153,7 @@ def analyze_bubble(trace, window_steps=None) -> BubbleReport | None:
     if rows.empty:
         return None
     spans = _step_spans(rows)
-    per_rank_step = _rank_step_idle(rows, spans)
+    per_rank_step = _with_optimizer_work(_rank_step_idle(rows, spans), trace.steps)
     per_stage = _per_stage(per_rank_step)
     layout = _layout(trace, rows)
     times_s = _mean_action_times_s(rows)
@@ -280,6 +281,17 @@ def _rank_step_idle(rows: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     bounds["span"] = span
     bounds["work"] = (bounds["busy"] - bounds["core_wait"]).clip(lower=0)
     return bounds.reset_index()
+
+
+def _with_optimizer_work(per_rank_step: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Each stage steps its own optimizer after the schedule: that is its work too (a stage slow there holds the
+    next step's schedule back), though outside the span the bubble is measured on."""
+    if steps is None or steps.empty or "optimizer_us" not in steps:
+        return per_rank_step
+    optimizer = steps.set_index(["rank", "step"])["optimizer_us"].astype("float64")
+    keys = pd.MultiIndex.from_arrays([per_rank_step["rank"], per_rank_step["step"]])
+    extra = optimizer[~optimizer.index.duplicated(keep="last")].reindex(keys).fillna(0.0).to_numpy()
+    return per_rank_step.assign(work=per_rank_step["work"] + extra)
 
 
 def _overlap(rows: pd.DataFrame, lo: pd.Series, hi: pd.Series) -> pd.Series:
