@@ -260,8 +260,8 @@ def find_stragglers(
         report.note = f"only {report.steps} step(s) analysed: too few to tell a straggler from warm-up or noise"
         report.compared = False
         return report
-    data_only = (layout[0] if layout else f.groupby("peers")["rank"].nunique().max()) < 2
-    if data_only:
+    one_rank_per_stage = (layout[0] if layout else f.groupby("peers")["rank"].nunique().max()) < 2
+    if one_rank_per_stage:
         times = _across_stages(times, stage_work_us)
         if times is None:
             report.note = "pipeline parallel with one rank per stage: stages do different work, so ranks are not compared (see the pipeline bubble report)"
@@ -358,8 +358,8 @@ def find_stragglers(
         s.evidence.append(cost_text(s))
     report.stragglers.sort(key=lambda s: (not s.persistent, -s.cost_per_step_s, -s.time_lost_s))
     own_spike_steps = {step for s in report.stragglers for step in s.spike_steps}
-    # one rank per stage: the step time is the pipeline's, which no comparison of data waits explains
-    report.jitter = None if data_only else _jitter(f, step_time_us, own_spike_steps, n_steps)
+    # one rank per stage: the step time is the pipeline's, which no comparison of the stages explains
+    report.jitter = None if one_rank_per_stage else _jitter(f, step_time_us, own_spike_steps, n_steps)
     return report
 
 
