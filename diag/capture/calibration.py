@@ -174,8 +174,9 @@ class SchedStats:
 class ThreadRunQueueWait:
     """The calling thread's cumulative run-queue wait (time ready to run but without a core) in ns, from
     Linux schedstat, or None where the kernel does not keep it. One open file per thread, re-read in place
-    (a few microseconds): a pipeline stage reads it around each action, so that time spent waiting for a core
-    on a loaded host is not taken for the stage's own work."""
+    (a few microseconds) and kept for the process's life: a pipeline stage reads it around each action, so
+    that time spent waiting for a core on a loaded host is not taken for the stage's own work. One instance
+    per process (diag/capture/pipeline.py's), so that the files are opened once per thread."""
 
     def __init__(self):
         self._files: dict[int, int] = {}  # native thread id -> open descriptor of its schedstat
@@ -194,14 +195,6 @@ class ThreadRunQueueWait:
         except (OSError, ValueError, IndexError):
             self.available = False
             return None
-
-    def close(self) -> None:
-        for descriptor in self._files.values():
-            try:
-                os.close(descriptor)
-            except OSError:
-                pass
-        self._files.clear()
 
 
 def _capturing_or_compiling() -> bool:

@@ -38,12 +38,15 @@ _STAGE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_on
 _OP_GETTERS = ("get_fwd_recv_ops", "get_bwd_recv_ops", "get_fwd_send_ops", "get_bwd_send_ops")
 
 
+_CORE_WAIT = ThreadRunQueueWait()  # one per process: the manual API makes a recorder per action
+
+
 class _Recorder:
     """Writes microbatches rows for one session; shared by the automatic hooks and the manual API."""
 
     def __init__(self, session):
         self.session = session
-        self.core_wait = ThreadRunQueueWait()
+        self.core_wait = _CORE_WAIT
 
     def begin(self):
         wait_ns = self.core_wait.read_ns()
