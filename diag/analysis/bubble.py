@@ -153,7 +153,9 @@ def analyze_bubble(trace, window_steps=None) -> BubbleReport | None:
     if rows.empty:
         return None
     spans = _step_spans(rows)
-    per_rank_step = _with_optimizer_work(_rank_step_idle(rows, spans), trace.steps)
+    per_rank_step = _rank_step_idle(rows, spans)
+    keys = pd.MultiIndex.from_arrays([per_rank_step["rank"], per_rank_step["step"]])
+    per_rank_step["work"] += _optimizer_us(trace.steps, keys)
     per_stage = _per_stage(per_rank_step)
     layout = _layout(trace, rows)
     times_s = _mean_action_times_s(rows)
@@ -211,16 +213,27 @@ def _aligned_rows(trace) -> pd.DataFrame:
     )
 
 
-def stage_work_per_step_us(microbatches: pd.DataFrame) -> pd.Series:
+def stage_work_per_step_us(microbatches: pd.DataFrame, steps: pd.DataFrame | None) -> pd.Series:
     """Each rank's work in each step, indexed by (rank, step): its compute actions' durations less the time
-    they waited for a core. Empty without pipeline rows, and where capture did not record those waits: on a
-    loaded host, wall time alone swings by more than the spikes it would be searched for (43-387 ms a step
-    for one stage of a healthy run at load none on 2 cores)."""
+    they waited for a core, plus its optimizer step. Empty without pipeline rows, and where capture did not
+    record those waits: on a loaded host, wall time alone swings by more than the spikes it would be searched
+    for (43-387 ms a step for one stage of a healthy run at load none on 2 cores)."""
     if microbatches is None or microbatches.empty or microbatches["runqueue_wait_us"].isna().all():
         return pd.Series(dtype="float64")
     rows = microbatches[microbatches["action"].astype(str).isin(COMPUTE_ACTIONS) & (microbatches["step"] >= 0)]
     work = rows["duration_us"].astype("float64") - rows["runqueue_wait_us"].astype("float64").fillna(0.0).clip(lower=0)
-    return work.clip(lower=0).groupby([rows["rank"].astype("int64"), rows["step"].astype("int64")]).sum()
+    work = work.clip(lower=0).groupby([rows["rank"].astype("int64"), rows["step"].astype("int64")]).sum()
+    return work + _optimizer_us(steps, work.index)
+
+
+def _optimizer_us(steps: pd.DataFrame | None, keys: pd.MultiIndex) -> np.ndarray:
+    """Each (rank, step)'s optimizer time, 0 where none was recorded. Each stage steps its own optimizer after
+    the schedule: that is its work too (a stage slow there holds the next step's schedule back), though outside
+    the span the bubble is measured on."""
+    if steps is None or steps.empty or "optimizer_us" not in steps:
+        return np.zeros(len(keys))
+    optimizer = steps.set_index(["rank", "step"])["optimizer_us"].astype("float64")
+    return optimizer[~optimizer.index.duplicated(keep="last")].reindex(keys).fillna(0.0).to_numpy()
 
 
 def _select_steps(rows: pd.DataFrame, window_steps, notes: list[str]) -> pd.DataFrame:
@@ -281,17 +294,6 @@ def _rank_step_idle(rows: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     bounds["span"] = span
     bounds["work"] = (bounds["busy"] - bounds["core_wait"]).clip(lower=0)
     return bounds.reset_index()
-
-
-def _with_optimizer_work(per_rank_step: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Each stage steps its own optimizer after the schedule: that is its work too (a stage slow there holds the
-    next step's schedule back), though outside the span the bubble is measured on."""
-    if steps is None or steps.empty or "optimizer_us" not in steps:
-        return per_rank_step
-    optimizer = steps.set_index(["rank", "step"])["optimizer_us"].astype("float64")
-    keys = pd.MultiIndex.from_arrays([per_rank_step["rank"], per_rank_step["step"]])
-    extra = optimizer[~optimizer.index.duplicated(keep="last")].reindex(keys).fillna(0.0).to_numpy()
-    return per_rank_step.assign(work=per_rank_step["work"] + extra)
 
 
 def _overlap(rows: pd.DataFrame, lo: pd.Series, hi: pd.Series) -> pd.Series:

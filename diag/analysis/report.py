@@ -208,7 +208,7 @@ def analyze(
     memory.ooms = explain_ooms(trace.events, memory, trace.manifests, trace.world_size)
     memory.plan = plan_against_measured(trace, memory.per_rank)
     memory.deep = analyze_memory_deep(trace.memory_deep)
-    stage_work = _stage_work_us(trace, steps_w)
+    stage_work = stage_work_per_step_us(trace.microbatches, steps_w) if len(trace.microbatches) else None
     stragglers = find_stragglers(times, ranks_info, throttled, last_arrival, memory_pressure(memory), stage_work)
     mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
 
@@ -261,16 +261,6 @@ def _ranks_info(trace: Trace) -> pd.DataFrame:
     frame = pd.DataFrame.from_dict(rows, orient="index", columns=columns)
     frame.index.name = "rank"
     return frame
-
-
-def _stage_work_us(trace: Trace, steps_w: pd.DataFrame) -> pd.Series | None:
-    """A pipeline's own compute per (rank, step): its schedule's actions (less their waits for a core) and its
-    optimizer step, which is the stage's alone too; None without pipeline work rows."""
-    work = stage_work_per_step_us(trace.microbatches) if len(trace.microbatches) else None
-    if work is None or work.empty:
-        return None
-    optimizer = steps_w.set_index(["rank", "step"])["optimizer_us"].astype("float64").fillna(0.0)
-    return work.add(optimizer.reindex(work.index).fillna(0.0))
 
 
 def _pipeline_stages(trace: Trace) -> dict[int, int] | None:

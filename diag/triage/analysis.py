@@ -53,7 +53,7 @@ from diag.trace.schema import CAPTURE_STOPPED
 from diag.triage.action import NONE, Action
 from diag.triage.action import decide as decide_action
 from diag.triage.flight_recorder import is_library_file
-from diag.triage.sources import P2P_OPS, RankInfo, TriageInput, main_frames
+from diag.triage.sources import P2P_OPS, RankInfo, TriageInput, is_p2p, main_frames
 from diag.triage.summary import DEAD_MARGIN_INTERVALS, DEFAULT_HEARTBEAT_INTERVAL_S
 
 NOTHING_TO_JUDGE = (
@@ -66,7 +66,7 @@ BARRIER_FUNCTIONS = ("barrier", "monitored_barrier", "_store_based_barrier")
 TIMEOUT_PATTERN = re.compile(r"timed out|timeout", re.IGNORECASE)  # gloo's and NCCL's watchdog's wording
 # what a rank raises when a peer it waits for has failed: gloo's and NCCL's timeouts, closed connections
 COMMUNICATION_FAILURE_PATTERN = re.compile(
-    r"timed out|timeout|connection (?:closed|reset)|closed by peer|broken pipe|NCCL communicator was aborted",
+    TIMEOUT_PATTERN.pattern + r"|connection (?:closed|reset)|closed by peer|broken pipe|NCCL communicator was aborted",
     re.IGNORECASE,
 )
 
@@ -204,7 +204,7 @@ def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str]) -> pd.Data
     if ops.empty or ops["completed"].all():
         return ops
     finished = [r for r, state in liveness.items() if state == "finished"]
-    p2p = ops["op"].isin(P2P_OPS)  # numbered apart: a later send says nothing of an earlier all_reduce
+    p2p = is_p2p(ops)  # a later send says nothing of an earlier all_reduce
     done_seq = ops[ops["completed"] & ~p2p].groupby(["rank", "pg"])["seq"].max().rename("_done_seq")
     last_step = ops.groupby(["rank", "pg"])["step"].max().rename("_last_step")
     marked = ops.join(done_seq, on=["rank", "pg"]).join(last_step, on=["rank", "pg"])
@@ -260,11 +260,9 @@ def _with_failed(ops: pd.DataFrame, errors: pd.DataFrame) -> pd.DataFrame:
         return ops
     failed = failed.drop_duplicates(["rank", "pg", "seq"]).astype({"seq": "int64"})
     # sends and receives are numbered apart from the group's collectives: match each with its own kind
-    failed = failed.assign(p2p=failed["op"].astype(str).isin(P2P_OPS))
+    failed = failed.assign(p2p=is_p2p(failed))
     keys = pd.MultiIndex.from_frame(failed[["rank", "pg", "seq", "p2p"]])
-    known = pd.MultiIndex.from_frame(
-        ops[["rank", "pg", "seq"]].astype({"pg": str}).assign(p2p=ops["op"].astype(str).isin(P2P_OPS))
-    )
+    known = pd.MultiIndex.from_frame(ops[["rank", "pg", "seq"]].astype({"pg": str}).assign(p2p=is_p2p(ops)))
     ops.loc[known.isin(keys), ["failed", "completed"]] = [True, False]
     absent = failed[~keys.isin(known)]
     if absent.empty:
@@ -314,7 +312,7 @@ def _drop_stale_pending(ops: pd.DataFrame) -> pd.DataFrame:
     """A collective diag saw complete (or knew returned) on one member completed on all: a rank that shows it
     pending is showing an old snapshot (a heartbeat written before it returned, rows lost to a SIGKILL, a gloo
     Flight Recorder entry that never reads completed)."""
-    p2p = ops["op"].isin(P2P_OPS).to_numpy()  # a completed send at seq 3 is not the group's op at seq 3
+    p2p = is_p2p(ops).to_numpy()  # a completed send at seq 3 is not the group's op at seq 3
     done = ops[ops["completed"] & (ops["source"] == "diag") & ~p2p][["pg", "seq"]].drop_duplicates()
     if done.empty or ops["completed"].all():
         return ops
@@ -328,7 +326,7 @@ def _collectives_only(ops: pd.DataFrame) -> pd.DataFrame:
     numbered per rank by their own counter (as Flight Recorder numbers them), so the k-th recv of one rank and
     of another are not one op: matching them by (group, seq) would read a pipeline's sends and recvs as a
     desync."""
-    return ops[~ops["op"].isin(P2P_OPS)]
+    return ops[~is_p2p(ops)]
 
 
 def _issued_before_first_error(ops: pd.DataFrame, data: TriageInput) -> pd.DataFrame:

@@ -797,11 +797,15 @@ def fr_ops_frame(
     return _one_row_per_op(frame, keep="last")
 
 
+def is_p2p(frame: pd.DataFrame) -> pd.Series:
+    """The rows that are sends and receives: numbered by a counter of their own, so a pipeline's send at seq 3
+    and the group's all_reduce at seq 3 are two ops."""
+    return frame["op"].astype(str).isin(P2P_OPS)
+
+
 def _one_row_per_op(frame: pd.DataFrame, keep: str = "first") -> pd.DataFrame:
-    """One row per rank and (group, seq), counted apart for sends and receives: they are numbered by a counter
-    of their own, so a pipeline's send at seq 3 and its all_reduce at seq 3 are two ops."""
-    p2p = frame["op"].astype(str).isin(P2P_OPS)
-    return frame.assign(_p2p=p2p).drop_duplicates(["rank", "pg", "seq", "_p2p"], keep=keep).drop(columns="_p2p")
+    """One row per rank and (group, seq), counted apart for sends and receives (``is_p2p``)."""
+    return frame.assign(_p2p=is_p2p(frame)).drop_duplicates(["rank", "pg", "seq", "_p2p"], keep=keep).drop(columns="_p2p")
 
 
 def _group_state(group) -> str:
