@@ -28,8 +28,12 @@ import pandas as pd
 
 from diag.analysis.comms import CollectiveWaits, ReducedWaits, algbw_size_bytes, busbw_factor, canonical_op, size_bucket
 from diag.analysis.findings import Finding, FindingContext, severity_for
+from diag.trace.mesh import MeshLayout
 
 SLOW_RATIO = 0.6  # a group at less than 60% of its fast peers' busbw is slow
+# ... and slower than them collective by collective, not only at the median: a slow link slows every transfer,
+# while a busy host's scheduling spreads two healthy groups' transfers over the same wide range
+MIN_SLOWER_SHARE = 0.8
 MIN_INSTANCES = 3  # timed collectives of a group in a class before its median counts
 REFERENCE_QUANTILE = 0.75  # the fast peers: the upper quartile of the groups' medians
 MAX_PAIR_GROUP_SIZE = 64  # rank pairs are candidates only in groups up to this size (n^2 pairs)
@@ -47,6 +51,9 @@ class GroupSpeed:
     transfer_p50_us: float | None
     speed_ratio: float  # to its fast peers of the same op, size and group size (1: as fast)
     slow: bool
+    mesh_dim: str | None = None  # the device-mesh dimension it is, on a run with a mesh
+    # of the pairs (one of its collectives, one of a fast peer's of the same class), the share where its was slower
+    slower_share: float | None = None
 
 
 @dataclass
@@ -62,6 +69,7 @@ class SlowLink:
     busbw_gbps: float | None  # median busbw of the slow groups that include it
     peer_busbw_gbps: float | None  # median busbw of the groups that are not slow
     lost_s: float  # transfer time above what the fast peers would have taken, over the window
+    mesh_dim: str | None = None  # the one device-mesh dimension of every slow group including it, if they share one
 
     def label(self) -> str:
         """How a sentence names it: "host node2", "hosts node1<->node3", "rank 3", "ranks 2<->3", "group 5"."""
@@ -76,18 +84,24 @@ class LinkReport:
 
 
 def analyze_links(
-    waits: CollectiveWaits | ReducedWaits | None, pg_ranks: dict[str, list[int]], hosts: dict[int, str]
+    waits: CollectiveWaits | ReducedWaits | None,
+    pg_ranks: dict[str, list[int]],
+    hosts: dict[int, str],
+    mesh: MeshLayout | None = None,
 ) -> LinkReport | None:
-    """None without at least two groups whose collectives can be compared (same op, size class, group size)."""
+    """None without at least two groups whose collectives can be compared (same op, size class, group size and,
+    on a device mesh, dimension: a tp group on NVLink is no peer of a dp group across nodes)."""
     if waits is None:
         return None
     members = _members(waits, pg_ranks)
-    speeds = _instance_speeds(waits, members, hosts)
+    dims = {pg: mesh.dim_of(pg) for pg in members} if mesh is not None else {}
+    speeds = _instance_speeds(waits, members, hosts, dims)
     if speeds is None:
         return None
     ratios, busbw, transfer, counts = _group_ratios(speeds)
     if len(ratios) < 2:
         return None
+    slower = _slower_shares(speeds, {pg for pg, ratio in ratios.items() if ratio < SLOW_RATIO})
     groups = [
         GroupSpeed(
             pg=pg,
@@ -97,7 +111,9 @@ def analyze_links(
             busbw_gbps=busbw[pg],
             transfer_p50_us=transfer[pg],
             speed_ratio=ratio,
-            slow=ratio < SLOW_RATIO,
+            slow=ratio < SLOW_RATIO and slower.get(pg, 0.0) >= MIN_SLOWER_SHARE,
+            mesh_dim=dims.get(pg),
+            slower_share=slower.get(pg),
         )
         for pg, ratio in ratios.items()
     ]
@@ -113,11 +129,11 @@ def analyze_links(
 
 
 def _instance_speeds(
-    waits: CollectiveWaits | ReducedWaits, members: dict[str, list[int]], hosts: dict[int, str]
+    waits: CollectiveWaits | ReducedWaits, members: dict[str, list[int]], hosts: dict[int, str], dims: dict
 ) -> pd.DataFrame | None:
     """One row per timed collective of more than one rank: pg, class, busbw, transfer. The class is the op, the
-    size's power of two, the group's size and how many hosts it spans: a group inside one node (NVLink) is not
-    compared with one across nodes (the network)."""
+    size's power of two, the group's size, how many hosts it spans (a group inside one node, on NVLink, is not
+    compared with one across nodes, on the network) and its mesh dimension (``dims``: pg -> dimension)."""
     inst = waits.instances
     keep = inst["transfer_us"].notna().to_numpy() & (inst["transfer_us"].to_numpy() > 0) & (inst["ranks"] > 1)
     inst = inst[keep]
@@ -127,6 +143,7 @@ def _instance_speeds(
     size = np.array([len(members.get(str(pg), ())) or n for pg, n in zip(inst["pg"], inst["ranks"])])
     spans = {pg: len({hosts.get(r) for r in ranks}) for pg, ranks in members.items()}
     span = [spans.get(str(pg), 0) for pg in inst["pg"]]
+    dim = [dims.get(str(pg)) or "" for pg in inst["pg"]]
     algbw = [
         algbw_size_bytes(o, b, n) / t / 1e3 for o, b, n, t in zip(op, inst["bytes_max"], size, inst["transfer_us"])
     ]
@@ -135,7 +152,8 @@ def _instance_speeds(
         {
             "pg": inst["pg"].astype(str).to_numpy(),
             "cls": [
-                f"{o}/{b}/{n}/{h}" for o, b, n, h in zip(op, size_bucket(inst["bytes_max"].to_numpy()), size, span)
+                f"{o}/{b}/{n}/{h}/{d}"
+                for o, b, n, h, d in zip(op, size_bucket(inst["bytes_max"].to_numpy()), size, span, dim)
             ],
             "busbw_gbps": np.asarray(algbw) * np.asarray(factor),
             "transfer_us": inst["transfer_us"].to_numpy(dtype="float64"),
@@ -169,6 +187,28 @@ def _group_ratios(speeds: pd.DataFrame):
         transfer[pg] = float(rows["transfer_us"].median())
         counts[pg] = len(rows)
     return {str(pg): float(np.exp(v)) for pg, v in by_group.items()}, busbw, transfer, counts
+
+
+def _slower_shares(speeds: pd.DataFrame, candidates: set[str]) -> dict[str, float]:
+    """Per group slow at its median: of the pairs of one of its collectives and one of a peer's of the same class
+    (the groups not slow at the median), the share where its busbw was lower (ties count half)."""
+    out = {}
+    for pg in candidates:
+        below, pairs = 0.0, 0
+        for cls, mine in speeds[speeds["pg"] == pg].groupby("cls")["busbw_gbps"]:
+            peers = np.sort(
+                speeds.loc[(speeds["cls"] == cls) & ~speeds["pg"].isin(candidates), "busbw_gbps"].to_numpy()
+            )
+            if not len(peers):
+                continue
+            values = mine.to_numpy()
+            higher = len(peers) - np.searchsorted(peers, values, side="right")
+            ties = np.searchsorted(peers, values, side="right") - np.searchsorted(peers, values, side="left")
+            below += float((higher + 0.5 * ties).sum())
+            pairs += len(values) * len(peers)
+        if pairs:
+            out[pg] = below / pairs
+    return out
 
 
 def _ratios(medians: pd.DataFrame, reference: pd.Series) -> pd.Series:
@@ -236,6 +276,7 @@ def _suspects(groups: list[GroupSpeed], hosts: dict[int, str], lost: dict[str, f
 
 
 def _link(kind, name, ranks, host_names, slow_in, slow_total, n_members, peer_busbw, lost) -> SlowLink:
+    dims = {g.mesh_dim for g in slow_in}
     return SlowLink(
         kind=kind,
         name=name,
@@ -248,6 +289,7 @@ def _link(kind, name, ranks, host_names, slow_in, slow_total, n_members, peer_bu
         busbw_gbps=float(np.median([g.busbw_gbps for g in slow_in])),
         peer_busbw_gbps=peer_busbw,
         lost_s=float(sum(lost.get(g.pg, 0.0) for g in slow_in)),
+        mesh_dim=dims.pop() if len(dims) == 1 else None,
     )
 
 
@@ -263,6 +305,8 @@ def link_findings(links: LinkReport, ctx: FindingContext) -> list[Finding]:
         "rank pair": f"the link between {suspect.name}",
     }
     title_name = title_name.get(suspect.kind, suspect.label())
+    if suspect.mesh_dim:
+        title_name += f" in the {suspect.mesh_dim} dimension of the device mesh"
     peers = f"{suspect.peer_busbw_gbps:.3g} GB/s" if suspect.peer_busbw_gbps is not None else "their peers"
     evidence = [
         f"{len(suspect.slow_groups)} of {suspect.slow_total} slow process groups include {suspect.name}; "

@@ -35,6 +35,7 @@ from diag.analysis.links import LinkReport, analyze_links, link_findings
 from diag.analysis.memory import MemoryReport, analyze_memory, memory_findings, memory_pressure
 from diag.analysis.memory_deep import analyze_memory_deep
 from diag.analysis.memory_plan import plan_against_measured
+from diag.analysis.mesh import MeshReport, analyze_mesh, group_waits_s, place_rank
 from diag.analysis.mfu import MfuReport, analyze_mfu, mfu_findings
 from diag.analysis.nccl import NcclReport, analyze_nccl, nccl_findings
 from diag.analysis.oom import explain_ooms
@@ -48,6 +49,7 @@ from diag.analysis.stragglers import (
 from diag.analysis.telemetry import TelemetryReport, analyze_telemetry, telemetry_findings
 from diag.analysis.window import StepWindow, choose_window, in_window, in_window_array, parse_step_range, select
 from diag.trace.loader import Trace
+from diag.trace.mesh import MeshLayout
 
 MAX_SKIPPED_LISTED = 200
 REPORT_VERSION = 1
@@ -118,6 +120,7 @@ class Report:
     health: HealthReport = field(default_factory=HealthReport)  # loss, gradient norm, replica fingerprints
     links: LinkReport | None = None  # process groups by busbw, the host or link common to slow ones; None: < 2 groups
     nccl: NcclReport | None = None  # NCCL's own view from the ranks' nccl.log; None without any
+    mesh: MeshReport | None = None  # communication per device-mesh dimension; None for a run without a mesh
 
     def to_state(self) -> dict:
         """Everything in the Report, JSON-safe and structured like the dataclasses, for ``from_state``."""
@@ -157,7 +160,7 @@ class Report:
         }
         # sections added after the contract's first version: present only when the run has them, so the JSON of
         # runs without them (one process group, no nccl.log) is what it was
-        for name in ("links", "nccl"):
+        for name in ("links", "nccl", "mesh"):
             if getattr(self, name) is not None:
                 out[name] = json_safe(getattr(self, name))
         if self.health.recorded:
@@ -209,14 +212,17 @@ def analyze(
     memory.plan = plan_against_measured(trace, memory.per_rank)
     memory.deep = analyze_memory_deep(trace.memory_deep)
     stage_work = stage_work_per_step_us(trace.microbatches, steps_w) if len(trace.microbatches) else None
-    stragglers = find_stragglers(times, ranks_info, throttled, last_arrival, memory_pressure(memory), stage_work)
+    layout = MeshLayout.from_manifests(trace.manifests)
+    mesh = analyze_mesh(layout, comms)
+    place = functools.partial(place_rank, layout, group_waits_s(comms)) if layout is not None else None
+    stragglers = find_stragglers(times, ranks_info, throttled, last_arrival, memory_pressure(memory), stage_work, place)
     mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
 
     bubble = analyze_bubble(trace, window.step_indices) if len(trace.microbatches) else None
     pipeline_timeline = gantt_rows(trace).to_dict("records") if bubble is not None else []
     gpu_time = analyze_gpu_time(trace.gpu_kernels, window.step_indices)
     health = analyze_health(trace.steps, trace.events, trace.manifests)
-    links = analyze_links(waits, _pg_ranks(trace), hosts)
+    links = analyze_links(waits, _pg_ranks(trace), hosts, layout)
     nccl = analyze_nccl(trace.nccl_logs, trace.manifests)
 
     results = {
@@ -251,6 +257,7 @@ def analyze(
         health,
         links,
         nccl,
+        mesh,
     )
 
 

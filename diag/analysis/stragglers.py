@@ -41,6 +41,7 @@ fixed; the costs add up to what fixing them all would save).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -49,6 +50,7 @@ import pandas as pd
 
 from diag.analysis import grid
 from diag.analysis.findings import SEVERITY_ORDER, Finding, FindingContext, ranks_text, severity_for
+from diag.analysis.mesh import MeshPlacement
 
 SLOW_FRACTION = 0.10
 PERSISTENT_FRACTION = 0.5
@@ -152,6 +154,7 @@ class Straggler:
     noise_z: float | None = None  # a persistent straggler's slowdown in sigmas of its noise
     confidence: str = "low"  # the most severe grade the evidence allows (steps, noise sigmas, own spikes)
     spike_steps: list[int] = field(default_factory=list)  # a transient straggler's own spikes
+    mesh: MeshPlacement | None = None  # where it sits in the device mesh and the group it holds up; None: no mesh
     evidence: list[str] = field(default_factory=list)
 
 
@@ -242,11 +245,13 @@ def find_stragglers(
     last_arrival: dict[int, float],
     memory_pressure: dict[int, str] | None = None,
     stage_work_us: pd.Series | None = None,
+    place: Callable[[int], MeshPlacement | None] | None = None,
 ) -> StragglerReport:
     """``ranks_info``: rank-indexed host, local_rank, gpu; ``throttled``: rank -> share of throttled samples, for
     the ranks whose GPU the telemetry analysis calls throttled;
     ``memory_pressure``: rank -> what the memory analysis saw (a leak, allocator retries) on that rank;
-    ``stage_work_us``: a pipeline's compute work per (rank, step) (diag.analysis.bubble), when it has one."""
+    ``stage_work_us``: a pipeline's compute work per (rank, step) (diag.analysis.bubble), when it has one;
+    ``place``: a rank -> where it sits in the device mesh (diag.analysis.mesh.place_rank), for a run on one."""
     f = times.frame
     layout = _rank_major(f)  # the usual layout: ranks and steps counted without hashing 16 M rows
     report = StragglerReport(
@@ -356,6 +361,9 @@ def find_stragglers(
     _credit_costs(times, [s for s in report.stragglers if s.persistent], n_steps)
     for s in report.stragglers:
         s.evidence.append(cost_text(s))
+        s.mesh = place(s.rank) if place is not None else None
+        if s.mesh is not None:
+            s.evidence.append(s.mesh.text())
     report.stragglers.sort(key=lambda s: (not s.persistent, -s.cost_per_step_s, -s.time_lost_s))
     own_spike_steps = {step for s in report.stragglers for step in s.spike_steps}
     # one rank per stage: the step time is the pipeline's, which no comparison of the stages explains
@@ -911,6 +919,8 @@ def _straggler_finding(kind, group: list[Straggler], steps: int, step_s, cause) 
     ranks = [s.rank for s in group]
     per_step = sum(s.cost_per_step_s for s in group)
     who = ranks_text(ranks)
+    if len(group) == 1 and group[0].mesh is not None:
+        who += f" ({group[0].mesh.where})"
     if kind == "straggler":
         worst = max(group, key=lambda s: s.slowdown)
         title = (

@@ -11,7 +11,7 @@ import os
 import platform
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from diag import readiness
@@ -405,10 +405,15 @@ class Session:
             warn_once("process-groups", f"cannot describe the process groups ({exc!r})")
 
     def note_device_mesh(self, module) -> None:
-        """The DeviceMesh of a module's DTensor parameters (tensor parallel, FSDP2): torch keeps no registry."""
+        """The DeviceMesh of a module's DTensor parameters (tensor parallel, FSDP2): torch keeps no registry. A
+        parameter sharded on a slice (``mesh["tp"]``) names the whole mesh it was sliced from."""
         for param in module.parameters():
             mesh = getattr(param, "device_mesh", None)
-            if mesh is not None and all(mesh is not known for known in self._meshes):
+            if mesh is None:
+                continue
+            with suppress(Exception):  # a torch without root meshes: the slice is what can be described
+                mesh = torch_private.root_mesh(mesh)
+            if all(mesh is not known for known in self._meshes):
                 self._meshes.append(mesh)
 
     # -- steps and phases -------------------------------------------------------------------------------------

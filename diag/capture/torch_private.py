@@ -31,6 +31,12 @@ def default_group():
     return _get_default_group()
 
 
+def root_mesh(mesh):
+    """The DeviceMesh a sub-mesh (``mesh["tp"]``) was sliced from (``DeviceMesh._get_root_mesh``); itself when
+    it is one."""
+    return mesh._get_root_mesh()
+
+
 def process_group_timeout_s(group) -> float | None:
     """The timeout of the group's collectives (its backend's ``options._timeout``: gloo's and NCCL's), or None."""
     import torch

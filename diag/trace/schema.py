@@ -466,7 +466,8 @@ MANIFEST_KEYS: dict[str, str] = {
     "the run (mesh_dim: the DeviceMesh dimension it is, e.g. tp, when a mesh was found on an instrumented module; "
     "timeout_s: its collectives' timeout)",
     "device_mesh": "{shape, dim_names, groups: {dim name: pg name}} of the DeviceMesh of an instrumented "
-    "module's DTensor parameters (tensor parallel, FSDP2), else absent",
+    "module's DTensor parameters (tensor parallel, FSDP2), the whole mesh where they sit on a slice of it "
+    "(mesh['tp']), else absent",
     "capture": "what is being captured and what is off, with reasons",
     "pipeline": "pipeline layout when pipelined: {schedule, stages, virtual_stages, microbatches, stage}",
     "replica_group": "the process group (pg name) of the instrumented DDP model, whose ranks hold the same parameters (their `param_fingerprint`s are compared)",

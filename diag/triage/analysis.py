@@ -491,9 +491,7 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
     latest = not data.completion_reliable
     ops = _collectives_only(ops)  # the hang is a collective's: sends and receives share its numbers
     roots, links, cycle = (
-        _wait_chain(ops, _members(data), hang["missing"], latest)
-        if hang["missing"]
-        else ([], [], False)
+        _wait_chain(ops, _members(data), hang["missing"], latest) if hang["missing"] else ([], [], False)
     )
     # report the collective the culprits themselves never reached (the last link of a wait chain)
     hang = next((h for h in hangs if h["missing"] and set(h["missing"]) <= set(roots)), hang)
@@ -515,7 +513,7 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
             f"on {_ranks_text(missing)} it is only scheduled: their GPU stream never reached it "
             "(it waits behind an earlier kernel or another group's collective)"
         )
-    evidence += links
+    evidence += links + _mesh_evidence(data, pg, missing)
     for other in others:
         for rank in other["entered"]:
             if rank in ranks and rank not in missing and ranks[rank].state != "dead":
@@ -523,9 +521,11 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
                 where = f"in {_collective(ops, other['pg'], other['seq'])['op']} at {_where(other['pg'], other['seq'])}"
                 ranks[rank].detail = f"{where}; {ranks[rank].detail}" if ranks[rank].detail else where
     for other in others[:MAX_OTHER_HANGS]:
+        dim = data.mesh.dim_of(other["pg"]) if data.mesh is not None else None
         evidence.append(
-            f"also pending: {_ranks_text(other['entered'])} at {_where(other['pg'], other['seq'])}, "
-            f"waiting for {_ranks_text(other['missing'])}"
+            f"also pending: {_ranks_text(other['entered'])} at {_where(other['pg'], other['seq'])}"
+            + (f" (a {dim} group)" if dim else "")
+            + f", waiting for {_ranks_text(other['missing'])}"
         )
     dead = [r for r in roots if _died_before(data.ranks[r], liveness.get(r), hang["start_us"])]
     for rank in sorted(set(missing) | set(roots)):
@@ -593,6 +593,21 @@ def _wait_chain(
     return sorted(roots), links, False
 
 
+def _mesh_evidence(data: TriageInput, pg: str, culprits: list[int]) -> list[str]:
+    """On a device mesh: which dimension's group the culprits hold up first (the oldest pending collective is
+    the one the verdict names), and where they sit."""
+    mesh = data.mesh
+    dim = mesh.dim_of(pg) if mesh is not None else None
+    if dim is None:
+        return []
+    where = "; ".join(f"rank {r} at {mesh.where(r)}" for r in culprits[:4] if mesh.where(r))
+    return [
+        f"process group {pg} is {mesh.group_text(pg)} in the device mesh ({mesh.shape_text()}): "
+        f"{_ranks_text(culprits)} stall{'s' * (len(culprits) == 1)} that {dim} group first"
+        + (f" ({where})" if where else "")
+    ]
+
+
 def _gave_up_after_death(data: TriageInput, dead: list[int], others: list[int]) -> list[int]:
     """Of ``others`` (ranks at the end of a wait chain, alive when the wait began), those that raised out of the
     job only after a rank of ``dead`` had vanished (its last heartbeat): a peer's connection closed under them, as
@@ -646,8 +661,7 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
         timed_out = _first_timed_out(data, {r: t for r, t in gave_up.items() if r not in late})
         if timed_out is not None and timed_out != first_out:
             evidence.append(
-                f"rank {timed_out} timed out at {_clock(gave_up[timed_out])}: "
-                f"{_gave_up_reason(data, timed_out)[:200]}"
+                f"rank {timed_out} timed out at {_clock(gave_up[timed_out])}: {_gave_up_reason(data, timed_out)[:200]}"
             )
         for rank in late:
             stall = data.ranks[rank].stall_dump if rank in data.ranks else None

@@ -215,7 +215,8 @@ def normalise_dump(raw: Any, path: str, rank: int) -> FRDump:
         if isinstance(v, dict)
     }
     entries = [_with_completion(e, last_completed) for e in entries]
-    dump = FRDump(path, rank, str(raw.get("version", "")), pg_ranks, pg_desc, last_completed, entries)
+    by_name = _by_group_name(last_completed, entries)
+    dump = FRDump(path, rank, str(raw.get("version", "")), pg_ranks, pg_desc, by_name, entries)
     dump.lost_entries = _lost_to_wrap(raw["entries"])
     return dump
 
@@ -300,6 +301,25 @@ def _int_tuple(value: Any) -> tuple:
         return ()
     numbers = tuple(_int(v, None) for v in value)
     return () if None in numbers else numbers
+
+
+def _by_group_name(by_uid: dict[str, int], entries: list[FREntry]) -> dict[str, int]:
+    """pg_status re-keyed by group name. Its keys are the groups' ids, counted per rank over the groups it is a
+    member of: on a device mesh rank 3's dp group "2" is id 1 and its tp group "4" id 2, while group "1" is
+    another dp group. An entry gives an id's name; an id no entry names stays only where it is no other id's name
+    (as when every group was made on every rank, and ids equal names)."""
+    names: dict[str, str] = {}
+    for entry in entries:
+        if entry.pg_uid is not None:
+            names.setdefault(str(entry.pg_uid), entry.pg)
+    taken = set(names.values())
+    out: dict[str, int] = {}
+    for uid, seq in sorted(by_uid.items(), key=lambda item: _int(item[0], -1)):  # a re-made group: its newest id
+        if uid in names:
+            out[names[uid]] = seq
+        elif uid not in taken:
+            out[uid] = seq
+    return out
 
 
 def _with_completion(entry: FREntry, last_completed: dict[str, int]) -> FREntry:

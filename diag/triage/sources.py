@@ -36,6 +36,7 @@ from diag.trace.loader import (
     to_frame,
 )
 from diag.trace.manifest import CaptureStopped, Manifest
+from diag.trace.mesh import MeshLayout, dimension_of
 from diag.trace.records import HangDump, Heartbeat
 from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, MAX_RANK, SCALAR_TYPES, TABLES, hang_dump_number
 from diag.triage import debug_server, fr_checks, nccl_ras
@@ -114,6 +115,7 @@ class TriageInput:
     # rank that arrived late with no stall dump is placed by it)
     phase_at: Callable[[int, float], str | None] | None = None
     nccl_ras: nccl_ras.RasFindings | None = None  # saved NCCL RAS outputs in the directory (nccl_ras_*.json)
+    mesh: MeshLayout | None = None  # the device mesh the process groups are slices of, on a run with one
 
     def all_steps(self) -> pd.DataFrame | None:
         """Every rank's steps read (``steps`` holds only those of the ranks whose tables were read)."""
@@ -248,6 +250,7 @@ def read_diag_trace(
         more_steps=more_steps if judged else None,
         errors=recorded_errors(trace.events),
         phase_at=phase_at,
+        mesh=MeshLayout.from_manifests(trace.manifests),
         attempt_start_us={
             rank: float(m.start_time_us) for rank, m in trace.manifests.items() if m.start_time_us is not None
         },
@@ -295,6 +298,7 @@ def input_from_trace(trace) -> TriageInput:
         skipped,
         steps,
         errors=recorded_errors(trace.events),
+        mesh=MeshLayout.from_manifests(trace.manifests),
         attempt_start_us={
             rank: float(m.start_time_us) for rank, m in trace.manifests.items() if m.start_time_us is not None
         },
@@ -668,6 +672,16 @@ def _pg_ranks_from_manifests(trace, world_size: int) -> dict[str, list[int]]:
 # -- Flight Recorder dump directories ----------------------------------------------------------------------------
 
 
+def _fr_mesh(dumps: dict[int, FRDump], pg_ranks: dict[str, list[int]]) -> MeshLayout | None:
+    """The device mesh from the groups' descriptions, in pg_config or (gloo's, whose pg_config lists only the
+    default group) on the entries."""
+    described = {(name, desc) for d in dumps.values() for name, desc in d.pg_desc.items()}
+    described |= {(e.pg, e.pg_desc) for d in dumps.values() for e in d.entries}
+    return MeshLayout.from_groups(
+        (name, dimension_of(desc), pg_ranks.get(name, ())) for name, desc in sorted(described)
+    )
+
+
 def read_fr_dir(path: Path) -> TriageInput:
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     files = [p for p in files if not nccl_ras.is_ras_file(p.name)]  # read by with_nccl_ras
@@ -749,6 +763,7 @@ def read_fr_dir(path: Path) -> TriageInput:
         notes,
         not gloo,
         fr_problems=problems + p2p,
+        mesh=_fr_mesh(dumps, pg_ranks),
     )
 
 
@@ -805,7 +820,9 @@ def is_p2p(frame: pd.DataFrame) -> pd.Series:
 
 def _one_row_per_op(frame: pd.DataFrame, keep: str = "first") -> pd.DataFrame:
     """One row per rank and (group, seq), counted apart for sends and receives (``is_p2p``)."""
-    return frame.assign(_p2p=is_p2p(frame)).drop_duplicates(["rank", "pg", "seq", "_p2p"], keep=keep).drop(columns="_p2p")
+    return (
+        frame.assign(_p2p=is_p2p(frame)).drop_duplicates(["rank", "pg", "seq", "_p2p"], keep=keep).drop(columns="_p2p")
+    )
 
 
 def _group_state(group) -> str:

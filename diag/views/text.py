@@ -322,8 +322,23 @@ def _comms(report) -> Block:
             + "; least "
             + ", ".join(f"rank {r.rank} {pct_from_pct(r.wait_share_pct)}" for r in least)
         )
+    block.lines.extend(_mesh_lines(getattr(report, "mesh", None)))
     block.lines.extend(_slow_link_lines(getattr(report, "links", None)))
     return block
+
+
+def _mesh_lines(mesh) -> list[str]:
+    """Communication per device-mesh dimension."""
+    if mesh is None:
+        return []
+    lines = [f"per device-mesh dimension ({mesh.shape}):"]
+    for dim in mesh.dims:
+        lines.append(
+            f"  - {dim.name}: {dim.collectives} collectives in {dim.groups} groups of {dim.size} ranks, "
+            f"{iec_bytes(dim.bytes_total)}, waiting for peers {s_from_s(dim.wait_s, 2)}, "
+            f"collective time {s_from_s(dim.time_s, 2) if dim.time_s is not None else 'untimed'}"
+        )
+    return lines
 
 
 def _slow_link_lines(links) -> list[str]:
@@ -332,8 +347,9 @@ def _slow_link_lines(links) -> list[str]:
         return []
     slow = [g for g in links.groups if g.slow]
     lines = [
-        f"Slow links: {len(slow)} of {len(links.groups)} process groups below 60% of the busbw of their peers "
-        "(same op, size, group size and hosts spanned)"
+        f"Slow links: {len(slow)} of {len(links.groups)} process groups below 60% of the busbw of their peers, and slower "
+        "than theirs in most collectives "
+        "(same op, size, group size, hosts spanned and mesh dimension)"
     ]
     for suspect in links.suspects:
         lines.append(
@@ -343,7 +359,8 @@ def _slow_link_lines(links) -> list[str]:
         )
     for group in slow[:5]:
         lines.append(
-            f"  - group {group.pg} (ranks {_ranks(group.ranks)}): {pct(group.speed_ratio, 0)} of its peers' busbw, "
+            f"  - group {group.pg} ({f'{group.mesh_dim}, ' if group.mesh_dim else ''}ranks {_ranks(group.ranks)}): "
+            f"{pct(group.speed_ratio, 0)} of its peers' busbw, "
             f"transfer p50 {ms_from_us(group.transfer_p50_us)}"
         )
     if links.note:

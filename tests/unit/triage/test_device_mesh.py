@@ -1,0 +1,49 @@
+"""A hang in one sub-mesh of a real dp=2 x tp=2 gloo job (tests/jobs/mesh_job.py; the job itself runs in
+tests/integration/analysis/test_device_mesh.py): rank 3 stopped before a tensor-parallel all_reduce. Judged from
+diag's trace and from the ranks' Flight Recorder dumps alone, triage names the tp group it stalls first."""
+
+from pathlib import Path
+
+from diag.triage.analysis import triage
+from diag.triage.flight_recorder import normalise_dump
+from diag.triage.sources import read_input
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+MESH_LINE = (
+    "process group 4 is the tp group of ranks 2, 3 in the device mesh (dp=2 x tp=2): rank 3 stalls that tp group "
+    "first (rank 3 at dp=1, tp=1)"
+)
+
+
+def _check(verdict) -> None:
+    assert verdict.verdict == "missing_ranks" and verdict.culprit_ranks == [3], verdict.evidence
+    assert verdict.collective["pg"] == "4"
+    assert MESH_LINE in verdict.evidence, verdict.evidence
+    # the dp groups wait for the rank missing from each, not for every rank whose dump mentions a group "1" or "2"
+    assert "also pending: rank 1 at seq 17 of process group 2 (a dp group), waiting for rank 3" in verdict.evidence
+    assert "also pending: rank 0 at seq 17 of process group 1 (a dp group), waiting for rank 2" in verdict.evidence
+
+
+def test_from_diags_trace():
+    _check(triage(read_input(FIXTURES / "triage" / "mesh_tp_hang")))
+
+
+def test_from_gloo_flight_recorder_dumps_alone():
+    _check(triage(read_input(FIXTURES / "flight_recorder" / "gloo_mesh_tp_hang_1")))
+
+
+def test_gloo_pg_status_keyed_by_each_ranks_own_group_ids_is_read_by_group_name():
+    entry = {"record_id": 0, "collective_seq_id": 16, "profiling_name": "gloo:all_reduce", "state": "scheduled"}
+    raw = {
+        "version": "2.10",
+        "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}},
+        # rank 3 of the mesh: its dp group "2" is its id 1, its tp group "4" its id 2; "1" is another rank's group
+        "pg_status": {"1": {"last_completed_collective": 16}, "2": {"last_completed_collective": 8}},
+        "entries": [
+            {**entry, "pg_id": 1, "process_group": ("2", "mesh_dp")},
+            {**entry, "record_id": 1, "pg_id": 2, "collective_seq_id": 8, "process_group": ("4", "mesh_tp")},
+        ],
+    }
+    dump = normalise_dump(raw, "fr_rank_3", 3)
+    assert dump.last_completed_seq == {"2": 16, "4": 8}
+    assert all(e.completed for e in dump.entries)
