@@ -539,6 +539,11 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
             "they waited for it"
         )
     if dead and len(dead) + len(victims) == len(roots):
+        mismatch = _gloo_size_mismatch(data, ops, pg, seq, waiting, dead)
+        if mismatch is not None:
+            culprits, lines = mismatch
+            evidence[0] = evidence[0].split("; ")[0] + f"; {_ranks_text(dead)} died inside it"
+            return _verdict("desync", culprits, collective, ranks, evidence + lines, data)
         return _verdict("dead_rank", dead, collective, ranks, evidence, data)
     if cycle:
         return _verdict("deadlock", roots, collective, ranks, evidence, data)
@@ -591,6 +596,56 @@ def _wait_chain(
         links.append(f"{_ranks_text(on_cycle)} wait for each other across process groups (a deadlock)")
         return on_cycle, links, True
     return sorted(roots), links, False
+
+
+def _gloo_size_mismatch(
+    data: TriageInput, ops: pd.DataFrame, pg: str, seq: int, waiting: list[int], dead: list[int]
+) -> tuple[list[int], list[str]] | None:
+    """gloo aborts a rank that receives more bytes than its own call expects ("Received data size doesn't match
+    expected size. Is there a distributed collective mismatch in your code?"): the process ends in SIGABRT, its
+    main thread inside the collective, its record of the call never written. Every dead rank aborted inside
+    the op the others wait in is that mismatch. The culprits are the side whose collective the group never
+    issued before: the waiting ranks when theirs is new, else the aborted ones (whose call went unrecorded)."""
+    at_seq = ops[(ops["pg"] == pg) & (ops["seq"] == seq) & ops["rank"].isin(waiting)]
+    if not len(at_seq) or not all(_aborted_in(data.ranks.get(r), str(at_seq["op"].iloc[0])) for r in dead):
+        return None
+    if any((data.ranks[r].backend or "gloo") != "gloo" for r in dead):
+        return None
+    op = str(at_seq["op"].iloc[0])
+
+    def payload(signatures: pd.Series) -> pd.Series:  # op|bytes|dtype, without the shapes only some rows have
+        return signatures.str.split("|").str[:3].str.join("|")
+
+    before = ops[(ops["pg"] == pg) & (ops["seq"] < seq) & (ops["op"].astype(str) == op)]
+    history = payload(before["signature"]).value_counts()
+    waiting_payloads = payload(at_seq["signature"]).unique().tolist()
+    new_on_waiting = len(history) > 0 and all(int(history.get(p, 0)) == 0 for p in waiting_payloads)
+    culprits = sorted(waiting) if new_on_waiting else sorted(dead)
+    lines = [
+        f"{_ranks_text(dead)} aborted (SIGABRT) inside {op} while {_ranks_text(waiting)} waited in it: gloo aborts a "
+        "rank that receives a different size than its own call expects, so the ranks' collectives did not match"
+    ]
+    issued = ", ".join(f"{sig.split('|')[2]} {sig.split('|')[1]} B {n}x" for sig, n in history.head(3).items())
+    row = at_seq.iloc[0]
+    if new_on_waiting:
+        lines.append(
+            f"{_ranks_text(waiting)} called {op} ({_payload(row)}), which this group never issued before "
+            f"({op} issued before: {issued})"
+        )
+    else:
+        lines.append(
+            f"{_ranks_text(waiting)} called {op} ({_payload(row)}) as the group did before: the aborted ranks' "
+            "call, never recorded, is the odd one"
+        )
+    return culprits, lines
+
+
+def _aborted_in(info: RankInfo | None, op: str) -> bool:
+    """faulthandler's record of a SIGABRT with the rank's main thread inside torch.distributed's ``op``."""
+    stacks = (info.fatal_stacks or "") if info is not None else ""
+    return stacks.lstrip().startswith("Fatal Python error: Aborted") and bool(
+        re.search(rf'distributed_c10d\.py", line \d+ in {re.escape(op)}\b', stacks)
+    )
 
 
 def _mesh_evidence(data: TriageInput, pg: str, culprits: list[int]) -> list[str]:

@@ -7,6 +7,9 @@ Run one process per rank (``run_job`` in conftest.py does): RANK, WORLD_SIZE, MA
             the others wait in their last all_reduce for a rank that never comes
   loader    rank 1's data loader blocks forever before step 3
   desync    at step 3 rank 1 calls all_gather where the others call all_reduce
+  wide      at step 3 rank 1 all-reduces its gradients in float64, the others in float32: gloo aborts the
+            ranks that receive more bytes than they expect (the others)
+  narrow    the same in float16: gloo aborts rank 1 itself
   kill      rank 1 sleeps in step 3 (the test SIGKILLs it there)
   chain     rank 2's data loader blocks before step 3; rank 1 first waits for rank 2 in a barrier of a side
             group [1, 2]; rank 0 waits in the all_reduce for both: the culprit is rank 2, at the end of the chain
@@ -41,6 +44,7 @@ PG_TIMEOUT_S = float(os.environ.get("HANG_JOB_PG_TIMEOUT_S", "8"))
 SLOW_STEP_S = 3.0
 HANG_THRESHOLD_S = float(os.environ.get("HANG_JOB_THRESHOLD_S", "2"))
 HEARTBEAT_S = float(os.environ.get("HANG_JOB_HEARTBEAT_S", "0.5"))
+DTYPE_SCENARIOS = {"wide": torch.float64, "narrow": torch.float16}
 
 
 class Batches:
@@ -66,6 +70,9 @@ def sync_gradients(model, rank: int, step: int, scenario: str, side_group=None) 
         if scenario == "desync" and rank == BAD_RANK and step == BAD_STEP and param.dim() == 2:
             gathered = [torch.empty_like(param.grad) for _ in range(dist.get_world_size())]
             dist.all_gather(gathered, param.grad)  # the bug: the wrong collective
+            continue
+        if scenario in DTYPE_SCENARIOS and rank == BAD_RANK and step == BAD_STEP:
+            dist.all_reduce(param.grad.to(DTYPE_SCENARIOS[scenario]))  # the bug: another dtype on one rank
             continue
         dist.all_reduce(param.grad)
     if scenario == "kill" and rank == BAD_RANK and step == BAD_STEP:

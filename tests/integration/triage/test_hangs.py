@@ -157,6 +157,20 @@ def test_two_rank_desync_tie_is_broken_by_history_not_by_rank_order(tmp_path):
     assert any("tie" in line for line in verdict["evidence"])
 
 
+@pytest.mark.parametrize("scenario", ["wide", "narrow"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_dtype_mismatch_gloo_aborts_on_is_a_desync_not_a_dead_rank(tmp_path, scenario, world_size):
+    """Rank 1 all-reduces a float64 (wide) or float16 (narrow) tensor where the others pass float32. gloo aborts
+    whichever ranks receive more bytes than their own call expects (SIGABRT, the call never recorded): the
+    others when rank 1's is wider, rank 1 itself when narrower. Either way the culprit is rank 1."""
+    trace = run_scenario(scenario, tmp_path, world_size=world_size)
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "desync" and verdict["culprit_ranks"] == [BAD_RANK], verdict["evidence"]
+    evidence = "\n".join(verdict["evidence"])
+    # on 3 ranks a rank that survived may have recorded its side of the mismatch: an ordinary desync then
+    assert "aborted (SIGABRT) inside all_reduce" in evidence or "culprit: rank 1 called all_reduce" in evidence
+
+
 def test_text_output_names_verdict_rank_and_collective(runs):
     trace, _ = runs("loader")
     result = subprocess.run(

@@ -137,3 +137,16 @@ def test_pipeline_stage_whose_first_stall_dump_follows_the_timeout_was_frozen():
     assert verdict.ranks[1].state == "unresponsive"
     assert verdict.action.kind == "evict"
     assert any("its watchdog did not run while they waited" in line for line in verdict.evidence)
+
+
+def test_dtype_desync_that_gloo_aborts_a_rank_on_is_a_desync_not_a_dead_rank():
+    """DeepSpeed ZeRO job, 2 ranks, at twice the cores in CPU burners: rank 1 all-reduces a float64 tensor where
+    rank 0 passes float32 (step 3). gloo aborts rank 0, which receives more bytes than it expects: SIGABRT, its
+    main thread inside all_reduce, its record of the call never written, so it reads as never having reached
+    the collective rank 1 waits in. The culprit is rank 1, whose payload the group never issued before."""
+    verdict = triage(read_input(FIXTURES / "deepspeed_dtype_desync_abort"))
+    assert verdict.verdict == "desync", verdict.evidence
+    assert verdict.culprit_ranks == [1], verdict.evidence
+    assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 4)
+    assert any("rank 0 aborted (SIGABRT) inside all_reduce while rank 1 waited" in e for e in verdict.evidence)
+    assert verdict.action.kind == "fix_code"
