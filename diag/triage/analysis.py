@@ -701,7 +701,9 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
     at_seq = ops[(ops["pg"] == hang["pg"]) & (ops["seq"] == hang["seq"])]
     entry_us = at_seq.groupby("rank")["start_us"].min()
     step_of = at_seq.groupby("rank")["step"].first()
-    gave_up = {r: t for r in entry_us.index if (t := _gave_up_us(data, int(r), step_of.get(r))) is not None}
+    gave_up = {
+        r: t for r in entry_us.index if (t := _gave_up_us(data, int(r), step_of.get(r), entry_us[r])) is not None
+    }
     late = _entered_after_others_gave_up(entry_us, gave_up)
     collective = _collective(ops, hang["pg"], hang["seq"])
     if late:
@@ -786,18 +788,23 @@ def _stopped_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], li
     return _verdict("no_problem", [], None, ranks, evidence, data)
 
 
-def _gave_up_us(data: TriageInput, rank: int, step: int | None = None) -> float | None:
+def _gave_up_us(data: TriageInput, rank: int, step: int | None = None, entered_us: float | None = None) -> float | None:
     """When a rank gave up on the job's collectives (a timeout, a closed connection): its first collective that
     raised, caught or not, else (a collective with no error of its own: DDP's buckets) when the step it issued
-    the collective in raised, or when its process raised out of the job; None if it did none of these."""
+    the collective in raised (the first error after it entered the collective, when only Flight Recorder saw
+    the collective and its step is unknown), or when its process raised out of the job; None if it did none
+    of these."""
     times = []
     failed = _collective_errors(data, rank)
+    errors = data.errors
     if len(failed):
         times.append(float(failed["time_us"].iloc[0]))
     elif step is not None and step >= 0:
-        errors = data.errors
         raised = errors[(errors["rank"] == rank) & (errors["step"] == step) & errors["time_us"].notna()]
         times += [float(raised["time_us"].iloc[0])] if len(raised) else []
+    elif entered_us is not None and entered_us == entered_us:
+        raised = errors[(errors["rank"] == rank) & (errors["time_us"] >= entered_us)]
+        times += [float(raised["time_us"].min())] if len(raised) else []
     info = data.ranks.get(rank)
     record = _exit_record(info) if info is not None else None
     if record and record.how == "exception" and record.time_us:

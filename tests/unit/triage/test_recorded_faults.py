@@ -150,3 +150,14 @@ def test_dtype_desync_that_gloo_aborts_a_rank_on_is_a_desync_not_a_dead_rank():
     assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 4)
     assert any("rank 0 aborted (SIGABRT) inside all_reduce while rank 1 waited" in e for e in verdict.evidence)
     assert verdict.action.kind == "fix_code"
+
+
+def test_rank_late_into_a_bucket_only_flight_recorder_saw_is_missing_not_slow():
+    """3 ranks, a DDP job whose handler calls sys.exit(1), at one CPU burner per core: rank 2 computes past the
+    timeout in step 4's backward. The collective pending is a DDP gradient bucket that only Flight Recorder saw
+    (no step of its own); ranks 0 and 1 raised in step 4 when it timed out, and rank 2 entered it 4 s later.
+    Each rank gave up at its first error after it entered the collective: rank 2 was missing, not slow."""
+    verdict = triage(read_input(FIXTURES / "sys_exit_backward_late_rank"))
+    assert verdict.verdict == "missing_ranks", verdict.evidence
+    assert verdict.culprit_ranks == [2], verdict.evidence
+    assert any("rank 2 entered only after that" in e for e in verdict.evidence)
