@@ -141,7 +141,7 @@ class Report:
             "report_version": REPORT_VERSION,
             "run": run,
             "findings": json_safe(self.findings),
-            "stragglers": json_safe(self.stragglers.stragglers),
+            "stragglers": [_without_absent_mesh(s) for s in json_safe(self.stragglers.stragglers)],
             "straggler_method": {
                 "wait_source": self.stragglers.wait_source,
                 "steps": self.stragglers.steps,
@@ -168,6 +168,13 @@ class Report:
         if not self.memory.deep:  # the deep memory mode's result, likewise only from runs that used it
             out["memory"].pop("deep", None)
         return out
+
+
+def _without_absent_mesh(straggler: dict) -> dict:
+    """A straggler's ``mesh`` only on a run with a device mesh: the JSON of other runs is what it was."""
+    if straggler.get("mesh") is None:
+        straggler.pop("mesh", None)
+    return straggler
 
 
 def analyze(
