@@ -609,7 +609,7 @@ def _gloo_size_mismatch(
     at_seq = ops[(ops["pg"] == pg) & (ops["seq"] == seq) & ops["rank"].isin(waiting)]
     if not len(at_seq) or not all(_aborted_in(data.ranks.get(r), str(at_seq["op"].iloc[0])) for r in dead):
         return None
-    if any((data.ranks[r].backend or "gloo") != "gloo" for r in dead):
+    if any(data.ranks[r].backend != "gloo" for r in dead):  # NCCL's watchdog aborts a rank that timed out
         return None
     op = str(at_seq["op"].iloc[0])
 
