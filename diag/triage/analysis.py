@@ -607,11 +607,10 @@ def _gloo_size_mismatch(
     the op the others wait in is that mismatch. The culprits are the side whose collective the group never
     issued before: the waiting ranks when theirs is new, else the aborted ones (whose call went unrecorded)."""
     at_seq = ops[(ops["pg"] == pg) & (ops["seq"] == seq) & ops["rank"].isin(waiting)]
-    if not len(at_seq) or not all(_aborted_in(data.ranks.get(r), str(at_seq["op"].iloc[0])) for r in dead):
+    op = str(at_seq["op"].iloc[0]) if len(at_seq) else ""
+    # NCCL's watchdog also aborts a rank that timed out: only gloo's abort says the sizes differed
+    if not op or not all(data.ranks[r].backend == "gloo" and _aborted_in(data.ranks[r], op) for r in dead):
         return None
-    if any(data.ranks[r].backend != "gloo" for r in dead):  # NCCL's watchdog aborts a rank that timed out
-        return None
-    op = str(at_seq["op"].iloc[0])
 
     def payload(signatures: pd.Series) -> pd.Series:  # op|bytes|dtype, without the shapes only some rows have
         return signatures.str.split("|").str[:3].str.join("|")
@@ -625,7 +624,9 @@ def _gloo_size_mismatch(
         f"{_ranks_text(dead)} aborted (SIGABRT) inside {op} while {_ranks_text(waiting)} waited in it: gloo aborts a "
         "rank that receives a different size than its own call expects, so the ranks' collectives did not match"
     ]
-    issued = ", ".join(f"{sig.split('|')[2]} {sig.split('|')[1]} B {n}x" for sig, n in history.head(3).items())
+    issued = ", ".join(
+        f"{dtype} {nbytes} B {n}x" for (_, nbytes, dtype), n in ((p.split("|"), n) for p, n in history.head(3).items())
+    )
     row = at_seq.iloc[0]
     if new_on_waiting:
         lines.append(
@@ -640,9 +641,9 @@ def _gloo_size_mismatch(
     return culprits, lines
 
 
-def _aborted_in(info: RankInfo | None, op: str) -> bool:
+def _aborted_in(info: RankInfo, op: str) -> bool:
     """faulthandler's record of a SIGABRT with the rank's main thread inside torch.distributed's ``op``."""
-    stacks = (info.fatal_stacks or "") if info is not None else ""
+    stacks = info.fatal_stacks or ""
     return stacks.lstrip().startswith("Fatal Python error: Aborted") and bool(
         re.search(rf'distributed_c10d\.py", line \d+ in {re.escape(op)}\b', stacks)
     )
