@@ -594,10 +594,9 @@ def _is_job_wide(finding: dict, world: set) -> bool:
 
 
 def _straggler_cause(title: str) -> str:
-    """'Rank 1 is a persistent straggler (compute): ...' -> compute."""
-    if "(" in title and ")" in title:
-        return title.split("(", 1)[1].split(")", 1)[0].strip() or "unknown"
-    return "unknown"
+    """'Rank 1 (dp=0, tp=1) is a persistent straggler (compute): ...' -> compute."""
+    match = re.search(r"stragglers? \(([^)]*)\)", title)
+    return (match.group(1).strip() or "unknown") if match else "unknown"
 
 
 def _judge_triage(trace_dir: Path) -> Judgement:

@@ -41,14 +41,15 @@ class MeshLayout:
     def from_groups(
         cls, described: Iterable[tuple[str, str | None, Sequence[int]]], dim_order: Sequence[str] = ()
     ) -> MeshLayout | None:
-        """From (group name, dimension or None, ranks) triples; None when no group is a mesh dimension's."""
+        """From (group name, dimension or None, ranks) triples; None without two dimensions: a one-dimensional
+        mesh (FSDP2's over the world) places a rank nowhere its rank number does not."""
         groups: dict[str, tuple[str, tuple[int, ...]]] = {}
         for name, dim, ranks in described:
             if dim and ranks and name not in groups:
                 groups[name] = (dim, tuple(int(r) for r in ranks))
-        if not groups:
-            return None
         seen = list(dict.fromkeys(dim for dim, _ in groups.values()))
+        if len(seen) < 2:
+            return None
         dims = [d for d in dim_order if d in seen] + [d for d in seen if d not in dim_order]
         return cls(dims, groups)
 

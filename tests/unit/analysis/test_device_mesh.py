@@ -46,6 +46,12 @@ def test_no_mesh_without_a_group_that_is_a_mesh_slice():
     assert MeshLayout.from_manifests(manifests) is None
 
 
+def test_a_one_dimensional_mesh_places_no_rank():
+    """FSDP2's mesh over the world (unnamed: dim0): a coordinate there is the rank number again."""
+    one_dim = ProcessGroupInfo("0", (0, 1, 2, 3), 4, "gloo", "default_pg", mesh_dim="dim0")
+    assert MeshLayout.from_manifests({0: Manifest(0, process_groups={"0": one_dim})}) is None
+
+
 def _stats(pg: str, wait_s: float, count: int = 10) -> CollectiveStats:
     return CollectiveStats(
         op="all_reduce", pg=pg, size_bucket="1KiB-2KiB", size_bucket_min_bytes=1024, pg_size=2, count=count,
