@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
@@ -490,8 +491,10 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
     hang = hangs[0]
     latest = not data.completion_reliable
     ops = _collectives_only(ops)  # the hang is a collective's: sends and receives share its numbers
-    roots, links, cycle = (
-        _wait_chain(ops, _members(data), hang["missing"], latest) if hang["missing"] else ([], [], False)
+    roots, links, cycle, waited_in = (
+        _wait_chain(ops, _members(data), hang["missing"], latest, lambda rank: _gave_up_us(data, rank))
+        if hang["missing"]
+        else ([], [], False, [])
     )
     # report the collective the culprits themselves never reached (the last link of a wait chain)
     hang = next((h for h in hangs if h["missing"] and set(h["missing"]) <= set(roots)), hang)
@@ -513,7 +516,10 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
             f"on {_ranks_text(missing)} it is only scheduled: their GPU stream never reached it "
             "(it waits behind an earlier kernel or another group's collective)"
         )
-    evidence += links + _mesh_evidence(data, pg, missing)
+    # on a mesh: the dimension whose group the culprits hold up first (the hang's own, else one a rank
+    # waiting for them gave up in)
+    mesh_lines = next((lines for g in (pg, *waited_in) if (lines := _mesh_evidence(data, g, roots or missing))), [])
+    evidence += links + mesh_lines
     for other in others:
         for rank in other["entered"]:
             if rank in ranks and rank not in missing and ranks[rank].state != "dead":
@@ -552,13 +558,19 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
 
 
 def _wait_chain(
-    ops: pd.DataFrame, members: dict[str, list[int]], missing: list[int], latest: bool = False
-) -> tuple[list[int], list[str], bool]:
+    ops: pd.DataFrame,
+    members: dict[str, list[int]],
+    missing: list[int],
+    latest: bool = False,
+    gave_up_us: Callable[[int], float | None] | None = None,
+) -> tuple[list[int], list[str], bool, list[str]]:
     """Follow missing ranks that are themselves waiting in another group's collective to the ranks at the
     end of the chain (not waiting in any collective): those are the culprits. A cycle (ranks waiting on each
     other across groups) makes every rank on it a culprit, and is said (the third value). ``latest``: where
     completion is not recorded (gloo's dumps), a rank waits in the last collective it issued, not in the
-    oldest one that reads pending."""
+    oldest one that reads pending. ``gave_up_us``: when a rank gave up (a timeout); a rank nothing reads
+    pending any more waited in the collective it was in then, for the members that entered only later.
+    Fourth value: the groups the links wait in, first to last."""
     pending = ops[~ops["completed"]].sort_values(["start_us", "seq"])
     pending = pending.drop_duplicates("rank", keep="last" if latest else "first")
     columns = (pending[c].tolist() for c in ("rank", "pg", "seq", "op"))  # not iterrows: a Series a rank
@@ -569,13 +581,25 @@ def _wait_chain(
     entered = set(zip(inside["pg"].astype(str), inside["seq"], inside["rank"], strict=True))
     roots, links, seen, frontier = set(), [], set(), list(missing)
     waits_for: dict[int, list[int]] = {}
+    waited_in: list[str] = []
     while frontier:
         rank = frontier.pop()
         if rank in seen:
             continue
         seen.add(rank)
         if rank not in waits_in:
-            roots.add(rank)
+            gave_up = _waited_for_latecomers(ops, members, rank, gave_up_us(rank) if gave_up_us else None)
+            if gave_up is None:
+                roots.add(rank)
+                continue
+            (pg, seq, op), late = gave_up
+            links.append(
+                f"rank {rank} gave up waiting in {op} at {_where(pg, seq)}, which {_ranks_text(late)} entered only "
+                "after that"
+            )
+            waits_for[rank] = late
+            waited_in.append(pg)
+            frontier.extend(late)
             continue
         pg, seq, op = waits_in[rank]
         if pg not in members:  # gloo dumps describe only the default group: who else belongs is unknown
@@ -590,12 +614,38 @@ def _wait_chain(
             continue
         links.append(f"rank {rank} is itself waiting in {op} at {_where(pg, seq)} for {_ranks_text(absent)}")
         waits_for[rank] = absent
+        waited_in.append(pg)
         frontier.extend(absent)
     if not roots:  # a cycle: nobody at the end of the chain; the culprits are the ranks on it
         on_cycle = _on_cycle(waits_for) or sorted(seen)
         links.append(f"{_ranks_text(on_cycle)} wait for each other across process groups (a deadlock)")
-        return on_cycle, links, True
-    return sorted(roots), links, False
+        return on_cycle, links, True, waited_in
+    return sorted(roots), links, False, waited_in
+
+
+def _waited_for_latecomers(
+    ops: pd.DataFrame, members: dict[str, list[int]], rank: int, gave_up_us: float | None
+) -> tuple[tuple[str, int, str], list[int]] | None:
+    """The collective ``rank`` was in when it gave up (the last it entered before), and its members that
+    entered it only after that or never: a wait that ended in a timeout, which gloo's dumps count as
+    completed. None when it gave up on nothing, or everyone was there in time."""
+    if gave_up_us is None:
+        return None
+    own = ops[(ops["rank"] == rank) & (ops["start_us"] <= gave_up_us)]
+    if own.empty:
+        return None
+    last = own.sort_values(["start_us", "seq"]).iloc[-1]
+    pg, seq = str(last["pg"]), int(last["seq"])
+    if pg not in members:
+        return None
+    at_seq = ops[(ops["pg"] == pg) & (ops["seq"] == seq)]
+    entered_us = at_seq.groupby("rank")["start_us"].min()
+    late = [r for r in members[pg] if r != rank and _later_or_never(entered_us.get(r), gave_up_us)]
+    return ((pg, seq, str(last["op"])), late) if late else None
+
+
+def _later_or_never(entered_us: float | None, than_us: float) -> bool:
+    return entered_us is None or (entered_us == entered_us and entered_us > than_us)
 
 
 def _gloo_size_mismatch(
@@ -1302,6 +1352,8 @@ def _classify(frames: list[dict], phase: str | None) -> str:
         if name in BARRIER_FUNCTIONS:
             return "stuck_in_barrier"
         if filename.endswith("distributed_c10d.py") or name == "wait" and "distributed" in filename:
+            return "stuck_in_collective"
+        if filename.endswith("_functional_collectives.py"):  # DTensor's: waited for where its result is used
             return "stuck_in_collective"
         if "p2p" in name and "distributed" in filename:  # torch.distributed.pipelining's _wait_batch_p2p
             return "stuck_in_collective"

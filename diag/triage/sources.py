@@ -635,7 +635,10 @@ def _add_pending_from_dumps(ops: pd.DataFrame, ranks: dict[int, RankInfo]) -> pd
 
 def _merge_fr(ops: pd.DataFrame, fr_frames: list[pd.DataFrame]) -> pd.DataFrame:
     """Add Flight Recorder entries diag has no row for (diag's own collectives excluded, ops that raised),
-    and take call sites from Flight Recorder where diag has none."""
+    and take call sites from Flight Recorder where diag has none. Of a group diag has no row of at all (a
+    tensor-parallel group's functional collectives), the rank's newest entry is kept even when it reads
+    completed: gloo counts an op that timed out as completed, and when each member entered it tells who
+    waited for whom (analysis._waited_for_latecomers)."""
     fr_frames = [f for f in fr_frames if len(f)]
     if not fr_frames:
         return ops
@@ -648,6 +651,7 @@ def _merge_fr(ops: pd.DataFrame, fr_frames: list[pd.DataFrame]) -> pd.DataFrame:
     # diag writes a row when an op returns, and the dump flushed those rows first: an entry past diag's last
     # row was entered and never returned. gloo even counts an op that failed (peer gone) as completed.
     known = beyond["diag_last_seq"].notna()
+    newest_of_unknown_group = ~known & (beyond["seq"] == beyond.groupby(["rank", "pg"])["seq"].transform("max"))
     beyond = beyond.drop(columns="diag_last_seq")
     beyond.loc[known.to_numpy(), "completed"] = False
     beyond.loc[known.to_numpy(), "source"] = "flight_recorder (never returned)"
@@ -656,7 +660,7 @@ def _merge_fr(ops: pd.DataFrame, fr_frames: list[pd.DataFrame]) -> pd.DataFrame:
     ops = ops.copy()
     ops["call_site"] = by_key["call_site"].reindex(keys).fillna("").to_numpy()
     ops["shape"] = by_key["shape"].reindex(keys).fillna("").to_numpy()  # diag records bytes, FR the shapes
-    return pd.concat([ops, beyond[~beyond["completed"]]], ignore_index=True)
+    return pd.concat([ops, beyond[~beyond["completed"] | newest_of_unknown_group]], ignore_index=True)
 
 
 def _pg_ranks_from_manifests(trace, world_size: int) -> dict[str, list[int]]:

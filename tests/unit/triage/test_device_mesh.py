@@ -47,3 +47,18 @@ def test_gloo_pg_status_keyed_by_each_ranks_own_group_ids_is_read_by_group_name(
     dump = normalise_dump(raw, "fr_rank_3", 3)
     assert dump.last_completed_seq == {"2": 16, "4": 8}
     assert all(e.completed for e in dump.entries)
+
+
+def test_a_rank_late_into_its_tp_group_is_the_culprit_not_its_peer_that_gave_up():
+    """The fault suite's mesh shape (benchmarks/fault_job.py, FAULT_SHAPE=mesh): rank 0 computed 10 s in its
+    optimizer step; its tp peer, rank 1, timed out in the next forward's tensor-parallel all_reduce (a functional
+    collective: only Flight Recorder has it, and gloo counts it completed) and never reached the world all_reduce
+    ranks 2 and 3 waited in. Rank 0 entered that tp collective 4 s after rank 1 gave up: rank 1 waited for it."""
+    verdict = triage(read_input(FIXTURES / "triage" / "mesh_late_rank"))
+    assert verdict.verdict == "missing_ranks" and verdict.culprit_ranks == [0], verdict.evidence
+    assert (
+        "rank 1 gave up waiting in all_reduce at seq 10 of process group 3, which rank 0 entered only after that"
+        in verdict.evidence
+    )
+    assert any(line.startswith("process group 3 is the tp group of ranks 0, 1") for line in verdict.evidence)
+    assert verdict.ranks[1].state == "stuck_in_collective"  # in DTensor's wait, not in its own compute
