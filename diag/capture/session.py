@@ -67,6 +67,9 @@ class Session:
         self._step_start_ns = 0
         self._step_device_event = None
         self._phase_us: dict[str, float] = {}
+        # diag.phase() spans open now, by name: a span of a name that encloses the hooks' own (the user's
+        # ``diag.phase("forward")`` around the model's call) counts once, as the enclosing span
+        self._open_phases: dict[str, int] = {}
         self._data_wait_us = 0.0
         self._comm_wait_us = 0.0
         self._hooks: list = []
@@ -351,6 +354,8 @@ class Session:
         self.current_phase = name
 
     def add_phase_time(self, name: str, duration_us: float) -> None:
+        if self._open_phases.get(name):  # inside a diag.phase(name): that span holds this time already
+            return
         self._phase_us[name] = self._phase_us.get(name, 0.0) + duration_us
 
     def add_comm_wait(self, duration_us: float) -> None:
@@ -713,6 +718,7 @@ class Session:
         start_us = time.time_ns() // 1000
         start_ns = time.perf_counter_ns()
         previous, self.current_phase = self.current_phase, name
+        self._open_phases[name] = self._open_phases.get(name, 0) + 1
         event = self._safe(self.device_timer.start)
         if self.nvtx is not None:
             self.nvtx.open(f"phase:{name}", name)
@@ -720,6 +726,7 @@ class Session:
             yield
         finally:
             self.current_phase = previous
+            self._open_phases[name] -= 1
             if self.nvtx is not None:
                 self.nvtx.close(f"phase:{name}")
             try:

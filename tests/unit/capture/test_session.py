@@ -1,3 +1,5 @@
+import time
+
 import pytest
 import torch
 
@@ -155,3 +157,26 @@ def test_backward_started_inside_another_is_part_of_it(tmp_path):
     # counted again, the inner backward (most of the time) would take the recorded span past the measured one
     assert (recorded_us <= [m + 1 for m in measured_us]).all(), (recorded_us, measured_us)
     assert (recorded_us >= [0.8 * m for m in measured_us]).all(), (recorded_us, measured_us)
+
+
+class _Sleeps(torch.nn.Module):
+    def forward(self, x):
+        time.sleep(0.05)
+        return x * 2
+
+
+def test_a_phase_named_forward_around_the_model_counts_its_time_once(tmp_path):
+    """``with diag.phase("forward"): model(x)`` on an instrumented model: the forward hook's time lies inside the
+    user's span and is not added again (counted twice, forward_us would exceed the whole step)."""
+    model = _Sleeps()
+    diag.init(tmp_path, telemetry=False, watchdog=False)
+    diag.instrument(model)
+    for _ in range(2):
+        with diag.step():
+            with diag.phase("forward"):
+                model(torch.ones(2))
+            with diag.phase("compute"):  # a name of the user's own: still its own span
+                model(torch.ones(2))
+    diag.finish()
+    steps = diag.load(tmp_path).steps
+    assert ((steps["forward_us"] > 0.09e6) & (steps["forward_us"] < steps["duration_us"])).all(), steps
