@@ -1,9 +1,12 @@
 """A real training job for the capture tests. Each rank also writes what it really did, as seen by an
 independent source (PyTorch's Flight Recorder and the model itself), to ``TRACE_DIR/truth/rankN.json``.
 
-usage: capture_job.py TRACE_DIR MODE STEPS   (MODE: plain, ddp, ddp_hook, fsdp, explicit)
+usage: capture_job.py TRACE_DIR MODE STEPS   (MODE: plain, ddp, ddp_hook, fsdp, explicit, accum)
+  accum: DDP with gradient accumulation, ACCUM micro-batches an optimizer step, all but the last under
+         ``no_sync``, in one ``diag.step()``
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -22,14 +25,28 @@ if distributed:
 rank = dist.get_rank() if distributed else 0
 world = dist.get_world_size() if distributed else 1
 torch.manual_seed(0)
+
+
+class Wait(torch.nn.Module):
+    """A forward that takes FORWARD_WAIT_S (a sleep: the same on a loaded machine)."""
+
+    def forward(self, x):
+        time.sleep(FORWARD_WAIT_S)
+        return x
+
+
+FORWARD_WAIT_S = 0.01
 model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+if mode == "accum":  # each micro-batch's forward long enough to tell four from one
+    model.append(Wait())
 param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 
 session = diag.init(
     trace_dir, telemetry=False, flops_per_step=1e9, ddp_buckets="hook" if mode == "ddp_hook" else "auto"
 )
 init_done_ns = time.time_ns()
-if mode in ("ddp", "ddp_hook"):
+ACCUM = 4
+if mode in ("ddp", "ddp_hook", "accum"):
     model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
 elif mode == "fsdp":
     from torch.distributed.fsdp import fully_shard
@@ -55,7 +72,21 @@ if mode == "failing":  # rank 1 leaves; rank 0's next all_reduce fails: it must 
     sys.exit(0)
 
 explicit_ops = []
-batches = [torch.randn(16, 64) for _ in range(steps)]
+forward_s = []  # accum: each step's forwards, timed around the model's calls
+if mode == "accum":
+    for micro_batches in diag.wrap_loader([torch.randn(ACCUM, 16, 64) for _ in range(steps)]):
+        with diag.step(samples=16 * ACCUM):
+            forward_s.append(0.0)
+            for index, batch in enumerate(micro_batches):
+                last = index == ACCUM - 1
+                with contextlib.nullcontext() if last else model.no_sync():
+                    start = time.perf_counter()
+                    loss = model(batch).square().mean() / ACCUM
+                    forward_s[-1] += time.perf_counter() - start
+                    loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+batches = [] if mode == "accum" else [torch.randn(16, 64) for _ in range(steps)]
 for batch in diag.wrap_loader(batches):
     with diag.step(samples=16):
         with diag.phase("compute"):
@@ -102,6 +133,7 @@ truth = {
     "param_bytes": param_bytes,
     "init_done_ns": init_done_ns,
     "explicit_ops": explicit_ops,
+    "forward_s": forward_s,
     "fr_entries": [],
 }
 if distributed:

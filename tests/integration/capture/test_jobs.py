@@ -202,3 +202,35 @@ def test_collective_that_fails_is_recorded_without_duration(tmp_path):
     assert rank0["bytes"].tolist() == [16, 32]
     assert rank0["duration_us"].notna().tolist() == [True, False]
     assert rank0["seq"].diff().dropna().tolist() == [1]  # numbered like the one before it
+
+
+@pytest.fixture(scope="module")
+def accum_run(tmp_path_factory):
+    return run_job(tmp_path_factory, "accum")
+
+
+def test_gradient_accumulation_is_one_step_per_optimizer_update(accum_run):
+    """DDP with ``no_sync`` micro-batches inside one ``diag.step()`` (docs/api.md, "step"): one step per update,
+    every micro-batch's forward and backward in it, and the gradients all-reduced once."""
+    trace, truths = accum_run
+    for rank in range(WORLD):
+        steps = trace.steps[trace.steps["rank"] == rank].sort_values("step")
+        assert steps["step"].tolist() == list(range(STEPS))
+        assert (steps["samples"] == 16 * 4).all()
+        forwards_s = steps["forward_us"].to_numpy() / 1e6
+        timed_s = truths[rank]["forward_s"]
+        # the hooks sit inside the job's own timing of the four forwards: all four counted, not the last only
+        assert all(0.5 * truth <= ours <= truth for ours, truth in zip(forwards_s, timed_s)), (forwards_s, timed_s)
+        inner = steps["forward_us"] + steps["backward_us"] + steps["optimizer_us"]
+        assert (inner <= steps["duration_us"] + 12).all()
+        ddp = trace.collectives[(trace.collectives["rank"] == rank) & (trace.collectives["source"] == "ddp")]
+        assert (ddp.groupby("step")["bytes"].sum() == truths[rank]["param_bytes"]).all()
+        assert len(trace.steps[trace.steps["rank"] == rank]) == STEPS  # no micro-batch read as a step of its own
+
+
+def test_gradient_accumulation_collectives_match_flight_recorder(accum_run):
+    trace, truths = accum_run
+    for rank in range(WORLD):
+        colls = trace.collectives[trace.collectives["rank"] == rank]
+        ours = sorted(zip(colls["pg"].astype(str), colls["seq"], colls["op"].astype(str), colls["bytes"]))
+        assert ours == fr_collectives_after_init(truths[rank])
