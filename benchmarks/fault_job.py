@@ -63,6 +63,7 @@ SHAPES = (
     "hf_trainer",  # transformers' Trainer (DDP on gloo) with diag's DiagTrainerCallback
     "deepspeed",  # a DeepSpeed engine (ZeRO-1, DS_ACCELERATOR=cpu) in the loop of "propagate"
     "pipeline",  # one stage per rank under torch's Schedule1F1B, the loss all-reduced for logging each step
+    "mesh",  # the loop of "propagate" on a dp x tp device mesh: tensor-parallel layers, gradients averaged over dp
 )
 FRAMEWORK_SHAPES = ("lightning", "hf_trainer", "deepspeed")
 MAX_ERRORS = 3
@@ -89,11 +90,29 @@ SHAPE = env("FAULT_SHAPE", "propagate")
 COMPUTE = env("FAULT_COMPUTE", "sleep")
 ATTEMPT = int(env("FAULT_ATTEMPT", "0"))
 PG_TIMEOUT_S = float(env("FAULT_PG_TIMEOUT_S", "6"))
+# until the first batch: building the model and a framework's wrapping of it (DDP checks every rank's parameter
+# shapes in a collective) can put one rank seconds behind another on a loaded box, which is no fault of the job
+STARTUP_TIMEOUT_S = 120.0
+TP = 2  # the mesh shape's tensor-parallel degree
 HANG_THRESHOLD_S = float(env("FAULT_HANG_THRESHOLD_S", "2"))
 TRACE_DIR = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
 _MATRIX = torch.randn(MATMUL_N, MATMUL_N)
 _LEAKED: list = []
 _COUNTS = dict.fromkeys(WHERES, 0)  # calls so far at each strike point: its step index
+_TIMED_GROUPS: list = []  # the mesh shape's dimension groups, besides the default group
+_ARMED = [False]
+
+
+def arm_timeouts() -> None:
+    """Give every group the job's collective timeout (PG_TIMEOUT_S), once: from the first batch on, where the
+    faults strike. DeviceMesh's groups would otherwise keep torch's default (30 minutes for gloo)."""
+    if _ARMED[0]:
+        return
+    _ARMED[0] = True
+    from torch.distributed.distributed_c10d import _set_pg_timeout  # torch's own way to change it in flight
+
+    for group in (None, *_TIMED_GROUPS):
+        _set_pg_timeout(datetime.timedelta(seconds=PG_TIMEOUT_S), group)
 
 
 def mark(name: str) -> None:
@@ -231,6 +250,7 @@ class Batches(torch.utils.data.IterableDataset):
 
 
 def batch_of_step() -> tuple[torch.Tensor, torch.Tensor]:
+    arm_timeouts()
     strike("data")
     x = torch.randn(16, 64)
     return x, x.flip(1)
@@ -258,6 +278,8 @@ def build_model(world_size: int):
     model = Net()
     if SHAPE in FRAMEWORK_SHAPES:  # the framework wraps it (DDP) itself
         return model
+    if SHAPE == "mesh":
+        return build_mesh_model(model, world_size)
     if SHAPE == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -271,6 +293,26 @@ def build_model(world_size: int):
     return DistributedDataParallel(model)
 
 
+def build_mesh_model(model: Net, world_size: int) -> Net:
+    """Net on a (world/TP) x TP mesh: its first layer column-parallel, its second row-parallel (an all_reduce
+    in the tp group in every forward, where a tp peer waits for a slow rank), as torchtitan lays out a block."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (world_size // TP, TP), mesh_dim_names=("dp", "tp"))
+    _TIMED_GROUPS.extend((mesh.get_group("dp"), mesh.get_group("tp")))
+    model.dp_group = mesh.get_group("dp")
+    return parallelize_module(model, mesh["tp"], {"first": ColwiseParallel(), "second": RowwiseParallel()})
+
+
+def average_over_dp(model) -> None:
+    """The mesh shape's data parallelism: each gradient shard averaged over the rank's dp group."""
+    for param in model.parameters():
+        grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+        dist.all_reduce(grad, group=model.dp_group)
+        grad /= model.dp_group.size()
+
+
 def loss_of(out, target):
     return torch.nn.functional.mse_loss(out, target)
 
@@ -280,6 +322,8 @@ def one_step(model, optimizer, batch) -> None:
     with diag.phase("forward"):
         loss = loss_of(model(x), target)
     loss.backward()
+    if SHAPE == "mesh":
+        average_over_dp(model)
     optimizer.step()
     optimizer.zero_grad()
     if KIND == "preempted" and not ATTEMPT and _COUNTS["forward"] > BAD_STEP:
@@ -311,7 +355,7 @@ def train_logging_errors(model, optimizer) -> None:
 
 
 def run_shape(model, optimizer) -> None:
-    if SHAPE in ("propagate", "fsdp2", "elastic"):
+    if SHAPE in ("propagate", "fsdp2", "elastic", "mesh"):
         train(model, optimizer)
         diag.finish()
     elif SHAPE == "caught_finish":
@@ -534,7 +578,7 @@ def main() -> None:
     start_together()
     torch.set_num_threads(1)
     torch.manual_seed(0)  # the same weights on every rank
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if KIND == "cross_group":  # every rank must create every group, in the same order
         pair = sorted({BAD_RANK, partner_of(BAD_RANK)})
@@ -545,6 +589,8 @@ def main() -> None:
         dist.destroy_process_group()
         return
     model = build_model(world_size)
+    if SHAPE not in FRAMEWORK_SHAPES:  # built: the job's timeout before diag.init records it
+        arm_timeouts()
     optimizer = StrikingSGD(model.parameters(), lr=0.01)
     torch.manual_seed(1 + rank)
     if SHAPE == "trainer":

@@ -3,8 +3,9 @@ it cries wolf.
 
 Each run is a scenario drawn from a seed: a real multi-process gloo job (``benchmarks/fault_job.py``) of some
 shape (the exception propagates; caught then ``diag.finish()``; ``finally``; ``sys.exit`` in the handler;
-log-and-continue; ``diag.Trainer``; FSDP2; an elastic restart into the same directory), with compute that is a
-sleep or real matmuls, at a world size of 2, 3, 4 or 8, injecting one fault kind where it strikes (the data
+log-and-continue; ``diag.Trainer``; FSDP2; an elastic restart into the same directory; Lightning, the HF
+Trainer, DeepSpeed; a pipeline schedule; a dp x tp device mesh), with compute that is a sleep or real matmuls,
+at a world size of 2, 3, 4 or 8 (a mesh: 4 or 8), injecting one fault kind where it strikes (the data
 loader, forward, backward, optimizer step, inside a collective, or at step 0), beside no load or 1x / 2x the
 cores in CPU burners. ``diag analyze`` (slow or failing jobs) or ``diag triage`` (hangs and desyncs) then judges
 its traces as a user would. The expected verdict of a fault does not depend on the job's shape: a caught error
@@ -70,7 +71,9 @@ SHAPES = (
     "hf_trainer",
     "deepspeed",
     "pipeline",
+    "mesh",
 )
+MESH_TP = 2  # fault_job.py's tensor-parallel degree: a mesh job's world is a multiple of it, dp of 2 or more
 COMPUTES = ("sleep", "matmul")
 WORLDS = (2, 3, 4, 8)
 LOADS = ("none", "1x", "2x")  # CPU burners beside the job: none, one or two per core
@@ -301,6 +304,8 @@ def draw_scenarios(
         kind = columns["kind"][i]
         where = _next_place(rng, places, FAULTS[kind].wheres)
         world = columns["world"][i]
+        if columns["shape"][i] == "mesh" and (world % MESH_TP or world < 2 * MESH_TP):
+            world = 2 * MESH_TP  # a device mesh of two dimensions, each of 2 or more
         step = 0 if where == "step0" else rng.randint(2, 4)
         variant = DESYNCS[desyncs % len(DESYNCS)] if kind == "desync" else ""
         desyncs += kind == "desync"
