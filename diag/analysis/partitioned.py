@@ -1405,8 +1405,8 @@ def _account_rank_tables(trace: Trace, results: list[RankTables]) -> None:
 # (the step's forward/backward/optimizer split, PCIe throughput, ...) are for the views and diag compare, which
 # ask for the whole tables (``analyzed_columns_only=False``).
 ANALYSED_COLUMNS = {
-    "steps": ("step", "start_us", "duration_us", "data_wait_us", "comm_wait_us", "samples", "tokens", "loss",
-              "grad_norm", "param_fingerprint"),
+    "steps": ("step", "start_us", "duration_us", "data_wait_us", "comm_wait_us", "runqueue_wait_us", "samples",
+              "tokens", "loss", "grad_norm", "param_fingerprint"),
     "memory": ("step", "time_us", "allocated_bytes", "allocated_peak_bytes", "reserved_bytes", "reserved_peak_bytes",
                "alloc_retries", "ooms", "rss_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes"),
     "telemetry": ("time_us", "gpu", "util_pct", "mem_total_bytes", "power_w", "power_limit_w", "temp_c",

@@ -148,6 +148,7 @@ class Report:
                 "note": self.stragglers.note,
                 "compared": self.stragglers.compared,
                 "noise": json_safe(self.stragglers.noise),
+                **({"less_core_wait": True} if self.stragglers.less_core_wait else {}),
             },
             "jitter": json_safe(self.stragglers.jitter),
             "mfu": json_safe(self.mfu),

@@ -2,7 +2,9 @@
 
 In synchronous training every rank's iteration lasts as long as the slowest rank's work; the rest is waiting
 in collectives. So a rank's *busy* time per step is its data wait plus its step body minus the time it was
-blocked in communication. Only durations measured on one host are used: no cross-host clock comparison.
+blocked in communication and minus the time its thread waited for a core (``runqueue_wait_us``: on a loaded
+host the scheduler leaves one rank or another waiting, which is the host's doing, not the rank's work). Only
+durations measured on one host are used: no cross-host clock comparison.
 
 Every comparison is with the *other* ranks (their median, leaving the rank itself out): with two ranks the
 median of both is their average, and a rank compared with it looks half as slow as it is. A rank is *slow in
@@ -129,6 +131,7 @@ class RankStepTimes:
 
     frame: pd.DataFrame  # rank, step, data_wait_us, compute_us, wait_us, busy_us, iteration_us
     wait_source: str  # "steps.comm_wait_us", "collectives" or "none"
+    less_core_wait: bool = False  # compute excludes the time the thread waited for a core (steps.runqueue_wait_us)
     step_median_busy_us: pd.Series | None = None  # per step, computed once when first needed
     step_max_busy_us: pd.Series | None = None
     step_cell: np.ndarray | None = field(default=None, repr=False)  # each row's (peers, step) group, when needed
@@ -182,6 +185,7 @@ class Jitter:
 class StragglerReport:
     stragglers: list[Straggler] = field(default_factory=list)  # persistent first, then by time lost
     wait_source: str = "none"
+    less_core_wait: bool = False  # busy time excludes the time the ranks' threads waited for a core
     steps: int = 0
     note: str | None = None
     compared: bool = True  # False: ranks were not compared at all (one rank, too few steps, one rank per stage)
@@ -202,6 +206,7 @@ def rank_step_times(
     ``peer_groups`` (rank -> group) limits comparisons to ranks doing the same work: the ranks of one
     pipeline stage. Without it all ranks are peers."""
     frame = steps_w[["rank", "step", "data_wait_us", "duration_us", "comm_wait_us"]].copy()
+    core_wait = _core_wait_us(steps_w)
     blocked = frame["comm_wait_us"].to_numpy(dtype="float64")
     sources = ["steps.comm_wait_us"] if blocked.any() else []
     if coll_wait_per_rank_step is not None and len(coll_wait_per_rank_step):
@@ -211,7 +216,7 @@ def rank_step_times(
             blocked = np.maximum(blocked, from_collectives)
     frame = frame.drop(columns="comm_wait_us")
     frame["wait_us"] = blocked
-    frame["compute_us"] = (frame["duration_us"] - frame["wait_us"]).clip(lower=0)
+    frame["compute_us"] = (frame["duration_us"] - frame["wait_us"] - core_wait).clip(lower=0)
     frame["busy_us"] = frame["compute_us"] + frame["data_wait_us"]
     frame["iteration_us"] = (frame["data_wait_us"] + frame["duration_us"]).astype("float64")
     source = f"max({', '.join(sources)})" if len(sources) > 1 else (sources[0] if sources else "none")
@@ -219,7 +224,16 @@ def rank_step_times(
         frame["peers"] = frame["rank"].map(peer_groups).fillna(0).astype("int64")
     else:  # what mapping every rank through an empty dict gives, without 16 M lookups
         frame["peers"] = np.zeros(len(frame), dtype="int64")
-    return RankStepTimes(frame.reset_index(drop=True), source)
+    return RankStepTimes(frame.reset_index(drop=True), source, less_core_wait=bool(core_wait.any()))
+
+
+def _core_wait_us(steps_w: pd.DataFrame) -> np.ndarray:
+    """Per row, the time the rank's thread waited for a core in the step (0 where not recorded): other load on
+    the host, which slows whichever rank the scheduler happens to leave waiting, and is not the rank's work."""
+    if "runqueue_wait_us" not in steps_w:
+        return np.zeros(len(steps_w))
+    wait = steps_w["runqueue_wait_us"].to_numpy(dtype="float64", na_value=np.nan)
+    return np.nan_to_num(np.clip(wait, 0.0, None), nan=0.0)
 
 
 def _aligned(per_rank_step: pd.Series, rank: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -255,7 +269,9 @@ def find_stragglers(
     f = times.frame
     layout = _rank_major(f)  # the usual layout: ranks and steps counted without hashing 16 M rows
     report = StragglerReport(
-        wait_source=times.wait_source, steps=len(layout[1]) if layout else int(f["step"].nunique())
+        wait_source=times.wait_source,
+        less_core_wait=times.less_core_wait,
+        steps=len(layout[1]) if layout else int(f["step"].nunique()),
     )
     if (layout[0] if layout else f["rank"].nunique()) < 2:
         report.note = "one rank only: nothing to compare it with"
@@ -398,7 +414,7 @@ def _across_stages(times: RankStepTimes, stage_work_us: pd.Series | None) -> Ran
         return None
     frame["busy_us"] = frame["data_wait_us"].astype("float64") + frame["compute_us"]
     frame["peers"] = np.zeros(len(frame), dtype="int64")
-    return RankStepTimes(frame.reset_index(drop=True), times.wait_source)
+    return RankStepTimes(frame.reset_index(drop=True), times.wait_source, times.less_core_wait)
 
 
 def _typical_busy_us(f: pd.DataFrame) -> np.ndarray | float:

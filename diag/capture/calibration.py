@@ -197,6 +197,9 @@ class ThreadRunQueueWait:
             return None
 
 
+CORE_WAIT = ThreadRunQueueWait()  # one per process: its files are per thread, opened on a thread's first read
+
+
 def _capturing_or_compiling() -> bool:
     """A CUDA graph being captured or torch.compile tracing: a matmul now would become part of the graph."""
     import torch

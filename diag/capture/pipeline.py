@@ -26,7 +26,7 @@ from contextlib import contextmanager, suppress
 
 from diag._warn import warn_once
 from diag.capture import torch_private
-from diag.capture.calibration import ThreadRunQueueWait
+from diag.capture.calibration import CORE_WAIT
 from diag.trace.schema import MICROBATCHES
 
 COMPUTE_ACTIONS = ("forward", "backward", "backward_input", "backward_weight")
@@ -38,15 +38,12 @@ _STAGE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_on
 _OP_GETTERS = ("get_fwd_recv_ops", "get_bwd_recv_ops", "get_fwd_send_ops", "get_bwd_send_ops")
 
 
-_CORE_WAIT = ThreadRunQueueWait()  # one per process: the manual API makes a recorder per action
-
-
 class _Recorder:
     """Writes microbatches rows for one session; shared by the automatic hooks and the manual API."""
 
     def __init__(self, session):
         self.session = session
-        self.core_wait = _CORE_WAIT
+        self.core_wait = CORE_WAIT  # the manual API makes a recorder per action: one reader for all
 
     def begin(self):
         wait_ns = self.core_wait.read_ns()

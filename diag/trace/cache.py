@@ -36,8 +36,8 @@ from diag.trace.nccl_log import NcclLog
 from diag.trace.schema import TABLES, Table
 
 CACHE_DIR = ".diag-cache"
-CACHE_FORMAT = 6  # bump when what is stored changes (3: parsed NCCL logs; 4: memory and telemetry columns added;
-# 5: memory_deep.json's contents; 6: the manifests' hang settings and group timeouts)
+CACHE_FORMAT = 7  # bump when what is stored changes (3: parsed NCCL logs; 4: memory and telemetry columns added;
+# 5: memory_deep.json's contents; 6: the manifests' hang settings and group timeouts; 7: steps.runqueue_wait_us)
 _META = "meta.json"
 _ENTRY_NAME_RE = re.compile(r"^\.?[0-9a-f]{32}(-[A-Za-z0-9_]+)?$")  # a signature, or a half-written entry
 _META_KEYS = ("manifests", "events", "heartbeats", "skipped", "world_size", "ranks_found", "ranks_missing", "run_id")

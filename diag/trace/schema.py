@@ -218,6 +218,12 @@ STEPS = Table(
             "every fingerprint_every steps, the sum of the instrumented DDP model's parameters after the step (each summed in float32, the sums added in float64): equal on every replica of `replica_group` unless they drifted apart",
             exact=True,
         ),
+        Column(
+            "runqueue_wait_us",
+            "Float64",
+            "time the training thread was ready to run but waited for a core during the step body (other load on "
+            "the host; Linux schedstat, empty elsewhere): not the rank's own work",
+        ),
     ),
 )
 

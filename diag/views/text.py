@@ -197,7 +197,8 @@ def _findings(report) -> Block:
 def _stragglers(report) -> Block:
     s = report.stragglers
     block = Block("Stragglers")
-    block.lines.append(f"method: busy time per rank and step (data wait + compute), blocked time from {s.wait_source}")
+    busy = "data wait + compute, less the time waiting for a core" if s.less_core_wait else "data wait + compute"
+    block.lines.append(f"method: busy time per rank and step ({busy}), blocked time from {s.wait_source}")
     if s.noise is not None:
         block.lines.append(
             f"noise: step to step {pct(s.noise.step_spread)} of a typical step, rank to rank {pct(s.noise.rank_spread)}; "
