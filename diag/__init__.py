@@ -55,30 +55,61 @@ init.__doc__ = _init_doc()
 
 
 def step(step_index: int | None = None, samples: int | None = None, tokens: int | None = None):
-    """Context manager around one training step."""
+    """Context manager around one training step: one optimizer update, from its first forward to the end of
+    ``optimizer.step()``.
+
+    ``step_index``: the step's number (default: one more than the last, from 0); ``samples`` and ``tokens``:
+    how many the step trained on, for throughput. An exception leaving the block is recorded as the step's
+    error (``diag analyze`` and ``diag triage`` read it) and raised again; the block never raises one of its own.
+
+    With gradient accumulation, one ``diag.step()`` spans all the micro-batches of an update::
+
+        for micro_batches in diag.wrap_loader(loader):          # each item: one update's micro-batches
+            with diag.step(samples=sum(len(b) for b in micro_batches)):
+                for i, batch in enumerate(micro_batches):
+                    last = i == len(micro_batches) - 1
+                    with contextlib.nullcontext() if last else model.no_sync():   # DDP: all-reduce once
+                        (model(batch).loss / len(micro_batches)).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+
+    Every micro-batch's forward and backward count in the step's phases. Called once per micro-batch with the
+    same number instead, it warns once, and the report counts each micro-batch as a step."""
     from diag.capture import api
 
     return api.step(step_index, samples=samples, tokens=tokens)
 
 
 def record(loss=None, grad_norm=None):
-    """The current step's loss and, when you have it, gradient norm (e.g. what clip_grad_norm_ returns):
-    numbers or 0-d tensors, read from the GPU without waiting for it. diag analyze names the first NaN or inf
-    (step and rank), loss spikes, and ranks whose loss or gradient norm departs from their peers'."""
+    """The current step's loss and, when you have it, gradient norm (e.g. what ``clip_grad_norm_`` returns):
+    numbers or 0-d tensors, read from the GPU without waiting for it. ``diag analyze`` names the first NaN or
+    inf (step and rank), loss spikes, and ranks whose loss or gradient norm departs from their peers'."""
     from diag.capture import api
 
     return api.record(loss=loss, grad_norm=grad_norm)
 
 
 def phase(name: str):
-    """Context manager marking a named span inside the current step."""
+    """Context manager marking a named span inside the current step (the ``phases`` table; the dashboard and
+    ``diag export`` draw it). ``"forward"``, ``"backward"`` and ``"optimizer"`` are the step's own phases: a
+    span of one of those names adds its time to that phase, once, also around a call whose hooks time it
+    (open it around a compiled call whose hooks run inside the compiled region). Open it in eager code, not
+    inside a ``torch.compile``-d function, where it would break the graph."""
     from diag.capture import api
 
     return api.phase(name)
 
 
 def instrument(*objects, step_at: str | None = None):
-    """Hook a model (plain, DDP, FSDP) and optimizers: forward, backward, optimizer, collectives.
+    """Hook models and optimizers: each step's forward, backward and optimizer time, and the collectives they
+    issue; returns what it was given. Call it after ``diag.init``, on what your loop calls.
+
+    Models: a plain ``nn.Module``, a DDP module (its gradient buckets too), an FSDP2 (``fully_shard``) module,
+    a DTensor model on a ``DeviceMesh`` (the whole mesh is recorded, for communication per dimension), what
+    ``torch.compile`` returned (no graph break, no recompilation), a ``torch.distributed.pipelining``
+    schedule (every micro-batch's forward and backward per stage), a DeepSpeed engine, an Accelerate-prepared
+    model. Order: wrap (DDP, ``fully_shard``, ``parallelize_module``), then ``torch.compile``, then
+    ``diag.instrument`` on the result (docs/frameworks.md).
 
     ``step_at="accumulation_boundary"`` with a DeepSpeed engine: diag opens and closes the steps itself, one per
     optimizer update (the engine's gradient-accumulation boundary), so the loop needs no ``diag.step()``."""
@@ -88,7 +119,9 @@ def instrument(*objects, step_at: str | None = None):
 
 
 def wrap_loader(loader):
-    """Iterate ``loader`` while recording the time each batch took to arrive."""
+    """Iterate ``loader`` while recording the time each batch took to arrive: the next step's data wait
+    (a rank slow in its data loader is told apart from one slow in compute). An error the loader raises is
+    recorded and raised again."""
     from diag.capture import api
 
     return api.wrap_loader(loader)
@@ -111,21 +144,25 @@ def pipeline_layout(schedule: str, stages: int, microbatches: int, virtual_stage
 
 
 def finish():
-    """Flush and close the current session."""
+    """Flush and close the current session: the rows still buffered are written and the rank marked finished
+    (``diag triage`` tells a finished rank from one that stopped). Safe to call twice, and in a ``finally``
+    block; a rank that exits without it (an exception out of the script, a signal) is recorded as such."""
     from diag.capture import api
 
     return api.finish()
 
 
 def session():
-    """The current capture session (a disabled one before ``diag.init``)."""
+    """The current capture session (a disabled one before ``diag.init``, and after ``diag.finish``)."""
     from diag.capture import api
 
     return api.current()
 
 
 def load(trace_dir, progress: bool = False):
-    """Load a trace directory into DataFrames (no torch needed)."""
+    """Load a trace directory into pandas DataFrames (no torch needed): a ``Trace`` whose ``steps``,
+    ``phases``, ``collectives``, ``memory``, ``telemetry`` ... hold every rank's rows with a ``rank`` column
+    (their columns: docs/trace-format.md), with the manifests and what was skipped and why."""
     from diag.trace.loader import load as _load
 
     return _load(trace_dir, progress=progress)
