@@ -1,7 +1,8 @@
-"""Real 2-D device-mesh jobs (``init_device_mesh``, dp=2 x tp=2 on gloo; tests/jobs/mesh_job.py): the report says
-which mesh dimension a slow rank holds up and where it sits, shows communication per dimension, and triage names
-the dimension of the group a hung rank stalls first. Capture uses no process group of its own (it must not
-deadlock on sub-meshes): the jobs finish, or hang only where the fault is planted."""
+"""Real 2-D device-mesh jobs (``init_device_mesh`` on gloo: dp=2 x tp=2, and dp=4 x tp=2 for a hang;
+tests/jobs/mesh_job.py): the report says which mesh dimension a slow rank holds up and where it sits, shows
+communication per dimension, and triage names the dimension of the group a hung rank stalls first. Capture uses
+no process group of its own (it must not deadlock on sub-meshes): the jobs finish, or hang only where the fault
+is planted."""
 
 from __future__ import annotations
 
@@ -53,22 +54,33 @@ def test_healthy_mesh_job_names_no_straggler_and_records_the_whole_mesh(tmp_path
     assert report["mesh"]["shape"] == "dp=2 x tp=2"
 
 
-def test_hang_in_one_sub_mesh_names_the_tp_group_the_rank_stalls_first(tmp_path):
+# (world, the hung rank, its tp group, the mesh, where it sits): dp=2 x tp=2, and dp=4 x tp=2 where the rank's
+# tp group is one of four and its dp group holds four ranks
+HANGS = [
+    (WORLD, BAD_RANK, "2, 3", "dp=2 x tp=2", "dp=1, tp=1"),
+    (8, 5, "4, 5", "dp=4 x tp=2", "dp=2, tp=1"),
+]
+
+
+@pytest.mark.parametrize(("world", "bad_rank", "tp_group", "shape", "coords"), HANGS, ids=["4-ranks", "8-ranks"])
+def test_hang_in_one_sub_mesh_names_the_tp_group_the_rank_stalls_first(
+    tmp_path, world, bad_rank, tp_group, shape, coords
+):
     trace_dir = tmp_path / "trace"
-    procs = start_ranks([str(JOBS / "mesh_job.py"), str(trace_dir), "hang", str(BAD_RANK)], WORLD)
+    procs = start_ranks([str(JOBS / "mesh_job.py"), str(trace_dir), "hang", str(bad_rank)], world)
     try:
         deadline = time.monotonic() + STALL_DEADLINE_S
-        while time.monotonic() < deadline and not all(_has_stall_dump(trace_dir, r) for r in range(WORLD)):
+        while time.monotonic() < deadline and not all(_has_stall_dump(trace_dir, r) for r in range(world)):
             assert all(p.poll() is None for p in procs), "a rank ended: the hang was not planted"
             time.sleep(0.5)
-        assert all(_has_stall_dump(trace_dir, r) for r in range(WORLD))
+        assert all(_has_stall_dump(trace_dir, r) for r in range(world))
         time.sleep(1.0)
     finally:
         for proc in procs:  # what a launcher does to a job that stopped making progress
             proc.terminate()
         _end_all(procs)
     verdict = diag_triage_json(trace_dir)
-    assert verdict["verdict"] == "missing_ranks" and verdict["culprit_ranks"] == [BAD_RANK], verdict
+    assert verdict["verdict"] == "missing_ranks" and verdict["culprit_ranks"] == [bad_rank], verdict
     evidence = "\n".join(verdict["evidence"])
-    assert "the tp group of ranks 2, 3 in the device mesh (dp=2 x tp=2)" in evidence, evidence
-    assert "rank 3 stalls that tp group first (rank 3 at dp=1, tp=1)" in evidence, evidence
+    assert f"the tp group of ranks {tp_group} in the device mesh ({shape})" in evidence, evidence
+    assert f"rank {bad_rank} stalls that tp group first (rank {bad_rank} at {coords})" in evidence, evidence
