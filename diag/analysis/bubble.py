@@ -37,6 +37,9 @@ from diag.analysis.stragglers import (
 )
 from diag.trace.manifest import PipelineLayout
 
+# the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
+READS = {"steps": ("optimizer_us",)}
+
 COMPUTE_ACTIONS = ("forward", "backward", "backward_input", "backward_weight")
 BACKWARD_START_ACTIONS = ("backward", "backward_input")  # a stage's first backward ends its warm-up
 BUBBLE_FINDING_MIN = 0.10  # measured bubble share of the step worth a finding

@@ -18,6 +18,9 @@ import pandas as pd
 from diag.analysis.findings import Finding, FindingContext, severity_for
 from diag.analysis.stragglers import Cause
 
+# the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
+READS = {"steps": ("start_us", "duration_us", "data_wait_us", "comm_wait_us")}
+
 # (substring in the op name, canonical op), first match wins: reduce_scatter before reduce, all_reduce too.
 _OP_NAMES = (
     ("reduce_scatter", "reduce_scatter"),

@@ -26,6 +26,9 @@ import pandas as pd
 from diag.analysis.findings import Finding, FindingContext, ranks_text
 from diag.trace.manifest import Manifest
 
+# the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
+READS = {"steps": ("loss", "grad_norm", "param_fingerprint")}
+
 SPIKE_WINDOW_STEPS = 20
 SPIKE_MIN_HISTORY = 8  # steps of a rank's own history before a spike can be called
 SPIKE_SIGMAS = 6.0

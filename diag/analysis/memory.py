@@ -16,6 +16,23 @@ from diag.analysis.memory_deep import DeepMemory
 from diag.analysis.memory_plan import PlanComparison
 from diag.analysis.oom import OomExplanation, byte_text
 
+# the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
+READS = {
+    "memory": (
+        "allocated_bytes",
+        "allocated_peak_bytes",
+        "reserved_bytes",
+        "reserved_peak_bytes",
+        "alloc_retries",
+        "ooms",
+        "rss_bytes",
+        "param_bytes",
+        "grad_bytes",
+        "optimizer_state_bytes",
+    ),
+    "telemetry": ("process_mem_used_bytes", "other_processes_mem_used_bytes"),
+}
+
 LEAK_R2 = 0.8
 LEAK_MIN_GROWTH_FRACTION = 0.01  # growth over the window, as a share of the median reading
 LEAK_MIN_GROWTH_BYTES = 16 * 2**20

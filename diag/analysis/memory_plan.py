@@ -26,6 +26,9 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
+# the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
+READS = {"memory": ("param_bytes", "grad_bytes", "optimizer_state_bytes"), "telemetry": ("mem_total_bytes",)}
+
 if TYPE_CHECKING:
     from diag.trace.loader import Trace
 

@@ -17,6 +17,9 @@ from diag.analysis.findings import Finding, FindingContext
 from diag.analysis.peaks import lookup_peak_tflops, mfu_of
 from diag.trace.manifest import Manifest
 
+# the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
+READS = {"steps": ("samples", "tokens")}
+
 
 def transformer_flops_per_step(
     n_params: float, tokens: float, n_layers: int | None = None, seq_len: int | None = None, d_model: int | None = None

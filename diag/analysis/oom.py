@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+# the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
+READS = {"memory": ("allocated_bytes", "reserved_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes")}
+
 MAX_OOMS_EXPLAINED = 8
 # full recomputation keeps each layer's input, 2·s·b·h of the 34·s·b·h a layer otherwise keeps (Korthikanti et
 # al. 2022, Table 2, without the attention scores): the share of activations checkpointing frees

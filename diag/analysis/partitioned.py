@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from diag.analysis.columns import analysed_columns
 from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op, size_bucket
 from diag.analysis.window import StepWindow, in_window, in_window_array
 from diag.processes import contiguous_shares, next_result, start_worker, worker_count
@@ -1401,18 +1402,10 @@ def _account_rank_tables(trace: Trace, results: list[RankTables]) -> None:
 # -- the trace without its collectives ---------------------------------------------------------------------------
 
 
-# The columns of the per-step tables that ``analyze`` reads (report.py and the analyses it runs). The others
-# (the step's forward/backward/optimizer split, PCIe throughput, ...) are for the views and diag compare, which
+# The columns of the per-step tables that ``analyze`` reads, as its analyses declare them (analysis/columns.py).
+# The others (the step's forward/backward split, PCIe throughput, ...) are for the views and diag compare, which
 # ask for the whole tables (``analyzed_columns_only=False``).
-ANALYSED_COLUMNS = {
-    "steps": ("step", "start_us", "duration_us", "data_wait_us", "comm_wait_us", "runqueue_wait_us", "samples",
-              "tokens", "loss", "grad_norm", "param_fingerprint"),
-    "memory": ("step", "time_us", "allocated_bytes", "allocated_peak_bytes", "reserved_bytes", "reserved_peak_bytes",
-               "alloc_retries", "ooms", "rss_bytes", "param_bytes", "grad_bytes", "optimizer_state_bytes"),
-    "telemetry": ("time_us", "gpu", "util_pct", "mem_total_bytes", "power_w", "power_limit_w", "temp_c",
-                  "sm_clock_mhz", "sm_clock_max_mhz", "throttle_reasons", "ecc_corrected", "ecc_uncorrected", "xid",
-                  "process_mem_used_bytes", "other_processes_mem_used_bytes"),
-}  # fmt: skip
+ANALYSED_COLUMNS = analysed_columns()
 INT32_SAFE_MAX = 2**30  # int64 columns below this are kept as int32: the sum of two (iteration = data wait + step) fits
 
 

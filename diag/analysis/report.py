@@ -51,6 +51,13 @@ from diag.analysis.window import StepWindow, choose_window, in_window, in_window
 from diag.trace.loader import Trace
 from diag.trace.mesh import MeshLayout
 
+# the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
+READS = {
+    "steps": ("start_us", "duration_us", "data_wait_us"),
+    "memory": ("time_us",),
+    "telemetry": ("time_us", "mem_total_bytes"),
+}
+
 MAX_SKIPPED_LISTED = 200
 REPORT_VERSION = 1
 

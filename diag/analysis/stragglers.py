@@ -54,6 +54,9 @@ from diag.analysis import grid
 from diag.analysis.findings import SEVERITY_ORDER, Finding, FindingContext, ranks_text, severity_for
 from diag.analysis.mesh import MeshPlacement
 
+# the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
+READS = {"steps": ("data_wait_us", "duration_us", "comm_wait_us", "runqueue_wait_us")}
+
 SLOW_FRACTION = 0.10
 PERSISTENT_FRACTION = 0.5
 MIN_PERSISTENT_STEPS = 3  # fewer slow steps than this (a run that failed early) are no evidence of a pattern

@@ -15,6 +15,23 @@ from diag.analysis.findings import Finding, FindingContext
 from diag.analysis.stragglers import Cause
 from diag.trace.schema import THROTTLE_REASONS
 
+# the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
+READS = {
+    "telemetry": (
+        "gpu",
+        "util_pct",
+        "power_w",
+        "power_limit_w",
+        "temp_c",
+        "sm_clock_mhz",
+        "sm_clock_max_mhz",
+        "throttle_reasons",
+        "ecc_corrected",
+        "ecc_uncorrected",
+        "xid",
+    )
+}
+
 SLOWING_REASONS = {
     "sw_power_cap",
     "hw_slowdown",

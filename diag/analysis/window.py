@@ -15,6 +15,9 @@ import pandas as pd
 
 from diag.analysis import grid
 
+# the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
+READS = {"steps": ("data_wait_us", "duration_us")}
+
 WARMUP_SLOW_FACTOR = 1.5  # a leading step this much slower than the steady median is warm-up
 WARMUP_MAX_FRACTION = 0.2  # never call more than this share of the steps warm-up
 

@@ -597,7 +597,10 @@ VIEW_EXTRA_COLUMNS = {"steps": ("device_us", "forward_us", "backward_us", "optim
 
 
 def view_columns() -> dict[str, tuple[str, ...]]:
-    return {name: (*keep, *VIEW_EXTRA_COLUMNS.get(name, ())) for name, keep in ANALYSED_COLUMNS.items()}
+    return {
+        name: (*keep, *(c for c in VIEW_EXTRA_COLUMNS.get(name, ()) if c not in keep))
+        for name, keep in ANALYSED_COLUMNS.items()
+    }
 
 
 class ViewColumnsReader(AnalysedColumnsReader):
