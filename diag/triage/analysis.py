@@ -149,7 +149,7 @@ def _judge(data: TriageInput) -> Verdict:
         return _fr_problem_verdict(data, ops, liveness)
     hangs = _hangs(_collectives_only(ops), members, data)
     if hangs and _stopped_from_outside(data):
-        return _stopped_verdict(data, ops, hangs, liveness)
+        return _stopped_verdict(data, ops, hangs, members, liveness)
     if hangs:
         return _hang_verdict(data, ops, hangs, liveness)
     vanished = sorted(r for r, state in liveness.items() if state == "vanished")
@@ -816,25 +816,42 @@ def _died_inside(collective: dict, dead: list[int], ranks: dict, evidence: list[
 
 
 def _stopped_from_outside(data: TriageInput) -> bool:
-    """Every rank was ended by a signal and none had stalled before: a healthy job stopped from outside
-    (preemption, the launcher, a user). The signals reach the ranks a little apart, so some are caught inside
-    a collective that the first-stopped ranks never reached: that is not a hang."""
+    """Every rank was ended by a signal while making progress (no stall, or only stalls it completed steps
+    after): a job stopped from outside (preemption, the launcher, a user). The signals reach the ranks a little
+    apart, so some are caught inside a collective that the first-stopped ranks never reached: that is not a
+    hang."""
     with_data = [info for info in data.ranks.values() if info.has_data]
     return bool(with_data) and all(
-        (_exit_record(info) or NO_EXIT).how == "terminated" and not info.stalls for info in with_data
+        (_exit_record(info) or NO_EXIT).how == "terminated" and not _still_stalled(info) for info in with_data
     )
 
 
-def _stopped_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liveness: dict) -> Verdict:
-    ranks = _rank_reports(data, ops, liveness, focus=None)
+def _still_stalled(info: RankInfo) -> bool:
+    """Its latest stall had not cleared by its last heartbeat: it completed no step after the stall."""
+    if not info.stalls:
+        return False
+    stalled_after = info.last_stall.last_step if info.last_stall is not None else None
+    last_step = (info.heartbeat or Heartbeat()).last_step
+    return last_step is None or (stalled_after is not None and last_step <= stalled_after)
+
+
+def _stopped_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], members: dict, liveness: dict) -> Verdict:
     first = hangs[0]
     signalled = sorted(r for r, info in data.ranks.items() if info.has_data)
+    inside = (
+        f"at the signal, {_ranks_text(first['entered'])} {'was' if len(first['entered']) == 1 else 'were'} inside "
+        f"{_collective(ops, first['pg'], first['seq'])['op']} at {_where(first['pg'], first['seq'])}, which the "
+        "ranks stopped first never reached"
+    )
+    if any(info.stalls for info in data.ranks.values()):  # it stalled earlier and went on: slow, not hung
+        verdict = _slow_or_fine(data, ops, members, liveness)
+        verdict.evidence += [f"{_ranks_text(signalled)} ended by a signal while making progress, not hung", inside]
+        return verdict
+    ranks = _rank_reports(data, ops, liveness, focus=None)
     evidence = [
         f"{_ranks_text(signalled)} ended by a signal with no stall seen before it: a healthy job stopped from "
         "outside (preemption, the launcher, a user), not a hang",
-        f"at the signal, {_ranks_text(first['entered'])} were inside "
-        f"{_collective(ops, first['pg'], first['seq'])['op']} at {_where(first['pg'], first['seq'])}, which the "
-        "ranks stopped first never reached",
+        inside,
     ]
     return _verdict("no_problem", [], None, ranks, evidence, data)
 

@@ -79,6 +79,7 @@ class RankInfo:
     stall_dump: HangDump | None = None  # the watchdog's latest dump written because of a stall or a signal
     stalls: list[str] = field(default_factory=list)  # reasons of its dumps written for a stall (not a signal)
     first_stall_us: float | None = None  # when its earliest stall dump read was written
+    last_stall: HangDump | None = None  # the latest dump written for a stall
     last_dump: HangDump | None = None  # the latest dump of any kind
     dumps: int = 0
     fatal_stacks: str | None = None  # faulthandler's output on a fatal signal
@@ -564,6 +565,7 @@ def _dump_info(rank: int, rank_dir: Path, names: list[str]) -> RankInfo:
         reason = dump.reason or ""
         info.last_dump = info.last_dump or dump
         if reason.startswith("stall"):
+            info.last_stall = info.last_stall or dump
             info.stalls.append(reason)
             info.first_stall_us = float(dump.time_us) if dump.time_us else info.first_stall_us
         if info.stall_dump is None and reason.startswith(("stall", "signal")) and dump.main_frames():

@@ -161,3 +161,14 @@ def test_rank_late_into_a_bucket_only_flight_recorder_saw_is_missing_not_slow():
     assert verdict.verdict == "missing_ranks", verdict.evidence
     assert verdict.culprit_ranks == [2], verdict.evidence
     assert any("rank 2 entered only after that" in e for e in verdict.evidence)
+
+
+def test_a_stall_that_cleared_then_a_signal_mid_step_is_slow_not_a_hang():
+    """DeepSpeed ZeRO-1, 3 ranks, a CPU burner per core: rank 1 computes 10 s in step 3's backward. ZeRO's groups
+    have torch's 30-minute timeout, so ranks 0 and 2 wait (their watchdogs dump a stall) and the job goes on to
+    step 8, where the launcher's SIGTERM finds rank 1 0.4 s into a gradient all_reduce the others had not reached
+    yet. The job was slow, not hung: every rank completed steps after its stall."""
+    verdict = triage(read_input(FIXTURES / "deepspeed_stall_cleared_then_stopped"))
+    assert verdict.verdict == "slow", verdict.evidence
+    assert verdict.culprit_ranks == [1], verdict.evidence
+    assert "ranks 0, 1, 2 ended by a signal while making progress, not hung" in verdict.evidence
