@@ -55,7 +55,7 @@ from diag.analysis.findings import SEVERITY_ORDER, Finding, FindingContext, rank
 from diag.analysis.mesh import MeshPlacement
 
 # the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
-READS = {"steps": ("data_wait_us", "duration_us", "comm_wait_us", "runqueue_wait_us")}
+READS = {"steps": ("data_wait_us", "duration_us", "comm_wait_us", "runqueue_wait_us", "thread_cpu_us")}
 
 SLOW_FRACTION = 0.10
 PERSISTENT_FRACTION = 0.5
@@ -209,7 +209,6 @@ def rank_step_times(
     ``peer_groups`` (rank -> group) limits comparisons to ranks doing the same work: the ranks of one
     pipeline stage. Without it all ranks are peers."""
     frame = steps_w[["rank", "step", "data_wait_us", "duration_us", "comm_wait_us"]].copy()
-    core_wait = _core_wait_us(steps_w)
     blocked = frame["comm_wait_us"].to_numpy(dtype="float64")
     sources = ["steps.comm_wait_us"] if blocked.any() else []
     if coll_wait_per_rank_step is not None and len(coll_wait_per_rank_step):
@@ -219,7 +218,9 @@ def rank_step_times(
             blocked = np.maximum(blocked, from_collectives)
     frame = frame.drop(columns="comm_wait_us")
     frame["wait_us"] = blocked
-    frame["compute_us"] = (frame["duration_us"] - frame["wait_us"] - core_wait).clip(lower=0)
+    busy_step_us = (frame["duration_us"] - frame["wait_us"]).clip(lower=0).to_numpy(dtype="float64")
+    compute_us, less_core_wait = _less_core_wait(busy_step_us, steps_w)
+    frame["compute_us"] = compute_us
     frame["busy_us"] = frame["compute_us"] + frame["data_wait_us"]
     frame["iteration_us"] = (frame["data_wait_us"] + frame["duration_us"]).astype("float64")
     source = f"max({', '.join(sources)})" if len(sources) > 1 else (sources[0] if sources else "none")
@@ -227,16 +228,28 @@ def rank_step_times(
         frame["peers"] = frame["rank"].map(peer_groups).fillna(0).astype("int64")
     else:  # what mapping every rank through an empty dict gives, without 16 M lookups
         frame["peers"] = np.zeros(len(frame), dtype="int64")
-    return RankStepTimes(frame.reset_index(drop=True), source, less_core_wait=bool(core_wait.any()))
+    return RankStepTimes(frame.reset_index(drop=True), source, less_core_wait=less_core_wait)
 
 
-def _core_wait_us(steps_w: pd.DataFrame) -> np.ndarray:
-    """Per row, the time the rank's thread waited for a core in the step (0 where not recorded): other load on
-    the host, which slows whichever rank the scheduler happens to leave waiting, and is not the rank's work."""
+def _less_core_wait(busy_us: np.ndarray, steps_w: pd.DataFrame) -> tuple[np.ndarray, bool]:
+    """Per row, the step's busy time less the time its thread waited for a core (other load on the host, which
+    slows whichever rank the scheduler happens to leave waiting, and is not the rank's work), and whether any
+    row had that wait recorded.
+
+    The wait also accrues inside the collective waits already taken out (a thread woken from one waits for a
+    core too), so the difference can fall below the work itself; the thread's time on a core in the step
+    bounds it from below (itself at most the busy time: a thread spinning in a wait is on a core)."""
     if "runqueue_wait_us" not in steps_w:
-        return np.zeros(len(steps_w))
-    wait = steps_w["runqueue_wait_us"].to_numpy(dtype="float64", na_value=np.nan)
-    return np.nan_to_num(np.clip(wait, 0.0, None), nan=0.0)
+        return busy_us, False
+    wait = np.clip(steps_w["runqueue_wait_us"].to_numpy(dtype="float64", na_value=np.nan), 0.0, None)
+    recorded = ~np.isnan(wait)
+    if not recorded.any():
+        return busy_us, False
+    less = np.where(recorded, np.clip(busy_us - np.nan_to_num(wait), 0.0, None), busy_us)
+    if "thread_cpu_us" in steps_w:
+        on_core = steps_w["thread_cpu_us"].to_numpy(dtype="float64", na_value=np.nan)
+        less = np.where(np.isnan(on_core), less, np.maximum(less, np.minimum(busy_us, on_core)))
+    return less, True
 
 
 def _aligned(per_rank_step: pd.Series, rank: np.ndarray, step: np.ndarray) -> np.ndarray:

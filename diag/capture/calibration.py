@@ -174,15 +174,20 @@ class SchedStats:
 class ThreadRunQueueWait:
     """The calling thread's cumulative run-queue wait (time ready to run but without a core) in ns, from
     Linux schedstat, or None where the kernel does not keep it. One open file per thread, re-read in place
-    (a few microseconds) and kept for the process's life: a pipeline stage reads it around each action, so
-    that time spent waiting for a core on a loaded host is not taken for the stage's own work. One instance
-    per process (diag/capture/pipeline.py's), so that the files are opened once per thread."""
+    (a few microseconds) and kept for the process's life: a pipeline stage reads it around each action, and
+    the session around each step, so that time spent waiting for a core on a loaded host is not taken for the
+    rank's own work. One instance per process (``CORE_WAIT``), so that the files are opened once per thread."""
 
     def __init__(self):
         self._files: dict[int, int] = {}  # native thread id -> open descriptor of its schedstat
         self.available = os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat")
 
     def read_ns(self) -> int | None:
+        both = self.read_cpu_and_wait_ns()
+        return both[1] if both is not None else None
+
+    def read_cpu_and_wait_ns(self) -> tuple[int, int] | None:
+        """(time on a core, time waiting for one) of the calling thread so far, in ns: one read gives both."""
         if not self.available:
             return None
         thread_id = threading.get_native_id()
@@ -191,7 +196,8 @@ class ThreadRunQueueWait:
             if descriptor is None:
                 descriptor = os.open(f"/proc/self/task/{thread_id}/schedstat", os.O_RDONLY)
                 self._files[thread_id] = descriptor
-            return int(os.pread(descriptor, 128, 0).split()[1])
+            fields = os.pread(descriptor, 128, 0).split()
+            return int(fields[0]), int(fields[1])
         except (OSError, ValueError, IndexError):
             self.available = False
             return None

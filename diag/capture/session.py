@@ -67,7 +67,8 @@ class Session:
         self._open_step = False  # begin_step without end_step yet
         self._pid = os.getpid()  # a forked child (os.fork inside a step) records nothing of the parent's
         self._step_start_ns = 0
-        self._step_core_wait: tuple[int, int | None] = (0, None)  # (thread, its run-queue wait) at the step's begin
+        # (thread, its time on a core and waiting for one) when the step began
+        self._step_schedstat: tuple[int, tuple[int, int] | None] = (0, None)
         self._step_device_event = None
         self._phase_us: dict[str, float] = {}
         # diag.phase() spans open now, by name: a span of a name that encloses the hooks' own (the user's
@@ -568,7 +569,7 @@ class Session:
             self._next_step = self.current_step + 1
             self.step_started_us = time.time_ns() // 1000
             self._step_start_ns = time.perf_counter_ns()
-            self._step_core_wait = (threading.get_native_id(), CORE_WAIT.read_ns())
+            self._step_schedstat = (threading.get_native_id(), CORE_WAIT.read_cpu_and_wait_ns())
             self._step_device_event = self.device_timer.start()
             if self.nvtx is not None:
                 self.nvtx.open("step", f"step {self.current_step}")
@@ -617,7 +618,7 @@ class Session:
         try:
             step = self.current_step
             duration_us = (time.perf_counter_ns() - self._step_start_ns) / 1000
-            core_wait_us = self._core_wait_us()
+            cpu_us, core_wait_us = self._thread_cpu_and_wait_us()
             exposed_async_us = self.recorder.exposed_async_wait_us() if self.recorder is not None else 0.0
             phase = self._phase_us
             row = STEPS.row(
@@ -630,6 +631,7 @@ class Session:
                 optimizer_us=round(phase.get("optimizer", 0.0)),
                 comm_wait_us=round(self._comm_wait_us + exposed_async_us),
                 runqueue_wait_us=core_wait_us,
+                thread_cpu_us=cpu_us,
                 samples=samples,
                 tokens=tokens,
                 loss=host_value(self._step_values.get("loss")),
@@ -655,12 +657,14 @@ class Session:
             if self.calibrator is not None and completed:
                 self._calibrate_between_steps()
 
-    def _core_wait_us(self) -> float | None:
-        """The time the step's thread waited for a core since the step began (None: no schedstat, or the step
-        ended on another thread than it began)."""
-        thread, start_ns = self._step_core_wait
-        end_ns = CORE_WAIT.read_ns() if thread == threading.get_native_id() else None
-        return (end_ns - start_ns) / 1000 if start_ns is not None and end_ns is not None else None
+    def _thread_cpu_and_wait_us(self) -> tuple[float | None, float | None]:
+        """The time the step's thread ran on a core, and waited for one, since the step began (None: no
+        schedstat, or the step ended on another thread than it began)."""
+        thread, start = self._step_schedstat
+        end = CORE_WAIT.read_cpu_and_wait_ns() if thread == threading.get_native_id() else None
+        if start is None or end is None:
+            return None, None
+        return (end[0] - start[0]) / 1000, (end[1] - start[1]) / 1000
 
     def _on_step_error(self, exc: BaseException) -> None:
         if not self._in_owner_process():  # a forked child's own exit (SystemExit) is not the parent's step error

@@ -224,6 +224,11 @@ STEPS = Table(
             "time the training thread was ready to run but waited for a core during the step body (other load on "
             "the host; Linux schedstat, empty elsewhere): not the rank's own work",
         ),
+        Column(
+            "thread_cpu_us",
+            "Float64",
+            "time the training thread ran on a core during the step body (Linux schedstat, empty elsewhere)",
+        ),
     ),
 )
 

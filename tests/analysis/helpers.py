@@ -16,6 +16,7 @@ from diag.analysis.report import analyze
 from diag.cli import main
 from diag.launch import run_ranks
 from diag.testing import synthetic
+from diag.trace import schema
 from diag.trace.loader import load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,3 +95,9 @@ def cost_truths_s(measured_s: float, planted_s: float) -> tuple[float, float]:
     frees a core the baseline's ranks had shared with other processes) while diag named 40.2 ms both times.
     The estimate must land near one of the two; it still fails when it is near neither."""
     return measured_s, planted_s
+
+
+def steps_row(*values) -> str:
+    """A steps.csv line with ``values`` first and the table's other columns empty: rows a test appends keep
+    the table's width as columns are added."""
+    return ",".join(map(str, values)) + "," * (len(schema.STEPS.column_names) - len(values)) + "\n"

@@ -16,7 +16,7 @@ from diag.trace import cache as trace_cache
 from diag.trace.loader import load
 from diag.views.html import render_html
 from diag.views.text import render_markdown, render_text
-from tests.analysis.helpers import REPO, findings_of, make_trace, report_of, synthetic
+from tests.analysis.helpers import REPO, findings_of, make_trace, report_of, steps_row, synthetic
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ def test_cache_returns_the_same_trace_and_notices_changes(tmp_path):
     assert second.manifest(2).host == first.manifest(2).host
     steps_csv = tmp_path / "rank00001" / "steps.csv"
     with open(steps_csv, "a") as handle:
-        handle.write("20,1795000000000000,1000,10,1,1,1,1,,8,16384,,,,\n")
+        handle.write(steps_row(20, 1795000000000000, 1000, 10, 1, 1, 1, 1, "", 8, 16384))
     third, how_third = trace_cache.load_cached(tmp_path)
     assert how_third == "loaded+cached"
     assert len(third.steps) == len(first.steps) + 1
@@ -230,7 +230,7 @@ def test_second_analyze_reuses_the_cached_report_until_the_trace_changes(tmp_pat
     assert "report read from the cache" not in other_window.stderr
     assert json.loads(other_window.stdout)["run"]["window"]["last_step"] == 9
     with open(tmp_path / "rank00000" / "steps.csv", "a") as handle:
-        handle.write("20,1795000000000000,1000,10,1,1,1,1,,8,16384,,,,\n")
+        handle.write(steps_row(20, 1795000000000000, 1000, 10, 1, 1, 1, 1, "", 8, 16384))
     third = run_cli(tmp_path, "--format", "json")
     assert "report read from the cache" not in third.stderr
     assert json.loads(third.stdout)["run"]["steps"] == 21

@@ -235,7 +235,8 @@ def test_pipeline_stage_spiking_over_its_own_usual_compute_is_a_transient_stragg
     times = _one_rank_per_stage(waits, compute)
     generator = np.random.default_rng(1)
     work = {
-        (rank, step): compute[rank] * (1 + 0.03 * generator.standard_normal()) + (300_000.0 if rank == 2 and step % 6 == 3 else 0.0)
+        (rank, step): compute[rank] * (1 + 0.03 * generator.standard_normal())
+        + (300_000.0 if rank == 2 and step % 6 == 3 else 0.0)
         for rank in compute
         for step in range(20)
     }

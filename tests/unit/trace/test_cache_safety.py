@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from diag.cli import main
 from diag.trace import cache as trace_cache
-from tests.analysis.helpers import make_trace
+from tests.analysis.helpers import make_trace, steps_row
 
 OTHER_UID = 54321  # not this test's user
 
@@ -98,7 +98,9 @@ def test_stale_entry_removal_never_deletes_through_a_link_or_touches_other_files
     trace_cache.load_cached(run_dir)
     (root / "fedcba9876543210fedcba9876543210").symlink_to(victim)  # a "stale entry" that is a link
     (root / "notes.txt").write_text("not an entry")
-    (run_dir / "rank00001" / "steps.csv").open("a").write("10,1795000000000000,1000,10,1,1,1,1,,8,16384,,,,\n")
+    (run_dir / "rank00001" / "steps.csv").open("a").write(
+        steps_row(10, 1795000000000000, 1000, 10, 1, 1, 1, 1, "", 8, 16384)
+    )
     _, how = trace_cache.load_cached(run_dir)  # new signature: the old entry is removed
     assert how == "loaded+cached"
     assert _intact(victim)

@@ -7,6 +7,7 @@ import pytest
 from diag.trace.loader import TraceError, TraceReader, load
 from diag.trace.schema import COLLECTIVES, STEPS
 from diag.trace.writer import RankWriter
+from tests.analysis.helpers import steps_row
 from tests.trace.helpers import step_row
 
 
@@ -57,7 +58,8 @@ def test_half_written_last_line_is_ignored_and_read_later(tmp_path):
     first = reader.poll()
     assert first["steps"]["step"].tolist() == [0, 1] and first["skipped"] == []
     with open(path, "a") as f:
-        f.write(",10,5000,9000,1000,2000,,32,,,,,\n3,1060000,20000,10,5000,9000,1000,2000,,32,,,,,\n")
+        rest_of_row_2 = steps_row(2, 1040000, 20000, 10, 5000, 9000, 1000, 2000, "", 32)[len("2,1040000,20000") :]
+        f.write(rest_of_row_2 + steps_row(3, 1060000, 20000, 10, 5000, 9000, 1000, 2000, "", 32))
     second = reader.poll()  # only the rows appended since
     assert second["steps"]["step"].tolist() == [2, 3]
     assert reader.poll()["steps"].empty
@@ -67,9 +69,9 @@ def test_corrupt_rows_are_skipped_and_counted(tmp_path):
     write_rank(tmp_path, 0, 3, world_size=1)
     path = tmp_path / "rank00000" / "steps.csv"
     with open(path, "a") as f:
-        f.write("3,garbage,20000,10,5000,9000,1000,2000,,32,,,,,\n")
+        f.write(steps_row(3, "garbage", 20000, 10, 5000, 9000, 1000, 2000, "", 32))
         f.write("\x00\x00\x00binary junk\n")
-        f.write("4,1080000,20000,10,5000,9000,1000,2000,,32,,,,,\n")
+        f.write(steps_row(4, 1080000, 20000, 10, 5000, 9000, 1000, 2000, "", 32))
     trace = load(tmp_path)
     assert trace.steps["step"].tolist() == [0, 1, 2, 4]
     assert [(s.reason, s.lines) for s in trace.skipped] == [("corrupt rows skipped", 2)]
@@ -209,9 +211,9 @@ def test_poll_survives_a_bad_row_appended_live(tmp_path):
     reader = TraceReader(tmp_path)
     assert len(reader.poll()["steps"]) == 2
     with open(tmp_path / "rank00000" / "steps.csv", "ab") as f:
-        f.write(b"2.5,\xff,inf,1,2,3\n" + b"3,1000,20,1,2,3,4,5,,32,,,,,\n")
+        f.write(b"2.5,\xff,inf,1,2,3\n" + steps_row(3, 1000, 20, 1, 2, 3, 4, 5, "", 32).encode())
     polled = reader.poll()
     assert polled["steps"]["step"].tolist() == [3] and any(s.lines == 1 for s in polled["skipped"])
     with open(tmp_path / "rank00000" / "steps.csv", "ab") as f:
-        f.write(b"4,1000,20,1,2,3,4,5,,32,,,,,\n")
+        f.write(steps_row(4, 1000, 20, 1, 2, 3, 4, 5, "", 32).encode())
     assert reader.poll()["steps"]["step"].tolist() == [4]  # the poller goes on after the bad row
