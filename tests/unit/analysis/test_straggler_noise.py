@@ -122,3 +122,29 @@ def test_stragglers_table_names_the_cost_and_the_saving_alone(tmp_path):
     generate(tmp_path, 8, 30, plants=Plants(compute_straggler=3, data_straggler=5))
     text = render(analyze(load(tmp_path)), "text")
     assert "job cost/step" in text and "fixed alone/step" in text and "(rank 3 slower)" in text
+
+
+def test_work_is_busy_time_less_the_wait_for_a_core_never_below_the_time_on_one():
+    import pandas as pd
+
+    from diag.analysis.stragglers import rank_step_times
+
+    nan = float("nan")
+    steps = pd.DataFrame(
+        {
+            "rank": [0, 0, 0, 0],
+            "step": [0, 1, 2, 3],
+            "data_wait_us": [0, 0, 0, 0],
+            "duration_us": [100.0, 400.0, 100.0, 100.0],
+            "comm_wait_us": [0.0, 300.0, 0.0, 0.0],
+            # step 1: woken from a 300 us collective wait, the thread waited for a core inside it too
+            "runqueue_wait_us": [30.0, 580.0, nan, 50.0],
+            "thread_cpu_us": [60.0, 20.0, 90.0, nan],
+        }
+    )
+    times = rank_step_times(steps, None)
+    assert times.frame["compute_us"].tolist() == [70.0, 20.0, 100.0, 50.0]
+    assert times.less_core_wait
+    unrecorded = steps.assign(runqueue_wait_us=nan, thread_cpu_us=nan)
+    assert rank_step_times(unrecorded, None).frame["compute_us"].tolist() == [100.0, 100.0, 100.0, 100.0]
+    assert not rank_step_times(unrecorded, None).less_core_wait
