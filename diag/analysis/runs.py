@@ -239,6 +239,11 @@ def load_summary(
     if run.trace.steps.empty:
         reasons = "\n".join(f"  {s}" for s in run.trace.skipped[:20]) or "  (no rank recorded a step)"
         raise RunError(f"{path}: no steps to compare:\n{reasons}")
+    if steps is not None and not run.report.run.window.steps_analysed:
+        raise RunError(
+            f"{path}: no complete step in --steps {steps} (A <= step < B): the run recorded "
+            f"{run.report.run.window.steps_recorded} steps; give a range inside them, or leave --steps out"
+        )
     summary = summarize_run(run.trace, run.report, label)
     if cache is not None:
         cache.put_result(name, summary.to_state())
