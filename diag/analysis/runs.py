@@ -123,7 +123,10 @@ def load_per_step_tables(path: Path):
 
 
 def _raise_nothing_usable(path: Path, trace):
-    reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
+    reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or (
+        "  (no step, collective, memory or telemetry row in any rank: rank directories empty or holding only "
+        "manifest.json, or torch.profiler traces without events)"
+    )
     raise RunError(f"nothing in {path} could be analysed:\n{reasons}")
 
 
