@@ -384,7 +384,8 @@ def _few_ranks(ranks: list[int]) -> str:
 
 
 def _unreadable_ranks(trace: Trace) -> set[int]:
-    """Ranks whose directory, or a file in it, the loader could not read (a PermissionError, an I/O error)."""
+    """Ranks whose directory, or a file in it, the loader could not read (a PermissionError, an I/O error, a
+    damaged or implausible segment)."""
     from diag.trace.loader import RANK_DIR_RE
 
     ranks = set()
@@ -415,7 +416,7 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failur
         if unread:
             notes.append(
                 f"{'ranks' if len(unread) > 1 else 'rank'} {_few_ranks(unread)}: files that could not be read "
-                "(permissions? see skipped), so no step of them is in the report"
+                "(see skipped), so no step of them is in the report"
             )
         if silent:
             notes.append(
