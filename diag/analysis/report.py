@@ -391,6 +391,21 @@ def _few_ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks[:10])) + (" ..." if len(ranks) > 10 else "")
 
 
+def _unreadable_ranks(trace: Trace) -> set[int]:
+    """Ranks whose directory, or a file in it, the loader could not read (a PermissionError, an I/O error, a
+    damaged or implausible segment)."""
+    from diag.trace.loader import RANK_DIR_RE
+
+    ranks = set()
+    for skip in trace.skipped:
+        if skip.reason.startswith("unreadable"):
+            path = Path(skip.path)
+            match = RANK_DIR_RE.match(path.name) or RANK_DIR_RE.match(path.parent.name)
+            if match:
+                ranks.add(int(match.group(1)))
+    return ranks
+
+
 def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failures: FailureReport) -> RunInfo:
     with_steps = set(trace.steps["rank"].unique()) if len(trace.steps) else set()
     skipped = [{"path": s.path, "reason": s.reason, "lines": s.lines} for s in trace.skipped]
@@ -402,12 +417,20 @@ def _run_info(trace: Trace, window: StepWindow, ranks_info: pd.DataFrame, failur
     notes += failures.notes()
     notes += capture_stopped_notes(trace)
     without_steps = sorted(int(r) for r in set(trace.ranks_found) - with_steps)
+    unreadable = _unreadable_ranks(trace)
     if without_steps and with_steps:
-        shown = ", ".join(map(str, without_steps[:10])) + (" ..." if len(without_steps) > 10 else "")
-        notes.append(
-            f"{'ranks' if len(without_steps) > 1 else 'rank'} {shown} recorded no step: killed before their first "
-            "write, or stuck before their first step (diag triage tells which)"
-        )
+        unread = [r for r in without_steps if r in unreadable]
+        silent = [r for r in without_steps if r not in unreadable]
+        if unread:
+            notes.append(
+                f"{'ranks' if len(unread) > 1 else 'rank'} {_few_ranks(unread)}: files that could not be read "
+                "(see skipped), so no step of them is in the report"
+            )
+        if silent:
+            notes.append(
+                f"{'ranks' if len(silent) > 1 else 'rank'} {_few_ranks(silent)} recorded no step: killed before "
+                "their first write, or stuck before their first step (diag triage tells which)"
+            )
     return RunInfo(
         path=str(trace.path),
         run_id=None if trace.run_id is None else str(trace.run_id),

@@ -123,7 +123,10 @@ def load_per_step_tables(path: Path):
 
 
 def _raise_nothing_usable(path: Path, trace):
-    reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or "  (every rank directory is empty)"
+    reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or (
+        "  (no step, collective, memory or telemetry row in any rank: rank directories empty or holding only "
+        "manifest.json, or torch.profiler traces without events)"
+    )
     raise RunError(f"nothing in {path} could be analysed:\n{reasons}")
 
 
@@ -239,6 +242,11 @@ def load_summary(
     if run.trace.steps.empty:
         reasons = "\n".join(f"  {s}" for s in run.trace.skipped[:20]) or "  (no rank recorded a step)"
         raise RunError(f"{path}: no steps to compare:\n{reasons}")
+    if steps is not None and not run.report.run.window.steps_analysed:
+        raise RunError(
+            f"{path}: no complete step in --steps {steps} (A <= step < B): the run recorded "
+            f"{run.report.run.window.steps_recorded} steps; give a range inside them, or leave --steps out"
+        )
     summary = summarize_run(run.trace, run.report, label)
     if cache is not None:
         cache.put_result(name, summary.to_state())

@@ -17,7 +17,7 @@ def command(name, path_only):
     \b
     Examples:
       diag docs                 the pages and where they are
-      diag docs analyze         every key of the report (docs/analyze.md)
+      diag docs analyze         every key of the report
       diag docs kineto | less
     """
     root = docs_dir()

@@ -27,7 +27,7 @@ def command(trace_dir, fmt):
 
     Without TRACE_DIR: this shell's environment (run it where the job is launched, e.g. in the batch script).
     With TRACE_DIR: the settings the job's ranks ran with (their manifests), its timeouts and step time.
-    Exit status 1 when a setting should change (docs/triage.md, "Before a hang").
+    Exit status 1 when a setting should change (diag docs triage, "Before a hang").
 
     \b
     Example:

@@ -61,7 +61,9 @@ def command(trace_dir, perfetto_path, steps, ranks, quiet):
         raise InputError(printable(f"cannot create the folder of {perfetto_path}: {exc}")) from exc
     try:
         # rank by rank: memory holds one rank's tables, and time follows the steps asked (docs/benchmarks.md)
-        count, written, skipped = write_chrome_trace_dir(trace_dir, perfetto_path, step_range, rank_list, progress=True)
+        count, written, skipped = write_chrome_trace_dir(
+            trace_dir, perfetto_path, step_range, rank_list, progress=True, require_events=True
+        )
     except TraceError as exc:
         raise InputError(printable(str(exc))) from exc
     except OSError as exc:

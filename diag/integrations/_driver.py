@@ -31,7 +31,10 @@ def guarded(method):
 
 
 def missing_framework(framework: str, extra: str) -> ImportError:
-    return ImportError(f"diag's {framework} integration needs {framework}: pip install diag[{extra}]")
+    return ImportError(
+        f"diag's {framework} integration needs {framework}: pip install 'diag[{extra}]' "
+        f"(from diag's checkout: pip install '.[{extra}]')"
+    )
 
 
 class StepDriver:

@@ -5,8 +5,9 @@ waits for its request for ever, so slow or half-open connections (a port scanner
 hostile local user) pile up until scrapes go unanswered. This one closes a connection that sends nothing for
 IDLE_TIMEOUT_S, closes any connection still open REQUEST_DEADLINE_S after it was accepted (a client that
 trickles its request byte by byte), and holds at most MAX_CONNECTIONS_PER_CLIENT connections of one client
-address and MAX_CONNECTIONS in all: beyond them a new connection is closed at once, and a scraper from another
-address is still answered. No torch.
+address: beyond it a new connection of that client is closed at once. When MAX_CONNECTIONS are open in all
+(half-open connections from many addresses), a newcomer takes the place of the oldest connection of the client
+holding the most, so that a scraper from another address is still answered. No torch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 IDLE_TIMEOUT_S = 5.0  # a connection silent this long (no request, or a stalled one) is closed
 REQUEST_DEADLINE_S = 10.0  # Prometheus' default scrape timeout: no scrape needs a connection longer
 MAX_CONNECTIONS_PER_CLIENT = 8  # a Prometheus server holds one per target; a few for ad-hoc curls
-MAX_CONNECTIONS = 64  # in all: the threads the endpoint may run at once
+MAX_CONNECTIONS = 64  # in all: the threads the endpoint runs at once (and those of evicted ones, ending)
 LISTEN_BACKLOG = 128
 CHECK_INTERVAL_S = 0.5  # how often the deadline is checked (the serving loop's poll interval)
 
@@ -44,21 +45,47 @@ class BoundedServer(socketserver.ThreadingMixIn, WSGIServer):
         self._per_client: dict[str, int] = {}
         self._open_lock = threading.Lock()
         self.refused = 0  # connections closed at once: over a bound
+        self.evicted = 0  # connections closed to make room for another client's
         self.expired = 0  # connections closed at their deadline
         super().__init__(*args, **kwargs)
 
     def process_request(self, request, client_address) -> None:
         client = str(client_address[0])
+        evicted = None
         with self._open_lock:
-            over = self._per_client.get(client, 0) >= MAX_CONNECTIONS_PER_CLIENT or len(self._open) >= MAX_CONNECTIONS
+            held = self._per_client.get(client, 0)
+            over = held >= MAX_CONNECTIONS_PER_CLIENT
+            if not over and len(self._open) >= MAX_CONNECTIONS:
+                evicted = self._oldest_of_the_busiest(held)
+                over = evicted is None
             if not over:
                 self._open[request] = (client, time.monotonic())
-                self._per_client[client] = self._per_client.get(client, 0) + 1
+                self._per_client[client] = held + 1
+        if evicted is not None:
+            self.evicted += 1
+            with contextlib.suppress(OSError):
+                evicted.shutdown(socket.SHUT_RDWR)  # its thread's read or write ends
         if over:
             self.refused += 1
             super().shutdown_request(request)
             return
         super().process_request(request, client_address)
+
+    def _oldest_of_the_busiest(self, held: int) -> socket.socket | None:
+        """With every place taken: the oldest connection of the client holding the most (removed from the
+        books), when that client holds more than the newcomer's ``held``; None when no one does."""
+        busiest = max(self._per_client.values(), default=0)
+        if busiest <= held:
+            return None
+        conn, (client, _) = min(
+            ((c, entry) for c, entry in self._open.items() if self._per_client[entry[0]] == busiest),
+            key=lambda item: item[1][1],
+        )
+        del self._open[conn]
+        self._per_client[client] -= 1
+        if not self._per_client[client]:
+            del self._per_client[client]
+        return conn
 
     def shutdown_request(self, request) -> None:
         with self._open_lock:

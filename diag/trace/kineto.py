@@ -225,7 +225,8 @@ def read_rank_file(path: Path) -> RankEvents:
                     meta["distributedInfo"] = info
                     break
     except (ijson.JSONError, ijson.IncompleteJSONError) as exc:
-        raise ValueError(f"corrupt or truncated JSON: {exc}") from exc
+        # yajl's message spans lines (the text around the error, a caret under it): one line in a skipped list
+        raise ValueError(f"corrupt or truncated JSON: {' '.join(str(exc).split())}") from exc
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise ValueError(f"corrupt or truncated gzip: {exc}") from exc
     except OSError as exc:

@@ -910,7 +910,9 @@ def checked_manifests(
     world_size = _world_size(manifests, ranks, skipped, path)
     without_manifest = sorted(set(ranks) - set(manifests))
     if without_manifest:
-        skipped.append(Skipped(str(path), f"ranks {without_manifest} have no manifest.json; their rows are kept"))
+        skipped.append(
+            Skipped(str(path), f"ranks {without_manifest} have no readable manifest.json; their rows are kept")
+        )
     return manifests, world_size
 
 

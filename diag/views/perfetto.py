@@ -449,6 +449,7 @@ def write_chrome_trace_dir(
     ranks: list[int] | None = None,
     progress: bool = False,
     windowed: bool = True,
+    require_events: bool = False,
 ) -> tuple[int, list[int], list]:
     """``write_chrome_trace`` of a trace directory, read one rank at a time: memory holds one rank's tables
     (and its events of the chosen steps), never the whole trace. A first pass reads every rank's manifest (to
@@ -461,7 +462,11 @@ def write_chrome_trace_dir(
     batches), and writes the events from Arrow without pandas, so the work per rank follows the steps asked,
     not the run's length; the files the export does not show (heartbeat, events, nccl.log) are not read. A rank
     whose files hold a second run appended (its steps start again), and ``windowed=False``, go through the
-    loader's pandas path (``_rank_trace``), which writes the same events."""
+    loader's pandas path (``_rank_trace``), which writes the same events.
+
+    ``require_events``: a file that would hold only the ranks' names (no step, collective or counter of the chosen
+    ranks in the chosen steps: manifests alone, a window past the run's end) is removed and a ``TraceError``
+    raised, as ``diag analyze`` has nothing to analyse there."""
     from diag.trace.loader import TraceError, TraceReader
 
     reader = TraceReader(trace_dir, tables=("steps",) if steps is not None else ())
@@ -495,13 +500,27 @@ def write_chrome_trace_dir(
             instances.add_rank(rank, data.offset_us, data.rows["collectives"])
             tick()
         instances.finish()
-        count = 0
+        count, shown = 0, [0]
+
+        def counted(events: Iterator[dict]) -> Iterator[dict]:
+            for event in events:
+                shown[0] += event.get("ph") != "M"
+                yield event
+
         with open(path, "w") as out:
             out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
             for rank in written:
-                count = _write_events(out, rank_events(rank, rank_data(rank, EXPORT_TABLES, skipped), instances), count)
+                events = rank_events(rank, rank_data(rank, EXPORT_TABLES, skipped), instances)
+                count = _write_events(out, counted(events), count)
                 tick()
             out.write("\n]}\n")
+    if require_events and not shown[0]:
+        path.unlink(missing_ok=True)
+        where = "in the --steps window " if steps is not None else ""
+        raise TraceError(
+            f"nothing to export from {trace_dir}: no step, collective or telemetry sample of "
+            f"the {len(written)} rank(s) chosen {where}(manifests only, or a window outside the run)"
+        )
     return count, written, skipped
 
 

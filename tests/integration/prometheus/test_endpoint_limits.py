@@ -144,6 +144,27 @@ def test_rank_endpoint_answers_scrapes_beside_800_half_open_connections():
         sink.close()
 
 
+def test_scrapes_are_answered_beside_half_open_connections_from_many_addresses():
+    """Twenty hosts each within its own bound, together past MAX_CONNECTIONS: a newcomer takes the place of the
+    oldest connection of the client holding the most (before: every new connection refused until the idle
+    timeout, so an attacker reconnecting every few seconds starved the scrapes). A client then gets about its
+    share of the places (64 / 21 here): two scrapers, as a pair of Prometheus servers, not eight."""
+    hosts = [f"127.0.0.{i}" for i in range(3, 23)]
+    sink = _rank_endpoint()
+    opened = []
+    try:
+        for host in hosts:
+            for _ in range(endpoint.MAX_CONNECTIONS_PER_CLIENT):
+                opened.append(socket.create_connection(("127.0.0.1", sink.port), timeout=5, source_address=(host, 0)))
+        assert len(opened) > endpoint.MAX_CONNECTIONS
+        assert max(_scrapers_all_answered(sink.port, scrapers=2)) < SCRAPE_WITHIN_S
+        assert sink._server.evicted >= 1 and sink._server.open_connections() <= endpoint.MAX_CONNECTIONS
+    finally:
+        for conn in opened:
+            conn.close()
+        sink.close()
+
+
 def test_idle_connection_is_closed_after_the_idle_timeout():
     sink = _rank_endpoint()
     try:

@@ -109,12 +109,20 @@ def test_partials_added_into_a_batch_equal_partials_combined():
 
 
 def test_nothing_usable_is_the_same_clear_error_on_both_paths(tmp_path):
+    """Empty rank directories, or manifests alone: the message says which (before: "every rank directory is
+    empty" of directories holding a manifest)."""
     for rank in range(2):
         (tmp_path / f"rank{rank:05d}").mkdir()
     for flag in ("--in-memory", "--partitioned"):
         result = run_cli(tmp_path, "--no-cache", flag)
         assert result.exit_code == 2  # an input error (docs/cli.md)
         assert f"nothing in {tmp_path} could be analysed" in result.output
+    for rank_dir in sorted((REPO / "sample_traces" / "straggler").glob("rank*"))[:2]:
+        shutil.copy(rank_dir / "manifest.json", tmp_path / rank_dir.name)
+    for flag in ("--in-memory", "--partitioned"):
+        result = run_cli(tmp_path, "--no-cache", flag)
+        assert result.exit_code == 2 and "holding only manifest.json" in result.output
+        assert "is empty" not in result.output
 
 
 def test_a_trace_of_collectives_only_is_analysed_on_both_paths(tmp_path):

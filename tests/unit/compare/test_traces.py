@@ -126,6 +126,11 @@ def test_errors_a_user_can_act_on(tmp_path, synthetic_runs):
         main, ["compare", str(synthetic_runs / "base"), str(synthetic_runs / "base"), "--steps", "x"]
     )
     assert steps.exit_code == 2 and "--steps" in steps.output
+    # a window with no step of a run: exit 2 saying so, as diag analyze (before: exit 0, "no verdict")
+    past = CliRunner().invoke(
+        main, ["compare", str(synthetic_runs / "base"), str(synthetic_runs / "again"), "--steps", "100:200"]
+    )
+    assert past.exit_code == 2 and "no complete step in --steps 100:200" in past.output
 
 
 def test_steps_option_compares_the_same_window_of_every_run(synthetic_runs):

@@ -20,8 +20,10 @@ def test_missing_framework_names_the_extra(monkeypatch, module, framework_module
     for name in framework_modules:
         monkeypatch.setitem(sys.modules, name, None)  # what an uninstalled package looks like to import
     monkeypatch.delitem(sys.modules, module, raising=False)
-    with pytest.raises(ImportError, match=re.escape(f"pip install {extra}")):
+    with pytest.raises(ImportError, match=re.escape(f"pip install '{extra}'")) as raised:
         importlib.import_module(module)
+    # quoted (zsh globs brackets), and what a checkout installs
+    assert f"pip install '.[{extra.removeprefix('diag[')}'" in str(raised.value)
 
 
 def test_pytorch_lightning_namespace_has_its_own_callback_class(tmp_path):

@@ -82,3 +82,14 @@ def test_an_event_nested_fifty_thousand_levels_is_refused_in_bounded_time_and_me
     assert time.monotonic() - started < 30
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before_kib < 1 << 20  # under 1 GiB more
     assert trace.ranks_found == [1] and "nested deeper than 64 levels" in _reasons(trace)
+
+
+def test_a_file_the_parser_refuses_is_said_on_one_line(tmp_path):
+    """An integer JSON allows but the parser cannot hold (a correlation of 2**70): the file is skipped with one
+    line of reason (before: yajl's context and caret over three lines, then "; file skipped" on a fourth)."""
+    (tmp_path / "rank0.pt.trace.json").write_text(json.dumps(_kineto_doc(event_args={"correlation": 1 << 70})))
+    (tmp_path / "rank1.pt.trace.json").write_text(json.dumps(_kineto_doc()))
+    trace = load_kineto(tmp_path)
+    (refused,) = [s for s in trace.skipped if s.path.endswith("rank0.pt.trace.json")]
+    assert "integer overflow" in refused.reason and refused.reason.endswith("; file skipped")
+    assert "\n" not in refused.reason

@@ -63,4 +63,7 @@ def test_a_rank_directory_nobody_may_read_is_named_and_every_command_goes_on(tmp
     for name, result in results.items():
         assert result.exception is None or isinstance(result.exception, SystemExit), (name, result.output)
     assert "rank00001" in results["analyze"].output and "Permission denied" in results["analyze"].output
+    # not called a rank killed before its first write (before: "rank 1 recorded no step: killed ...")
+    assert "rank 1: files that could not be read" in results["analyze"].output
+    assert "recorded no step" not in results["analyze"].output
     assert sorted(live.snapshot.trace.steps["rank"].unique()) == [0, 2]

@@ -171,3 +171,19 @@ def test_output_folder_created_and_absent_rank_is_exit_2(tmp_path, monkeypatch):
     result = CliRunner().invoke(export_command, [str(run), "--perfetto", "out/r9.json", "--ranks", "9"])
     assert result.exit_code == 2 and "has no rank 9 (it has ranks 0-3)" in result.output
     assert not (tmp_path / "out" / "r9.json").exists()
+
+
+def test_nothing_to_export_is_an_input_error_and_leaves_no_file(tmp_path):
+    """A window past the run's end, or rank directories holding manifests only: exit 2 with a message, as
+    ``diag analyze`` does, and no file of rank names alone (before: exit 0, "12 events from 3 ranks")."""
+    import shutil
+
+    manifests = tmp_path / "manifests"
+    for rank_dir in sorted(SAMPLE.glob("rank*")):
+        (manifests / rank_dir.name).mkdir(parents=True)
+        shutil.copy(rank_dir / "manifest.json", manifests / rank_dir.name)
+    for run, args in ((SAMPLE, ["--steps", "100:200"]), (manifests, [])):
+        out = tmp_path / "out.json"
+        result = CliRunner().invoke(export_command, [str(run), "--perfetto", str(out), *args])
+        assert result.exit_code == 2, result.output
+        assert "nothing to export" in result.output and not out.exists()
