@@ -35,7 +35,7 @@ import diag
 from diag.capture.flight_recorder import own_dump
 
 ASSETS = Path(__file__).resolve().parent / "torchtitan_assets"  # tokenizer.json from torchtitan's tests/assets
-SEQ_LEN, LOCAL_BATCH = 64, 2
+SEQ_LEN, LOCAL_BATCH = 32, 1  # the smallest batch: 32 tokens a step and rank
 WINDOWS_NS = []  # [start, end] of each step, time.time_ns(), to place Flight Recorder's entries in steps
 STEP_TIMES_S = []
 
@@ -89,7 +89,7 @@ def make_dataset(folder: Path) -> Path:
     """A small local text dataset in the c4_test layout (a data.json of {"text": ...} rows): the wheel does not
     ship torchtitan's tests/assets/c4_test."""
     folder.mkdir(parents=True, exist_ok=True)
-    words = "the model reads a token and then predicts another one from the words it has seen so far".split()
+    words = ["the", "model", "reads", "a", "token", "and", "predicts", "the", "next", "one", "it", "has", "seen"]
     generator = torch.Generator().manual_seed(0)
     rows = []
     for _ in range(400):
