@@ -7,15 +7,20 @@ says: a ``Trainer`` subclass that instruments ``model_parts`` and the optimizers
 what it did (steps, step times it measured itself, Flight Recorder's collectives per step) to
 TRACE_DIR/truth/rankN.json.
 
-The CPU shim, and why it is this narrow: torchtitan picks its device once, at import, as
-``_get_available_device_type() or "cuda"``, so a machine without an accelerator gets ``"cuda"`` and
-``torch.cuda`` (no ``device`` option exists). Only that choice is replaced, before the trainer is built: the
-modules that imported ``device_type`` / ``device_module`` get ``"cpu"`` and ``torch.cpu`` plus the
-memory-monitor calls ``torch.cpu`` lacks (name, capacity, memory stats: none on CPU). Everything else is
-torchtitan unchanged: it initialises the process group itself (``cpu`` maps to gloo in torch's backend map),
-builds its device mesh, ParallelDims, model, FSDP2, optimizer, dataloader and train loop. CUDA graphs are off
-(``training.disable_cuda_graphs``, as torchtitan requires off CUDA); SDPA attention instead of the default flex
-(flex attention wants a compiled kernel); float32 parameters (bf16 mixed precision is a GPU setting).
+The CPU settings, and why each is this narrow (none of them replaces torchtitan code):
+* device: torchtitan picks its device once, at import, as ``_get_available_device_type() or "cuda"``, so a
+  machine without an accelerator gets ``"cuda"`` and ``torch.cuda`` (no option chooses it). Only that choice is
+  replaced, before the trainer is built: the modules that imported ``device_type`` / ``device_module`` get
+  ``"cpu"`` and ``torch.cpu`` plus the memory-monitor calls ``torch.cpu`` lacks (name, capacity, memory stats:
+  none on CPU). torchtitan then initialises the process group itself (``cpu`` maps to gloo in torch's backend
+  map) and builds its device mesh, ParallelDims, model, FSDP2, optimizer, dataloader and train loop unchanged.
+* config (torchtitan's own options): ``training.disable_cuda_graphs``; float32 ``mixed_precision_param`` (bf16
+  mixed precision is a GPU setting); ``parallelism.spmd_backend = "partial_dtensor"`` (plain ``fully_shard``:
+  with the default ``spmd_types`` backend, ``fully_shard`` on torch 2.13 stops at "all parameters must be
+  DTensors on the full SPMD mesh"); torchtitan's ``ScaledDotProductAttention`` (causal) in each block in place of
+  ``FlexAttention``, which has no backward on CPU.
+* ``sum_reductions_for_gloo``: FSDP's public ``set_force_sum_reduction_for_comms`` (gloo has no PREMUL_SUM).
+* ``torch_set_timeout``: ``torch.distributed.set_timeout``, which torchtitan 0.3 calls and torch 2.13 lacks.
 
 usage: torchtitan_job.py TRACE_DIR --steps N [--slow-rank R --slow-ms MS]
 Ranks are started with torchrun's variables (diag.launch.run_ranks).
