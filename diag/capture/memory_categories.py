@@ -108,7 +108,7 @@ class MemoryCategories:
             self._bytes(self._parameters(), model_storages)
         seen = set(model_storages)
         total = self._bytes(self._optimizer_parameters(), seen)
-        for optimizer in self.optimizers:
+        for optimizer in _with_held_optimizers(self.optimizers):
             state = getattr(optimizer, "state", None)
             if isinstance(state, dict):
                 total += self._bytes((v for s in state.values() for v in _tensors_in(s)), seen)
@@ -170,6 +170,22 @@ def _local(tensor):
     return local if local is not None else tensor
 
 
+def held_optimizers(optimizer) -> list:
+    """The optimizers a container of optimizers holds (torchtitan's ``OptimizersContainer``: a
+    ``torch.optim.Optimizer`` over all the parameters whose own ``state`` stays empty, each optimizer it holds in
+    ``.optimizers`` keeping its parameters' state); [] for an ordinary optimizer."""
+    held = getattr(optimizer, "optimizers", None)
+    if not isinstance(held, (list, tuple)):
+        return []
+    return [o for o in held if o is not optimizer and isinstance(getattr(o, "state", None), dict)]
+
+
+def _with_held_optimizers(optimizers: list) -> Iterator:
+    for optimizer in optimizers:
+        yield optimizer
+        yield from held_optimizers(optimizer)
+
+
 def _tensors_in(value, depth: int = 0) -> Iterator:
     """Tensors in a value of optimizer state: a tensor, or dicts and lists of them (a few levels deep)."""
     import torch
@@ -197,7 +213,8 @@ def describe_model(modules: list, optimizers: list) -> dict:
     for p in params:
         by_dtype[str(p.dtype).removeprefix("torch.")] = by_dtype.get(str(p.dtype).removeprefix("torch."), 0) + p.numel()
     sharding, stage, degree = _sharding(modules, optimizers)
-    inner = [getattr(o, "optimizer", o) for o in optimizers]
+    inner = [getattr(o, "optimizer", o) for o in optimizers]  # Accelerate's wrapper: the optimizer it holds
+    inner = [(held_optimizers(o) or [o])[0] for o in inner]  # a container of optimizers: the first it holds
     masters = any(getattr(o, "single_partition_of_fp32_groups", None) for o in optimizers) or any(
         getattr(o, "fp32_partitioned_groups_flat", None) for o in optimizers
     )
