@@ -578,7 +578,10 @@ def main() -> None:
     start_together()
     torch.set_num_threads(1)
     torch.manual_seed(0)  # the same weights on every rank
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+    # a pipeline's sends and receives keep the timeout their group was made with (gloo's pairs take it when they
+    # connect; _set_pg_timeout changes the collectives'), and it builds no DDP: the job's timeout from the start
+    startup_timeout_s = PG_TIMEOUT_S if SHAPE == "pipeline" else STARTUP_TIMEOUT_S
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=startup_timeout_s))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if KIND == "cross_group":  # every rank must create every group, in the same order
         pair = sorted({BAD_RANK, partner_of(BAD_RANK)})
