@@ -72,11 +72,12 @@ def command(
     TORCH_NCCL_DEBUG_INFO_TEMP_FILE, pickle or JSON; pickles are read with a restricted unpickler).
 
     The verdict is one of missing_ranks, deadlock, desync, dead_rank, collective_hang, step_error, slow,
-    capture_stopped, no_problem, with the culprit ranks, the collective (process group, sequence number, op,
+    capture_stopped, incomplete, no_problem, with the culprit ranks, the collective (process group, sequence number, op,
     sizes) and the evidence.
 
     Exit status: 0 no hang (no_problem, slow), 1 a problem (missing_ranks, deadlock, desync, dead_rank,
-    collective_hang, step_error, capture_stopped), 2 nothing to judge or a bad PATH.
+    collective_hang, step_error, capture_stopped), 2 nothing to judge, a bad PATH, or ranks that could not be
+    read while the others show no problem (incomplete).
 
     \b
     Examples:
@@ -114,7 +115,7 @@ def command(
     except TraceError as exc:
         raise InputError(str(exc)) from exc
     show(verdict)
-    if verdict.evidence[:1] == [NOTHING_TO_JUDGE]:
+    if verdict.evidence[:1] == [NOTHING_TO_JUDGE] or verdict.verdict == "incomplete":
         sys.exit(USAGE)
     sys.exit(PROBLEM if verdict.verdict in PROBLEM_VERDICTS else OK)
 

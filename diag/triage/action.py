@@ -45,7 +45,7 @@ def decide(verdict, data) -> Action:
     """The action for ``verdict`` (triage.analysis.Verdict) judged from ``data`` (sources.TriageInput)."""
     culprits = list(verdict.culprit_ranks)
     kind = verdict.verdict
-    if kind in ("no_problem", "slow", "capture_stopped"):
+    if kind in ("no_problem", "slow", "capture_stopped", "incomplete"):
         why = "nothing to act on: the job is progressing" if kind == "slow" else "nothing to act on"
         return Action(NONE, why)
     hardware = _hardware_error(data, culprits)

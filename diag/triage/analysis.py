@@ -1195,7 +1195,25 @@ def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness:
         lines = [_capture_stopped_line(rank, data.ranks[rank]) for rank in stopped]
         evidence[0] = f"in what was recorded, {evidence[0]}"
         return _verdict("capture_stopped", stopped, None, ranks, lines + evidence, data)
+    unread = sorted(r for r, info in data.ranks.items() if not info.has_data)
+    if unread and len(unread) < len(data.ranks):
+        return _verdict("incomplete", unread, None, ranks, [_unread_line(data, unread), *evidence], data)
     return _verdict("no_problem", [], None, ranks, evidence, data)
+
+
+def _unread_line(data: TriageInput, unread: list[int]) -> str:
+    """Why nothing of these ranks was read: their directories' reasons in the skipped list, else missing."""
+    marks = {f"rank{r:05d}" for r in unread}
+    reasons = [s.reason for s in data.skipped if any(m in str(getattr(s, "path", s)) for m in marks)]
+    why = (
+        f" ({reasons[0][:200]})"
+        if reasons
+        else " (no rank directory: the rank never reached diag.init, or it was removed)"
+    )
+    return (
+        f"nothing of {_ranks_text(unread)} could be read{why}: the other ranks show no problem, which says nothing "
+        f"of {'it' if len(unread) == 1 else 'them'}"
+    )
 
 
 def _fr_problem_verdict(data: TriageInput, ops: pd.DataFrame, liveness: dict) -> Verdict:

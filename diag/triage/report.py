@@ -15,6 +15,7 @@ HEADLINES = {
     "step_error": "STEP FAILED: {ranks} raised an error in a step (no collective was left pending)",
     "slow": "SLOW, NOT HUNG: every rank is progressing; slowest: {ranks}",
     "capture_stopped": "CAPTURE STOPPED on {ranks}: no problem found in what was recorded, but nothing after it was",
+    "incomplete": "INCOMPLETE: nothing of {ranks} could be read; the other ranks show no problem",
     "no_problem": "NO PROBLEM FOUND: no pending, mismatched or abandoned collective, no dead rank",
 }
 ACTION_WORDS = {"fix_code": "FIX THE CODE", "restart": "RESTART", "evict": "EVICT"}

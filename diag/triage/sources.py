@@ -200,8 +200,12 @@ def read_diag_trace(
     judged = {rank for rank, info in infos.items() if info.judged_by_heartbeat}
     trace = assemble_trace(path, data, latest_run_only=False)  # _split_attempts judges each attempt
     ranks = {}
+    with_rows = {int(r) for name in TRIAGE_TABLES for r in pd.unique(getattr(trace, name)["rank"])}
     for rank, info in infos.items():
         info.heartbeat = beats.get(rank)
+        # a directory nothing could be read from (unreadable to this user): no more known than a missing one
+        read_something = trace.manifest(rank) or info.heartbeat or info.dumps or rank in with_rows
+        info.has_data = info.has_data and bool(read_something)
         manifest = trace.manifest(rank) or Manifest(rank)
         info.finished = manifest.finished
         info.host, info.pid, info.backend = manifest.host, manifest.pid, manifest.backend

@@ -67,3 +67,7 @@ def test_a_rank_directory_nobody_may_read_is_named_and_every_command_goes_on(tmp
     assert "rank 1: files that could not be read" in results["analyze"].output
     assert "recorded no step" not in results["analyze"].output
     assert sorted(live.snapshot.trace.steps["rank"].unique()) == [0, 2]
+    # triage cannot call the run clean: nothing of rank 1 was read
+    assert results["triage"].exit_code == 2, results["triage"].output
+    assert results["triage"].output.startswith("INCOMPLETE: nothing of rank 1 could be read")
+    assert "Permission denied" in results["triage"].output

@@ -172,3 +172,22 @@ def test_a_stall_that_cleared_then_a_signal_mid_step_is_slow_not_a_hang():
     assert verdict.verdict == "slow", verdict.evidence
     assert verdict.culprit_ranks == [1], verdict.evidence
     assert "ranks 0, 1, 2 ended by a signal while making progress, not hung" in verdict.evidence
+
+
+def test_a_rank_nothing_of_which_could_be_read_is_no_clean_bill_of_health(tmp_path):
+    """The straggler sample with rank 1's directory gone (removed, or unreadable to this user): ranks 0 and 2
+    finished cleanly, which says nothing of rank 1. The verdict names it, and the command exits 2."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from diag.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURES.parents[2] / "sample_traces" / "straggler", run)
+    shutil.rmtree(run / "rank00001")
+    verdict = triage(read_input(run))
+    assert verdict.verdict == "incomplete" and verdict.culprit_ranks == [1], verdict.evidence
+    assert verdict.evidence[0].startswith("nothing of rank 1 could be read (no rank directory")
+    result = CliRunner().invoke(main, ["triage", str(run)])
+    assert result.exit_code == 2 and result.output.startswith("INCOMPLETE: nothing of rank 1 could be read")
