@@ -2,8 +2,9 @@
 
 In synchronous training every rank's iteration lasts as long as the slowest rank's work; the rest is waiting
 in collectives. So a rank's *busy* time per step is its data wait plus its step body minus the time it was
-blocked in communication and minus the time its thread waited for a core (``runqueue_wait_us``: on a loaded
-host the scheduler leaves one rank or another waiting, which is the host's doing, not the rank's work). Only
+blocked in communication. Ranks are judged on their *work*: busy time less the time their thread waited for a
+core (``runqueue_wait_us``: on a loaded host the scheduler leaves one rank or another waiting, which is the
+host's doing, not the rank's); what a straggler costs is busy (wall) time, which the others wait. Only
 durations measured on one host are used: no cross-host clock comparison.
 
 Every comparison is with the *other* ranks (their median, leaving the rank itself out): with two ranks the
@@ -132,9 +133,9 @@ class Cause(str, Enum):
 class RankStepTimes:
     """Per (rank, step) timings in the window, with the per-step medians the comparisons use."""
 
-    frame: pd.DataFrame  # rank, step, data_wait_us, compute_us, wait_us, busy_us, iteration_us
+    frame: pd.DataFrame  # rank, step, data_wait_us, compute_us, wait_us, busy_us, work_us, iteration_us
     wait_source: str  # "steps.comm_wait_us", "collectives" or "none"
-    less_core_wait: bool = False  # compute excludes the time the thread waited for a core (steps.runqueue_wait_us)
+    less_core_wait: bool = False  # work_us excludes the time the thread waited for a core (steps.runqueue_wait_us)
     step_median_busy_us: pd.Series | None = None  # per step, computed once when first needed
     step_max_busy_us: pd.Series | None = None
     step_cell: np.ndarray | None = field(default=None, repr=False)  # each row's (peers, step) group, when needed
@@ -218,10 +219,10 @@ def rank_step_times(
             blocked = np.maximum(blocked, from_collectives)
     frame = frame.drop(columns="comm_wait_us")
     frame["wait_us"] = blocked
-    busy_step_us = (frame["duration_us"] - frame["wait_us"]).clip(lower=0).to_numpy(dtype="float64")
-    compute_us, less_core_wait = _less_core_wait(busy_step_us, steps_w)
-    frame["compute_us"] = compute_us
+    frame["compute_us"] = (frame["duration_us"] - frame["wait_us"]).clip(lower=0)
     frame["busy_us"] = frame["compute_us"] + frame["data_wait_us"]
+    work_us, less_core_wait = _less_core_wait(frame["compute_us"].to_numpy(dtype="float64"), steps_w)
+    frame["work_us"] = work_us + frame["data_wait_us"].to_numpy(dtype="float64")
     frame["iteration_us"] = (frame["data_wait_us"] + frame["duration_us"]).astype("float64")
     source = f"max({', '.join(sources)})" if len(sources) > 1 else (sources[0] if sources else "none")
     if peer_groups:
@@ -314,6 +315,11 @@ def find_stragglers(
         report.note = "pipeline parallel: each rank is compared with the ranks of its own stage"
     if times.wait_source == "none":
         report.note = "no communication wait recorded: stragglers can only show in their data wait"
+    # ranks are judged on their work (busy time less the wait for a core: a loaded host's doing, not the
+    # rank's); what the job loses to a straggler is wall time, which the others wait (savings, costs, jitter)
+    wall = f
+    if times.less_core_wait:
+        f = f.assign(busy_us=f["work_us"])
     cell = step_cells(f, sort=False)
     rows = _regular_rows(f)
     rows = cell_rows(cell) if rows is None else rows  # sorted once for the three comparisons
@@ -329,7 +335,7 @@ def find_stragglers(
     f["slow"] = excess > SLOW_FRACTION * f["others_busy_us"]
     noise, step_spread = _step_noise(f)
     f["spike"] = f["excess_fraction"] > noise.spike_threshold
-    saved_rows = _saved_rows(f)
+    saved_rows = _saved_rows(wall)
     saved = pd.Series(saved_rows).groupby(f["rank"].to_numpy()).sum()
     per_rank = _per_rank(f)
     per_rank["saved_us"] = saved.reindex(per_rank.index, fill_value=0.0)
@@ -399,7 +405,7 @@ def find_stragglers(
     report.stragglers.sort(key=lambda s: (not s.persistent, -s.cost_per_step_s, -s.time_lost_s))
     own_spike_steps = {step for s in report.stragglers for step in s.spike_steps}
     # one rank per stage: the step time is the pipeline's, which no comparison of the stages explains
-    report.jitter = None if one_rank_per_stage else _jitter(f, step_time_us, own_spike_steps, n_steps)
+    report.jitter = None if one_rank_per_stage else _jitter(wall, step_time_us, own_spike_steps, n_steps)
     return report
 
 
@@ -429,6 +435,7 @@ def _across_stages(times: RankStepTimes, stage_work_us: pd.Series | None) -> Ran
     if frame["rank"].nunique() < 2:
         return None
     frame["busy_us"] = frame["data_wait_us"].astype("float64") + frame["compute_us"]
+    frame["work_us"] = frame["busy_us"]  # the stages' work already leaves their actions' waits for a core out
     frame["peers"] = np.zeros(len(frame), dtype="int64")
     return RankStepTimes(frame.reset_index(drop=True), times.wait_source, times.less_core_wait)
 
