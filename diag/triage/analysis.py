@@ -771,6 +771,7 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
             evidence.append(
                 f"rank {timed_out} timed out at {_clock(gave_up[timed_out])}: {_gave_up_reason(data, timed_out)[:200]}"
             )
+        others_gave_up = [t for r, t in gave_up.items() if r not in late]
         for rank in late:
             stall = data.ranks[rank].stall_dump if rank in data.ranks else None
             where = f"; earlier its watchdog saw: {stall.reason}" if stall and stall.reason else ""
@@ -781,6 +782,9 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
                 f"rank {rank} entered at {_clock(entry_us[rank])}, {(entry_us[rank] - gave_up[first_out]) / 1e6:.1f} s "
                 f"after rank {first_out} gave up: it was not there when the timeout fired{where}"
             )
+            if rank in data.ranks and _watchdog_silent(data.ranks[rank], others_gave_up):
+                ranks[rank].state = "unresponsive"
+                evidence.append(_watchdog_silent_line(rank, data.ranks[rank], others_gave_up))
         return _verdict("missing_ranks", late, collective, ranks, evidence, data)
     members = _members(data).get(hang["pg"], sorted(entry_us.index))
     stuck = [r for r in members if r in gave_up or _stalled_in(data.ranks.get(r), hang["pg"], hang["seq"])]
@@ -1023,19 +1027,28 @@ def _stalled_apart_verdict(
         dump = info.stall_dump
         if dump is None or not info.stalls:
             ranks[rank].state = "unresponsive"
-        elif gave_up and info.first_stall_us is not None and info.first_stall_us >= max(gave_up):
-            # a live watchdog dumps within its threshold of a stall; this one's first came only after every
-            # waiting rank had given up: the process was stopped (SIGSTOP, a frozen node) and ran again later
+        elif _watchdog_silent(info, gave_up):
             ranks[rank].state = "unresponsive"
-            evidence.append(
-                f"rank {rank}'s first stall dump was written at {_clock(info.first_stall_us)}, after the others "
-                f"had given up ({_clock(max(gave_up))}): its watchdog did not run while they waited"
-            )
+            evidence.append(_watchdog_silent_line(rank, info, gave_up))
         else:
             ranks[rank].state = _classify(main_frames(dump), dump.phase)
         evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
     evidence += _caught_evidence(data)
     return _verdict("missing_ranks", culprits, None, ranks, evidence, data)
+
+
+def _watchdog_silent(info: RankInfo, others_gave_up_us: list[float]) -> bool:
+    """A live watchdog dumps within its threshold of a stall; this rank's first dump came only after every
+    waiting rank had given up: the process was stopped (SIGSTOP, a frozen node) and ran again later."""
+    first = info.first_stall_us
+    return bool(others_gave_up_us) and first is not None and first >= max(others_gave_up_us)
+
+
+def _watchdog_silent_line(rank: int, info: RankInfo, others_gave_up_us: list[float]) -> str:
+    return (
+        f"rank {rank}'s first stall dump was written at {_clock(info.first_stall_us)}, after the others had given "
+        f"up ({_clock(max(others_gave_up_us))}): its watchdog did not run while they waited"
+    )
 
 
 def _dead_without_hang(data: TriageInput, ops: pd.DataFrame, vanished: list[int], liveness: dict) -> Verdict:

@@ -191,3 +191,13 @@ def test_a_rank_nothing_of_which_could_be_read_is_no_clean_bill_of_health(tmp_pa
     assert verdict.evidence[0].startswith("nothing of rank 1 could be read (no rank directory")
     result = CliRunner().invoke(main, ["triage", str(run)])
     assert result.exit_code == 2 and result.output.startswith("INCOMPLETE: nothing of rank 1 could be read")
+
+
+def test_a_frozen_rank_that_entered_after_the_timeout_is_evicted_not_a_code_fix():
+    """FSDP2, 8 ranks, two CPU burners per core: rank 3 is SIGSTOPped in step 3's forward and continued after the
+    others' timeout; it then enters the all_gather 6 s after they gave up. Its watchdog's first stall dump ('no
+    progress for 11.5 s') was written after every other rank had given up: the process did not run meanwhile."""
+    verdict = triage(read_input(FIXTURES / "fsdp2_frozen_rank_late"))
+    assert verdict.verdict == "missing_ranks" and verdict.culprit_ranks == [3], verdict.evidence
+    assert verdict.ranks[3].state == "unresponsive"
+    assert verdict.action.kind == "evict"
