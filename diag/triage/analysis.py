@@ -534,9 +534,15 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
             + f", waiting for {_ranks_text(other['missing'])}"
         )
     dead = [r for r in roots if _died_before(data.ranks[r], liveness.get(r), hang["start_us"])]
+    waited = [t for r in waiting if (t := _gave_up_us(data, r)) is not None]
     for rank in sorted(set(missing) | set(roots)):
         _note_pending_elsewhere(ranks[rank], ops, rank, pg)
+        silent = rank in roots and rank not in dead and _silent_through_the_wait(data, rank, hang["start_us"], waited)
+        if silent:
+            ranks[rank].state = "unresponsive"
         evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
+        if silent:
+            evidence.append(_watchdog_silent_line(rank, data.ranks[rank], waited))
     evidence += _step_divergence(ops, pg, seq)
     victims = _gave_up_after_death(data, dead, [r for r in roots if r not in dead])
     if victims:
@@ -1045,10 +1051,33 @@ def _watchdog_silent(info: RankInfo, others_gave_up_us: list[float]) -> bool:
 
 
 def _watchdog_silent_line(rank: int, info: RankInfo, others_gave_up_us: list[float]) -> str:
-    return (
-        f"rank {rank}'s first stall dump was written at {_clock(info.first_stall_us)}, after the others had given "
-        f"up ({_clock(max(others_gave_up_us))}): its watchdog did not run while they waited"
+    written = (
+        f"its first stall dump was written at {_clock(info.first_stall_us)}"
+        if info.first_stall_us is not None
+        else "it wrote no stall dump"
     )
+    return (
+        f"rank {rank}: {written}, the others having given up at {_clock(max(others_gave_up_us))}: its watchdog "
+        "did not run while they waited"
+    )
+
+
+def _silent_through_the_wait(data: TriageInput, rank: int, waiting_since_us: float, gave_up: list[float]) -> bool:
+    """A rank the others waited for, whose watchdog (running: it has a heartbeat) stayed silent while they did:
+    no stall dump before they gave up, though they waited longer than its threshold, and no error of its own
+    before then (its exception would be the failure). A process the node stopped (SIGSTOP, a frozen node)."""
+    info = data.ranks.get(rank)
+    if info is None or info.heartbeat is None or not gave_up:
+        return False
+    if info.stalls and not _watchdog_silent(info, gave_up):
+        return False
+    threshold_s = info.heartbeat.threshold_s
+    if threshold_s is None or waiting_since_us != waiting_since_us:
+        return False
+    if (max(gave_up) - waiting_since_us) / 1e6 < threshold_s:  # its watchdog had no time to see the stall
+        return False
+    own = _gave_up_us(data, rank)
+    return own is None or own >= max(gave_up)
 
 
 def _dead_without_hang(data: TriageInput, ops: pd.DataFrame, vanished: list[int], liveness: dict) -> Verdict:

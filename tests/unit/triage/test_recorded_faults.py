@@ -201,3 +201,15 @@ def test_a_frozen_rank_that_entered_after_the_timeout_is_evicted_not_a_code_fix(
     assert verdict.verdict == "missing_ranks" and verdict.culprit_ranks == [3], verdict.evidence
     assert verdict.ranks[3].state == "unresponsive"
     assert verdict.action.kind == "evict"
+
+
+def test_a_rank_frozen_before_its_first_step_is_found_through_its_tp_peer_and_evicted():
+    """The fault suite's mesh shape (dp=2 x tp=2): rank 1 is SIGSTOPped in step 0's forward and continued after
+    the others' timeout. Its tp peer, rank 0, gave up in their tensor-parallel all_reduce, which rank 1 entered
+    only after that; ranks 2 and 3 waited in the world all_reduce. Rank 1 wrote no stall dump at all though the
+    others waited past its 2 s threshold, and raised only after they gave up: its watchdog did not run."""
+    verdict = triage(read_input(FIXTURES / "mesh_frozen_at_step0"))
+    assert verdict.verdict == "missing_ranks" and verdict.culprit_ranks == [1], verdict.evidence
+    assert verdict.ranks[1].state == "unresponsive"
+    assert verdict.action.kind == "evict"
+    assert any("rank 1: it wrote no stall dump" in line for line in verdict.evidence)
