@@ -60,11 +60,23 @@ def test_misspelt_option_is_an_error_but_a_failing_init_is_a_warning(tmp_path, m
         pass
 
 
+class _SleepInBackward(torch.autograd.Function):
+    """Identity whose backward sleeps 20 ms: a backward long enough that a loaded machine's preemptions are small
+    beside it (the bounds below compare two timings of one call)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.02)
+        return grad
+
+
 def _two_model_steps(tmp_path, steps: int = 6):
     """A generator and a critic trained together, both instrumented; returns the recorded steps and the
     backward calls' own wall times, measured around them."""
-    import time
-
     torch.manual_seed(0)
     generator, critic = torch.nn.Linear(512, 512), torch.nn.Linear(512, 1)
     optimizer = torch.optim.SGD([*generator.parameters(), *critic.parameters()], lr=1e-3)
@@ -73,7 +85,7 @@ def _two_model_steps(tmp_path, steps: int = 6):
     measured_us = []
     for _ in range(steps):
         with diag.step():
-            loss = critic(generator(torch.randn(512, 512))).pow(2).mean()
+            loss = critic(_SleepInBackward.apply(generator(torch.randn(512, 512)))).pow(2).mean()
             started = time.perf_counter_ns()
             loss.backward()
             measured_us.append((time.perf_counter_ns() - started) / 1000)
