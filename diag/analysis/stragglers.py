@@ -240,17 +240,15 @@ def _less_core_wait(busy_us: np.ndarray, steps_w: pd.DataFrame) -> tuple[np.ndar
     The wait also accrues inside the collective waits already taken out (a thread woken from one waits for a
     core too), so the difference can fall below the work itself; the thread's time on a core in the step
     bounds it from below (itself at most the busy time: a thread spinning in a wait is on a core)."""
-    if "runqueue_wait_us" not in steps_w:
+    if "runqueue_wait_us" not in steps_w or "thread_cpu_us" not in steps_w:
         return busy_us, False
     wait = np.clip(steps_w["runqueue_wait_us"].to_numpy(dtype="float64", na_value=np.nan), 0.0, None)
-    recorded = ~np.isnan(wait)
+    on_core = steps_w["thread_cpu_us"].to_numpy(dtype="float64", na_value=np.nan)
+    recorded = ~np.isnan(wait) & ~np.isnan(on_core)  # the wait alone, unbounded, is noisier than busy time
     if not recorded.any():
         return busy_us, False
-    less = np.where(recorded, np.clip(busy_us - np.nan_to_num(wait), 0.0, None), busy_us)
-    if "thread_cpu_us" in steps_w:
-        on_core = steps_w["thread_cpu_us"].to_numpy(dtype="float64", na_value=np.nan)
-        less = np.where(np.isnan(on_core), less, np.maximum(less, np.minimum(busy_us, on_core)))
-    return less, True
+    less = np.maximum(np.clip(busy_us - np.nan_to_num(wait), 0.0, None), np.minimum(busy_us, np.nan_to_num(on_core)))
+    return np.where(recorded, less, busy_us), True
 
 
 def _aligned(per_rank_step: pd.Series, rank: np.ndarray, step: np.ndarray) -> np.ndarray:
