@@ -84,3 +84,22 @@ def test_communication_per_dimension():
     assert (dims["tp"].groups, dims["tp"].collectives, dims["tp"].wait_s) == (2, 10, 2.1)
     assert (dims["dp"].groups, dims["dp"].collectives, dims["dp"].bytes_total) == (1, 20, 20 * 1024)
     assert analyze_mesh(None, comms) is None  # the world group "0" is no dimension's
+
+
+def test_a_three_dimensional_mesh_gives_each_rank_three_coordinates():
+    """pp=2 x dp=2 x tp=2 over 8 ranks, the groups as init_device_mesh lays them out (mesh = arange(8) reshaped
+    (2, 2, 2)): tp groups of consecutive ranks, dp groups 2 apart, pp groups 4 apart."""
+    mesh_ranks = [[[4 * p + 2 * d + t for t in range(2)] for d in range(2)] for p in range(2)]
+    described = []
+    for p in range(2):
+        for d in range(2):
+            described.append((f"tp{p}{d}", "tp", mesh_ranks[p][d]))
+        for t in range(2):
+            described.append((f"dp{p}{t}", "dp", [mesh_ranks[p][d][t] for d in range(2)]))
+    for d in range(2):
+        for t in range(2):
+            described.append((f"pp{d}{t}", "pp", [mesh_ranks[p][d][t] for p in range(2)]))
+    mesh = MeshLayout.from_groups(described, dim_order=["pp", "dp", "tp"])
+    assert mesh.shape_text() == "pp=2 x dp=2 x tp=2"
+    assert mesh.where(5) == "pp=1, dp=0, tp=1" and mesh.where(6) == "pp=1, dp=1, tp=0"
+    assert mesh.group_text("pp11") == "the pp group of ranks 3, 7"
