@@ -255,10 +255,14 @@ class StreamSegmentWriter:
             self.abandon()
 
     def abandon(self) -> None:
-        """Close the live segment as it is (the writer failed: it stays a stream, read as one)."""
+        """Close the live segment as it is (the writer failed: it stays a stream, read as one), cut back to its
+        last whole flush: a write that failed part-way (a full disk) leaves part of a message in the file, and
+        closing the buffered sink writes what it still holds behind it, which no reader could decode."""
         if self._handle is not None:
             with contextlib.suppress(OSError):
                 self._handle.close()
+            with contextlib.suppress(OSError):
+                os.truncate(self._path(STREAM_SUFFIX), self._written)
         self._ipc = self._handle = None
 
     def _open(self) -> None:
@@ -456,8 +460,10 @@ class TableSegments:
             _check_names(arrow.column_names)
         except (pa.ArrowException, OSError, ValueError) as exc:
             self.done.add(number)
-            notes.append(Note(str(path), f"unreadable Arrow stream segment: {_short(exc)}"))
-            return None
+            arrow = _leading_batches(state.prefix, data, messages)
+            kept = f"; its first {arrow.num_rows} rows kept" if arrow is not None else ""
+            notes.append(Note(str(path), f"unreadable Arrow stream segment: {_short(exc)}{kept}"))
+            return None if arrow is None else self._conform(arrow, path, notes)
         state.prefix += b"".join(data[a:b] for kind, a, b in messages if kind in ("schema", "dictionary"))
         state.offset += end
         conformed = self._conform(arrow, path, notes)
@@ -627,6 +633,26 @@ def _complete_messages(data: bytes) -> tuple[int, list[tuple[str, int, int]], st
         messages.append((message.type, position, end))
         position = end
     return position, messages, None
+
+
+def _leading_batches(prefix: bytes, data: bytes, messages: list) -> pa.Table | None:
+    """A damaged stream's record batches up to the first that does not decode (the bytes of a write that failed
+    part-way, then others written behind them, frame as a message but decode as garbage); None if there are
+    none."""
+    batches: list[pa.RecordBatch] = []
+    try:
+        reader = ipc.open_stream(pa.py_buffer(prefix + data[: messages[-1][2]]))
+        while True:
+            batch = reader.read_next_batch()
+            batch.validate(full=True)
+            _check_names(batch.schema.names)
+            batches.append(batch)
+    except (StopIteration, pa.ArrowException, OSError, ValueError):
+        pass
+    rows = sum(batch.num_rows for batch in batches)
+    if not batches or rows > max(len(data) * MAX_ROWS_PER_BYTE, MIN_ROWS_CHECKED):
+        return None
+    return pa.Table.from_batches(batches)
 
 
 def _is_end_marker(rest: bytes) -> bool:

@@ -99,6 +99,41 @@ def test_damaged_segments_are_named_and_the_rest_read(tmp_path):
     assert reasons["steps.000002.arrows"].startswith("damaged Arrow stream segment from byte")
 
 
+def test_batches_before_one_that_does_not_decode_are_kept(tmp_path):
+    """A full disk: part of a batch's message written, then bytes behind it that frame as a message but decode
+    as garbage. The batches before it are read, and the damage named."""
+    path = rank_dir(tmp_path)
+    segments = StreamSegmentWriter(path, STEPS)
+    segments.append([step_row(0), step_row(1)])
+    stream = path / "steps.000001.arrows"
+    good = stream.read_bytes()
+    segments.append([step_row(2)])
+    segments.abandon()
+    whole = stream.read_bytes()
+    batch = whole[len(good) :]
+    body_start = len(batch) // 3  # the framing and metadata intact, the compressed body replaced
+    stream.write_bytes(good + batch[:body_start] + bytes(len(batch) - body_start))
+    trace = load(tmp_path)
+    assert trace.steps["step"].tolist() == [0, 1]
+    (reason,) = [s.reason for s in trace.skipped if s.path == str(stream)]
+    assert reason.startswith("unreadable Arrow stream segment") and reason.endswith("its first 2 rows kept")
+
+
+def test_a_write_that_failed_part_way_is_cut_from_the_segment(tmp_path):
+    """The writer abandoned after a failed flush leaves its live segment at its last whole flush."""
+    path = rank_dir(tmp_path)
+    segments = StreamSegmentWriter(path, STEPS)
+    segments.append([step_row(0)])
+    stream = path / "steps.000001.arrows"
+    flushed = stream.read_bytes()
+    with stream.open("ab") as handle:
+        handle.write(b"\xff\xff\xff\xff" + os.urandom(100))  # what a failed write left on the disk
+    segments.abandon()
+    assert stream.read_bytes() == flushed
+    trace = load(tmp_path)
+    assert trace.steps["step"].tolist() == [0] and trace.skipped == []
+
+
 def test_stream_cut_short_before_a_later_segment_is_named(tmp_path):
     """A killed job's live segment that a later run followed will never be finished: its cut batch is damage."""
     path = rank_dir(tmp_path)
