@@ -389,11 +389,13 @@ class Watchdog:
         finally:
             done.set()
 
-    def _flush_records(self) -> None:
-        """Everything capture holds to the disk: Flight Recorder's unread entries, then the writer's buffers."""
+    def _flush_records(self, exiting: bool = False) -> None:
+        """Everything capture holds to the disk: Flight Recorder's unread entries, then the writer's buffers.
+        ``exiting``: the process ends without issuing more, so every entry is written, the newest too (a row
+        left unwritten would read, beside the dump written next, as a collective that never returned)."""
         recorder = getattr(self.session, "recorder", None)
         if recorder is not None and "torch" in sys.modules:
-            recorder.flight_recorder.read(final=False)
+            recorder.flight_recorder.read(final=exiting)
         self.session.writer.flush()
 
     def _die_by(self, signum: int) -> None:
@@ -415,6 +417,7 @@ class Watchdog:
             self._exit = ExitRecord(
                 how="exception", error=f"{exc_type.__name__}: {exc}"[:2000], traceback=text, time_us=_now_us()
             )
+            self._safely("flush", self._flush_records, True)  # the rows before the dump, as on SIGTERM
             self.dump(f"uncaught {exc_type.__name__}")
         (self._previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
 
@@ -423,6 +426,7 @@ class Watchdog:
             return  # diag.finish ran (a clean end), or this is a forked child exiting
         if self._exit is None:
             self._exit = ExitRecord(how="exited_without_finish", time_us=_now_us())
+            self._safely("flush", self._flush_records, True)
             self.dump("process exiting without diag.finish")
         self._stop.set()
         self._safely("heartbeat", self._write_heartbeat, self._exit.how)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from diag.triage.errors import is_own_error
+
 FIX_CODE, RESTART, EVICT, NONE = "fix_code", "restart", "evict", "none"
 MAX_NAMED = 8  # hosts or GPUs named; the verdict's ranks list the rest
 # error texts only failing GPU hardware gives (CUDA's and NVIDIA's driver's wording)
@@ -82,6 +84,10 @@ def _missing_ranks(verdict, data, culprits: list[int]) -> Action:
     if unanswering:
         return _on(EVICT, f"rank {unanswering[0]}'s process stopped answering (its watchdog wrote no stack while "
                    "the others waited): a process the node froze", data, unanswering)  # fmt: skip
+    raised = [r for r in culprits if _exit_how(data, r) == "exception" and is_own_error(_exit_error(data, r))]
+    if raised:
+        return _on(FIX_CODE, f"rank {raised[0]} raised an error of its own before it reached the collective the "
+                   "others waited in: the job's failure", data, raised)  # fmt: skip
     states = {verdict.ranks[r].state for r in culprits if r in verdict.ranks}
     if states & {"stuck_in_data_loader"}:
         return _on(FIX_CODE, "a rank waited for its data loader while the others waited for it: the input "
@@ -133,6 +139,11 @@ def _around(text: str, match) -> str:
 def _exit_how(data, rank: int) -> str | None:
     beat = getattr(data.ranks.get(rank), "heartbeat", None)
     return getattr(getattr(beat, "exit", None), "how", None)
+
+
+def _exit_error(data, rank: int) -> str | None:
+    beat = getattr(data.ranks.get(rank), "heartbeat", None)
+    return getattr(getattr(beat, "exit", None), "error", None)
 
 
 def _on(kind: str, why: str, data, ranks: list[int]) -> Action:

@@ -53,6 +53,7 @@ from diag.trace.records import ExitRecord, Heartbeat
 from diag.trace.schema import CAPTURE_STOPPED
 from diag.triage.action import NONE, Action
 from diag.triage.action import decide as decide_action
+from diag.triage.errors import COMMUNICATION_FAILURE_PATTERN, TIMEOUT_PATTERN
 from diag.triage.flight_recorder import is_library_file
 from diag.triage.sources import P2P_OPS, RankInfo, TriageInput, is_p2p, main_frames
 from diag.triage.summary import DEAD_MARGIN_INTERVALS, DEFAULT_HEARTBEAT_INTERVAL_S
@@ -64,12 +65,6 @@ NOTHING_TO_JUDGE = (
 MAX_OTHER_HANGS = 5  # other groups' pending collectives listed as evidence
 DATA_LOADER_FUNCTIONS = ("__next__", "_next_data", "_get_data", "_try_get_data", "wrap_loader")
 BARRIER_FUNCTIONS = ("barrier", "monitored_barrier", "_store_based_barrier")
-TIMEOUT_PATTERN = re.compile(r"timed out|timeout", re.IGNORECASE)  # gloo's and NCCL's watchdog's wording
-# what a rank raises when a peer it waits for has failed: gloo's and NCCL's timeouts, closed connections
-COMMUNICATION_FAILURE_PATTERN = re.compile(
-    TIMEOUT_PATTERN.pattern + r"|connection (?:closed|reset)|closed by peer|broken pipe|NCCL communicator was aborted",
-    re.IGNORECASE,
-)
 
 
 @dataclass
@@ -199,24 +194,25 @@ def _with_signature(ops: pd.DataFrame) -> pd.DataFrame:
 
 def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str]) -> pd.DataFrame:
     """Rows nothing timed but that certainly returned: the rank finished (diag.finish runs after every
-    collective it issued returned), it completed a later collective of the same group (in order), or, for a
-    row diag wrote untimed (DDP's gradient buckets), the rank issued a collective of the group in a later step
-    (the step ended: DDP waits for every bucket before its backward returns)."""
+    collective it issued returned), or, for a row diag wrote untimed (DDP's gradient buckets), the rank issued
+    a collective of the group in a later step (the step ended: DDP waits for every bucket before its backward
+    returns); then every collective a rank issued before one of the same group that returned (a group runs
+    its collectives in order: DDP's constructor's, untimed and before any step, returned when the first
+    step's buckets did)."""
     if ops.empty or ops["completed"].all():
         return ops
     finished = [r for r, state in liveness.items() if state == "finished"]
     p2p = is_p2p(ops)  # a later send says nothing of an earlier all_reduce
-    done_seq = ops[ops["completed"] & ~p2p].groupby(["rank", "pg"])["seq"].max().rename("_done_seq")
-    last_step = ops.groupby(["rank", "pg"])["step"].max().rename("_last_step")
-    marked = ops.join(done_seq, on=["rank", "pg"]).join(last_step, on=["rank", "pg"])
-    untimed = ~marked["completed"] & marked["source"].eq("diag")
-    step_ended = untimed & (marked["step"] >= 0) & (marked["step"] < marked["_last_step"])
-    later_done = ~p2p & (marked["seq"] < marked["_done_seq"].fillna(-1))
-    returned = marked["rank"].isin(finished) | later_done | step_ended
-    if "failed" in ops:  # it returned by raising: the rank finished because the job caught the error
-        returned &= ~ops["failed"]
+    raised = ops["failed"] if "failed" in ops else pd.Series(False, index=ops.index)
+    last_step = ops.groupby(["rank", "pg"])["step"].transform("max")
+    untimed = ~ops["completed"] & ops["source"].eq("diag")
+    step_ended = untimed & (ops["step"] >= 0) & (ops["step"] < last_step)
+    # it returned by raising: the rank finished because the job caught the error
+    completed = (ops["completed"] | ops["rank"].isin(finished) | step_ended) & ~raised
+    done_seq = ops["seq"].where(completed & ~p2p).groupby([ops["rank"], ops["pg"]]).transform("max")
+    later_done = ~p2p & (ops["seq"] < done_seq.fillna(-1))
     ops = ops.copy()
-    ops.loc[returned.to_numpy(), "completed"] = True
+    ops.loc[(completed | (later_done & ~raised)).to_numpy(), "completed"] = True
     return ops
 
 

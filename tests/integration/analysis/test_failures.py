@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+import diag
 from diag.launch import run_ranks
+from diag.triage.analysis import triage
+from diag.triage.flight_recorder import load_dump
+from diag.triage.sources import read_input
 from tests.analysis.helpers import PLANTED_JOB, cli_json, run_cli
 
 FAIL_AT_STEP = 2  # straggler_job.py's FAIL_AT_STEP
@@ -41,6 +45,23 @@ def test_crash_is_the_first_finding_with_its_exception(crashed_run):
         2: "exception",
     }
     assert "planted failure" in report["run"]["rank_exits"][1]["error"]
+
+
+def test_each_rank_wrote_every_collective_its_flight_recorder_holds(crashed_run):
+    """An uncaught exception writes the rank's Flight Recorder rows before its dump: a collective in the dump
+    but not in the trace would read as one the rank entered and never left."""
+    collectives = diag.load(crashed_run).collectives
+    for rank in range(WORLD):
+        dump = load_dump(crashed_run / f"rank{rank:05d}" / "fr_dump.pkl", rank)
+        in_dump = {e.seq for e in dump.entries if e.pg == "0" and not e.is_p2p}
+        written = set(collectives.loc[(collectives["rank"] == rank) & (collectives["pg"] == "0"), "seq"].astype(int))
+        assert in_dump and in_dump <= written, (rank, sorted(in_dump - written))
+
+
+def test_the_culprit_raised_first_and_triage_says_fix_the_code(crashed_run):
+    """Rank 1 never reached the step's gradient all_reduce the others waited in: it had raised its own error."""
+    verdict = triage(read_input(crashed_run))
+    assert verdict.culprit_ranks == [1] and verdict.action.kind == "fix_code", (verdict.verdict, verdict.action)
 
 
 def test_failed_step_is_left_out_and_makes_no_straggler(crashed_run):
