@@ -53,7 +53,7 @@ from diag.trace.records import ExitRecord, Heartbeat
 from diag.trace.schema import CAPTURE_STOPPED
 from diag.triage.action import NONE, Action
 from diag.triage.action import decide as decide_action
-from diag.triage.errors import COMMUNICATION_FAILURE_PATTERN, TIMEOUT_PATTERN
+from diag.triage.errors import COMMUNICATION_FAILURE_PATTERN, TIMEOUT_PATTERN, is_own_error
 from diag.triage.flight_recorder import is_library_file
 from diag.triage.sources import P2P_OPS, RankInfo, TriageInput, is_p2p, main_frames
 from diag.triage.summary import DEAD_MARGIN_INTERVALS, DEFAULT_HEARTBEAT_INTERVAL_S
@@ -488,7 +488,7 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
     latest = not data.completion_reliable
     ops = _collectives_only(ops)  # the hang is a collective's: sends and receives share its numbers
     roots, links, cycle, waited_in = (
-        _wait_chain(ops, _members(data), hang["missing"], latest, lambda rank: _gave_up_us(data, rank))
+        _wait_chain(ops, _members(data), hang["missing"], latest, lambda rank: _gave_up_waiting_us(data, rank))
         if hang["missing"]
         else ([], [], False, [])
     )
@@ -884,6 +884,13 @@ def _gave_up_us(data: TriageInput, rank: int, step: int | None = None, entered_u
     if record and record.how == "exception" and record.time_us:
         times.append(float(record.time_us))
     return min(times) if times else None
+
+
+def _gave_up_waiting_us(data: TriageInput, rank: int) -> float | None:
+    """When a rank gave up waiting for its peers (a timeout, a closed connection); None when what it raised
+    was its own error (its forward, its data): it then left the job, it was not kept waiting."""
+    gave_up_us = _gave_up_us(data, rank)
+    return None if gave_up_us is None or is_own_error(_gave_up_reason(data, rank)) else gave_up_us
 
 
 def _gave_up_reason(data: TriageInput, rank: int) -> str:

@@ -213,3 +213,16 @@ def test_a_rank_frozen_before_its_first_step_is_found_through_its_tp_peer_and_ev
     assert verdict.ranks[1].state == "unresponsive"
     assert verdict.action.kind == "evict"
     assert any("rank 1: it wrote no stall dump" in line for line in verdict.evidence)
+
+
+def test_rank_that_raised_its_own_error_before_its_rows_were_written_is_the_one_missing():
+    """3-rank DDP job (tests/analysis/straggler_job.py ... raise): rank 1 raises in step 2's forward; ranks 0
+    and 2 wait in step 2's gradient all_reduce (seq 8) until its connection closes. Recorded by a capture that
+    wrote no Flight Recorder rows at an uncaught exception: rank 1 has no collectives row, only its dump, whose
+    newest entry (seq 7) gloo counts completed, and rank 0's last rows are its dump's too. Rank 1 raised its own
+    error: it left the job, it did not give up waiting for the others (which would make a cross-group deadlock
+    of it)."""
+    verdict = triage(read_input(FIXTURES / "ddp_rank_raised_rows_unwritten"))
+    assert verdict.verdict == "missing_ranks" and verdict.culprit_ranks == [1], verdict.evidence
+    assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 8)
+    assert verdict.action.kind == "fix_code", verdict.action.why
