@@ -123,10 +123,11 @@ EXPECTED = {
     "cross_group": lambda where: ("triage", "deadlock", ()),
     "preempted": lambda where: ("triage", "no_problem", ()),
 }
-# diag/triage/action.py's answers: the job's own code kept a rank away (it computed past the timeout, or its
-# data loader never answered), a process the node froze (SIGSTOPped: its watchdog could not dump), a rank
-# killed without an error of its own, ranks disagreeing on the collectives
+# diag/triage/action.py's answers: the job's own error; the job's own code kept a rank away (it computed past
+# the timeout, or its data loader never answered); a process the node froze (SIGSTOPped: its watchdog could not
+# dump); a rank killed without an error of its own; ranks disagreeing on the collectives
 EXPECTED_ACTIONS = {
+    "exception": "fix_code",
     "hang": "fix_code",
     "frozen": "evict",
     "sigkill": "restart",
@@ -193,7 +194,11 @@ class Scenario:
 
     @property
     def expected_action(self) -> str | None:
-        """What `diag triage` should say to do (its JSON's ``action``); None for runs `diag analyze` judges."""
+        """What `diag triage` should say to do (its JSON's ``action``); None for the other runs `diag analyze`
+        judges. A crash is judged by `diag analyze`, and triage's action is checked beside it: the user who
+        sees a job fail reaches for both."""
+        if self.kind == "exception":
+            return EXPECTED_ACTIONS[self.kind]
         if self.tool != "triage":
             return None
         if self.expected in ("slow", "no_problem"):
@@ -442,6 +447,8 @@ def judge(scenario: Scenario, trace_dir: Path) -> tuple[Judgement, str | None]:
     """What the diag command a user would reach for says of this run's traces."""
     try:
         judged = _judge_analyze(trace_dir) if scenario.tool == "analyze" else _judge_triage(trace_dir)
+        if scenario.tool == "analyze" and scenario.expected_action is not None:
+            judged.action = _judge_triage(trace_dir).action
         return judged, None
     except Exception as exc:  # a crash of diag itself is a wrong verdict, and said so
         return Judgement("error", []), f"{type(exc).__name__}: {exc}"
