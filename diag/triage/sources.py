@@ -265,8 +265,9 @@ def read_diag_trace(
 def input_from_trace(trace) -> TriageInput:
     """What triage reads of a trace directory, from a ``Trace`` already loaded (``diag analyze``'s): its
     collectives (each rank's last ``tail_rows``, as triage reads them), recorded errors, heartbeats and
-    manifests, and the side files the loader does not read (hang dumps, Flight Recorder dumps) from the trace's
-    directory where it has one: the collective a rank hung in is often known only from its hang dump."""
+    manifests, and the side files the loader does not read (hang dumps, Flight Recorder dumps, NCCL RAS outputs)
+    from the trace's directory where it has one: the collective a rank hung in is often known only from its hang
+    dump. So ``diag analyze`` names the culprit ``diag triage`` names."""
     rows = tail_rows(max(1, len(trace.ranks_found)))
     rank_dirs = find_rank_dirs(trace.path) if trace.path is not None and Path(trace.path).is_dir() else {}
     collectives = trace.collectives
@@ -293,7 +294,7 @@ def input_from_trace(trace) -> TriageInput:
     found = {rank: rank_dirs[rank] for rank in trace.ranks_found if rank in rank_dirs}
     trace_groups = _pg_ranks_from_manifests(trace, world_size)
     ops = _with_fr_dumps(_add_pending_from_dumps(_diag_ops(collectives), ranks), found, skipped, trace_groups)
-    return TriageInput(
+    data = TriageInput(
         trace.path,
         "diag",
         world_size,
@@ -308,6 +309,7 @@ def input_from_trace(trace) -> TriageInput:
             rank: float(m.start_time_us) for rank, m in trace.manifests.items() if m.start_time_us is not None
         },
     )
+    return with_nccl_ras(data) if rank_dirs else data
 
 
 def _present(value) -> bool:

@@ -314,3 +314,19 @@ def test_ras_maps_a_dead_process_by_its_pid_and_the_rank_s_own_records_win(tmp_p
     assert (verdict.verdict, verdict.culprit_ranks) == ("dead_rank", [2])
     assert verdict.ranks[0].state != "dead"
     assert "its process 15320 on vm considered dead by NCCL RAS (nccl_ras_monitor.txt)" in verdict.ranks[0].detail
+
+
+def test_analyze_reads_the_ras_output_beside_a_trace_as_triage_does(tmp_path):
+    """``diag analyze``'s failure finding asks triage who the others waited for (``input_from_trace`` on the
+    trace it loaded): a RAS output saved in the trace directory is read there too."""
+    from diag.trace.loader import load
+    from diag.triage.sources import input_from_trace
+
+    trace = tmp_path / "trace"
+    shutil.copytree(TRACES / "sigkill_inside_all_reduce", trace)
+    (trace / "nccl_ras.txt").write_bytes((RAS / "docs_incomplete_timeout.txt").read_bytes())
+    from_trace = triage(input_from_trace(load(trace)))
+    from_directory = triage(read_input(trace))
+    assert from_trace.verdict == from_directory.verdict == "dead_rank"
+    ras_lines = [e for e in from_directory.evidence if e.startswith("NCCL RAS")]
+    assert ras_lines and ras_lines == [e for e in from_trace.evidence if e.startswith("NCCL RAS")]
