@@ -51,6 +51,14 @@ from diag.trace.loader import TraceError
     help="With --prometheus-port: the address to bind. 0.0.0.0 lets a Prometheus on another machine scrape it, "
     "and anyone who can reach the port read the verdict (there is no authentication).",
 )
+@click.option(
+    "--pull",
+    "pull_url",
+    metavar="URL",
+    help="Ask the running job's PyTorch debug server (torch.distributed.debug.start_debug_server; its frontend, "
+    "e.g. http://node0:25999) for every rank's stacks and Flight Recorder dumps now, save them into PATH, and "
+    "judge them.",
+)
 @workers_option
 @quiet_option
 def command(
@@ -62,6 +70,7 @@ def command(
     interval: float,
     prometheus_port: int | None,
     bind: str,
+    pull_url: str | None,
     workers: int | None,
     quiet: bool,
 ) -> None:
@@ -83,6 +92,7 @@ def command(
     Examples:
       diag triage traces/run1
       diag triage /tmp/fr_dumps --format json
+      diag triage --pull http://node0:25999 /tmp/now  (a job running PyTorch's debug server: its state now)
       diag triage --watch traces/run1  while the job runs: a verdict within about stall-s + 5 s of a hang
       diag triage traces/run16k --workers 1   (a busy machine: read every rank in this process)
     """
@@ -107,6 +117,10 @@ def command(
 
     if prometheus_port is not None and not watch:
         raise click.UsageError("--prometheus-port serves the verdict of --watch: add --watch")
+    if pull_url is not None:
+        if watch:
+            raise click.UsageError("--pull judges the job's state once, now: leave out --watch")
+        _pull(pull_url, path)
     if watch:
         say = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo
         sys.exit(_watch(path, stall_s, interval, say, show, prometheus_port, bind, workers))
@@ -118,6 +132,26 @@ def command(
     if verdict.evidence[:1] == [NOTHING_TO_JUDGE] or verdict.verdict == "incomplete":
         sys.exit(USAGE)
     sys.exit(PROBLEM if verdict.verdict in PROBLEM_VERDICTS else OK)
+
+
+def _pull(url: str, path: str) -> None:
+    """Every rank's state from the debug server, into ``path``; what was fetched said on stderr."""
+    from diag.triage.debug_pull import PullError, pull
+
+    try:
+        pulled = pull(url, path)
+    except (PullError, OSError) as exc:
+        raise InputError(f"cannot pull from the debug server: {exc}") from exc
+    lines = [f"pulled the stacks of {len(pulled.answered)} ranks into {pulled.stacks_file}"]
+    if pulled.failed:
+        lines.append(f"ranks that did not answer: {', '.join(map(str, sorted(pulled.failed)))}")
+    if pulled.flight_recorder:
+        lines.append(
+            f"{len(pulled.flight_recorder)} Flight Recorder dumps in {pulled.directory / 'flight_recorder'} "
+            "(diag triage that directory for sequence numbers)"
+        )
+    for line in [*lines, *pulled.notes]:
+        click.echo(line, err=True)
 
 
 def _watch(path, stall_s, interval, say, show, prometheus_port, bind, workers) -> int:
