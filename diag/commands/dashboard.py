@@ -63,9 +63,22 @@ def is_loopback(host: str) -> bool:
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Let the Compare page pick baselines anywhere under this directory (default: only beside TRACE_DIR).",
 )
+@click.option(
+    "--debug-server",
+    metavar="URL",
+    help="The job's PyTorch debug server (torch.distributed.debug.start_debug_server; its frontend, e.g. "
+    "http://node0:25999): the Triage page then pulls every rank's stacks on demand, and profiles chosen ranks.",
+)
+@click.option(
+    "--debug-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="With --debug-server: where pulls and profiles are saved (default: a new temporary directory).",
+)
 @workers_option
 @click.option("-v", "--verbose", is_flag=True, help="Log every request (method, path, status, time) on stderr.")
-def command(trace_dir, host, port, token, refresh_s, baseline, no_cache, baseline_root, workers, verbose):
+def command(
+    trace_dir, host, port, token, refresh_s, baseline, no_cache, baseline_root, debug_server, debug_dir, workers, verbose
+):
     """Serve a live dashboard of TRACE_DIR: findings, stragglers, communication, memory, GPU telemetry,
     pipeline and triage pages, updated while the job writes.
 
@@ -80,6 +93,7 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache, baselin
       diag dashboard traces/run1 --port 9000
       diag dashboard traces/run1 --host 0.0.0.0     (prints a URL with a token)
       diag dashboard traces/run2 --baseline traces/run1   (a Compare page against run1)
+      diag dashboard traces/run1 --debug-server http://node0:25999   (pull every rank's state now)
       diag dashboard                                (the bundled sample run)
     """
     if trace_dir is None:
@@ -101,6 +115,16 @@ def command(trace_dir, host, port, token, refresh_s, baseline, no_cache, baselin
         from diag.dashboard.compare_page import set_pick_root
 
         set_pick_root(baseline_root)
+    if debug_dir is not None and debug_server is None:
+        raise click.UsageError("--debug-dir says where --debug-server's pulls go: add --debug-server")
+    if debug_server is not None:
+        from diag.dashboard.live_pull import set_debug_server
+        from diag.triage.debug_pull import PullError
+
+        try:
+            set_debug_server(debug_server, debug_dir)
+        except (PullError, OSError) as exc:
+            raise InputError(f"--debug-server: {exc}") from exc
     if baseline is not None:
         from diag.commands.compare import load_summary
         from diag.dashboard.compare_page import set_baseline

@@ -14,7 +14,7 @@ from dash import dcc, html
 from diag.analysis import grid
 from diag.analysis.memory import category_series, memory_metric, oom_steps
 from diag.analysis.stragglers import cost_text
-from diag.dashboard import compare_page
+from diag.dashboard import compare_page, live_pull
 from diag.dashboard import data as d
 from diag.dashboard import figures as f
 from diag.triage.report import ACTION_WORDS
@@ -591,6 +591,11 @@ def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
     verdict = snap.triage
     if verdict is None:
         return {"body": html.Div(snap.triage_note or "no triage data", className="missing", id="triage-none")}
+    return {"body": triage_body(verdict, rank)}
+
+
+def triage_body(verdict: dict, rank: int | None, id_prefix: str = "triage") -> html.Div:
+    """A verdict (``Verdict.to_json()``) drawn: the verdict, culprits, action, evidence and the ranks' states."""
     ranks = verdict.get("ranks", {})
     culprits = set(verdict.get("culprit_ranks", []))
     counts = pd.Series([r.get("state") for r in ranks.values()]).value_counts()
@@ -608,10 +613,10 @@ def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
     ]
     coll = verdict.get("collective")
     body = [
-        html.H3(f"Verdict: {verdict['verdict']}", id="triage-verdict"),
-        html.P(f"Culprit ranks: {', '.join(map(str, sorted(culprits))) or '-'}"),
+        html.H3(f"Verdict: {verdict['verdict']}", id=f"{id_prefix}-verdict"),
+        html.P(f"Culprit ranks: {', '.join(map(str, sorted(culprits))) or '-'}", id=f"{id_prefix}-culprits"),
         html.P(f"Collective: {coll['op']} seq {coll['seq']} in process group {coll['pg']}") if coll else None,
-        _triage_action(verdict),
+        _triage_action(verdict, id_prefix),
         html.H4("Evidence"),
         html.Ul([html.Li(e) for e in verdict.get("evidence", [])]),
         html.H4("Ranks by state"),
@@ -619,7 +624,7 @@ def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
         html.P(
             f"{len(shown)} of {len(ranks)} ranks listed: the culprits, the selected rank and one of each state, "
             "then by rank",
-            id="triage-listed",
+            id=f"{id_prefix}-listed",
         )
         if len(shown) < len(ranks)
         else None,
@@ -627,17 +632,17 @@ def update_triage(snap: d.Snapshot, rank: int | None) -> dict:
     ]
     if verdict.get("skipped"):
         body += [html.H4("Skipped"), html.Ul([html.Li(s) for s in verdict["skipped"][:20]])]
-    return {"body": html.Div([b for b in body if b is not None])}
+    return html.Div([b for b in body if b is not None])
 
 
-def _triage_action(verdict: dict):
+def _triage_action(verdict: dict, id_prefix: str = "triage"):
     """What to do next (diag/triage/action.py), with the hosts and GPUs it concerns; nothing when nothing."""
     action = verdict.get("action")
     if action in (None, "none"):
         return None
     where = ", ".join([*verdict.get("hosts", []), *verdict.get("gpus", [])])
     text = f"Next: {ACTION_WORDS.get(action, action)}{f' ({where})' if where else ''}: {verdict.get('action_why', '')}"
-    return html.P(text, id="triage-action", className="advice")
+    return html.P(text, id=f"{id_prefix}-action", className="advice")
 
 
 def _triage_ranks_listed(ranks: dict, culprits: set[int], selected: int | None) -> list[int]:
@@ -715,6 +720,8 @@ PAGES: dict[str, Page] = {
             ("body",),
             update_triage,
             "For a hung or dead job: the verdict of diag triage and the state of each rank.",
+            controls=live_pull.controls,
+            register=live_pull.register,
         ),
         Page(
             "/compare",

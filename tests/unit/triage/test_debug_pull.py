@@ -91,3 +91,35 @@ def test_cli_says_why_it_could_not_pull_and_exits_2(tmp_path):
     assert nobody.exit_code == 2 and "cannot pull from the debug server" in nobody.output
     watching = CliRunner().invoke(main, ["triage", "--pull", "http://127.0.0.1:9", "--watch", str(tmp_path)])
     assert watching.exit_code == 2 and "leave out --watch" in watching.output
+
+
+@pytest.mark.parametrize(
+    ("text", "ranks"),
+    [("0, 7 12", [0, 7, 12]), ("3", [3]), ("2,2", [2]), ("", None), ("a", None), ("-1", None), ("1 2 3 4 5 6 7 8 9", None)],
+)
+def test_the_ranks_to_profile_are_a_short_list_of_ranks(text, ranks):
+    from diag.dashboard.live_pull import parse_ranks
+
+    parsed, problem = parse_ranks(text)
+    assert (parsed if problem is None else None) == ranks
+
+
+def test_each_pull_gets_a_directory_of_its_own(tmp_path):
+    from diag.dashboard.live_pull import _next_pull_directory
+
+    assert _next_pull_directory(tmp_path).name == "pull-1"
+    (tmp_path / "pull-1").mkdir()
+    (tmp_path / "pull-9").mkdir()
+    (tmp_path / "pull-x").mkdir()
+    assert _next_pull_directory(tmp_path).name == "pull-10"
+
+
+def test_dashboard_refuses_a_debug_server_address_that_is_not_http(tmp_path):
+    from click.testing import CliRunner
+
+    from diag.cli import main
+
+    bad = CliRunner().invoke(main, ["dashboard", str(tmp_path), "--debug-server", "file:///etc"])
+    assert bad.exit_code == 2 and "--debug-server" in bad.output and "not an http://" in bad.output
+    alone = CliRunner().invoke(main, ["dashboard", str(tmp_path), "--debug-dir", str(tmp_path / "d")])
+    assert alone.exit_code == 2 and "add --debug-server" in alone.output
