@@ -295,7 +295,7 @@ def input_from_trace(trace) -> TriageInput:
     trace_groups = _pg_ranks_from_manifests(trace, world_size)
     ops = _with_fr_dumps(_add_pending_from_dumps(_diag_ops(collectives), ranks), found, skipped, trace_groups)
     data = TriageInput(
-        trace.path,
+        Path(trace.path) if trace.path is not None else None,
         "diag",
         world_size,
         ops,
