@@ -101,7 +101,7 @@ def main() -> None:
     table.note(f"{arrow.num_rows:,} collectives rows; min of {args.rounds} interleaved rounds")
     for size, buffer in buffers.items():
         r = results[size]
-        label = f"{size:,} (diag's)" if size == saved else f"{size:,}"
+        label = f"{size:,}" + (" (diag's)" if size == saved else " (one group)" if size >= arrow.num_rows else "")
         table.add(label, f"{buffer.size / arrow.num_rows:.2f}", f"{r['whole']:.2f} ms", f"{r['last']:.2f} ms",
                   f"{r['compact']:.1f} ms")  # fmt: skip
     table.save(args.json)
