@@ -80,7 +80,7 @@ def main() -> None:
     for p in procs:
         p.join()
 
-    columns = ["method", "ranks as", r"\|offset\| p50", r"\|offset\| max", "stated error p50", "time on rank 0, p50"]
+    columns = ["method", "ranks as", "|offset| p50", "|offset| max", "stated error p50", "time on rank 0, p50"]
     table = Table("clock_sync_own_host" if args.own_host else "clock_sync", columns)
     table.note(
         f"{args.ranks} ranks on one machine (true offsets 0), {args.repeat} rounds, "

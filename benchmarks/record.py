@@ -23,6 +23,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,10 +42,10 @@ class Table:
         if len(cells) != len(self.columns):
             raise ValueError(f"{self.name}: {len(cells)} cells for {len(self.columns)} columns")
         if not self.rows:
-            print(f"| {' | '.join(self.columns)} |\n|{'---|' * len(self.columns)}")
+            print("\n".join(_header(self.columns)))
         row = [str(cell) for cell in cells]
         self.rows.append(row)
-        print(f"| {' | '.join(row)} |")
+        print(_markdown_row(row))
 
     def note(self, line: str) -> None:
         """A line that belongs with the table (a figure derived from its rows, a count, a check's outcome)."""
@@ -150,17 +151,30 @@ def git_revision() -> str | None:
 def render(result: dict) -> str:
     """The markdown docs/benchmarks.md shows for a saved result: the table, its notes, then one line with the
     command, the machine, the date, the revision and the load average (1 minute) it ran under."""
-    lines = [f"| {' | '.join(result['columns'])} |", f"|{'---|' * len(result['columns'])}"]
-    lines += [f"| {' | '.join(row)} |" for row in result["rows"]]
+    lines = _header(result["columns"]) + [_markdown_row(row) for row in result["rows"]]
     for note in result["notes"]:
-        lines += ["", note]
+        lines += ["", _wrapped(note)]
     m = result["machine"]
     machine_text = f"{m['cpu_model']}, {m['cpu_count']} CPUs, {m['memory_total_gb']:g} GiB, torch {m['torch']}"
     revision = f", git {result['git_revision']}" if result.get("git_revision") else ""
     before, after = result["load_average_before"][0], result["load_average_after"][0]
-    lines += [
-        "",
+    provenance = (
         f"*`{result['command']}` on {machine_text}; {result['date_utc']} UTC{revision}; "
-        f"load average {before:.2f} before, {after:.2f} after.*",
-    ]
-    return "\n".join(lines)
+        f"load average {before:.2f} before, {after:.2f} after.*"
+    )
+    return "\n".join(lines + ["", _wrapped(provenance)])
+
+
+def _header(columns: list[str]) -> list[str]:
+    return [_markdown_row(columns), f"|{'---|' * len(columns)}"]
+
+
+def _markdown_row(cells: list[str]) -> str:
+    """Cells as given (a ``|`` in one escaped, so that it does not end the cell)."""
+    escaped = [cell.replace("|", r"\|") for cell in cells]
+    return f"| {' | '.join(escaped)} |"
+
+
+def _wrapped(paragraph: str) -> str:
+    """At the docs' 120 columns; markdown joins the lines again (inside a code span too)."""
+    return textwrap.fill(paragraph, width=120, break_long_words=False, break_on_hyphens=False)
