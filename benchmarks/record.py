@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# taken at import, which the scripts do first: the load the benchmark started under
+# taken at import, among the scripts' first imports: the load the benchmark started under
 _LOAD_AT_START = os.getloadavg()
 
 
@@ -99,7 +99,7 @@ def machine() -> dict:
     return {
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
-        "memory_total_gb": round(_memory_total_bytes() / 2**30, 1),
+        "memory_total_gib": round(_memory_total_bytes() / 2**30, 1),
         "torch": _torch_version(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -137,7 +137,7 @@ def _torch_version() -> str | None:
 
 
 def git_revision() -> str | None:
-    """The checkout's short revision, ``+`` when its code (diag/, benchmarks/ but results) differs from it."""
+    """The checkout's short revision, with ``+`` when diag/ or benchmarks/ (results aside) differ from it."""
     try:
         revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                   text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
@@ -155,7 +155,7 @@ def render(result: dict) -> str:
     for note in result["notes"]:
         lines += ["", _wrapped(note)]
     m = result["machine"]
-    machine_text = f"{m['cpu_model']}, {m['cpu_count']} CPUs, {m['memory_total_gb']:g} GiB, torch {m['torch']}"
+    machine_text = f"{m['cpu_model']}, {m['cpu_count']} CPUs, {m['memory_total_gib']:g} GiB, torch {m['torch']}"
     revision = f", git {result['git_revision']}" if result.get("git_revision") else ""
     before, after = result["load_average_before"][0], result["load_average_after"][0]
     provenance = (
