@@ -55,8 +55,3 @@ def test_a_saved_table_loads_with_the_same_rows(tmp_path, monkeypatch, capsys):
     rendered = record.render(loaded)
     assert rendered.startswith("| what | median (us) |\n|---|---|\n| one row | 1.25 |\n")
     assert "| another \\| escaped | 2.50 |" in rendered
-
-
-def test_nothing_is_saved_without_json(tmp_path):
-    record.Table("x", ["a"]).save(None)
-    assert list(tmp_path.iterdir()) == []
