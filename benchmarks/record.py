@@ -97,7 +97,7 @@ def documented_command(argv: list[str]) -> str:
 
 def machine() -> dict:
     return {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "memory_total_gib": round(_memory_total_bytes() / 2**30, 1),
         "torch": _torch_version(),
@@ -106,7 +106,7 @@ def machine() -> dict:
     }
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

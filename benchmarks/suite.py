@@ -60,7 +60,7 @@ BLOCK = re.compile(
 
 def default_machine() -> str:
     """The CPU model and CPU count as a directory name: ``amd-epyc-2cpu``."""
-    slug = re.sub(r"[^a-z0-9]+", "-", record._cpu_model().lower()).strip("-")
+    slug = re.sub(r"[^a-z0-9]+", "-", record.cpu_model().lower()).strip("-")
     return f"{slug}-{os.cpu_count()}cpu"
 
 
