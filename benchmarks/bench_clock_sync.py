@@ -5,7 +5,7 @@ rank claims a host of its own (``--hosts-per-rank``, the worst case: every rank 
 real host name (then diag skips the measurement: offsets are exactly 0). The two methods alternate in the
 same processes for ``--repeat`` rounds; medians over rounds are printed.
 
-    python benchmarks/bench_clock_sync.py --ranks 8 --repeat 20
+    python benchmarks/bench_clock_sync.py --ranks 8 --repeat 20 [--own-host] [--json PATH]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from record import Table, add_json_option  # benchmarks/, the script's own folder
 
 from diag.capture.clock import synchronise_clocks
 from diag.launch import free_port
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--own-host", action="store_true", help="ranks report the real host name")
+    add_json_option(parser)
     args = parser.parse_args()
     port = free_port()
     ctx = mp.get_context("spawn")
@@ -78,23 +80,27 @@ def main() -> None:
     for p in procs:
         p.join()
 
-    print(
+    columns = ["method", "ranks as", "|offset| p50", "|offset| max", "stated error p50", "time on rank 0, p50"]
+    table = Table("clock_sync_own_host" if args.own_host else "clock_sync", columns)
+    table.note(
         f"{args.ranks} ranks on one machine (true offsets 0), {args.repeat} rounds, "
-        f"{'real host name' if args.own_host else 'one host per rank'}; load average {os.getloadavg()[0]:.1f}"
+        f"{'real host name' if args.own_host else 'one host per rank'}; medians over ranks 1-{args.ranks - 1} "
+        f"and rounds; load average {os.getloadavg()[0]:.1f} at the end"
     )
-    print(f"{'method':<24} {'|offset| p50':>13} {'|offset| max':>13} {'stated error p50':>17} {'rank 0 time p50':>16}")
+    ranks_as = "one host" if args.own_host else f"{args.ranks} hosts"
     for name in ("barrier + all_gather", "diag store round trips"):
         mine = [r for r in rows if r[0] == name and r[1] != 0]
         offsets = [abs(r[2]) for r in mine]
         errors = [r[3] for r in mine]
         times = [r[4] for r in rows if r[0] == name and r[1] == 0]
-        print(
-            f"{name:<24} {statistics.median(offsets):>10.0f} us {max(offsets):>10.0f} us "
-            f"{statistics.median(errors):>14.0f} us {statistics.median(times) * 1e3:>13.2f} ms"
-        )
+        table.add(
+            name, ranks_as, f"{statistics.median(offsets):,.0f} us", f"{max(offsets):,.0f} us",
+            f"{statistics.median(errors):,.0f} us", f"{statistics.median(times) * 1e3:.2f} ms",
+        )  # fmt: skip
     within = sum(abs(r[2]) <= r[3] + 1 for r in rows if r[0] == "diag store round trips" and r[1] != 0)
     total = sum(1 for r in rows if r[0] == "diag store round trips" and r[1] != 0)
-    print(f"diag: true offset (0) within the stated error in {within} of {total} measurements")
+    table.note(f"diag: true offset (0) within the stated error in {within} of {total} measurements")
+    table.save(args.json)
 
 
 if __name__ == "__main__":

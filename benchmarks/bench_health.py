@@ -7,7 +7,7 @@ over the parameters on the device and its value is read back without waiting).
    ``fingerprint_every`` steps (diag's default).
 2. ``diag.record(loss=..., grad_norm=...)`` with 0-d CPU tensors: reading them for the step's row.
 
-usage: python benchmarks/bench_health.py [--width 1024] [--layers 8] [--batch 64] [--repeats 30]
+usage: python benchmarks/bench_health.py [--width 1024] [--layers 8] [--batch 64] [--repeats 30] [--json PATH]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from record import Table, add_json_option  # noqa: E402
 
 from diag.capture.config import DEFAULT_FINGERPRINT_EVERY  # noqa: E402
 from diag.capture.device_timer import host_value  # noqa: E402
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=30)
+    add_json_option(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
     layers = [m for _ in range(args.layers) for m in (torch.nn.Linear(args.width, args.width), torch.nn.ReLU())]
@@ -71,14 +73,17 @@ def main() -> None:
     print64_s = median_s(fingerprint_float64, args.repeats)
     record_s = median_s(lambda: (host_value(loss), host_value(norm)), args.repeats * 100)
     count = sum(p.numel() for p in params)
-    print(f"model: {count / 1e6:.1f} M parameters; training step {step_s * 1e3:.2f} ms (median of {args.repeats})")
-    print(f"fingerprint: {print_s * 1e3:.3f} ms = {print_s / step_s:.2%} of a step when taken")
-    print(f"  (summing each parameter in float64 instead: {print64_s * 1e3:.3f} ms)")
-    print(
-        f"  every {DEFAULT_FINGERPRINT_EVERY} steps (the default): {print_s / DEFAULT_FINGERPRINT_EVERY * 1e6:.1f} us"
-        f" a step = {print_s / DEFAULT_FINGERPRINT_EVERY / step_s:.4%}"
+    table = Table("health", ["measure", "median"])
+    table.add(f"training step ({count / 1e6:.1f} M-parameter MLP, batch {args.batch})", f"{step_s * 1e3:.2f} ms")
+    table.add("fingerprint, when taken", f"{print_s * 1e3:.3f} ms ({print_s / step_s:.2%} of a step)")
+    table.add("fingerprint summing each parameter in float64 instead", f"{print64_s * 1e3:.3f} ms")
+    table.add(
+        f"fingerprint every {DEFAULT_FINGERPRINT_EVERY} steps (the default), a step",
+        f"{print_s / DEFAULT_FINGERPRINT_EVERY * 1e6:.1f} us ({print_s / DEFAULT_FINGERPRINT_EVERY / step_s:.4%})",
     )
-    print(f"diag.record(loss, grad_norm) read for the row: {record_s * 1e6:.2f} us a step")
+    table.add("`diag.record(loss, grad_norm)` read for the row, a step", f"{record_s * 1e6:.2f} us")
+    table.note(f"medians of {args.repeats} (diag.record: of {args.repeats * 100})")
+    table.save(args.json)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ groups of each size; then, in one process, interleaved, minimum over rounds:
 * a read of the last row group only (what ``diag triage``'s tail read does);
 * compacting 65,536 rows (``columnar.write_parquet``, the writer thread's cost once per 65,536 rows of a table).
 
-    python benchmarks/bench_row_groups.py [--sizes 60000 16384 8192 4096] [--rounds 7]
+    python benchmarks/bench_row_groups.py [--sizes 60000 16384 8192 4096] [--rounds 7] [--json PATH]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from record import Table, add_json_option  # benchmarks/, the script's own folder
 
 from diag.testing import synthetic
 from diag.trace import columnar
@@ -59,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[60000, 16384, 8192, 4096])
     parser.add_argument("--rounds", type=int, default=7)
+    add_json_option(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -94,12 +96,15 @@ def main() -> None:
                     results[size]["compact"] = min(results[size]["compact"], best_ms(compact(size), 1, calls=2))
         finally:
             columnar.ROW_GROUP_ROWS = saved
-    print(f"{arrow.num_rows:,} collectives rows; min of {args.rounds} interleaved rounds")
-    print(f"{'rows/group':>10} {'B/row':>6} {'whole read ms':>14} {'last group ms':>14} {'compact 65,536 ms':>18}")
+    columns = ["rows per row group", "bytes/row", "whole segment read", "last row group only", "compacting 65,536 rows"]
+    table = Table("row_groups", columns)
+    table.note(f"{arrow.num_rows:,} collectives rows; min of {args.rounds} interleaved rounds")
     for size, buffer in buffers.items():
         r = results[size]
-        row = f"{size:>10,} {buffer.size / arrow.num_rows:6.2f} {r['whole']:14.2f} {r['last']:14.2f}"
-        print(f"{row} {r['compact']:18.1f}")
+        label = f"{size:,}" + (" (diag's)" if size == saved else " (one group)" if size >= arrow.num_rows else "")
+        table.add(label, f"{buffer.size / arrow.num_rows:.2f}", f"{r['whole']:.2f} ms", f"{r['last']:.2f} ms",
+                  f"{r['compact']:.1f} ms")  # fmt: skip
+    table.save(args.json)
 
 
 if __name__ == "__main__":
