@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 
 TIMEOUT_PATTERN = re.compile(r"timed out|timeout", re.IGNORECASE)  # gloo's and NCCL's watchdog's wording
-# what a rank raises when a peer it waits for has failed: gloo's and NCCL's timeouts, closed connections
+# what a rank raises when a peer it waits for has failed: gloo's and NCCL's timeouts, closed connections, and
+# NCCL's errors of the transport ("NCCL error ... remote process exited or there was a network error")
 COMMUNICATION_FAILURE_PATTERN = re.compile(
-    TIMEOUT_PATTERN.pattern + r"|connection (?:closed|reset)|closed by peer|broken pipe|NCCL communicator was aborted",
+    TIMEOUT_PATTERN.pattern
+    + r"|connection (?:closed|reset)|closed by peer|broken pipe|NCCL communicator was aborted"
+    + r"|NCCL error|ncclRemoteError|ncclSystemError|remote process exited",
     re.IGNORECASE,
 )
 

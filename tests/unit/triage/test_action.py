@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 
 from diag.trace.records import Heartbeat
 from diag.triage.action import decide
@@ -57,6 +58,22 @@ def test_a_killed_rank_is_restarted_and_one_that_raised_is_the_codes():
     assert raised.kind == "fix_code"
 
 
+def test_a_missing_rank_that_raised_its_own_error_is_the_codes_and_a_network_error_is_not():
+    """It never reached the collective because it raised: the job's failure. A rank that raised NCCL's
+    transport error was itself failed by a peer or the network: nothing says the code."""
+    states = {0: "waiting_in_collective", 1: "exited"}
+    own = decide(
+        _verdict("missing_ranks", [1], states),
+        _data({0: _rank(), 1: _rank("node2", exit_how="exception", error="RuntimeError: planted failure")}),
+    )
+    assert own.kind == "fix_code" and own.hosts == ["node2"] and "error of its own" in own.why
+    network = "DistBackendError: NCCL error: remote process exited or there was a network error, ncclRemoteError"
+    reached = decide(
+        _verdict("missing_ranks", [1], states), _data({0: _rank(), 1: _rank("node2", exit_how="exception", error=network)})
+    )
+    assert reached.kind == "restart"
+
+
 def test_an_error_only_a_gpu_gives_evicts_that_gpu():
     states = {0: "waiting_in_collective", 1: "dead"}
     ranks = {
@@ -85,3 +102,24 @@ def test_a_hang_inside_a_collective_is_restarted_on_every_members_host():
 def test_nothing_to_do_for_a_slow_or_healthy_job():
     for kind in ("no_problem", "slow", "capture_stopped"):
         assert decide(_verdict(kind, [], {0: "finished"}), _data({0: _rank()})).kind == "none"
+
+
+@pytest.mark.parametrize(
+    ("error", "own"),
+    [
+        ("RuntimeError: planted failure: CPUOffload needs a CUDA device", True),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", True),
+        ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer", False),
+        ("RuntimeError: Timed out waiting 6000ms for recv operation to complete", False),
+        (
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited "
+            "or there was a network error, NCCL version 2.21.5 ncclRemoteError",
+            False,
+        ),
+        ("", False),
+    ],
+)
+def test_an_error_of_the_rank_s_own_is_told_from_a_peer_s_failure_reaching_it(error, own):
+    from diag.triage.errors import is_own_error
+
+    assert is_own_error(error) is own
