@@ -760,6 +760,7 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
     late = _entered_after_others_gave_up(entry_us, gave_up)
     collective = _collective(ops, hang["pg"], hang["seq"])
     if late:
+        culprits, held_up = _late_for_another(data, late, entry_us)
         first_out = min(gave_up, key=gave_up.get)
         reason = _gave_up_reason(data, first_out)[:200]
         evidence[0] = (
@@ -787,7 +788,8 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
             if rank in data.ranks and _watchdog_silent(data.ranks[rank], others_gave_up):
                 ranks[rank].state = "unresponsive"
                 evidence.append(_watchdog_silent_line(rank, data.ranks[rank], others_gave_up))
-        return _verdict("missing_ranks", late, collective, ranks, evidence, data)
+        evidence += held_up
+        return _verdict("missing_ranks", culprits, collective, ranks, evidence, data)
     members = _members(data).get(hang["pg"], sorted(entry_us.index))
     stuck = [r for r in members if r in gave_up or _stalled_in(data.ranks.get(r), hang["pg"], hang["seq"])]
     if len(stuck) == len(members) and not at_seq["completed"].any():
@@ -811,6 +813,33 @@ def _all_inside(data, ops, hang, ranks, liveness, evidence) -> Verdict:
         "after the first: the others waited for it"
     )
     return _verdict("slow", [slowest], _collective(ops, hang["pg"], hang["seq"]), ranks, evidence, data)
+
+
+def _late_for_another(data: TriageInput, late: list[int], entry_us: pd.Series) -> tuple[list[int], list[str]]:
+    """Of the ranks late into the collective, those that were late only because they had waited, in an earlier
+    collective, for another of them and given up (a broadcast's root waiting to send to a rank still computing,
+    while the receivers went on to the next collective): they are not culprits. Returns the culprits (every
+    late rank when each waited for another: a cycle) and a line for each rank left out. Read from every row
+    with the failed ones: a root-based collective the receivers completed is still the one its root gave up in
+    (``_drop_stale_pending`` reads it as stale)."""
+    members = _members(data)
+    ops = _collectives_only(_with_failed(_with_signature(data.ops), data.errors))
+    victims, lines = [], []
+    for rank in late:
+        gave_up_us = _gave_up_waiting_us(data, rank)
+        if gave_up_us is None or not gave_up_us < float(entry_us[rank]):
+            continue
+        waited = _waited_for_latecomers(ops, members, rank, gave_up_us)
+        if waited is None or not set(waited[1]) <= set(late) - {rank}:
+            continue
+        (pg, seq, op), for_ranks = waited
+        victims.append(rank)
+        lines.append(
+            f"rank {rank} was late because it had waited in {op} at {_where(pg, seq)} for {_ranks_text(for_ranks)} "
+            f"and given up at {_clock(gave_up_us)}"
+        )
+    culprits = [r for r in late if r not in victims]
+    return (culprits, lines) if culprits else (late, [])
 
 
 def _died_inside(collective: dict, dead: list[int], ranks: dict, evidence: list[str], data: TriageInput) -> Verdict:

@@ -226,3 +226,16 @@ def test_rank_that_raised_its_own_error_before_its_rows_were_written_is_the_one_
     assert verdict.verdict == "missing_ranks" and verdict.culprit_ranks == [1], verdict.evidence
     assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 8)
     assert verdict.action.kind == "fix_code", verdict.action.why
+
+
+def test_a_broadcast_root_that_waited_for_the_late_rank_is_not_a_culprit_too():
+    """Fault suite run 2924/11 (Lightning, 4 ranks, two CPU burners a core): rank 2 computes past the 6 s timeout
+    in its optimizer step. Lightning's per-step broadcast from rank 0 lets ranks 1 and 3 receive and go on to
+    the next all_reduce, where they time out; rank 0, the root, waits to send to rank 2, times out there, and
+    enters the all_reduce only after the others gave up. It was late for rank 2: rank 2 alone is the culprit."""
+    verdict = triage(read_input(FIXTURES / "lightning_root_waited_for_late_rank"))
+    assert verdict.verdict == "missing_ranks" and verdict.culprit_ranks == [2], verdict.evidence
+    assert any(
+        line.startswith("rank 0 was late because it had waited in broadcast at seq 22 of process group 0 for rank 2")
+        for line in verdict.evidence
+    )
