@@ -480,6 +480,7 @@ def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, a
     """Act where the job asks (SIGSTOP/SIGCONT, SIGKILL, SIGTERM); end a hung job as a launcher would after the
     timeout. True when the suite's own deadline ended the job instead (the scenario did not play out)."""
     deadline = time.monotonic() + JOB_DEADLINE_S
+    started_s = time.time()  # a restart writes into the directory of the attempt before: its dumps are older
     bad = procs[scenario.rank]
     kind, inside = scenario.kind, scenario.where == "collective"
     stopped_at = None
@@ -510,7 +511,7 @@ def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, a
         if kind != "sigkill" and stopped_at is not None and time.monotonic() > stopped_at + PG_TIMEOUT_S + 5:
             bad.send_signal(signal.SIGCONT)
             stopped_at = float("inf")
-        if first_stall is None and any(trace_dir.glob("rank*/hang_dump_*.json")):
+        if first_stall is None and _dumped_since(trace_dir, started_s):
             first_stall = time.monotonic()
         if first_stall is not None and time.monotonic() > first_stall + PG_TIMEOUT_S + 8:
             for proc in procs:  # past the timeout: what a launcher does to what is left of a failed job
@@ -520,6 +521,16 @@ def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, a
             return False
         time.sleep(0.1)
     return any(p.poll() is None for p in procs)
+
+
+def _dumped_since(trace_dir: Path, since_s: float) -> bool:
+    """A rank wrote a hang dump since ``since_s`` (this attempt's, not an earlier attempt's into the same
+    directory: taken for this one's, it ended a healthy restart as a failed job 14 s in)."""
+    for path in trace_dir.glob("rank*/hang_dump_*.json"):
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime >= since_s:
+                return True
+    return False
 
 
 def _others_stalled(trace_dir: Path, scenario: Scenario) -> bool:
