@@ -26,12 +26,20 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
 from diag._warn import warn_once
 from diag.capture import torch_private
 from diag.capture.flight_recorder import dump_bytes
 from diag.trace.records import ExitRecord, GroupProgress, HangDump, Heartbeat, PendingOp, Stall
-from diag.trace.schema import CAPTURE_STOPPED, FATAL_STACKS_FILE, FR_DUMP_FILE, STACKS_PREFIX, hang_dump_name
+from diag.trace.schema import (
+    CAPTURE_STOPPED,
+    FATAL_STACKS_FILE,
+    FR_DUMP_FILE,
+    STACKS_PREFIX,
+    hang_dump_name,
+    hang_dump_number,
+)
 
 MAX_PENDING_IN_HEARTBEAT = 8
 GAP_INTERVALS = 3  # a tick this many intervals late means the process was frozen
@@ -50,6 +58,7 @@ class Watchdog:
         self.pending_threshold_s = float(pending_threshold_s)
         self.heartbeat_interval_s = max(0.05, float(heartbeat_interval_s))
         self.dumps_written = 0
+        self._dumps_before = 0  # dumps an earlier attempt (a restart into the same directory) left: not overwritten
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dump_lock = threading.RLock()  # a signal handler may interrupt a dump on the main thread
@@ -73,6 +82,7 @@ class Watchdog:
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
         self._pid = os.getpid()
+        self._dumps_before = _highest_dump_number(self.session.writer.rank_dir)
         os.register_at_fork(after_in_child=self._after_fork_in_child)
         self._install_signal_handlers()
         self._install_exit_hooks()
@@ -266,7 +276,7 @@ class Watchdog:
     def _dump(self, reason: str, pending: list[dict] | None) -> None:
         with self._dump_lock:
             self.dumps_written += 1
-            number = self.dumps_written
+            number = self._dumps_before + self.dumps_written
             writer = self.session.writer
             pending = self._pending() if pending is None else pending
             threads = _thread_stacks()
@@ -490,6 +500,15 @@ class Watchdog:
             function(*args)
         except Exception as exc:
             warn_once(f"watchdog-{what}", f"hang watchdog: {what} failed ({exc!r}); going on without it")
+
+
+def _highest_dump_number(rank_dir: Path) -> int:
+    """The highest ``hang_dump_NNN.json`` number in ``rank_dir`` (0 when none, or unreadable)."""
+    try:
+        numbers = [hang_dump_number(name) for name in os.listdir(rank_dir)]
+    except OSError:
+        return 0
+    return max((n for n in numbers if n is not None), default=0)
 
 
 def _thread_stacks() -> list[dict]:

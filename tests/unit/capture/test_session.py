@@ -1,3 +1,4 @@
+import json
 import time
 
 import pytest
@@ -192,3 +193,20 @@ def test_a_phase_named_forward_around_the_model_counts_its_time_once(tmp_path):
     diag.finish()
     steps = diag.load(tmp_path).steps
     assert ((steps["forward_us"] > 0.09e6) & (steps["forward_us"] < steps["duration_us"])).all(), steps
+
+
+def test_a_restart_into_the_same_directory_numbers_its_hang_dumps_after_the_earlier_attempt_s(tmp_path):
+    """torchrun --max-restarts writes every attempt into one directory: the attempt before's dumps (its uncaught
+    error's stacks) stay, and the new ones come after them, so triage reads the latest as the latest."""
+    rank_dir = tmp_path / "rank00000"
+    rank_dir.mkdir()
+    (rank_dir / "hang_dump_001.json").write_text('{"reason": "uncaught RuntimeError"}')
+    (rank_dir / "hang_dump_002.json").write_text('{"reason": "process exiting without diag.finish"}')
+    diag.init(tmp_path, telemetry=False, hang_threshold_s=60)
+    try:
+        diag.session().watchdog.dump("signal SIGTERM")
+    finally:
+        diag.finish()
+    assert (rank_dir / "hang_dump_001.json").read_text() == '{"reason": "uncaught RuntimeError"}'
+    assert json.loads((rank_dir / "hang_dump_003.json").read_text())["reason"] == "signal SIGTERM"
+    assert (rank_dir / "stacks_003.txt").exists()
