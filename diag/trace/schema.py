@@ -70,7 +70,8 @@ MAX_RANK = 1 << 20  # a rank number (directory name, manifest, world_size) above
 EVENTS_FILE = "events.jsonl"
 HEARTBEAT_FILE = "heartbeat.json"
 # Side files the hang watchdog writes into a rank directory (diag/capture/watchdog.py) and triage reads
-# (diag/triage/sources.py): hang_dump_001.json, ... (one per stall or signal, numbered in order) with the same
+# (diag/triage/sources.py): hang_dump_001.json, ... (one per stall or signal, numbered in order, a restart's after
+# the earlier attempt's) with the same
 # stacks as text in stacks_001.txt, ...; the latest Flight Recorder dump (a pickle: load only with
 # diag.triage.flight_recorder's restricted unpickler); faulthandler's output on SIGSEGV, SIGABRT, ...
 HANG_DUMP_PREFIX = "hang_dump_"
