@@ -71,9 +71,9 @@ EVENTS_FILE = "events.jsonl"
 HEARTBEAT_FILE = "heartbeat.json"
 # Side files the hang watchdog writes into a rank directory (diag/capture/watchdog.py) and triage reads
 # (diag/triage/sources.py): hang_dump_001.json, ... (one per stall or signal, numbered in order, a restart's after
-# the earlier attempt's) with the same
-# stacks as text in stacks_001.txt, ...; the latest Flight Recorder dump (a pickle: load only with
-# diag.triage.flight_recorder's restricted unpickler); faulthandler's output on SIGSEGV, SIGABRT, ...
+# the earlier attempt's) with the same stacks as text in stacks_001.txt, ...; the latest Flight Recorder dump (a
+# pickle: load only with diag.triage.flight_recorder's restricted unpickler); faulthandler's output on SIGSEGV,
+# SIGABRT, ...
 HANG_DUMP_PREFIX = "hang_dump_"
 STACKS_PREFIX = "stacks_"
 FR_DUMP_FILE = "fr_dump.pkl"

@@ -84,7 +84,7 @@ def _missing_ranks(verdict, data, culprits: list[int]) -> Action:
     if unanswering:
         return _on(EVICT, f"rank {unanswering[0]}'s process stopped answering (its watchdog wrote no stack while "
                    "the others waited): a process the node froze", data, unanswering)  # fmt: skip
-    raised = [r for r in culprits if _exit_how(data, r) == "exception" and is_own_error(_exit_error(data, r))]
+    raised = [r for r in culprits if _raised_own_error(data, r)]
     if raised:
         return _on(FIX_CODE, f"rank {raised[0]} raised an error of its own before it reached the collective the "
                    "others waited in: the job's failure", data, raised)  # fmt: skip
@@ -144,6 +144,20 @@ def _exit_how(data, rank: int) -> str | None:
 def _exit_error(data, rank: int) -> str | None:
     beat = getattr(data.ranks.get(rank), "heartbeat", None)
     return getattr(getattr(beat, "exit", None), "error", None)
+
+
+def _raised_own_error(data, rank: int) -> bool:
+    """The rank ended with an error of its own, or recorded one (its first): a restart into the same directory
+    replaces the exit record of the attempt judged, and its recorded errors stay."""
+    if _exit_how(data, rank) == "exception" and is_own_error(_exit_error(data, rank)):
+        return True
+    errors = getattr(data, "errors", None)
+    if errors is None or not len(errors) or "rank" not in errors or "error" not in errors:
+        return False
+    own = errors[errors["rank"] == rank]
+    if "time_us" in own:
+        own = own.sort_values("time_us", kind="stable")
+    return len(own) > 0 and is_own_error(str(own["error"].iloc[0]))
 
 
 def _on(kind: str, why: str, data, ranks: list[int]) -> Action:

@@ -74,6 +74,21 @@ def test_a_missing_rank_that_raised_its_own_error_is_the_codes_and_a_network_err
     assert reached.kind == "restart"
 
 
+def test_a_restarted_job_s_missing_rank_is_judged_by_the_error_it_recorded():
+    """torchrun --max-restarts: the later attempt's clean exit replaced the exit record of the attempt judged;
+    the error the rank recorded in it (its data loader's) says the job's own failure."""
+    states = {0: "waiting_in_collective", 1: "finished"}
+    errors = pd.DataFrame(
+        [
+            {"rank": 0, "time_us": 2.0, "error": "RuntimeError: Connection closed by peer"},
+            {"rank": 1, "time_us": 1.0, "error": "RuntimeError: injected fault in data"},
+        ]
+    )
+    ranks = {0: _rank(exit_how="finished"), 1: _rank("node2", exit_how="finished")}
+    action = decide(_verdict("missing_ranks", [1], states), _data(ranks, errors))
+    assert action.kind == "fix_code" and action.hosts == ["node2"]
+
+
 def test_an_error_only_a_gpu_gives_evicts_that_gpu():
     states = {0: "waiting_in_collective", 1: "dead"}
     ranks = {
