@@ -194,13 +194,13 @@ class Scenario:
 
     @property
     def expected_action(self) -> str | None:
-        """What `diag triage` should say to do (its JSON's ``action``); None for the other runs `diag analyze`
-        judges. A crash is judged by `diag analyze`, and triage's action is checked beside it: the user who
-        sees a job fail reaches for both."""
+        """What `diag triage` should say to do (its JSON's ``action``), for every kind: the runs `diag analyze`
+        judges are asked too (a user who sees a job fail or crawl reaches for both). A crash is the code's; a
+        job that is only slow, leaks or is healthy has nothing to act on."""
         if self.kind == "exception":
             return EXPECTED_ACTIONS[self.kind]
         if self.tool != "triage":
-            return None
+            return "none"
         if self.expected in ("slow", "no_problem"):
             return "none"
         if self.expected == "collective_hang":  # every member entered: the network's, not the code's
@@ -800,7 +800,7 @@ def markdown(outcomes: list[Outcome], pairs: list[Pair]) -> str:
         lines.append(f"| right verdict | {_rate(s['verdict_right'], s['runs'])} |")
         lines.append(f"| right culprit set | {_rate(s['culprit_right'], s['runs'])} |")
         if s["action_judged"]:
-            lines.append(f"| right action, `diag triage` runs | {_rate(s['action_right'], s['action_judged'])} |")
+            lines.append(f"| right action (`diag triage`, asked of every run) | {_rate(s['action_right'], s['action_judged'])} |")
         precision, recall = s["culprit_precision"], s["culprit_recall"]
         lines.append(
             f"| culprit precision / recall | {precision and round(precision, 3)} / {recall and round(recall, 3)} |"
