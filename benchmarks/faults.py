@@ -800,7 +800,8 @@ def markdown(outcomes: list[Outcome], pairs: list[Pair]) -> str:
         lines.append(f"| right verdict | {_rate(s['verdict_right'], s['runs'])} |")
         lines.append(f"| right culprit set | {_rate(s['culprit_right'], s['runs'])} |")
         if s["action_judged"]:
-            lines.append(f"| right action (`diag triage`, asked of every run) | {_rate(s['action_right'], s['action_judged'])} |")
+            rate = _rate(s["action_right"], s["action_judged"])
+            lines.append(f"| right action (`diag triage`, asked of every run) | {rate} |")
         precision, recall = s["culprit_precision"], s["culprit_recall"]
         lines.append(
             f"| culprit precision / recall | {precision and round(precision, 3)} / {recall and round(recall, 3)} |"

@@ -77,7 +77,18 @@ def is_loopback(host: str) -> bool:
 @workers_option
 @click.option("-v", "--verbose", is_flag=True, help="Log every request (method, path, status, time) on stderr.")
 def command(
-    trace_dir, host, port, token, refresh_s, baseline, no_cache, baseline_root, debug_server, debug_dir, workers, verbose
+    trace_dir,
+    host,
+    port,
+    token,
+    refresh_s,
+    baseline,
+    no_cache,
+    baseline_root,
+    debug_server,
+    debug_dir,
+    workers,
+    verbose,
 ):
     """Serve a live dashboard of TRACE_DIR: findings, stragglers, communication, memory, GPU telemetry,
     pipeline and triage pages, updated while the job writes.

@@ -61,7 +61,12 @@ def controls():
                     dcc.Input(id=RANKS_ID, type="text", placeholder="e.g. 0, 7", style={"width": "120px"}),
                     html.Span(" for "),
                     dcc.Input(
-                        id=SECONDS_ID, type="number", value=2, min=PROFILE_S[0], max=PROFILE_S[1], style={"width": "60px"}
+                        id=SECONDS_ID,
+                        type="number",
+                        value=2,
+                        min=PROFILE_S[0],
+                        max=PROFILE_S[1],
+                        style={"width": "60px"},
                     ),
                     html.Span(" s "),
                     html.Button("Profile", id=PROFILE_ID),
@@ -131,7 +136,8 @@ def _pull_result(rank: int | None):
         verdict, said = pull_and_judge()
     except (PullError, TraceError, OSError) as exc:
         return html.Div(f"Could not pull: {exc}", className="missing", id="live-pull-error")
-    return html.Div([html.H3("Now, from the debug server"), html.P("; ".join(said)), triage_body(verdict, rank, "live")])
+    heading = html.H3("Now, from the debug server")
+    return html.Div([heading, html.P("; ".join(said)), triage_body(verdict, rank, "live")])
 
 
 def _profile_result(ranks_text: str | None, seconds) -> html.Div:

@@ -50,7 +50,9 @@ def test_triage_page_pulls_every_rank_s_state_and_profiles_a_rank(browser, synth
         browser.get(base + "/triage")
         b.wait_for(browser, lambda d: d.find_elements(By.ID, live_pull.PULL_ID), "the pull button")
         browser.find_element(By.ID, live_pull.PULL_ID).click()
-        b.wait_for(browser, lambda d: b.text(d, "live-verdict") or b.text(d, "live-pull-error"), "the pulled verdict", 120)
+        b.wait_for(
+            browser, lambda d: b.text(d, "live-verdict") or b.text(d, "live-pull-error"), "the pulled verdict", 120
+        )
         assert b.text(browser, "live-verdict") == "Verdict: missing_ranks"
         assert b.text(browser, "live-culprits") == "Culprit ranks: 2"
         assert b.text(browser, "triage-verdict").startswith("Verdict: ")  # the trace's own verdict stays below

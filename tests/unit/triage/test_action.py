@@ -69,7 +69,8 @@ def test_a_missing_rank_that_raised_its_own_error_is_the_codes_and_a_network_err
     assert own.kind == "fix_code" and own.hosts == ["node2"] and "error of its own" in own.why
     network = "DistBackendError: NCCL error: remote process exited or there was a network error, ncclRemoteError"
     reached = decide(
-        _verdict("missing_ranks", [1], states), _data({0: _rank(), 1: _rank("node2", exit_how="exception", error=network)})
+        _verdict("missing_ranks", [1], states),
+        _data({0: _rank(), 1: _rank("node2", exit_how="exception", error=network)}),
     )
     assert reached.kind == "restart"
 

@@ -65,7 +65,9 @@ def test_a_page_that_is_not_the_debug_server_s_is_refused(page):
 
 
 def test_a_worker_heading_that_is_not_http_gives_no_worker_to_profile():
-    answers = rank_answers("<h2>Rank 0: file:///etc/passwd/handler/x?</h2><pre>Thread 0x1 (most recent call first):</pre>")
+    answers = rank_answers(
+        "<h2>Rank 0: file:///etc/passwd/handler/x?</h2><pre>Thread 0x1 (most recent call first):</pre>"
+    )
     assert answers[0].worker_url == ""
 
 
@@ -95,7 +97,15 @@ def test_cli_says_why_it_could_not_pull_and_exits_2(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "ranks"),
-    [("0, 7 12", [0, 7, 12]), ("3", [3]), ("2,2", [2]), ("", None), ("a", None), ("-1", None), ("1 2 3 4 5 6 7 8 9", None)],
+    [
+        ("0, 7 12", [0, 7, 12]),
+        ("3", [3]),
+        ("2,2", [2]),
+        ("", None),
+        ("a", None),
+        ("-1", None),
+        ("1 2 3 4 5 6 7 8 9", None),
+    ],
 )
 def test_the_ranks_to_profile_are_a_short_list_of_ranks(text, ranks):
     from diag.dashboard.live_pull import parse_ranks
