@@ -142,15 +142,7 @@ def _pull(url: str, path: str) -> None:
         pulled = pull(url, path)
     except (PullError, OSError) as exc:
         raise InputError(f"cannot pull from the debug server: {exc}") from exc
-    lines = [f"pulled the stacks of {len(pulled.answered)} ranks into {pulled.stacks_file}"]
-    if pulled.failed:
-        lines.append(f"ranks that did not answer: {', '.join(map(str, sorted(pulled.failed)))}")
-    if pulled.flight_recorder:
-        lines.append(
-            f"{len(pulled.flight_recorder)} Flight Recorder dumps in {pulled.directory / 'flight_recorder'} "
-            "(diag triage that directory for sequence numbers)"
-        )
-    for line in [*lines, *pulled.notes]:
+    for line in pulled.said():
         click.echo(line, err=True)
 
 

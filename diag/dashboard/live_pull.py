@@ -113,12 +113,7 @@ def pull_and_judge() -> tuple[dict, list[str]]:
     from diag.triage.sources import read_input
 
     pulled = pull(_url, _next_pull_directory(_directory))
-    said = [f"stacks of {len(pulled.answered)} ranks saved in {pulled.stacks_file}"]
-    if pulled.failed:
-        said.append(f"ranks that did not answer: {', '.join(map(str, sorted(pulled.failed)))}")
-    if pulled.flight_recorder:
-        said.append(f"Flight Recorder dumps in {pulled.directory / 'flight_recorder'}")
-    return triage(read_input(pulled.directory)).to_json(), said + pulled.notes
+    return triage(read_input(pulled.directory)).to_json(), pulled.said()
 
 
 def _next_pull_directory(directory: Path) -> Path:

@@ -63,6 +63,18 @@ class Pulled:
     flight_recorder: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def said(self) -> list[str]:
+        """What was saved where, and which ranks did not answer: for the user, a line each."""
+        lines = [f"pulled the stacks of {len(self.answered)} ranks into {self.stacks_file}"]
+        if self.failed:
+            lines.append(f"ranks that did not answer: {', '.join(map(str, sorted(self.failed)))}")
+        if self.flight_recorder:
+            lines.append(
+                f"{len(self.flight_recorder)} Flight Recorder dumps in {self.directory / FLIGHT_RECORDER_DIR} "
+                "(diag triage that directory for sequence numbers)"
+            )
+        return lines + self.notes
+
 
 def frontend_url(url: str) -> str:
     """The frontend's base URL, checked: http or https, a host, no query. Raises PullError."""
