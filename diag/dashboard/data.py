@@ -145,6 +145,8 @@ class LiveTrace:
         try:
             return self._refresh()
         except Exception as exc:  # noqa: BLE001 - the live view outlives a bad file or a bug in one poll
+            if isinstance(exc, RuntimeError) and "interpreter shutdown" in str(exc):
+                return False  # the process is ending (its thread pools refuse work): nobody is looking
             message = f"could not read {self.trace_dir}: {type(exc).__name__}: {str(exc)[:300]}"
             if self.snapshot.trace is None:
                 self._publish_error(message)

@@ -69,6 +69,10 @@ MANIFEST_FILE = "manifest.json"
 MAX_RANK = 1 << 20  # a rank number (directory name, manifest, world_size) above this is not a real job
 EVENTS_FILE = "events.jsonl"
 HEARTBEAT_FILE = "heartbeat.json"
+# An earlier attempt's last heartbeat, kept when a restarted job (torchrun --max-restarts, a requeue) starts
+# capture again in the same directory: heartbeat_attempt_001.json, ... in the order the attempts ran. It tells
+# how that attempt ended (its exit record, its stall), which the restart's own heartbeat.json replaces.
+EARLIER_HEARTBEAT_PREFIX = "heartbeat_attempt_"
 # Side files the hang watchdog writes into a rank directory (diag/capture/watchdog.py) and triage reads
 # (diag/triage/sources.py): hang_dump_001.json, ... (one per stall or signal, numbered in order, a restart's after
 # the earlier attempt's) with the same stacks as text in stacks_001.txt, ...; the latest Flight Recorder dump (a
@@ -568,6 +572,16 @@ def hang_dump_number(file_name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def earlier_heartbeat_name(number: int) -> str:
+    return f"{EARLIER_HEARTBEAT_PREFIX}{number:03d}.json"
+
+
+def earlier_heartbeat_number(file_name: str) -> int | None:
+    """The attempt number of a kept earlier heartbeat, or None if the name is not one."""
+    match = re.fullmatch(rf"{EARLIER_HEARTBEAT_PREFIX}(\d+)\.json", file_name)
+    return int(match.group(1)) if match else None
+
+
 def segment_name(table: str, number: int, suffix: str) -> str:
     """A schema-2 segment file: ``collectives.000001.arrows`` (live stream) or ``collectives.000001.parquet``."""
     return f"{table}.{number:06d}.{suffix}"
@@ -617,6 +631,7 @@ def render_markdown() -> str:
         f"    {segment_name('collectives', 2, 'arrows')}    (schema 2: a live segment, not yet compacted)",
         f"    {EVENTS_FILE}",
         f"    {HEARTBEAT_FILE}      (written by the hang watchdog)",
+        f"    {earlier_heartbeat_name(1)}   (an earlier attempt's last heartbeat, kept by a restart)",
         f"    {NCCL_LOG_FILE}            (NCCL's own log, when diag set NCCL_DEBUG for the user)",
         f"    {MEMORY_DEEP_FILE}    (the deep memory mode's result, when memory_deep_steps was given)",
         "  rank00001/ ...",

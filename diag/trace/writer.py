@@ -25,7 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from diag._warn import warn_once
-from diag.trace.schema import CSV_SCHEMA_VERSION, EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, SCHEMA_VERSION, TABLES
+from diag.trace.schema import (
+    CSV_SCHEMA_VERSION,
+    EVENTS_FILE,
+    HEARTBEAT_FILE,
+    MANIFEST_FILE,
+    SCHEMA_VERSION,
+    TABLES,
+    earlier_heartbeat_name,
+    earlier_heartbeat_number,
+)
 
 TRACE_FORMATS = (CSV_SCHEMA_VERSION, SCHEMA_VERSION)  # 1: CSV tables; 2: Arrow stream segments compacted to Parquet
 # What capture writes unless asked: schema 2 (docs/trace-format.md says why it became the default);
@@ -83,6 +92,20 @@ def format_rows(rows: list[tuple], exact_indexes: tuple[int, ...] = ()) -> str:
     return "".join(",".join([f(v) for f, v in zip(formats, row)]) + "\n" for row in rows)
 
 
+def _keep_earlier_heartbeat(rank_dir: Path) -> None:
+    """A restart into this directory: keep the earlier attempt's last heartbeat under the next attempt number
+    before this attempt's first heartbeat replaces it (how that attempt ended is told only there)."""
+    try:
+        names = os.listdir(rank_dir)
+        if HEARTBEAT_FILE not in names:
+            return
+        numbers = [earlier_heartbeat_number(name) for name in names]
+        number = max((n for n in numbers if n is not None), default=0) + 1
+        os.rename(rank_dir / HEARTBEAT_FILE, rank_dir / earlier_heartbeat_name(number))
+    except OSError as exc:
+        warn_once("writer-earlier-heartbeat", f"an earlier attempt's heartbeat in {rank_dir} is not kept ({exc})")
+
+
 class RankWriter:
     """Writes ``manifest.json``, the tables and ``events.jsonl`` of one rank directory. ``schema_version`` 2
     (the default) writes each table as Arrow stream segments compacted into Parquet (diag/trace/columnar.py);
@@ -130,6 +153,7 @@ class RankWriter:
         try:
             self.rank_dir.mkdir(parents=True, exist_ok=True)
             refuse_symlinked_dir(self.rank_dir)
+            _keep_earlier_heartbeat(self.rank_dir)
             _write_new_file(self.rank_dir / RESERVE_FILE, bytes(RESERVE_BYTES))
             self._reserved = True
         except OSError as exc:

@@ -3,8 +3,9 @@
 A scheduler or the engineer on call acts on one of four answers, each with the hosts and GPUs it concerns:
 
 * ``fix_code``: the job itself is wrong. Its ranks issued different collectives (desync), wait for each other
-  across process groups (deadlock), raised an error in a step, or one rank's own code (its data loader, its
-  compute: its stack says where) kept it from a collective the others waited in. A restart fails again.
+  across process groups (deadlock), raised an error with nothing pending, or one rank's own code (its data
+  loader, its compute: its stack says where) kept it from a collective the others waited in. A restart fails
+  again.
 * ``restart``: nothing points at the code or the hardware. A rank killed by a signal without an error of its
   own (the kernel's OOM killer, the scheduler, a node that went away), a hang inside a collective every member
   entered (the network or NCCL). A restart is the cheap try; the same host again is the case for evicting it.
@@ -58,7 +59,7 @@ def decide(verdict, data) -> Action:
         what = "issued different collectives" if kind == "desync" else "wait for each other across process groups"
         return _on(FIX_CODE, f"the ranks {what}: the code takes different paths on different ranks", data, culprits)
     if kind == "step_error":
-        return _on(FIX_CODE, "a step raised an error with no collective left pending: the job's own failure", data,
+        return _on(FIX_CODE, "a rank raised an error with no collective left pending: the job's own failure", data,
                    culprits)  # fmt: skip
     if kind == "dead_rank":
         return _dead_rank(data, culprits)

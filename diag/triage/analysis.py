@@ -55,7 +55,7 @@ from diag.triage.action import NONE, Action
 from diag.triage.action import decide as decide_action
 from diag.triage.errors import COMMUNICATION_FAILURE_PATTERN, TIMEOUT_PATTERN, is_own_error
 from diag.triage.flight_recorder import is_library_file
-from diag.triage.sources import P2P_OPS, RankInfo, TriageInput, is_p2p, main_frames
+from diag.triage.sources import ERROR_COLUMNS, P2P_OPS, RankInfo, TriageInput, is_p2p, main_frames
 from diag.triage.summary import DEAD_MARGIN_INTERVALS, DEFAULT_HEARTBEAT_INTERVAL_S
 
 NOTHING_TO_JUDGE = (
@@ -103,6 +103,7 @@ class Verdict:
 
 
 NO_EXIT = ExitRecord()  # a rank with no exit record: every field unknown
+UNCAUGHT = "uncaught_exception"  # the error row of an exception that ended a rank outside any step
 
 
 def triage(data: TriageInput) -> Verdict:
@@ -112,12 +113,12 @@ def triage(data: TriageInput) -> Verdict:
 
 
 def _judge_attempts(data: TriageInput) -> Verdict:
-    earlier, data = _split_attempts(data)
+    earlier, data = _split_attempts(_with_uncaught_exceptions(data))
     verdict = _judge(data)
     if earlier is None:
         return verdict
     if verdict.verdict in ("no_problem", "slow"):  # a restart that ran clean must not hide the failed attempt
-        first = _judge(earlier)
+        first = _judge(_with_uncaught_exceptions(earlier))
         for rank, report in first.ranks.items():  # its exit record is the later attempt's
             errors = earlier.errors[earlier.errors["rank"] == rank]
             if len(errors):
@@ -125,7 +126,8 @@ def _judge_attempts(data: TriageInput) -> Verdict:
         first.evidence.append(_later_attempt_text(data, verdict))
         first.attempts = 2
         return first
-    verdict.evidence.append(f"an earlier attempt wrote into this directory too: {_errors_text(earlier.errors)}")
+    failure = _errors_text(earlier.errors) if len(earlier.errors) else "it did not end by diag.finish"
+    verdict.evidence.append(f"an earlier attempt wrote into this directory too: {failure}")
     verdict.attempts = 2
     return verdict
 
@@ -1185,26 +1187,61 @@ def _error_text(error) -> str:
     if error["kind"] == "collective_error" and error["seq"] == error["seq"]:
         collective = f" ({error['op']} at {_where(str(error['pg']), int(error['seq']))})"
     when = f" at {_clock(error['time_us'])}" if error["time_us"] == error["time_us"] else ""
-    return f"rank {int(error['rank'])} {error['kind']}{step}{collective}{when}: {str(error['error'])[:300]}"
+    kind = "exited by an exception raised outside any step" if error["kind"] == UNCAUGHT else error["kind"]
+    return f"rank {int(error['rank'])} {kind}{step}{collective}{when}: {str(error['error'])[:300]}"
+
+
+def _with_uncaught_exceptions(data: TriageInput) -> TriageInput:
+    """``data`` with an error row for each rank whose process ended by an exception that left no recorded error
+    (raised outside any step: a failed re-initialisation, the user's own set-up or evaluation code). A rank that
+    died of an exception is a failure, whatever the others did after."""
+    rows = []
+    for rank, info in sorted(data.ranks.items()):
+        exit_record = _exit_record(info)
+        if exit_record is None or exit_record.how != "exception" or exit_record.time_us is None:
+            continue
+        own = data.errors[data.errors["rank"] == rank] if len(data.errors) else data.errors
+        since_us = data.attempt_start_us.get(rank, float("-inf"))
+        if len(own) and (own["time_us"] >= since_us).any():
+            continue  # the exception is the one the rank recorded
+        rows.append(
+            {
+                "rank": rank,
+                "time_us": float(exit_record.time_us),
+                "kind": UNCAUGHT,
+                "error": exit_record.error or "an exception",
+            }
+        )
+    if not rows:
+        return data
+    added = pd.DataFrame(rows).reindex(columns=ERROR_COLUMNS)
+    errors = pd.concat([data.errors, added], ignore_index=True) if len(data.errors) else added
+    errors = errors.astype({"rank": "int64", "time_us": "float64", "step": "float64", "seq": "float64"})
+    errors = errors.sort_values(["time_us", "rank"], kind="stable").reset_index(drop=True)
+    return dataclasses.replace(data, errors=errors)
 
 
 def _split_attempts(data: TriageInput) -> tuple[TriageInput | None, TriageInput]:
     """A job restarted into the same directory (torchrun --max-restarts, a requeue) appends its records: the
-    errors and rows from before a rank's latest diag.init are the earlier attempt's. (earlier attempt or None,
-    latest attempt)."""
+    errors and rows from before a rank's latest diag.init are the earlier attempt's, and so are the hang dumps
+    written then and the heartbeat the restart kept (``RankInfo.earlier``). (earlier attempt or None when no
+    earlier attempt failed, latest attempt)."""
     errors, starts = data.errors, data.attempt_start_us
-    if not len(errors) or not starts:
+    if not starts:
         return None, data
-    start_of = errors["rank"].map(starts).astype("float64")
-    earlier_errors = errors["time_us"] < start_of
-    if not earlier_errors.any():
+    earlier_errors = pd.Series(False, index=errors.index)
+    if len(errors):
+        earlier_errors = errors["time_us"] < errors["rank"].map(starts).astype("float64")
+    if not earlier_errors.any() and not _earlier_attempt_failed(data):
         return None, data
     ops_start = data.ops["rank"].map(starts).astype("float64")
     earlier_ops = (data.ops["start_us"].astype("float64") < ops_start).to_numpy()
     earlier = dataclasses.replace(
         data,
         ops=data.ops[earlier_ops].reset_index(drop=True),
+        ranks=_earlier_attempt_ranks(data),
         errors=errors[earlier_errors.to_numpy()].reset_index(drop=True),
+        attempt_start_us={},  # every record in it is its own attempt's
         notes=[
             *data.notes,
             f"judged from the earlier attempt's records (before diag.init ran again at {_clock(min(starts.values()))})",
@@ -1216,6 +1253,44 @@ def _split_attempts(data: TriageInput) -> tuple[TriageInput | None, TriageInput]
         errors=errors[~earlier_errors.to_numpy()].reset_index(drop=True),
     )
     return earlier, latest
+
+
+def _earlier_attempt_failed(data: TriageInput) -> bool:
+    """An earlier attempt's kept heartbeat shows a rank that did not end by diag.finish: killed (no exit
+    record), stopped by a signal, or ended by an exception, or its dumps show a stall."""
+    for info in data.ranks.values():
+        earlier = info.earlier
+        if earlier is None:
+            continue
+        if earlier.stalls:
+            return True
+        beat = earlier.heartbeat
+        if beat is not None and (beat.exit is None or beat.exit.how != "finished"):
+            return True
+    return False
+
+
+def _earlier_attempt_ranks(data: TriageInput) -> dict[int, RankInfo]:
+    """Each rank as the earlier attempt left it: its kept heartbeat and the dumps written before the restart.
+    A trace whose restart kept no heartbeat (written before capture kept them) has only the latest ones."""
+    kept = any(info.earlier is not None and info.earlier.heartbeat is not None for info in data.ranks.values())
+    ranks = {}
+    for rank, info in data.ranks.items():
+        earlier = info.earlier or RankInfo(rank)
+        heartbeat = earlier.heartbeat if kept else info.heartbeat
+        exit_record = heartbeat.exit if heartbeat is not None else None
+        ranks[rank] = dataclasses.replace(
+            earlier,
+            heartbeat=heartbeat,
+            finished=exit_record is not None and exit_record.how == "finished" if kept else info.finished,
+            host=info.host,
+            gpu=info.gpu,
+            pid=(heartbeat.pid if heartbeat is not None and heartbeat.pid else None) or info.pid,
+            backend=info.backend,
+            has_data=info.has_data,
+            earlier=None,
+        )
+    return ranks
 
 
 def _this_attempt(errors: pd.DataFrame, data: TriageInput) -> pd.DataFrame:

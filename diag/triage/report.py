@@ -12,7 +12,7 @@ HEADLINES = {
     "collective_hang": "HANG INSIDE A COLLECTIVE: every member entered it and none completed it (network or NCCL level)",
     "desync": "DESYNC: {ranks} issued a different collective than the others at the same sequence number",
     "dead_rank": "DEAD RANK: the process of {ranks} is gone",
-    "step_error": "STEP FAILED: {ranks} raised an error in a step (no collective was left pending)",
+    "step_error": "FAILED: {ranks} raised an error, and no collective was left pending",
     "slow": "SLOW, NOT HUNG: every rank is progressing; slowest: {ranks}",
     "capture_stopped": "CAPTURE STOPPED on {ranks}: no problem found in what was recorded, but nothing after it was",
     "incomplete": "INCOMPLETE: nothing of {ranks} could be read; the other ranks show no problem",

@@ -38,7 +38,15 @@ from diag.trace.loader import (
 from diag.trace.manifest import CaptureStopped, Manifest
 from diag.trace.mesh import MeshLayout, dimension_of
 from diag.trace.records import HangDump, Heartbeat
-from diag.trace.schema import FATAL_STACKS_FILE, FR_DUMP_FILE, MAX_RANK, SCALAR_TYPES, TABLES, hang_dump_number
+from diag.trace.schema import (
+    FATAL_STACKS_FILE,
+    FR_DUMP_FILE,
+    MAX_RANK,
+    SCALAR_TYPES,
+    TABLES,
+    earlier_heartbeat_number,
+    hang_dump_number,
+)
 from diag.triage import debug_server, fr_checks, nccl_ras
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 from diag.triage.summary import heartbeat_ops, judged_by_heartbeat
@@ -90,6 +98,9 @@ class RankInfo:
     judged_by_heartbeat: bool = False  # its tables were not read: its heartbeat said enough (summary.py)
     ras: str | None = None  # what NCCL RAS says of it: dead or unreachable (nccl_ras.py)
     ras_dead: bool = False  # NCCL RAS considers its process dead
+    # the attempt before the latest in this directory (a restarted job): its last heartbeat (kept by the
+    # restart) and the dumps it wrote, as a RankInfo of their own; None when the rank ran once
+    earlier: RankInfo | None = None
 
 
 @dataclass
@@ -215,7 +226,7 @@ def read_diag_trace(
     skipped = list(trace.skipped)
     ops = _diag_ops(trace.collectives)
     ops = _with_heartbeat_ops(ops, {rank: beats[rank] for rank in sorted(judged)})
-    ops = _add_pending_from_dumps(ops, ranks)
+    ops = _add_pending_from_dumps(ops, ranks, _attempt_starts(trace.manifests))
     ops = _with_fr_dumps(ops, rank_dirs, skipped, _pg_ranks_from_manifests(trace, trace.world_size or 0))
     world_size = trace.world_size or (max(ranks) + 1 if ranks else 0)
     for rank in trace.ranks_missing:
@@ -256,9 +267,7 @@ def read_diag_trace(
         errors=recorded_errors(trace.events),
         phase_at=phase_at,
         mesh=MeshLayout.from_manifests(trace.manifests),
-        attempt_start_us={
-            rank: float(m.start_time_us) for rank, m in trace.manifests.items() if m.start_time_us is not None
-        },
+        attempt_start_us=_attempt_starts(trace.manifests),
     )
 
 
@@ -281,7 +290,8 @@ def input_from_trace(trace) -> TriageInput:
     for rank in trace.ranks_found:
         manifest = trace.manifest(rank) or Manifest(rank)
         rank_dir = rank_dirs.get(rank)
-        info = _dump_info(rank, rank_dir, _listing(rank_dir, [])) if rank_dir is not None else RankInfo(rank)
+        listing = _listing(rank_dir, []) if rank_dir is not None else []
+        info = _dump_info(rank, rank_dir, listing, manifest.start_time_us) if rank_dir is not None else RankInfo(rank)
         info.heartbeat, info.finished, info.host = beats.get(rank), manifest.finished, manifest.host
         info.pid, info.backend, info.capture_stopped = manifest.pid, manifest.backend, manifest.capture_stopped
         info.gpu = _gpu_name(manifest)
@@ -293,7 +303,8 @@ def input_from_trace(trace) -> TriageInput:
     skipped = list(trace.skipped)
     found = {rank: rank_dirs[rank] for rank in trace.ranks_found if rank in rank_dirs}
     trace_groups = _pg_ranks_from_manifests(trace, world_size)
-    ops = _with_fr_dumps(_add_pending_from_dumps(_diag_ops(collectives), ranks), found, skipped, trace_groups)
+    ops = _add_pending_from_dumps(_diag_ops(collectives), ranks, _attempt_starts(trace.manifests))
+    ops = _with_fr_dumps(ops, found, skipped, trace_groups)
     data = TriageInput(
         Path(trace.path) if trace.path is not None else None,
         "diag",
@@ -305,11 +316,14 @@ def input_from_trace(trace) -> TriageInput:
         steps,
         errors=recorded_errors(trace.events),
         mesh=MeshLayout.from_manifests(trace.manifests),
-        attempt_start_us={
-            rank: float(m.start_time_us) for rank, m in trace.manifests.items() if m.start_time_us is not None
-        },
+        attempt_start_us=_attempt_starts(trace.manifests),
     )
     return with_nccl_ras(data) if rank_dirs else data
+
+
+def _attempt_starts(manifests: dict[int, Manifest]) -> dict[int, float]:
+    """rank -> when its latest diag.init ran (its manifest's start)."""
+    return {rank: float(m.start_time_us) for rank, m in manifests.items() if m.start_time_us is not None}
 
 
 def _present(value) -> bool:
@@ -495,8 +509,8 @@ def _read_in_workers(path: Path, rank_dirs: dict[int, Path], rows: int, use_hear
 
 def _judged(sides: dict, use_heartbeats: bool) -> set[int]:
     """The ranks judged from their heartbeats (``sides``: ``{rank: (side read, dump info, heartbeat)}``)."""
-    if not use_heartbeats:
-        return set()
+    if not use_heartbeats or any(side[1].earlier is not None for side in sides.values()):
+        return set()  # a restarted job: an earlier attempt is judged from its rows, which no heartbeat holds
     beats = {rank: side[2] for rank, side in sides.items()}
     return judged_by_heartbeat(beats, {rank for rank, side in sides.items() if side[1].stalls})
 
@@ -506,7 +520,9 @@ def _read_rank_side(reader: TraceReader, rank: int, rank_dir: Path):
     dumps, its heartbeat)."""
     read = list(reader._read_rank(rank, rank_dir))
     names = _listing(rank_dir, [])  # unreadable: _read_rank said so
-    return read, names, _dump_info(rank, rank_dir, names), Heartbeat.from_json(read[1])
+    started_us = (read[0] or {}).get("start_time_us")
+    info = _dump_info(rank, rank_dir, names, started_us if isinstance(started_us, int) else None)
+    return read, names, info, Heartbeat.from_json(read[1])
 
 
 def _read_rank_tables(reader: TraceReader, rank: int, rank_dir: Path, names: list[str], rows: int, copy: bool = True):
@@ -557,15 +573,40 @@ def _with_heartbeat_ops(ops: pd.DataFrame, heartbeats: dict[int, Heartbeat]) -> 
     return frame if ops.empty else pd.concat([ops, frame], ignore_index=True)
 
 
-def _dump_info(rank: int, rank_dir: Path, names: list[str]) -> RankInfo:
+def _dump_info(rank: int, rank_dir: Path, names: list[str], started_us: int | None = None) -> RankInfo:
     """What the rank's hang dumps and fatal-signal stacks say (``names``: its directory's listing); the
-    heartbeat and manifest fields are filled in by the caller."""
+    heartbeat and manifest fields are filled in by the caller. ``started_us``: when the latest attempt's
+    diag.init ran (its manifest's start): the dumps written before it, and the heartbeat a restart kept, are
+    the earlier attempt's (``RankInfo.earlier``)."""
     info = RankInfo(rank)
     numbered = ((hang_dump_number(name), rank_dir / name) for name in names)
     dumps = sorted((number, p) for number, p in numbered if number is not None)
     info.dumps = len(dumps)
-    for _number, dump_path in reversed(dumps[-MAX_DUMPS_READ:]):
-        dump = HangDump.from_json(_read_json(dump_path))
+    read = [(path, HangDump.from_json(_read_json(path))) for _, path in dumps[-MAX_DUMPS_READ:]]
+    earlier_beat = _earlier_heartbeat(rank_dir, names)
+    if started_us is not None:
+        before = [(path, dump) for path, dump in read if dump is not None and (dump.time_us or 0) < started_us]
+        if before or earlier_beat is not None:
+            info.earlier = _with_dumps(RankInfo(rank, heartbeat=earlier_beat), before)
+            info.earlier.dumps = len(before)
+            earlier_paths = {path for path, _ in before}
+            read = [(path, dump) for path, dump in read if path not in earlier_paths]
+    _with_dumps(info, read)
+    fatal = rank_dir / FATAL_STACKS_FILE
+    with contextlib.suppress(OSError):  # absent, or a FIFO/device planted under the name
+        info.fatal_stacks = read_file_bytes(fatal)[:20000].decode("utf-8", "replace") or None
+    return info
+
+
+def _earlier_heartbeat(rank_dir: Path, names: list[str]) -> Heartbeat | None:
+    """The last heartbeat of the attempt before the latest, kept by the restart (the highest numbered)."""
+    kept = sorted((n, name) for name in names if (n := earlier_heartbeat_number(name)) is not None)
+    return Heartbeat.from_json(_read_json(rank_dir / kept[-1][1])) if kept else None
+
+
+def _with_dumps(info: RankInfo, dumps: list[tuple[Path, HangDump | None]]) -> RankInfo:
+    """``info`` with what its hang dumps (oldest first) say: its stalls, the latest stall and signal dumps."""
+    for _path, dump in reversed(dumps):
         if dump is None:
             continue
         reason = dump.reason or ""
@@ -576,9 +617,6 @@ def _dump_info(rank: int, rank_dir: Path, names: list[str]) -> RankInfo:
             info.first_stall_us = float(dump.time_us) if dump.time_us else info.first_stall_us
         if info.stall_dump is None and reason.startswith(("stall", "signal")) and dump.main_frames():
             info.stall_dump = dump
-    fatal = rank_dir / FATAL_STACKS_FILE
-    with contextlib.suppress(OSError):  # absent, or a FIFO/device planted under the name
-        info.fatal_stacks = read_file_bytes(fatal)[:20000].decode("utf-8", "replace") or None
     return info
 
 
@@ -605,40 +643,54 @@ def _diag_ops(collectives: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _add_pending_from_dumps(ops: pd.DataFrame, ranks: dict[int, RankInfo]) -> pd.DataFrame:
-    """Collectives pending in the latest dump or heartbeat: a rank stuck in one never writes its row."""
+def _add_pending_from_dumps(
+    ops: pd.DataFrame, ranks: dict[int, RankInfo], started_us: dict[int, float] | None = None
+) -> pd.DataFrame:
+    """Collectives pending in the latest dump or heartbeat of each attempt: a rank stuck in one never writes its
+    row. ``started_us``: when each rank's latest attempt started; a restart numbers its collectives from the
+    start again, so an earlier attempt's pending op is never the same op as the restart's at that seq."""
     rows = []
     for rank, info in ranks.items():
-        pending = []
-        for source in (info.stall_dump, info.last_dump, info.heartbeat):
-            if source and source.pending:
-                pending = source.pending
-                break
-        for p in pending:
-            if p.peer is None and p.seq is not None and p.seq >= 0:
-                rows.append(
-                    {
-                        "rank": rank,
-                        "pg": str(p.pg),
-                        "seq": p.seq,
-                        "op": str(p.op),
-                        "bytes": p.bytes or 0,
-                        "dtype": p.dtype or "",
-                        "sizes": f"{p.bytes or 0} B",
-                        "completed": False,
-                        "start_us": float(p.start_us or 0),
-                        "step": p.step if p.step is not None else -1,
-                        "call_site": "",
-                        "source": "diag-dump",
-                        "shape": "",
-                    }
-                )
+        for attempt in (info, info.earlier):
+            if attempt is not None:
+                rows += _pending_rows(rank, attempt)
     if not rows:
         return ops
     combined = pd.concat([ops, pd.DataFrame(rows, columns=OPS_COLUMNS)], ignore_index=True)
     # a row written at completion wins over the same op seen pending earlier
     combined = combined.sort_values("completed", ascending=False, kind="stable")
-    return _one_row_per_op(combined).reset_index(drop=True)
+    started = combined["rank"].map(started_us or {}).astype("float64")
+    latest = combined.assign(_latest=~(combined["start_us"].astype("float64") < started))
+    return _one_row_per_op(latest, also=["_latest"]).drop(columns="_latest").reset_index(drop=True)
+
+
+def _pending_rows(rank: int, info: RankInfo) -> list[dict]:
+    """The ops rows of what one attempt's latest stall dump, dump or heartbeat shows pending."""
+    pending, rows = [], []
+    for source in (info.stall_dump, info.last_dump, info.heartbeat):
+        if source and source.pending:
+            pending = source.pending
+            break
+    for p in pending:
+        if p.peer is None and p.seq is not None and p.seq >= 0:
+            rows.append(
+                {
+                    "rank": rank,
+                    "pg": str(p.pg),
+                    "seq": p.seq,
+                    "op": str(p.op),
+                    "bytes": p.bytes or 0,
+                    "dtype": p.dtype or "",
+                    "sizes": f"{p.bytes or 0} B",
+                    "completed": False,
+                    "start_us": float(p.start_us or 0),
+                    "step": p.step if p.step is not None else -1,
+                    "call_site": "",
+                    "source": "diag-dump",
+                    "shape": "",
+                }
+            )
+    return rows
 
 
 def _merge_fr(ops: pd.DataFrame, fr_frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -830,11 +882,11 @@ def is_p2p(frame: pd.DataFrame) -> pd.Series:
     return frame["op"].astype(str).isin(P2P_OPS)
 
 
-def _one_row_per_op(frame: pd.DataFrame, keep: str = "first") -> pd.DataFrame:
-    """One row per rank and (group, seq), counted apart for sends and receives (``is_p2p``)."""
-    return (
-        frame.assign(_p2p=is_p2p(frame)).drop_duplicates(["rank", "pg", "seq", "_p2p"], keep=keep).drop(columns="_p2p")
-    )
+def _one_row_per_op(frame: pd.DataFrame, keep: str = "first", also: list[str] | None = None) -> pd.DataFrame:
+    """One row per rank and (group, seq), counted apart for sends and receives (``is_p2p``) and by the columns
+    ``also``."""
+    keys = ["rank", "pg", "seq", "_p2p", *(also or [])]
+    return frame.assign(_p2p=is_p2p(frame)).drop_duplicates(keys, keep=keep).drop(columns="_p2p")
 
 
 def _group_state(group) -> str:

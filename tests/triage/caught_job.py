@@ -14,6 +14,10 @@ others time out in the gradient all_reduce, and the bad rank then fails on the c
   stopped    as ``caught``, but the bad rank does not compute: it writes ``ready`` and the driver SIGSTOPs it
              inside the step, then SIGCONTs it after the others' timeout
   trainer    ``diag.Trainer(...).fit`` inside ``try/except`` (the Trainer finishes the session it opened)
+  killed     as ``propagate``, but the bad rank writes ``ready`` inside its compute, where the driver SIGKILLs it
+             and then stops the others with SIGTERM, as torchrun does when a worker dies
+  hung       as ``killed``, but the driver waits until the others' watchdogs saw the stall, then stops every
+             rank with SIGTERM before any timeout (a launcher or an operator giving up on a hung job)
 Under torchrun, an attempt after a restart (TORCHELASTIC_RESTART_COUNT > 0) has no slow rank and finishes.
 """
 
@@ -65,6 +69,9 @@ def train_step(model, optimizer, batch, rank: int, step: int, shape: str, trace_
             if shape == "stopped":
                 mark(trace_dir, "ready")  # the driver SIGSTOPs this process here
                 busy_compute(1.0)
+            elif shape in ("killed", "hung"):
+                mark(trace_dir, "ready")  # the driver ends this process in here
+                busy_compute(PG_TIMEOUT_S + LATE_MARGIN_S)
             else:
                 busy_compute(PG_TIMEOUT_S + LATE_MARGIN_S)
         loss = model(batch).pow(2).mean()
@@ -145,7 +152,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     diag.instrument(model, optimizer)
     dist.barrier()  # every rank set up before the first step, however late a loaded box started it
-    if shape in ("propagate", "continue"):
+    if shape in ("propagate", "continue", "killed", "hung"):
         loop(model, optimizer, rank, shape, trace_dir, group)
         diag.finish()
     elif shape == "finally":

@@ -18,12 +18,15 @@ Run one process per rank (``run_job`` in conftest.py does): RANK, WORLD_SIZE, MA
             HANG_JOB_SECOND_PORT: the launcher's store holds the first group's keys), as an elastic job does;
             the new default group's numbering starts again and diag names it "0@1", Flight Recorder "0".
             In step 4 rank 1 blocks in its data loader: the others wait in the new group's all_reduce
+  reinit    as regroup, but rank 0's re-initialisation raises (another process holds the new group's port) and
+            ends it; the others wait for its store outside any collective until they time out or are stopped
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import socket
 import sys
 import threading
 import time
@@ -80,11 +83,14 @@ def sync_gradients(model, rank: int, step: int, scenario: str, side_group=None) 
         time.sleep(3600)
 
 
-def regroup() -> None:
+def regroup(scenario: str) -> None:
     """End every process group and make the default group again, as an elastic job's re-initialisation does."""
     rank, world = dist.get_rank(), dist.get_world_size()
     dist.destroy_process_group()
     address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if scenario == "reinit" and rank == 0:  # the store's port taken: its server cannot bind
+        taken = socket.socket()
+        taken.bind(("", int(os.environ["HANG_JOB_SECOND_PORT"])))
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{address}:{os.environ['HANG_JOB_SECOND_PORT']}",
@@ -116,8 +122,8 @@ def main() -> None:
                 sync_gradients(model, rank, step, scenario, side_group)
             optimizer.step()
             optimizer.zero_grad()
-        if scenario == "regroup" and step == REGROUP_AFTER_STEP:
-            regroup()
+        if scenario in ("regroup", "reinit") and step == REGROUP_AFTER_STEP:
+            regroup(scenario)
     diag.finish()
     dist.destroy_process_group()
     print(f"rank {rank} finished", flush=True)

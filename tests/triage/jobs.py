@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -26,11 +27,13 @@ FR_PREFIX = "fr_trace_"
 def run_scenario(scenario: str, out_dir: Path, world_size: int = WORLD_SIZE) -> Path:
     """Run one scenario to its end and return the trace directory; no process outlives this call."""
     trace_dir = out_dir / "trace"
+    master_port, second_port = distinct_free_ports(2)
     env = {
         "TORCH_FR_BUFFER_SIZE": "2000",
         "HANG_JOB_PG_TIMEOUT_S": str(PG_TIMEOUT_S),
         "HANG_JOB_THRESHOLD_S": str(HANG_THRESHOLD_S),
-        "HANG_JOB_SECOND_PORT": str(free_port()),  # the regroup scenario's second default group
+        "MASTER_PORT": str(master_port),
+        "HANG_JOB_SECOND_PORT": str(second_port),  # the regroup scenario's second default group
     }
     procs = start_ranks([str(HANG_JOB), scenario, str(trace_dir)], world_size, env)
     try:
@@ -38,6 +41,16 @@ def run_scenario(scenario: str, out_dir: Path, world_size: int = WORLD_SIZE) -> 
     finally:
         _end_all(procs)
     return trace_dir
+
+
+def distinct_free_ports(count: int) -> list[int]:
+    """Ports free now and different from each other: each bound until all are chosen (ports chosen one at a
+    time can repeat, and a job whose two stores share a port fails to re-initialise)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 def free_port() -> int:

@@ -97,6 +97,41 @@ def run_two_attempts(trace_dir: Path, world_size: int, bad_rank: int) -> list[in
     return run_job("propagate", trace_dir, world_size, bad_rank, {"TORCHELASTIC_RESTART_COUNT": "1"})
 
 
+def run_ended_attempt_then_restart(shape: str, trace_dir: Path, world_size: int, bad_rank: int) -> list[int | None]:
+    """A first attempt ended from outside, then a healthy restart into the same directory. ``killed``: the bad
+    rank is SIGKILLed inside its compute and the others are stopped with SIGTERM a moment later, as torchrun
+    stops the survivors of a dead worker. ``hung``: the others wait in the step's all_reduce (a long timeout)
+    until their watchdogs saw the stall, then every rank is stopped with SIGTERM: no error was ever raised."""
+    env = {"CAUGHT_BAD_RANK": str(bad_rank), "CAUGHT_PG_TIMEOUT_S": "60"}
+    procs = start_ranks([str(CAUGHT_JOB), shape, str(trace_dir)], world_size, env)
+    others = [p for r, p in enumerate(procs) if r != bad_rank]
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    try:
+        while not (trace_dir / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (trace_dir / "ready").exists(), "the bad rank never reached its step"
+        time.sleep(0.3)  # inside its compute
+        if shape == "killed":
+            procs[bad_rank].send_signal(signal.SIGKILL)
+            time.sleep(1.0)
+        else:
+            waiting = [trace_dir / f"rank{r:05d}" for r in range(world_size) if r != bad_rank]
+            while not all(any(d.glob("hang_dump_*.json")) for d in waiting) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            others = procs
+        for proc in others:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+    (trace_dir / "ready").unlink()
+    return run_job("propagate", trace_dir, world_size, bad_rank, {"TORCHELASTIC_RESTART_COUNT": "1"})
+
+
 def diag_analyze_json(path: Path) -> dict:
     result = subprocess.run(
         [sys.executable, "-m", "diag", "analyze", str(path), "--format", "json", "--no-cache", "--fail-on", "never"],
@@ -120,6 +155,8 @@ def jobs(tmp_path_factory):
             trace.mkdir()
             if shape == "restart":
                 codes = run_two_attempts(trace, world_size, bad_rank)
+            elif shape in ("killed", "hung"):
+                codes = run_ended_attempt_then_restart(shape, trace, world_size, bad_rank)
             else:
                 codes = run_job(shape, trace, world_size, bad_rank)
             cache[key] = (trace, codes)
@@ -252,3 +289,30 @@ def test_restart_into_the_same_directory_does_not_hide_the_failed_attempt(jobs):
     assert verdict["culprit_ranks"] == [1]
     assert verdict["collective"]["op"] == "all_reduce"
     assert any("2 attempts wrote into this directory" in line for line in verdict["evidence"])
+
+
+def test_rank_killed_in_an_attempt_a_restart_followed_is_named_dead(jobs):
+    """The restart's heartbeats replace the first attempt's: the rank SIGKILLed in it is known dead only from
+    the heartbeat the restart kept (it stopped beating while the others went on until their SIGTERM)."""
+    trace, codes = jobs("killed", 3, 1)
+    assert all(code in (0, None) for code in codes)  # the restart ran clean
+    assert (trace / "rank00001" / "heartbeat_attempt_001.json").exists()
+    verdict = diag_triage_json(trace)
+    assert verdict["attempts"] == 2
+    assert verdict["verdict"] == "dead_rank", verdict["evidence"]
+    assert verdict["culprit_ranks"] == [1]
+    assert verdict["ranks"]["1"]["state"] == "dead"
+    assert any("2 attempts wrote into this directory" in line for line in verdict["evidence"])
+
+
+def test_hang_stopped_by_signal_before_a_restart_is_named_from_its_own_attempt(jobs):
+    """No rank raised: the first attempt's hang is told from the clean restart only by its own heartbeats and
+    stall dumps, not read as a stall that cleared (slow) in a job that finished."""
+    trace, codes = jobs("hung", 3, 1)
+    assert all(code in (0, None) for code in codes)
+    verdict = diag_triage_json(trace)
+    assert verdict["attempts"] == 2
+    assert verdict["verdict"] == "missing_ranks", verdict["evidence"]
+    assert verdict["culprit_ranks"] == [1]
+    assert verdict["ranks"]["1"]["state"] == "stuck_in_compute", verdict["ranks"]["1"]
+    assert verdict["ranks"]["0"]["state"] == "waiting_in_collective"

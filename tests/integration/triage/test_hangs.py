@@ -264,6 +264,7 @@ JUDGED_BY_HEARTBEAT = {
     "loader": 3,
     "chain": 3,
     "regroup": 3,
+    "reinit": None,
     "healthy": 0,
     "slow": 0,
     "skip": None,
@@ -299,6 +300,19 @@ def test_worker_processes_read_the_same_as_one_process(runs, scenario, tmp_path)
     trace, _ = runs(scenario)
     assert_same_read(trace, 2)
     assert_same_read(_without_heartbeat_groups(trace, tmp_path / "old"), 2)
+
+
+def test_rank_whose_reinitialisation_raised_outside_a_step_is_the_failure(runs):
+    """Rank 0's re-initialisation raises between steps (the new store's port is taken) and ends it; the others
+    wait for its store, outside any collective, until they time out or are stopped. Nothing is pending, no step
+    raised: the exception that ended rank 0 is the failure, not "no problem"."""
+    trace, _ = runs("reinit")
+    verdict = diag_triage_json(trace)
+    assert verdict["verdict"] == "step_error", verdict["evidence"]
+    assert verdict["culprit_ranks"] == [0]
+    assert verdict["action"] == "fix_code"
+    assert "EADDRINUSE" in verdict["evidence"][0] and "outside any step" in verdict["evidence"][0]
+    assert verdict["ranks"]["0"]["state"] == "exited"
 
 
 def test_regrouped_default_group_is_named_once_across_diag_and_flight_recorder(runs):
