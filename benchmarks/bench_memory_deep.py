@@ -64,7 +64,7 @@ def run_session(trace_dir: str, steps: int, deep: bool, device: str = "cpu") -> 
 
 
 def unchosen_step_checks_ns(iterations: int) -> float:
-    """ns for on_step_begin + on_step_end of a step outside the chosen ones (the mode configured, not recording)."""
+    """ns for step_begin + step_end of a step outside the chosen ones (the mode configured, not recording)."""
     import torch
 
     from diag.capture.memory_deep import DeepMemory
@@ -72,8 +72,8 @@ def unchosen_step_checks_ns(iterations: int) -> float:
     deep = DeepMemory(None, torch.device("cpu"), None, 10**9, 1)
     start = time.perf_counter_ns()
     for step in range(iterations):
-        deep.on_step_begin(step)
-        deep.on_step_end(step)
+        deep.step_begin(step)
+        deep.step_end(step)
     return (time.perf_counter_ns() - start) / iterations
 
 

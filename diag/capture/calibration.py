@@ -28,6 +28,7 @@ import threading
 import time
 
 from diag._warn import warn_once
+from diag.capture.components import Component
 from diag.trace.schema import CALIBRATION
 
 DEFAULT_CALIBRATE_EVERY = 200  # steps between calibrations (also one at init and one at finish)
@@ -37,10 +38,13 @@ CUDA_SIZE = 4096  # CUDA: a 4096^2 bfloat16 matmul, ~137 GFLOP: well under a mil
 CUDA_REPEATS = 10
 
 
-class Calibrator:
+class Calibrator(Component):
     """Times the fixed workload on ``device`` and writes a ``calibration`` row. ``run`` never raises."""
 
-    def __init__(self, writer, device, nvml_handle_source=None):
+    def __init__(self, writer, device, nvml_handle_source=None, every: int = DEFAULT_CALIBRATE_EVERY):
+        self.every = every
+        self._steps_since = 0
+        self._last_step = -1  # the last completed step
         self.writer = writer
         self.device = device
         self._nvml_source = nvml_handle_source  # () -> (nvml module, handle) or None: the GPU's clocks
@@ -49,6 +53,19 @@ class Calibrator:
         self.last_cost_s = 0.0  # wall time of the last calibration, all included (its cost to the job)
         self.costs_s: list[float] = []  # every calibration's, in order (init's first)
         self._sched = SchedStats()
+
+    def step_recorded(self, step: int, completed: bool) -> None:
+        """Every ``every`` completed steps, after the step's row (never inside a step's timing)."""
+        if not completed:
+            return
+        self._last_step = step
+        self._steps_since += 1
+        if self._steps_since >= self.every:
+            self._steps_since = 0
+            self.run(step)
+
+    def stop(self) -> None:
+        self.run(self._last_step)
 
     def run(self, step: int) -> None:
         if not self.enabled:
@@ -135,6 +152,43 @@ class Calibrator:
 
         nvml, handle = source
         return read_clocks(nvml, handle)
+
+
+def start_calibration(session) -> Calibrator | None:
+    """Run once now (after the clock sync, so the ranks run it together), then every ``calibrate_every`` steps."""
+    every = session.config.calibrate_every if session.writer.enabled else 0
+    if not every:
+        session.capture_status["calibration"] = "off"
+        return None
+    cuda = session.device.type == "cuda"
+    calibrator = Calibrator(session.writer, session.device, _nvml_source(session) if cuda else None, every)
+    calibrator.run(-1)
+    session.capture_status["calibration"] = f"on: at init, every {every} steps and at finish"
+    return calibrator
+
+
+def _nvml_source(session):
+    """() -> (nvml, handle) of this rank's GPU for the clocks: the telemetry sampler's, else opened once here;
+    None without NVML (the calibration then has no clocks)."""
+    own = []
+
+    def source():
+        if session.telemetry is not None:
+            return session.telemetry.nvml, session.telemetry.handle
+        if not own:
+            own.append(None)
+            try:
+                from diag.capture.nvml import _handle_of
+                from diag.metrics.nvml import open_nvml
+
+                nvml, _ = open_nvml()
+                if nvml is not None:
+                    own[0] = (nvml, _handle_of(nvml, session.device)[0])
+            except Exception:  # noqa: BLE001 - no clocks, the timing itself still counts
+                own[0] = None
+        return own[0]
+
+    return source
 
 
 class SchedStats:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from diag._warn import warn_once
 from diag.capture import torch_private
+from diag.capture.components import Component
 from diag.capture.flight_recorder import FlightRecorderFollower
 from diag.trace.schema import COLLECTIVES
 
@@ -86,7 +87,7 @@ class PendingCollective:
         return {k: getattr(self, k) for k in ("seq", "op", "bytes", "dtype", "step", "start_us")}
 
 
-class CollectiveRecorder:
+class CollectiveRecorder(Component):
     """Turns issued collectives into ``collectives`` rows and keeps those still pending (for hang dumps)."""
 
     def __init__(self, session):
@@ -232,6 +233,13 @@ class CollectiveRecorder:
             entry = self._pending.pop(token, None)
             if entry is not None:
                 self._write(entry, None)
+
+    def stop(self) -> None:
+        if active_recorder() is self:
+            activate(None)
+        self.flush_pending()
+        if default_backend() is not None:
+            self.flight_recorder.stop()
 
     def _write(self, entry: PendingCollective, duration_us: float | None) -> None:
         self.session.writer.append(
@@ -397,6 +405,28 @@ def _size_of(tensors) -> tuple[int, str]:
 
 def _dtype_name(tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
+
+
+def start_recorder(session) -> CollectiveRecorder | None:
+    if not (session.config.collectives and session.writer.enabled):
+        session.capture_status["collectives"] = "off"
+        return None
+    recorder = CollectiveRecorder(session)
+    install_wrappers()
+    activate(recorder)
+    recorder.flight_recorder.start()  # C++-issued collectives (DDP buckets, DTensor) from the first step
+    session.capture_status["collectives"] = "on: torch.distributed calls; C++-issued ones from Flight Recorder"
+    return recorder
+
+
+def default_backend() -> str | None:
+    """The default process group's backend, or None before ``init_process_group`` (and after its destruction)."""
+    try:
+        import torch.distributed as dist
+
+        return str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else None
+    except Exception:
+        return None
 
 
 def backend_of(group) -> str:

@@ -7,6 +7,7 @@ import resource
 import time
 
 from diag.capture import torch_private
+from diag.capture.components import Component
 from diag.capture.memory_categories import MemoryCategories
 from diag.trace.schema import MEMORY
 
@@ -29,7 +30,7 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-class MemorySampler:
+class MemorySampler(Component):
     """Reads memory at the end of each step; on CUDA resets the peaks so each row's peak is its step's.
 
     RSS is read at most every ``RSS_INTERVAL_NS`` and a row carries the latest reading: it moves slowly, and
@@ -38,11 +39,15 @@ class MemorySampler:
 
     RSS_INTERVAL_NS = 100_000_000
 
-    def __init__(self, device):
+    def __init__(self, device, writer=None):
+        self.writer = writer
         self.cuda_device = device if getattr(device, "type", None) == "cuda" else None
         self.categories = MemoryCategories(device)
         self._rss = 0
         self._rss_read_ns = -self.RSS_INTERVAL_NS
+
+    def step_recorded(self, step: int, completed: bool) -> None:
+        self.writer.append("memory", self.sample(step))
 
     def sample(self, step: int) -> tuple:
         stats = {}
@@ -78,6 +83,12 @@ class MemorySampler:
         import torch
 
         return torch.cuda.memory_summary(self.cuda_device)
+
+
+def start_memory(session) -> MemorySampler | None:
+    enabled = session.config.memory and session.writer.enabled
+    session.capture_status["memory"] = "on" if enabled else "off"
+    return MemorySampler(session.device, session.writer) if enabled else None
 
 
 def _allocator_stats(torch, device, detailed: bool = False) -> dict:

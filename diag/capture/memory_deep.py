@@ -23,6 +23,7 @@ import json
 import time
 
 from diag._warn import warn_once
+from diag.capture.components import Component
 from diag.trace.schema import MEMORY_DEEP_FILE, MEMORY_DEEP_FORMAT
 
 MAX_DEEP_STEPS = 10  # "a few steps": each tracked step runs several times slower
@@ -61,7 +62,7 @@ def deep_steps_problem(value) -> str | None:
     return f"memory_deep_steps must be (first step >= 0, count 1-{MAX_DEEP_STEPS}) or None, not {value!r}"
 
 
-class DeepMemory:
+class DeepMemory(Component):
     """Records steps ``first`` .. ``first + count - 1`` and writes ``memory_deep.json`` after the last one (or at
     a failed step, or at ``diag.finish``). ``categories``: the instrumented model and optimizer, whose parameters,
     gradients and optimizer state existed before the step and are told to the module tracker."""
@@ -84,7 +85,7 @@ class DeepMemory:
         return not self.done and step is not None and self.first <= step <= self.last
 
     # -- the training thread's two calls ---------------------------------------------------------------------
-    def on_step_begin(self, step: int | None) -> None:
+    def step_begin(self, step: int | None) -> None:
         """Last thing before the user's step runs: anything diag does after this would be tracked too."""
         if not self.wants(step):
             return
@@ -101,7 +102,7 @@ class DeepMemory:
             self._tracker = None
             self._give_up(exc)
 
-    def on_step_end(self, step: int | None, failed: bool = False) -> None:
+    def step_end(self, step: int | None, completed: bool = True) -> None:
         """First thing after the user's step: the tracker leaves before diag's own end-of-step work."""
         tracker, self._tracker = self._tracker, None
         if tracker is None:  # not a chosen step (or the mode is off): nothing else to pay
@@ -111,7 +112,7 @@ class DeepMemory:
             self._windows_us[step] = (self._step_start_us, time.time_ns() // 1000)
             if tracker.failed is None:
                 self._step_results.append(tracker.result(step))
-            if failed or step >= self.last:
+            if not completed or step >= self.last:
                 self.finish()
         except Exception as exc:
             self._give_up(exc)
@@ -129,6 +130,8 @@ class DeepMemory:
             self.writer.write_text(MEMORY_DEEP_FILE, json.dumps(self.payload(allocations), separators=(",", ":")))
         except Exception as exc:
             self._give_up(exc)
+
+    stop = finish  # diag.finish: the last chosen step never came, write what was recorded
 
     def payload(self, allocations: dict | None) -> dict:
         peak = max(self._step_results, key=lambda r: r["peak_bytes"], default=None)
@@ -152,6 +155,22 @@ class DeepMemory:
         if history is not None:
             with contextlib.suppress(Exception):
                 history.stop()
+
+
+def start_memory_deep(session) -> DeepMemory | None:
+    """The opt-in mode, for the steps of ``memory_deep_steps`` (None: off, and its status not in the manifest)."""
+    steps = session.config.memory_deep_steps if session.writer.enabled else None
+    if steps is None:
+        return None
+    try:
+        categories = session.memory.categories if session.memory is not None else None
+        deep = DeepMemory(session.writer, session.device, categories, *steps)
+    except Exception as exc:  # the rest of capture goes on without it
+        warn_once("memory-deep", f"the deep memory mode could not start ({exc!r}); it is off")
+        session.capture_status["memory_deep"] = f"off: could not start ({exc!r})"
+        return None
+    session.capture_status["memory_deep"] = deep.status
+    return deep
 
 
 def _trackable(categories) -> list:

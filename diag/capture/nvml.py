@@ -9,6 +9,7 @@ import os
 import threading
 
 from diag._warn import warn_once
+from diag.capture.components import Component
 from diag.metrics.nvml import XidEvents, decode_sample, read_sample
 
 log = logging.getLogger("diag")
@@ -16,7 +17,7 @@ log = logging.getLogger("diag")
 _MAX_CONSECUTIVE_FAILURES = 5
 
 
-class TelemetrySampler:
+class TelemetrySampler(Component):
     """Samples one GPU every ``interval_s`` on a daemon thread; stops with one warning if NVML fails."""
 
     def __init__(self, writer, nvml, handle, gpu_index: int, interval_s: float):
@@ -56,7 +57,20 @@ class TelemetrySampler:
             self._stop.wait(self.interval_s)
 
 
-def start_telemetry(writer, cuda_device, interval_s: float) -> tuple[TelemetrySampler | None, str]:
+def start_telemetry(session) -> TelemetrySampler | None:
+    """Sample the rank's GPU, when the ``telemetry`` option is on; what happened in the capture status."""
+    if not (session.config.telemetry and session.writer.enabled):
+        session.capture_status["telemetry"] = "off"
+        return None
+    cuda_device = session.device if session.device.type == "cuda" else None
+    sampler, status = _start_sampler(session.writer, cuda_device, session.config.telemetry_interval_s)
+    session.capture_status["telemetry"] = status
+    if sampler is None and session.identity.local_rank == 0:
+        log.warning("diag: GPU telemetry %s", status)
+    return sampler
+
+
+def _start_sampler(writer, cuda_device, interval_s: float) -> tuple[TelemetrySampler | None, str]:
     """Start sampling the GPU behind ``cuda_device``. Returns (sampler or None, what happened, in words)."""
     if cuda_device is None:
         return None, "off: no CUDA device in this process"

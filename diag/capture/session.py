@@ -6,7 +6,6 @@ diag is one warning and the training loop goes on untouched. The user's own exce
 
 from __future__ import annotations
 
-import logging
 import os
 import platform
 import sys
@@ -18,17 +17,36 @@ from pathlib import Path
 from diag import readiness
 from diag._warn import warn_once
 from diag.capture import collectives, torch_private
-from diag.capture.calibration import CORE_WAIT
+from diag.capture.calibration import CORE_WAIT, start_calibration
+from diag.capture.components import HOOKS, hooks_of
 from diag.capture.config import CaptureConfig
 from diag.capture.device_timer import host_value
 from diag.capture.flight_recorder import StepSpans
 from diag.capture.identity import RankIdentity, detect_identity
-from diag.capture.memory import MemorySampler, is_out_of_memory
+from diag.capture.memory import is_out_of_memory, start_memory
+from diag.capture.memory_deep import start_memory_deep
+from diag.capture.nvml import start_telemetry
 from diag.capture.nvtx import start_nvtx
+from diag.capture.watchdog import start_watchdog
 from diag.trace.schema import PHASES, STEPS, rank_dir_name
 from diag.trace.writer import RankWriter
 
-log = logging.getLogger("diag")
+# The capture components (diag/capture/components.py): the session's attribute for each (None when off) and the
+# function that starts it. They start in this order and their hooks run in it, the end hooks (step_end,
+# phase_end, stop) in reverse: the component begun last ends first.
+COMPONENTS = (
+    ("nvtx", start_nvtx),
+    ("memory", start_memory),
+    ("recorder", collectives.start_recorder),
+    ("telemetry", start_telemetry),
+    # after the recorder: its first heartbeat says whether collectives are recorded; it stops before the recorder
+    ("watchdog", start_watchdog),
+    # after telemetry, whose NVML handle reads its clocks, and memory, whose row is taken before it runs
+    ("calibrator", start_calibration),
+    # last (and after memory, whose categories it tracks): last at step begin, what diag does before it would be
+    # tracked too; first at step end, diag's own end-of-step work is not the step's memory; first to stop
+    ("memory_deep", start_memory_deep),
+)
 
 
 class Session:
@@ -85,8 +103,6 @@ class Session:
         self._replica_params: list = []  # parameters of the instrumented DDP model: identical on its replicas
         self._step_values: dict = {}  # loss, grad_norm given for the step in progress (diag.record)
         self.step_spans = StepSpans()
-        self.nvtx = start_nvtx(config.nvtx)  # None when off: one test per step and phase boundary
-        self.capture_status["nvtx"] = "on" if self.nvtx else "off: this torch has no NVTX" if config.nvtx else "off"
 
         self.manifest = self._base_manifest(config)
         if config.model_shape:
@@ -94,10 +110,7 @@ class Session:
         # Without a writable trace directory (already warned about) nothing else is worth starting, but the
         # clock sync still runs: it is a collective the other ranks are waiting in.
         writing = self.writer.enabled
-        self.memory = self._start_memory(config.memory and writing)
-        self.memory_deep = self._start_memory_deep(config.memory_deep_steps if writing else None)
         self.device_timer = self._make_device_timer()
-        self.recorder = self._start_collectives(config.collectives and writing)
         self._sync_clocks(config.clock_sync)
         self.metrics = self._start_metrics(config.prometheus_port if writing else None, config.prometheus_addr)
         self.loggers = (
@@ -105,13 +118,8 @@ class Session:
         )
         if self.loggers:  # set once the list exists: the writer's thread may flush at any moment
             self.writer.row_observer = self._observe_rows
-        self.telemetry = self._start_telemetry(config.telemetry and writing, config.telemetry_interval_s)
-        self.watchdog = self._start_watchdog(
-            config.watchdog and writing, config.hang_threshold_s, config.heartbeat_interval_s
-        )
-        self._calibrate_every = config.calibrate_every
-        self._steps_since_calibration = 0
-        self.calibrator = self._start_calibration(config.calibrate_every if writing else 0)
+        self.components = self._start_components()  # after the clock sync: the calibration runs on every rank at once
+        self._on = {hook: hooks_of(self.components, hook) for hook in HOOKS}
         self.manifest["hang_settings"] = self._hang_settings
         self._check_readiness()
         self.manifest["capture"] = self.capture_status
@@ -166,7 +174,7 @@ class Session:
             "pid": ident.pid,
             "launcher": ident.launcher,
             "job": ident.job.to_manifest() if ident.job else None,
-            "backend": _backend(),
+            "backend": collectives.default_backend(),
             "device": str(self.device),
             "device_name": torch.cuda.get_device_name(cuda) if cuda is not None else platform.processor() or "cpu",
             "gpu_index": cuda.index if cuda is not None else None,
@@ -193,25 +201,21 @@ class Session:
 
         self.capture_status["nccl_log"] = start_nccl_log(self.writer.rank_dir) if enabled else "off"
 
-    def _start_memory(self, enabled: bool) -> MemorySampler | None:
-        self.capture_status["memory"] = "on" if enabled else "off"
-        return MemorySampler(self.device) if enabled else None
-
-    def _start_memory_deep(self, steps):
-        """The opt-in deep memory mode (None: off, and the steps pay one ``is None`` check)."""
-        from diag.capture.memory_deep import DeepMemory
-
-        if steps is None:
-            return None
-        try:
-            categories = self.memory.categories if self.memory is not None else None
-            deep = DeepMemory(self.writer, self.device, categories, *steps)
-        except Exception as exc:  # the rest of capture goes on without it
-            warn_once("memory-deep", f"the deep memory mode could not start ({exc!r}); it is off")
-            self.capture_status["memory_deep"] = f"off: could not start ({exc!r})"
-            return None
-        self.capture_status["memory_deep"] = deep.status
-        return deep
+    def _start_components(self) -> list:
+        """Each of ``COMPONENTS`` started, in order, as the attribute of its name; the list of those that are on."""
+        for name, _ in COMPONENTS:  # the watchdog's thread reads the others from its start
+            setattr(self, name, None)
+        started = []
+        for name, start in COMPONENTS:
+            try:
+                component = start(self)
+            except Exception as exc:  # the rest of capture goes on without it
+                warn_once(f"start-{name}", f"{name} could not start ({exc!r}); it is off")
+                continue
+            setattr(self, name, component)
+            if component is not None:
+                started.append((name, component))
+        return started
 
     def _make_device_timer(self):
         from diag.capture.device_timer import DeviceTimer, NoDeviceTimer
@@ -223,17 +227,6 @@ class Session:
             return timer
         self.capture_status["device_time"] = "off: no CUDA device"
         return NoDeviceTimer(self.writer)
-
-    def _start_collectives(self, enabled: bool):
-        if not enabled:
-            self.capture_status["collectives"] = "off"
-            return None
-        recorder = collectives.CollectiveRecorder(self)
-        collectives.install_wrappers()
-        collectives.activate(recorder)
-        recorder.flight_recorder.start()  # C++-issued collectives (DDP buckets, DTensor) from the first step
-        self.capture_status["collectives"] = "on: torch.distributed calls; C++-issued ones from Flight Recorder"
-        return recorder
 
     def _sync_clocks(self, enabled: bool) -> None:
         import torch.distributed as dist
@@ -277,71 +270,6 @@ class Session:
         for logger in self.loggers:
             logger.observe(table, rows)
 
-    def _start_telemetry(self, enabled: bool, interval_s: float):
-        if not enabled:
-            self.capture_status["telemetry"] = "off"
-            return None
-        from diag.capture.nvml import start_telemetry
-
-        sampler, status = start_telemetry(self.writer, self.device if self.device.type == "cuda" else None, interval_s)
-        self.capture_status["telemetry"] = status
-        if sampler is None and self.identity.local_rank == 0:
-            log.warning("diag: GPU telemetry %s", status)
-        return sampler
-
-    def _start_calibration(self, every: int):
-        """The machine-speed calibration, run once now (after the clock sync, so the ranks run it together)."""
-        if not every:
-            self.capture_status["calibration"] = "off"
-            return None
-        from diag.capture.calibration import Calibrator
-
-        calibrator = Calibrator(self.writer, self.device, self._nvml_handle if self.device.type == "cuda" else None)
-        calibrator.run(-1)
-        self.capture_status["calibration"] = f"on: at init, every {every} steps and at finish"
-        return calibrator
-
-    def _nvml_handle(self):
-        """(nvml, handle) of this rank's GPU for the calibration's clocks: the telemetry sampler's, else opened
-        once here; None without NVML (the calibration then has no clocks)."""
-        if self.telemetry is not None:
-            return self.telemetry.nvml, self.telemetry.handle
-        if not hasattr(self, "_own_nvml"):
-            self._own_nvml = None
-            try:
-                from diag.capture.nvml import _handle_of
-                from diag.metrics.nvml import open_nvml
-
-                nvml, _ = open_nvml()
-                if nvml is not None:
-                    self._own_nvml = (nvml, _handle_of(nvml, self.device)[0])
-            except Exception:  # noqa: BLE001 - no clocks, the timing itself still counts
-                self._own_nvml = None
-        return self._own_nvml
-
-    def _calibrate_between_steps(self) -> None:
-        """Every ``calibrate_every`` completed steps, after the step's row (never inside a step's timing)."""
-        self._steps_since_calibration += 1
-        if self._steps_since_calibration >= self._calibrate_every:
-            self._steps_since_calibration = 0
-            self.calibrator.run(self.last_step if self.last_step is not None else -1)
-
-    def _start_watchdog(self, enabled: bool, threshold_s: float, heartbeat_s: float):
-        if not enabled:
-            self.capture_status["watchdog"] = "off"
-            return None
-        try:
-            from diag.capture.watchdog import Watchdog
-
-            watchdog = Watchdog(self, threshold_s, heartbeat_s)
-            watchdog.start()
-            self.capture_status["watchdog"] = f"on: hang dump after {threshold_s} s, heartbeat every {heartbeat_s} s"
-            return watchdog
-        except Exception as exc:
-            self.capture_status["watchdog"] = f"off: {exc!r}"
-            warn_once("watchdog", f"hang watchdog unavailable ({exc!r})")
-            return None
-
     # -- state the watchdog and the hooks use ----------------------------------------------------------------
     def current_step_or_none(self) -> int:
         return -1 if self.current_step is None else self.current_step
@@ -350,11 +278,12 @@ class Session:
         return self.recorder.pending() if self.recorder is not None else []
 
     def set_phase(self, name: str | None) -> None:
-        if self.nvtx is not None:
-            if name is not None:
-                self.nvtx.open(f"phase:{name}", name)
-            elif self.current_phase is not None:
-                self.nvtx.close(f"phase:{self.current_phase}")
+        if name is not None:
+            for hook in self._on["phase_begin"]:
+                hook(name)
+        elif self.current_phase is not None:
+            for hook in self._on["phase_end"]:
+                hook(self.current_phase)
         self.current_phase = name
 
     def add_phase_time(self, name: str, duration_us: float) -> None:
@@ -571,10 +500,8 @@ class Session:
             self._step_start_ns = time.perf_counter_ns()
             self._step_schedstat = (threading.get_native_id(), CORE_WAIT.read_cpu_and_wait_ns())
             self._step_device_event = self.device_timer.start()
-            if self.nvtx is not None:
-                self.nvtx.open("step", f"step {self.current_step}")
-            if self.memory_deep is not None:  # last: what diag does before it would be tracked too
-                self.memory_deep.on_step_begin(self.current_step)
+            for hook in self._on["step_begin"]:  # last: what diag does before memory_deep's would be tracked too
+                hook(self.current_step)
             return True
         except Exception as exc:
             warn_once("step-begin", f"step timing failed ({exc!r})")
@@ -613,10 +540,10 @@ class Session:
         ``last_step``, which hang triage reads as the last step this rank finished."""
         if not self._in_owner_process():  # a forked child leaving a step the parent opened
             return
-        if self.memory_deep is not None:  # first: diag's own end-of-step work is not the step's memory
-            self.memory_deep.on_step_end(self.current_step, failed=not completed)
+        step = self.current_step
+        for hook in self._on["step_end"]:  # memory_deep's first: diag's own end-of-step work is not the step's memory
+            hook(step, completed)
         try:
-            step = self.current_step
             duration_us = (time.perf_counter_ns() - self._step_start_ns) / 1000
             cpu_us, core_wait_us = self._thread_cpu_and_wait_us()
             exposed_async_us = self.recorder.exposed_async_wait_us() if self.recorder is not None else 0.0
@@ -640,22 +567,18 @@ class Session:
             )
             self.device_timer.stop(self._step_device_event, "steps", row)
             self.step_spans.add(self.step_started_us * 1000, time.time_ns(), step)
-            if self.memory is not None:
-                self.writer.append("memory", self.memory.sample(step))
         except Exception as exc:
             warn_once("step-end", f"step recording failed ({exc!r})")
         finally:
-            if self.nvtx is not None:
-                self.nvtx.close_all()
             if completed:
-                self.last_step = self.current_step
+                self.last_step = step
             self.current_step = self.step_started_us = None
             self._phase_us = {}
             self._step_values = {}
             self._data_wait_us = self._comm_wait_us = 0.0
             self.current_phase = None
-            if self.calibrator is not None and completed:
-                self._calibrate_between_steps()
+            for hook in self._on["step_recorded"]:  # the memory row, the NVTX ranges' end, the calibration
+                hook(step, completed)
 
     def _thread_cpu_and_wait_us(self) -> tuple[float | None, float | None]:
         """The time the step's thread ran on a core, and waited for one, since the step began (None: no
@@ -737,15 +660,15 @@ class Session:
         previous, self.current_phase = self.current_phase, name
         self._open_phases[name] = self._open_phases.get(name, 0) + 1
         event = self._safe(self.device_timer.start)
-        if self.nvtx is not None:
-            self.nvtx.open(f"phase:{name}", name)
+        for hook in self._on["phase_begin"]:
+            hook(name)
         try:
             yield
         finally:
             self.current_phase = previous
             self._open_phases[name] -= 1
-            if self.nvtx is not None:
-                self.nvtx.close(f"phase:{name}")
+            for hook in self._on["phase_end"]:
+                hook(name)
             try:
                 duration_us = (time.perf_counter_ns() - start_ns) / 1000
                 self.add_phase_time(name, duration_us)
@@ -825,19 +748,14 @@ class Session:
     def finish(self) -> None:
         if not self._in_owner_process():  # a forked child: the parent finishes its own capture
             return
-        closers = (
-            self._stop_watchdog,
-            self._stop_telemetry,
-            self._drain_device,
-            self._stop_collectives,
-            self._stop_deep,
-            self._last_calibration,
-        )
-        for closer in closers:
-            try:
-                closer()
-            except Exception as exc:
-                warn_once("finish", f"error while finishing capture ({exc!r})")
+        try:
+            self.device_timer.drain()
+        except Exception as exc:
+            warn_once("finish", f"error while finishing capture ({exc!r})")
+        for hook in self._on["stop"]:
+            hook()
+        if self.memory_deep is not None:  # "off: why" if it stopped
+            self.capture_status["memory_deep"] = self.memory_deep.status
         for hooks in reversed(self._hooks):  # last wrapped, first unwrapped: wrappers of one method nest
             hooks.remove()
         self._hooks.clear()
@@ -846,41 +764,11 @@ class Session:
         self.manifest["end_time_us"] = time.time_ns() // 1000
         self.writer.write_manifest(self.manifest)
         self.writer.close()  # its last flush still reaches the metrics
-        if self.nvtx is not None:
-            self.nvtx.close_all()
         for sink in (self.metrics, *self.loggers):
             try:
                 sink.close()
             except Exception as exc:
                 warn_once("finish", f"error while finishing capture ({exc!r})")
-
-    def _last_calibration(self):
-        if self.calibrator is not None:
-            self.calibrator.run(self.last_step if self.last_step is not None else -1)
-
-    def _stop_watchdog(self):
-        if self.watchdog is not None:
-            self.watchdog.stop()
-
-    def _stop_telemetry(self):
-        if self.telemetry is not None:
-            self.telemetry.stop()
-
-    def _stop_deep(self):
-        if self.memory_deep is not None:  # the last chosen step never came: write what was recorded
-            self.memory_deep.finish()
-            self.capture_status["memory_deep"] = self.memory_deep.status  # "off: why" if it stopped
-
-    def _drain_device(self):
-        self.device_timer.drain()
-
-    def _stop_collectives(self):
-        if self.recorder is not None:
-            if collectives.active_recorder() is self.recorder:
-                collectives.activate(None)
-            self.recorder.flush_pending()
-            if _backend() is not None:
-                self.recorder.flight_recorder.stop()
 
 
 class DisabledSession:
@@ -940,15 +828,6 @@ def _device(device):
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def _backend() -> str | None:
-    try:
-        import torch.distributed as dist
-
-        return str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else None
-    except Exception:
-        return None
 
 
 def _nccl_version() -> str | None:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from diag._warn import warn_once
 from diag.capture import torch_private
+from diag.capture.components import Component
 from diag.capture.flight_recorder import dump_bytes
 from diag.trace.records import ExitRecord, GroupProgress, HangDump, Heartbeat, PendingOp, Stall
 from diag.trace.schema import (
@@ -50,7 +51,7 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-class Watchdog:
+class Watchdog(Component):
     """Heartbeat and hang dumps for one session. ``start()`` from the thread that called ``diag.init``."""
 
     def __init__(self, session, pending_threshold_s: float, heartbeat_interval_s: float):
@@ -500,6 +501,23 @@ class Watchdog:
             function(*args)
         except Exception as exc:
             warn_once(f"watchdog-{what}", f"hang watchdog: {what} failed ({exc!r}); going on without it")
+
+
+def start_watchdog(session) -> Watchdog | None:
+    config = session.config
+    if not (config.watchdog and session.writer.enabled):
+        session.capture_status["watchdog"] = "off"
+        return None
+    threshold_s, heartbeat_s = config.hang_threshold_s, config.heartbeat_interval_s
+    try:
+        watchdog = Watchdog(session, threshold_s, heartbeat_s)
+        watchdog.start()
+        session.capture_status["watchdog"] = f"on: hang dump after {threshold_s} s, heartbeat every {heartbeat_s} s"
+        return watchdog
+    except Exception as exc:
+        session.capture_status["watchdog"] = f"off: {exc!r}"
+        warn_once("watchdog", f"hang watchdog unavailable ({exc!r})")
+        return None
 
 
 def _highest_dump_number(rank_dir: Path) -> int:
