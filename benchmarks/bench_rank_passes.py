@@ -73,7 +73,7 @@ def main() -> None:
     def read_tables():
         out = []
         for t in tasks:
-            reader = P.narrow_reader(t.trace_dir, Path(t.rank_dir), P.RANK_TABLES)
+            reader = P.narrow_reader(t.trace_dir, P.RANK_TABLES)
             out.append(P._read_tables(reader, t, None, [])[0])
         return out
 
@@ -83,7 +83,7 @@ def main() -> None:
         for t in tasks:
             notes = []
             files = P._listing(Path(t.rank_dir), notes)
-            reader = P.narrow_reader(t.trace_dir, Path(t.rank_dir), (P.COLLECTIVES,))
+            reader = P.narrow_reader(t.trace_dir, (P.COLLECTIVES,))
             out.append(P._read_collectives(reader, t, files, notes)[0])
         return out
 

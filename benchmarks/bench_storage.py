@@ -292,8 +292,8 @@ def whole_table_to_pandas(parts, table):  # one conversion of the whole table, b
 reader = loader.TraceReader(sys.argv[1])
 chunks = {name: [] for name in reader.tables}
 with ThreadPoolExecutor(max_workers=loader.READ_THREADS) as pool:
-    for result in pool.map(lambda item: reader._read_rank(*item), reader.rank_dirs().items()):
-        for name, arrow in result[2].items():
+    for result in pool.map(lambda item: reader.read_rank(*item), reader.rank_dirs().items()):
+        for name, arrow in result.tables.items():
             chunks[name].append(arrow)
 convert = whole_table_to_pandas if sys.argv[2] == "before" else loader.to_frame
 cpu, wall = time.thread_time(), time.perf_counter()  # this thread: Table.to_pandas also converts on a pool

@@ -33,10 +33,9 @@ from diag.analysis.columns import analysed_columns
 from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op, size_bucket
 from diag.analysis.window import StepWindow, in_window, in_window_array
 from diag.processes import contiguous_shares, next_result, start_worker, worker_count
-from diag.trace.columnar import TableSegments
 from diag.trace.loader import (
-    MAX_DURATION_US,
     READ_THREADS,
+    RankRead,
     Skipped,
     Trace,
     TraceError,
@@ -44,6 +43,8 @@ from diag.trace.loader import (
     _listing,
     assemble_trace,
     empty_table,
+    gather_rank_reads,
+    insane_durations,
     to_frame,
 )
 from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES, Table
@@ -124,10 +125,9 @@ class RankPart:
 def read_rank_collectives(task: RankTask):
     """The rank's collectives as Arrow (None: none) and what was skipped reading them, by the loader's own
     per-rank read."""
-    reader = narrow_reader(task.trace_dir, Path(task.rank_dir), (COLLECTIVES,))
-    _, _, tables, _, skipped, _ = reader._read_rank(task.rank, Path(task.rank_dir))
-    mine = [s for s in skipped if Path(s.path).name not in _SIDE_FILES]  # the first load reported those
-    return tables.get(COLLECTIVES), mine
+    read = narrow_reader(task.trace_dir, (COLLECTIVES,)).read_rank(task.rank, Path(task.rank_dir))
+    mine = [s for s in read.skipped if Path(s.path).name not in _SIDE_FILES]  # the first load reported those
+    return read.tables.get(COLLECTIVES), mine
 
 
 def read_part(task: RankTask, window: StepWindow) -> tuple[RankPart, dict[str, PgPartial]]:
@@ -146,14 +146,14 @@ def read_rank_once(task: RankTask, window: StepWindow, with_tables: bool, into: 
     if with_tables and rank_dir.is_dir():
         files_notes: list[Skipped] = []
         files = _listing(rank_dir, files_notes)
-        reader = narrow_reader(task.trace_dir, rank_dir, (COLLECTIVES, *RANK_TABLES))
+        reader = narrow_reader(task.trace_dir, (COLLECTIVES, *RANK_TABLES))
         tables, notes = _read_tables(reader, task, files, files_notes)
         part, partial = _read_part(task, window, lambda: _read_collectives(reader, task, files, files_notes), into)
         return part, partial, tables, notes
     part, partial = _read_part(task, window, lambda: read_rank_collectives(task), into)
     if not with_tables:
         return part, partial, {}, []
-    tables, notes = _read_tables(narrow_reader(task.trace_dir, rank_dir, RANK_TABLES), task, None, [])
+    tables, notes = _read_tables(narrow_reader(task.trace_dir, RANK_TABLES), task, None, [])
     return part, partial, tables, notes
 
 
@@ -162,13 +162,10 @@ def read_rank_once(task: RankTask, window: StepWindow, with_tables: bool, into: 
 COLLECTIVE_COLUMNS = ("step", "pg", "seq", "op", "bytes", "start_us", "duration_us", "blocking")
 
 
-def narrow_reader(trace_dir: str, rank_dir: Path, names: tuple[str, ...]) -> TraceReader:
-    """A reader of one rank's tables ``names`` that decodes only the columns analysed of its Parquet segments."""
-    reader = TraceReader(trace_dir, tables=names)
-    for name in names:
-        columns = COLLECTIVE_COLUMNS if name == COLLECTIVES else ANALYSED_COLUMNS[name]
-        reader._segments[(rank_dir, name)] = TableSegments(TABLES[name], columns=columns)
-    return reader
+def narrow_reader(trace_dir: str, names: tuple[str, ...]) -> TraceReader:
+    """A reader of the tables ``names`` that decodes only the columns analysed of their Parquet segments."""
+    columns = {name: COLLECTIVE_COLUMNS if name == COLLECTIVES else ANALYSED_COLUMNS[name] for name in names}
+    return TraceReader(trace_dir, tables=names, segment_columns=columns)
 
 
 def _read_collectives(reader: TraceReader, task: RankTask, files: list[str], files_notes: list[Skipped]):
@@ -184,7 +181,8 @@ def _read_tables(reader: TraceReader, task, files: list[str] | None, files_notes
     skipped = list(files_notes)
     try:
         if files is None:
-            _, _, tables, _, skipped, _ = reader._read_rank(task.rank, Path(task.rank_dir))
+            read = reader.read_rank(task.rank, Path(task.rank_dir))
+            tables, skipped = read.tables, read.skipped
         else:
             tables = reader.read_rank_tables(task.rank, Path(task.rank_dir), RANK_TABLES, skipped, files)
     except Exception as exc:  # noqa: BLE001 - a damaged partition is skipped and named, the others analysed
@@ -298,7 +296,7 @@ def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
     duration = arrow.column("duration_us").to_numpy(zero_copy_only=False).astype("float64", copy=False)
     start = _column(arrow, "start_us").astype("float64")
     # the loader's whole-trace checks, in its order: insane durations, then rows of an earlier run
-    insane = ~np.isnan(duration) & ((duration < 0) | (duration > MAX_DURATION_US))
+    insane = insane_durations(duration)
     keep = ~insane
     earlier = np.zeros(len(keep), dtype=bool)
     if task.cut_us is not None:
@@ -1216,7 +1214,7 @@ def read_rank_tables(tasks: list[RankTablesTask]):
     chunks: dict[str, list] = {name: [] for name in RANK_TABLES}
     notes: list[tuple[int, Skipped]] = []
     for task in tasks:
-        tables, mine = _read_tables(narrow_reader(task.trace_dir, Path(task.rank_dir), RANK_TABLES), task, None, [])
+        tables, mine = _read_tables(narrow_reader(task.trace_dir, RANK_TABLES), task, None, [])
         notes += mine  # the load said those of the side files
         for name, arrow in tables.items():
             chunks[name].append(arrow)
@@ -1418,13 +1416,13 @@ class AnalysedColumnsReader(TraceReader):
     def kept_columns(self) -> dict[str, tuple[str, ...]]:
         return ANALYSED_COLUMNS
 
-    def _read_rank(self, rank: int, rank_dir: Path):
-        manifest, heartbeat, tables, events, skipped, nccl_log = super()._read_rank(rank, rank_dir)
+    def read_rank(self, rank: int, rank_dir: Path) -> RankRead:
+        read = super().read_rank(rank, rank_dir)
         for name, keep in self.kept_columns().items():
-            if name in tables:
-                present = set(tables[name].column_names)
-                tables[name] = tables[name].select([c for c in ("rank", *keep) if c in present])
-        return manifest, heartbeat, tables, events, skipped, nccl_log
+            if name in read.tables:
+                present = set(read.tables[name].column_names)
+                read.tables[name] = read.tables[name].select([c for c in ("rank", *keep) if c in present])
+        return read
 
     def _frame(self, name: str, chunks: list) -> pd.DataFrame:
         keep = self.kept_columns().get(name)
@@ -1493,24 +1491,14 @@ def read_share(path: str | Path, share: list[tuple[int, Path]], tick=None) -> tu
     and events as lists of records, the other tables' Arrow chunks): this process then builds the frames of
     every share's records at once, exactly as one load would."""
     reader = AnalysedColumnsReader(path, tables=_LOAD_TABLES)
-    chunks: dict[str, list] = {name: [] for name in _LOAD_TABLES}
-    rest = {"manifests": [], "heartbeats": [], "events": [], "skipped": [], "nccl_logs": {}}
-    for i, (rank, rank_dir) in enumerate(share):
-        manifest, heartbeat, tables, events, skipped, nccl_log = reader._read_rank(rank, Path(rank_dir))
-        if nccl_log is not None:
-            rest["nccl_logs"][rank] = nccl_log
-        if manifest is not None:
-            rest["manifests"].append(manifest)
-        if heartbeat is not None:
-            rest["heartbeats"].append(heartbeat)
-        for name, arrow in tables.items():
-            chunks[name].append(arrow)
-        rest["events"] += events
-        rest["skipped"] += skipped
-        if tick is not None and (i + 1) % TICK_RANKS == 0:
-            tick(TICK_RANKS)
-    if tick is not None and len(share) % TICK_RANKS:
-        tick(len(share) % TICK_RANKS)
+
+    def reads():
+        for i, (rank, rank_dir) in enumerate(share):
+            yield rank, reader.read_rank(rank, Path(rank_dir))
+            if tick is not None and ((i + 1) % TICK_RANKS == 0 or i + 1 == len(share)):
+                tick((i + 1) % TICK_RANKS or TICK_RANKS)
+
+    chunks, rest = gather_rank_reads(reads(), _LOAD_TABLES, [], frames=False)
     steps_chunks = chunks.pop(STEPS)  # gone from the chunks even when empty: a share of manifest-only ranks
     steps = reader._frame(STEPS, steps_chunks) if steps_chunks else pd.DataFrame()
     rest["chunks"] = chunks
@@ -1521,8 +1509,7 @@ def read_share(path: str | Path, share: list[tuple[int, Path]], tick=None) -> tu
 def _gather_shares(reader: AnalysedColumnsReader, loaded: list[tuple[dict, dict]], ranks: list[int]) -> dict:
     """``TraceReader.poll``'s result from the workers' shares (in rank order): the directory's notes, then each
     share's; the frames built once from every share's records."""
-    skipped = [s for s in reader._dir_notes if s.path not in reader._noted]
-    reader._noted.update(s.path for s in skipped)  # as poll: said once, not again by a live reader's next poll
+    skipped = reader.dir_notes(once=True)  # as poll: said once, not again by a live reader's next poll
     manifests, heartbeats, events, nccl_logs = [], [], [], {}
     chunks: dict[str, list] = {name: [] for name in _LOAD_TABLES if name != STEPS}
     steps_shares = []

@@ -689,7 +689,7 @@ def one_rank_table(trace_dir: Path, rank: int, name: str) -> pd.DataFrame:
     rank_dir = reader.rank_dirs().get(rank)
     if rank_dir is None:
         return empty_table(TABLES[name])
-    tables = reader._read_rank(rank, rank_dir)[2]
+    tables = reader.read_rank(rank, rank_dir).tables
     return to_frame([tables[name]] if name in tables else [], TABLES[name], rank_column=True)
 
 

@@ -605,30 +605,30 @@ def find_rank_dirs(root: Path, skipped: list[Skipped] | None = None) -> dict[int
     return dict(sorted(ranks.items()))
 
 
-def gather_rank_reads(reads, table_names, skipped: list, progress=None) -> tuple[dict[str, list[pa.Table]], dict]:
-    """Per-rank reads ``(rank, (manifest, heartbeat, tables, events, skipped, nccl_log))``, in rank order, gathered:
-    each table's Arrow chunks, and ``TraceReader.poll``'s other entries (manifests as their JSON objects, which
-    assemble_trace parses; heartbeats and events as frames; what was skipped, after ``skipped``; every rank's
-    NCCL log, not only what changed: a log is parsed whole)."""
+def gather_rank_reads(reads, table_names, skipped: list, progress=None, frames: bool = True) -> tuple[dict, dict]:
+    """Per-rank reads ``(rank, RankRead)``, in rank order, gathered: each table's Arrow chunks, and
+    ``TraceReader.poll``'s other entries (manifests as their JSON objects, which assemble_trace parses;
+    heartbeats and events as frames, or ``frames=False`` lists of records; what was skipped, after ``skipped``;
+    every rank's NCCL log, not only what changed: a log is parsed whole)."""
     chunks: dict[str, list[pa.Table]] = {name: [] for name in table_names}
     manifests, heartbeats, events, nccl_logs = [], [], [], {}
-    for rank, (manifest, heartbeat, tables, new_events, rank_skipped, nccl_log) in reads:
-        if nccl_log is not None:
-            nccl_logs[rank] = nccl_log
-        if manifest is not None:
-            manifests.append(manifest)
-        if heartbeat is not None:
-            heartbeats.append(heartbeat)
-        for name, arrow in tables.items():
+    for rank, read in reads:
+        if read.nccl_log is not None:
+            nccl_logs[rank] = read.nccl_log
+        if read.manifest is not None:
+            manifests.append(read.manifest)
+        if read.heartbeat is not None:
+            heartbeats.append(read.heartbeat)
+        for name, arrow in read.tables.items():
             chunks[name].append(arrow)
-        events.extend(new_events)
-        skipped.extend(rank_skipped)
+        events.extend(read.events)
+        skipped.extend(read.skipped)
         if progress is not None:
             progress(1)
     side = {
         "manifests": manifests,
-        "heartbeats": pd.DataFrame(heartbeats),
-        "events": pd.DataFrame(events),
+        "heartbeats": pd.DataFrame(heartbeats) if frames else heartbeats,
+        "events": pd.DataFrame(events) if frames else events,
         "skipped": skipped,
         "nccl_logs": nccl_logs,
     }
@@ -640,12 +640,27 @@ def gather_rank_reads(reads, table_names, skipped: list, progress=None) -> tuple
 UNREADABLE = (OSError, ValueError, KeyError, TypeError, IndexError, pa.ArrowException)
 
 
-class TraceReader:
-    """Incremental reader of a trace directory: each ``poll()`` reads only what was appended since."""
+@dataclass(frozen=True)
+class RankRead:
+    """What ``TraceReader.read_rank`` read of one rank directory: what is new since the reader's last read of it."""
 
-    def __init__(self, path: str | Path, tables: tuple[str, ...] = tuple(TABLES)):
+    manifest: dict | None  # manifest.json with the rank added; None: none, or unreadable (said in ``skipped``)
+    heartbeat: dict | None  # heartbeat.json likewise
+    tables: dict[str, pa.Table]  # new rows by table, with a rank column; tables without new rows left out
+    events: list[dict]  # new events.jsonl rows, with the rank
+    skipped: list[Skipped]
+    nccl_log: NcclLog | None  # nccl.log parsed whole (not only what was appended); None without one
+
+
+class TraceReader:
+    """Incremental reader of a trace directory: each ``poll()`` reads only what was appended since, rank by
+    rank (``read_rank``). ``segment_columns``: per table, the only columns decoded of its schema-2 segments
+    (the others read as nulls: nullable ones only)."""
+
+    def __init__(self, path: str | Path, tables: tuple[str, ...] = tuple(TABLES), segment_columns: dict | None = None):
         self.path = Path(path)
         self.tables = tables
+        self.segment_columns = segment_columns or {}
         self._offsets: dict[Path, int] = {}
         self._rejected: set[Path] = set()
         self._columns: dict[Path, int] = {}  # columns each table file holds, from its header (older files: fewer)
@@ -665,6 +680,14 @@ class TraceReader:
         found = find_rank_dirs(self.path, skipped)
         self._dir_notes = skipped
         return found
+
+    def dir_notes(self, once: bool = False) -> list[Skipped]:
+        """What the last ``rank_dirs()`` left out (a second directory for a rank, a rank number too high).
+        ``once``: those not given before by such a call (said once, not at every poll of a live view)."""
+        notes = [s for s in self._dir_notes if not (once and s.path in self._noted)]
+        if once:
+            self._noted.update(s.path for s in notes)
+        return notes
 
     def read_state(self) -> dict:
         """What this reader has read of each file (offsets, segments, rejected files, parsed NCCL logs): another
@@ -687,10 +710,9 @@ class TraceReader:
         Ranks are read by a few threads (pyarrow parses without holding the GIL); rows stay in Arrow until
         each table is converted to pandas once."""
         rank_dirs = self.rank_dirs()
-        skipped: list[Skipped] = [s for s in self._dir_notes if s.path not in self._noted]
-        self._noted.update(s.path for s in skipped)  # said once, not at every poll of a live view
+        skipped = self.dir_notes(once=True)
         with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-            reads = zip(rank_dirs, pool.map(lambda item: self._read_rank(*item), rank_dirs.items()))
+            reads = zip(rank_dirs, pool.map(lambda item: self.read_rank(*item), rank_dirs.items()))
             chunks, side = gather_rank_reads(reads, self.tables, skipped, progress)
         result = {}
         for name in self.tables:
@@ -702,19 +724,21 @@ class TraceReader:
         """One table of every rank read, as pandas (a subclass may keep fewer columns: diag.analysis.partitioned)."""
         return to_frame(chunks, TABLES[name], rank_column=True)
 
-    def _read_rank(self, rank: int, rank_dir: Path):
+    def read_rank(self, rank: int, rank_dir: Path) -> RankRead:
+        """What is new in one rank directory since this reader last read it: rows of the reader's tables,
+        manifest, heartbeat, events, NCCL log, and what was skipped. A new reader reads from the beginning."""
         skipped: list[Skipped] = []
         try:
             os.listdir(rank_dir)
         except OSError as exc:  # at mode 000 (another user's): one note for the directory, not one per file
             self._note_unreadable(rank_dir, exc, skipped)
-            return None, None, {}, [], skipped, None
+            return RankRead(None, None, {}, [], skipped, None)
         manifest = _read_json(rank_dir / MANIFEST_FILE, skipped)
         heartbeat = _read_json(rank_dir / HEARTBEAT_FILE, skipped)
         tables = self.read_rank_tables(rank, rank_dir, self.tables, skipped)
         events_path = rank_dir / EVENTS_FILE
         new_events, self._offsets[events_path] = _read_events(events_path, self._offsets.get(events_path, 0), skipped)
-        return (
+        return RankRead(
             None if manifest is None else {**manifest, "rank": rank},
             None if heartbeat is None else {**heartbeat, "rank": rank},
             tables,
@@ -764,17 +788,18 @@ class TraceReader:
         return log
 
     def _read_new_segments(
-        self, rank_dir: Path, names: list[str], table: Table, skipped: list[Skipped], tail_rows: int | None = None
+        self, rank_dir: Path, names: list[str], table: Table, skipped: list[Skipped], segments=None, tail_rows=None
     ):
         """Schema version 2: rows appended to the table's segments since the last poll (diag/trace/columnar.py),
-        checked as CSV rows are (finite floats; rows without a required value dropped and counted). ``tail_rows``:
-        only the last rows (``TableSegments.read_new``; diag triage)."""
+        checked as CSV rows are (finite floats; rows without a required value dropped and counted). ``segments``
+        and ``tail_rows``: a one-off read (``read_segments_tail``)."""
         if not any(n.startswith(table.name + ".") and n.endswith((".arrows", ".parquet")) for n in names):
             return None
         key = (rank_dir, table.name)
-        segments = self._segments.get(key)
+        segments = self._segments.get(key) if segments is None else segments
         if segments is None:
-            segments = self._segments[key] = TableSegments(table, window=self.windows.get(table.name))
+            window, columns = self.windows.get(table.name), self.segment_columns.get(table.name)
+            segments = self._segments[key] = TableSegments(table, window=window, columns=columns)
         notes = []
         arrow = segments.read_new(rank_dir, names, notes, tail_rows)
         skipped.extend(Skipped(n.path, n.reason, n.rows) for n in notes)
@@ -791,28 +816,44 @@ class TraceReader:
             )
         return checked
 
-    def _read_new_rows(self, path: Path, table: Table, skipped: list[Skipped]) -> pa.Table | None:
+    def read_segments_tail(
+        self, rank_dir: Path, names: list[str], table: Table, rows: int, skipped: list[Skipped], columns=None
+    ) -> tuple[pa.Table | None, bool]:
+        """The last rows of the table's schema-2 segments, ``rows`` of them or a few more (``names``: the listing
+        of ``rank_dir``), read once from the newest back, checked as every read is, decoding only ``columns`` (as
+        ``segment_columns``); and whether earlier rows were left unread (``TableSegments.read_new``'s tail_rows)."""
+        segments = TableSegments(table, columns=columns)
+        return self._read_new_segments(rank_dir, names, table, skipped, segments, rows), segments.cut
+
+    def read_table_file(self, path: Path, table: Table, offset: int = 0, columns: int | None = None) -> ArrowChunk:
+        """The complete rows of a version-1 table file from byte ``offset`` (0: the whole file, its header
+        checked; past 0, ``columns``: how many columns its header names), read once: where the read ended is
+        the caller's to keep. A file that is not a regular one, or not this table's, is not read again."""
         if path in self._rejected or not path.exists():
-            return None
-        offset = self._offsets.get(path, 0)
+            return ArrowChunk(None, offset, [])
         try:
             info = path.stat()
         except OSError:
-            return None
+            return ArrowChunk(None, offset, [])
         if not stat.S_ISREG(info.st_mode):  # a FIFO or /dev/zero under a table's name: never read
             self._rejected.add(path)
-            skipped.append(Skipped(str(path), "not a regular file: not read"))
-            return None
+            return ArrowChunk(None, offset, [Skipped(str(path), "not a regular file: not read")])
         if info.st_size <= offset:
-            return None
-        chunk = read_table_arrow(path, table, offset, self._columns.get(path))
-        if chunk.columns is not None:
-            self._columns[path] = chunk.columns
-        skipped.extend(chunk.skipped)
+            return ArrowChunk(None, offset, [])
+        chunk = read_table_arrow(path, table, offset, columns)
         header_bad = any("schema" in s.reason or "header" in s.reason or "marker" in s.reason for s in chunk.skipped)
         if offset == 0 and chunk.table is None and chunk.next_offset > 0 and header_bad:
             self._rejected.add(path)
-        self._offsets[path] = chunk.next_offset
+        return chunk
+
+    def _read_new_rows(self, path: Path, table: Table, skipped: list[Skipped]) -> pa.Table | None:
+        offset = self._offsets.get(path, 0)
+        chunk = self.read_table_file(path, table, offset, self._columns.get(path))
+        if chunk.columns is not None:
+            self._columns[path] = chunk.columns
+        skipped.extend(chunk.skipped)
+        if chunk.next_offset != offset:
+            self._offsets[path] = chunk.next_offset
         return chunk.table
 
 

@@ -23,6 +23,7 @@ import pyarrow as pa
 from diag.processes import worker_count
 from diag.trace.loader import (
     READ_THREADS,
+    RankRead,
     Skipped,
     TraceError,
     TraceReader,
@@ -452,7 +453,7 @@ def _read_tails(
     for rank in judged:
         sides[rank][1].judged_by_heartbeat = True
     reads = ((rank, _with_tables(sides[rank][0], tails.get(rank))) for rank in rank_dirs)
-    gathered, side = gather_rank_reads(reads, TRIAGE_TABLES, list(reader._dir_notes))
+    gathered, side = gather_rank_reads(reads, TRIAGE_TABLES, reader.dir_notes())
     chunks = gathered if chunks is None else chunks
     data = {name: empty_table(table) for name, table in TABLES.items()}
     for name in TRIAGE_TABLES:
@@ -518,11 +519,11 @@ def _judged(sides: dict, use_heartbeats: bool) -> set[int]:
 def _read_rank_side(reader: TraceReader, rank: int, rank_dir: Path):
     """One rank's side files: (the loader's per-rank read without tables, its directory's listing, its hang
     dumps, its heartbeat)."""
-    read = list(reader._read_rank(rank, rank_dir))
-    names = _listing(rank_dir, [])  # unreadable: _read_rank said so
-    started_us = (read[0] or {}).get("start_time_us")
+    read = reader.read_rank(rank, rank_dir)
+    names = _listing(rank_dir, [])  # unreadable: read_rank said so
+    started_us = (read.manifest or {}).get("start_time_us")
     info = _dump_info(rank, rank_dir, names, started_us if isinstance(started_us, int) else None)
-    return read, names, info, Heartbeat.from_json(read[1])
+    return read, names, info, Heartbeat.from_json(read.heartbeat)
 
 
 def _read_rank_tables(reader: TraceReader, rank: int, rank_dir: Path, names: list[str], rows: int, copy: bool = True):
@@ -543,12 +544,9 @@ def _read_rank_tables(reader: TraceReader, rank: int, rank_dir: Path, names: lis
     return tables, cut, skipped
 
 
-def _with_tables(read: list, tail) -> tuple:
-    """A rank's side read (manifest, heartbeat, tables, events, skipped, nccl_log) with its tables."""
-    if tail is None:
-        return tuple(read)
-    manifest, heartbeat, _, events, skipped, nccl_log = read
-    return manifest, heartbeat, tail[0], events, skipped + tail[2], nccl_log
+def _with_tables(read: RankRead, tail) -> RankRead:
+    """A rank's side read with its tables."""
+    return read if tail is None else dataclasses.replace(read, tables=tail[0], skipped=read.skipped + tail[2])
 
 
 def _steps_of(reader: TraceReader, rank_dirs: dict[int, Path], rows: int) -> pd.DataFrame | None:

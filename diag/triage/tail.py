@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from diag.trace.columnar import TableSegments
-from diag.trace.loader import Skipped, TraceReader, read_file_bytes
+from diag.trace.loader import TraceReader, read_file_bytes
 from diag.trace.schema import CSV_SCHEMA_VERSION, Table, parse_marker
 
 CSV_TAIL_BYTES_PER_ROW = 160  # a collectives row is ~90 bytes of CSV: read this much per row asked, then more
@@ -57,7 +56,8 @@ def read_tail(
     """The last ``rows`` rows of ``table`` in ``rank_dir`` (its CSV rows first, then its segments', as the
     loader orders them). ``names``: the directory's listing. ``copy=False``: the rows as a slice of what was
     decoded, for a caller that copies many ranks' slices at once (diag/triage/workers.py)."""
-    segments = _segments_tail(reader, rank_dir, names, table, rows, skipped)
+    # version-2 segments from the newest back, read afresh (a live stream stays live: the newest one is always read)
+    segments = Tail(*reader.read_segments_tail(rank_dir, names, table, rows, skipped, tail_columns(table)))
     have = segments.arrow.num_rows if segments.arrow is not None else 0
     csv = Tail(None, False)
     if have < rows:
@@ -87,17 +87,11 @@ def _csv_tail(reader: TraceReader, path: Path, table: Table, rows: int, skipped:
     header_end, columns = _csv_header(path, table)
     span = rows * CSV_TAIL_BYTES_PER_ROW
     while True:
-        if columns is None or size - header_end <= span:
-            reader._offsets.pop(path, None)  # from the start: the loader's own whole read, header included
-            arrow = reader._read_new_rows(path, table, skipped)
-            return Tail(arrow, False)
-        offset = _line_start(path, size - span)
-        reader._offsets[path], reader._columns[path] = offset, columns
-        found: list[Skipped] = []
-        arrow = reader._read_new_rows(path, table, found)
-        if arrow is not None and arrow.num_rows >= rows:
-            skipped.extend(found)
-            return Tail(arrow, True)
+        whole = columns is None or size - header_end <= span  # from the start: the loader's whole read, header included
+        chunk = reader.read_table_file(path, table, 0 if whole else _line_start(path, size - span), columns)
+        if whole or (chunk.table is not None and chunk.table.num_rows >= rows):
+            skipped.extend(chunk.skipped)
+            return Tail(chunk.table, not whole)
         span *= 4
 
 
@@ -128,13 +122,3 @@ def _line_start(path: Path, near: int) -> int:
         chunk = handle.read(1 << 16)
     newline = chunk.find(b"\n")
     return max(0, near - 1) + newline + 1 if newline >= 0 else near
-
-
-def _segments_tail(reader: TraceReader, rank_dir: Path, names: list[str], table: Table, rows: int, skipped: list):
-    """Version-2 segments from the newest back until ``rows`` rows, a Parquet segment's last row groups only
-    (``TableSegments.read_new``), read afresh through the loader (a live stream stays live: the newest segment
-    is always read)."""
-    reader._segments[(rank_dir, table.name)] = TableSegments(table, columns=tail_columns(table))
-    arrow = reader._read_new_segments(rank_dir, names, table, skipped, tail_rows=rows)
-    segments = reader._segments.get((rank_dir, table.name))
-    return Tail(arrow, segments is not None and segments.cut)

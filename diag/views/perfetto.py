@@ -476,7 +476,7 @@ def write_chrome_trace_dir(
             f"no diag traces in {trace_dir}: expected rank00000/, rank00001/, ... sub-directories written by diag.init"
         )
     chosen = {r: d for r, d in rank_dirs.items() if ranks is None or r in set(ranks)}
-    skipped = list(reader._dir_notes)
+    skipped = reader.dir_notes()
     with _bar(progress, len(rank_dirs) + 2 * len(chosen), "exporting ranks") as tick:
         others, window_us, restarted = _first_pass(reader, rank_dirs, steps, tick, windowed)
         if others:
@@ -484,12 +484,11 @@ def write_chrome_trace_dir(
         written = [r for r in chosen if r not in others]
 
         def rank_data(rank: int, tables: tuple, notes: list) -> RankData:
-            full = TraceReader(trace_dir, tables=tables)
             if windowed and rank not in restarted:
                 pruned = TraceReader(trace_dir, tables=tables)
                 pruned.windows = _read_windows(steps, window_us)
-                return _arrow_rank_data(pruned, full, trace_dir, rank, chosen[rank], notes, steps, window_us)
-            trace = _rank_trace(full, trace_dir, rank, chosen[rank], notes, steps, window_us)
+                return _arrow_rank_data(pruned, trace_dir, rank, chosen[rank], notes, steps, window_us)
+            trace = _rank_trace(tables, trace_dir, rank, chosen[rank], notes, steps, window_us)
             return _trace_rank_data(trace, rank, steps, window_us)
 
         # the collectives of every rank first, reduced to one record per instance: what each rank's collective
@@ -545,17 +544,16 @@ def _first_pass(reader, rank_dirs: dict, steps, tick, windowed: bool = True) -> 
     no rank recorded a step), and the ranks whose steps start again (a second run appended to their files: the
     loader's cut needs their files whole). A rank's steps table is read whole here (one row a step, the step,
     start and duration columns are what it needs): a second run can be anywhere in it."""
-    from diag.trace.loader import _read_json
+    from diag.trace.loader import TraceReader, _read_json
     from diag.trace.schema import MANIFEST_FILE
 
     run_ids, spans, restarted = {}, {}, set()
     for rank, rank_dir in rank_dirs.items():
         if steps is None:
-            manifest = _read_json(rank_dir / MANIFEST_FILE, []) if windowed else reader._read_rank(rank, rank_dir)[0]
+            manifest = _read_json(rank_dir / MANIFEST_FILE, [])
         else:
-            reader._offsets.clear()  # each rank read once, from the start
-            reader._segments.clear()
-            arrow = reader.read_rank_tables(rank, rank_dir, ("steps",), []).get("steps") if windowed else None
+            own = TraceReader(reader.path, ("steps",))  # each rank read once, from the start, by a reader of its own
+            arrow = own.read_rank_tables(rank, rank_dir, ("steps",), []).get("steps") if windowed else None
             if windowed and not _restarted(arrow):
                 manifest = _read_json(rank_dir / MANIFEST_FILE, [])
                 spans[rank] = _steps_span(arrow, steps)
@@ -563,7 +561,7 @@ def _first_pass(reader, rank_dirs: dict, steps, tick, windowed: bool = True) -> 
                 if windowed:
                     restarted.add(rank)
                 recorded: dict = {}
-                trace = _rank_trace(reader, reader.path, rank, rank_dir, [], steps, recorded=recorded)
+                trace = _rank_trace(reader.tables, reader.path, rank, rank_dir, [], steps, recorded=recorded)
                 manifest = {"run_id": trace.run_id}
                 chosen = _select(trace.steps, steps, {rank})
                 if not recorded.get("steps"):
@@ -592,13 +590,12 @@ def _first_pass(reader, rank_dirs: dict, steps, tick, windowed: bool = True) -> 
 def _steps_span(arrow, steps) -> tuple | None:
     """A rank's chosen steps' wall-clock span from its steps as read (Arrow; no second run in them), as the
     pandas path finds it: None without steps, () when none is chosen; rows with an insane duration left out."""
-
-    from diag.trace.loader import MAX_DURATION_US
+    from diag.trace.loader import insane_durations
 
     if arrow is None or not arrow.num_rows:
         return None
     step, start, duration = (arrow.column(c).to_numpy() for c in ("step", "start_us", "duration_us"))
-    chosen = (duration >= 0) & (duration <= MAX_DURATION_US) & (step >= steps[0]) & (step < steps[1])
+    chosen = ~insane_durations(duration) & (step >= steps[0]) & (step < steps[1])
     if not chosen.any():
         return ()
     return float(start[chosen].min()), float((start[chosen] + duration[chosen]).max())
@@ -611,18 +608,17 @@ def _other_runs_note(trace_dir: Path, others: set[int]):
 
 
 def _rank_trace(
-    reader, trace_dir: Path, rank: int, rank_dir: Path, skipped: list, steps=None, window_us=None, recorded=None
+    tables: tuple, trace_dir: Path, rank: int, rank_dir: Path, skipped: list, steps=None, window_us=None, recorded=None
 ):
-    """One rank's tables (those ``reader`` reads) as a Trace, with the loader's checks of a rank's own rows
-    (insane durations, an earlier run appended to the same files). With ``steps``, only the rows of those
-    steps (and the telemetry samples in ``window_us``) are converted: the rest is dropped while still in
-    Arrow, so the work per rank follows the steps asked. ``recorded``: gets each table's rows as read."""
-    from diag.trace.loader import assemble_trace, to_frame
+    """One rank's ``tables`` as a Trace, with the loader's checks of a rank's own rows (insane durations, an
+    earlier run appended to the same files). With ``steps``, only the rows of those steps (and the telemetry
+    samples in ``window_us``) are converted: the rest is dropped while still in Arrow, so the work per rank
+    follows the steps asked. ``recorded``: gets each table's rows as read."""
+    from diag.trace.loader import TraceReader, assemble_trace, to_frame
     from diag.trace.schema import TABLES
 
-    reader._offsets.clear()  # each rank read once, from the start; nothing kept of ranks already written
-    reader._segments.clear()
-    manifest, heartbeat, tables, events, rank_skipped, _ = reader._read_rank(rank, rank_dir)
+    read = TraceReader(trace_dir, tables=tables).read_rank(rank, rank_dir)  # a reader of its own: from the start
+    tables = read.tables
     if recorded is not None:
         recorded.update({name: arrow.num_rows for name, arrow in tables.items()})
     if steps is not None and not _restarted(tables.get("steps")):
@@ -633,10 +629,10 @@ def _rank_trace(
     for name, arrow in tables.items():
         data[name] = to_frame([arrow], TABLES[name], rank_column=True)
     data.update(
-        manifests=[] if manifest is None else [manifest],
+        manifests=[] if read.manifest is None else [read.manifest],
         heartbeats=pd.DataFrame(),
         events=pd.DataFrame(),
-        skipped=rank_skipped,
+        skipped=read.skipped,
         ranks=[rank],
         nccl_logs={},
     )
@@ -701,21 +697,19 @@ def _read_windows(steps, window_us) -> dict:
     return windows
 
 
-def _arrow_rank_data(pruned, full, trace_dir: Path, rank: int, rank_dir: Path, skipped: list, steps, window_us):
+def _arrow_rank_data(pruned, trace_dir: Path, rank: int, rank_dir: Path, skipped: list, steps, window_us):
     """One rank's RankData, as ``_trace_rank_data`` of ``_rank_trace`` gives it: its tables read by ``pruned``
     (the window's row groups and batches only), the window's rows kept exactly, then the loader's checks of a
     rank's rows (insane durations dropped, the manifest's notes), rows taken straight from Arrow. Without
-    ``steps`` (whole tables), a rank whose steps start again goes through ``_rank_trace`` with ``full``."""
+    ``steps`` (whole tables), a rank whose steps start again goes through ``_rank_trace``."""
     from diag.trace.loader import _read_json
     from diag.trace.schema import MANIFEST_FILE
 
-    pruned._offsets.clear()  # each rank read once, from the start; nothing kept of ranks already written
-    pruned._segments.clear()
     notes: list = []
     manifest = _read_json(rank_dir / MANIFEST_FILE, notes)
     tables = pruned.read_rank_tables(rank, rank_dir, pruned.tables, notes)
     if steps is None and _restarted(tables.get("steps")):
-        return _trace_rank_data(_rank_trace(full, trace_dir, rank, rank_dir, skipped), rank, None, None)
+        return _trace_rank_data(_rank_trace(pruned.tables, trace_dir, rank, rank_dir, skipped), rank, None, None)
     if steps is not None:
         tables = {name: _in_window(name, arrow, steps, window_us) for name, arrow in tables.items()}
     tables = _sane_durations(tables, notes, trace_dir)

@@ -67,10 +67,10 @@ def test_tail_of_compacted_segments_and_a_live_stream(tmp_path, monkeypatch):
     assert whole == list(range(total))
     for rows in (1, 5, 6, 11, 15, 16, 17, 45, 129, total, 1000):
         reader, skipped = TraceReader(tmp_path, tables=()), []
-        arrow = reader._read_new_segments(path, names, TABLES["steps"], skipped, tail_rows=rows)
+        arrow, cut = reader.read_segments_tail(path, names, TABLES["steps"], rows, skipped)
         steps = arrow.column("step").to_pylist()
         assert skipped == []
         assert steps == whole[-len(steps) :] and len(steps) >= min(rows, total), rows
         assert len(steps) < rows + 8, rows  # one record batch (5 rows) or one row group (8 rows) beyond
-        assert reader._segments[(path, "steps")].cut == (len(steps) < total), rows
+        assert cut == (len(steps) < total), rows
     writer.close()
