@@ -15,6 +15,7 @@ the same rank, and says which rank raised first as detail.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
@@ -97,10 +98,15 @@ def judge_failure(trace) -> Blame:
     """``diag triage``'s verdict on a loaded trace (``diag.triage.analysis.triage``, the same function), for a
     run whose ranks raised. Triage is imported here, not at the top: a report of a healthy run never needs it."""
     from diag.triage.analysis import triage
-    from diag.triage.sources import input_from_trace
+    from diag.triage.sources import input_from_trace, read_diag_trace
 
     try:
-        verdict = triage(input_from_trace(trace))
+        if trace.earlier_run_cuts_us and trace.path is not None and Path(trace.path).is_dir():
+            # a restarted job: the loaded trace kept only the latest attempt, and the failure may be the
+            # earlier one's; triage's own read keeps every attempt and judges each
+            verdict = triage(read_diag_trace(Path(trace.path)))
+        else:
+            verdict = triage(input_from_trace(trace))
     except Exception as exc:  # noqa: BLE001 - a trace triage cannot judge still gets its failure finding
         return Blame("unknown", [], note=f"who the others waited for could not be judged: {exc!r}"[:300])
     return Blame(verdict.verdict, list(verdict.culprit_ranks), verdict.collective)

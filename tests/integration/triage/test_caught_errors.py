@@ -291,6 +291,19 @@ def test_restart_into_the_same_directory_does_not_hide_the_failed_attempt(jobs):
     assert any("2 attempts wrote into this directory" in line for line in verdict["evidence"])
 
 
+@pytest.mark.parametrize(("shape", "world_size", "bad_rank"), [("restart", 2, 1), ("killed", 3, 1)])
+def test_analyze_of_a_restarted_job_names_the_culprit_triage_names(jobs, shape, world_size, bad_rank):
+    """``diag analyze`` reads the latest attempt only; its failure finding still names the earlier attempt's
+    culprit as ``diag triage`` judges it, from every attempt's records."""
+    trace, _ = jobs(shape, world_size, bad_rank)
+    verdict = diag_triage_json(trace)
+    report = diag_analyze_json(trace)
+    assert verdict["culprit_ranks"] == [bad_rank]
+    finding = report["findings"][0]
+    assert finding["kind"] in ("crash", "step_error"), finding
+    assert finding["title"].startswith(f"Rank {bad_rank} "), finding["title"]
+
+
 def test_rank_killed_in_an_attempt_a_restart_followed_is_named_dead(jobs):
     """The restart's heartbeats replace the first attempt's: the rank SIGKILLed in it is known dead only from
     the heartbeat the restart kept (it stopped beating while the others went on until their SIGTERM)."""
