@@ -4,7 +4,8 @@ Started once per rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) as
 ``python fault_job.py TRACE_DIR`` with the scenario in the environment:
   FAULT_KIND     one of KINDS below
   FAULT_WHERE    where it strikes: data (the loader), forward, backward (inside autograd), optimizer (its
-                 step), collective (an all_reduce in the forward, as tensor parallelism has)
+                 step), collective (an all_reduce in the forward, as tensor parallelism has), between (after
+                 a step, outside diag.step: an evaluation or checkpoint hook; the plain loops only)
   FAULT_RANK     the rank that misbehaves
   FAULT_STEP     the step where it starts (0: before any step completed)
   FAULT_SHAPE    how the user's script is written around the loop: SHAPES below
@@ -49,7 +50,7 @@ KINDS = (
     "cross_group",  # collective only: the bad rank and its partner enter two side groups in opposite orders
     "preempted",  # a healthy job whose every rank gets SIGTERM mid-run (the driver)
 )
-WHERES = ("data", "forward", "backward", "optimizer", "collective")
+WHERES = ("data", "forward", "backward", "optimizer", "collective", "between")
 SHAPES = (
     "propagate",  # the exception leaves the script; diag.finish() is never called
     "caught_finish",  # try: loop  except Exception: print  then diag.finish()
@@ -336,6 +337,7 @@ def train(model, optimizer) -> None:
     for batch in diag.wrap_loader(Batches()):
         with diag.step():
             one_step(model, optimizer, batch)
+        strike("between")  # the user's own work between steps (evaluation, a checkpoint), outside any step
 
 
 def train_logging_errors(model, optimizer) -> None:

@@ -138,6 +138,9 @@ EXPECTED_ACTIONS = {
 PIPELINE_WORK = ("forward", "backward", "step0", "optimizer")  # a pipeline stage's own compute
 DESYNCS = ("op", "shape", "dtype")  # all_gather against all_reduce; 4x3 against 12; float64 against float32
 _ALL = ("data", "forward", "backward", "optimizer", "collective", "step0")
+# the shapes whose loop is fault_job.train(): their "between" strike point runs after each step, outside it
+BETWEEN_SHAPES = ("propagate", "caught_finish", "finally", "sys_exit", "fsdp2", "elastic", "mesh")
+BETWEEN_SEED = 0xB7
 FAULTS = {
     f.kind: f
     for f in (
@@ -145,7 +148,8 @@ FAULTS = {
         Fault("straggler", _ALL),
         Fault("intermittent", ("data", "forward", "backward", "optimizer")),
         Fault("memory", ("forward", "backward", "optimizer")),
-        Fault("exception", ("data", "forward", "backward", "optimizer", "step0")),
+        # between: after a step, outside diag.step (an evaluation or checkpoint hook), in the plain loops only
+        Fault("exception", ("data", "forward", "backward", "optimizer", "step0", "between")),
         Fault("hang", _ALL),
         Fault("frozen", ("forward", "backward", "optimizer", "collective", "step0")),
         Fault("sigkill", _ALL),
@@ -289,10 +293,18 @@ def _stratified(rng: random.Random, values, n: int) -> list:
 
 
 def draw_scenarios(
-    n: int, seed: int, shapes=SHAPES, computes=COMPUTES, worlds=WORLDS, kinds=tuple(FAULTS), loads=LOADS
+    n: int,
+    seed: int,
+    shapes=SHAPES,
+    computes=COMPUTES,
+    worlds=WORLDS,
+    kinds=tuple(FAULTS),
+    loads=LOADS,
+    wheres: tuple[str, ...] | None = None,
 ) -> list[Scenario]:
     """``n`` scenarios from ``seed``: every dimension stratified (each value as often as the others, healthy
-    runs twice as often for the false-alarm rate, each kind's strike points in turn), combined at random."""
+    runs twice as often for the false-alarm rate, each kind's strike points in turn), combined at random.
+    ``wheres``: only these strike points (each scenario's drawn from those its kind and shape allow)."""
     rng = random.Random(seed)
     weighted = [k for k in kinds for _ in range(FAULTS[k].weight)]
     columns = {
@@ -304,10 +316,20 @@ def draw_scenarios(
     }
     places: list[str] = []  # strike points, in shuffled rounds of all of them: each as often as the others
     desyncs = rng.randrange(len(DESYNCS))
+    between = random.Random(seed ^ BETWEEN_SEED)  # its own stream: a seed's other draws stay as they were
     scenarios = []
     for i in range(n):
         kind = columns["kind"][i]
         where = _next_place(rng, places, FAULTS[kind].wheres)
+        allowed = FAULTS[kind].wheres
+        shape = columns["shape"][i]
+        if "between" in allowed and shape in BETWEEN_SHAPES and between.random() < 1 / len(allowed):
+            where = "between"
+        if wheres is not None and where not in wheres:
+            choices = [w for w in allowed if w in wheres and (w != "between" or shape in BETWEEN_SHAPES)]
+            if not choices:
+                raise SystemExit(f"{kind} in the {shape} shape strikes at none of {', '.join(wheres)}")
+            where = between.choice(choices)
         world = columns["world"][i]
         if columns["shape"][i] == "mesh" and (world % MESH_TP or world < 2 * MESH_TP):
             world = 2 * MESH_TP  # a device mesh of two dimensions, each of 2 or more
@@ -910,6 +932,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds", default=",".join(map(str, WORLDS)))
     parser.add_argument("--kinds", default=",".join(FAULTS), help="comma-separated fault kinds to draw from")
     parser.add_argument("--loads", default=",".join(LOADS), help="CPU burners beside the job: none, 1x, 2x cores")
+    parser.add_argument("--wheres", help="comma-separated strike points to draw from (default: every one)")
     parser.add_argument("--compare-pairs", type=int, default=0, help="A/A: run N healthy jobs twice, diag compare")
     parser.add_argument("--out", type=Path, help="write every outcome and the summary as JSON (after each run)")
     parser.add_argument("--resume", type=Path, help="continue the runs of a partial --out file, into it")
@@ -950,11 +973,17 @@ def main(argv: list[str] | None = None) -> int:
             "worlds": _csv(args.worlds, WORLDS, int),
             "kinds": _csv(args.kinds, FAULTS),
             "loads": _csv(args.loads, LOADS),
+            "wheres": _csv(args.wheres, (*_ALL, "between")) if args.wheres else None,
             "compare_pairs": args.compare_pairs,
         }
         out = args.out
     dims = [config[k] for k in ("shapes", "computes", "worlds", "kinds", "loads")]
-    scenarios = draw_scenarios(config["runs"], config["seed"], *dims) if not config["compare_pairs"] else []
+    wheres = config.get("wheres")
+    scenarios = (
+        draw_scenarios(config["runs"], config["seed"], *dims, wheres=tuple(wheres) if wheres else None)
+        if not config["compare_pairs"]
+        else []
+    )
     pair_scenarios = (
         draw_pairs(config["compare_pairs"], config["seed"], dims[0], dims[1], dims[2], dims[4])
         if config["compare_pairs"]
