@@ -90,6 +90,9 @@ def _missing_ranks(verdict, data, culprits: list[int]) -> Action:
         return _on(FIX_CODE, f"rank {raised[0]} raised an error of its own before it reached the collective the "
                    "others waited in: the job's failure", data, raised)  # fmt: skip
     states = {verdict.ranks[r].state for r in culprits if r in verdict.ranks}
+    if states & {"finished"}:
+        return _on(FIX_CODE, "a rank ran diag.finish while the others waited in a collective: its loop ended early "
+                   "(an error it caught, fewer batches than the others)", data, culprits)  # fmt: skip
     if states & {"stuck_in_data_loader"}:
         return _on(FIX_CODE, "a rank waited for its data loader while the others waited for it: the input "
                    "pipeline or its storage", data, culprits)  # fmt: skip

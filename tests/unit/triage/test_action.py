@@ -139,3 +139,12 @@ def test_an_error_of_the_rank_s_own_is_told_from_a_peer_s_failure_reaching_it(er
     from diag.triage.errors import is_own_error
 
     assert is_own_error(error) is own
+
+
+def test_a_missing_rank_that_finished_is_the_code_s():
+    """A rank ran diag.finish while the others waited for it in a collective, with no error recorded (it caught
+    one between steps, or its loader ran out first): its loop ended early, which a restart repeats."""
+    states = {0: "waiting_in_collective", 1: "finished"}
+    action = decide(_verdict("missing_ranks", [1], states), _data({0: _rank(), 1: _rank("node2", exit_how="finished")}))
+    assert action.kind == "fix_code" and action.hosts == ["node2"]
+    assert "loop ended early" in action.why
