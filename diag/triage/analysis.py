@@ -107,29 +107,32 @@ UNCAUGHT = "uncaught_exception"  # the error row of an exception that ended a ra
 
 
 def triage(data: TriageInput) -> Verdict:
-    verdict = _judge_attempts(data)
-    verdict.action = decide_action(verdict, data)
+    verdict, judged = _judge_attempts(data)
+    verdict.action = decide_action(verdict, judged)  # on the records of the attempt the verdict is about
     return verdict
 
 
-def _judge_attempts(data: TriageInput) -> Verdict:
-    earlier, data = _split_attempts(_with_uncaught_exceptions(data))
-    verdict = _judge(data)
+def _judge_attempts(data: TriageInput) -> tuple[Verdict, TriageInput]:
+    """The verdict, and the input of the attempt it judged."""
+    earlier, latest = _split_attempts(_with_uncaught_exceptions(data))
+    verdict = _judge(latest)
     if earlier is None:
-        return verdict
+        return verdict, latest
     if verdict.verdict in ("no_problem", "slow"):  # a restart that ran clean must not hide the failed attempt
-        first = _judge(_with_uncaught_exceptions(earlier))
-        for rank, report in first.ranks.items():  # its exit record is the later attempt's
-            errors = earlier.errors[earlier.errors["rank"] == rank]
-            if len(errors):
-                report.detail = f"first attempt: {_error_text(errors.iloc[0])}; later attempt: {report.detail}"
-        first.evidence.append(_later_attempt_text(data, verdict))
+        earlier = _with_uncaught_exceptions(earlier)
+        first = _judge(earlier)
+        if not any(info.earlier is not None and info.earlier.heartbeat is not None for info in data.ranks.values()):
+            for rank, report in first.ranks.items():  # no heartbeat kept: its exit record is the later attempt's
+                errors = earlier.errors[earlier.errors["rank"] == rank]
+                if len(errors):
+                    report.detail = f"first attempt: {_error_text(errors.iloc[0])}; later attempt: {report.detail}"
+        first.evidence.append(_later_attempt_text(latest, verdict))
         first.attempts = 2
-        return first
+        return first, earlier
     failure = _errors_text(earlier.errors) if len(earlier.errors) else "it did not end by diag.finish"
     verdict.evidence.append(f"an earlier attempt wrote into this directory too: {failure}")
     verdict.attempts = 2
-    return verdict
+    return verdict, latest
 
 
 def _judge(data: TriageInput) -> Verdict:
@@ -1324,8 +1327,18 @@ def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness:
     stalled = sorted(r for r, info in data.ranks.items() if info.stalls)
     if stalled:
         evidence = [f"rank {r}: watchdog saw a stall ({data.ranks[r].stalls[0]}) that later cleared" for r in stalled]
-        slowest = _slowest_by_steps(data) or stalled[0]
-        evidence.append(f"slowest rank by mean step time outside communication: {slowest}")
+        kept_waiting = _kept_waiting(data, stalled)
+        slowest = _slowest_by_steps(data, kept_waiting or None)
+        if kept_waiting:
+            slowest = slowest if slowest is not None else kept_waiting[0]
+            evidence.append(
+                f"{_ranks_text(stalled)} stalled waiting in a collective of a group whose other members "
+                f"({_ranks_text(kept_waiting)}) they waited for; slowest of those by step time outside "
+                f"communication: {slowest}"
+            )
+        else:
+            slowest = slowest if slowest is not None else stalled[0]
+            evidence.append(f"slowest rank by mean step time outside communication: {slowest}")
         return _verdict("slow", [slowest], None, ranks, evidence, data)
     has_evidence = len(ops) or any(i.heartbeat or i.last_dump or i.fr_last for i in data.ranks.values())
     if not has_evidence:
@@ -1407,12 +1420,33 @@ def _capture_stopped_line(rank: int, info: RankInfo) -> str:
     return f"rank {rank}: capture stopped{at}{why}; nothing after it was recorded, so what the rank did then is unknown"
 
 
-def _slowest_by_steps(data: TriageInput) -> int | None:
+def _kept_waiting(data: TriageInput, stalled: list[int]) -> list[int]:
+    """The members of the groups the stalled ranks' watchdogs saw them waiting in (a collective pending in
+    their stall dumps) that were not stalled in it themselves: whom they waited for. A rank stopped whole
+    (SIGSTOP, a frozen node) writes no stall dump of its own."""
+    waiting: dict[tuple[str, int], set[int]] = {}
+    for rank in stalled:
+        dump = data.ranks[rank].last_stall
+        for pending in dump.pending if dump is not None else []:
+            if pending.peer is None and pending.pg is not None and pending.seq is not None:
+                waiting.setdefault((str(pending.pg), int(pending.seq)), set()).add(rank)
+    members = _members(data)
+    kept = set()
+    for (pg, _seq), waiters in waiting.items():
+        kept |= set(members.get(pg, [])) - waiters - set(stalled)
+    return sorted(kept)
+
+
+def _slowest_by_steps(data: TriageInput, among: list[int] | None = None) -> int | None:
     """In data parallelism all ranks take the same step time; the slow one is the one the others wait for:
-    the largest step time outside communication."""
+    the largest step time outside communication (``among``: of these ranks only)."""
     steps = data.all_steps()
     if steps is None or steps.empty:
         return None
+    if among is not None:
+        steps = steps[steps["rank"].isin(among)]
+        if steps.empty:
+            return None
     own_us = (steps["duration_us"] - steps["comm_wait_us"]).groupby(steps["rank"]).mean()  # mean: one slow step counts
     return int(own_us.idxmax()) if len(own_us) else None
 

@@ -289,6 +289,7 @@ def test_restart_into_the_same_directory_does_not_hide_the_failed_attempt(jobs):
     assert verdict["culprit_ranks"] == [1]
     assert verdict["collective"]["op"] == "all_reduce"
     assert any("2 attempts wrote into this directory" in line for line in verdict["evidence"])
+    assert verdict["action"] == "fix_code"  # decided on the failed attempt's records, not the clean restart's
 
 
 @pytest.mark.parametrize(("shape", "world_size", "bad_rank"), [("restart", 2, 1), ("killed", 3, 1)])
@@ -315,6 +316,7 @@ def test_rank_killed_in_an_attempt_a_restart_followed_is_named_dead(jobs):
     assert verdict["verdict"] == "dead_rank", verdict["evidence"]
     assert verdict["culprit_ranks"] == [1]
     assert verdict["ranks"]["1"]["state"] == "dead"
+    assert verdict["action"] == "restart"  # killed without an error of its own
     assert any("2 attempts wrote into this directory" in line for line in verdict["evidence"])
 
 
@@ -329,3 +331,4 @@ def test_hang_stopped_by_signal_before_a_restart_is_named_from_its_own_attempt(j
     assert verdict["culprit_ranks"] == [1]
     assert verdict["ranks"]["1"]["state"] == "stuck_in_compute", verdict["ranks"]["1"]
     assert verdict["ranks"]["0"]["state"] == "waiting_in_collective"
+    assert verdict["action"] == "fix_code"
