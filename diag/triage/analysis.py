@@ -859,8 +859,11 @@ def _stopped_from_outside(data: TriageInput) -> bool:
     """Every rank was ended by a signal while making progress (no stall, or only stalls it completed steps
     after): a job stopped from outside (preemption, the launcher, a user). The signals reach the ranks a little
     apart, so some are caught inside a collective that the first-stopped ranks never reached: that is not a
-    hang."""
+    hang. Not when a rank recorded an error of its own: the job had failed before the signal came (a timeout or a
+    closed connection the first signals cause in the others is no such error)."""
     with_data = [info for info in data.ranks.values() if info.has_data]
+    if len(data.errors) and data.errors["error"].astype(str).map(is_own_error).any():
+        return False
     return bool(with_data) and all(
         (_exit_record(info) or NO_EXIT).how == "terminated" and not _still_stalled(info) for info in with_data
     )
@@ -1105,6 +1108,10 @@ def _silent_through_the_wait(data: TriageInput, rank: int, waiting_since_us: flo
     before then (its exception would be the failure). A process the node stopped (SIGSTOP, a frozen node)."""
     info = data.ranks.get(rank)
     if info is None or info.heartbeat is None or not gave_up:
+        return False
+    exit_record = info.heartbeat.exit
+    ended_us = (exit_record.time_us or info.heartbeat.time_us) if exit_record is not None else None
+    if ended_us and ended_us < max(gave_up):  # its process had ended (diag.finish ran): nothing left to freeze
         return False
     if info.stalls and not _watchdog_silent(info, gave_up):
         return False
