@@ -48,6 +48,7 @@ BENCHMARKS = {
     "health": "bench_health.py",
     "clock_sync": "bench_clock_sync.py --ranks 8 --repeat 20",
     "clock_sync_own_host": "bench_clock_sync.py --ranks 8 --repeat 10 --own-host",
+    "memory_categories": "bench_memory_categories.py --iterations 20000",
 }
 
 BLOCK = re.compile(
