@@ -49,6 +49,7 @@ BENCHMARKS = {
     "clock_sync": "bench_clock_sync.py --ranks 8 --repeat 20",
     "clock_sync_own_host": "bench_clock_sync.py --ranks 8 --repeat 10 --own-host",
     "memory_categories": "bench_memory_categories.py --iterations 20000",
+    "triage_watchdog": "bench_triage.py /tmp/watchdog_bench --watchdog --repeat 5",
 }
 
 BLOCK = re.compile(
