@@ -50,6 +50,7 @@ BENCHMARKS = {
     "clock_sync_own_host": "bench_clock_sync.py --ranks 8 --repeat 10 --own-host",
     "memory_categories": "bench_memory_categories.py --iterations 20000",
     "triage_watchdog": "bench_triage.py /tmp/watchdog_bench --watchdog --repeat 5",
+    "kineto_tokens": "bench_kineto_tokens.py --sizes-mb 10,20,40,300 --repeat 5",
 }
 
 BLOCK = re.compile(
