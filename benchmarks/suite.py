@@ -51,6 +51,8 @@ BENCHMARKS = {
     "memory_categories": "bench_memory_categories.py --iterations 20000",
     "triage_watchdog": "bench_triage.py /tmp/watchdog_bench --watchdog --repeat 5",
     "kineto_tokens": "bench_kineto_tokens.py --sizes-mb 10,20,40,300 --repeat 5",
+    "kineto_fixtures": "bench_kineto.py --fixtures",
+    "kineto_scaled": "bench_kineto.py --scaled 4",
 }
 
 BLOCK = re.compile(
