@@ -53,6 +53,7 @@ BENCHMARKS = {
     "kineto_tokens": "bench_kineto_tokens.py --sizes-mb 10,20,40,300 --repeat 5",
     "kineto_fixtures": "bench_kineto.py --fixtures",
     "kineto_scaled": "bench_kineto.py --scaled 4",
+    "pipeline": "bench_pipeline.py",
 }
 
 BLOCK = re.compile(
