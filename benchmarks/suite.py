@@ -54,6 +54,7 @@ BENCHMARKS = {
     "kineto_fixtures": "bench_kineto.py --fixtures",
     "kineto_scaled": "bench_kineto.py --scaled 4",
     "pipeline": "bench_pipeline.py",
+    "export": "bench_export.py --ranks 64 --steps 1000 --format 2 --windows 1 10 100",
 }
 
 BLOCK = re.compile(
