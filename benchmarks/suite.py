@@ -55,6 +55,7 @@ BENCHMARKS = {
     "kineto_scaled": "bench_kineto.py --scaled 4",
     "pipeline": "bench_pipeline.py",
     "export": "bench_export.py --ranks 64 --steps 1000 --format 2 --windows 1 10 100",
+    "compare": "bench_compare.py --ranks 64 --format 2",
 }
 
 BLOCK = re.compile(
