@@ -56,6 +56,7 @@ BENCHMARKS = {
     "pipeline": "bench_pipeline.py",
     "export": "bench_export.py --ranks 64 --steps 1000 --format 2 --windows 1 10 100",
     "compare": "bench_compare.py --ranks 64 --format 2",
+    "analyze": "bench_analyze.py --ranks 64",
 }
 
 BLOCK = re.compile(
