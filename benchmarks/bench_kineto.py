@@ -233,7 +233,10 @@ def main() -> None:
         return
     if not (args.fixtures or args.scaled):
         parser.error("give --fixtures and/or --scaled RANKS")
-    table = Table("kineto", COLUMNS)
+    # the suite's names: kineto_fixtures and kineto_scaled run one part each
+    table = Table(
+        "kineto" + ("" if args.fixtures and args.scaled else "_fixtures" if args.fixtures else "_scaled"), COLUMNS
+    )
     rows = []
     if args.fixtures:
         for name in FIXTURE_DIRS:
