@@ -57,6 +57,7 @@ BENCHMARKS = {
     "export": "bench_export.py --ranks 64 --steps 1000 --format 2 --windows 1 10 100",
     "compare": "bench_compare.py --ranks 64 --format 2",
     "analyze": "bench_analyze.py --ranks 64",
+    "dashboard": "bench_dashboard.py /tmp/diag-dash-1024",
 }
 
 BLOCK = re.compile(
