@@ -58,6 +58,7 @@ BENCHMARKS = {
     "compare": "bench_compare.py --ranks 64 --format 2",
     "analyze": "bench_analyze.py --ranks 64",
     "dashboard": "bench_dashboard.py /tmp/diag-dash-1024",
+    "storage": "bench_storage.py --skip candidates writer load to_frame",
 }
 
 BLOCK = re.compile(
