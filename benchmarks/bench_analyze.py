@@ -9,14 +9,17 @@ Wall time and peak RSS are measured per `diag analyze` process (os.wait4), and t
 run is checked against the planted problems. Generated directories are deleted afterwards.
 
     python benchmarks/bench_analyze.py                 # 256, 512, 1024 ranks
+    python benchmarks/bench_analyze.py --ranks 64      # the suite's size (benchmarks/suite.py): the in-memory path
     python benchmarks/bench_analyze.py --ranks 64 --steps 200
+
+Up to 64 ranks ``diag analyze`` loads every table whole and caches the tables; above, it reads rank by rank and
+caches the report only. ``--json PATH`` also saves the table (record.Table).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -25,13 +28,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measured import run_measured  # noqa: E402
+from record import Table, add_json_option  # noqa: E402
 
 from diag.testing import synthetic  # noqa: E402
 
 
 def run_analyze(trace_dir: Path, *args: str) -> tuple[str, float, str]:
-    """Wall s (CPU s), peak RSS (GB) and stdout of one ``diag analyze`` process."""
-    run = run_measured([sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", *args])
+    """Wall s (CPU s), peak RSS (GB) and stdout of one ``diag analyze`` process (``--fail-on never``: the planted
+    problems would make it exit 1)."""
+    argv = [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", "--fail-on", "never", *args]
+    run = run_measured(argv)
     return f"{run.wall_s:.1f} s ({run.cpu_s:.1f} s)", run.peak_rss_gb, run.stdout
 
 
@@ -92,23 +98,45 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--collectives-per-step", type=int, default=20)
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
+    add_json_option(parser)
     args = parser.parse_args()
-    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
-    print("Times are wall (CPU user+system) per diag analyze process.")
-    print(
-        "| ranks | collective rows | trace size | generate | first run | peak RSS | second run (cached report) | peak RSS | other --steps (cached tables) | peak RSS | planted problems |"
+    table = Table(
+        "analyze",
+        [
+            "ranks",
+            "collective rows",
+            "trace size",
+            "generate",
+            "first run",
+            "peak RSS",
+            "second run (cached report)",
+            "peak RSS",
+            "other --steps",
+            "peak RSS",
+            "planted problems",
+        ],
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for ranks in args.ranks:
         r = bench(ranks, args.steps, args.collectives_per_step, args.root)
         found = "all found" if not r["problems"] else "; ".join(r["problems"])
-        print(
-            f"| {ranks} | {r['collective_rows']:,} | {r['trace_gb']:.2f} GB | {r['generate_s']:.1f} s | {r['first_s']} | "
-            f"{r['first_gb']:.2f} GB | {r['second_s']} | {r['second_gb']:.2f} GB | {r['other_steps_s']} | "
-            f"{r['other_steps_gb']:.2f} GB | {found} |",
-            flush=True,
+        table.add(
+            f"{ranks:,}",
+            f"{r['collective_rows']:,}",
+            f"{r['trace_gb']:.2f} GB",
+            f"{r['generate_s']:.1f} s",
+            r["first_s"],
+            f"{r['first_gb']:.2f} GB",
+            r["second_s"],
+            f"{r['second_gb']:.2f} GB",
+            r["other_steps_s"],
+            f"{r['other_steps_gb']:.2f} GB",
+            found,
         )
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    table.note(
+        f"{args.steps:,} steps; times are wall (CPU user+system) of each diag analyze process; other --steps: "
+        "--steps 100:900"
+    )
+    table.save(args.json)
 
 
 if __name__ == "__main__":

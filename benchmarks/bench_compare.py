@@ -11,15 +11,16 @@ with a compute straggler planted), each command its own process, wall and CPU ti
 The planted straggler must come out as the largest component of B's regression. Directories are deleted.
 
     python benchmarks/bench_compare.py                  # 1024 ranks x 1000 steps x 20 collectives per step
-    python benchmarks/bench_compare.py --ranks 64 --steps 200
+    python benchmarks/bench_compare.py --ranks 64 --format 2   # the suite's size (benchmarks/suite.py)
     python benchmarks/bench_compare.py --format 2      # the traces as Parquet segments (trace schema 2)
+
+``--json PATH`` also saves the table (record.Table).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -27,16 +28,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measured import run_measured  # noqa: E402
+from record import Table, add_json_option  # noqa: E402
 
 from diag.testing import synthetic  # noqa: E402
 
 
 def diag(*args: str):
-    return run_measured([sys.executable, "-m", "diag", *args])
+    """``--fail-on never``: the runs hold planted problems, and a found one would otherwise exit 1."""
+    return run_measured([sys.executable, "-m", "diag", *args, "--fail-on", "never"])
 
 
-def line(name: str, run) -> str:
-    return f"| {name} | {run.wall_s:.1f} s | {run.cpu_s:.1f} s | {run.peak_rss_gb:.2f} GB |"
+def add(table: Table, name: str, run) -> None:
+    table.add(name, f"{run.wall_s:.1f} s", f"{run.cpu_s:.1f} s", f"{run.peak_rss_gb:.2f} GB")
 
 
 def main() -> None:
@@ -46,12 +49,12 @@ def main() -> None:
     parser.add_argument("--collectives-per-step", type=int, default=20)
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--format", type=int, choices=(1, 2), default=1, help="trace format: 1 CSV, 2 Parquet")
+    add_json_option(parser)
     args = parser.parse_args()
     base, new = args.root / f"diag-bench-compare-{args.ranks}-a", args.root / f"diag-bench-compare-{args.ranks}-b"
     try:
         for path in (base, new):
             shutil.rmtree(path, ignore_errors=True)
-        print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
         plants = [synthetic.Plants(), synthetic.Plants(compute_straggler=args.ranks // 3)]
         for seed, (path, plant) in enumerate(zip((base, new), plants, strict=True)):
             synthetic.generate(
@@ -64,29 +67,32 @@ def main() -> None:
                 trace_format=args.format,
             )
         rows = args.ranks * args.steps * args.collectives_per_step
-        print(f"{args.ranks} ranks x {args.steps} steps, {rows:,} collective rows per run, trace format {args.format}")
-        print("| command | wall | CPU | peak RSS |\n|---|---|---|---|")
+        table = Table("compare", ["command", "wall", "CPU", "peak RSS"])
         analyze = diag("analyze", str(base), "--format", "json", "--no-cache")
-        print(line("diag analyze A --no-cache", analyze), flush=True)
+        add(table, "`diag analyze A --no-cache`", analyze)
         uncached = diag("compare", str(base), str(new), "--format", "json", "--no-cache")
-        print(line("diag compare A B --no-cache", uncached), flush=True)
+        add(table, "`diag compare A B --no-cache`", uncached)
         analyze_b = diag("analyze", str(new), "--format", "json", "--no-cache")
-        print(line("diag analyze B --no-cache", analyze_b), flush=True)
+        add(table, "`diag analyze B --no-cache`", analyze_b)
         first = diag("compare", str(base), str(new), "--format", "json")
-        print(line("diag compare A B (writes the caches)", first), flush=True)
+        add(table, "`diag compare A B` (writes the caches)", first)
         second = diag("compare", str(base), str(new), "--format", "json")
-        print(line("diag compare A B (cached summaries)", second), flush=True)
+        add(table, "`diag compare A B` (cached summaries)", second)
+        table.note(
+            f"{args.ranks:,} ranks x {args.steps:,} steps, {rows:,} collective rows per run, trace format "
+            f"{args.format}; each command its own process"
+        )
         both_wall, both_cpu = analyze.wall_s + analyze_b.wall_s, analyze.cpu_s + analyze_b.cpu_s
-        print(
+        table.note(
             f"compare A B / (analyze A + analyze B), no cache: {uncached.wall_s / both_wall:.2f} wall, "
             f"{uncached.cpu_s / both_cpu:.2f} CPU (target: at most 1)"
         )
         data = json.loads(uncached.stdout)
         top = data["attribution"][0]
-        print(f"verdict: {data['summary']}")
         ok = data["verdict"] == "regression" and top["component"] == "straggler"
-        print("planted straggler:", "largest component" if ok else f"NOT FOUND (top: {top['component']})")
-        print(f"load average after: {os.getloadavg()[0]:.2f}")
+        planted = "the largest component" if ok else f"NOT FOUND (top: {top['component']})"
+        table.note(f"verdict: {data['summary']}; the planted straggler: {planted}")
+        table.save(args.json)
     finally:
         for path in (base, new):
             shutil.rmtree(path, ignore_errors=True)

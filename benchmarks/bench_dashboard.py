@@ -17,6 +17,9 @@ with the largest summed PSS of this process and its worker processes during the 
 measured.py does for diag analyze), and the rank-group pickers' callbacks are measured too. Above 64 ranks the
 server reads the report diag analyze cached for these files (TRACE_DIR/.diag-cache) when there is one, and caches
 the one it computes: ``--no-cache`` measures the cold load (nothing read or written).
+
+``--json PATH`` also saves the table (record.Table): every callback, the first page's readiness, and notes with
+the load, the triage verdict and the targets.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from record import Table, add_json_option  # noqa: E402
 
 CALLBACK_LIMIT_S = 1.0
 FIRST_PAGE_LIMIT_S = 3.0
@@ -128,8 +133,9 @@ def first_page_http(app) -> float:
 
 
 BROWSER_RUNS = 3
+# every overview figure drawn (the count is the Overview page's graphs: {graphs}) and the summary cards shown
 DRAWN_JS = (
-    "const g=document.querySelectorAll('#page .js-plotly-plot');return g.length==4&&[...g].every(e=>e.querySelector('.main-svg')"
+    "const g=document.querySelectorAll('#page .js-plotly-plot');return g.length=={graphs}&&[...g].every(e=>e.querySelector('.main-svg')"
     "&&((e.data&&e.data.length)||(e.layout&&e.layout.annotations&&e.layout.annotations.length)))"
     "&&document.querySelector('#overview-summary .cards')!==null"
 )
@@ -167,6 +173,9 @@ def _two_loads(base: str) -> tuple[float, float]:
     options = webdriver.ChromeOptions()
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         options.add_argument(arg)
+    from diag.dashboard.pages import PAGES
+
+    drawn_js = DRAWN_JS.replace("{graphs}", str(len(PAGES["/"].graphs)))
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
     try:
         driver.get(f"{base}/_dash-layout")  # start the browser process itself, not the app
@@ -174,7 +183,7 @@ def _two_loads(base: str) -> tuple[float, float]:
         for _ in range(2):
             started = time.perf_counter()
             driver.get(f"{base}/")
-            WebDriverWait(driver, 60, poll_frequency=0.05).until(lambda d: d.execute_script(DRAWN_JS))
+            WebDriverWait(driver, 60, poll_frequency=0.05).until(lambda d: d.execute_script(drawn_js))
             times.append(time.perf_counter() - started)
         return times[0], times[1]
     finally:
@@ -211,6 +220,7 @@ def main() -> None:
     parser.add_argument("--no-browser", action="store_true", help="skip the headless Chromium measurement")
     parser.add_argument("--no-triage", action="store_true", help="skip the triage verdict (minutes at 16,384 ranks)")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the report cache")
+    add_json_option(parser)
     args = parser.parse_args()
     import logging
 
@@ -252,6 +262,7 @@ def main() -> None:
     sampler.stop.set()
     sampler.join()
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    load_notes = []
     for wall_s, cpu_s, snap in published[:-1]:
         if snap.report is None:
             what = "before the report (rank states, groups, pickers, step times)"
@@ -259,20 +270,23 @@ def main() -> None:
             what = "with the preliminary report from the steps (Overview, Stragglers, pickers; the rest computing)"
         else:
             what = "with the report (every page but Memory and GPU telemetry, whose views are read next)"
-        print(f"snapshot published {what}: {wall_s:.1f} s wall, {cpu_s:.1f} s CPU here")
-    print(
+        load_notes.append(f"snapshot published {what}: {wall_s:.1f} s wall, {cpu_s:.1f} s CPU here")
+    load_notes.append(
         f"server load (read + analyse + aggregate): {load_wall_s:.1f} s wall, {load_cpu_s:.1f} s CPU "
         f"(this process, all threads) + {workers_cpu_s:.1f} s CPU in worker processes, peak RSS {peak_gb:.2f} GB, "
         f"peak PSS of this process and its workers {sampler.peak / 1e9:.2f} GB, "
         f"collectives {'reduced rank by rank' if live.partitioned else 'loaded whole'}, "
         f"report {live.snapshot.report_source or 'computed'}"
     )
-    print(f"machine load average after the load (1 min): {os.getloadavg()[0]:.1f}")
+    for line in load_notes:
+        print(line, flush=True)
     started = time.perf_counter()
     live.wait_for_triage(600)
-    print(
-        f"triage verdict (own thread, not a target): {time.perf_counter() - started:.1f} s more, verdict {(live.snapshot.triage or {}).get('verdict')}"
+    load_notes.append(
+        f"triage verdict (own thread, not a target): {time.perf_counter() - started:.1f} s more, "
+        f"verdict {(live.snapshot.triage or {}).get('verdict')}"
     )
+    print(load_notes[-1], flush=True)
     snap = live.snapshot
     ranks, steps = len(snap.trace.ranks_found), snap.trace.steps["step"].nunique()
     app = create_app(args.trace_dir, live=live)
@@ -303,36 +317,39 @@ def main() -> None:
     assert listed[0]["value"] == planted["compute_straggler"], listed[:3]  # slowest first
     first_browser = None if args.no_browser else first_page_browser(app)
 
-    print(
-        f"\n{ranks} ranks x {steps} steps; planted compute straggler: rank {planted['compute_straggler']}, selected by the click: rank {selected}"
-    )
-    print(f"{'callback':<52} {'time s':>7} {'response KiB':>13} {'largest figure KiB':>19}")
+    table = Table("dashboard", ["step", "time", "response", "largest figure"])
     for name, t, size, fig in results:
-        print(f"{name:<52} {t:7.3f} {size / 1024:13.0f} {fig / 1024:19.0f}")
+        table.add(name, f"{t:.3f} s", f"{size / 1024:,.0f} KiB", f"{fig / 1024:,.0f} KiB" if fig else "-")
+    table.add(
+        "first page ready over HTTP (index, layout, dependencies, router, overview)", f"{first_http:.3f} s", "", ""
+    )
+    if first_browser is not None:
+        cold, warm = first_browser
+        for what, times in (("empty browser cache", cold), ("reload, scripts cached", warm)):
+            table.add(
+                f"first page ready in headless Chromium, {what}: median of {BROWSER_RUNS} fresh browsers",
+                f"{statistics.median(times):.2f} s ({min(times):.2f}-{max(times):.2f})",
+                "",
+                "",
+            )
+    table.note(
+        f"{ranks:,} ranks x {steps:,} steps; planted compute straggler: rank {planted['compute_straggler']}, "
+        f"selected by the click: rank {selected}"
+    )
     worst_t = max(r[1] for r in results)
     worst_fig = max(r[3] for r in results)
-    print(
-        f"\nslowest callback: {worst_t:.3f} s (target <= {CALLBACK_LIMIT_S} s): {'OK' if worst_t <= CALLBACK_LIMIT_S else 'OVER'}"
-    )
-    print(
-        f"largest figure: {worst_fig / 2**20:.2f} MiB (target <= 2 MiB): {'OK' if worst_fig <= FIGURE_LIMIT_BYTES else 'OVER'}"
-    )
-    print(
-        f"first page ready over HTTP (index, layout, dependencies, router, overview): {first_http:.3f} s (target <= {FIRST_PAGE_LIMIT_S} s)"
+    table.note(
+        f"slowest callback: {worst_t:.3f} s (target <= {CALLBACK_LIMIT_S} s: "
+        f"{'met' if worst_t <= CALLBACK_LIMIT_S else 'OVER'}); largest figure: {worst_fig / 2**20:.2f} MiB "
+        f"(target <= 2 MiB: {'met' if worst_fig <= FIGURE_LIMIT_BYTES else 'OVER'}); first page over HTTP: target "
+        f"<= {FIRST_PAGE_LIMIT_S} s"
     )
     if first_browser is None:
         why = "--no-browser" if args.no_browser else "chromium/chromedriver not installed"
-        print(f"first page ready in a browser: not measured ({why})")
-    else:
-        cold, warm = first_browser
-        print(
-            f"first page ready in headless Chromium, until all overview figures are drawn (target <= {FIRST_PAGE_LIMIT_S} s), {BROWSER_RUNS} fresh browsers:"
-        )
-        print(f"  empty browser cache: median {statistics.median(cold):.3f} s ({', '.join(f'{t:.2f}' for t in cold)})")
-        print(
-            f"  scripts cached (reload): median {statistics.median(warm):.3f} s ({', '.join(f'{t:.2f}' for t in warm)})"
-        )
-    print(f"machine load average while measuring (1 min): {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        table.note(f"first page ready in a browser: not measured ({why})")
+    for line in load_notes:
+        table.note(line)
+    table.save(args.json)
     live.stop()
 
 

@@ -14,6 +14,8 @@ window, in its own process; ``--trace DIR``: an existing synthetic run instead o
 with its code (``PYTHONPATH=DIR``), just before this checkout's, so the two see the same machine load:
 
     python benchmarks/bench_export.py --trace /tmp/export2/s1024 --windows 1 10 100 --base /tmp/export2/base
+
+``--json PATH`` also saves the table (record.Table).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measured import run_measured  # noqa: E402
+from record import Table, add_json_option  # noqa: E402
 
 from diag.testing import synthetic  # noqa: E402
 
@@ -112,6 +115,7 @@ def main() -> None:
     parser.add_argument("--trace", type=Path, help="an existing synthetic run (not generated, not deleted)")
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--base", type=Path, help="another checkout of diag, run before this one for each export")
+    add_json_option(parser)
     args = parser.parse_args()
     trace_dir = args.trace or args.root / f"diag-bench-export-{args.ranks}"
     if args.trace is None:
@@ -122,28 +126,41 @@ def main() -> None:
         size_mb = sum(f.stat().st_size for f in trace_dir.rglob("*") if f.is_file()) / 1e6
         ranks = len([d for d in trace_dir.iterdir() if d.name.startswith("rank")])
         print(f"{ranks} ranks: {size_mb:.0f} MB of traces; load average {os.getloadavg()[0]:.1f}", flush=True)
-        print(f"{'export':<32} {'wall s':>7} {'CPU s':>7} {'peak RSS GB':>12} {'file MB':>8} {'events':>11}")
+        table = Table("export", [f"export, {ranks:,} ranks", "wall", "CPU", "peak RSS", "file", "events"])
         runs = [] if args.no_whole else [("whole run", ())]
-        runs += [(f"--steps 500:{500 + n}", ("--steps", f"500:{500 + n}")) for n in args.windows]
-        runs += [(f"--steps {r}", ("--steps", r)) for r in args.ranges]
+        runs += [(f"`--steps 500:{500 + n}` ({n} step{'s' if n > 1 else ''})", ("--steps", f"500:{500 + n}"))
+                 for n in args.windows]  # fmt: skip
+        runs += [(f"`--steps {r}`", ("--steps", r)) for r in args.ranges]
         out = trace_dir.parent / "diag-bench-export.json"
         base_out = trace_dir.parent / "diag-bench-export-base.json"
         if args.export_ranks:
             subset = ("--ranks", ",".join(map(str, range(args.export_ranks))))
             runs = [(f"{label}, ranks 0-{args.export_ranks - 1}", (*extra, *subset)) for label, extra in runs]
+        whole = None
         for label, extra in runs:
             if args.base is not None:
-                show(f"base: {label}", run_export(trace_dir, base_out, *extra, code=args.base.resolve()))
-            show(label, run_export(trace_dir, out, *extra))
+                show(table, f"base: {label}", run_export(trace_dir, base_out, *extra, code=args.base.resolve()))
+            result = run_export(trace_dir, out, *extra)
+            show(table, label, result)
+            whole = result if label == "whole run" else whole
             if args.base is not None:  # the same window must give the same file, byte for byte
-                print(f"  the same file as base's: {filecmp.cmp(base_out, out, shallow=False)}", flush=True)
+                table.note(f"{label}: the same file as base's: {filecmp.cmp(base_out, out, shallow=False)}")
                 base_out.unlink()
         if args.previous:
             window = f"500:{500 + args.windows[0]}"
             show(
+                table,
                 f"previous, --steps {window}",
                 run_previous(trace_dir, trace_dir.parent / "diag-bench-export.json", window),
             )
+        table.note(f"the trace: {ranks:,} ranks, {size_mb:,.1f} MB on disk; each export its own process")
+        if whole is not None and args.trace is None:
+            per = ranks * args.steps
+            table.note(
+                f"whole run: {whole['events'] / per:.1f} events and {whole['file_mb'] * 1e3 / per:.1f} KB a rank "
+                f"and step; {whole['cpu_s'] / whole['events'] * 1e6:.1f} us of CPU an event"
+            )
+        table.save(args.json)
     finally:
         (trace_dir.parent / "diag-bench-export.json").unlink(missing_ok=True)
         (trace_dir.parent / "diag-bench-export-base.json").unlink(missing_ok=True)
@@ -151,11 +168,14 @@ def main() -> None:
             shutil.rmtree(trace_dir, ignore_errors=True)
 
 
-def show(label: str, result: dict) -> None:
-    print(
-        f"{label:<32} {result['wall_s']:>7.1f} {result['cpu_s']:>7.1f} {result['peak_rss_gb']:>12.2f} "
-        f"{result['file_mb']:>8.1f} {result['events']:>11,}  (load average {os.getloadavg()[0]:.1f})",
-        flush=True,
+def show(table: Table, label: str, result: dict) -> None:
+    table.add(
+        label,
+        f"{result['wall_s']:.1f} s",
+        f"{result['cpu_s']:.1f} s",
+        f"{result['peak_rss_gb']:.2f} GB",
+        f"{result['file_mb']:,.1f} MB",
+        f"{result['events']:,}",
     )
 
 

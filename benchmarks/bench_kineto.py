@@ -1,15 +1,18 @@
 """diag vs Holistic Trace Analysis on the same torch.profiler (Kineto) traces: wall time, peak memory, and
 the agreement of the numbers both compute (temporal breakdown, communication/computation overlap).
 
-Each tool runs in its own fresh subprocess (imports included in its time); peak memory is the largest
-summed RSS of that process and all its children (HTA parses ranks in a multiprocessing pool), sampled
-every 20 ms with psutil. diag analyses the steps HTA does (all but the last ProfilerStep). HTA runs with
+Each tool runs in its own fresh subprocess (imports included in its time); CPU time is that process's and
+its children's (user + system); peak memory is the largest summed RSS of that process and all its children
+(HTA parses ranks in a multiprocessing pool), sampled every 20 ms with psutil. diag analyses the steps HTA does (all but the last ProfilerStep). HTA runs with
 HTA_DISABLE_NS_ROUNDING=1 (keep the recorded float timestamps, as diag does) and, for the agreement table
 only, also with its default rounding.
 
 usage:
   python benchmarks/bench_kineto.py --fixtures              # the real traces in ../shared/fixtures
   python benchmarks/bench_kineto.py --scaled 8 [--work DIR] # 8 ranks made from HTA's df_index_resolver trace
+
+``--json PATH`` saves the table (record.Table); ``--rows-json PATH`` every row with all of both tools' numbers.
+``DIAG_SHARED_FIXTURES`` names another fixtures directory than ../shared/fixtures.
 
 Needs ``pip install --no-deps HolisticTraceAnalysis==0.5.0 networkx pydot psutil`` (HTA 0.5.0 declares
 jupyterlab and pytest as dependencies but does not import them for these analyses).
@@ -21,12 +24,17 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from record import Table, add_json_option  # noqa: E402
+
 FIXTURES = Path(os.environ.get("DIAG_SHARED_FIXTURES", REPO.parent / "shared" / "fixtures"))
 FIXTURE_DIRS = ["hta-public/nccl_parser_config", "hta-public/df_index_resolver", "gpu-h100"]
 KEYS = ("idle_pct", "compute_pct", "non_compute_pct", "overlap_pct")
@@ -74,12 +82,13 @@ def child_hta(path: str) -> dict:
 
 
 def run_tool(tool: str, path: Path, rounding: bool = False) -> dict:
-    """Run one tool in a fresh process; its wall time, peak RSS of its process tree, and its numbers."""
+    """Run one tool in a fresh process; its wall and CPU time, peak RSS of its process tree, and its numbers."""
     import psutil
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if tool == "hta" and not rounding:
         env["HTA_DISABLE_NS_ROUNDING"] = "1"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, __file__, "--child", tool, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
@@ -95,10 +104,13 @@ def run_tool(tool: str, path: Path, rounding: bool = False) -> dict:
         time.sleep(0.02)
     wall = time.perf_counter() - start
     stdout, stderr = proc.communicate()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the tool's process and the children it waited for
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         raise RuntimeError(f"{tool} failed on {path}:\n{stderr.decode()[-3000:]}")
     return {
         "wall_s": wall,
+        "cpu_s": cpu,
         "peak_rss_mib": peak / 2**20,
         "numbers": json.loads(stdout.decode().strip().splitlines()[-1]),
     }
@@ -144,6 +156,8 @@ def compare(path: Path, label: str) -> dict:
         "json_mib": plain,
         "diag_s": diag["wall_s"],
         "hta_s": hta["wall_s"],
+        "diag_cpu_s": diag["cpu_s"],
+        "hta_cpu_s": hta["cpu_s"],
         "diag_peak_mib": diag["peak_rss_mib"],
         "hta_peak_mib": hta["peak_rss_mib"],
         "max_diff_pct_points": max_difference(diag["numbers"], hta["numbers"]),
@@ -173,22 +187,35 @@ def make_scaled(work: Path, ranks: int) -> Path:
     return out
 
 
-def print_table(rows: list[dict]) -> None:
-    head = (
-        f"{'traces':34} {'ranks':>5} {'JSON MiB':>9} {'diag s':>7} {'HTA s':>7} {'x faster':>8} "
-        f"{'diag MiB':>9} {'HTA MiB':>9} {'x less':>7} {'max diff':>9} {'vs rounded':>10}"
+COLUMNS = [
+    "traces",
+    "ranks",
+    "JSON MiB",
+    "diag s (CPU)",
+    "HTA s (CPU)",
+    "faster",
+    "diag peak MiB",
+    "HTA peak MiB",
+    "less memory",
+    "max diff (pp)",
+    "vs HTA rounding (pp)",
+]
+
+
+def add_row(table: Table, r: dict) -> None:
+    table.add(
+        r["traces"],
+        r["ranks"],
+        f"{r['json_mib']:,.0f}",
+        f"{r['diag_s']:.2f} ({r['diag_cpu_s']:.2f})",
+        f"{r['hta_s']:.2f} ({r['hta_cpu_s']:.2f})",
+        f"{r['hta_s'] / r['diag_s']:.1f}x",
+        f"{r['diag_peak_mib']:,.0f}",
+        f"{r['hta_peak_mib']:,.0f}",
+        f"{r['hta_peak_mib'] / r['diag_peak_mib']:.1f}x",
+        f"{r['max_diff_pct_points']:.3f}",
+        f"{r['max_diff_vs_hta_rounding_pct_points']:.3f}",
     )
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        print(
-            f"{r['traces']:34} {r['ranks']:>5} {r['json_mib']:>9.0f} {r['diag_s']:>7.2f} {r['hta_s']:>7.2f} "
-            f"{r['hta_s'] / r['diag_s']:>8.1f} {r['diag_peak_mib']:>9.0f} {r['hta_peak_mib']:>9.0f} "
-            f"{r['hta_peak_mib'] / r['diag_peak_mib']:>7.1f} {r['max_diff_pct_points']:>9.3f} "
-            f"{r['max_diff_vs_hta_rounding_pct_points']:>10.3f}"
-        )
-    print("max diff: largest |diag - HTA| over ranks of idle, compute, non-compute and overlap shares, in percentage")
-    print("points, HTA with HTA_DISABLE_NS_ROUNDING=1; 'vs rounded': against HTA's default timestamp rounding.")
 
 
 def main() -> None:
@@ -197,22 +224,35 @@ def main() -> None:
     parser.add_argument("--fixtures", action="store_true", help="compare on the real traces in ../shared/fixtures")
     parser.add_argument("--scaled", type=int, metavar="RANKS", help="compare on RANKS copies of a real trace")
     parser.add_argument("--work", type=Path, default=Path("/tmp/diag-bench-kineto"), help="where scaled traces go")
-    parser.add_argument("--json", type=Path, help="also write the rows (with every number) to this file")
+    parser.add_argument("--rows-json", type=Path, help="also write the rows (with every number) to this file")
+    add_json_option(parser)
     args = parser.parse_args()
     if args.child:
         tool, path = args.child
         print(json.dumps(child_diag(path) if tool == "diag" else child_hta(path)))
         return
+    if not (args.fixtures or args.scaled):
+        parser.error("give --fixtures and/or --scaled RANKS")
+    # the suite's names: kineto_fixtures and kineto_scaled run one part each
+    table = Table(
+        "kineto" + ("" if args.fixtures and args.scaled else "_fixtures" if args.fixtures else "_scaled"), COLUMNS
+    )
     rows = []
     if args.fixtures:
-        rows += [compare(FIXTURES / name, name) for name in FIXTURE_DIRS]
+        for name in FIXTURE_DIRS:
+            rows.append(compare(FIXTURES / name, name))
+            add_row(table, rows[-1])
     if args.scaled:
-        rows.append(compare(make_scaled(args.work, args.scaled), f"df_index_resolver x{args.scaled} ranks"))
-    if not rows:
-        parser.error("give --fixtures and/or --scaled RANKS")
-    print_table(rows)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        rows.append(compare(make_scaled(args.work, args.scaled), f"df_index_resolver x {args.scaled} ranks"))
+        add_row(table, rows[-1])
+    table.note(
+        "seconds: wall (CPU of the tool's process tree); faster: HTA's wall over diag's; max diff: the largest "
+        "|diag - HTA| over ranks of the idle, compute and non-compute shares and the overlap share, in "
+        "percentage points, HTA with HTA_DISABLE_NS_ROUNDING=1; vs HTA rounding: against HTA's default"
+    )
+    table.save(args.json)
+    if args.rows_json:
+        args.rows_json.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

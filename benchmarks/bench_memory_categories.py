@@ -5,26 +5,30 @@ the categories, but only at the first three steps and every 50th (diag/capture/m
 in one process on CPU, for two models with AdamW after one real step (so Adam's state exists):
 
 * ``mlp``: bench_capture.py's 3-layer MLP of width 900 (6 tensors);
-* ``gpt``: a 12-layer GPT-like model (d_model 512, 8 heads, vocabulary 8192; 150 tensors).
+* ``gpt``: a 12-layer GPT-like model (d_model 512, 8 heads, vocabulary 8192; 146 tensors).
 
 Reported, in microseconds (medians): a memory row without categories and with them on a step that is not
 measured (the figure every step pays), the backward-end hook on such a step, one full measurement (parameters
 and optimizer state at the step's end, gradients at the backward's end) and the cost per step averaged over the
 first 1,000 steps (22 measured steps).
 
-usage: python benchmarks/bench_memory_categories.py [--iterations 20000]
+usage: python benchmarks/bench_memory_categories.py [--iterations 20000] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from record import Table, add_json_option  # noqa: E402
+
+MODELS = {"mlp": "MLP", "gpt": "GPT-like"}
 
 
 def mlp():
@@ -111,15 +115,47 @@ def measure(name: str, model, iterations: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=20000)
+    add_json_option(parser)
     args = parser.parse_args()
     import torch
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    results = [measure("mlp", mlp(), args.iterations), measure("gpt", gpt(), args.iterations)]
-    print(json.dumps(results, indent=1))
+    table = Table(
+        "memory_categories",
+        [
+            "model",
+            "row without / with categories, step not measured",
+            "backward-end hook, not measured",
+            "one measurement (of which gradients)",
+            "average per step, first 1,000 steps",
+        ],
+    )
+    results = []
+    for name, model in (("mlp", mlp()), ("gpt", gpt())):
+        r = measure(name, model, args.iterations)
+        results.append(r)
+        table.add(
+            f"{MODELS[name]}, {r['tensors']} tensors",
+            f"{r['row_without_categories_us']:.2f} / {r['row_with_categories_not_measured_us']:.2f} us",
+            f"{r['backward_end_not_measured_us']:.2f} us",
+            f"{r['one_measurement_us']:g} us ({r['of_which_gradients_us']:g})",
+            f"{r['average_per_step_first_1000_us']:.2f} us",
+        )
+    not_measured = ", ".join(
+        f"{MODELS[r['model']]} {r['row_with_categories_not_measured_us'] - r['row_without_categories_us'] + r['backward_end_not_measured_us']:.2f} us"
+        for r in results
+    )
+    per_tensor = ", ".join(f"{MODELS[r['model']]} {r['one_measurement_us'] / r['tensors']:.1f} us" for r in results)
+    table.note(
+        f"medians of {args.iterations:,} calls (a measurement: of {max(args.iterations // 20, 200):,}); "
+        f"{results[0]['measured_steps_of_1000']} of the first 1,000 steps are measured"
+    )
+    table.note(f"what categories add to a step that is not measured (row and hook): {not_measured}")
+    table.note(f"one measurement per parameter tensor (its gradient and optimizer state included): {per_tensor}")
+    table.save(args.json)
 
 
 if __name__ == "__main__":

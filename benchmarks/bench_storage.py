@@ -18,7 +18,12 @@
    process, alternated: CPU time (the calling thread) and wall time of the conversion, and the process's peak RSS.
 
 usage: python benchmarks/bench_storage.py [--work DIR] [--load-ranks 256 1024] [--steps 1000] [--job-steps 400]
-       [--repeats 3] [--skip real synthetic candidates writer load to_frame]
+       [--repeats 3] [--skip real synthetic candidates writer load to_frame] [--json PATH]
+
+Every part prints its results as JSON. ``--json PATH`` saves the bytes-per-record table of parts 1 and 2 (the
+two formats side by side, record.Table); it needs both:
+
+    python benchmarks/bench_storage.py --skip candidates writer load to_frame --json PATH
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 import pyarrow as pa  # noqa: E402
+from record import Table, add_json_option  # noqa: E402
 
 from diag.launch import run_ranks  # noqa: E402
 from diag.testing import synthetic  # noqa: E402
@@ -46,6 +53,7 @@ from diag.trace.loader import load  # noqa: E402
 from diag.trace.schema import COLLECTIVES, TABLES  # noqa: E402
 
 FORMATS = (1, 2)
+SYNTHETIC_RANKS = 64  # part 2's run
 
 
 def table_bytes(trace_dir: Path, table: str) -> int:
@@ -109,6 +117,47 @@ def synthetic_bytes(work: Path, ranks: int, steps: int) -> dict:
         }
         shutil.rmtree(trace_dir, ignore_errors=True)
     return out
+
+
+def _size(n_bytes: float) -> str:
+    return f"{n_bytes / 1e6:,.2f} MB" if n_bytes >= 1e6 else f"{n_bytes / 1e3:,.1f} KB"
+
+
+def bytes_table(real: dict, synth: dict, job_steps: int, synthetic_ranks: int, steps: int) -> Table:
+    """Parts 1 and 2 as one table: bytes on disk per record, CSV (format 1) beside format 2."""
+    table = Table("storage", ["", "CSV (format 1)", "format 2 (Parquet segments)"])
+    v1, v2 = real["v1"], real["v2"]
+    per = "B/record"
+    table.add(
+        "real job, collectives",
+        *(f"{v['bytes_per_record']['collectives']:.2f} {per}" for v in (v1, v2)),
+    )
+    table.add(
+        "real job, steps / memory",
+        *(f"{v['bytes_per_record']['steps']:.1f} / {v['bytes_per_record']['memory']:.1f} {per}" for v in (v1, v2)),
+    )
+    table.add("real job, all files", *(_size(v["trace_bytes"]) for v in (v1, v2)))
+    table.add(
+        "real job, collectives before compaction (rank 0's live stream)",
+        *(
+            f"{v['live_bytes_per_record_rank0']['collectives']:.1f} {per}"
+            if "collectives" in v.get("live_bytes_per_record_rank0", {})
+            else "-"
+            for v in (v1, v2)
+        ),
+    )
+    s1, s2 = synth["v1"], synth["v2"]
+    table.add("synthetic, collectives", *(f"{v['collective_bytes_per_record']:.2f} {per}" for v in (s1, s2)))
+    table.add("synthetic, one rank's directory", *(_size(v["trace_bytes_per_rank"]) for v in (s1, s2)))
+    table.add(
+        "synthetic, 1,024 ranks (1,024 times one rank's)", *(_size(v["trace_bytes_per_rank"] * 1024) for v in (s1, s2))
+    )
+    table.note(
+        f"real job: benchmarks/storage_job.py, 2 ranks x {job_steps} steps, {v2['rows']['collectives']:,} "
+        f"collective rows, {v2['rows']['steps']:,} steps rows; synthetic: {synthetic_ranks} ranks x {steps:,} steps "
+        "x 20 collectives"
+    )
+    return table
 
 
 def writer_cost(trace_dir: Path, batch_rows: int = 100, repeats: int = 30) -> dict:
@@ -352,7 +401,10 @@ def main() -> None:
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=["real", "synthetic", "candidates", "writer", "load", "to_frame"]
     )
+    add_json_option(parser)
     args = parser.parse_args()
+    if args.json and {"real", "synthetic"} & set(args.skip):
+        parser.error("--json saves the bytes-per-record table: it needs the real and synthetic parts")
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-storage-"))
     work.mkdir(parents=True, exist_ok=True)
     results: dict = {"tables": list(TABLES)}
@@ -363,8 +415,12 @@ def main() -> None:
         results["writer"] = writer_cost(work / "real-v2")
         print(json.dumps({"writer": results["writer"]}), flush=True)
     if "synthetic" not in args.skip:
-        results["synthetic"] = synthetic_bytes(work, 64, args.steps)
+        results["synthetic"] = synthetic_bytes(work, SYNTHETIC_RANKS, args.steps)
         print(json.dumps({"synthetic": results["synthetic"]}), flush=True)
+    if "real_job" in results and "synthetic" in results:
+        bytes_table(results["real_job"], results["synthetic"], args.job_steps, SYNTHETIC_RANKS, args.steps).save(
+            args.json
+        )
     if "candidates" not in args.skip:
         one = work / "candidates-synthetic"
         shutil.rmtree(one, ignore_errors=True)

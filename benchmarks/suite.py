@@ -48,6 +48,17 @@ BENCHMARKS = {
     "health": "bench_health.py",
     "clock_sync": "bench_clock_sync.py --ranks 8 --repeat 20",
     "clock_sync_own_host": "bench_clock_sync.py --ranks 8 --repeat 10 --own-host",
+    "memory_categories": "bench_memory_categories.py --iterations 20000",
+    "triage_watchdog": "bench_triage.py /tmp/watchdog_bench --watchdog --repeat 5",
+    "kineto_tokens": "bench_kineto_tokens.py --sizes-mb 10,20,40,300 --repeat 5",
+    "kineto_fixtures": "bench_kineto.py --fixtures",
+    "kineto_scaled": "bench_kineto.py --scaled 4",
+    "pipeline": "bench_pipeline.py",
+    "export": "bench_export.py --ranks 64 --steps 1000 --format 2 --windows 1 10 100",
+    "compare": "bench_compare.py --ranks 64 --format 2",
+    "analyze": "bench_analyze.py --ranks 64",
+    "dashboard": "bench_dashboard.py /tmp/diag-dash-1024",
+    "storage": "bench_storage.py --skip candidates writer load to_frame",
 }
 
 BLOCK = re.compile(
