@@ -76,6 +76,11 @@ def _dead_rank(data, culprits: list[int]) -> Action:
     raised = [r for r in culprits if _exit_how(data, r) == "exception"]
     if raised:
         return _on(FIX_CODE, f"rank {raised[0]} died of an exception of its own: the job's failure", data, raised)
+    exited = [r for r in culprits if _exit_how(data, r) == "exited_without_finish"]
+    if exited:
+        return _on(FIX_CODE, f"rank {exited[0]}'s process exited on its own (sys.exit in a handler, the end of the "
+                   "script) without diag.finish while the others still needed it: the job's code ended it", data,
+                   exited)  # fmt: skip
     return _on(RESTART, "killed without an error of its own (the OOM killer, the scheduler, the node): restart; "
                "the same host again is the case for evicting it", data, culprits)  # fmt: skip
 

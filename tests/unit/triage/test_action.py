@@ -148,3 +148,12 @@ def test_a_missing_rank_that_finished_is_the_code_s():
     action = decide(_verdict("missing_ranks", [1], states), _data({0: _rank(), 1: _rank("node2", exit_how="finished")}))
     assert action.kind == "fix_code" and action.hosts == ["node2"]
     assert "loop ended early" in action.why
+
+
+def test_a_dead_rank_whose_process_exited_on_its_own_is_the_code_s():
+    """sys.exit in the user's handler (an exception caught between steps): no signal, no exception reached the
+    watchdog, only an exit without diag.finish while the others waited for the rank."""
+    states = {0: "waiting_in_collective", 1: "dead"}
+    ranks = {0: _rank(), 1: _rank("node2", exit_how="exited_without_finish")}
+    action = decide(_verdict("dead_rank", [1], states), _data(ranks))
+    assert action.kind == "fix_code" and action.hosts == ["node2"]
