@@ -26,6 +26,7 @@ ERROR_KINDS = ("step_error", "oom")  # and any event kind ending in "_error" (e.
 ABNORMAL_EXITS = ("exception", "terminated", "exited_without_finish")
 # exiting without diag.finish and without an error may be a sys.exit or a forgotten finish: a note, not a crash
 QUIET_EXIT = "exited_without_finish"
+QUIET_VERDICTS = ("no_problem", "slow", "capture_stopped", "incomplete")  # triage's verdicts of no failure
 MAX_LISTED = 200
 TITLE_ERROR_CHARS = 160
 
@@ -55,6 +56,8 @@ class Blame:
     culprit_ranks: list[int]
     collective: dict | None = None  # {pg, seq, op, sizes, dtype} the verdict is about
     note: str = ""  # why there is no verdict (triage could not judge the trace)
+    headline: str = ""  # diag triage's first line
+    evidence: list[str] = field(default_factory=list)  # its first lines of evidence
 
 
 @dataclass
@@ -63,6 +66,9 @@ class FailureReport:
     exits: list[RankExit] = field(default_factory=list)  # ranks that ended abnormally
     failed_steps: list[int] = field(default_factory=list)  # steps in which any rank raised
     blame: Blame | None = None  # triage's culprit, judged when the run failed (judge_failure)
+    # a restarted job whose analysed (latest) attempt did not fail: the failure of the attempt before it, as
+    # diag triage judges it (earlier_attempt_failure); None when that attempt did not fail either
+    earlier: Blame | None = None
 
     @property
     def first(self) -> StepFailure | None:
@@ -112,6 +118,26 @@ def judge_failure(trace) -> Blame:
     return Blame(verdict.verdict, list(verdict.culprit_ranks), verdict.collective)
 
 
+def earlier_attempt_failure(trace) -> Blame | None:
+    """A job restarted into the same directory whose latest attempt (the one analysed) did not fail: the
+    earlier attempt's failure as diag triage judges it from every attempt's records, or None when it did not
+    fail (or cannot be judged). A clean restart must not hide that the job failed once."""
+    from diag.triage.analysis import triage
+    from diag.triage.report import headline
+    from diag.triage.sources import read_diag_trace
+
+    if not trace.earlier_run_cuts_us or trace.path is None or not Path(trace.path).is_dir():
+        return None
+    try:
+        verdict = triage(read_diag_trace(Path(trace.path)))
+    except Exception:  # noqa: BLE001 - the report of the latest attempt stands without it
+        return None
+    if verdict.attempts < 2 or verdict.verdict in QUIET_VERDICTS:
+        return None
+    evidence = [line for line in verdict.evidence if not line.startswith(("judged from", "2 attempts"))][:3]
+    return Blame(verdict.verdict, list(verdict.culprit_ranks), verdict.collective, "", headline(verdict), evidence)
+
+
 def _step_errors(events: pd.DataFrame, offsets: dict[int, float]) -> list[StepFailure]:
     if events.empty or "kind" not in events:
         return []
@@ -155,7 +181,7 @@ def failure_findings(report: FailureReport, ctx: FindingContext | None = None) -
     """One finding for the run's failures: the first error named, the ranks that ended, the failed steps."""
     crashed = report.crashed
     if not report.step_errors and not crashed:
-        return []
+        return _earlier_attempt_findings(report.earlier)
     first = report.first
     ended = [e.rank for e in crashed]
     culprits = _culprits(report)
@@ -200,6 +226,24 @@ def failure_findings(report: FailureReport, ctx: FindingContext | None = None) -
                 else "Fix the first error: the others usually follow from it (a peer's closed connection or timeout). "
             )
             + "diag triage shows each rank's stacks and pending collectives at the end.",
+        )
+    ]
+
+
+def _earlier_attempt_findings(earlier: Blame | None) -> list[Finding]:
+    if earlier is None:
+        return []
+    return [
+        Finding(
+            kind="earlier_attempt_failed",
+            severity="high",
+            title=f"An earlier attempt of this job failed, then a restart ran clean: {earlier.headline}",
+            ranks=list(earlier.culprit_ranks),
+            time_lost_s=0.0,
+            time_lost_per_step_s=0.0,
+            evidence=earlier.evidence,
+            advice="The restart hid it, not fixed it: diag triage on this directory shows that attempt's stacks, "
+            "pending collectives and what to do.",
         )
     ]
 

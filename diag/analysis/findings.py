@@ -47,7 +47,7 @@ def severity_for(lost_per_step_s: float, step_s: float | None) -> str:
     return "high" if share >= 0.10 else "medium" if share >= 0.03 else "low"
 
 
-FIRST_KINDS = ("crash", "step_error")  # a run that failed: nothing else matters before that is fixed
+FIRST_KINDS = ("crash", "step_error", "earlier_attempt_failed")  # a run that failed: nothing else matters first
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:

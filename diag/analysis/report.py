@@ -27,7 +27,13 @@ from diag.analysis.comms import (
     exposed_time_findings,
     wait_per_rank_step,
 )
-from diag.analysis.failures import FailureReport, failure_findings, find_failures, judge_failure
+from diag.analysis.failures import (
+    FailureReport,
+    earlier_attempt_failure,
+    failure_findings,
+    find_failures,
+    judge_failure,
+)
 from diag.analysis.findings import Finding, FindingContext, rank_findings
 from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
 from diag.analysis.health import HealthReport, analyze_health, health_findings
@@ -201,6 +207,8 @@ def analyze(
     failures = find_failures(trace.events, trace.heartbeats, trace.manifests, trace.clock_offsets_us())
     if failures.step_errors or failures.crashed:  # name the rank diag triage names, not the first to raise
         failures.blame = judge_failure(trace)
+    else:
+        failures.earlier = earlier_attempt_failure(trace)
     window = choose_window(trace.steps, step_range, failures.failed_steps)
     steps_w = select(trace.steps, window)
     ranks_info = _ranks_info(trace)

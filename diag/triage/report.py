@@ -23,15 +23,19 @@ MAX_RANKS_LISTED = 32
 STACK_FRAMES_SHOWN = 8
 
 
-def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
+def headline(verdict: Verdict) -> str:
+    """The verdict's first line: what is wrong, and with which ranks."""
     culprits = verdict.culprit_ranks
     ranks_text = f"{'rank' if len(culprits) == 1 else 'ranks'} {', '.join(map(str, culprits))}" if culprits else "-"
-    headline = HEADLINES[verdict.verdict].format(ranks=ranks_text)
     if verdict.verdict == "desync" and not culprits:  # e.g. all_to_all totals without split sizes
-        headline = "DESYNC: the members of one collective disagree on what it moves; which rank is wrong is unknown"
+        return "DESYNC: the members of one collective disagree on what it moves; which rank is wrong is unknown"
     if verdict.evidence[:1] == [NOTHING_TO_JUDGE]:
-        headline = "NOTHING TO JUDGE: the directory holds no collectives, heartbeats or dumps"
-    lines = [headline]
+        return "NOTHING TO JUDGE: the directory holds no collectives, heartbeats or dumps"
+    return HEADLINES[verdict.verdict].format(ranks=ranks_text)
+
+
+def format_text(verdict: Verdict, all_ranks: bool = False) -> str:
+    lines = [headline(verdict)]
     if verdict.errors_caught:
         lines.append("the job caught the error and finished: this is where it failed, from the errors it recorded")
     if verdict.attempts > 1:

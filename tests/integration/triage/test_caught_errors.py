@@ -332,3 +332,7 @@ def test_hang_stopped_by_signal_before_a_restart_is_named_from_its_own_attempt(j
     assert verdict["ranks"]["1"]["state"] == "stuck_in_compute", verdict["ranks"]["1"]
     assert verdict["ranks"]["0"]["state"] == "waiting_in_collective"
     assert verdict["action"] == "fix_code"
+    # diag analyze reads the clean restart: no error of it to report, yet the earlier failure comes first
+    finding = diag_analyze_json(trace)["findings"][0]
+    assert (finding["kind"], finding["ranks"]) == ("earlier_attempt_failed", [1]), finding
+    assert "HANG: rank 1 never reached" in finding["title"]
