@@ -106,13 +106,9 @@ def judge_failure(trace) -> Blame:
     from diag.triage.analysis import triage
     from diag.triage.sources import input_from_trace, read_diag_trace
 
+    restarted = _restarted_dir(trace)
     try:
-        if trace.earlier_run_cuts_us and trace.path is not None and Path(trace.path).is_dir():
-            # a restarted job: the loaded trace kept only the latest attempt, and the failure may be the
-            # earlier one's; triage's own read keeps every attempt and judges each
-            verdict = triage(read_diag_trace(Path(trace.path)))
-        else:
-            verdict = triage(input_from_trace(trace))
+        verdict = triage(read_diag_trace(restarted) if restarted else input_from_trace(trace))
     except Exception as exc:  # noqa: BLE001 - a trace triage cannot judge still gets its failure finding
         return Blame("unknown", [], note=f"who the others waited for could not be judged: {exc!r}"[:300])
     return Blame(verdict.verdict, list(verdict.culprit_ranks), verdict.collective)
@@ -126,16 +122,25 @@ def earlier_attempt_failure(trace) -> Blame | None:
     from diag.triage.report import headline
     from diag.triage.sources import read_diag_trace
 
-    if not trace.earlier_run_cuts_us or trace.path is None or not Path(trace.path).is_dir():
+    restarted = _restarted_dir(trace)
+    if restarted is None:
         return None
     try:
-        verdict = triage(read_diag_trace(Path(trace.path)))
+        verdict = triage(read_diag_trace(restarted))
     except Exception:  # noqa: BLE001 - the report of the latest attempt stands without it
         return None
     if verdict.attempts < 2 or verdict.verdict in QUIET_VERDICTS:
         return None
-    evidence = [line for line in verdict.evidence if not line.startswith(("judged from", "2 attempts"))][:3]
-    return Blame(verdict.verdict, list(verdict.culprit_ranks), verdict.collective, "", headline(verdict), evidence)
+    return Blame(verdict.verdict, list(verdict.culprit_ranks), verdict.collective, "", headline(verdict),
+                 verdict.evidence[:3])  # fmt: skip
+
+
+def _restarted_dir(trace) -> Path | None:
+    """The directory of a job restarted into it, whose loaded trace kept only the latest attempt (the loader cut
+    the earlier ones): triage's own read of it keeps every attempt and judges each. None otherwise."""
+    if trace.earlier_run_cuts_us and trace.path is not None and Path(trace.path).is_dir():
+        return Path(trace.path)
+    return None
 
 
 def _step_errors(events: pd.DataFrame, offsets: dict[int, float]) -> list[StepFailure]:

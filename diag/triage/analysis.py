@@ -121,7 +121,7 @@ def _judge_attempts(data: TriageInput) -> tuple[Verdict, TriageInput]:
     if verdict.verdict in ("no_problem", "slow"):  # a restart that ran clean must not hide the failed attempt
         earlier = _with_uncaught_exceptions(earlier)
         first = _judge(earlier)
-        if not any(info.earlier is not None and info.earlier.heartbeat is not None for info in data.ranks.values()):
+        if not _kept_earlier_heartbeats(data):
             for rank, report in first.ranks.items():  # no heartbeat kept: its exit record is the later attempt's
                 errors = earlier.errors[earlier.errors["rank"] == rank]
                 if len(errors):
@@ -1280,10 +1280,15 @@ def _earlier_attempt_failed(data: TriageInput) -> bool:
     return False
 
 
+def _kept_earlier_heartbeats(data: TriageInput) -> bool:
+    """The restart kept the earlier attempt's heartbeats (capture does; traces written before it did not)."""
+    return any(info.earlier is not None and info.earlier.heartbeat is not None for info in data.ranks.values())
+
+
 def _earlier_attempt_ranks(data: TriageInput) -> dict[int, RankInfo]:
     """Each rank as the earlier attempt left it: its kept heartbeat and the dumps written before the restart.
     A trace whose restart kept no heartbeat (written before capture kept them) has only the latest ones."""
-    kept = any(info.earlier is not None and info.earlier.heartbeat is not None for info in data.ranks.values())
+    kept = _kept_earlier_heartbeats(data)
     ranks = {}
     for rank, info in data.ranks.items():
         earlier = info.earlier or RankInfo(rank)
@@ -1336,15 +1341,14 @@ def _slow_or_fine(data: TriageInput, ops: pd.DataFrame, members: dict, liveness:
         evidence = [f"rank {r}: watchdog saw a stall ({data.ranks[r].stalls[0]}) that later cleared" for r in stalled]
         kept_waiting = _kept_waiting(data, stalled)
         slowest = _slowest_by_steps(data, kept_waiting or None)
+        slowest = slowest if slowest is not None else (kept_waiting or stalled)[0]
         if kept_waiting:
-            slowest = slowest if slowest is not None else kept_waiting[0]
             evidence.append(
                 f"{_ranks_text(stalled)} stalled waiting in a collective of a group whose other members "
                 f"({_ranks_text(kept_waiting)}) they waited for; slowest of those by step time outside "
                 f"communication: {slowest}"
             )
         else:
-            slowest = slowest if slowest is not None else stalled[0]
             evidence.append(f"slowest rank by mean step time outside communication: {slowest}")
         return _verdict("slow", [slowest], None, ranks, evidence, data)
     has_evidence = len(ops) or any(i.heartbeat or i.last_dump or i.fr_last for i in data.ranks.values())
