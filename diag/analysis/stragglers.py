@@ -26,10 +26,12 @@ other work on a shared host) and a tool that calls every noisy run a straggler i
 A *persistent* straggler is slow in at least ``PERSISTENT_FRACTION`` of the steps (and in at least
 ``MIN_PERSISTENT_STEPS``), with a median busy time ``SLOWDOWN_MIN`` above the other ranks' and at least
 ``NAMED_Z`` times its noise (the standard error of its median excess from the step spread, and the rank
-spread). A *spike* is a step whose excess is above ``SPIKE_FRACTION`` and ``SPIKE_Z`` step spreads; a spike
-is the rank's *own* when it is also ``OWN_SPIKE_RATIO`` times the largest excess the other ranks show (the
-``OTHERS_LARGEST_QUANTILE`` quantile of each one's largest, so that one other straggler does not hide it): spikes that every rank has are the host's jitter, not a
-straggler. A rank with own spikes is a *transient* straggler; slow steps that no single rank explains are the
+spread), and the others wait for it: its wall-clock busy time is ``WAITED_FOR_MIN`` over theirs too (on a
+loaded host a rank that got more of a core than its peers shows more work and waits as long as they do). A
+*spike* is a step whose excess is above ``SPIKE_FRACTION`` and ``SPIKE_Z`` step spreads; a spike is the rank's
+*own* when it is also ``OWN_SPIKE_RATIO`` times the largest excess the other ranks show (the
+``OTHERS_LARGEST_QUANTILE`` quantile of each one's largest, so that one other straggler does not hide it):
+spikes that every rank has are the host's jitter, not a straggler. A rank with own spikes is a *transient* straggler; slow steps that no single rank explains are the
 job's *jitter*, a finding of its own, low unless it costs much.
 
 Severity is the cost's (``findings.severity_for``) capped by the confidence: ``high`` needs ``STEPS_FOR``
@@ -70,6 +72,7 @@ MAX_TRANSIENT = 20
 SPREAD_PER_MAD = 1.4826  # a normal distribution's sigma per median absolute deviation
 MEDIAN_STANDARD_ERROR = 1.2533  # the standard error of a median of n samples, in sigma / sqrt(n)
 NAMED_Z = 3.0  # a persistent straggler's slowdown is at least this many noise sigmas
+WAITED_FOR_MIN = SLOWDOWN_MIN / 2  # ... and its wall-clock busy time at least this far over the others'
 SPIKE_Z = 4.0  # a spike's excess is at least this many step spreads
 OWN_SPIKE_RATIO = 2.5  # an own spike is this many times the largest excess the other ranks show
 OTHERS_LARGEST_QUANTILE = 0.9  # "the largest the other ranks show": this quantile of each one's largest excess
@@ -338,9 +341,8 @@ def find_stragglers(
     per_rank = _per_rank(f)
     per_rank["saved_us"] = saved.reindex(per_rank.index, fill_value=0.0)
     others_busy = others_median(per_rank["busy_median_us"].to_numpy(dtype="float64"), per_rank["peers"].to_numpy())
-    per_rank["slowdown"] = np.nan_to_num(
-        per_rank["busy_median_us"].to_numpy() / np.where(others_busy > 0, others_busy, np.nan) - 1, nan=0.0
-    )
+    per_rank["slowdown"] = _slowdown(per_rank["busy_median_us"].to_numpy(), others_busy)
+    per_rank["wall_slowdown"] = _wall_slowdown(wall, per_rank) if times.less_core_wait else per_rank["slowdown"]
     noise.rank_spread = _rank_spread(per_rank["slowdown"].to_numpy())
     report.noise = noise
     per_rank["noise_z"] = _noise_z(per_rank, step_spread.reindex(per_rank.index), noise)
@@ -359,6 +361,7 @@ def find_stragglers(
         & (per_rank["slow_steps"] >= MIN_PERSISTENT_STEPS)
         & (per_rank["slowdown"] >= SLOWDOWN_MIN)
         & (per_rank["noise_z"] >= NAMED_Z)
+        & (per_rank["wall_slowdown"] >= WAITED_FOR_MIN)
     ]
     transient = per_rank[
         (per_rank["own_spikes"] > 0)
@@ -405,6 +408,20 @@ def find_stragglers(
     # one rank per stage: the step time is the pipeline's, which no comparison of the stages explains
     report.jitter = None if one_rank_per_stage else _jitter(wall, step_time_us, own_spike_steps, n_steps)
     return report
+
+
+def _slowdown(busy_median_us: np.ndarray, others_busy_us: np.ndarray) -> np.ndarray:
+    """Each rank's median busy time over the other ranks' median, less 1 (0 where the others' is unknown)."""
+    others = np.where(others_busy_us > 0, others_busy_us, np.nan)
+    return np.nan_to_num(busy_median_us / others - 1, nan=0.0)
+
+
+def _wall_slowdown(wall: pd.DataFrame, per_rank: pd.DataFrame) -> np.ndarray:
+    """Each rank's slowdown in wall-clock busy time, the time the other ranks wait for. A rank whose work is
+    over the others' but whose wall time is not (it got more of a core than they did, on a loaded host, and
+    waits as long as they do) holds nobody up."""
+    busy = grid.per_rank(wall, "busy_us").reindex(per_rank.index).to_numpy(dtype="float64")
+    return _slowdown(busy, others_median(busy, per_rank["peers"].to_numpy()))
 
 
 def _across_stages(times: RankStepTimes, stage_work_us: pd.Series | None) -> RankStepTimes | None:

@@ -10,9 +10,10 @@ at the end run `diag demo`'s DDP job beside a CPU burner."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from tests.analysis.straggler_tables import busy_host_noise, judged
+from tests.analysis.straggler_tables import busy_host_noise, judged, times_of
 
 
 def test_a_slowdown_shared_by_every_rank_is_jitter_not_a_straggler():
@@ -149,3 +150,22 @@ def test_work_is_busy_time_less_the_wait_for_a_core_never_below_the_time_on_one(
     unrecorded = steps.assign(runqueue_wait_us=nan, thread_cpu_us=nan)
     assert rank_step_times(unrecorded, None).frame["work_us"].tolist() == [100.0, 100.0, 100.0, 100.0]
     assert not rank_step_times(unrecorded, None).less_core_wait
+
+
+@pytest.mark.parametrize("wall_extra, named", [(0.0, False), (0.12, True)])
+def test_more_work_is_a_straggler_only_when_the_others_wait_for_it(wall_extra, named):
+    """Modelled on a balanced 3-rank run on a loaded host (CI, sample_traces/make_samples.py with no straggler):
+    rank 0's time on a core was 11% over the others' in 2 steps of 3, while the others' wall-clock busy time was
+    as long as its own (they waited for a core instead), so nobody waited for rank 0. With its wall time over
+    theirs as well, the same work is a straggler."""
+    from diag.analysis.stragglers import RankStepTimes, find_stragglers
+
+    rng = np.random.default_rng(7)
+    wall = 22_000.0 * rng.lognormal(0.0, 0.03, (3, 30))
+    wall[0] *= 1.0 + wall_extra
+    work = 10_000.0 * rng.lognormal(0.0, 0.03, (3, 30))
+    work[0] *= 1.11
+    times = times_of(wall)
+    frame = times.frame.assign(work_us=work.reshape(-1))
+    report = find_stragglers(RankStepTimes(frame, times.wait_source, less_core_wait=True), pd.DataFrame(), {}, {})
+    assert [s.rank for s in report.stragglers if s.persistent] == ([0] if named else [])
