@@ -155,7 +155,7 @@ def _verdict(c, suffix: str) -> Block:
             f"{', '.join(_signed_pct(x) for x in r.changes_pct)}; mean {_signed_pct(r.change_pct)} "
             f"(95% t interval {_ci(r.ci_pct)}); one run's level varies by {r.run_noise_pct:.1f}% between repeats"
         )
-        block.lines.append(f"no change when the pairs' interval holds 0 or their change is under {s.threshold_pct:g}%")
+        block.lines.append(f"a change only when the pairs' whole interval lies beyond {s.threshold_pct:g}%")
     elif s.run_noise_source:  # empty: --interleaved without enough pairs (the note says so)
         floor = "-" if s.noise_floor_pct is None else f"{s.noise_floor_pct:.1f}%"
         drifts = " and ".join("-" if d is None else f"{d:.1f}%" for d in s.drift_pct)

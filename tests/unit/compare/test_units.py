@@ -287,6 +287,16 @@ def test_no_run_to_run_noise_is_assumed_where_none_was_measured():
     assert mixed == (0.0, "none measured for this kind of machine")
 
 
+def test_repeats_read_a_change_only_when_their_whole_interval_is_beyond_the_threshold():
+    """CI's three same-job pairs, run at the same time: +3.3% [+1.2%, +5.5%] is no change at the 2% threshold;
+    the same interval moved past it is."""
+    assert C.beyond_threshold(C.Change(20.0, 20.7, 3.3, [1.2, 5.5]), 2.0) == 0
+    assert C.beyond_threshold(C.Change(20.0, 20.9, 4.5, [2.1, 7.0]), 2.0) == 1
+    assert C.beyond_threshold(C.Change(20.0, 19.1, -4.7, [-8.2, -1.1]), 2.0) == 0
+    assert C.beyond_threshold(C.Change(20.0, 18.9, -5.5, [-9.0, -2.1]), 2.0) == -1
+    assert C.beyond_threshold(C.Change(20.0, None, None, None), 2.0) == 0
+
+
 def test_interleaved_repeats_measure_the_noise_from_the_pairs():
     """BASE NEW BASE NEW ...: each pair's runs share their time's load; the pairs' spread is the noise."""
     load = [1.0, 1.12, 0.95, 1.08]  # the machine's load moves every pair's level alike
