@@ -39,8 +39,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import numpy as np  # noqa: E402
+from record import Table, add_json_option  # noqa: E402
 
 from diag.analysis.compare import (  # noqa: E402
     MAD_TO_SIGMA,
@@ -66,6 +68,7 @@ VARIANTS = {  # name -> arguments, in the order a round runs them
     "large": (*LARGE, "--width", "512"),
 }
 PLANTED = {"data": "base", "tiny-buckets": "base", "large": "large-base"}  # variant -> its base
+PLANTED_LABELS = {"data": "slow loader", "tiny-buckets": "tiny buckets", "large": "16x model"}
 
 
 def burn(seed: int, stop) -> None:
@@ -95,6 +98,8 @@ def summaries(root: Path) -> dict[str, list]:
     out: dict[str, list] = {name: [] for name in VARIANTS}
     for name in VARIANTS:
         for path in sorted(root.glob(f"{name}-[0-9][0-9]")):
+            if not (path / "bench-load.json").exists():  # written when the run ended: one stopped midway is left out
+                continue
             trace = load(path)
             out[name].append(summarize_run(trace, analyze(trace), path.name))
     return out
@@ -230,6 +235,49 @@ def report(result: dict, threshold_pct: float) -> None:
             f"{det[v]['regression']} of {det[v]['windows']}" for v in PLANTED) + " |")  # fmt: skip
 
 
+def judge(runs: dict[str, list], run_loads: dict[str, list], args, source: Path | None) -> None:
+    result = evaluate(runs, args.threshold_pct)
+    every_load = [x for values in run_loads.values() for x in values]
+    result["load_average"] = [min(every_load), max(every_load)]
+    report(result, args.threshold_pct)
+    table(result, args.interference, source).save(args.json)
+
+
+def table(result: dict, interference: int, source: Path | None) -> Table:
+    """The verdicts as one table, a row per rule: what the docs show (``benchmarks/suite.py tables``)."""
+    name = "compare_noise_burner" if interference else "compare_noise"
+    out = Table(name, ["rule", "same job, consecutive pairs", "same job, all pairs", *PLANTED_LABELS.values()])
+    detected = result["detected"]
+    out.add(
+        "default (noise floor)",
+        f"{result['false_consecutive']} of {result['consecutive']}",
+        f"{result['false_all']} of {result['all']}",
+        *(f"{detected[v]['regression']} of {detected[v]['pairs']}" for v in PLANTED),
+    )
+    for r in result["repeats"]:
+        out.add(
+            f"`--interleaved`, {r['pairs']} pairs",
+            f"{r['false']} of {r['same']}",
+            "",
+            *(f"{r['detected'][v]['regression']} of {r['detected'][v]['windows']}" for v in PLANTED),
+        )
+    out.note(
+        f"{result['runs']} rounds; same job: base runs of consecutive rounds (or every pair of them) read as anything "
+        "but `no change`; planted: each variant against the base run of its own round read as `regression`; "
+        "`--interleaved`: windows of rounds, base runs alternately on each side."
+    )
+    out.note(
+        f"Run-to-run noise the consecutive same-job pairs measure: {result['measured_run_noise_pct']:.1f}% a run "
+        f"(the default for CPU runs: {RUN_NOISE_PCT['cpu']}%); load average before the runs "
+        f"{result['load_average'][0]:.1f}-{result['load_average'][1]:.1f}"
+        + (f"; {interference} CPU burner(s) beside them" if interference else "")
+        + "."
+    )
+    if source is not None:
+        out.note(f"Judged from the runs kept in {source.name} (`--from`).")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=13, help="runs of each job (13: 12 consecutive pairs)")
@@ -238,12 +286,13 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep the traces in this directory")
     parser.add_argument("--from", dest="source", type=Path, help="evaluate the traces kept by an earlier --keep")
     parser.add_argument("--details", action="store_true", help="each base run's windows and each pair's verdict")
+    add_json_option(parser)
     args = parser.parse_args()
     if args.source is not None:
         runs = summaries(args.source)
         if args.details:
             details(runs, loads(args.source, runs))
-        report(evaluate(runs, args.threshold_pct), args.threshold_pct)
+        judge(runs, loads(args.source, runs), args, args.source)
         return
     root = args.keep or Path(tempfile.mkdtemp(prefix="diag-bench-noise-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -261,7 +310,8 @@ def main() -> None:
             proc.join()
     print(f"ran {args.rounds} rounds in {time.perf_counter() - started:.0f} s")
     try:
-        report(evaluate(summaries(root), args.threshold_pct), args.threshold_pct)
+        runs = summaries(root)
+        judge(runs, loads(root, runs), args, None)
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -59,6 +59,8 @@ BENCHMARKS = {
     "analyze": "bench_analyze.py --ranks 64",
     "dashboard": "bench_dashboard.py /tmp/diag-dash-1024",
     "storage": "bench_storage.py --skip candidates writer load to_frame",
+    "compare_noise": "bench_compare_noise.py --rounds 13 --keep /tmp/diag-noise-runs",
+    "compare_noise_burner": "bench_compare_noise.py --rounds 13 --interference 1 --keep /tmp/diag-noise-runs-burner",
 }
 
 BLOCK = re.compile(
