@@ -21,9 +21,10 @@ finish; the k-th rows of the ranks are one *round*, and the steps between two ro
 speed, is estimated from the runs themselves where the load varied within them (the slope of the log of each
 interval's median step time on the log of its factor, each run's own mean taken out, over at least
 ``MIN_INTERVALS_FOR_SLOPE`` intervals: a job that sleeps or waits on I/O for part of its step slows less than
-the calibration), clipped to [0, 1]; else it is 1 on CPU (every part of a CPU job's step runs on the cores the
-calibration measures) and the GPU-busy share of the step on CUDA (host time does not change with the GPU's
-clock). Runs without calibration rows are compared as measured.
+the calibration), clipped to [0, 1]; else it is, on CPU, the share of the step the training thread ran or waited
+for a core (its sleeps and I/O do not follow the cores' speed; 1 where the steps did not record it) and, on CUDA,
+the GPU-busy share of the step (host time does not change with the GPU's clock). Runs without calibration rows
+are compared as measured.
 """
 
 from __future__ import annotations

@@ -187,6 +187,7 @@ class RunSummary:
     samples_per_step: float | None = None  # over all data-parallel replicas, median over steps
     tokens_per_step: float | None = None
     gpu_busy_pct: float | None = None  # median over steps of the GPU time of the step / its iteration (CUDA events)
+    runnable_pct: float | None = None  # median over steps: the thread's time on a core or waiting for one / iteration
     wait_phase: str | None = None  # the part of the step body its communication waits were taken out of
     nonfinite_steps: int = 0  # steps at which some rank's loss or gradient norm was NaN or infinite
 
@@ -243,7 +244,20 @@ def summarize_run(trace, report: Report, label: str | None = None) -> RunSummary
         iteration = (steps_w["data_wait_us"] + steps_w["duration_us"]).astype("float64")
         share = (device / iteration.where(iteration > 0)).groupby(steps_w["step"]).median()
         summary.gpu_busy_pct = float(100 * share.median()) if share.notna().any() else None
+    summary.runnable_pct = _runnable_pct(steps_w)
     return summary
+
+
+def _runnable_pct(steps_w: pd.DataFrame) -> float | None:
+    """The share of the iteration the training thread ran or waited for a core (``thread_cpu_us`` +
+    ``runqueue_wait_us``), median over ranks and then over steps, in %: the part of a CPU job's step that goes
+    with the cores' speed (its sleeps and I/O do not). None where either was not recorded."""
+    if "thread_cpu_us" not in steps_w or "runqueue_wait_us" not in steps_w:
+        return None
+    runnable = (steps_w["thread_cpu_us"] + steps_w["runqueue_wait_us"]).astype("float64")
+    iteration = (steps_w["data_wait_us"] + steps_w["duration_us"]).astype("float64")
+    share = (runnable / iteration.where(iteration > 0)).groupby(steps_w["step"]).median()
+    return float(100 * share.median()) if share.notna().any() else None
 
 
 def _host_components(
@@ -576,7 +590,7 @@ def machine_correction(base: RunSummary, new: RunSummary) -> tuple[MachineCompar
         prior = min(max(float(np.mean(busy)) / 100, 0.0), 1.0) if busy else 1.0
         reason = "the GPU-busy share of the step (host time does not follow the GPU's clock)" if busy else "assumed 1"
     else:
-        prior, reason = 1.0, "assumed 1: every part of a CPU job's step runs on the cores the calibration measures"
+        prior, reason = _cpu_prior(base, new)
     s, source = sensitivity([(b_speed, base.steps, base.step_ms), (n_speed, new.steps, new.step_ms)], prior, reason)
     reference = b_speed.factor
     runs = list(zip(speeds, (base, new), strict=True))
@@ -592,6 +606,19 @@ def machine_correction(base: RunSummary, new: RunSummary) -> tuple[MachineCompar
         sensitivity_source=source,
     )
     return machine, (levels if enough else None, *corrected)
+
+
+def _cpu_prior(base: RunSummary, new: RunSummary) -> tuple[float, str]:
+    """The share of a CPU job's step that goes with the cores' speed, when the runs' own intervals cannot tell
+    it: the share of the step its thread ran or waited for a core (mean of the two runs). Assuming all of it,
+    a job that sleeps for most of its step (a stand-in for device work, I/O) had a 24% lower run-queue factor
+    turn an unchanged steady step into a +31% "regression" (benchmarks/bench_compare_noise.py, a CPU burner
+    coming and going beside 2-rank runs: 3 of 12 same-job pairs read a change, with this share 0 of 12)."""
+    shares = [r.runnable_pct for r in (base, new) if r.runnable_pct is not None]
+    if not shares:
+        return 1.0, "assumed 1: every part of a CPU job's step runs on the cores the calibration measures"
+    share = min(max(float(np.mean(shares)) / 100, 0.0), 1.0)
+    return share, f"the share of the step its thread ran or waited for a core ({100 * share:.0f}%)"
 
 
 def machine_clause(m: MachineComparison) -> str:

@@ -129,6 +129,23 @@ def test_a_regression_on_the_faster_machine_still_reads_a_regression():
     assert c.step_time.machine.own_change_pct == pytest.approx(40, abs=8)
 
 
+def test_with_one_interval_a_cpu_job_follows_the_cores_by_the_share_its_thread_ran():
+    """The plain noise benchmark's case (bench_compare_noise.py --interference 1): one calibration interval a run,
+    so the share cannot be estimated; the job sleeps 80% of its step, and the new run's run-queue factor was 24%
+    lower while its steps were unchanged. Only the 20% its thread ran or waited for a core follows the cores."""
+    base = _calibrated("base", 20.0, [1.45], 0.0, 1, steps_per=60)
+    new = _calibrated("new", 20.0, [1.10], 0.0, 2, steps_per=60)
+    base.runnable_pct, new.runnable_pct = 21.0, 19.0
+    c = C.compare_runs([base, new]).comparisons[0]
+    m = c.step_time.machine
+    assert m.sensitivity == pytest.approx(0.2) and "ran or waited for a core (20%)" in m.sensitivity_source
+    assert m.own_change_pct == pytest.approx(100 * (1.45 / 1.10) ** 0.2 - 100 + m.raw_steady_change_pct, abs=2)
+    assert c.verdict == "no change", c.summary
+    base.runnable_pct = new.runnable_pct = None  # not recorded: all of the step is assumed to follow the cores
+    c = C.compare_runs([base, new]).comparisons[0]
+    assert c.step_time.machine.sensitivity == 1.0 and c.step_time.machine.sensitivity_source.startswith("assumed 1")
+
+
 def test_runs_without_calibration_are_compared_as_measured():
     rng = np.random.default_rng(0)
     base = summary("base", {"step_rest": 20 + rng.standard_normal(60)}, config={"device": "cpu"})
