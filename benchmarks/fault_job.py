@@ -74,7 +74,7 @@ COMPUTE_S = 0.03  # sleep compute: a step's work, half in the forward, half in t
 MATMUL_N = 256
 MATMULS_PER_STEP = 48  # matmul compute: ~30 ms on an idle core (OMP_NUM_THREADS=1), half forward, half backward
 STRAGGLE_SHARE = 1.5  # a persistent straggler's extra work, as a share of a step's
-SPIKE_S = 0.3  # an intermittent straggler's extra time, every SPIKE_EVERY steps
+SPIKE_S = 0.3  # an intermittent straggler's extra work, every SPIKE_EVERY steps: its time on an idle core
 SPIKE_EVERY = 4
 LEAK_BYTES_PER_STEP = 4 * 2**20
 
@@ -155,7 +155,9 @@ def strike(where: str) -> None:
     if KIND == "straggler":
         work(STRAGGLE_SHARE) if where != "collective" else work_for(0.04)
     elif KIND == "intermittent" and (step - BAD_STEP) % SPIKE_EVERY == 0:
-        work_for(SPIKE_S)
+        # a fixed amount of work, as a periodic extra computation is: a spike of wall time spent mostly waiting
+        # for a core (a loop until a deadline, on a loaded box) is what the host's preemption of a rank looks like
+        work(SPIKE_S / COMPUTE_S)
     elif KIND == "memory":
         _LEAKED.append(torch.ones(LEAK_BYTES_PER_STEP // 4))  # kept forever, as a leak is
     elif first and KIND == "exception":
