@@ -54,8 +54,11 @@ def test_straggler_named_when_one_rank_computes_more(compute_straggler_report):
     assert (straggler["rank"], straggler["cause"], straggler["persistent"]) == (1, "compute", True)
     # it arrives last at the gradient all-reduces: the others wait for it
     assert straggler["last_arrival_fraction"] > 0.5
-    # the planted 40 ms of extra compute is what the others wait for, give or take scheduling noise
-    assert 0.6 * EXTRA_MS / 1e3 < top["time_lost_per_step_s"] < 1.3 * EXTRA_MS / 1e3
+    # the planted 40 ms of extra compute is what the others wait for, give or take scheduling noise: its median
+    # step; the mean cost also holds whatever else that rank made the others wait for (on a loaded box once a
+    # 475 ms stall of it in one step of 27: 52.9 ms/step for a 39.4 ms median)
+    assert 0.6 * EXTRA_MS < straggler["excess_compute_ms"] < 1.3 * EXTRA_MS
+    assert top["time_lost_per_step_s"] > 0.6 * EXTRA_MS / 1e3
 
 
 def test_straggler_named_when_data_loader_is_slow(data_straggler_report):
