@@ -31,8 +31,9 @@ loaded host a rank that got more of a core than its peers shows more work and wa
 *spike* is a step whose excess is above ``SPIKE_FRACTION`` and ``SPIKE_Z`` step spreads; a spike is the rank's
 *own* when it is also ``OWN_SPIKE_RATIO`` times the largest excess the other ranks show (the
 ``OTHERS_LARGEST_QUANTILE`` quantile of each one's largest, so that one other straggler does not hide it):
-spikes that every rank has are the host's jitter, not a straggler. A rank with own spikes is a *transient* straggler; slow steps that no single rank explains are the
-job's *jitter*, a finding of its own, low unless it costs much.
+spikes that every rank has are the host's jitter, not a straggler. A rank with own spikes is a *transient*
+straggler; slow steps that no single rank explains are the job's *jitter*, a finding of its own, low unless it
+costs much.
 
 Severity is the cost's (``findings.severity_for``) capped by the confidence: ``high`` needs ``STEPS_FOR``
 ["high"] steps and an effect of ``Z_FOR["high"]`` noise sigmas (a persistent straggler) or ``SPIKES_FOR["high"]``
