@@ -236,6 +236,7 @@ def report(result: dict, threshold_pct: float) -> None:
 
 
 def judge(runs: dict[str, list], run_loads: dict[str, list], args, source: Path | None) -> None:
+    """Print the verdicts' figures and save their table (``--json``); ``source``: the kept runs' directory."""
     result = evaluate(runs, args.threshold_pct)
     every_load = [x for values in run_loads.values() for x in values]
     result["load_average"] = [min(every_load), max(every_load)]

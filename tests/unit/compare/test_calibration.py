@@ -130,9 +130,10 @@ def test_a_regression_on_the_faster_machine_still_reads_a_regression():
 
 
 def test_with_one_interval_a_cpu_job_follows_the_cores_by_the_share_its_thread_ran():
-    """The plain noise benchmark's case (bench_compare_noise.py --interference 1): one calibration interval a run,
-    so the share cannot be estimated; the job sleeps 80% of its step, and the new run's run-queue factor was 24%
-    lower while its steps were unchanged. Only the 20% its thread ran or waited for a core follows the cores."""
+    """The noise benchmark's case beside a CPU burner (bench_compare_noise.py --interference 1): one calibration
+    interval a run, so the share cannot be estimated; the job sleeps 80% of its step, and the new run's run-queue
+    factor was 24% lower while its steps were unchanged. Only the 20% its thread ran or waited for a core follows
+    the cores."""
     base = _calibrated("base", 20.0, [1.45], 0.0, 1, steps_per=60)
     new = _calibrated("new", 20.0, [1.10], 0.0, 2, steps_per=60)
     base.runnable_pct, new.runnable_pct = 21.0, 19.0
