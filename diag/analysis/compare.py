@@ -239,24 +239,21 @@ def summarize_run(trace, report: Report, label: str | None = None) -> RunSummary
         if values.notna().any():
             per = values.astype("float64").groupby(steps_w["step"]).sum() / replicas
             setattr(summary, attr, float(per.median()))
-    device = steps_w["device_us"].astype("float64")
-    if device.notna().any():
-        iteration = (steps_w["data_wait_us"] + steps_w["duration_us"]).astype("float64")
-        share = (device / iteration.where(iteration > 0)).groupby(steps_w["step"]).median()
-        summary.gpu_busy_pct = float(100 * share.median()) if share.notna().any() else None
-    summary.runnable_pct = _runnable_pct(steps_w)
+    summary.gpu_busy_pct = _share_of_iteration_pct(steps_w, steps_w["device_us"])
+    if "thread_cpu_us" in steps_w and "runqueue_wait_us" in steps_w:
+        # the part of a CPU job's step that goes with the cores' speed (its sleeps and I/O do not)
+        summary.runnable_pct = _share_of_iteration_pct(steps_w, steps_w["thread_cpu_us"] + steps_w["runqueue_wait_us"])
     return summary
 
 
-def _runnable_pct(steps_w: pd.DataFrame) -> float | None:
-    """The share of the iteration the training thread ran or waited for a core (``thread_cpu_us`` +
-    ``runqueue_wait_us``), median over ranks and then over steps, in %: the part of a CPU job's step that goes
-    with the cores' speed (its sleeps and I/O do not). None where either was not recorded."""
-    if "thread_cpu_us" not in steps_w or "runqueue_wait_us" not in steps_w:
+def _share_of_iteration_pct(steps_w: pd.DataFrame, part_us: pd.Series) -> float | None:
+    """``part_us`` over each row's iteration (data wait + step body), median over ranks and then over steps, in
+    %; None where no row recorded it."""
+    part = part_us.astype("float64")
+    if not part.notna().any():
         return None
-    runnable = (steps_w["thread_cpu_us"] + steps_w["runqueue_wait_us"]).astype("float64")
     iteration = (steps_w["data_wait_us"] + steps_w["duration_us"]).astype("float64")
-    share = (runnable / iteration.where(iteration > 0)).groupby(steps_w["step"]).median()
+    share = (part / iteration.where(iteration > 0)).groupby(steps_w["step"]).median()
     return float(100 * share.median()) if share.notna().any() else None
 
 
