@@ -74,6 +74,7 @@ SPREAD_PER_MAD = 1.4826  # a normal distribution's sigma per median absolute dev
 MEDIAN_STANDARD_ERROR = 1.2533  # the standard error of a median of n samples, in sigma / sqrt(n)
 NAMED_Z = 3.0  # a persistent straggler's slowdown is at least this many noise sigmas
 WAITED_FOR_MIN = SLOWDOWN_MIN / 2  # ... and its wall-clock busy time at least this far over the others'
+WAITED_Z = 2.0  # above low, that wall-clock excess is at least this many sigmas of the wall-clock noise
 SPIKE_Z = 4.0  # a spike's excess is at least this many step spreads
 OWN_SPIKE_RATIO = 2.5  # an own spike is this many times the largest excess the other ranks show
 OTHERS_LARGEST_QUANTILE = 0.9  # "the largest the other ranks show": this quantile of each one's largest excess
@@ -163,6 +164,8 @@ class Straggler:
     cost_per_step_s: float = 0.0  # what the job loses to it: its credit in the waterfall, worst first
     slower_rank: int | None = None  # a worse straggler that still sets the step if this one alone is fixed
     noise_z: float | None = None  # a persistent straggler's slowdown in sigmas of its noise
+    wall_slowdown: float | None = None  # its median wall-clock busy time (which the others wait) over theirs - 1
+    waited_z: float | None = None  # ... in sigmas of the wall-clock noise
     confidence: str = "low"  # the most severe grade the evidence allows (steps, noise sigmas, own spikes)
     spike_steps: list[int] = field(default_factory=list)  # a transient straggler's own spikes
     mesh: MeshPlacement | None = None  # where it sits in the device mesh and the group it holds up; None: no mesh
@@ -324,29 +327,22 @@ def find_stragglers(
         f = f.assign(busy_us=f["work_us"])
     cell = step_cells(f, sort=False)
     rows = _regular_rows(f)
-    rows = cell_rows(cell) if rows is None else rows  # sorted once for the three comparisons
+    rows = cell_rows(cell) if rows is None else rows  # sorted once for the comparisons
     f = f.assign(
-        others_busy_us=others_median(f["busy_us"].to_numpy(dtype="float64"), cell, rows),
         others_data_us=others_median(f["data_wait_us"].to_numpy(dtype="float64"), cell, rows),
         others_compute_us=others_median(f["compute_us"].to_numpy(dtype="float64"), cell, rows),
     )
-    excess = f["busy_us"] - f["others_busy_us"]
-    typical_us = _typical_busy_us(f)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        f["excess_fraction"] = np.where(typical_us > 0, excess.to_numpy(dtype="float64") / typical_us, np.nan)
-    f["slow"] = excess > SLOW_FRACTION * f["others_busy_us"]
-    noise, step_spread = _step_noise(f)
-    f["spike"] = f["excess_fraction"] > noise.spike_threshold
+    f, per_rank, noise = _judged(f, cell, rows)
+    report.noise = noise
     saved_rows = _saved_rows(wall)
     saved = pd.Series(saved_rows).groupby(f["rank"].to_numpy()).sum()
-    per_rank = _per_rank(f)
     per_rank["saved_us"] = saved.reindex(per_rank.index, fill_value=0.0)
-    others_busy = others_median(per_rank["busy_median_us"].to_numpy(dtype="float64"), per_rank["peers"].to_numpy())
-    per_rank["slowdown"] = _slowdown(per_rank["busy_median_us"].to_numpy(), others_busy)
-    per_rank["wall_slowdown"] = _wall_slowdown(wall, per_rank) if times.less_core_wait else per_rank["slowdown"]
-    noise.rank_spread = _rank_spread(per_rank["slowdown"].to_numpy())
-    report.noise = noise
-    per_rank["noise_z"] = _noise_z(per_rank, step_spread.reindex(per_rank.index), noise)
+    if times.less_core_wait:  # judged again on wall-clock busy time: how long the others wait for each rank
+        _, waited, _ = _judged(wall[["rank", "step", "peers", "busy_us"]], cell, rows)
+        per_rank["wall_slowdown"] = waited["slowdown"].reindex(per_rank.index).to_numpy()
+        per_rank["waited_z"] = waited["noise_z"].reindex(per_rank.index).to_numpy()
+    else:
+        per_rank["wall_slowdown"], per_rank["waited_z"] = per_rank["slowdown"], per_rank["noise_z"]
     own_spike = _own_spikes(f, per_rank, noise)
     spiked = own_spike.nonzero()[0]
     spike_rank = f["rank"].to_numpy()[spiked]
@@ -393,6 +389,8 @@ def find_stragglers(
             last_arrival_fraction=last_arrival.get(int(rank)),
             cost_per_step_s=0.0 if is_persistent else float(row["spike_saved_us"]) / n_steps / 1e6,
             noise_z=_finite(row["noise_z"]) if is_persistent else None,
+            wall_slowdown=float(row["wall_slowdown"]) if is_persistent and times.less_core_wait else None,
+            waited_z=_finite(row["waited_z"]) if is_persistent and times.less_core_wait else None,
             spike_steps=[int(s) for s in spike_steps],
         )
         straggler.confidence = _confidence(straggler, n_steps)
@@ -417,12 +415,24 @@ def _slowdown(busy_median_us: np.ndarray, others_busy_us: np.ndarray) -> np.ndar
     return np.nan_to_num(busy_median_us / others - 1, nan=0.0)
 
 
-def _wall_slowdown(wall: pd.DataFrame, per_rank: pd.DataFrame) -> np.ndarray:
-    """Each rank's slowdown in wall-clock busy time, the time the other ranks wait for. A rank whose work is
-    over the others' but whose wall time is not (it got more of a core than they did, on a loaded host, and
-    waits as long as they do) holds nobody up."""
-    busy = grid.per_rank(wall, "busy_us").reindex(per_rank.index).to_numpy(dtype="float64")
-    return _slowdown(busy, others_median(busy, per_rank["peers"].to_numpy()))
+def _judged(f: pd.DataFrame, cell: np.ndarray, rows: np.ndarray | None) -> tuple[pd.DataFrame, pd.DataFrame, StepNoise]:
+    """Each rank's busy time (``f.busy_us``) against the other ranks' and the run's noise (the module's doc).
+    Returns ``f`` with each row's comparison (others_busy_us, excess_fraction, slow, spike), the per-rank table
+    (``_per_rank`` with slowdown and noise_z) and the run's noise."""
+    f = f.assign(others_busy_us=others_median(f["busy_us"].to_numpy(dtype="float64"), cell, rows))
+    excess = f["busy_us"] - f["others_busy_us"]
+    typical_us = _typical_busy_us(f)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f["excess_fraction"] = np.where(typical_us > 0, excess.to_numpy(dtype="float64") / typical_us, np.nan)
+    f["slow"] = excess > SLOW_FRACTION * f["others_busy_us"]
+    noise, step_spread = _step_noise(f)
+    f["spike"] = f["excess_fraction"] > noise.spike_threshold
+    per_rank = _per_rank(f)
+    others_busy = others_median(per_rank["busy_median_us"].to_numpy(dtype="float64"), per_rank["peers"].to_numpy())
+    per_rank["slowdown"] = _slowdown(per_rank["busy_median_us"].to_numpy(), others_busy)
+    noise.rank_spread = _rank_spread(per_rank["slowdown"].to_numpy())
+    per_rank["noise_z"] = _noise_z(per_rank, step_spread.reindex(per_rank.index), noise)
+    return f, per_rank, noise
 
 
 def _across_stages(times: RankStepTimes, stage_work_us: pd.Series | None) -> RankStepTimes | None:
@@ -549,9 +559,15 @@ def _per_row(f: pd.DataFrame, per_rank: pd.Series) -> np.ndarray:
 
 def _confidence(s: Straggler, steps: int) -> str:
     """The most severe grade the evidence allows: enough steps, and an effect far enough above the noise (a
-    persistent straggler) or enough own spikes (a transient one)."""
+    persistent straggler: its work, and the others' wait for it, ``WAITED_Z``) or enough own spikes (a transient
+    one). On a loaded host a rank's thread can spend a stretch of the run on a core it shares with other work:
+    its time on the core grows (cold caches, preemptions) while the others hardly wait, which is the host's
+    doing; a rank that does more work holds the others up by more than the noise of their wait."""
+    waited = s.waited_z is None or s.waited_z >= WAITED_Z  # None: judged on wall time already, or no noise
     for grade in ("high", "medium"):
-        enough = (s.noise_z or 0.0) >= Z_FOR[grade] if s.persistent else len(s.spike_steps) >= SPIKES_FOR[grade]
+        enough = (
+            (s.noise_z or 0.0) >= Z_FOR[grade] and waited if s.persistent else len(s.spike_steps) >= SPIKES_FOR[grade]
+        )
         if steps >= STEPS_FOR[grade] and enough:
             return grade
     return "low"
@@ -906,6 +922,11 @@ def _assign_causes(
             s.evidence.append(
                 f"slow in {100 * s.steps_slow_fraction:.0f}% of the steps; median work {100 * s.slowdown:+.0f}% vs the other ranks{noise}"
             )
+            if s.waited_z is not None:
+                s.evidence.append(
+                    f"the others wait for it: its wall-clock busy time {100 * s.wall_slowdown:+.0f}% over theirs "
+                    f"({s.waited_z:.1f}x their noise)"
+                )
         else:
             s.evidence.append(
                 f"spikes of its own in {len(s.spike_steps)} step(s): {_steps_text(s.spike_steps)}; median work "
