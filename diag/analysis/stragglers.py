@@ -337,12 +337,7 @@ def find_stragglers(
     saved_rows = _saved_rows(wall)
     saved = pd.Series(saved_rows).groupby(f["rank"].to_numpy()).sum()
     per_rank["saved_us"] = saved.reindex(per_rank.index, fill_value=0.0)
-    if times.less_core_wait:  # judged again on wall-clock busy time: how long the others wait for each rank
-        _, waited, _ = _judged(wall[["rank", "step", "peers", "busy_us"]], cell, rows)
-        per_rank["wall_slowdown"] = waited["slowdown"].reindex(per_rank.index).to_numpy()
-        per_rank["waited_z"] = waited["noise_z"].reindex(per_rank.index).to_numpy()
-    else:
-        per_rank["wall_slowdown"], per_rank["waited_z"] = per_rank["slowdown"], per_rank["noise_z"]
+    per_rank["wall_slowdown"] = _wall_slowdown(wall, per_rank) if times.less_core_wait else per_rank["slowdown"]
     own_spike = _own_spikes(f, per_rank, noise)
     spiked = own_spike.nonzero()[0]
     spike_rank = f["rank"].to_numpy()[spiked]
@@ -360,6 +355,9 @@ def find_stragglers(
         & (per_rank["noise_z"] >= NAMED_Z)
         & (per_rank["wall_slowdown"] >= WAITED_FOR_MIN)
     ]
+    if times.less_core_wait and len(persistent):  # judged on wall-clock busy time too: the others' wait
+        _, waited, _ = _judged(wall[["rank", "step", "peers", "busy_us"]], cell, rows)
+        persistent = persistent.assign(waited_z=waited["noise_z"].reindex(persistent.index).to_numpy())
     transient = per_rank[
         (per_rank["own_spikes"] > 0)
         & ~per_rank.index.isin(persistent.index)
@@ -433,6 +431,14 @@ def _judged(f: pd.DataFrame, cell: np.ndarray, rows: np.ndarray | None) -> tuple
     noise.rank_spread = _rank_spread(per_rank["slowdown"].to_numpy())
     per_rank["noise_z"] = _noise_z(per_rank, step_spread.reindex(per_rank.index), noise)
     return f, per_rank, noise
+
+
+def _wall_slowdown(wall: pd.DataFrame, per_rank: pd.DataFrame) -> np.ndarray:
+    """Each rank's slowdown in wall-clock busy time, the time the other ranks wait for. A rank whose work is
+    over the others' but whose wall time is not (it got more of a core than they did, on a loaded host, and
+    waits as long as they do) holds nobody up."""
+    busy = grid.per_rank(wall, "busy_us").reindex(per_rank.index).to_numpy(dtype="float64")
+    return _slowdown(busy, others_median(busy, per_rank["peers"].to_numpy()))
 
 
 def _across_stages(times: RankStepTimes, stage_work_us: pd.Series | None) -> RankStepTimes | None:
