@@ -36,8 +36,10 @@ straggler; slow steps that no single rank explains are the job's *jitter*, a fin
 costs much.
 
 Severity is the cost's (``findings.severity_for``) capped by the confidence: ``high`` needs ``STEPS_FOR``
-["high"] steps and an effect of ``Z_FOR["high"]`` noise sigmas (a persistent straggler) or ``SPIKES_FOR["high"]``
-own spikes (a transient one), likewise ``medium``; less evidence is ``low``.
+["high"] steps and an effect of ``Z_FOR["high"]`` noise sigmas (a persistent straggler, whose wall-clock excess,
+which the others wait, must also be ``WAITED_Z`` sigmas of the wall-clock noise where the wait for a core was
+taken out of its work) or ``SPIKES_FOR["high"]`` own spikes (a transient one), likewise ``medium``; less evidence
+is ``low``.
 
 What a straggler costs: the step lasts as long as its busiest rank, so fixing one rank alone saves down to the
 next busiest (``time_saved_per_step_s``: nothing while a worse rank remains), and the job's loss is credited
