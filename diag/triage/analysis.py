@@ -368,7 +368,7 @@ def _hangs(ops: pd.DataFrame, members: dict[str, list[int]], data: TriageInput) 
         seqs = group.loc[~group["completed"], "seq"]
         starts = [int(seqs.min())] if len(seqs) else []
         never_issued = _first_seq_never_issued(group, last_seq, data)
-        if never_issued is not None and not data.completion_reliable:
+        if never_issued is not None and (not data.completion_reliable or _lagging_below(group, never_issued, data)):
             # gloo's last_completed_collective lags the entries: a lower seq every member issued may read
             # pending while it returned; the first seq some members never issued cannot have completed
             starts = [never_issued]
@@ -409,12 +409,28 @@ def _first_seq_never_issued(group: pd.DataFrame, last_seq: pd.Series, data: Tria
     collective cannot complete without every member, whatever a dump says (gloo counts failed ops as
     completed); where completion is recorded (NCCL) and some member completed it, it was issued everywhere
     and only that member's dump is newer than the others'."""
-    if data.kind != "flight_recorder" or last_seq.min() >= last_seq.max():
+    if last_seq.min() >= last_seq.max():
         return None
     seq = int(last_seq.min()) + 1
+    if data.kind != "flight_recorder" and not _lagging_below(group, seq, data):
+        return None
     if data.completion_reliable and group.loc[group["seq"] == seq, "completed"].any():
         return None
     return seq
+
+
+def _lagging_below(group: pd.DataFrame, seq: int, data: TriageInput) -> bool:
+    """In diag's trace: every op pending below ``seq`` is a gloo Flight Recorder entry past the rank's last
+    row (DDP's buckets on gloo are read from Flight Recorder, with no row of diag's when they return), whose
+    completion lags as in gloo's dumps. A rank that issued such an op and went on to wait for its next batch
+    had it return; the first seq some members never issued is where the job stopped."""
+    below = group[~group["completed"] & (group["seq"] < seq)]
+    if below.empty:
+        return False
+    from_gloo_fr = below["source"].astype(str).str.startswith("flight_recorder") & below["rank"].map(
+        lambda r: getattr(data.ranks.get(int(r)), "backend", None) == "gloo"
+    )
+    return bool(from_gloo_fr.all())
 
 
 def _not_started(at_seq: pd.DataFrame) -> list[int]:

@@ -239,3 +239,16 @@ def test_a_broadcast_root_that_waited_for_the_late_rank_is_not_a_culprit_too():
         line.startswith("rank 0 was late because it had waited in broadcast at seq 22 of process group 0 for rank 2")
         for line in verdict.evidence
     )
+
+
+def test_eight_ranks_waiting_past_a_gloo_bucket_that_reads_never_returned_name_the_loader_rank_missing():
+    """Fault suite (seed 2935, propagate shape, matmul compute, 8 ranks, the whole test suite running beside
+    it): rank 3 blocks in its data loader at step 3; the other seven wait in step 3's first all_reduce (seq 12),
+    time out and raise. No rank's tables were read: the heartbeats said enough. Rank 3's last heartbeat row is
+    seq 10, and its Flight Recorder dump holds step 2's DDP bucket (seq 11), past that row, in gloo's lagging
+    "scheduled" state: it returned, or rank 3 would not have left step 2. It once read "SLOW, NOT HUNG"."""
+    verdict = triage(read_input(FIXTURES / "ddp_8_ranks_loader_hang_gloo_fr_lagging"))
+    assert verdict.verdict == "missing_ranks", verdict.evidence
+    assert verdict.culprit_ranks == [3], verdict.evidence
+    assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 12)
+    assert verdict.ranks[3].state == "stuck_in_data_loader"
