@@ -61,6 +61,8 @@ BENCHMARKS = {
     "storage": "bench_storage.py --skip candidates writer load to_frame",
     "compare_noise": "bench_compare_noise.py --rounds 13 --keep /tmp/diag-noise-runs",
     "compare_noise_burner": "bench_compare_noise.py --rounds 13 --interference 1 --keep /tmp/diag-noise-runs-burner",
+    "capture": "bench_capture.py --loop-only --blocks 80",
+    "capture_real_step": "bench_capture.py --real-step-only --real-step-pairs 4 --real-step-steps 70",
 }
 
 BLOCK = re.compile(
