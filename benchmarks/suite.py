@@ -63,6 +63,7 @@ BENCHMARKS = {
     "compare_noise_burner": "bench_compare_noise.py --rounds 13 --interference 1 --keep /tmp/diag-noise-runs-burner",
     "capture": "bench_capture.py --loop-only --blocks 80",
     "capture_real_step": "bench_capture.py --real-step-only --real-step-pairs 4 --real-step-steps 70",
+    "triage_watch": "bench_triage_watch.py --runs 1",
 }
 
 BLOCK = re.compile(
