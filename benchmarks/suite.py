@@ -64,6 +64,7 @@ BENCHMARKS = {
     "capture": "bench_capture.py --loop-only --blocks 80",
     "capture_real_step": "bench_capture.py --real-step-only --real-step-pairs 4 --real-step-steps 70",
     "triage_watch": "bench_triage_watch.py --runs 1",
+    "memory_deep": "bench_memory_deep.py --rounds 10 --steps 20",
 }
 
 BLOCK = re.compile(
