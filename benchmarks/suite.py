@@ -65,6 +65,7 @@ BENCHMARKS = {
     "capture_real_step": "bench_capture.py --real-step-only --real-step-pairs 4 --real-step-steps 70",
     "triage_watch": "bench_triage_watch.py --runs 1",
     "memory_deep": "bench_memory_deep.py --rounds 10 --steps 20",
+    "serial_stages": "bench_serial_stages.py /tmp/diag-synthetic-4096 --generate 4096",
 }
 
 BLOCK = re.compile(
