@@ -66,6 +66,7 @@ BENCHMARKS = {
     "triage_watch": "bench_triage_watch.py --runs 1",
     "memory_deep": "bench_memory_deep.py --rounds 10 --steps 20",
     "serial_stages": "bench_serial_stages.py /tmp/diag-synthetic-4096 --generate 4096",
+    "rank_passes": "bench_rank_passes.py /tmp/diag-synthetic-4096 --generate 4096 --ranks 256",
 }
 
 BLOCK = re.compile(
