@@ -67,6 +67,7 @@ BENCHMARKS = {
     "memory_deep": "bench_memory_deep.py --rounds 10 --steps 20",
     "serial_stages": "bench_serial_stages.py /tmp/diag-synthetic-4096 --generate 4096",
     "rank_passes": "bench_rank_passes.py /tmp/diag-synthetic-4096 --generate 4096 --ranks 256",
+    "analyze_ab": "bench_analyze_ab.py /tmp/diag-synthetic-1024 --generate 1024 --base-rev HEAD --repeat 4",
 }
 
 BLOCK = re.compile(
