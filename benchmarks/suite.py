@@ -63,6 +63,7 @@ BENCHMARKS = {
     "compare_noise_burner": "bench_compare_noise.py --rounds 13 --interference 1 --keep /tmp/diag-noise-runs-burner",
     "capture": "bench_capture.py --loop-only --blocks 80",
     "capture_real_step": "bench_capture.py --real-step-only --real-step-pairs 4 --real-step-steps 70",
+    "capture_formats": "bench_capture.py --formats-side-by-side --real-step-pairs 6 --real-step-steps 80",
     "triage_watch": "bench_triage_watch.py --runs 1",
     "memory_deep": "bench_memory_deep.py --rounds 10 --steps 20",
     "serial_stages": "bench_serial_stages.py /tmp/diag-synthetic-4096 --generate 4096",
