@@ -69,6 +69,7 @@ BENCHMARKS = {
     "serial_stages": "bench_serial_stages.py /tmp/diag-synthetic-4096 --generate 4096",
     "rank_passes": "bench_rank_passes.py /tmp/diag-synthetic-4096 --generate 4096 --ranks 256",
     "analyze_ab": "bench_analyze_ab.py /tmp/diag-synthetic-1024 --generate 1024 --base-rev HEAD --repeat 4",
+    "engines": "bench_engines.py /tmp/diag-synthetic-1024 --generate 1024 --repeat 3",
 }
 
 BLOCK = re.compile(
