@@ -70,6 +70,8 @@ BENCHMARKS = {
     "rank_passes": "bench_rank_passes.py /tmp/diag-synthetic-4096 --generate 4096 --ranks 256",
     "analyze_ab": "bench_analyze_ab.py /tmp/diag-synthetic-1024 --generate 1024 --base-rev HEAD --repeat 4",
     "engines": "bench_engines.py /tmp/diag-synthetic-1024 --generate 1024 --repeat 3",
+    "distributed_1024": "bench_distributed.py /tmp/diag-synthetic-1024 --generate 1024 --workers 2",
+    "distributed_4096": "bench_distributed.py /tmp/diag-synthetic-4096 --generate 4096 --workers 2",
 }
 
 BLOCK = re.compile(
