@@ -72,6 +72,7 @@ BENCHMARKS = {
     "engines": "bench_engines.py /tmp/diag-synthetic-1024 --generate 1024 --repeat 3",
     "distributed_1024": "bench_distributed.py /tmp/diag-synthetic-1024 --generate 1024 --workers 2",
     "distributed_4096": "bench_distributed.py /tmp/diag-synthetic-4096 --generate 4096 --workers 2",
+    "scale_1024": "bench_scale.py --cold-and-repeat --format 2 --ranks 1024",
 }
 
 BLOCK = re.compile(
