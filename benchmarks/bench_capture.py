@@ -13,8 +13,14 @@
 3. Bytes on disk per step and per collective record.
 
 usage: python benchmarks/bench_capture.py [--blocks 12] [--block-steps 10] [--trace-format 2]
+       python benchmarks/bench_capture.py --loop-only [--blocks 80]      (1 and 3: table "capture")
+       python benchmarks/bench_capture.py --real-step-only [--real-step-pairs 4 --real-step-steps 70]
+         (2: table "capture_real_step")
        python benchmarks/bench_capture.py --formats-side-by-side [--real-step-pairs 6 --real-step-steps 400]
          (4. schema 1 against schema 2: the real-step cost of each and the A/A pairs, interleaved)
+
+``--json PATH`` saves the table printed (``record.Table``); without ``--loop-only`` or ``--real-step-only`` the
+loop's table is saved, with the host costs among its notes.
 """
 
 from __future__ import annotations
@@ -30,11 +36,20 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import Table, add_json_option  # noqa: E402
 
 # diag_ddp_hook: diag.init(..., ddp_buckets="hook"); python_ddp_hook: no diag, only a minimal Python DDP
 # communication hook (what DDP's Python hook path costs by itself); profiler: torch.profiler, CPU activities
 VARIANTS = ("plain", "plain_again", "diag", "diag_ddp_hook", "python_ddp_hook", "profiler")
+VARIANT_LABELS = {
+    "plain": "plain",
+    "plain_again": "plain again (A/A)",
+    "diag": "diag defaults",
+    "diag_ddp_hook": 'diag, `ddp_buckets="hook"`',
+    "python_ddp_hook": "minimal Python DDP hook, no diag",
+    "profiler": "torch.profiler (CPU)",
+}
 
 
 def minimal_ddp_hook(_state, bucket):
@@ -249,10 +264,10 @@ def host_costs(trace_format: int, iterations: int = 20000, pairs: int = 8, pair_
         record_ns = timed(lambda: recorded_no_op(tensor, group=group), iterations)
         diag.finish()
         sizes = {"rebuilds": pairs, "steps": pair_steps}
-        in_step_us, a_a_us = cost_in_a_real_step(Path(tmp), trace_format, **sizes)
+        in_step_us, a_a_us, plain_step_us = cost_in_a_real_step(Path(tmp), trace_format, **sizes)
         # training health: without replica fingerprints, and with diag.record(loss, grad_norm) every step
-        no_health_us, _ = cost_in_a_real_step(Path(tmp), trace_format, **sizes, with_a_a=False, fingerprint_every=0)
-        with_record_us, _ = cost_in_a_real_step(Path(tmp), trace_format, **sizes, record_loss=True, with_a_a=False)
+        no_health_us, *_ = cost_in_a_real_step(Path(tmp), trace_format, **sizes, with_a_a=False, fingerprint_every=0)
+        with_record_us, *_ = cost_in_a_real_step(Path(tmp), trace_format, **sizes, record_loss=True, with_a_a=False)
     dist.destroy_process_group()
     return {
         "step_span_us": (span_ns - empty_ns) / 1000,
@@ -261,6 +276,10 @@ def host_costs(trace_format: int, iterations: int = 20000, pairs: int = 8, pair_
         "in_real_step_no_fingerprints_us": no_health_us,
         "in_real_step_with_record_us": with_record_us,
         "a_a_us": a_a_us,
+        "plain_step_us": plain_step_us,
+        "iterations": iterations,
+        "pairs": pairs,
+        "pair_steps": pair_steps,
     }
 
 
@@ -273,7 +292,7 @@ def cost_in_a_real_step(
     record_loss: bool = False,
     with_a_a: bool = True,
     **init_options,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """What diag adds to one real step, in microseconds: a one-rank DDP model stepped inside ``diag.step()``
     with its forward, backward, optimizer and DDP buckets instrumented, alternating step by step with the
     same model plain. Step by step in one process the machine's drift cancels, which a 2-rank run cannot
@@ -285,14 +304,21 @@ def cost_in_a_real_step(
     ``record_loss``: the instrumented step also gives diag its loss and gradient norm (``diag.record``), both
     computed in every step of either model (a user's training loop computes them anyway); ``init_options``
     go to ``diag.init`` (e.g. ``fingerprint_every=0`` to leave replica fingerprints out); ``with_a_a=False``
-    skips the A/A pairs (NaN) when another call in the same run measured them."""
+    skips the A/A pairs (NaN) when another call in the same run measured them. Returns (what diag adds, the
+    A/A difference, the plain model's median step over the instrumented pairs), in us."""
+    plain_steps_us = []
 
     def difference(instrument: bool, pair: int) -> float:
-        return real_step_difference(tmp, trace_format, instrument, pair, steps, hidden, record_loss, init_options)[0]
+        diff_us, _, plain_us = real_step_difference(
+            tmp, trace_format, instrument, pair, steps, hidden, record_loss, init_options
+        )
+        if instrument:
+            plain_steps_us.append(plain_us)
+        return diff_us
 
     a_a = statistics.median(difference(False, pair) for pair in range(rebuilds)) if with_a_a else float("nan")
     with_diag = statistics.median(difference(True, pair) for pair in range(rebuilds))
-    return with_diag, a_a
+    return with_diag, a_a, statistics.median(plain_steps_us)
 
 
 def real_step_difference(
@@ -304,10 +330,10 @@ def real_step_difference(
     hidden: int = 900,
     record_loss: bool = False,
     init_options: dict | None = None,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """One pair of ``cost_in_a_real_step``: (median step of the instrumented model - median step of the plain
     one, in us; the CPU time of the writer's flushes per second of the run, in ms: its share of a core, 0
-    without diag)."""
+    without diag; the plain model's median step, in us)."""
     import torch
 
     import diag
@@ -345,7 +371,8 @@ def real_step_difference(
     if session is not None:
         flush_ms_per_s = session.writer.flush_s * 1e3 / (time.perf_counter() - started)  # before finish's flush
         diag.finish()
-    return (statistics.median(times[id(other)]) - statistics.median(times[id(plain)])) / 1000, flush_ms_per_s
+    plain_us = statistics.median(times[id(plain)]) / 1000
+    return statistics.median(times[id(other)]) / 1000 - plain_us, flush_ms_per_s, plain_us
 
 
 def formats_side_by_side(pairs: int, pair_steps: int) -> dict:
@@ -363,7 +390,7 @@ def formats_side_by_side(pairs: int, pair_steps: int) -> dict:
             kinds = ["a_a", "v1", "v2"]
             for kind in kinds[pair % 3 :] + kinds[: pair % 3]:
                 fmt = 2 if kind == "v2" else 1
-                diff_us, flush_ms_per_s = real_step_difference(Path(tmp), fmt, kind != "a_a", pair, pair_steps)
+                diff_us, flush_ms_per_s, _ = real_step_difference(Path(tmp), fmt, kind != "a_a", pair, pair_steps)
                 results[kind].append(diff_us)
                 if kind != "a_a":
                     results[f"flush_{kind}"].append(flush_ms_per_s)
@@ -371,18 +398,23 @@ def formats_side_by_side(pairs: int, pair_steps: int) -> dict:
     return results
 
 
-def print_formats_side_by_side(results: dict) -> None:
+def formats_table(results: dict) -> Table:
     med = statistics.median
     v2_minus_v1 = [b - a for a, b in zip(results["v1"], results["v2"])]
-    print(f"diag's cost in a real step, {len(results['v1'])} pairs each, interleaved (us, median over pairs):")
-    print(f"  schema 1 (CSV):      {med(results['v1']):8.1f}   per pair: {_listed(results['v1'])}")
-    print(f"  schema 2 (columnar): {med(results['v2']):8.1f}   per pair: {_listed(results['v2'])}")
-    print(f"  A/A (plain, plain):  {med(results['a_a']):8.1f}   per pair: {_listed(results['a_a'])}")
-    print(f"  schema 2 - schema 1: {med(v2_minus_v1):8.1f}   per pair: {_listed(v2_minus_v1)}")
-    print(
-        f"  writer thread's flushes, CPU ms per second of the run: schema 1 {med(results['flush_v1']):.2f}, "
+    table = Table("capture_formats", ["diag's cost in a real step", "median over pairs (us)", "per pair (us)"])
+    for label, values in (
+        ("schema 1 (CSV)", results["v1"]),
+        ("schema 2 (columnar)", results["v2"]),
+        ("A/A (plain, plain)", results["a_a"]),
+        ("schema 2 - schema 1", v2_minus_v1),
+    ):
+        table.add(label, f"{med(values):.1f}", _listed(values))
+    table.note(f"{len(results['v1'])} pairs of each, interleaved in one process (each pair's order rotated)")
+    table.note(
+        f"writer thread's flushes, CPU ms per second of the run: schema 1 {med(results['flush_v1']):.2f}, "
         f"schema 2 {med(results['flush_v2']):.2f} (off the training thread, but mostly holding the GIL)"
     )
+    return table
 
 
 def _listed(values: list[float]) -> str:
@@ -452,6 +484,7 @@ def main() -> None:
     parser.add_argument("--real-step-pairs", type=int, default=8, help="model pairs of the one-process real-step cost")
     parser.add_argument("--real-step-steps", type=int, default=800, help="steps of each model of a pair")
     parser.add_argument("--real-step-only", action="store_true", help="only the host costs and the real-step cost")
+    parser.add_argument("--loop-only", action="store_true", help="only the 2-rank loop and the bytes on disk")
     parser.add_argument(
         "--formats-side-by-side",
         action="store_true",
@@ -460,6 +493,7 @@ def main() -> None:
     parser.add_argument(
         "--record-cost-only", type=int, metavar="REPEATS", help="only the span and collective record costs, repeated"
     )
+    add_json_option(parser)
     args = parser.parse_args()
     if args.record_cost_only:
         record_costs(args.trace_format, 20000, args.record_cost_only)
@@ -468,49 +502,85 @@ def main() -> None:
         overhead_worker(args)
         return
     if args.formats_side_by_side:
-        print_formats_side_by_side(formats_side_by_side(args.real_step_pairs, args.real_step_steps))
+        formats_table(formats_side_by_side(args.real_step_pairs, args.real_step_steps)).save(args.json)
         return
-    if not args.real_step_only:
-        print_overhead(args)
-    print_host_costs(host_costs(args.trace_format, pairs=args.real_step_pairs, pair_steps=args.real_step_steps))
+    if args.real_step_only:
+        costs = host_costs(args.trace_format, pairs=args.real_step_pairs, pair_steps=args.real_step_steps)
+        host_costs_table(costs).save(args.json)
+        return
+    table = overhead_table(args)
+    if not args.loop_only:
+        costs = host_costs(args.trace_format, pairs=args.real_step_pairs, pair_steps=args.real_step_steps)
+        print()
+        costs_table = host_costs_table(costs)
+        print()
+        for what, us in costs_table.rows:  # one table a result: the host costs as the loop table's notes
+            table.note(f"{what}, us: {us}")
+        for line in costs_table.notes:
+            table.note(line)
+    table.save(args.json)
 
 
-def print_overhead(args) -> dict:
+def overhead_table(args) -> Table:
     result = run_overhead(args)
     medians = result["median_step_ms"]
     paired = result["paired_ratio"]
-    print(f"2-rank gloo DDP, {result['steps_each']} steps of each variant, interleaved in blocks of {args.block_steps}")
+    table = Table("capture", ["variant", "median step (ms)", "ratio to plain", "median of per-round ratios"])
     for name in VARIANTS:
-        print(
-            f"  {name:16s} median step {medians[name]:7.2f} ms   ratio to plain {medians[name] / medians['plain']:.4f}"
-            f"   median of per-round ratios {paired[name]:.4f}"
+        table.add(
+            VARIANT_LABELS[name],
+            f"{medians[name]:.2f}",
+            f"{medians[name] / medians['plain']:.4f}",
+            f"{paired[name]:.4f}",
         )
+    table.note(
+        f"2-rank gloo DDP (3-layer MLP, width {args.hidden}, batch {args.batch}), {result['steps_each']:,} steps of "
+        f"each variant, interleaved in blocks of {args.block_steps} steps in shuffled order, fresh models every "
+        f"{args.rebuild_every} blocks; trace format {args.trace_format}"
+    )
     fr = result["flight_recorder"]
     charged = (medians["diag"] + fr["per_diag_step_ms"]) / medians["plain"]
-    print(
-        f"  Flight Recorder reads: {fr['reads']}, {fr['read_s'] * 1000:.1f} ms in all, {fr['per_diag_step_ms'] * 1000:.1f} us "
+    table.note(
+        f"Flight Recorder reads: {fr['reads']}, {fr['read_s'] * 1000:.1f} ms in all, {fr['per_diag_step_ms'] * 1000:.1f} us "
         f"per step's collectives; diag's ratio with that added (an upper bound: a sixth of it is already in): {charged:.4f}"
     )
     disk = result["disk"]
-    print(
+    table.note(
         f"bytes on disk: {disk['bytes_per_step_row']:.0f} per step row, {disk['bytes_per_collective_row']:.0f} per "
         f"collective row ({disk['collectives_per_step']:.1f} collectives/step), "
         f"{disk['bytes_per_step_all_tables']:.0f} per step over all tables"
     )
-    return result
+    return table
 
 
-def print_host_costs(costs: dict) -> None:
-    print(f"host cost of one step span:         {costs['step_span_us']:.2f} us (median)")
-    print(f"host cost of recording a collective: {costs['collective_record_us']:.2f} us (median)")
-    print(
-        f"diag's cost in a real step (one-rank DDP, step by step against plain): {costs['in_real_step_us']:.1f} us "
-        f"(A/A: {costs['a_a_us']:.1f} us)"
+def host_costs_table(costs: dict) -> Table:
+    table = Table("capture_real_step", ["what diag adds", "median (us)"])
+    plain_us = costs["plain_step_us"]
+
+    def share(us: float) -> str:
+        return f"{us:.1f} ({100 * us / plain_us:.2f}%)"
+
+    table.add("host cost of one step span (`with diag.step()`)", f"{costs['step_span_us']:.2f}")
+    table.add(
+        "host cost of recording a collective (a no-op collective's wrapper)", f"{costs['collective_record_us']:.2f}"
     )
-    print(
-        f"  the same without replica fingerprints (fingerprint_every=0): {costs['in_real_step_no_fingerprints_us']:.1f} us; "
-        f"defaults plus diag.record(loss, grad_norm) every step: {costs['in_real_step_with_record_us']:.1f} us"
+    table.add("real step, diag defaults", share(costs["in_real_step_us"]))
+    table.add("real step, A/A (plain against plain)", share(costs["a_a_us"]))
+    table.add(
+        "real step, without replica fingerprints (`fingerprint_every=0`)",
+        share(costs["in_real_step_no_fingerprints_us"]),
     )
+    table.add(
+        "real step, defaults plus `diag.record(loss, grad_norm)` every step",
+        share(costs["in_real_step_with_record_us"]),
+    )
+    table.note(
+        f"span and collective: medians of {costs['iterations']:,} calls. Real step: one-rank DDP (3-layer MLP, width "
+        f"900, batch 64; plain step {plain_us / 1000:.2f} ms), step by step against the same model plain, "
+        f"{costs['pairs']} pairs of fresh models, {costs['pair_steps']} steps each; the median over pairs of the "
+        f"difference of medians (%: of the plain step)"
+    )
+    return table
 
 
 if __name__ == "__main__":

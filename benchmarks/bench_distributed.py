@@ -15,6 +15,11 @@ counter (``Worker.transfer_outgoing_bytes_total``: what they served, by Dask's s
 and every byte over the loopback interface (``/proc/net/dev``: anything else on loopback counts too).
 
     python benchmarks/bench_distributed.py /tmp/scale2/s4096 --workers 2
+    python benchmarks/bench_distributed.py /tmp/diag-synthetic-1024 --generate 1024 --workers 2
+
+``--generate RANKS`` first writes a synthetic format-2 trace of RANKS ranks x 1,000 steps to TRACE when it holds
+none. The figures are printed as they come, then as one row of a table named ``distributed_<ranks>``
+(``record.Table``; ``--json PATH`` saves it) with the bytes in detail as notes.
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_scale import Cluster, analyze_run  # noqa: E402
+from record import Table, add_json_option  # noqa: E402
 
 from tests.analysis.golden import differences  # noqa: E402
 
@@ -115,13 +122,27 @@ def signature(trace_dir: Path) -> tuple:
                         for p in trace_dir.rglob("*")))  # fmt: skip
 
 
+def generate_if_missing(trace_dir: Path, ranks: int | None) -> None:
+    """A synthetic format-2 trace of ``ranks`` ranks x 1,000 steps in ``trace_dir`` unless it holds one already."""
+    if ranks is None or (trace_dir / "planted.json").exists():
+        return
+    from diag.testing.synthetic import generate
+
+    started = time.perf_counter()
+    generate(trace_dir, ranks, 1000, trace_format=2)
+    print(f"generated {ranks} ranks x 1000 steps in {time.perf_counter() - started:.0f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace", type=Path)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()), help="cluster's local files")
     parser.add_argument("--no-single", action="store_true", help="skip the single-machine run and the comparison")
+    parser.add_argument("--generate", type=int, metavar="RANKS", help="write a synthetic trace first if none")
+    add_json_option(parser)
     args = parser.parse_args()
+    generate_if_missing(args.trace, args.generate)
     before = signature(args.trace)
     ranks = len([d for d in args.trace.iterdir() if d.name.startswith("rank")])
     free = subprocess.run(["free", "-g"], capture_output=True, text=True).stdout
@@ -162,6 +183,7 @@ def main() -> None:
     print(f"  workers' results sent (to peers and the client): {sent / 1e6:.1f} MB = {sent / ranks / 1e3:.1f} KB/rank; "
           f"loopback during the run: {lo_bytes / 1e6:.1f} MB = {lo_bytes / ranks / 1e3:.1f} KB/rank", flush=True)  # fmt: skip
     report = json.loads(dask.stdout)
+    single_cells, same = ["not run"] * 3, "not compared"
     if not args.no_single:
         single = analyze_run(args.trace)
         print(f"single machine: wall {single.wall_s:.1f} s, CPU {single.cpu_s:.1f} s, peak RSS "
@@ -169,9 +191,33 @@ def main() -> None:
         diffs = differences(json.loads(single.stdout), report)
         same = "byte-identical" if single.stdout == dask.stdout else f"{len(diffs)} differences (1e-9): {diffs[:5]}"
         print(f"reports: {same}")
+        single_cells = [f"{single.wall_s:.1f}", f"{single.cpu_s:.1f}", f"{single.tree_peak_gb:.2f}"]
     print(f"load average at the end: {os.getloadavg()}")
     if signature(args.trace) != before:
         raise SystemExit(f"{args.trace} changed during the benchmark")
+    print()
+    table = Table(f"distributed_{ranks}", [
+        "ranks", "Dask wall (s)", "client CPU (s)", "client peak RSS (GB)", "workers' peak RSS (GB)",
+        "workers' CPU (s)", "bytes moved (KB a rank)", "single machine wall (s)", "single machine CPU (s)",
+        "single machine tree PSS (GB)", "reports",
+    ])  # fmt: skip
+    ordered = [workers[a] for a in sorted(workers)]
+    table.add(
+        f"{ranks:,}", f"{dask.wall_s:.1f}", f"{dask.cpu_s:.1f}", f"{dask.peak_rss_gb:.2f}",
+        ", ".join(f"{w['peak_rss_gb']:.2f}" for w in ordered),
+        ", ".join(f"{w['cpu_s'] - idle[a]:.1f}" for a, w in sorted(workers.items())),
+        f"{both / ranks / 1e3:.1f}", *single_cells, same,
+    )  # fmt: skip
+    table.note(
+        f"{args.workers} `dask worker --nthreads 1` processes and the scheduler on 127.0.0.1, sharing this machine's "
+        f"{os.cpu_count()} CPUs with the client"
+    )
+    table.note(
+        f"bytes moved: received over the cluster's connections, {both / 1e6:.1f} MB: by the diag analyze client "
+        f"{moved['client'] / 1e6:.1f} MB, by the scheduler and workers {moved['cluster'] / 1e6:.1f} MB; workers' "
+        f"results sent {sent / ranks / 1e3:.1f} KB a rank; loopback during the run {lo_bytes / ranks / 1e3:.1f} KB a rank"
+    )
+    table.save(args.json)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,24 @@ process (benchmarks/measured.py): wall, CPU (worker processes included), largest
 summed PSS of the process tree.
 
     python benchmarks/bench_engines.py /tmp/cold16k/s1024 --repeat 2
+    python benchmarks/bench_engines.py /tmp/diag-synthetic-1024 --generate 1024 --repeat 3
+
+``--generate RANKS`` first writes a synthetic format-2 trace of RANKS ranks x 1,000 steps to TRACE_DIR when it
+holds none. The table is ``record.Table``'s (``--json PATH`` saves it), with each engine's medians as a note.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measured import run_measured  # noqa: E402
+from record import Table, add_json_option  # noqa: E402
 
 CODE = (
     "import sys; from diag.analysis import partitioned as P; from diag.views import render; "
@@ -23,18 +30,47 @@ CODE = (
 )
 
 
+def generate_if_missing(trace_dir: Path, ranks: int | None) -> None:
+    """A synthetic format-2 trace of ``ranks`` ranks x 1,000 steps in ``trace_dir`` unless it holds one already."""
+    if ranks is None or (trace_dir / "planted.json").exists():
+        return
+    from diag.testing.synthetic import generate
+
+    started = time.perf_counter()
+    generate(trace_dir, ranks, 1000, trace_format=2)
+    print(f"generated {ranks} ranks x 1000 steps in {time.perf_counter() - started:.0f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace_dir", type=Path)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--generate", type=int, metavar="RANKS", help="write a synthetic trace first if none")
+    add_json_option(parser)
     args = parser.parse_args()
-    print("| run | engine | wall | CPU | peak RSS | process tree peak PSS | load average after |")
-    print("|---|---|---|---|---|---|---|")
+    generate_if_missing(args.trace_dir, args.generate)
+    table = Table(
+        "engines",
+        ["run", "engine", "wall (s)", "CPU (s)", "peak RSS (GB)", "process tree peak PSS (GB)", "load average after"],
+    )
+    runs: dict[str, list] = {"threads": [], "processes": []}
     for i in range(args.repeat):
         for engine in ("threads", "processes"):
             m = run_measured([sys.executable, "-c", CODE, str(args.trace_dir), engine])
-            print(f"| {i + 1} | {engine} | {m.wall_s:.1f} s | {m.cpu_s:.1f} s | {m.peak_rss_gb:.2f} GB | "
-                  f"{m.tree_peak_gb:.2f} GB | {os.getloadavg()[0]:.1f} |", flush=True)  # fmt: skip
+            runs[engine].append(m)
+            table.add(i + 1, engine, f"{m.wall_s:.1f}", f"{m.cpu_s:.1f}", f"{m.peak_rss_gb:.2f}",
+                      f"{m.tree_peak_gb:.2f}", f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+    table.note(
+        "medians: "
+        + "; ".join(
+            f"{engine} {statistics.median(m.wall_s for m in ms):.1f} s wall, "
+            f"{statistics.median(m.cpu_s for m in ms):.1f} s CPU, "
+            f"{statistics.median(m.tree_peak_gb for m in ms):.2f} GB tree PSS"
+            for engine, ms in runs.items()
+        )
+    )
+    table.note(f"{args.trace_dir}: the per-rank passes on threads (LocalEngine) or 2 worker processes (ProcessEngine)")
+    table.save(args.json)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,15 @@ The sessions alternate (off, on, off, on, ...) so the shared machine's load fall
 step's), where the recorded steps also keep CUDA's allocator history (torch's ~2 us per allocation by its
 documentation) and memory_deep.json holds the allocator's segments.
 
+Printed as a table (``record.Table``; ``--json PATH`` saves it): the median step of each kind, the checks'
+nanoseconds and memory_deep.json's size as notes.
+
 usage: python benchmarks/bench_memory_deep.py [--rounds 3] [--steps 20] [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -29,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import Table, add_json_option  # noqa: E402
 
 WARMUP, DEEP = 3, 5
 
@@ -84,6 +87,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    add_json_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -97,16 +101,24 @@ def main() -> None:
             after += times[WARMUP + DEEP :]
             size = (Path(d) / "rank00000" / "memory_deep.json").stat().st_size
     median_off = statistics.median(off)
-    result = {
-        "step_ms_off_median": round(median_off, 2),
-        "step_ms_deep_median": round(statistics.median(deep_steps), 2),
-        "deep_over_off": round(statistics.median(deep_steps) / median_off, 2),
-        "step_ms_after_deep_steps_median": round(statistics.median(after), 2),
-        "unchosen_step_checks_ns": round(unchosen_step_checks_ns(200_000)),
-        "memory_deep_json_bytes": size,
-        "steps_measured": {"off": len(off), "deep": len(deep_steps), "after": len(after)},
-    }
-    print(json.dumps(result, indent=1))
+    median_deep = statistics.median(deep_steps)
+    table = Table("memory_deep", ["step", f"median step on {args.device} (ms)"])
+    table.add("off (the default)", f"{median_off:.2f}")
+    table.add(
+        "recorded steps (the last one converts and writes memory_deep.json)",
+        f"{median_deep:.2f} ({median_deep / median_off:.2f}x)",
+    )
+    table.add("steps after the recorded ones, same session", f"{statistics.median(after):.2f}")
+    table.note(
+        f"a step not chosen, mode configured: the two checks it makes, {unchosen_step_checks_ns(200_000):.0f} ns "
+        f"(mean of 200,000)"
+    )
+    table.note(
+        f"{args.rounds} rounds of {args.steps} steps, off and on alternately, the first {WARMUP} steps of each session "
+        f"left out; steps measured: {len(off)} off, {len(deep_steps)} recorded, {len(after)} after; "
+        f"memory_deep.json {size:,} bytes"
+    )
+    table.save(args.json)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,22 @@ Only functions that main and its branches share are called, so the same script m
 from each checkout with that checkout first on the path::
 
     cd /work/main && PYTHONPATH=$PWD python3 /path/to/benchmarks/bench_rank_passes.py /tmp/scale2/s4096 --ranks 256
+
+``--generate RANKS`` first writes a synthetic format-2 trace of RANKS ranks x 1,000 steps to TRACE_DIR when it
+holds none (``python3 -m diag.testing.synthetic``), so that the suite can run it from nothing; the table is
+``record.Table``'s (``--json PATH`` saves it).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import Table, add_json_option  # noqa: E402
 
 
 def _window_and_job(trace, partitioned):
@@ -47,12 +55,26 @@ def _window_and_job(trace, partitioned):
     return window, job, bounds
 
 
+def generate_if_missing(trace_dir: str, ranks: int | None) -> None:
+    """A synthetic format-2 trace of ``ranks`` ranks x 1,000 steps in ``trace_dir`` unless it holds one already."""
+    if ranks is None or (Path(trace_dir) / "planted.json").exists():
+        return
+    from diag.testing.synthetic import generate
+
+    started = time.perf_counter()
+    generate(trace_dir, ranks, 1000, trace_format=2)
+    print(f"generated {ranks} ranks x 1000 steps in {time.perf_counter() - started:.0f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace_dir")
     parser.add_argument("--ranks", type=int, default=256, help="the first RANKS ranks (default 256)")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--generate", type=int, metavar="RANKS", help="write a synthetic trace first if none")
+    add_json_option(parser)
     args = parser.parse_args()
+    generate_if_missing(args.trace_dir, args.generate)
 
     import diag.analysis.partitioned as P
 
@@ -115,18 +137,22 @@ def main() -> None:
         (f"memory + telemetry frames and analyses ({batch} ranks a batch)", frames_and_analyses),
     ]
     print(f"{P.__file__}: {n} ranks of {args.trace_dir}, CPU ms per rank (best of {args.repeat})")
+    table = Table("rank_passes", ["stage", "CPU per rank (ms)"])
     total = 0.0
     for name, fn in stages:
         ms = best(fn)
         total += ms
-        print(f"| {name} | {ms:.3f} |")
-    print(f"| total of the stages | {total:.3f} |")
+        table.add(name, f"{ms:.3f}")
+    table.add("total of the stages", f"{total:.3f}")
     # the passes as the engines run them: pass 1 a batch at a time (read, part, partials combined), pass 2
     batches = [tasks[i : i + batch] for i in range(0, n, batch)]
-    print(f"| pass 1 as run, without memory and telemetry (read_batch, {batch} ranks) | "
-          f"{best(lambda: [P.read_batch(b, window) for b in batches]):.3f} |")  # fmt: skip
-    print(f"| pass 1 as run, with them (read_batch with the job) | "
-          f"{best(lambda: [P.read_batch(b, window, job) for b in batches]):.3f} |")  # fmt: skip
+    table.add(f"pass 1 as run, without memory and telemetry (read_batch, {batch} ranks)",
+              f"{best(lambda: [P.read_batch(b, window) for b in batches]):.3f}")  # fmt: skip
+    table.add("pass 1 as run, with them (read_batch with the job)",
+              f"{best(lambda: [P.read_batch(b, window, job) for b in batches]):.3f}")  # fmt: skip
+    table.note(f"the first {n:,} ranks of the trace; CPU time (time.process_time), best of {args.repeat}, serially "
+               f"in one process, the files in the page cache")  # fmt: skip
+    table.save(args.json)
 
 
 if __name__ == "__main__":

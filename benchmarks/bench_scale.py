@@ -42,15 +42,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_analyze import check_planted  # noqa: E402
 from measured import run_measured  # noqa: E402
+from record import Table, add_json_option  # noqa: E402
 
 from diag.testing import synthetic  # noqa: E402
 from tests.analysis.golden import differences  # noqa: E402
 
 
 def analyze_run(trace_dir: Path, *args: str):
+    # --fail-on never: the planted problems are high findings, which would end the run with exit status 1
     return run_measured(
-        [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", "--no-cache", *args]
-    )
+        [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", "--no-cache", "--fail-on",
+         "never", *args]
+    )  # fmt: skip
 
 
 def moved_bytes(trace_dir: Path) -> dict:
@@ -163,7 +166,8 @@ def cold_and_repeat(
             plants = synthetic.Plants(**json.loads((existing / "planted.json").read_text()))
         generate_s = time.perf_counter() - start if existing is None else float("nan")
         size_gb = sum(f.stat().st_size for f in trace_dir.rglob("*") if f.is_file()) / 1e9
-        argv = [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json"]
+        # --fail-on never: the planted problems are high findings, which would end the run with exit status 1
+        argv = [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", "--fail-on", "never"]
         cold = run_measured(argv)
         repeat = run_measured(argv)
         problems = check_planted(json.loads(cold.stdout), plants) if ranks >= 5 else []
@@ -183,11 +187,13 @@ def cold_and_repeat(
 
 
 def main_cold_and_repeat(args) -> None:
+    """The table is named ``scale_<ranks>`` (``scale_1024_4096`` for several sizes); ``--json`` saves it."""
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
-    print(f"Schema {args.format}, {args.steps} steps x {args.collectives_per_step} collectives per rank. Times are wall "
-          "(CPU user+system) of each diag analyze process.")  # fmt: skip
-    print("| ranks | collective rows | trace on disk | generation | cold (partitioned) | peak RSS | process tree peak PSS "
-          "| repeat (cache) | peak RSS | report |\n|---|---|---|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
+    table = Table(f"scale_{'_'.join(map(str, args.ranks))}", [
+        "ranks", "collective rows", "trace on disk (MB)", "generation (s)", "cold, partitioned: wall (CPU) (s)",
+        "peak RSS (GB)", "process tree peak PSS (GB)", "repeat, cached report: wall (CPU) (s)", "peak RSS (GB)",
+        "report",
+    ])  # fmt: skip
     for ranks in args.ranks:
         r = cold_and_repeat(ranks, args.steps, args.collectives_per_step, args.root, args.format, args.in_memory_max,
                             args.trace_dir)  # fmt: skip
@@ -195,15 +201,18 @@ def main_cold_and_repeat(args) -> None:
         if args.report_out is not None:
             args.report_out.write_text(cold.stdout)
         verdict = "planted problems found" + (", equal to --in-memory" if r["compared"] else "")
-        print(
-            f"| {ranks:,} | {ranks * args.steps * args.collectives_per_step:,} | {r['size_gb'] * 1e3:,.0f} MB | "
-            f"{r['generate_s']:.0f} s | {cold.wall_s:.1f} s ({cold.cpu_s:.1f} s) | {cold.peak_rss_gb:.2f} GB | "
-            f"{cold.tree_peak_gb:.2f} GB | "
-            f"{repeat.wall_s:.1f} s ({repeat.cpu_s:.1f} s) | {repeat.peak_rss_gb:.2f} GB | "
-            f"{verdict if not r['problems'] else '; '.join(r['problems'])} |",
-            flush=True,
-        )
+        table.add(
+            f"{ranks:,}", f"{ranks * args.steps * args.collectives_per_step:,}", f"{r['size_gb'] * 1e3:,.0f}",
+            f"{r['generate_s']:.0f}", f"{cold.wall_s:.1f} ({cold.cpu_s:.1f})", f"{cold.peak_rss_gb:.2f}",
+            f"{cold.tree_peak_gb:.2f}", f"{repeat.wall_s:.1f} ({repeat.cpu_s:.1f})", f"{repeat.peak_rss_gb:.2f}",
+            verdict if not r["problems"] else "; ".join(r["problems"]),
+        )  # fmt: skip
         print(f"load average now: {os.getloadavg()[0]:.2f}", flush=True)
+    table.note(
+        f"schema {args.format}, {args.steps:,} steps x {args.collectives_per_step} collectives per rank; times are wall "
+        "(CPU user+system) of each diag analyze process"
+    )
+    table.save(args.json)
 
 
 def main() -> None:
@@ -222,6 +231,7 @@ def main() -> None:
     parser.add_argument(
         "--in-memory-max", type=int, default=2048, help="compare with --in-memory up to this many ranks"
     )
+    add_json_option(parser)
     args = parser.parse_args()
     if args.cold_and_repeat:
         if args.trace_dir is not None:

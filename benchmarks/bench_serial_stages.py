@@ -10,13 +10,22 @@ process's user + system: the steadier figure on a shared machine; the workers' l
 
 The analyses run without the collectives' waits (the steps' own comm_wait_us), so rank_step_times does not
 align them: the rest is what analyze runs.
+
+``--generate RANKS`` first writes a synthetic format-2 trace of RANKS ranks x 1,000 steps to TRACE_DIR when it
+holds none (``python3 -m diag.testing.synthetic``), so that the suite can run it from nothing; the table is
+``record.Table``'s (``--json PATH`` saves it).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import Table, add_json_option  # noqa: E402
 
 
 def timed(rows: list, name: str, fn, *args, **kwargs):
@@ -26,10 +35,24 @@ def timed(rows: list, name: str, fn, *args, **kwargs):
     return result
 
 
+def generate_if_missing(trace_dir: str, ranks: int | None) -> None:
+    """A synthetic format-2 trace of ``ranks`` ranks x 1,000 steps in ``trace_dir`` unless it holds one already."""
+    if ranks is None or (Path(trace_dir) / "planted.json").exists():
+        return
+    from diag.testing.synthetic import generate
+
+    started = time.perf_counter()
+    generate(trace_dir, ranks, 1000, trace_format=2)
+    print(f"generated {ranks} ranks x 1000 steps in {time.perf_counter() - started:.0f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace_dir")
+    parser.add_argument("--generate", type=int, metavar="RANKS", help="write a synthetic trace first if none")
+    add_json_option(parser)
     args = parser.parse_args()
+    generate_if_missing(args.trace_dir, args.generate)
 
     import diag.analysis.partitioned as P
     from diag.analysis import report as R
@@ -56,12 +79,15 @@ def main() -> None:
     timed(rows, "straggler_findings", S.straggler_findings, found, ctx)
     timed(rows, "analyze_mfu", analyze_mfu, times.frame, trace.manifests, steps_w, None, None, 1)
     timed(rows, "_timeline", R._timeline, times.frame, {})
-    print("| stage | wall | CPU (this process) |\n|---|---|---|")
+    table = Table("serial_stages", ["stage", "wall (s)", "CPU, this process (s)"])
     for name, wall, cpu in rows:
-        print(f"| {name} | {wall:.2f} s | {cpu:.2f} s |")
+        table.add(name, f"{wall:.2f}", f"{cpu:.2f}")
     after = rows[loads:]
-    print(f"| **analyses after the passes** | {sum(r[1] for r in after):.2f} s | {sum(r[2] for r in after):.2f} s |")
+    table.add("**analyses after the passes**", f"{sum(r[1] for r in after):.2f}", f"{sum(r[2] for r in after):.2f}")
+    ranks = len(list(Path(args.trace_dir).glob("rank[0-9]*")))
+    table.note(f"{ranks:,} ranks, {len(trace.steps):,} steps rows; {trace.steps['step'].nunique():,} steps")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    table.save(args.json)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ loader blocks (loader), a rank that skips an all_reduce (skip), a rank that call
 all_reduce (desync), a wait chain through a side group (chain). ``diag triage --watch`` (default --stall-s 20)
 runs beside each job. The stall starts when the first rank enters the collective that never completes (its
 ``start_us`` in the heartbeats); the verdict when the watch prints it. Printed: per run the verdict, the
-culprit and the seconds; then the median and the maximum.
+culprit and the seconds as it ends; then a table (``record.Table``, ``--json PATH`` saves it) of each
+scenario's verdicts, culprits and seconds, with the median and the maximum.
 
     python benchmarks/bench_triage_watch.py --runs 2
 
@@ -26,11 +27,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from record import Table, add_json_option  # noqa: E402
 
 from diag.launch import start_ranks  # noqa: E402
 
 HANG_JOB = REPO / "tests" / "triage" / "hang_job.py"
 SCENARIOS = ("loader", "skip", "desync", "chain")
+SCENARIO_LABELS = {
+    "loader": "loader: rank 1's data loader blocks",
+    "skip": "skip: rank 1 skips an all_reduce and finishes",
+    "desync": "desync: rank 1 all_gathers where the others all_reduce",
+    "chain": "chain: rank 2 blocks, rank 1 waits for it in a side group",
+}
 DEFAULTS = {"HANG_JOB_PG_TIMEOUT_S": "600", "HANG_JOB_THRESHOLD_S": "120", "HANG_JOB_HEARTBEAT_S": "5"}
 RUN_DEADLINE_S = 180
 
@@ -80,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2, help="runs of each scenario")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    add_json_option(parser)
     args = parser.parse_args()
     results = []
     for _ in range(args.runs):
@@ -93,9 +104,21 @@ def main() -> None:
                 f"{'?' if seconds is None else f'{seconds:.1f} s'} after the stall began",
                 flush=True,
             )
+    print()
+    table = Table("triage_watch", ["scenario", "verdict, culprits (each run)", "stall to verdict (s, each run)"])
+    for scenario in args.scenarios.split(","):
+        runs = [r for r in results if r["scenario"] == scenario]
+        verdicts = sorted({f"`{r['verdict']}` {r['culprits']}" for r in runs})
+        seconds = ["?" if r["stall_to_verdict_s"] is None else f"{r['stall_to_verdict_s']:.1f}" for r in runs]
+        table.add(SCENARIO_LABELS.get(scenario, scenario), "; ".join(verdicts), ", ".join(seconds))
     times = [r["stall_to_verdict_s"] for r in results if r["stall_to_verdict_s"] is not None]
     if times:
-        print(f"stall to verdict: median {statistics.median(times):.1f} s, max {max(times):.1f} s, {len(times)} runs")
+        table.note(
+            f"stall to verdict: median {statistics.median(times):.1f} s, max {max(times):.1f} s, {len(times)} runs"
+        )
+    if len(times) < len(results):
+        table.note(f"{len(results) - len(times)} run(s) without a stall start in the heartbeats (?)")
+    table.save(args.json)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,18 @@ BENCHMARKS = {
     "storage": "bench_storage.py --skip candidates writer load to_frame",
     "compare_noise": "bench_compare_noise.py --rounds 13 --keep /tmp/diag-noise-runs",
     "compare_noise_burner": "bench_compare_noise.py --rounds 13 --interference 1 --keep /tmp/diag-noise-runs-burner",
+    "capture": "bench_capture.py --loop-only --blocks 80",
+    "capture_real_step": "bench_capture.py --real-step-only --real-step-pairs 4 --real-step-steps 70",
+    "capture_formats": "bench_capture.py --formats-side-by-side --real-step-pairs 6 --real-step-steps 80",
+    "triage_watch": "bench_triage_watch.py --runs 1",
+    "memory_deep": "bench_memory_deep.py --rounds 10 --steps 20",
+    "serial_stages": "bench_serial_stages.py /tmp/diag-synthetic-4096 --generate 4096",
+    "rank_passes": "bench_rank_passes.py /tmp/diag-synthetic-4096 --generate 4096 --ranks 256",
+    "analyze_ab": "bench_analyze_ab.py /tmp/diag-synthetic-1024 --generate 1024 --base-rev HEAD --repeat 4",
+    "engines": "bench_engines.py /tmp/diag-synthetic-1024 --generate 1024 --repeat 3",
+    "distributed_1024": "bench_distributed.py /tmp/diag-synthetic-1024 --generate 1024 --workers 2",
+    "distributed_4096": "bench_distributed.py /tmp/diag-synthetic-4096 --generate 4096 --workers 2",
+    "scale_1024": "bench_scale.py --cold-and-repeat --format 2 --ranks 1024",
 }
 
 BLOCK = re.compile(
