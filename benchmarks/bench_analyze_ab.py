@@ -23,26 +23,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measured import run_measured  # noqa: E402
 from record import Table, add_json_option  # noqa: E402
+from synthetic_trace import generate_if_missing  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
-
-
-def generate_if_missing(trace_dir: Path, ranks: int | None) -> None:
-    """A synthetic format-2 trace of ``ranks`` ranks x 1,000 steps in ``trace_dir`` unless it holds one already."""
-    if ranks is None or (trace_dir / "planted.json").exists():
-        return
-    sys.path.insert(0, str(HERE))
-    from diag.testing.synthetic import generate
-
-    started = time.perf_counter()
-    generate(trace_dir, ranks, 1000, trace_format=2)
-    print(f"generated {ranks} ranks x 1000 steps in {time.perf_counter() - started:.0f} s", flush=True)
 
 
 def archived(rev: str, into: Path) -> Path:

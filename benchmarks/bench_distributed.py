@@ -33,13 +33,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_scale import Cluster, analyze_run  # noqa: E402
 from record import Table, add_json_option  # noqa: E402
+from synthetic_trace import generate_if_missing  # noqa: E402
 
 from tests.analysis.golden import differences  # noqa: E402
 
@@ -120,17 +120,6 @@ def signature(trace_dir: Path) -> tuple:
     """The trace directory's listing with sizes and modification times, to check that nothing was written."""
     return tuple(sorted((str(p.relative_to(trace_dir)), p.stat().st_size, p.stat().st_mtime_ns)
                         for p in trace_dir.rglob("*")))  # fmt: skip
-
-
-def generate_if_missing(trace_dir: Path, ranks: int | None) -> None:
-    """A synthetic format-2 trace of ``ranks`` ranks x 1,000 steps in ``trace_dir`` unless it holds one already."""
-    if ranks is None or (trace_dir / "planted.json").exists():
-        return
-    from diag.testing.synthetic import generate
-
-    started = time.perf_counter()
-    generate(trace_dir, ranks, 1000, trace_format=2)
-    print(f"generated {ranks} ranks x 1000 steps in {time.perf_counter() - started:.0f} s", flush=True)
 
 
 def main() -> None:

@@ -16,29 +16,18 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measured import run_measured  # noqa: E402
 from record import Table, add_json_option  # noqa: E402
+from synthetic_trace import generate_if_missing  # noqa: E402
 
 CODE = (
     "import sys; from diag.analysis import partitioned as P; from diag.views import render; "
     "engine = P.LocalEngine() if sys.argv[2] == 'threads' else P.ProcessEngine(2); "
     "render(P.analyze_partitioned(sys.argv[1], engine=engine), 'json')"
 )
-
-
-def generate_if_missing(trace_dir: Path, ranks: int | None) -> None:
-    """A synthetic format-2 trace of ``ranks`` ranks x 1,000 steps in ``trace_dir`` unless it holds one already."""
-    if ranks is None or (trace_dir / "planted.json").exists():
-        return
-    from diag.testing.synthetic import generate
-
-    started = time.perf_counter()
-    generate(trace_dir, ranks, 1000, trace_format=2)
-    print(f"generated {ranks} ranks x 1000 steps in {time.perf_counter() - started:.0f} s", flush=True)
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import Table, add_json_option  # noqa: E402
+from synthetic_trace import generate_if_missing  # noqa: E402
 
 
 def _window_and_job(trace, partitioned):
@@ -53,17 +54,6 @@ def _window_and_job(trace, partitioned):
     window = captured["window"]
     job, bounds = partitioned.rank_tables_reducer(trace).plan(window)
     return window, job, bounds
-
-
-def generate_if_missing(trace_dir: str, ranks: int | None) -> None:
-    """A synthetic format-2 trace of ``ranks`` ranks x 1,000 steps in ``trace_dir`` unless it holds one already."""
-    if ranks is None or (Path(trace_dir) / "planted.json").exists():
-        return
-    from diag.testing.synthetic import generate
-
-    started = time.perf_counter()
-    generate(trace_dir, ranks, 1000, trace_format=2)
-    print(f"generated {ranks} ranks x 1000 steps in {time.perf_counter() - started:.0f} s", flush=True)
 
 
 def main() -> None:
