@@ -405,10 +405,10 @@ def _hangs(ops: pd.DataFrame, members: dict[str, list[int]], data: TriageInput) 
 
 
 def _first_seq_never_issued(group: pd.DataFrame, last_seq: pd.Series, data: TriageInput) -> int | None:
-    """Flight Recorder: the first seq of the group that some members issued and others never did. A
-    collective cannot complete without every member, whatever a dump says (gloo counts failed ops as
-    completed); where completion is recorded (NCCL) and some member completed it, it was issued everywhere
-    and only that member's dump is newer than the others'."""
+    """Flight Recorder dumps, or diag's trace where gloo's entries lag (``_lagging_below``): the first seq of
+    the group that some members issued and others never did. A collective cannot complete without every
+    member, whatever a dump says (gloo counts failed ops as completed); where completion is recorded (NCCL) and
+    some member completed it, it was issued everywhere and only that member's dump is newer than the others'."""
     if last_seq.min() >= last_seq.max():
         return None
     seq = int(last_seq.min()) + 1
