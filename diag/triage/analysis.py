@@ -422,8 +422,8 @@ def _first_seq_never_issued(group: pd.DataFrame, last_seq: pd.Series, data: Tria
 def _lagging_below(group: pd.DataFrame, seq: int, data: TriageInput) -> bool:
     """In diag's trace: every op pending below ``seq`` is a gloo Flight Recorder entry past the rank's last
     row (DDP's buckets on gloo are read from Flight Recorder, with no row of diag's when they return), whose
-    completion lags as in gloo's dumps. A rank that issued such an op and went on to wait for its next batch
-    had it return; the first seq some members never issued is where the job stopped."""
+    completion lags as in gloo's dumps: such an op may have returned (a rank that went on to wait for its next
+    batch had it return), while the first seq some members never issued cannot have completed."""
     below = group[~group["completed"] & (group["seq"] < seq)]
     if below.empty:
         return False
