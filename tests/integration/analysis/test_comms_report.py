@@ -45,9 +45,9 @@ def test_waiting_shares_stay_within_the_step(bucketed_job):
     _, report = bucketed_job
     shares = {r["rank"]: r for r in report["comms"]["per_rank"]}
     assert all(0 <= r["wait_share_pct"] <= 100 and 0 <= r["blocked_share_pct"] <= 100 for r in shares.values())
-    # rank 0 waits for rank 1's 40 ms in every step, counted once per step (the overlapping buckets' waits
-    # summed read 151% of a ~52 ms step); in milliseconds, since the machine's load stretches the step (96 ms
-    # beside the fault suite's CPU burners: a 42% share) while the wait for rank 1's sleep stays
+    # rank 0 waits for rank 1's 40 ms in every step, counted once per step, not once per overlapping bucket;
+    # in milliseconds, since the machine's load stretches the step (96 ms beside four CPU burners: a 42%
+    # share) while the wait for rank 1's sleep stays
     steps = report["run"]["window"]["steps_analysed"]
     assert shares[0]["wait_for_peers_s"] / steps == pytest.approx(EXTRA_MS / 1e3, rel=0.5)
     assert shares[1]["wait_share_pct"] < 10

@@ -246,7 +246,7 @@ def test_eight_ranks_waiting_past_a_gloo_bucket_that_reads_never_returned_name_t
     it): rank 3 blocks in its data loader at step 3; the other seven wait in step 3's first all_reduce (seq 12),
     time out and raise. No rank's tables were read: the heartbeats said enough. Rank 3's last heartbeat row is
     seq 10, and its Flight Recorder dump holds step 2's DDP bucket (seq 11), past that row, in gloo's lagging
-    "scheduled" state: it returned, or rank 3 would not have left step 2. It once read "SLOW, NOT HUNG"."""
+    "scheduled" state: it returned, or rank 3 would not have left step 2. Not "SLOW, NOT HUNG"."""
     verdict = triage(read_input(FIXTURES / "ddp_8_ranks_loader_hang_gloo_fr_lagging"))
     assert verdict.verdict == "missing_ranks", verdict.evidence
     assert verdict.culprit_ranks == [3], verdict.evidence
