@@ -405,6 +405,24 @@ def _hangs(ops: pd.DataFrame, members: dict[str, list[int]], data: TriageInput) 
     )
 
 
+def _culprits_next(ops: pd.DataFrame, hangs: list[dict], roots: list[int], fallback: dict) -> dict:
+    """The collective the culprits themselves never reached (the last link of a wait chain). Where they hold
+    up several groups, the one they would have reached first: a step issues each group's collectives in the
+    same order, so that is the group they issued to longest ago (not the one whose waiters entered first: on
+    a loaded host the ranks of another group may get there sooner)."""
+    theirs = [h for h in hangs if h["missing"] and set(h["missing"]) <= set(roots)]
+    if not theirs:
+        return fallback
+    same = [h for h in theirs if h["missing"] == theirs[0]["missing"]]
+    issued = ops[ops["rank"].isin(theirs[0]["missing"])].groupby("pg", observed=True)["start_us"].max()
+
+    def issued_us(hang: dict) -> float:
+        last_us = issued.get(hang["pg"], float("-inf"))  # never issued to: that group comes first
+        return last_us if last_us == last_us else float("inf")  # unknown times: no reason to prefer it
+
+    return min(same, key=issued_us)
+
+
 def _first_seq_never_issued(group: pd.DataFrame, last_seq: pd.Series, data: TriageInput) -> int | None:
     """Flight Recorder dumps, or diag's trace where gloo's entries lag (``_lagging_below``): the first seq of
     the group that some members issued and others never did. A collective cannot complete without every
@@ -514,8 +532,7 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
         if hang["missing"]
         else ([], [], False, [])
     )
-    # report the collective the culprits themselves never reached (the last link of a wait chain)
-    hang = next((h for h in hangs if h["missing"] and set(h["missing"]) <= set(roots)), hang)
+    hang = _culprits_next(ops, hangs, roots, hang)
     others = [h for h in hangs if h is not hang and h["missing"]]
     pg, seq, missing = hang["pg"], hang["seq"], hang["missing"]
     ranks = _rank_reports(data, ops, liveness, focus=(pg, seq))

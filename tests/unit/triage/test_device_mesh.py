@@ -62,3 +62,16 @@ def test_a_rank_late_into_its_tp_group_is_the_culprit_not_its_peer_that_gave_up(
     )
     assert any(line.startswith("process group 3 is the tp group of ranks 0, 1") for line in verdict.evidence)
     assert verdict.ranks[1].state == "stuck_in_collective"  # in DTensor's wait, not in its own compute
+
+
+def test_mesh_hang_names_the_tp_group_the_rank_would_reach_first_though_dp_waiters_entered_sooner():
+    """8 ranks, dp=4 x tp=2 (tests/jobs/mesh_job.py hang 5): rank 5 stops in a step's forward. Its tp peer
+    (rank 4) waits in the forward's tensor-parallel all_reduce; on a loaded host ranks 1, 3 and 7 ran their
+    forward and backward with their own tp peers and entered the dp gradient all_reduce 2 ms before rank 4
+    entered its. Rank 5 issues its tp collective before its dp one each step, so the tp group is the one it
+    holds up first, whichever group's waiters got there sooner."""
+    verdict = triage(read_input(FIXTURES / "triage" / "mesh_8_ranks_dp_waiters_entered_first"))
+    assert verdict.verdict == "missing_ranks", verdict.evidence
+    assert verdict.culprit_ranks == [5], verdict.evidence
+    assert (verdict.collective["pg"], verdict.collective["seq"]) == ("5", 9)
+    assert any("rank 5 stalls that tp group first" in line for line in verdict.evidence), verdict.evidence
