@@ -8,10 +8,9 @@ per-rank part of it into its stages, each timed alone over the same ranks (``tim
 - part: ``_part_of`` + ``_partial`` (pass 1's compact part and the rank's instance partials), then
   ``combine_partials`` of all of them;
 - finish: ``finish_part`` (pass 2) then ``merge_sums`` of the results;
-- tables: the memory and telemetry frames and their analyses, a batch of ranks at a time (the batch the code
-  tree's worker processes use);
-- then pass 1 as the engines run it (``read_batch``: a batch's reads, parts and combined partial, without and
-  with the memory and telemetry).
+- tables: the memory and telemetry read and analysed by the analysis engine (``engine.map_share``), a batch of
+  ranks at a time;
+- then pass 1 as the engines run it (``read_batch``: a batch's reads, parts and combined partial).
 
 Only functions that main and its branches share are called, so the same script measures any code tree: run it
 from each checkout with that checkout first on the path::
@@ -36,9 +35,9 @@ from record import Table, add_json_option  # noqa: E402
 from synthetic_trace import generate_if_missing  # noqa: E402
 
 
-def _window_and_job(trace, partitioned):
-    """The step window ``analyze`` chooses for the trace, and pass 1's memory and telemetry job for it."""
-    from diag.analysis.report import analyze
+def _window_and_bounds(trace):
+    """The step window ``analyze`` chooses for the trace, and the ranks' telemetry windows in it."""
+    from diag.analysis.report import analyze, telemetry_bounds_in_window
 
     class _Stop(Exception):
         pass
@@ -50,10 +49,9 @@ def _window_and_job(trace, partitioned):
         raise _Stop
 
     with contextlib.suppress(_Stop):  # the window captured, nothing more of the analysis wanted
-        analyze(trace, reduce_collectives=capture, reduce_rank_tables=capture)
+        analyze(trace, reduce_collectives=capture, run_ranks=capture)
     window = captured["window"]
-    job, bounds = partitioned.rank_tables_reducer(trace).plan(window)
-    return window, job, bounds
+    return window, telemetry_bounds_in_window(trace.steps, window)
 
 
 def main() -> None:
@@ -67,12 +65,16 @@ def main() -> None:
     generate_if_missing(args.trace_dir, args.generate)
 
     import diag.analysis.partitioned as P
+    from diag.analysis import engine
+    from diag.analysis.memory import MemoryAnalysis
+    from diag.analysis.telemetry import TelemetryAnalysis
 
     trace = P.load_without_collectives(args.trace_dir, analysed_columns_only=True, without=P.RANK_TABLES)
-    window, job, bounds = _window_and_job(trace, P)
-    tasks = P.rank_tasks(trace, bounds)[: args.ranks]
+    window, bounds = _window_and_bounds(trace)
+    tasks = engine.rank_sources(trace, bounds)[: args.ranks]
     n = len(tasks)
-    batch = getattr(P, "PROCESS_BATCH_RANKS", P.LOCAL_BATCH_RANKS)
+    batch = engine.BATCH_RANKS
+    plan = engine.Plan((TelemetryAnalysis({}), MemoryAnalysis(window)))
 
     def best(fn) -> float:
         times = []
@@ -83,24 +85,12 @@ def main() -> None:
         return min(times) * 1e3 / n
 
     def read_tables():
-        out = []
-        for t in tasks:
-            reader = P.narrow_reader(t.trace_dir, P.RANK_TABLES)
-            out.append(P._read_tables(reader, t, None, [])[0])
-        return out
+        return [engine.read_shard(tasks[i : i + batch], plan.tables()) for i in range(0, n, batch)]
 
     def read_collectives():
-        # as pass 1 reads them (read_rank_once): the directory listed once, only the collectives' columns
-        out = []
-        for t in tasks:
-            notes = []
-            files = P._listing(Path(t.rank_dir), notes)
-            reader = P.narrow_reader(t.trace_dir, (P.COLLECTIVES,))
-            out.append(P._read_collectives(reader, t, files, notes)[0])
-        return out
+        return [P.read_rank_collectives(t)[0] for t in tasks]
 
     arrows = read_collectives()
-    tables = read_tables()
     parts = [P._part_of(t, a, window) for t, a in zip(tasks, arrows)]
     partials = [P._partial(p) for p in parts]
     match = P.match_table(P.instance_table(P.combine_partials(*partials)))
@@ -110,21 +100,18 @@ def main() -> None:
         for t, a in zip(tasks, arrows):
             P._partial(P._part_of(t, a, window))
 
-    def frames_and_analyses():
+    def read_and_map():
         for i in range(0, n, batch):
-            chunks = {name: [tb[name] for tb in tables[i : i + batch] if name in tb] for name in P.RANK_TABLES}
-            mem, tel, dropped, rows = P._tables_frames(chunks, tasks[i : i + batch])
-            P._reduce_frames(mem, tel, [], dropped, rows, tasks[i : i + batch], window, job.hosts, job.metric,
-                             job.n_steps)  # fmt: skip
+            engine.map_share(tasks[i : i + batch], plan)
 
     stages = [
         ("read collectives (Arrow)", read_collectives),
-        ("read memory + telemetry (Arrow)", read_tables),
+        (f"read memory + telemetry (frames, {batch} ranks a batch)", read_tables),
         ("_part_of + _partial", part_and_partial),
         ("combine_partials", lambda: P.combine_partials(*partials)),
         ("finish_part", lambda: [P.finish_part(p, match) for p in parts]),
         ("merge_sums", lambda: P.merge_sums(*sums)),
-        (f"memory + telemetry frames and analyses ({batch} ranks a batch)", frames_and_analyses),
+        (f"memory + telemetry read and mapped ({batch} ranks a batch)", read_and_map),
     ]
     print(f"{P.__file__}: {n} ranks of {args.trace_dir}, CPU ms per rank (best of {args.repeat})")
     table = Table("rank_passes", ["stage", "CPU per rank (ms)"])
@@ -136,10 +123,8 @@ def main() -> None:
     table.add("total of the stages", f"{total:.3f}")
     # the passes as the engines run them: pass 1 a batch at a time (read, part, partials combined), pass 2
     batches = [tasks[i : i + batch] for i in range(0, n, batch)]
-    table.add(f"pass 1 as run, without memory and telemetry (read_batch, {batch} ranks)",
+    table.add(f"pass 1 as run (read_batch, {batch} ranks)",
               f"{best(lambda: [P.read_batch(b, window) for b in batches]):.3f}")  # fmt: skip
-    table.add("pass 1 as run, with them (read_batch with the job)",
-              f"{best(lambda: [P.read_batch(b, window, job) for b in batches]):.3f}")  # fmt: skip
     table.note(f"the first {n:,} ranks of the trace; CPU time (time.process_time), best of {args.repeat}, serially "
                f"in one process, the files in the page cache")  # fmt: skip
     table.save(args.json)

@@ -62,12 +62,12 @@ def moved_bytes(trace_dir: Path) -> dict:
     Measured in a child process (keeps this process small, as measured.py asks)."""
     code = f"""
 import pickle, json
-from diag.analysis import partitioned as P
+from diag.analysis import engine, partitioned as P
 from diag.analysis.window import choose_window
 trace = P.load_without_collectives({str(trace_dir)!r})
 window = choose_window(trace.steps, None, [])
-batch = P.rank_tasks(trace)[: P.BATCH_RANKS_MAX]
-parts, partial, _, _ = P.read_batch(batch, window)
+batch = P.rank_sources(trace)[: engine.BATCH_RANKS_MAX]
+parts, partial, _ = P.read_batch(batch, window)
 inst = P.instance_table(partial)
 sums = P.finish_batch(parts, P.match_table(inst))
 print(json.dumps({{"part": sum(p.nbytes for p in parts) / len(batch), "rows": sum(p.rows for p in parts) / len(batch),

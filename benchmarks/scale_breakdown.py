@@ -20,12 +20,13 @@ from pathlib import Path
 
 from diag.analysis import report as rep
 from diag.analysis.comms import analyze_comms, collective_waits, wait_per_rank_step
+from diag.analysis.engine import Shard, run_loaded, window_us_of
 from diag.analysis.failures import find_failures
 from diag.analysis.links import analyze_links
-from diag.analysis.memory import analyze_memory
+from diag.analysis.memory import MemoryAnalysis
 from diag.analysis.mfu import analyze_mfu
 from diag.analysis.stragglers import find_stragglers, rank_step_times
-from diag.analysis.telemetry import analyze_telemetry
+from diag.analysis.telemetry import TelemetryAnalysis
 from diag.analysis.window import choose_window, in_window, select
 from diag.trace.loader import load
 from diag.trace.schema import TABLES
@@ -62,7 +63,7 @@ def partitioned_breakdown(trace_dir: Path) -> None:
         LocalEngine,
         collectives_reducer,
         load_without_collectives,
-        rank_tables_reducer,
+        rank_tables_runner,
     )
 
     base = rss_gb()
@@ -92,7 +93,7 @@ def partitioned_breakdown(trace_dir: Path) -> None:
     start = time.perf_counter()
     tracemalloc.start()
     held, _ = tracemalloc.get_traced_memory()
-    rep.analyze(trace, reduce_collectives=lambda _: waits, reduce_rank_tables=rank_tables_reducer(trace))
+    rep.analyze(trace, reduce_collectives=lambda _: waits, run_ranks=rank_tables_runner(trace))
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     print(
@@ -143,13 +144,10 @@ def main() -> None:
     per_step = s.run("wait_per_rank_step", lambda: wait_per_rank_step(waits))
     times = s.run("rank_step_times", lambda: rank_step_times(steps_w, per_step, rep._pipeline_stages(trace)))
     comms = s.run("analyze_comms", lambda: analyze_comms(waits, steps_w, rep._pg_sizes(trace)))
-    tel_w = s.run("telemetry in window", lambda: rep._telemetry_in_window(trace.telemetry, steps_w))
-    telemetry = s.run("analyze_telemetry", lambda: analyze_telemetry(tel_w, hosts))
-    device_total = {int(r): int(t) for r, t in rep._device_totals(trace.telemetry)}
-    s.run(
-        "analyze_memory",
-        lambda: analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total, tel_w),
-    )
+    loaded = Shard({"memory": trace.memory, "telemetry": trace.telemetry}, window_us_of(rep.telemetry_bounds(steps_w)))
+    s.run("telemetry in window", loaded.telemetry_in_window)
+    telemetry = s.run("telemetry (engine)", lambda: run_loaded([TelemetryAnalysis(hosts)], loaded)[0])
+    s.run("memory (engine)", lambda: run_loaded([MemoryAnalysis(window)], loaded)[0])
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus if g.throttled}
     last = {r.rank: r.last_arrival_fraction for r in comms.per_rank}
     s.run("find_stragglers", lambda: find_stragglers(times, ranks_info, throttled, last, {}))

@@ -53,18 +53,23 @@ def worker_count(ranks: int, workers: int | None = None) -> int:
 
 
 def start_worker(target, *args):
-    """(this end of its pipe, the process) of a worker running ``target(pipe, *args)``. Forked where the platform
-    can: a worker starts in milliseconds, imports nothing again and re-runs no ``__main__`` (spawn would run a
-    caller's script without a main guard)."""
-    import multiprocessing
-
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    """(this end of its pipe, the process) of a worker running ``target(pipe, *args)``, started as
+    ``pool_context`` says."""
+    context = pool_context()
     mine, theirs = context.Pipe()
     proc = context.Process(target=target, args=(theirs, *args), daemon=True)
     proc.start()
     theirs.close()
     return mine, proc
+
+
+def pool_context():
+    """The multiprocessing context workers start from: fork where the platform can (a worker starts in
+    milliseconds, imports nothing again and re-runs no ``__main__``: spawn would run a caller's script without a
+    main guard)."""
+    import multiprocessing
+
+    return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
 
 
 def contiguous_shares(items: list, workers: int) -> list[list]:

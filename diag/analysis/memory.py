@@ -7,14 +7,18 @@ well (r² >= ``LEAK_R2``) and adds up to a meaningful amount over the window.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
+import numpy as np
 import pandas as pd
 
+from diag.analysis.engine import Shard
 from diag.analysis.findings import Finding, FindingContext, ranks_text
 from diag.analysis.memory_deep import DeepMemory
 from diag.analysis.memory_plan import PlanComparison
 from diag.analysis.oom import OomExplanation, byte_text
+from diag.analysis.window import StepWindow, in_window
 
 # the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
 READS = {
@@ -30,7 +34,7 @@ READS = {
         "grad_bytes",
         "optimizer_state_bytes",
     ),
-    "telemetry": ("process_mem_used_bytes", "other_processes_mem_used_bytes"),
+    "telemetry": ("mem_total_bytes", "process_mem_used_bytes", "other_processes_mem_used_bytes"),
 }
 
 LEAK_R2 = 0.8
@@ -89,18 +93,72 @@ class MemoryReport:
 
 
 def analyze_memory(
-    mem_w: pd.DataFrame,
-    device_total: dict[int, int],
-    tel_w: pd.DataFrame | None = None,
-    metric: str | None = None,
-    n_steps: int | None = None,
+    mem_w: pd.DataFrame, device_total: dict[int, int], tel_w: pd.DataFrame | None = None
 ) -> MemoryReport:
-    """Per-rank memory over the window; ``tel_w``: the window's telemetry, for memory outside PyTorch.
-    ``metric`` and ``n_steps`` (the window's distinct steps with readings) are found from ``mem_w`` unless given:
-    the partitioned path analyses one rank at a time with the whole run's (diag.analysis.partitioned)."""
+    """Per-rank memory over the window; ``tel_w``: the window's telemetry, for memory outside PyTorch."""
+    return finish_memory(map_memory(mem_w, device_total, tel_w))
+
+
+@dataclass(frozen=True)
+class MemoryAnalysis:
+    """The memory report over the ranks (diag.analysis.engine): per-rank rows, finished with the run's metric and
+    count of steps, which no shard of ranks knows alone."""
+
+    window: StepWindow
+    reads: ClassVar = READS
+
+    def map(self, shard: Shard) -> MemoryPartial:
+        mem = shard.table("memory")
+        tel = shard.table("telemetry")
+        return map_memory(mem[in_window(mem["step"], self.window)], device_totals(tel), shard.telemetry_in_window())
+
+    def combine(self, a: MemoryPartial, b: MemoryPartial) -> MemoryPartial:
+        return MemoryPartial(
+            a.rows + b.rows, {**a.levels, **b.levels}, np.union1d(a.steps, b.steps), a.has_allocated or b.has_allocated
+        )
+
+    def finish(self, partial: MemoryPartial) -> MemoryReport:
+        return finish_memory(partial)
+
+
+@dataclass
+class MemoryPartial:
+    """Some ranks' memory rows, their growth at their shard's metric; the run's metric (allocated bytes when any
+    shard has them) and its count of steps are applied by ``finish_memory``."""
+
+    rows: list[RankMemory]
+    levels: dict[int, float]  # rank -> median reading of its row's metric (0 without one)
+    steps: np.ndarray  # distinct steps with readings in the window
+    has_allocated: bool
+
+
+@dataclass(frozen=True)
+class DeviceTotals:
+    """Per rank, the largest mem_total_bytes of its telemetry (the GPU's memory), over every sample."""
+
+    reads: ClassVar = {"telemetry": ("mem_total_bytes",)}
+
+    def map(self, shard: Shard) -> dict[int, int]:
+        return device_totals(shard.table("telemetry"))
+
+    def combine(self, a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+        return {**a, **b}
+
+    def finish(self, partial: dict[int, int]) -> dict[int, int]:
+        return dict(sorted(partial.items()))
+
+
+def device_totals(tel: pd.DataFrame) -> dict[int, int]:
+    if tel.empty:
+        return {}
+    return {int(r): int(t) for r, t in tel.groupby("rank")["mem_total_bytes"].max().dropna().items()}
+
+
+def map_memory(mem_w: pd.DataFrame, device_total: dict[int, int], tel_w: pd.DataFrame | None) -> MemoryPartial:
+    """Some ranks' rows over the window, everything but the growth over the run's steps."""
     if mem_w.empty:
-        return MemoryReport(note="no memory readings in the window")
-    metric = metric or memory_metric(mem_w)
+        return MemoryPartial([], {}, np.zeros(0, dtype="int64"), False)
+    metric = memory_metric(mem_w)
     growth = _growth(mem_w, metric)
     g = mem_w.groupby("rank")
     agg = pd.DataFrame(
@@ -116,23 +174,16 @@ def analyze_memory(
     reserved = mem_w["reserved_bytes"].astype("float64")
     unused = (reserved - mem_w["allocated_bytes"].astype("float64")) / reserved.where(reserved > 0)
     agg["frag"] = (100 * unused).groupby(mem_w["rank"]).mean()
-    n_steps = mem_w["step"].nunique() if n_steps is None else n_steps
-    report = MemoryReport()
+    partial = MemoryPartial(
+        [], {}, np.unique(mem_w["step"].to_numpy(dtype="int64")), bool(mem_w["allocated_bytes"].notna().any())
+    )
     for rank, row in agg.iterrows():
         slope, r2 = growth.get(rank, (None, None))
         total = device_total.get(int(rank))
         peak_reserved = _int(row["reserved_peak"])
         headroom = 100 * (1 - peak_reserved / total) if total and peak_reserved is not None else None
-        level = _float(row["level"]) or 0.0
-        growth_total = slope * n_steps if slope is not None else None
-        leak = bool(
-            slope is not None
-            and slope > 0
-            and (r2 or 0) >= LEAK_R2
-            and growth_total >= max(LEAK_MIN_GROWTH_BYTES, LEAK_MIN_GROWTH_FRACTION * level)
-        )
-        to_oom = (total - peak_reserved) / slope if leak and total and peak_reserved is not None else None
-        report.per_rank.append(
+        partial.levels[int(rank)] = _float(row["level"]) or 0.0
+        partial.rows.append(
             RankMemory(
                 rank=int(rank),
                 metric=metric,
@@ -146,19 +197,47 @@ def analyze_memory(
                 rss_peak_bytes=_int(row["rss_peak"]),
                 growth_bytes_per_step=slope,
                 growth_r2=r2,
-                growth_total_bytes=growth_total,
-                steps_to_oom=to_oom,
-                leak_suspected=leak,
+                growth_total_bytes=None,
+                steps_to_oom=None,
                 near_oom=headroom is not None and headroom < NEAR_OOM_HEADROOM_PCT,
             )
         )
-    _add_categories(report, mem_w, tel_w)
+    _add_categories(partial.rows, mem_w, tel_w)
+    return partial
+
+
+def finish_memory(partial: MemoryPartial) -> MemoryReport:
+    """The report from the ranks' rows: each rank's growth over the run's steps, then the comparison of ranks."""
+    if not partial.rows:
+        return MemoryReport(note="no memory readings in the window")
+    metric = "allocated_bytes" if partial.has_allocated else "rss_bytes"
+    report = MemoryReport()
+    for row in sorted(partial.rows, key=lambda r: r.rank):
+        level = partial.levels[row.rank]
+        if row.metric != metric:  # read beside no allocator reading, in a run with some: none of its own either
+            row = replace(row, metric=metric, growth_bytes_per_step=None, growth_r2=None)
+            level = 0.0
+        report.per_rank.append(_with_growth(row, level, len(partial.steps)))
     return compare_ranks(report)
+
+
+def _with_growth(row: RankMemory, level: float, n_steps: int) -> RankMemory:
+    """The rank's growth over the window's ``n_steps`` and whether it looks like a leak."""
+    slope, total, peak_reserved = row.growth_bytes_per_step, row.device_total_bytes, row.peak_reserved_bytes
+    growth_total = slope * n_steps if slope is not None else None
+    leak = bool(
+        slope is not None
+        and slope > 0
+        and (row.growth_r2 or 0) >= LEAK_R2
+        and growth_total >= max(LEAK_MIN_GROWTH_BYTES, LEAK_MIN_GROWTH_FRACTION * level)
+    )
+    to_oom = (total - peak_reserved) / slope if leak and total and peak_reserved is not None else None
+    return replace(row, growth_total_bytes=growth_total, steps_to_oom=to_oom, leak_suspected=leak)
 
 
 def compare_ranks(report: MemoryReport) -> MemoryReport:
     """The cross-rank parts of the report from its per-rank rows: the ranks closest to OOM, the categories'
-    spread (also how the partitioned path combines ranks analysed one at a time)."""
+    spread."""
     with_headroom = [r for r in report.per_rank if r.headroom_pct is not None]
     report.closest_to_oom = [r.rank for r in sorted(with_headroom, key=lambda r: r.headroom_pct)[:5]]
     report.spread = _spread(report.per_rank)
@@ -180,9 +259,9 @@ def category_series(mem: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _add_categories(report: MemoryReport, mem_w: pd.DataFrame, tel_w: pd.DataFrame | None) -> None:
+def _add_categories(rows: list[RankMemory], mem_w: pd.DataFrame, tel_w: pd.DataFrame | None) -> None:
     series = category_series(mem_w)
-    by_rank = {r.rank: r for r in report.per_rank}
+    by_rank = {r.rank: r for r in rows}
     if not series.empty:
         latest = series.dropna(subset=list(CATEGORIES)).sort_values("step").groupby("rank").last()
         peaks = series.groupby("rank")["activation_bytes"].max()

@@ -31,7 +31,8 @@ import pyarrow.compute as pc
 
 from diag.analysis.columns import analysed_columns
 from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op, size_bucket
-from diag.analysis.window import StepWindow, in_window, in_window_array
+from diag.analysis.engine import SIDE_FILES, RankSource, ReadNotes, batch_size, rank_sources, run
+from diag.analysis.window import StepWindow, in_window_array
 from diag.processes import contiguous_shares, next_result, start_worker, worker_count
 from diag.trace.loader import (
     READ_THREADS,
@@ -40,40 +41,19 @@ from diag.trace.loader import (
     Trace,
     TraceError,
     TraceReader,
-    _listing,
     assemble_trace,
     empty_table,
     gather_rank_reads,
     insane_durations,
     to_frame,
 )
-from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES, Table
+from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, TABLES, Table
 
 COLLECTIVES = "collectives"
 HELD_BYTES_MAX = 3584 << 20  # compact parts (~10 B/row) kept between the passes here; beyond, a rank is read again
 COMBINE_FANIN = 16  # partials and sums merged this many at a time (a tree on a cluster)
-# ranks per pass-1 task here: their memory and telemetry analysed together (pandas' per-call cost)
-LOCAL_BATCH_RANKS = 32
-# ranks per pass-1 batch in a ProcessEngine worker, which reads its share one batch after another: the memory and
-# telemetry analyses' per-call cost shared by more ranks (frames + analyses: 1.00 ms a rank at 32, 0.68 at 128)
-PROCESS_BATCH_RANKS = 128
-_SIDE_FILES = {MANIFEST_FILE, HEARTBEAT_FILE, EVENTS_FILE, NCCL_LOG_FILE}
-
-
-@dataclass(frozen=True)
-class RankTask:
-    """What a worker needs to read one rank's collectives: the directory (shared filesystem) and what the
-    whole-trace checks decided for the rank."""
-
-    trace_dir: str
-    rank: int
-    rank_dir: str
-    cut_us: float | None  # rows issued before this belong to an earlier run appended to the same files
-    offset_us: float  # the rank's clock minus rank 0's
-    # the rank's telemetry window (its first step's start to its last step's end in the step window; NaN: no
-    # step), when pass 1 also reduces its memory and telemetry (TablesJob)
-    first_us: float = float("nan")
-    last_us: float = float("nan")
+LOCAL_BATCH_RANKS = 32  # ranks per pass-1 task here: a thread's share of the reading, its partials combined once
+PROCESS_BATCH_RANKS = 128  # ranks per pass-1 batch in a ProcessEngine worker, which reads its share batch by batch
 
 
 @dataclass
@@ -122,39 +102,19 @@ class RankPart:
 # -- pass 1 ----------------------------------------------------------------------------------------------------
 
 
-def read_rank_collectives(task: RankTask):
+def read_rank_collectives(task: RankSource):
     """The rank's collectives as Arrow (None: none) and what was skipped reading them, by the loader's own
     per-rank read."""
     read = narrow_reader(task.trace_dir, (COLLECTIVES,)).read_rank(task.rank, Path(task.rank_dir))
-    mine = [s for s in read.skipped if Path(s.path).name not in _SIDE_FILES]  # the first load reported those
+    mine = [s for s in read.skipped if Path(s.path).name not in SIDE_FILES]  # the first load reported those
     return read.tables.get(COLLECTIVES), mine
 
 
-def read_part(task: RankTask, window: StepWindow) -> tuple[RankPart, dict[str, PgPartial]]:
-    """Pass 1 for one rank: its compact part and its partial of each collective instance. An unreadable
-    partition is an empty part that names it in ``skipped``, never an exception on a worker."""
-    part, partial, _, _ = read_rank_once(task, window, with_tables=False)
-    return part, partial
-
-
-def read_rank_once(task: RankTask, window: StepWindow, with_tables: bool, into: dict | None = None):
-    """Pass 1 for one rank, its files read once: its collectives' part and partial (as ``read_part``) and,
-    ``with_tables``, its memory and telemetry as Arrow ({name: table}) with (rank, note) of what was skipped
-    reading them. Reading them in a separate task paid the directory listing, a TraceReader and the JSON side
-    files again for each rank (~0.8 ms of ~4 ms of reading a rank)."""
-    rank_dir = Path(task.rank_dir)
-    if with_tables and rank_dir.is_dir():
-        files_notes: list[Skipped] = []
-        files = _listing(rank_dir, files_notes)
-        reader = narrow_reader(task.trace_dir, (COLLECTIVES, *RANK_TABLES))
-        tables, notes = _read_tables(reader, task, files, files_notes)
-        part, partial = _read_part(task, window, lambda: _read_collectives(reader, task, files, files_notes), into)
-        return part, partial, tables, notes
-    part, partial = _read_part(task, window, lambda: read_rank_collectives(task), into)
-    if not with_tables:
-        return part, partial, {}, []
-    tables, notes = _read_tables(narrow_reader(task.trace_dir, RANK_TABLES), task, None, [])
-    return part, partial, tables, notes
+def read_part(task: RankSource, window: StepWindow, into: dict | None = None) -> tuple[RankPart, dict[str, PgPartial]]:
+    """Pass 1 for one rank: its compact part and its partial of each collective instance (added ``into`` a
+    batch's, when given). An unreadable partition is an empty part that names it in ``skipped``, never an
+    exception on a worker."""
+    return _read_part(task, window, lambda: read_rank_collectives(task), into)
 
 
 # The columns read of a rank's Parquet segments here: what the reductions use. The others are nullable and read
@@ -168,30 +128,7 @@ def narrow_reader(trace_dir: str, names: tuple[str, ...]) -> TraceReader:
     return TraceReader(trace_dir, tables=names, segment_columns=columns)
 
 
-def _read_collectives(reader: TraceReader, task: RankTask, files: list[str], files_notes: list[Skipped]):
-    """``read_rank_collectives`` from a listing already made: the listing's note, then the file's."""
-    skipped = list(files_notes)
-    tables = reader.read_rank_tables(task.rank, Path(task.rank_dir), (COLLECTIVES,), skipped, files)
-    return tables.get(COLLECTIVES), skipped
-
-
-def _read_tables(reader: TraceReader, task, files: list[str] | None, files_notes: list[Skipped]):
-    """One rank's memory and telemetry as Arrow, and (rank, note) of what was skipped reading them, as
-    ``read_rank_tables`` reads them; a rank that cannot be read is named and left out."""
-    skipped = list(files_notes)
-    try:
-        if files is None:
-            read = reader.read_rank(task.rank, Path(task.rank_dir))
-            tables, skipped = read.tables, read.skipped
-        else:
-            tables = reader.read_rank_tables(task.rank, Path(task.rank_dir), RANK_TABLES, skipped, files)
-    except Exception as exc:  # noqa: BLE001 - a damaged partition is skipped and named, the others analysed
-        note = Skipped(task.rank_dir, f"memory and telemetry unreadable, rank left out of them: {exc!r}")
-        return {}, [(task.rank, note)]
-    return tables, [(task.rank, s) for s in skipped if Path(s.path).name not in _SIDE_FILES]
-
-
-def _read_part(task: RankTask, window: StepWindow, read, into=None) -> tuple[RankPart, dict[str, PgPartial]]:
+def _read_part(task: RankSource, window: StepWindow, read, into=None) -> tuple[RankPart, dict[str, PgPartial]]:
     if not Path(task.rank_dir).is_dir():  # a worker without the shared filesystem: say so, do not skip silently
         import socket
 
@@ -290,7 +227,7 @@ def _merged(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, list[str]
     return canonical[codes], [str(m) for m in merged]
 
 
-def _part_of(task: RankTask, arrow, window: StepWindow) -> RankPart:
+def _part_of(task: RankSource, arrow, window: StepWindow) -> RankPart:
     if arrow is None or arrow.num_rows == 0:
         return _empty_part(task.rank)
     duration = arrow.column("duration_us").to_numpy(zero_copy_only=False).astype("float64", copy=False)
@@ -847,20 +784,16 @@ class LocalEngine:
     def __init__(self, threads: int = READ_THREADS, held_bytes_max: int = HELD_BYTES_MAX, progress=None):
         self.threads, self.held_bytes_max, self.progress = threads, held_bytes_max, progress
 
-    def run(self, tasks: list[RankTask], window: StepWindow, tables: TablesJob | None = None):
-        """(merged sums, instance table, accounting, [RankTables] of the batches with ``tables``, else None)."""
+    def run(self, tasks: list[RankSource], window: StepWindow):
+        """(merged sums, instance table, accounting)."""
         held: dict[int, RankPart] = {}
         held_bytes = 0
         accounting = []
-        reduced = []
         combined = _empty_partial()
         batches = [tasks[i : i + LOCAL_BATCH_RANKS] for i in range(0, len(tasks), LOCAL_BATCH_RANKS)]
         with ThreadPoolExecutor(max_workers=self.threads) as pool:
-            for parts, partial, batch_accounting, batch_tables in pool.map(
-                lambda b: read_batch(b, window, tables), batches
-            ):
+            for parts, partial, batch_accounting in pool.map(lambda b: read_batch(b, window), batches):
                 accounting += batch_accounting
-                reduced.append(batch_tables)
                 combined = combine_partials(combined, partial)
                 for part in parts:
                     if held_bytes + part.nbytes <= self.held_bytes_max:
@@ -872,7 +805,7 @@ class LocalEngine:
             match = match_table(inst)
             release_arrow_memory()
 
-            def second(task: RankTask) -> CollectiveSums:
+            def second(task: RankSource) -> CollectiveSums:
                 part = held.pop(task.rank, None) or read_part(task, window)[0]
                 return finish_part(part, match)
 
@@ -883,7 +816,7 @@ class LocalEngine:
                     sums, batch = merge_sums(sums, *batch), []
                 self._tick()
         release_arrow_memory()
-        return merge_sums(sums, *batch), inst, accounting, reduced if tables is not None else None
+        return merge_sums(sums, *batch), inst, accounting
 
     def _tick(self):
         if self.progress is not None:
@@ -994,7 +927,7 @@ class ProcessEngine:
             if owned:
                 self.close()
 
-    def run(self, tasks: list[RankTask], window: StepWindow, tables: TablesJob | None = None):
+    def run(self, tasks: list[RankSource], window: StepWindow):
         """As LocalEngine.run. The workers are stopped after pass 2, started by ``load`` or not: what their heaps
         kept of the passes is given back before the analyses that follow."""
         self.start()
@@ -1002,11 +935,10 @@ class ProcessEngine:
             shares = self._shares(tasks)
             pipes = self._pipes[: len(shares)]
             for pipe, share in zip(pipes, shares):
-                pipe.send(("pass1", share, window, tables))
+                pipe.send(("pass1", share, window))
             first = [self._answer(pipe) for pipe in pipes]
-            accounting = [a for _, acc, _ in first for a in acc]
-            reduced = [r for _, _, red in first for r in red] if tables is not None else None
-            inst = instance_table(combine_partials(*(partial for partial, _, _ in first)))
+            accounting = [a for _, acc in first for a in acc]
+            inst = instance_table(combine_partials(*(partial for partial, _ in first)))
             del first
             match = match_table(inst)
             for pipe in pipes:
@@ -1014,7 +946,7 @@ class ProcessEngine:
             sums = merge_sums(*(self._answer(pipe) for pipe in pipes))
         finally:
             self.close()
-        return sums, inst, accounting, reduced
+        return sums, inst, accounting
 
     def _answer(self, pipe):
         """The worker's result, its progress ticks counted on the way; its error raised here. A share's load
@@ -1044,20 +976,17 @@ def _worker_main(pipe) -> None:
                 release_heap_memory()  # the share's per-rank Arrow and frames: not kept into the passes
                 pipe.send(("loaded", rest))
             elif message[0] == "pass1":
-                _, tasks, window, tables = message
+                _, tasks, window = message
                 parts = []
-                combined, accounting, reduced = _empty_partial(), [], []
+                combined, accounting = _empty_partial(), []
                 for i in range(0, len(tasks), PROCESS_BATCH_RANKS):
-                    batch, partial, batch_accounting, batch_tables = read_batch(
-                        tasks[i : i + PROCESS_BATCH_RANKS], window, tables
-                    )
+                    batch, partial, batch_accounting = read_batch(tasks[i : i + PROCESS_BATCH_RANKS], window)
                     parts += batch
                     combined = combine_partials(combined, partial)
                     accounting += batch_accounting
-                    reduced.append(batch_tables)
                     pipe.send(("tick", len(batch)))
                 release_arrow_memory()
-                pipe.send(("done", (combined, accounting, reduced)))
+                pipe.send(("done", (combined, accounting)))
             elif message[0] == "pass2":
                 match = message[1]
                 sums, batch = CollectiveSums(), []
@@ -1083,18 +1012,17 @@ class DaskEngine:
     def __init__(self, client, progress=None, batch_ranks: int | None = None):
         self.client, self.progress, self.batch_ranks = client, progress, batch_ranks
 
-    def run(self, tasks: list[RankTask], window: StepWindow, tables: TablesJob | None = None):
-        """As LocalEngine.run: the memory and telemetry reduced on the workers in pass 1 with ``tables``."""
+    def run(self, tasks: list[RankSource], window: StepWindow):
+        """As LocalEngine.run."""
         client = self.client
         size = self.batch_ranks or batch_size(len(tasks), len(client.scheduler_info()["workers"]))
         batches = [tasks[i : i + size] for i in range(0, len(tasks), size)]
-        both = client.map(read_batch, batches, window=window, tables=tables, pure=False)
+        both = client.map(read_batch, batches, window=window, pure=False)
         parts = [client.submit(operator.getitem, f, 0, pure=False) for f in both]
         partials = [client.submit(operator.getitem, f, 1, pure=False) for f in both]
         accounting = [
             a for batch in client.gather([client.submit(operator.getitem, f, 2) for f in both]) for a in batch
         ]
-        reduced = client.gather([client.submit(operator.getitem, f, 3) for f in both]) if tables is not None else None
         del both
         # no reference kept to a tree's leaves or to the parts once their consumers are submitted: the
         # scheduler frees each on the workers as soon as the task reading it is done
@@ -1110,48 +1038,16 @@ class DaskEngine:
         sums = sums.result()
         if self.progress is not None:
             self.progress(len(tasks) * 2)
-        return sums, inst, accounting, reduced
+        return sums, inst, accounting
 
 
-BATCH_RANKS_MAX = 64
-
-
-def batch_size(ranks: int, workers: int) -> int:
-    """Ranks per task: at least four tasks per worker (balance), at most BATCH_RANKS_MAX (memory per task)."""
-    return max(1, min(BATCH_RANKS_MAX, -(-ranks // (4 * max(workers, 1)))))
-
-
-@dataclass(frozen=True)
-class TablesJob:
-    """What pass 1 needs to reduce the ranks' memory and telemetry as it reads their collectives (each rank's
-    files read once): the run's hosts, and the memory metric and count of steps guessed for the run (see
-    rank_tables_reducer). The ranks' telemetry windows are in their RankTask."""
-
-    hosts: dict
-    metric: str
-    n_steps: int
-
-
-def read_batch(tasks: list[RankTask], window: StepWindow, tables: TablesJob | None = None):
-    """Pass 1 for a batch of ranks on one worker: their parts, their partials combined (what moves), their
-    accounting and, with ``tables``, their memory and telemetry reduced (RankTables; else None), every file of
-    a rank read once."""
+def read_batch(tasks: list[RankSource], window: StepWindow):
+    """Pass 1 for a batch of ranks on one worker: their parts, their partials combined (what moves) and their
+    accounting."""
     parts, combined = [], {}
-    chunks: dict[str, list] = {name: [] for name in RANK_TABLES}
-    notes: list[tuple[int, Skipped]] = []
     for task in tasks:
-        part, _, arrows, mine = read_rank_once(task, window, with_tables=tables is not None, into=combined)
-        parts.append(part)
-        notes += mine
-        for name, arrow in arrows.items():
-            chunks[name].append(arrow)
-    reduced = None
-    if tables is not None:
-        mem, tel, dropped, rows = _tables_frames(chunks, tasks)
-        del chunks
-        reduced = _reduce_frames(mem, tel, notes, dropped, rows, tasks, window, tables.hosts, tables.metric,
-                                 tables.n_steps)  # fmt: skip
-    return parts, combined, [_accounting(p) for p in parts], reduced
+        parts.append(read_part(task, window, into=combined)[0])
+    return parts, combined, [_accounting(p) for p in parts]
 
 
 def finish_batch(parts: list[RankPart], match: MatchTable) -> CollectiveSums:
@@ -1172,227 +1068,50 @@ def _accounting(part: RankPart) -> tuple[int, list[Skipped], int, int, int]:
     return part.rank, part.skipped, part.dropped_insane, part.dropped_earlier_run, part.rows_read
 
 
-# -- memory and telemetry, analysed rank by rank ------------------------------------------------------------------
+# -- memory and telemetry, analysed rank by rank on the engine ----------------------------------------------------
 
 RANK_TABLES = ("memory", "telemetry")  # per-step tables whose analyses are per rank: never loaded whole here
 
 
-@dataclass(frozen=True)
-class RankTablesTask:
-    """What a worker needs to analyse one rank's memory and telemetry: where, the loader's cut of an earlier
-    run, and the rank's telemetry window (its first step's start to its last step's end; NaN: no step)."""
+def rank_tables_runner(trace: Trace, workers: int = 1, client=None, progress: bool = False):
+    """``(analyses, window) -> results`` for ``analyze(..., run_ranks=)``: the memory and telemetry analyses run
+    over the ranks' files by the engine (``workers`` processes here, or the Dask ``client``'s workers), so this
+    process holds report rows, not the tables; what the reads skipped is added to ``trace.skipped`` as the
+    loader would have, and the ranks' device totals become ``trace.telemetry`` (what memory_plan reads of it)."""
+    from diag.analysis.memory import DeviceTotals
+    from diag.analysis.report import telemetry_bounds_in_window
 
-    trace_dir: str
-    rank: int
-    rank_dir: str
-    cut_us: float | None
-    first_us: float
-    last_us: float
-
-
-@dataclass
-class RankTables:
-    """A batch of ranks' memory and telemetry, reduced: their report rows and what the combination needs."""
-
-    memory: list  # [RankMemory], one per rank with readings in the window, by rank
-    gpus: list  # [GpuTelemetry]
-    device_totals: dict[int, int]  # rank -> largest mem_total_bytes in its telemetry
-    has_allocated: bool  # a CUDA allocator reading in the window (the run's metric is allocated_bytes if any)
-    memory_steps: np.ndarray  # distinct steps of the readings in the window
-    skipped: list[tuple[int, Skipped]] = field(default_factory=list)  # (rank, note)
-    dropped_earlier_run: int = 0
-    rows_read: int = 0
-
-
-RANK_TABLES_BATCH = 64  # ranks analysed together: pandas' per-call cost (~20 ms a rank alone) shared
-
-
-def read_rank_tables(tasks: list[RankTablesTask]):
-    """The ranks' memory and telemetry frames as ``diag.load`` gives their rows (the loader's per-rank read, its
-    dtypes, an earlier run's rows cut as loader._latest_run_only does), (rank, note) of what was skipped, rows
-    dropped as an earlier run's, rows read. A rank that cannot be read is named and left out."""
-    chunks: dict[str, list] = {name: [] for name in RANK_TABLES}
-    notes: list[tuple[int, Skipped]] = []
-    for task in tasks:
-        tables, mine = _read_tables(narrow_reader(task.trace_dir, RANK_TABLES), task, None, [])
-        notes += mine  # the load said those of the side files
-        for name, arrow in tables.items():
-            chunks[name].append(arrow)
-    mem, tel, dropped, rows = _tables_frames(chunks, tasks)
-    return mem, tel, notes, dropped, rows
-
-
-def _tables_frames(chunks: dict[str, list], tasks: list) -> tuple[pd.DataFrame, pd.DataFrame, int, int]:
-    """The ranks' memory and telemetry Arrow chunks as frames, an earlier run's rows cut; rows dropped so, and
-    rows read."""
-    cuts = {t.rank: t.cut_us for t in tasks if t.cut_us is not None}
-    frames, dropped, rows = [], 0, 0
-    for name in RANK_TABLES:
-        frame = to_frame(chunks.pop(name), TABLES[name], rank_column=True)
-        rows += len(frame)
-        if cuts and len(frame):
-            limit = frame["rank"].map(cuts).to_numpy(dtype="float64", na_value=np.nan)
-            early = frame["time_us"].to_numpy(dtype="float64", na_value=np.nan) < limit
-            dropped += int(early.sum())
-            frame = frame[~early].reset_index(drop=True)
-        frames.append(frame)
-    return frames[0], frames[1], dropped, rows
-
-
-def reduce_rank_tables(
-    tasks: list[RankTablesTask], window: StepWindow, hosts: dict, metric: str, n_steps: int
-) -> RankTables:
-    """A batch of ranks' memory and telemetry analysed by the in-memory analyses themselves, on their rows
-    only: every figure of those reports is per rank (given the run's ``metric`` and ``n_steps``), so the rows
-    are the whole-trace report's."""
-    mem, tel, notes, dropped, rows = read_rank_tables(tasks)
-    return _reduce_frames(mem, tel, notes, dropped, rows, tasks, window, hosts, metric, n_steps)
-
-
-def _reduce_frames(mem, tel, notes, dropped, rows, tasks, window, hosts, metric, n_steps) -> RankTables:
-    from diag.analysis.memory import analyze_memory
-    from diag.analysis.telemetry import analyze_telemetry
-
-    mem_w = mem[in_window(mem["step"], window)]
-    first = {t.rank: t.first_us for t in tasks}
-    last = {t.rank: t.last_us for t in tasks}
-    time_us = tel["time_us"].to_numpy(dtype="float64")
-    ranks = tel["rank"]
-    keep = (time_us >= ranks.map(first).to_numpy(dtype="float64")) & (
-        time_us <= ranks.map(last).to_numpy(dtype="float64")
-    )  # NaN bounds (a rank without steps in the window): no row, as report._telemetry_in_window
-    tel_w = tel[keep]
-    totals = tel.groupby("rank")["mem_total_bytes"].max().dropna() if len(tel) else pd.Series(dtype="float64")
-    device_totals = {int(r): int(t) for r, t in totals.items()}
-    memory = analyze_memory(mem_w, device_totals, tel_w, metric=metric, n_steps=n_steps)
-    return RankTables(
-        memory=memory.per_rank,
-        gpus=analyze_telemetry(tel_w, hosts).gpus if len(tel_w) else [],
-        device_totals=device_totals,
-        has_allocated=bool(mem_w["allocated_bytes"].notna().any()),
-        memory_steps=np.unique(mem_w["step"].to_numpy(dtype="int64")),
-        skipped=notes,
-        dropped_earlier_run=dropped,
-        rows_read=rows,
-    )
-
-
-def rank_tables_reducer(trace: Trace, client=None, progress: bool = False, threads: int = READ_THREADS):
-    """``(window, steps_w, hosts) -> (TelemetryReport, MemoryReport)`` for ``analyze(..., reduce_rank_tables=)``:
-    the ranks' memory and telemetry read and analysed a batch of ranks at a time (threads here, or tasks on the
-    Dask ``client``'s workers), so the client holds report rows, not the tables. The run's memory metric and
-    its count of steps are guessed (allocated bytes, the window's steps) and the batches done again in the rare
-    run where the guess was wrong (CPU runs without allocator readings: small).
-
-    Given to ``collectives_reducer(..., rank_tables=)`` as well, the batches are done in the collectives' pass 1
-    (each rank's files read once: ``plan`` says what that pass needs, ``fused`` keeps its results for this call).
-    """
-
-    def reduce(window: StepWindow, steps_w: pd.DataFrame, hosts: dict):
-        from diag.analysis.memory import MemoryReport, compare_ranks
-        from diag.analysis.report import telemetry_bounds
-        from diag.analysis.telemetry import TelemetryReport
-
-        fused, reduce.fused = reduce.fused, None
-        if fused is not None and fused[0] is window and fused[1].hosts == hosts:  # done in pass 1
-            _, job, results = fused
-            tasks = None
-            metric, n_steps = job.metric, job.n_steps
-        else:
-            bounds = telemetry_bounds(steps_w) if len(steps_w) else None
-            tasks = [_tables_task(t, bounds) for t in rank_tasks(trace)]
-            metric, n_steps = "allocated_bytes", window.steps_analysed
-            results = _map_batches(tasks, window, hosts, metric, n_steps, client, progress, threads)
-        found = any(r.memory for r in results)
-        actual_metric = "allocated_bytes" if any(r.has_allocated for r in results) else "rss_bytes"
-        steps = np.unique(np.concatenate([r.memory_steps for r in results])) if results else np.zeros(0)
-        if found and (actual_metric != metric or len(steps) != n_steps):
-            if tasks is None:
-                tasks = [
-                    _tables_task(t, telemetry_bounds(steps_w) if len(steps_w) else None) for t in rank_tasks(trace)
-                ]
-            results = _map_batches(tasks, window, hosts, actual_metric, len(steps), client, progress, threads)
-        _account_rank_tables(trace, results)
-        reduce.rows_read = sum(r.rows_read for r in results)
-        gpus = [g for r in results for g in r.gpus]
-        per_rank = [m for r in results for m in r.memory]
-        telemetry = TelemetryReport(gpus=gpus) if gpus else TelemetryReport(note=_NO_TELEMETRY)
-        memory = compare_ranks(MemoryReport(per_rank=per_rank)) if per_rank else MemoryReport(note=_NO_MEMORY)
-        return telemetry, memory
-
-    def plan(window: StepWindow) -> tuple[TablesJob, pd.DataFrame | None]:
-        """What pass 1 needs to do the batches for ``window`` (as ``analyze`` will call ``reduce``: the window's
-        steps, the manifests' hosts, the guessed metric), and the ranks' telemetry windows."""
-        from diag.analysis.report import _ranks_info, telemetry_bounds_in_window
-
-        ranks_info = _ranks_info(trace)
-        hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
-        bounds = telemetry_bounds_in_window(trace.steps, window)  # no second copy of the window's steps
-        return TablesJob(hosts, "allocated_bytes", window.steps_analysed), bounds
-
-    reduce.rows_read = 0
-    reduce.fused = None
-    reduce.plan = plan
-    return reduce
-
-
-_NO_TELEMETRY = "no GPU telemetry (CPU run, or NVML unavailable)"  # analyze_telemetry's note for no samples
-_NO_MEMORY = "no memory readings in the window"  # analyze_memory's
-
-
-def _tables_task(task: RankTask, bounds: pd.DataFrame | None) -> RankTablesTask:
-    first = float(bounds["first_us"].get(task.rank, np.nan)) if bounds is not None else np.nan
-    last = float(bounds["last_us"].get(task.rank, np.nan)) if bounds is not None else np.nan
-    return RankTablesTask(task.trace_dir, task.rank, task.rank_dir, task.cut_us, first, last)
-
-
-def _map_batches(tasks, window, hosts, metric, n_steps, client, progress, threads) -> list[RankTables]:
-    """``reduce_rank_tables`` over batches of ranks, results in rank order."""
-    size = RANK_TABLES_BATCH
-    if client is not None:
-        size = batch_size(len(tasks), len(client.scheduler_info()["workers"]))
-    batches = [tasks[i : i + size] for i in range(0, len(tasks), size)]
-    bar = _bar(len(tasks), "memory and telemetry by rank") if progress else None
-    try:
-        if client is not None:
-            futures = client.map(reduce_rank_tables, batches, window=window, hosts=hosts, metric=metric,
-                                 n_steps=n_steps, pure=False)  # fmt: skip
-            results = client.gather(futures)
+    def run_ranks(analyses, window: StepWindow) -> list:
+        sources = rank_sources(trace, telemetry_bounds_in_window(trace.steps, window))
+        bar = _bar(len(sources), "memory and telemetry by rank") if progress else None
+        try:
+            results, notes = run([*analyses, DeviceTotals()], sources, workers, client, bar and bar.update)
+        finally:
             if bar is not None:
-                bar.update(len(tasks))
-            return results
-        results = []
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            for batch, result in zip(
-                batches, pool.map(lambda b: reduce_rank_tables(b, window, hosts, metric, n_steps), batches)
-            ):
-                results.append(result)
-                if bar is not None:
-                    bar.update(len(batch))
+                bar.close()
+        _account_rank_tables(trace, notes, results.pop())
+        run_ranks.rows_read = notes.rows_read
         return results
-    finally:
-        if bar is not None:
-            bar.close()
+
+    run_ranks.rows_read = 0
+    return run_ranks
 
 
-def _account_rank_tables(trace: Trace, results: list[RankTables]) -> None:
+def _account_rank_tables(trace: Trace, notes: ReadNotes, device_totals: dict[int, int]) -> None:
     """The loader's notes for the ranks' memory and telemetry files, where it would have listed them, the rows
     of an earlier run added to the note that names it, and the per-rank device totals as trace.telemetry (what
     memory_plan reads of it)."""
-    for r in results:
-        for rank, s in r.skipped:
-            trace.skipped.insert(_position(trace.skipped, trace.path, rank, _file_order(Path(s.path).name)), s)
-    earlier = sum(r.dropped_earlier_run for r in results)
-    if earlier:
+    for rank, s in notes.skipped:
+        trace.skipped.insert(_position(trace.skipped, trace.path, rank, _file_order(Path(s.path).name)), s)
+    if notes.dropped_earlier_run:
         for s in trace.skipped:
             if "step numbers start again" in s.reason:
-                s.lines += earlier
+                s.lines += notes.dropped_earlier_run
                 break
-    totals = [(rank, total) for r in results for rank, total in r.device_totals.items()]
     trace.telemetry = pd.DataFrame(
         {
-            "rank": np.asarray([r for r, _ in totals], dtype="int32"),
-            "mem_total_bytes": pd.array([t for _, t in totals], dtype="Int64"),
+            "rank": np.asarray(list(device_totals), dtype="int32"),
+            "mem_total_bytes": pd.array(list(device_totals.values()), dtype="Int64"),
         }
     )
 
@@ -1578,50 +1297,19 @@ def _bar(total: int, desc: str):
     return bar(total, desc)
 
 
-def rank_tasks(trace: Trace, bounds: pd.DataFrame | None = None) -> list[RankTask]:
-    """One task per rank of the run (ranks of other runs were left out by the load); ``bounds``: the ranks'
-    telemetry windows (report.telemetry_bounds), for a pass 1 that reduces their memory and telemetry too."""
-    rank_dirs = TraceReader(trace.path).rank_dirs()
-    cuts = trace.earlier_run_cuts_us
-    offsets = trace.clock_offsets_us()
-    first = bounds["first_us"].to_dict() if bounds is not None else {}
-    last = bounds["last_us"].to_dict() if bounds is not None else {}
-    return [
-        RankTask(
-            str(trace.path),
-            rank,
-            str(rank_dirs.get(rank, trace.path / f"rank{rank:05d}")),  # gone since the load: read_part says so
-            cuts.get(rank),
-            float(offsets.get(rank, 0.0)),
-            float(first.get(rank, np.nan)),
-            float(last.get(rank, np.nan)),
-        )
-        for rank in trace.ranks_found
-    ]
-
-
-def collectives_reducer(trace: Trace, engine, progress: bool = False, rank_tables=None):
+def collectives_reducer(trace: Trace, engine, progress: bool = False):
     """``window -> ReducedWaits | None`` for ``analyze(..., reduce_collectives=)``: runs both passes on
-    ``engine`` and adds what they skipped or dropped to ``trace.skipped`` as the loader would have.
-    ``rank_tables``: a ``rank_tables_reducer`` of the same trace, whose batches pass 1 then does as it reads
-    each rank (its memory and telemetry files read in the same task as its collectives)."""
+    ``engine`` and adds what they skipped or dropped to ``trace.skipped`` as the loader would have."""
 
     def reduce(window: StepWindow) -> ReducedWaits | None:
-        job, bounds = rank_tables.plan(window) if rank_tables is not None else (None, None)
-        tasks = rank_tasks(trace, bounds)
-        bar = (
-            _bar(2 * len(tasks), "collectives, memory and telemetry by rank" if job else "collectives by rank")
-            if progress
-            else None
-        )
+        tasks = rank_sources(trace)
+        bar = _bar(2 * len(tasks), "collectives by rank") if progress else None
         engine.progress = bar.update if bar is not None else None
         try:
-            sums, inst, accounting, tables = engine.run(tasks, window, job)
+            sums, inst, accounting = engine.run(tasks, window)
         finally:
             if bar is not None:
                 bar.close()
-        if job is not None:
-            rank_tables.fused = (window, job, tables)
         _account(trace, accounting)
         reduce.rows_read = sum(a[4] for a in accounting)
         del accounting
@@ -1743,10 +1431,11 @@ def analyze_partitioned(
             trace = engine.load(path, progress)
         else:
             trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank)
-        tables = rank_tables_reducer(trace, client, progress) if per_rank else None
-        reducer = collectives_reducer(trace, engine, progress, rank_tables=tables)
+        processes = engine.workers if isinstance(engine, ProcessEngine) else 1  # as many as the passes
+        tables = rank_tables_runner(trace, processes, client, progress) if per_rank else None
+        reducer = collectives_reducer(trace, engine, progress)
         report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
-                         reduce_collectives=reducer, reduce_rank_tables=tables)  # fmt: skip
+                         reduce_collectives=reducer, run_ranks=tables)  # fmt: skip
     finally:
         if in_workers:
             engine.close()

@@ -27,6 +27,7 @@ from diag.analysis.comms import (
     exposed_time_findings,
     wait_per_rank_step,
 )
+from diag.analysis.engine import Shard, run_loaded, window_us_of
 from diag.analysis.failures import (
     FailureReport,
     earlier_attempt_failure,
@@ -38,7 +39,7 @@ from diag.analysis.findings import Finding, FindingContext, rank_findings
 from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
 from diag.analysis.health import HealthReport, analyze_health, health_findings
 from diag.analysis.links import LinkReport, analyze_links, link_findings
-from diag.analysis.memory import MemoryReport, analyze_memory, memory_findings, memory_pressure
+from diag.analysis.memory import MemoryAnalysis, MemoryReport, memory_findings, memory_pressure
 from diag.analysis.memory_deep import analyze_memory_deep
 from diag.analysis.memory_plan import plan_against_measured
 from diag.analysis.mesh import MeshReport, analyze_mesh, group_waits_s, place_rank
@@ -52,17 +53,13 @@ from diag.analysis.stragglers import (
     rank_step_times,
     straggler_findings,
 )
-from diag.analysis.telemetry import TelemetryReport, analyze_telemetry, telemetry_findings
+from diag.analysis.telemetry import TelemetryAnalysis, TelemetryReport, telemetry_findings
 from diag.analysis.window import StepWindow, choose_window, in_window, in_window_array, parse_step_range, select
 from diag.trace.loader import Trace
 from diag.trace.mesh import MeshLayout
 
 # the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
-READS = {
-    "steps": ("start_us", "duration_us", "data_wait_us"),
-    "memory": ("time_us",),
-    "telemetry": ("time_us", "mem_total_bytes"),
-}
+READS = {"steps": ("start_us", "duration_us", "data_wait_us")}
 
 MAX_SKIPPED_LISTED = 200
 REPORT_VERSION = 1
@@ -197,12 +194,12 @@ def analyze(
     peak_tflops: float | None = None,
     flops_per_step: float | None = None,
     reduce_collectives=None,
-    reduce_rank_tables=None,
+    run_ranks=None,
 ) -> Report:
     """``reduce_collectives``: ``window -> ReducedWaits | None``, the collectives' waits reduced partition by
     partition (diag.analysis.partitioned) when ``trace.collectives`` was not loaded; None: from the table.
-    ``reduce_rank_tables``: ``(window, steps_w, hosts) -> (TelemetryReport, MemoryReport)``, the memory and
-    telemetry tables analysed rank by rank when they were not loaded; None: from the tables."""
+    ``run_ranks``: ``(analyses, window) -> their results``, the engine's analyses (memory, telemetry) run over
+    the ranks' files when the trace's memory and telemetry were not loaded; None: over the loaded tables."""
     step_range = parse_step_range(steps) if isinstance(steps, str) else steps
     failures = find_failures(trace.events, trace.heartbeats, trace.manifests, trace.clock_offsets_us())
     if failures.step_errors or failures.crashed:  # name the rank diag triage names, not the first to raise
@@ -222,13 +219,13 @@ def analyze(
         waits = collective_waits(coll, in_steps, trace.clock_offsets_us()) if len(coll) else None
     times = rank_step_times(steps_w, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
-    if reduce_rank_tables is not None:
-        telemetry, memory = reduce_rank_tables(window, steps_w, hosts)
+    per_rank = (TelemetryAnalysis(hosts), MemoryAnalysis(window))
+    if run_ranks is not None:
+        telemetry, memory = run_ranks(per_rank, window)
     else:
-        tel_w = _telemetry_in_window(trace.telemetry, steps_w)
-        telemetry = analyze_telemetry(tel_w, hosts)
-        device_total = {int(r): int(t) for r, t in _device_totals(trace.telemetry)}
-        memory = analyze_memory(trace.memory[in_window(trace.memory["step"], window)], device_total, tel_w)
+        bounds = telemetry_bounds(steps_w) if len(steps_w) else None
+        loaded = Shard({"memory": trace.memory, "telemetry": trace.telemetry}, window_us_of(bounds))
+        telemetry, memory = run_loaded(per_rank, loaded)
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus if g.throttled}
     last_arrival = {r.rank: r.last_arrival_fraction for r in comms.per_rank} if waits is not None else {}
     memory.ooms = explain_ooms(trace.events, memory, trace.manifests, trace.world_size)
@@ -324,18 +321,6 @@ def ranks_sharing_tokens(trace: Trace) -> int:
     return layout.ranks_sharing_tokens() if layout is not None else 1
 
 
-def _telemetry_in_window(tel: pd.DataFrame, steps_w: pd.DataFrame) -> pd.DataFrame:
-    """Telemetry samples taken while the rank ran the steps of the window (on the rank's own clock)."""
-    if tel.empty or steps_w.empty:
-        return tel.iloc[0:0] if steps_w.empty else tel
-    bounds = telemetry_bounds(steps_w)
-    first = bounds["first_us"].reindex(tel["rank"]).to_numpy()
-    last = bounds["last_us"].reindex(tel["rank"]).to_numpy()
-    time_us = tel["time_us"].to_numpy()
-    keep = (time_us >= first) & (time_us <= last)
-    return tel[keep]
-
-
 def telemetry_bounds(steps_w: pd.DataFrame) -> pd.DataFrame:
     """Per rank, first_us and last_us: from the start of its first step in the window to the end of its last
     (its longest step after the last start), on its own clock."""
@@ -366,13 +351,6 @@ def telemetry_bounds_in_window(steps: pd.DataFrame, window: StepWindow) -> pd.Da
     )
     bounds["last_us"] += pd.Series(duration.max(axis=1)[by_rank], index=bounds.index)
     return bounds
-
-
-def _device_totals(tel: pd.DataFrame):
-    if tel.empty:
-        return []
-    totals = tel.groupby("rank")["mem_total_bytes"].max().dropna()
-    return list(totals.items())
 
 
 def capture_stopped_notes(trace: Trace) -> list[str]:

@@ -6,11 +6,13 @@ thermal slowdowns and power brake. ``gpu_idle`` and the application-clock settin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 
+from diag.analysis.engine import Shard
 from diag.analysis.findings import Finding, FindingContext
 from diag.analysis.stragglers import Cause
 from diag.trace.schema import THROTTLE_REASONS
@@ -18,6 +20,7 @@ from diag.trace.schema import THROTTLE_REASONS
 # the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
 READS = {
     "telemetry": (
+        "time_us",
         "gpu",
         "util_pct",
         "power_w",
@@ -81,8 +84,34 @@ class TelemetryReport:
 
 
 def analyze_telemetry(tel: pd.DataFrame, hosts: dict[int, str]) -> TelemetryReport:
+    return TelemetryAnalysis(hosts).finish(gpu_rows(tel))
+
+
+@dataclass(frozen=True)
+class TelemetryAnalysis:
+    """The telemetry report over the ranks (diag.analysis.engine): a row per GPU, each from its rank's samples in
+    the window alone; ``hosts`` (rank -> host) named in ``finish``."""
+
+    hosts: dict[int, str]
+    reads: ClassVar = READS
+
+    def map(self, shard: Shard) -> list[GpuTelemetry]:
+        return gpu_rows(shard.telemetry_in_window())
+
+    def combine(self, a: list[GpuTelemetry], b: list[GpuTelemetry]) -> list[GpuTelemetry]:
+        return a + b
+
+    def finish(self, gpus: list[GpuTelemetry]) -> TelemetryReport:
+        if not gpus:
+            return TelemetryReport(note="no GPU telemetry (CPU run, or NVML unavailable)")
+        ordered = sorted(gpus, key=lambda g: (g.rank, g.gpu))
+        return TelemetryReport(gpus=[replace(g, host=self.hosts.get(g.rank)) for g in ordered])
+
+
+def gpu_rows(tel: pd.DataFrame) -> list[GpuTelemetry]:
+    """One row per (rank, gpu) of the samples ``tel``, its host not yet named."""
     if tel.empty:
-        return TelemetryReport(note="no GPU telemetry (CPU run, or NVML unavailable)")
+        return []
     agg = _aggregate(tel)
     xids = tel.loc[tel["xid"].notna(), ["rank", "gpu", "xid"]].groupby(["rank", "gpu"])["xid"].unique()
     gpus = []
@@ -94,7 +123,7 @@ def analyze_telemetry(tel: pd.DataFrame, hosts: dict[int, str]) -> TelemetryRepo
             GpuTelemetry(
                 rank=int(rank),
                 gpu=int(gpu),
-                host=hosts.get(int(rank)),
+                host=None,
                 samples=int(row["samples"]),
                 util_mean_pct=util,
                 sm_clock_mean_mhz=_opt(clock),
@@ -115,7 +144,7 @@ def analyze_telemetry(tel: pd.DataFrame, hosts: dict[int, str]) -> TelemetryRepo
                 idle=util is not None and util < IDLE_UTIL_PCT,
             )
         )
-    return TelemetryReport(gpus=gpus)
+    return gpus
 
 
 def throttled_samples(throttle_reasons: pd.Series) -> np.ndarray:

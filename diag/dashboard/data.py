@@ -24,16 +24,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from diag.analysis.engine import rank_sources, read_shard
 from diag.analysis.partitioned import (
     ANALYSED_COLUMNS,
     AnalysedColumnsReader,
     ProcessEngine,
-    RankTablesTask,
     collectives_reducer,
     local_engine,
-    rank_tables_reducer,
-    rank_tasks,
-    read_rank_tables,
+    rank_tables_runner,
     release_arrow_memory,
     release_heap_memory,
 )
@@ -511,8 +509,8 @@ def partitioned_report(trace: Trace, cache=None, cached=None, workers: int | Non
     step's times are split with the waits the ranks measured themselves (steps' comm_wait_us), the collectives
     not being read at all. Else the collectives are reduced rank by rank ONCE, for the report's window, with the
     engine `diag analyze` uses (``local_engine``: worker processes when ``diag.processes.worker_count`` says so,
-    which beside a server's threads is only with ``workers`` given) and each rank's memory and telemetry reduced in
-    the same pass, as its collectives are read (each rank's files read once); the report is then cached under
+    which beside a server's threads is only with ``workers`` given) and each rank's memory and telemetry analysed
+    by the analysis engine with as many workers; the report is then cached under
     ``cache``'s key when the files are still the ones that key names. The times of every step are split with
     the reduced waits; a step outside the window (warm-up, a step not every rank finished yet, a failed one)
     has only the wait its rank measured itself."""
@@ -523,15 +521,16 @@ def partitioned_report(trace: Trace, cache=None, cached=None, workers: int | Non
 
     if cached is not None:
         return cached, own_wait_times(trace)
-    tables = rank_tables_reducer(trace)
-    reducer = collectives_reducer(trace, local_engine(len(trace.ranks_found), workers), rank_tables=tables)
+    engine = local_engine(len(trace.ranks_found), workers)
+    tables = rank_tables_runner(trace, engine.workers if isinstance(engine, ProcessEngine) else 1)
+    reducer = collectives_reducer(trace, engine)
     reduced = []
 
     def reduce_once(window):
         reduced.append(reducer(window))
         return reduced[-1]
 
-    report = analyze(trace, reduce_collectives=reduce_once, reduce_rank_tables=tables)
+    report = analyze(trace, reduce_collectives=reduce_once, run_ranks=tables)
     if cache is not None:
         try:
             if signature(cache.path) == cache.key:  # the files the report was made from: cache it, as diag analyze
@@ -640,14 +639,14 @@ RANK_VIEW_BATCH = 64  # ranks read together: pandas' per-call cost shared
 
 def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Memory and telemetry of every rank, read a batch of ranks at a time (the loader's per-rank read, an
-    earlier run's rows cut: partitioned.read_rank_tables) and kept only as the pages draw them: the memory
+    earlier run's rows cut: engine.read_shard) and kept only as the pages draw them: the memory
     readings a step's band and a rank's line need, and telemetry_frame's columns, as float32 (~16 bytes a
     reading instead of ~100 as loaded). 16,384 ranks x 1,000 steps: ~0.3 GB for memory, ~0.1 GB for telemetry."""
     from concurrent.futures import ThreadPoolExecutor
 
     from diag.trace.loader import READ_THREADS
 
-    tasks = [RankTablesTask(t.trace_dir, t.rank, t.rank_dir, t.cut_us, np.nan, np.nan) for t in rank_tasks(trace)]
+    tasks = rank_sources(trace)
     batches = [tasks[i : i + RANK_VIEW_BATCH] for i in range(0, len(tasks), RANK_VIEW_BATCH)]
     offsets = {int(r): float(o) for r, o in trace.clock_offsets_us().items()}
     with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
@@ -666,7 +665,8 @@ def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _batch_views(tasks: list, offsets: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
     from diag.analysis.telemetry import throttled_samples
 
-    mem, tel, *_ = read_rank_tables(tasks)  # what it skipped, the report's load already said
+    shard, _ = read_shard(tasks, RANK_VIEW_TABLES)  # what it skipped, the report's load already said
+    mem, tel = shard.table("memory"), shard.table("telemetry")
     memory = pd.DataFrame({"rank": mem["rank"].to_numpy(dtype="int32"), "step": mem["step"].to_numpy(dtype="int32")})
     for column in MEMORY_VIEW_COLUMNS:
         memory[column] = mem[column].to_numpy(dtype="float32", na_value=np.nan)

@@ -1,0 +1,270 @@
+"""The analysis engine: an analysis that works rank by rank is written once, as ``map`` (some ranks' cleaned
+tables -> a partial), an associative ``combine`` and ``finish`` (-> its result), and one runner executes it
+over the ranks of a trace: inline, in worker processes (``--workers N``) or on a Dask cluster.
+
+Because ``combine`` is associative and the partials do not depend on which ranks were read together, any
+batching and any order of the ranks give the same result: the in-memory report maps its loaded tables as one
+shard, a trace of 16,384 ranks is mapped a batch of ranks at a time, and both finish through the same code.
+Every function here is top-level and pickles its arguments: a worker process or a Dask worker runs it as this
+process does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from diag.trace.loader import Skipped, TraceReader, to_frame
+from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES
+
+P = TypeVar("P")
+R = TypeVar("R", covariant=True)
+
+BATCH_RANKS = 64  # ranks mapped together: pandas' per-call cost (~20 ms a rank alone) shared
+TASKS_PER_DASK_WORKER = 4  # a cluster's tasks per worker: balance between workers of unequal speed
+SIDE_FILES = {MANIFEST_FILE, HEARTBEAT_FILE, EVENTS_FILE, NCCL_LOG_FILE}  # the load already said what it skipped
+
+
+@dataclass
+class Shard:
+    """Some ranks' tables as ``diag.load`` cleans them (each with its rank column), and each rank's telemetry
+    window: from the start of its first step in the step window to the end of its last, on its own clock
+    (``first_us``, ``last_us`` by rank; a rank without steps in the window has none)."""
+
+    tables: dict[str, pd.DataFrame]
+    window_us: pd.DataFrame
+    _telemetry_w: pd.DataFrame | None = field(default=None, repr=False)
+
+    def table(self, name: str) -> pd.DataFrame:
+        """The shard's table ``name`` (empty, with the schema's columns, where none of its ranks has rows)."""
+        from diag.trace.loader import empty_table
+
+        return self.tables[name] if name in self.tables else empty_table(TABLES[name])
+
+    def telemetry_in_window(self) -> pd.DataFrame:
+        """Telemetry samples taken while their rank ran the steps of the window (computed once per shard: the
+        memory and telemetry analyses both read them)."""
+        if self._telemetry_w is None:
+            tel = self.table("telemetry")
+            first = self.window_us["first_us"].reindex(tel["rank"]).to_numpy(dtype="float64")
+            last = self.window_us["last_us"].reindex(tel["rank"]).to_numpy(dtype="float64")
+            time_us = tel["time_us"].to_numpy(dtype="float64", na_value=np.nan)
+            self._telemetry_w = tel[(time_us >= first) & (time_us <= last)]  # NaN bounds (no step): no sample
+        return self._telemetry_w
+
+
+class Analysis(Protocol[P, R]):
+    """What an analysis that works rank by rank implements. ``reads``: the tables and columns ``map`` reads.
+    ``combine`` must be associative and must not depend on the order of its arguments' ranks."""
+
+    reads: Mapping[str, tuple[str, ...]]
+
+    def map(self, shard: Shard) -> P: ...
+
+    def combine(self, a: P, b: P) -> P: ...
+
+    def finish(self, partial: P) -> R: ...
+
+
+@dataclass(frozen=True)
+class RankSource:
+    """What a worker needs to read one rank: its directory (a filesystem every worker sees) and what the load
+    decided for it."""
+
+    trace_dir: str
+    rank: int
+    rank_dir: str
+    cut_us: float | None  # rows stamped before this belong to an earlier run appended to the same files
+    offset_us: float = 0.0  # the rank's clock minus rank 0's
+    first_us: float = float("nan")  # the rank's telemetry window (see Shard); NaN: no step in the window
+    last_us: float = float("nan")
+
+
+@dataclass
+class ReadNotes:
+    """What reading ranks skipped or dropped, for the trace's notes: (rank, note) per skipped file or rank, rows
+    of an earlier run dropped, rows read."""
+
+    skipped: list[tuple[int, Skipped]] = field(default_factory=list)
+    dropped_earlier_run: int = 0
+    rows_read: int = 0
+
+    def __add__(self, other: ReadNotes) -> ReadNotes:
+        return ReadNotes(
+            self.skipped + other.skipped,
+            self.dropped_earlier_run + other.dropped_earlier_run,
+            self.rows_read + other.rows_read,
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The analyses one run maps, sent once to each worker."""
+
+    analyses: tuple[Analysis, ...]
+
+    def tables(self) -> tuple[str, ...]:
+        return tuple(name for name in TABLES if any(name in a.reads for a in self.analyses))
+
+    def map(self, shard: Shard) -> list:
+        return [a.map(shard) for a in self.analyses]
+
+    def combine(self, a: list, b: list) -> list:
+        return [analysis.combine(x, y) for analysis, x, y in zip(self.analyses, a, b)]
+
+    def finish(self, partials: list) -> list:
+        return [analysis.finish(p) for analysis, p in zip(self.analyses, partials)]
+
+
+def run_loaded(analyses: Sequence[Analysis], shard: Shard) -> list:
+    """The analyses' results over tables already loaded (every rank in one shard)."""
+    plan = Plan(tuple(analyses))
+    return plan.finish(plan.map(shard))
+
+
+def run(
+    analyses: Sequence[Analysis],
+    sources: Sequence[RankSource],
+    workers: int = 1,
+    client=None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list, ReadNotes]:
+    """The analyses' results over the ranks of ``sources``, each rank read once by the loader's per-rank read,
+    and what the reads skipped. Inline with ``workers`` 1; in that many worker processes (each a contiguous share
+    of the ranks, ``diag.processes``); on the Dask ``client``'s workers when given. ``progress(n)``: n more ranks
+    done."""
+    from diag.processes import contiguous_shares
+
+    plan = Plan(tuple(analyses))
+    with _executor(len(sources), workers, client) as (map_tasks, tasks, sent):
+        shares = contiguous_shares(list(sources), tasks) if sources else []
+        outcomes = map_tasks(map_share, shares, [sent(plan)] * len(shares))
+        partials, notes = _fold(plan, _ticked(outcomes, shares, progress))
+    return plan.finish(partials), notes
+
+
+def map_share(sources: list[RankSource], plan: Plan) -> tuple[list, ReadNotes]:
+    """One task: its ranks read and mapped BATCH_RANKS at a time, the partials combined."""
+    batches = (sources[i : i + BATCH_RANKS] for i in range(0, len(sources), BATCH_RANKS))
+    return _fold(plan, ((plan.map(shard), read) for shard, read in (read_shard(b, plan.tables()) for b in batches)))
+
+
+def _fold(plan: Plan, outcomes) -> tuple[list, ReadNotes]:
+    """(partials, notes) combined in order, from those of no rank (an empty shard maps to what combines as
+    nothing)."""
+    partials, notes = plan.map(Shard({}, _no_windows())), ReadNotes()
+    for partial, read in outcomes:
+        partials, notes = plan.combine(partials, partial), notes + read
+    return partials, notes
+
+
+def _ticked(outcomes, shares: list[list], progress: Callable[[int], None] | None):
+    for share, outcome in zip(shares, outcomes):
+        if progress is not None:
+            progress(len(share))
+        yield outcome
+
+
+def read_shard(sources: Sequence[RankSource], names: tuple[str, ...]) -> tuple[Shard, ReadNotes]:
+    """The ranks' tables ``names`` as ``diag.load`` gives their rows (the loader's per-rank read, an earlier
+    run's rows cut as the load cuts them), and what was skipped. A rank that cannot be read is named and left
+    out."""
+    from diag.analysis.columns import analysed_columns
+
+    columns = analysed_columns()
+    reader = (
+        TraceReader(sources[0].trace_dir, tables=names, segment_columns={n: columns[n] for n in names})
+        if sources
+        else None
+    )
+    chunks: dict[str, list] = {name: [] for name in names}
+    notes = ReadNotes()
+    for source in sources:
+        try:
+            read = reader.read_rank(source.rank, Path(source.rank_dir))
+        except Exception as exc:  # noqa: BLE001 - a damaged rank is skipped and named, the others analysed
+            note = Skipped(source.rank_dir, f"{' and '.join(names)} unreadable, rank left out of them: {exc!r}")
+            notes.skipped.append((source.rank, note))
+            continue
+        notes.skipped += [(source.rank, s) for s in read.skipped if Path(s.path).name not in SIDE_FILES]
+        for name, arrow in read.tables.items():
+            chunks[name].append(arrow)
+    cuts = {s.rank: s.cut_us for s in sources if s.cut_us is not None}
+    tables = {}
+    for name in names:
+        frame = to_frame(chunks.pop(name), TABLES[name], rank_column=True)
+        notes.rows_read += len(frame)
+        if cuts and len(frame):
+            limit = frame["rank"].map(cuts).to_numpy(dtype="float64", na_value=np.nan)
+            early = frame["time_us"].to_numpy(dtype="float64", na_value=np.nan) < limit
+            notes.dropped_earlier_run += int(early.sum())
+            frame = frame[~early].reset_index(drop=True)
+        tables[name] = frame
+    window_us = pd.DataFrame(
+        {"first_us": [s.first_us for s in sources], "last_us": [s.last_us for s in sources]},
+        index=pd.Index([s.rank for s in sources], name="rank"),
+    )
+    return Shard(tables, window_us), notes
+
+
+def window_us_of(bounds: pd.DataFrame | None) -> pd.DataFrame:
+    """A Shard's ``window_us`` from ``report.telemetry_bounds`` (None: no step in the window)."""
+    return _no_windows() if bounds is None else bounds[["first_us", "last_us"]]
+
+
+def rank_sources(trace, bounds: pd.DataFrame | None = None) -> list[RankSource]:
+    """One source per rank of the run (ranks of other runs were left out by the load); ``bounds``: the ranks'
+    telemetry windows (``report.telemetry_bounds``)."""
+    rank_dirs = TraceReader(trace.path).rank_dirs()
+    cuts = trace.earlier_run_cuts_us
+    offsets = trace.clock_offsets_us()
+    first = bounds["first_us"].to_dict() if bounds is not None else {}
+    last = bounds["last_us"].to_dict() if bounds is not None else {}
+    return [
+        RankSource(
+            str(trace.path),
+            rank,
+            str(rank_dirs.get(rank, trace.path / f"rank{rank:05d}")),  # gone since the load: its read says so
+            cuts.get(rank),
+            float(offsets.get(rank, 0.0)),
+            float(first.get(rank, np.nan)),
+            float(last.get(rank, np.nan)),
+        )
+        for rank in trace.ranks_found
+    ]
+
+
+BATCH_RANKS_MAX = 64
+
+
+def batch_size(ranks: int, workers: int) -> int:
+    """Ranks per task on a cluster: at least TASKS_PER_DASK_WORKER tasks per worker (balance), at most
+    BATCH_RANKS_MAX (memory per task)."""
+    return max(1, min(BATCH_RANKS_MAX, -(-ranks // (TASKS_PER_DASK_WORKER * max(workers, 1)))))
+
+
+def _no_windows() -> pd.DataFrame:
+    return pd.DataFrame({"first_us": [], "last_us": []}, index=pd.Index([], name="rank", dtype="int64"))
+
+
+@contextlib.contextmanager
+def _executor(ranks: int, workers: int, client) -> Iterator[tuple[Callable, int, Callable[[Any], Any]]]:
+    """(an executor's ``map``, tasks to cut the ranks into, how an object every task reads is sent) for ``run``:
+    a Dask client's, a process pool's, or the builtin ``map`` (inline)."""
+    if client is not None:
+        tasks = -(-ranks // batch_size(ranks, len(client.scheduler_info()["workers"])))
+        yield client.get_executor(pure=False).map, max(tasks, 1), lambda obj: client.scatter(obj, broadcast=True)
+    elif workers > 1 and ranks > 1:
+        from diag.processes import pool_context
+
+        with ProcessPoolExecutor(min(workers, ranks), mp_context=pool_context()) as pool:
+            yield pool.map, min(workers, ranks), lambda obj: obj
+    else:
+        yield map, 1, lambda obj: obj

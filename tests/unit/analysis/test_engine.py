@@ -1,0 +1,99 @@
+"""The analysis engine (diag.analysis.engine): any batching and any order of the ranks combine to the result of
+all of them mapped at once, and the runner's reads of the ranks' files give the loaded trace's result.
+
+Floats are compared to 1e-9 relative (tests/analysis/golden.differences): pandas averages a lone rank's
+readings with another summation than a group of ranks', which differs in the last digit."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from diag.analysis import engine
+from diag.analysis.memory import DeviceTotals, MemoryAnalysis
+from diag.analysis.report import json_safe, telemetry_bounds
+from diag.analysis.telemetry import TelemetryAnalysis
+from diag.analysis.window import choose_window, select
+from diag.testing import synthetic
+from diag.trace.loader import load
+from tests.analysis.golden import differences
+
+RANKS = 8
+CPU_RANKS = (5, 6)  # ranks without allocator readings: a shard of only them follows the RSS instead
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """A small run with a planted leak and throttled GPU, two of its ranks without CUDA allocator readings."""
+    path = tmp_path_factory.mktemp("engine")
+    synthetic.generate(path, RANKS, 30, 2, trace_format=2)
+    trace = load(path)
+    cpu = trace.memory["rank"].isin(CPU_RANKS)
+    trace.memory.loc[cpu, "allocated_bytes"] = None
+    window = choose_window(trace.steps, None, set())
+    bounds = telemetry_bounds(select(trace.steps, window))
+    analyses = (TelemetryAnalysis({r: f"host{r // 4}" for r in range(RANKS)}), MemoryAnalysis(window), DeviceTotals())
+    return path, trace, window, bounds, analyses
+
+
+def _shard(trace, bounds, ranks) -> engine.Shard:
+    tables = {
+        name: frame[frame["rank"].isin(ranks)]
+        for name, frame in (("memory", trace.memory), ("telemetry", trace.telemetry))
+    }
+    return engine.Shard(tables, engine.window_us_of(bounds[bounds.index.isin(ranks)]))
+
+
+def _whole(trace, bounds, analyses) -> list:
+    return json_safe(engine.run_loaded(analyses, _shard(trace, bounds, list(range(RANKS)))))
+
+
+@st.composite
+def batchings(draw):
+    """The ranks in any order, cut into batches anywhere, and the batches' partials combined in any tree."""
+    order = draw(st.permutations(list(range(RANKS))))
+    cuts = sorted(draw(st.sets(st.integers(1, RANKS - 1), max_size=RANKS - 1)))
+    batches = [order[a:b] for a, b in zip([0, *cuts], [*cuts, RANKS])]
+    merges = draw(st.lists(st.integers(0, RANKS), min_size=len(batches), max_size=len(batches)))
+    return batches, merges
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batchings())
+def test_any_batching_and_order_of_ranks_combine_to_the_same_result(loaded, batching):
+    _, trace, _, bounds, analyses = loaded
+    batches, merges = batching
+    plan = engine.Plan(analyses)
+    partials = [plan.map(_shard(trace, bounds, batch)) for batch in batches]
+    while len(partials) > 1:  # combine two neighbours chosen by the draw: every tree shape is reachable
+        i = merges[len(partials) - 1] % (len(partials) - 1)
+        partials[i : i + 2] = [plan.combine(partials[i], partials[i + 1])]
+    assert differences(_whole(trace, bounds, analyses), json_safe(plan.finish(partials[0]))) == []
+
+
+def test_a_shard_of_ranks_without_allocator_readings_takes_the_runs_metric(loaded):
+    """Mapped alone, the CPU ranks would follow their RSS; combined with the others, the run's metric is the
+    allocated bytes and their growth figures are those of a rank without such readings."""
+    _, trace, _, bounds, analyses = loaded
+    memory = engine.run_loaded([analyses[1]], _shard(trace, bounds, list(range(RANKS))))[0]
+    cpu = [r for r in memory.per_rank if r.rank in CPU_RANKS]
+    assert cpu and all(r.metric == "allocated_bytes" and r.growth_bytes_per_step is None for r in cpu)
+    alone = engine.run_loaded([analyses[1]], _shard(trace, bounds, list(CPU_RANKS)))[0]
+    assert {r.metric for r in alone.per_rank} == {"rss_bytes"}
+
+
+@pytest.mark.parametrize("batch_ranks, workers", [(1, 1), (3, 1), (64, 1), (2, 2)])
+def test_ranks_read_from_their_files_give_the_loaded_result(tmp_path, monkeypatch, batch_ranks, workers):
+    """The runner reads each rank with the loader's per-rank read, inline or in worker processes, a few ranks
+    at a time: the result is the loaded trace's."""
+    synthetic.generate(tmp_path, 6, 20, 2, trace_format=2)
+    trace = load(tmp_path)
+    window = choose_window(trace.steps, None, set())
+    bounds = telemetry_bounds(select(trace.steps, window))
+    analyses = (TelemetryAnalysis({}), MemoryAnalysis(window), DeviceTotals())
+    monkeypatch.setattr(engine, "BATCH_RANKS", batch_ranks)
+    read, notes = engine.run(analyses, engine.rank_sources(trace, bounds), workers=workers)
+    loaded = engine.run_loaded(analyses, engine.Shard({"memory": trace.memory, "telemetry": trace.telemetry}, bounds))
+    assert differences(json_safe(loaded), json_safe(read)) == []
+    assert notes.skipped == [] and notes.rows_read == len(trace.memory) + len(trace.telemetry)
