@@ -241,13 +241,10 @@ def rank_sources(trace, bounds: pd.DataFrame | None = None) -> list[RankSource]:
     ]
 
 
-BATCH_RANKS_MAX = 64
-
-
 def batch_size(ranks: int, workers: int) -> int:
     """Ranks per task on a cluster: at least TASKS_PER_DASK_WORKER tasks per worker (balance), at most
-    BATCH_RANKS_MAX (memory per task)."""
-    return max(1, min(BATCH_RANKS_MAX, -(-ranks // (TASKS_PER_DASK_WORKER * max(workers, 1)))))
+    BATCH_RANKS (memory per task)."""
+    return max(1, min(BATCH_RANKS, -(-ranks // (TASKS_PER_DASK_WORKER * max(workers, 1)))))
 
 
 def _no_windows() -> pd.DataFrame:
