@@ -101,3 +101,25 @@ def steps_row(*values) -> str:
     """A steps.csv line with ``values`` first and the table's other columns empty: rows a test appends keep
     the table's width as columns are added."""
     return ",".join(map(str, values)) + "," * (len(schema.STEPS.column_names) - len(values)) + "\n"
+
+
+def engine_read_equals_loaded(tmp_path, monkeypatch, batch_ranks: int, workers: int) -> None:
+    """The engine's runner over a small trace's files (``batch_ranks`` a batch, in ``workers`` processes) gives
+    the result of the loaded tables: memory and telemetry alike, and every row read."""
+    from diag.analysis import engine
+    from diag.analysis.memory import DeviceTotals, MemoryAnalysis
+    from diag.analysis.report import json_safe, telemetry_bounds
+    from diag.analysis.telemetry import TelemetryAnalysis
+    from diag.analysis.window import choose_window, select
+    from tests.analysis.golden import differences
+
+    synthetic.generate(tmp_path, 6, 20, 2, trace_format=2)
+    trace = load(tmp_path)
+    window = choose_window(trace.steps, None, set())
+    bounds = telemetry_bounds(select(trace.steps, window))
+    analyses = (TelemetryAnalysis({}), MemoryAnalysis(window), DeviceTotals())
+    monkeypatch.setattr(engine, "BATCH_RANKS", batch_ranks)
+    read, notes = engine.run(analyses, engine.rank_sources(trace, bounds), workers=workers)
+    loaded = engine.run_loaded(analyses, engine.Shard({"memory": trace.memory, "telemetry": trace.telemetry}, bounds))
+    assert differences(json_safe(loaded), json_safe(read)) == []
+    assert notes.skipped == [] and notes.rows_read == len(trace.memory) + len(trace.telemetry)

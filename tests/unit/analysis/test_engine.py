@@ -18,6 +18,7 @@ from diag.analysis.window import choose_window, select
 from diag.testing import synthetic
 from diag.trace.loader import load
 from tests.analysis.golden import differences
+from tests.analysis.helpers import engine_read_equals_loaded
 
 RANKS = 8
 CPU_RANKS = (5, 6)  # ranks without allocator readings: a shard of only them follows the RSS instead
@@ -34,7 +35,7 @@ def loaded(tmp_path_factory):
     window = choose_window(trace.steps, None, set())
     bounds = telemetry_bounds(select(trace.steps, window))
     analyses = (TelemetryAnalysis({r: f"host{r // 4}" for r in range(RANKS)}), MemoryAnalysis(window), DeviceTotals())
-    return path, trace, window, bounds, analyses
+    return path, trace, window, bounds, analyses, _whole(trace, bounds, analyses)
 
 
 def _shard(trace, bounds, ranks) -> engine.Shard:
@@ -59,23 +60,23 @@ def batchings(draw):
     return batches, merges
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batchings())
 def test_any_batching_and_order_of_ranks_combine_to_the_same_result(loaded, batching):
-    _, trace, _, bounds, analyses = loaded
+    _, trace, _, bounds, analyses, whole = loaded
     batches, merges = batching
     plan = engine.Plan(analyses)
     partials = [plan.map(_shard(trace, bounds, batch)) for batch in batches]
     while len(partials) > 1:  # combine two neighbours chosen by the draw: every tree shape is reachable
         i = merges[len(partials) - 1] % (len(partials) - 1)
         partials[i : i + 2] = [plan.combine(partials[i], partials[i + 1])]
-    assert differences(_whole(trace, bounds, analyses), json_safe(plan.finish(partials[0]))) == []
+    assert differences(whole, json_safe(plan.finish(partials[0]))) == []
 
 
 def test_a_shard_of_ranks_without_allocator_readings_takes_the_runs_metric(loaded):
     """Mapped alone, the CPU ranks would follow their RSS; combined with the others, the run's metric is the
     allocated bytes and their growth figures are those of a rank without such readings."""
-    _, trace, _, bounds, analyses = loaded
+    _, trace, _, bounds, analyses, _ = loaded
     memory = engine.run_loaded([analyses[1]], _shard(trace, bounds, list(range(RANKS))))[0]
     cpu = [r for r in memory.per_rank if r.rank in CPU_RANKS]
     assert cpu and all(r.metric == "allocated_bytes" and r.growth_bytes_per_step is None for r in cpu)
@@ -83,17 +84,8 @@ def test_a_shard_of_ranks_without_allocator_readings_takes_the_runs_metric(loade
     assert {r.metric for r in alone.per_rank} == {"rss_bytes"}
 
 
-@pytest.mark.parametrize("batch_ranks, workers", [(1, 1), (3, 1), (64, 1), (2, 2)])
-def test_ranks_read_from_their_files_give_the_loaded_result(tmp_path, monkeypatch, batch_ranks, workers):
-    """The runner reads each rank with the loader's per-rank read, inline or in worker processes, a few ranks
-    at a time: the result is the loaded trace's."""
-    synthetic.generate(tmp_path, 6, 20, 2, trace_format=2)
-    trace = load(tmp_path)
-    window = choose_window(trace.steps, None, set())
-    bounds = telemetry_bounds(select(trace.steps, window))
-    analyses = (TelemetryAnalysis({}), MemoryAnalysis(window), DeviceTotals())
-    monkeypatch.setattr(engine, "BATCH_RANKS", batch_ranks)
-    read, notes = engine.run(analyses, engine.rank_sources(trace, bounds), workers=workers)
-    loaded = engine.run_loaded(analyses, engine.Shard({"memory": trace.memory, "telemetry": trace.telemetry}, bounds))
-    assert differences(json_safe(loaded), json_safe(read)) == []
-    assert notes.skipped == [] and notes.rows_read == len(trace.memory) + len(trace.telemetry)
+@pytest.mark.parametrize("batch_ranks", [1, 3, 64])
+def test_ranks_read_from_their_files_give_the_loaded_result(tmp_path, monkeypatch, batch_ranks):
+    """The runner reads each rank with the loader's per-rank read, a few ranks at a time: the result is the
+    loaded trace's (in worker processes: tests/integration/analysis/test_engine_workers.py)."""
+    engine_read_equals_loaded(tmp_path, monkeypatch, batch_ranks, workers=1)
