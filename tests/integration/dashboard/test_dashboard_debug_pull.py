@@ -22,7 +22,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 
 from tests.dashboard import browser as b  # noqa: E402
 from tests.dashboard.helpers import make_app  # noqa: E402
-from tests.integration.triage.test_debug_server import JOB, _end  # noqa: E402
+from tests.triage.jobs import DEBUG_SERVER_JOB, end_debug_server_job  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,9 @@ def test_triage_page_pulls_every_rank_s_state_and_profiles_a_rank(browser, synth
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    procs = start_ranks([str(JOB), str(tmp_path / "dumps"), str(port)], 3, {"TORCH_FR_BUFFER_SIZE": "2000"})
+    procs = start_ranks(
+        [str(DEBUG_SERVER_JOB), str(tmp_path / "dumps"), str(port)], 3, {"TORCH_FR_BUFFER_SIZE": "2000"}
+    )
     live_pull.set_debug_server(url, tmp_path / "pulled")
     try:
         assert _sleeping_in_view(url, 90, procs), "the debug server never showed rank 2 in wait_for_slow_input"
@@ -66,7 +68,7 @@ def test_triage_page_pulls_every_rank_s_state_and_profiles_a_rank(browser, synth
         listed = b.text(browser, "live-profiles")
     finally:
         live_pull.set_debug_server(None)
-        _end(procs, tmp_path / "frontend.pid")
+        end_debug_server_job(procs, tmp_path / "frontend.pid")
     saved = re.search(r"rank 2: (\S+\.json)", listed)
     assert saved and Path(saved.group(1)).is_file(), listed
     pulled = tmp_path / "pulled" / "pull-1"
