@@ -2,8 +2,9 @@
 as JSON, dynamo's own counters (graph breaks, unique graphs, recompilations) and, with diag, the steps it
 recorded.
 
-usage: compile_job.py CASE WITH_DIAG(0|1) TRACE_DIR STEPS   (as one rank of a gloo DDP job: ``CASE`` is then
-       run on the DDP-wrapped model; RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the launcher)
+usage: compile_job.py CASE WITH_DIAG(0|1) TRACE_DIR STEPS [WRAP]   (as one rank of a gloo job: ``CASE`` is then
+       run on the model wrapped in DDP, or with WRAP=fsdp2 in FSDP2's fully_shard; RANK, WORLD_SIZE,
+       MASTER_ADDR and MASTER_PORT from the launcher)
 
 The backend is ``aot_eager``: dynamo's graph breaks, graphs and recompilations do not depend on the backend,
 and inductor's C++ build of every kernel takes minutes on a loaded CPU host.
@@ -32,6 +33,7 @@ CASES = (
     "compiled_autograd",  # torch.compile(model) and compiled autograd for the backward
     "compiled_train_step",  # forward, backward and optimizer step in one compiled function
 )
+WRAPS = ("ddp", "fsdp2")  # how a gloo job wraps the model: DDP, or FSDP2's fully_shard per block and root
 
 
 class Block(torch.nn.Module):
@@ -64,10 +66,27 @@ class TinyTransformer(torch.nn.Module):
         return self.head(x)
 
 
-def _compile(case: str, model, optimizer, with_diag: bool, ddp: bool):
-    """The model to call and the optimizer step to call, set up in the case's order."""
-    if ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+def _wrap(model, wrap: str | None):
+    """DDP, or FSDP2 as torchtitan applies it: each block sharded, then the root."""
+    if wrap == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    if wrap == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.layers:
+            fully_shard(block)
+        return fully_shard(model)
+    return model
+
+
+def _compile(case: str, model, with_diag: bool, wrap: str | None):
+    """The model to call, its optimizer and the optimizer step to call, set up in the case's order: wrapped
+    (DDP, fully_shard) before torch.compile, but per block compiled first, as torchtitan does before fully_shard."""
+    if case == "per_block":
+        for block in model.layers:
+            block.compile(backend=BACKEND)
+    model = _wrap(model, wrap)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # after fully_shard, which replaces the parameters
     step = optimizer.step
     instrument = diag.instrument if with_diag else (lambda *objects: None)
     if case == "compile_then_instrument":
@@ -79,19 +98,14 @@ def _compile(case: str, model, optimizer, with_diag: bool, ddp: bool):
     elif case == "module_compile":
         instrument(model, optimizer)
         model.compile(backend=BACKEND)
-    elif case == "per_block":
-        blocks = (model.module if ddp else model).layers
-        for block in blocks:
-            block.compile(backend=BACKEND)
-        instrument(model, optimizer)
-    elif case == "compiled_train_step":
+    elif case in ("per_block", "compiled_train_step"):
         instrument(model, optimizer)
     elif case == "compiled_optimizer_step":
         instrument(model, optimizer)
         step = torch.compile(optimizer.step, backend=BACKEND)
     else:
         raise ValueError(f"unknown case {case!r}")
-    return model, step
+    return model, optimizer, step
 
 
 def _backward_context(case: str):
@@ -129,24 +143,24 @@ def _logged_records():
         torch._logging.set_logs()
 
 
-def run_case(case: str, with_diag: bool, trace_dir: str, steps: int, ddp: bool = False) -> dict:
-    """Train ``steps`` steps from a fresh dynamo state; dynamo's counters and log records after them."""
+def run_case(case: str, with_diag: bool, trace_dir: str, steps: int, wrap: str | None = None) -> dict:
+    """Train ``steps`` steps from a fresh dynamo state; dynamo's counters and log records after them. ``wrap``:
+    None, or one of WRAPS in a gloo job."""
     with _logged_records() as records:
-        result = _train(case, with_diag, trace_dir, steps, ddp)
+        result = _train(case, with_diag, trace_dir, steps, wrap)
     result["logged_graph_breaks"] = records.graph_breaks
     result["logged_recompiles"] = records.recompiles
     return result
 
 
-def _train(case: str, with_diag: bool, trace_dir: str, steps: int, ddp: bool) -> dict:
+def _train(case: str, with_diag: bool, trace_dir: str, steps: int, wrap: str | None) -> dict:
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
     model = TinyTransformer()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if with_diag:
         diag.init(trace_dir, telemetry=False)
-    model, optimizer_step = _compile(case, model, optimizer, with_diag, ddp)
+    model, optimizer, optimizer_step = _compile(case, model, with_diag, wrap)
 
     def train_step(tokens):
         logits = model(tokens)
@@ -179,10 +193,13 @@ def _train(case: str, with_diag: bool, trace_dir: str, steps: int, ddp: bool) ->
 
 def main() -> None:
     case, with_diag, trace_dir, steps = sys.argv[1], sys.argv[2] == "1", sys.argv[3], int(sys.argv[4])
+    wrap = sys.argv[5] if len(sys.argv) > 5 else "ddp"
+    if wrap not in WRAPS:
+        raise SystemExit(f"WRAP is one of {', '.join(WRAPS)}, not {wrap!r}")
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    result = run_case(case, with_diag, trace_dir, steps, ddp=True)
+    result = run_case(case, with_diag, trace_dir, steps, wrap)
     result["rank"] = dist.get_rank()
     dist.destroy_process_group()
     print(json.dumps(result), flush=True)

@@ -16,6 +16,7 @@ from diag.launch import start_ranks
 from diag.triage.watch import PROBLEM_VERDICTS
 
 HANG_JOB = Path(__file__).with_name("hang_job.py")
+DEBUG_SERVER_JOB = Path(__file__).with_name("debug_server_job.py")
 WORLD_SIZE = 3
 BAD_RANK = 1
 JOB_DEADLINE_S = 120  # the longest any scenario may run before every rank is killed (a loaded box starts ranks late)
@@ -94,6 +95,18 @@ def _end_all(procs: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+
+
+def end_debug_server_job(procs: list[subprocess.Popen], pid_file: Path) -> None:
+    """Kill ``debug_server_job.py``'s ranks and the debug server's frontend, whose process id it wrote to
+    ``pid_file``: the frontend is a daemon of rank 0, but rank 0's SIGKILL leaves it running."""
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
 
 
 def collect_fr_dumps(trace_dir: Path, fr_dir: Path) -> list[int]:

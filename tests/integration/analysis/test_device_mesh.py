@@ -1,4 +1,4 @@
-"""Real 2-D device-mesh jobs (``init_device_mesh`` on gloo: dp=2 x tp=2, and dp=4 x tp=2 for a hang;
+"""Real 2-D device-mesh jobs (``init_device_mesh`` on gloo: dp=2 x tp=2, and dp=4 x tp=2;
 tests/jobs/mesh_job.py): the report says which mesh dimension a slow rank holds up and where it sits, shows
 communication per dimension, and triage names the dimension of the group a hung rank stalls first. Capture uses
 no process group of its own (it must not deadlock on sub-meshes): the jobs finish, or hang only where the fault
@@ -22,27 +22,42 @@ BAD_RANK = 3  # at dp=1, tp=1
 STALL_DEADLINE_S = 180  # every rank's stall dump, on a loaded box
 
 
-def _run(tmp_path: Path, fault: str) -> Path:
-    results = run_ranks([str(JOBS / "mesh_job.py"), str(tmp_path), fault, str(BAD_RANK)], WORLD, timeout_s=300)
+def _run(tmp_path: Path, fault: str, world: int = WORLD, bad_rank: int = BAD_RANK) -> Path:
+    results = run_ranks([str(JOBS / "mesh_job.py"), str(tmp_path), fault, str(bad_rank)], world, timeout_s=300)
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
     return tmp_path
 
 
-def test_slow_rank_named_with_its_coordinates_and_the_tp_group_it_stalls(tmp_path):
-    report = cli_json(_run(tmp_path, "slow"))
+# (world, the slow rank, its tp group, where it sits, the mesh, groups of each dimension): dp=2 x tp=2, and
+# dp=4 x tp=2 where its dp group holds four ranks
+SLOW = [
+    (WORLD, BAD_RANK, [2, 3], {"dp": 1, "tp": 1}, "dp=2 x tp=2", {"dp": 2, "tp": 2}),
+    (8, 5, [4, 5], {"dp": 2, "tp": 1}, "dp=4 x tp=2", {"dp": 2, "tp": 4}),
+]
+
+
+@pytest.mark.parametrize(
+    ("world", "bad_rank", "tp_group", "coords", "shape", "groups"), SLOW, ids=["4-ranks", "8-ranks"]
+)
+def test_slow_rank_named_with_its_coordinates_and_the_tp_group_it_stalls(
+    tmp_path, world, bad_rank, tp_group, coords, shape, groups
+):
+    report = cli_json(_run(tmp_path, "slow", world, bad_rank))
     stragglers = [s for s in report["stragglers"] if s["persistent"]]
-    assert [s["rank"] for s in stragglers] == [BAD_RANK], report["findings"]
+    assert [s["rank"] for s in stragglers] == [bad_rank], report["findings"]
     mesh = stragglers[0]["mesh"]
-    assert mesh["coords"] == {"dp": 1, "tp": 1}
+    assert mesh["coords"] == coords
     # its tp peer waits for it in every tensor-parallel collective; the dp groups see it only once it spread
-    assert mesh["stalls_dim"] == "tp" and mesh["stalls_ranks"] == [2, 3], mesh
+    assert mesh["stalls_dim"] == "tp" and mesh["stalls_ranks"] == tp_group, mesh
     finding = next(f for f in report["findings"] if f["kind"] == "straggler")
-    assert finding["title"].startswith("Rank 3 (dp=1, tp=1) is a persistent straggler")
-    assert any("stalls its tp group (ranks 2, 3)" in line for line in finding["evidence"])
+    where = ", ".join(f"{dim}={coord}" for dim, coord in coords.items())
+    assert finding["title"].startswith(f"Rank {bad_rank} ({where}) is a persistent straggler")
+    stalled = ", ".join(map(str, tp_group))
+    assert any(f"stalls its tp group (ranks {stalled})" in line for line in finding["evidence"])
     dims = {d["name"]: d for d in report["mesh"]["dims"]}
-    assert report["mesh"]["shape"] == "dp=2 x tp=2"
-    assert dims["dp"]["groups"] == 2 and dims["tp"]["groups"] == 2
+    assert report["mesh"]["shape"] == shape
+    assert {name: dim["groups"] for name, dim in dims.items()} == groups
     assert dims["dp"]["collectives"] > 0 and dims["tp"]["collectives"] > 0  # DTensor's, read from Flight Recorder
     assert not [f for f in report["findings"] if f["kind"] == "slow_link"]  # a slow rank is no slow link
 

@@ -5,7 +5,10 @@ rank through its worker server."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -19,7 +22,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 
 from tests.dashboard import browser as b  # noqa: E402
 from tests.dashboard.helpers import make_app  # noqa: E402
-from tests.integration.triage.test_debug_server import JOB, _end  # noqa: E402
+from tests.triage.jobs import DEBUG_SERVER_JOB, end_debug_server_job  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +45,9 @@ def test_triage_page_pulls_every_rank_s_state_and_profiles_a_rank(browser, synth
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    procs = start_ranks([str(JOB), str(tmp_path / "dumps"), str(port)], 3, {"TORCH_FR_BUFFER_SIZE": "2000"})
+    procs = start_ranks(
+        [str(DEBUG_SERVER_JOB), str(tmp_path / "dumps"), str(port)], 3, {"TORCH_FR_BUFFER_SIZE": "2000"}
+    )
     live_pull.set_debug_server(url, tmp_path / "pulled")
     try:
         assert _sleeping_in_view(url, 90, procs), "the debug server never showed rank 2 in wait_for_slow_input"
@@ -55,6 +60,7 @@ def test_triage_page_pulls_every_rank_s_state_and_profiles_a_rank(browser, synth
         )
         assert b.text(browser, "live-verdict") == "Verdict: missing_ranks"
         assert b.text(browser, "live-culprits") == "Culprit ranks: 2"
+        page_action = b.text(browser, "live-action")
         assert b.text(browser, "triage-verdict").startswith("Verdict: ")  # the trace's own verdict stays below
         browser.find_element(By.ID, live_pull.RANKS_ID).send_keys("2")
         browser.find_element(By.ID, live_pull.PROFILE_ID).click()
@@ -62,10 +68,22 @@ def test_triage_page_pulls_every_rank_s_state_and_profiles_a_rank(browser, synth
         listed = b.text(browser, "live-profiles")
     finally:
         live_pull.set_debug_server(None)
-        _end(procs, tmp_path / "frontend.pid")
+        end_debug_server_job(procs, tmp_path / "frontend.pid")
     saved = re.search(r"rank 2: (\S+\.json)", listed)
     assert saved and Path(saved.group(1)).is_file(), listed
-    assert sorted(p.name for p in (tmp_path / "pulled" / "pull-1").iterdir())[0] == "flight_recorder"
+    pulled = tmp_path / "pulled" / "pull-1"
+    assert sorted(p.name for p in pulled.iterdir())[0] == "flight_recorder"
+    # the page's verdict is diag triage's on what the page pulled, what to do next included
+    cli = subprocess.run(
+        [sys.executable, "-m", "diag", "triage", str(pulled), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    verdict = json.loads(cli.stdout)
+    assert (verdict["verdict"], verdict["culprit_ranks"]) == ("missing_ranks", [2]), verdict["evidence"]
+    assert verdict["action"] == "fix_code"  # rank 2's own code kept it from the all_reduce
+    assert page_action.startswith("Next: FIX THE CODE") and verdict["action_why"] in page_action, page_action
 
 
 def test_without_a_debug_server_the_page_says_how_to_give_one(browser, synthetic_run, serve):

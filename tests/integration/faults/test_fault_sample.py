@@ -1,8 +1,10 @@
 """A fixed sample of the fault-injection suite (benchmarks/faults.py): real 2- and 3-rank gloo jobs of several
 shapes (the exception propagates, is caught before ``diag.finish()``, ``sys.exit`` in the handler,
 ``diag.Trainer``, a pipeline schedule), with sleep or matmul compute, each with one planted fault, judged by ``diag analyze`` or
-``diag triage`` as a user would; the verdict and the culprit must both be right. The whole suite, drawn from a
-seed over every dimension, with its accuracy and false-alarm figures: docs/benchmarks.md."""
+``diag triage`` as a user would; the verdict, the culprit and what triage says to do next must all be right.
+Every fault kind is here but three whose real jobs tests/integration/triage/test_real_failures.py runs, with
+their action (frozen, cross_group, preempted). The whole suite, drawn from a seed over every dimension, with
+its accuracy and false-alarm figures: docs/benchmarks.md."""
 
 import sys
 
@@ -19,6 +21,8 @@ S = faults.Scenario
 SAMPLE = [
     S("propagate", "sleep", 3, "healthy", faults.NO_WHERE, "none", rank=0, step=0),
     S("propagate", "matmul", 2, "straggler", "forward", "none", rank=1, step=2),
+    S("propagate", "sleep", 2, "intermittent", "backward", "none", rank=1, step=2),
+    S("finally", "sleep", 2, "memory", "optimizer", "none", rank=0, step=2),
     S("caught_finish", "sleep", 2, "exception", "backward", "none", rank=1, step=2),
     S("trainer", "sleep", 2, "hang", "data", "none", rank=0, step=3),
     S("propagate", "sleep", 3, "sigkill", "collective", "none", rank=2, step=3),
@@ -38,6 +42,14 @@ def test_fault_is_named_with_its_culprit(scenario, tmp_path):
     assert outcome.action_right, f"{scenario.label()}: said {outcome.action}, wanted {scenario.expected_action}"
     if scenario.kind == "healthy":
         assert outcome.false_alarms == []
+
+
+# the fault kinds whose real jobs, with their action, run in tests/integration/triage/test_real_failures.py
+ACTION_CHECKED_ELSEWHERE = {"frozen", "cross_group", "preempted"}
+
+
+def test_every_fault_kind_has_its_action_checked_on_a_real_job():
+    assert {s.kind for s in SAMPLE} | ACTION_CHECKED_ELSEWHERE == set(faults.FAULTS)
 
 
 def test_scenarios_cover_every_value_of_every_dimension():

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,8 +13,7 @@ import pytest
 
 from diag.launch import free_port, start_ranks
 from diag.triage.debug_server import STACKS_RE, parse_stacks
-
-JOB = Path(__file__).resolve().parents[2] / "triage" / "debug_server_job.py"
+from tests.triage.jobs import DEBUG_SERVER_JOB, end_debug_server_job
 
 
 def _stacks(dump_dir: Path) -> list[Path]:
@@ -41,16 +38,6 @@ def _wait_for(dump_dir: Path, test, timeout_s: float, procs) -> Path | None:
     return None
 
 
-def _end(procs, pid_file: Path) -> None:
-    if pid_file.exists():  # the frontend is a daemon of rank 0, but rank 0's SIGKILL leaves it running
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-
-
 def _in_sleep(dump) -> bool:
     frames = [f["name"] for t in dump.threads.get(2, []) if t["main"] for f in t["frames"]]
     return dump.complete and "wait_for_slow_input" in frames
@@ -61,14 +48,14 @@ def test_real_debug_server_dumps_name_the_missing_rank_and_where_it_sleeps(tmp_p
     """A real gloo job with the debug server on: rank 2 sleeps before an all_reduce ranks 0 and 1 wait in. Then
     rank 2 is frozen (SIGSTOP), so the later dumps lack it: triage judges the latest complete dump and says so."""
     dump_dir, pid_file = tmp_path / "dumps", tmp_path / "frontend.pid"
-    procs = start_ranks([str(JOB), str(dump_dir), str(free_port())], 3, {"TORCH_FR_BUFFER_SIZE": "2000"})
+    procs = start_ranks([str(DEBUG_SERVER_JOB), str(dump_dir), str(free_port())], 3, {"TORCH_FR_BUFFER_SIZE": "2000"})
     try:
         complete = _wait_for(dump_dir, _in_sleep, 90, procs)
         assert complete is not None, [p.name for p in _stacks(dump_dir)]
         procs[2].send_signal(signal.SIGSTOP)  # frozen: its worker server answers no more, its peers keep waiting
         partial = _wait_for(dump_dir, lambda d: 2 in d.failed, 60, procs)
     finally:
-        _end(procs, pid_file)
+        end_debug_server_job(procs, pid_file)
     result = subprocess.run(
         [sys.executable, "-m", "diag", "triage", str(dump_dir), "--format", "json"],
         capture_output=True,
@@ -111,7 +98,7 @@ def test_pull_from_a_running_job_names_the_missing_rank_now_and_profiles_it(tmp_
     dump_dir, pid_file, now = tmp_path / "dumps", tmp_path / "frontend.pid", tmp_path / "now"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    procs = start_ranks([str(JOB), str(dump_dir), str(port)], 3, {"TORCH_FR_BUFFER_SIZE": "2000"})
+    procs = start_ranks([str(DEBUG_SERVER_JOB), str(dump_dir), str(port)], 3, {"TORCH_FR_BUFFER_SIZE": "2000"})
     try:
         ready = _pull_when(url, tmp_path / "probe", _in_sleep, 90, procs)
         assert ready is not None, "the debug server never showed rank 2 in wait_for_slow_input"
@@ -123,7 +110,7 @@ def test_pull_from_a_running_job_names_the_missing_rank_now_and_profiles_it(tmp_
         )
         profiles = profile(url, [2], 1.0, tmp_path / "profiles")
     finally:
-        _end(procs, pid_file)
+        end_debug_server_job(procs, pid_file)
     verdict = json.loads(result.stdout)
     assert result.returncode == 1, result.stderr
     assert verdict["verdict"] == "missing_ranks" and verdict["culprit_ranks"] == [2], verdict["evidence"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from diag.analysis.comms import collective_waits
 from diag.analysis.findings import FindingContext
 from diag.analysis.links import SLOW_RATIO, analyze_links, link_findings
+from diag.trace.mesh import MeshLayout
 from tests.analysis.slow_links import HOSTS, STEPS, TRANSFER_US, collectives, layout, links_of
 
 
@@ -72,3 +73,22 @@ def test_finding_names_the_host_with_evidence_and_time_lost():
     # 6 groups x 10 collectives x 3.2 ms above the 0.8 ms their peers take: ~0.14 s/step of a 0.05 s step
     assert abs(finding.time_lost_per_step_s - 6 * 3 * TRANSFER_US / 1e6) < 0.2 * 6 * 3 * TRANSFER_US / 1e6
     assert finding.severity == "high"
+
+
+def test_on_a_device_mesh_the_finding_names_the_dimension_of_the_slow_groups():
+    """The cross-host pairs are one mesh dimension (dp), the intra-host pairs another (tp): a slow host's
+    slow groups are all dp groups, so the finding says which dimension the link is in."""
+    groups = layout()
+    mesh = MeshLayout.from_groups((pg, "dp" if pg.startswith("x") else "tp", ranks) for pg, ranks in groups.items())
+    slowdown = lambda pg, ranks: 4.0 if pg.startswith("x") and {4, 5} & set(ranks) else 1.0  # noqa: E731
+    report = analyze_links(collective_waits(collectives(groups, slowdown)), groups, HOSTS, mesh)
+    suspect = report.suspects[0]
+    assert (suspect.name, suspect.mesh_dim) == ("node2", "dp")
+    assert {g.mesh_dim for g in report.groups if g.slow} == {"dp"}
+    (finding,) = link_findings(report, FindingContext(step_s=0.05, steps=STEPS, times=None, stragglers=None))
+    assert "host node2 in the dp dimension of the device mesh" in finding.title
+    # the same collectives without the mesh: no dimension to name
+    (plain,) = link_findings(
+        links_of(groups, slowdown), FindingContext(step_s=0.05, steps=STEPS, times=None, stragglers=None)
+    )
+    assert "dimension" not in plain.title

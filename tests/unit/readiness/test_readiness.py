@@ -54,6 +54,59 @@ def test_nccl_settings_that_lose_the_dump_or_slow_the_job_are_to_change():
     assert _status(_checks({"TORCH_NCCL_ENABLE_TIMING": "1"}), "collective timing") == "ok"
 
 
+def test_stacks_in_the_dump_are_a_note_until_switched_off():
+    """Collecting Python stacks during a dump takes the GIL and can hang the dump itself: said, not required."""
+    (default,) = [c for c in _checks({}) if c.name == "stacks in the dump"]
+    assert (default.status, default.advice) == ("note", "TORCH_INCLUDE_STACK_TRACE=0 if dumps do not arrive")
+    assert "GIL" in default.why
+    assert _status(_checks({"TORCH_INCLUDE_STACK_TRACE": "0"}), "stacks in the dump") == "ok"
+
+
+def test_an_nccl_log_written_to_a_file_is_ok():
+    logged = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": "/shared/nccl.%h.%p"}
+    assert _status(_checks(logged), "NCCL log") == "ok"
+    assert _status(_checks({}), "NCCL log") == "ok"  # unset: diag.init has NCCL log into the trace directory
+
+
+def test_every_setting_the_readiness_check_covers_says_what_to_use_and_why(tmp_path):
+    """An environment wrong in every way: each check that is not ok names the setting to use and why."""
+    environ = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "0",
+        "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "no" / "such" / "fr_"),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "10",
+        "NCCL_DEBUG": "TRACE",
+        "TORCH_NCCL_ENABLE_TIMING": "1",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+    }
+    job = JobFacts(
+        backend="nccl",
+        world_size=16,
+        local_world_size=8,
+        trace_dir=str(tmp_path),
+        timeouts_s={"0": 10.0},
+        median_step_s=8.0,
+    )
+    checks = {c.name: c for c in readiness.check(environ, job, mounts=[("/", "ext4")])}
+    assert set(checks) == {
+        "flight recorder",
+        "dump location",
+        "dump on timeout",
+        "async error handling",
+        "watchdog monitor",
+        "NCCL log",
+        "collective timing",
+        "stacks in the dump",
+        "collective timeout",
+        "trace directory",
+    }
+    assert {c.status for c in checks.values()} <= {"change", "note"}
+    for check in checks.values():
+        assert check.advice and check.why and check.now, check
+    assert readiness.worst(checks.values()) == "change"
+
+
 def test_a_gloo_job_is_not_told_about_nccl_settings():
     names = {c.name for c in _checks({"NCCL_DEBUG": "TRACE"}, JobFacts(backend="gloo"))}
     assert names.isdisjoint({"dump on timeout", "watchdog monitor", "NCCL log", "async error handling"})
