@@ -7,7 +7,8 @@ usage: compile_job.py CASE WITH_DIAG(0|1) TRACE_DIR STEPS [WRAP]   (as one rank 
        MASTER_ADDR and MASTER_PORT from the launcher)
 
 The backend is ``aot_eager``: dynamo's graph breaks, graphs and recompilations do not depend on the backend,
-and inductor's C++ build of every kernel takes minutes on a loaded CPU host.
+and inductor's C++ build of every kernel takes minutes on a loaded CPU host. On a GPU (``DEVICE = "cuda"``)
+``reduce_overhead`` compiles with inductor's CUDA graphs (``mode="reduce-overhead"``).
 """
 
 import contextlib
@@ -33,6 +34,8 @@ CASES = (
     "compiled_autograd",  # torch.compile(model) and compiled autograd for the backward
     "compiled_train_step",  # forward, backward and optimizer step in one compiled function
 )
+CUDA_CASES = (*CASES, "reduce_overhead")  # torch.compile(model, mode="reduce-overhead"): inductor, CUDA graphs
+DEVICE = "cpu"  # where the model and its batches live ("cuda": the GPU tests set it)
 WRAPS = ("ddp", "fsdp2")  # how a gloo job wraps the model: DDP, or FSDP2's fully_shard per block and root
 
 
@@ -103,6 +106,9 @@ def _compile(case: str, model, with_diag: bool, wrap: str | None):
     elif case == "compiled_optimizer_step":
         instrument(model, optimizer)
         step = torch.compile(optimizer.step, backend=BACKEND)
+    elif case == "reduce_overhead":
+        instrument(model, optimizer)
+        model = torch.compile(model, mode="reduce-overhead")
     else:
         raise ValueError(f"unknown case {case!r}")
     return model, optimizer, step
@@ -157,7 +163,7 @@ def _train(case: str, with_diag: bool, trace_dir: str, steps: int, wrap: str | N
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    model = TinyTransformer()
+    model = TinyTransformer().to(DEVICE)
     if with_diag:
         diag.init(trace_dir, telemetry=False)
     model, optimizer, optimizer_step = _compile(case, model, with_diag, wrap)
@@ -174,7 +180,7 @@ def _train(case: str, with_diag: bool, trace_dir: str, steps: int, wrap: str | N
         train_step = torch.compile(train_step, backend=BACKEND)
     generator = torch.Generator().manual_seed(1)
     for _ in range(steps):
-        tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
+        tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator).to(DEVICE)
         with diag.step() if with_diag else contextlib.nullcontext():
             train_step(tokens)
     if with_diag:

@@ -10,7 +10,7 @@ import pytest
 
 import diag
 from diag.launch import run_ranks
-from tests.conftest import JOBS
+from tests.conftest import JOBS, requires_gpu
 
 STEPS = 3
 
@@ -77,6 +77,7 @@ TIMED_PHASES = {
     "compiled_optimizer_step": ("forward", "backward"),
     "compiled_autograd": ("forward", "backward", "optimizer"),
     "compiled_train_step": ("backward",),
+    "reduce_overhead": ("forward", "backward", "optimizer"),
 }
 
 
@@ -86,4 +87,16 @@ def test_diag_adds_no_graph_break_or_recompilation_under_compile(tmp_path, case)
     instrumented = compile_job.run_case(case, True, str(tmp_path / "diag"), STEPS)
     assert _counts(instrumented) == _counts(plain), (plain, instrumented)
     assert not any("perf_counter" in reason for reason in instrumented["graph_break_reasons"])
+    _assert_steps_recorded(tmp_path / "diag", TIMED_PHASES[case])
+
+
+@requires_gpu
+@pytest.mark.parametrize("case", compile_job.CUDA_CASES)
+def test_on_cuda_diag_adds_no_graph_break_or_recompilation_under_compile(tmp_path, monkeypatch, case):
+    """The same on a GPU, and compile's CUDA graphs (``mode="reduce-overhead"``): the graphs are replayed with
+    diag's hooks in place, and every step and phase is still timed."""
+    monkeypatch.setattr(compile_job, "DEVICE", "cuda")
+    plain = compile_job.run_case(case, False, str(tmp_path / "plain"), STEPS)
+    instrumented = compile_job.run_case(case, True, str(tmp_path / "diag"), STEPS)
+    assert _counts(instrumented) == _counts(plain), (plain, instrumented)
     _assert_steps_recorded(tmp_path / "diag", TIMED_PHASES[case])

@@ -68,3 +68,22 @@ def test_gpu_capture_end_to_end(tmp_path):
     used = telemetry["process_mem_used_bytes"].dropna()
     if len(used):
         assert (used >= trace.memory["reserved_bytes"].min()).all()
+
+
+@requires_gpu
+def test_cuda_graph_replayed_under_diag_computes_the_same_and_every_step_is_timed(tmp_path):
+    """A step captured in a CUDA graph with diag's hooks on the model and optimizer, replayed inside diag.step:
+    the capture succeeds, the losses are those of the same job without diag, and each step has its host and
+    device time."""
+
+    def losses(with_diag: bool) -> list[float]:
+        trace_dir = tmp_path / ("diag" if with_diag else "plain")
+        argv = [str(JOBS / "cuda_graph_job.py"), str(trace_dir), str(STEPS), "1" if with_diag else "0"]
+        (result,) = run_ranks(argv, 1, timeout_s=300)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])["losses"]
+
+    assert losses(True) == losses(False)
+    steps = load(tmp_path / "diag").steps
+    assert sorted(steps["step"]) == list(range(STEPS))
+    assert (steps["duration_us"] > 0).all() and steps["device_us"].notna().all() and (steps["device_us"] > 0).all()
