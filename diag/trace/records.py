@@ -219,12 +219,11 @@ class HangDump(RankState):
     def from_json(cls, raw) -> HangDump | None:
         if not isinstance(raw, dict):
             return None
-        threads = raw.get("threads") if isinstance(raw.get("threads"), list) else []
         return cls(
             **RankState.fields_from_json(raw),
             reason=text(raw.get("reason")),
             pending=_pending(raw.get("pending")),
-            threads=tuple(t for t in threads if isinstance(t, dict)),
+            threads=_threads(raw.get("threads")),
             fr_dump=text(raw.get("fr_dump")),
             fr_error=text(raw.get("fr_error")),
             exit=ExitRecord.from_json(raw.get("exit")),
@@ -240,6 +239,20 @@ class HangDump(RankState):
                 frames = thread.get("frames")
                 return frames if isinstance(frames, list) else []
         return []
+
+
+def _threads(raw) -> tuple[dict, ...]:
+    """A dump's threads, each a dict whose frames are a list of dicts: a thread or frame of another type (a
+    damaged or crafted dump) is left out here, once, so that no reader of the stacks meets one."""
+    if not isinstance(raw, list):
+        return ()
+    threads = []
+    for thread in raw:
+        if isinstance(thread, dict):
+            frames = thread.get("frames")
+            frames = [frame for frame in frames if isinstance(frame, dict)] if isinstance(frames, list) else []
+            threads.append({**thread, "frames": frames})
+    return tuple(threads)
 
 
 def to_json(record) -> dict:
