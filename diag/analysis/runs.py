@@ -123,7 +123,11 @@ def load_per_step_tables(path: Path):
 
 
 def _raise_nothing_usable(path: Path, trace):
-    reasons = "\n".join(f"  {s}" for s in trace.skipped[:20]) or (
+    from diag.analysis.report import capture_stopped_notes
+
+    # a capture that stopped before its first write (the disk already full) is why nothing is there: said first
+    said = [*capture_stopped_notes(trace), *trace.skipped[:20]]
+    reasons = "\n".join(f"  {s}" for s in said) or (
         "  (no step, collective, memory or telemetry row in any rank: rank directories empty or holding only "
         "manifest.json, or torch.profiler traces without events)"
     )

@@ -48,6 +48,18 @@ class Seconds(click.ParamType):
         return "SECONDS"
 
 
+class Finite(click.FloatRange):
+    """A finite number within click's range bounds. FloatRange alone lets nan through (nan compares false with
+    every bound) and inf past an open upper end: a peak of nan TFLOP/s ended in a traceback, one of inf read
+    as 0% MFU."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 POLL_MIN_S = 0.1  # below this a poll re-reads files faster than anything writes them
 POLL_MAX_S = 24 * 3600.0  # Event.wait and time.sleep refuse much larger values (OverflowError)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from diag.commands import sample_run
-from diag.commands._options import parse_steps, quiet_option, workers_option
+from diag.commands._options import Finite, parse_steps, quiet_option, workers_option
 from diag.commands.exit_codes import PROBLEM, InputError, require_extra
 from diag.processes import PARTITIONED_MIN_RANKS
 from diag.views.colour import colour_wanted, paint_severities
@@ -37,12 +37,12 @@ FAIL_ON = ("high", "medium", "low", "never")
 )
 @click.option(
     "--peak-tflops",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     help="Dense peak TFLOP/s per GPU for MFU (overrides the manifest and the datasheet table).",
 )
 @click.option(
     "--flops-per-step",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     help="Model FLOPs of one step on one rank (overrides the manifest).",
 )
 @click.option(

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from diag.commands._load import load_summary
-from diag.commands._options import parse_steps, quiet_option, workers_option
+from diag.commands._options import Finite, parse_steps, quiet_option, workers_option
 from diag.commands.exit_codes import PROBLEM, InputError, require_extra
 
 
@@ -35,14 +35,14 @@ def _labels(paths: list[Path]) -> list[str]:
 @click.option("--steps", metavar="A:B", help="Compare steps A <= step < B of every run (default: each run's window).")
 @click.option(
     "--threshold-pct",
-    type=click.FloatRange(min=0),
+    type=Finite(min=0),
     default=2.0,
     show_default=True,
     help="A change of the steady step time under this is 'no change', whatever its interval.",
 )
 @click.option(
     "--run-noise-pct",
-    type=click.FloatRange(min=0),
+    type=Finite(min=0),
     help="How far one run's step time sits from the job's own level from run to run (std, %), in the noise "
     "floor; default: the value measured for the runs' kind of machine (CPU runs only; diag docs compare).",
 )
@@ -54,12 +54,12 @@ def _labels(paths: list[Path]) -> list[str]:
 )
 @click.option(
     "--peak-tflops",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     help="Dense peak TFLOP/s per GPU for MFU (overrides the manifests and the datasheet table).",
 )
 @click.option(
     "--flops-per-step",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     help="Model FLOPs of one step on one rank, for every run (overrides the manifests).",
 )
 @click.option("--no-cache", is_flag=True, help="Do not read or write the caches in each RUN/.diag-cache.")

@@ -23,6 +23,13 @@ class InputError(click.ClickException):
 
     exit_code = USAGE
 
+    def __init__(self, message: str):
+        from diag.views.format import printable
+
+        # the message may quote a file (a JSON parser shows the bytes around its error): nothing in it may
+        # retitle the window, write the clipboard or clear the screen
+        super().__init__(printable(message))
+
 
 def require_extra(part: str, what: str) -> None:
     """diag.extras.require for a command: a missing optional package is an InputError (exit status USAGE)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from diag.commands._options import Finite
 from diag.commands.exit_codes import InputError
 
 _SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
@@ -59,9 +60,9 @@ def _gpu_bytes(gpu_gib: float | None, trace_gpu_bytes: float | None) -> float | 
 @click.option("--flash-attention", is_flag=True, default=None, help="Attention scores are never stored.")
 @click.option("--no-dropout", is_flag=True, default=None, help="The model has no dropout (no masks kept).")
 @click.option("--grad-accum", type=click.IntRange(min=1), help="Micro-batches per optimizer step.  [1]")
-@click.option("--gpu-gib", type=click.FloatRange(min=0, min_open=True), help="GPU memory in GiB (80 GB H100: 79.2).")
-@click.option("--overhead-gib", type=click.FloatRange(min=0), help="Memory outside PyTorch per GPU.  [1.3]")
-@click.option("--fragmentation-pct", type=click.FloatRange(min=0), help="Allocator reserve above peak.  [10]")
+@click.option("--gpu-gib", type=Finite(min=0, min_open=True), help="GPU memory in GiB (80 GB H100: 79.2).")
+@click.option("--overhead-gib", type=Finite(min=0), help="Memory outside PyTorch per GPU.  [1.3]")
+@click.option("--fragmentation-pct", type=Finite(min=0), help="Allocator reserve above peak.  [10]")
 @click.option(
     "--trace",
     "trace_dir",

@@ -28,6 +28,7 @@ from diag.metrics.prometheus import (
     straggler_scores,
 )
 from diag.trace.manifest import Manifest, parse_manifests
+from diag.views.format import printable
 
 FOLLOWED_TABLES = ("steps", "phases", "collectives", "memory", "telemetry")
 
@@ -121,7 +122,7 @@ class TraceFollower:
             unreadable = "unreadable" in note.reason or "not read" in note.reason
             if unreadable and str(note) not in self._said and len(self._said) < MAX_NOTES_SAID:
                 self._said.add(str(note))
-                click.echo(f"diag telemetry: {note}", err=True)
+                click.echo(printable(f"diag telemetry: {note}"), err=True)
         self.manifests.update(parse_manifests(data["manifests"], []))  # the analysis names odd values
         if self.gpus is not None:
             self.gpus.assign_ranks(self.manifests)
@@ -162,7 +163,7 @@ class TraceFollower:
     def _say(self, message: str) -> None:
         if message != self.problem:
             self.problem = message
-            click.echo(f"diag telemetry: {message}", err=True)
+            click.echo(printable(f"diag telemetry: {message}"), err=True)
 
 
 @click.command("telemetry")

@@ -38,6 +38,7 @@ from diag.analysis.partitioned import (
 from diag.processes import PARTITIONED_MIN_RANKS
 from diag.trace.loader import Trace, TraceError, TraceReader, assemble_trace, empty_table, find_rank_dirs
 from diag.trace.schema import TABLES
+from diag.views.format import printable
 
 STALE_AFTER_S = 30.0  # a rank whose newest record is this much older than the freshest rank's is stale
 POLL_INTERVAL_S = 2.0
@@ -149,7 +150,7 @@ class LiveTrace:
             if self.snapshot.trace is None:
                 self._publish_error(message)
             elif message != self._last_failure:
-                print(f"diag dashboard: {message}; showing the last data read", file=sys.stderr)
+                print(printable(f"diag dashboard: {message}; showing the last data read"), file=sys.stderr)
             self._last_failure = message
             return False
 

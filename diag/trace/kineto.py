@@ -168,6 +168,7 @@ class RankEvents:
     steps: list = field(default_factory=list)  # (N, ts, dur)
     nccl: list = field(default_factory=list)  # (kernel index, op, nelems, dtype, pg)
     cpu_colls: list = field(default_factory=list)  # (op, ts, dur): gloo annotations
+    odd_events: int = 0  # events left out for a value of the wrong type or out of range (said in skipped)
 
 
 MAX_METADATA_DEPTH = 64  # nesting of one top-level metadata value; real traces have a handful of levels
@@ -251,15 +252,15 @@ def _read_events(events, out: RankEvents) -> None:
             cat = e.get("cat")
             if cat in GPU_CATS:
                 args = e.get("args") or {}
-                stream, corr = (
-                    _index(args.get("stream"), MAX_STREAM),
-                    _index(args.get("correlation", -1), MAX_CORRELATION),
-                )
-                ts, dur = _time_us(e.get("ts")), _time_us(e.get("dur"))
-                if stream is None or corr is None or ts is None or dur is None or dur < 0:
-                    continue  # HTA too ignores GPU events without a stream or a duration; and values out of range
+                raw = (args.get("stream"), args.get("correlation"), e.get("ts"), e.get("dur"))
+                stream, corr = _index(raw[0], MAX_STREAM), _index(raw[1], MAX_CORRELATION)
+                ts, dur = _time_us(raw[2]), _time_us(raw[3])
                 name = e.get("name", "")
-                if not isinstance(name, str):
+                if stream is None or corr is None or ts is None or dur is None or dur < 0 or not isinstance(name, str):
+                    # HTA too ignores GPU events without a stream or a duration: only a value that is there
+                    # and wrong is counted
+                    refused = _any_refused(raw, (stream, corr, ts, dur)) or (dur is not None and dur < 0)
+                    out.odd_events += refused or not isinstance(name, str)
                     continue
                 if len(name) > MAX_NAME_CHARS:
                     name = name[:MAX_NAME_CHARS]
@@ -283,7 +284,9 @@ def _read_events(events, out: RankEvents) -> None:
                 k_name.append(name_id)
             elif cat in LAUNCH_CATS:
                 args = e.get("args") or {}
-                corr, ts = _index(args.get("correlation"), MAX_CORRELATION), _time_us(e.get("ts"))
+                raw = (args.get("correlation"), e.get("ts"))
+                corr, ts = _index(raw[0], MAX_CORRELATION), _time_us(raw[1])
+                out.odd_events += _any_refused(raw, (corr, ts))
                 if corr is not None and ts is not None:
                     l_corr.append(corr)
                     l_ts.append(ts)
@@ -291,6 +294,7 @@ def _read_events(events, out: RankEvents) -> None:
                 name = e.get("name", "")
                 ts, dur = _time_us(e.get("ts")), _time_us(e.get("dur"))
                 if not isinstance(name, str) or ts is None or dur is None or dur < 0:
+                    out.odd_events += 1
                     continue
                 if name.startswith("ProfilerStep"):
                     match = _STEP_RE.match(name)
@@ -300,12 +304,17 @@ def _read_events(events, out: RankEvents) -> None:
                     out.cpu_colls.append((name[5:MAX_NAME_CHARS], ts, dur))
 
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
-            continue  # an event of odd types (a number, a list for a duration, a non-string name): not usable
+            out.odd_events += 1  # an event of odd types (a number, a list for args): not usable
 
 
 MAX_STREAM = 2**31 - 1  # the int32 stream column
 MAX_CORRELATION = 2**63 - 1
 MAX_TIME_US = 2**53  # microseconds a float64 holds exactly (285 years): more is not a time
+
+
+def _any_refused(raw: tuple, checked: tuple) -> bool:
+    """Whether a value that is there was refused by its check (a missing one is no damage)."""
+    return any(value is not None and value_checked is None for value, value_checked in zip(raw, checked))
 
 
 def _index(value, limit: int) -> int | None:
@@ -418,6 +427,9 @@ def load_kineto(path: str | Path) -> Trace:
             skipped.append(Skipped(str(file), f"{exc}; file skipped"))
             continue
         rank_events.meta = checked_metadata(rank_events.meta, file, skipped)
+        if rank_events.odd_events:
+            wrong = "a time, duration, stream, id or name of the wrong type or out of range"
+            skipped.append(Skipped(str(file), f"{rank_events.odd_events} event(s) with {wrong}, left out"))
         rank = _rank_of(rank_events, skipped, only_file=len(files) == 1)
         if rank is None:
             skipped.append(

@@ -30,6 +30,7 @@ from diag.trace.columnar import ARROW_TYPES, TableSegments
 from diag.trace.manifest import Manifest, first_of, parse_manifests
 from diag.trace.memory_deep import read_memory_deep
 from diag.trace.nccl_log import NcclLog, parse_text
+from diag.trace.records import Heartbeat
 from diag.trace.schema import (
     CSV_SCHEMA_VERSION,
     EVENTS_FILE,
@@ -734,13 +735,14 @@ class TraceReader:
             self._note_unreadable(rank_dir, exc, skipped)
             return RankRead(None, None, {}, [], skipped, None)
         manifest = _read_json(rank_dir / MANIFEST_FILE, skipped)
-        heartbeat = _read_json(rank_dir / HEARTBEAT_FILE, skipped)
+        # checked as it is read: a value of the wrong type (a list for last_step) reads as unknown
+        heartbeat = Heartbeat.from_json(_read_json(rank_dir / HEARTBEAT_FILE, skipped))
         tables = self.read_rank_tables(rank, rank_dir, self.tables, skipped)
         events_path = rank_dir / EVENTS_FILE
         new_events, self._offsets[events_path] = _read_events(events_path, self._offsets.get(events_path, 0), skipped)
         return RankRead(
             None if manifest is None else {**manifest, "rank": rank},
-            None if heartbeat is None else {**heartbeat, "rank": rank},
+            None if heartbeat is None else {**heartbeat.to_json(), "rank": rank},
             tables,
             [{**e, "rank": rank} for e in new_events],
             skipped,

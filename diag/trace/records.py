@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from diag.trace.json_values import finite, micros, text, whole
+from diag.trace.json_values import finite, int64, text, time_us
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,13 @@ class PendingOp:
             return None
         return cls(
             pg=text(raw.get("pg")),
-            seq=whole(raw.get("seq")),
+            seq=int64(raw.get("seq")),
             op=text(raw.get("op")),
-            bytes=whole(raw.get("bytes")),
+            bytes=int64(raw.get("bytes")),
             dtype=text(raw.get("dtype")),
-            peer=whole(raw.get("peer")),
-            start_us=micros(raw.get("start_us")),
-            step=whole(raw.get("step")),
+            peer=int64(raw.get("peer")),
+            start_us=time_us(raw.get("start_us")),
+            step=int64(raw.get("step")),
             source=text(raw.get("source")),
             seq_inferred=raw.get("seq_inferred") is True,
         )
@@ -59,15 +59,15 @@ class CollectiveMark:
 
     @classmethod
     def from_json(cls, raw) -> CollectiveMark | None:
-        if not isinstance(raw, dict) or whole(raw.get("seq")) is None:
+        if not isinstance(raw, dict) or int64(raw.get("seq")) is None:
             return None
         return cls(
-            seq=whole(raw.get("seq")),
+            seq=int64(raw.get("seq")),
             op=text(raw.get("op")),
-            bytes=whole(raw.get("bytes")),
+            bytes=int64(raw.get("bytes")),
             dtype=text(raw.get("dtype")),
-            step=whole(raw.get("step")),
-            start_us=micros(raw.get("start_us")),
+            step=int64(raw.get("step")),
+            start_us=time_us(raw.get("start_us")),
         )
 
 
@@ -107,9 +107,9 @@ class Stall:
             return None
         return cls(
             pg=text(raw.get("pg")),
-            seq=whole(raw.get("seq")),
+            seq=int64(raw.get("seq")),
             op=text(raw.get("op")),
-            since_us=micros(raw.get("since_us")),
+            since_us=time_us(raw.get("since_us")),
             seconds=finite(raw.get("seconds")),
             reason=text(raw.get("reason")),
         )
@@ -134,7 +134,7 @@ class ExitRecord:
             signal=text(raw.get("signal")),
             error=text(raw.get("error")),
             traceback=text(raw.get("traceback")),
-            time_us=micros(raw.get("time_us")),
+            time_us=time_us(raw.get("time_us")),
         )
 
 
@@ -153,13 +153,13 @@ class RankState:
     @staticmethod
     def fields_from_json(raw: dict) -> dict:
         return {
-            "rank": whole(raw.get("rank")),
-            "pid": whole(raw.get("pid")),
-            "time_us": micros(raw.get("time_us")),
-            "step": whole(raw.get("step")),
-            "last_step": whole(raw.get("last_step")),
+            "rank": int64(raw.get("rank")),
+            "pid": int64(raw.get("pid")),
+            "time_us": time_us(raw.get("time_us")),
+            "step": int64(raw.get("step")),
+            "last_step": int64(raw.get("last_step")),
             "phase": text(raw.get("phase")),
-            "step_started_us": micros(raw.get("step_started_us")),
+            "step_started_us": time_us(raw.get("step_started_us")),
         }
 
 
@@ -192,10 +192,10 @@ class Heartbeat(RankState):
             interval_s=finite(raw.get("interval_s")),
             threshold_s=finite(raw.get("threshold_s")),
             pending=_pending(raw.get("pending")),
-            pending_count=whole(raw.get("pending_count")),
+            pending_count=int64(raw.get("pending_count")),
             stall=Stall.from_json(raw.get("stall")),
-            last_seq={str(pg): whole(seq) for pg, seq in last_seq.items() if whole(seq) is not None},
-            dumps_written=whole(raw.get("dumps_written")),
+            last_seq={str(pg): int64(seq) for pg, seq in last_seq.items() if int64(seq) is not None},
+            dumps_written=int64(raw.get("dumps_written")),
             exit=ExitRecord.from_json(raw.get("exit")),
             groups=_groups(groups) if isinstance(groups, dict) else None,
         )
@@ -219,12 +219,11 @@ class HangDump(RankState):
     def from_json(cls, raw) -> HangDump | None:
         if not isinstance(raw, dict):
             return None
-        threads = raw.get("threads") if isinstance(raw.get("threads"), list) else []
         return cls(
             **RankState.fields_from_json(raw),
             reason=text(raw.get("reason")),
             pending=_pending(raw.get("pending")),
-            threads=tuple(t for t in threads if isinstance(t, dict)),
+            threads=_threads(raw.get("threads")),
             fr_dump=text(raw.get("fr_dump")),
             fr_error=text(raw.get("fr_error")),
             exit=ExitRecord.from_json(raw.get("exit")),
@@ -240,6 +239,20 @@ class HangDump(RankState):
                 frames = thread.get("frames")
                 return frames if isinstance(frames, list) else []
         return []
+
+
+def _threads(raw) -> tuple[dict, ...]:
+    """A dump's threads, each a dict whose frames are a list of dicts: a thread or frame of another type (a
+    damaged or crafted dump) is left out here, once, so that no reader of the stacks meets one."""
+    if not isinstance(raw, list):
+        return ()
+    threads = []
+    for thread in raw:
+        if isinstance(thread, dict):
+            frames = thread.get("frames")
+            frames = [frame for frame in frames if isinstance(frame, dict)] if isinstance(frames, list) else []
+            threads.append({**thread, "frames": frames})
+    return tuple(threads)
 
 
 def to_json(record) -> dict:

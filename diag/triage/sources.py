@@ -423,6 +423,9 @@ def recorded_errors(events: pd.DataFrame) -> pd.DataFrame:
     frame = frame.reindex(columns=ERROR_COLUMNS)
     if "message" in events:  # an OOM's text
         frame["error"] = frame["error"].fillna(events.loc[frame.index, "message"])
+    # every error has text, which the verdicts search: none recorded, or one the loader dropped (a list)
+    texts = frame["error"].map(lambda value: value if isinstance(value, str) else None)
+    frame["error"] = texts.fillna(frame["kind"].astype(str) + " (no message recorded)")
     for column in ("rank", "time_us", "start_us", "step", "seq"):  # a damaged event's field reads as unknown
         frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
     frame = frame[frame["rank"].notna()].astype({"rank": "int64"})

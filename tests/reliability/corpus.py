@@ -386,6 +386,10 @@ _FILE_CASES.update(
             event_args={"In msg nelems": 1e300, "Process Group Name": {"x": 1}},
         ),
         "kineto_host_escapes": _kineto_json(host_name="node" + _ESCAPES, trace_id=_ESCAPES),
+        # the parser's message quotes the bytes around its error: escapes in a string it gives up in
+        "kineto_parse_error_escapes": lambda r: _kineto(
+            r, ('{"traceEvents": [{"ph": "X", "name": "' + _ESCAPES + '", "cat": 1}').encode()
+        ),
         "events_deep_rows": lambda r: _events(
             r, ['{"time_us": 1, "kind": "oom", "x": ' + "[" * 90 + "]" * 90 + "}"] * 3
         ),

@@ -28,6 +28,11 @@ def test_stream_out_of_range_drops_that_kernel_only_and_keeps_columns_aligned(tm
     assert sorted(kernels["stream"].unique()) == [7, 8]
     assert (kernels["end_us"] - kernels["ts_us"]).tolist() == [50.0, 50.0, 50.0]
     assert trace.collectives["bytes"].tolist() == [4096, 4096]
+    assert "1 event(s) with a time, duration, stream, id or name of the wrong type" in _reasons(trace)
+
+
+def test_an_intact_trace_names_no_event_left_out(tmp_path):
+    assert "event(s) with" not in _reasons(_load(tmp_path, _kineto_doc()))
 
 
 @pytest.mark.parametrize(
@@ -67,6 +72,7 @@ def test_event_times_of_the_wrong_type_skip_the_event(tmp_path):
     trace = _load(tmp_path, doc)
     assert len(trace.gpu_kernels) == 3
     assert trace.gpu_kernels["launch_us"].isna().sum() == 1
+    assert "3 event(s) with a time, duration" in _reasons(trace)  # each left out is counted, not silent
 
 
 def test_an_event_nested_fifty_thousand_levels_is_refused_in_bounded_time_and_memory(tmp_path):

@@ -217,3 +217,29 @@ def test_poll_survives_a_bad_row_appended_live(tmp_path):
     with open(tmp_path / "rank00000" / "steps.csv", "ab") as f:
         f.write(steps_row(4, 1000, 20, 1, 2, 3, 4, 5, "", 32).encode())
     assert reader.poll()["steps"]["step"].tolist() == [4]  # the poller goes on after the bad row
+
+
+@pytest.mark.parametrize("last_step", [[[[]]], "x", {"a": 1}, 1e300, True])
+def test_heartbeat_values_are_checked_where_read_and_the_report_goes_on(tmp_path, last_step):
+    """A heartbeat's exit record beside a last step of the wrong type: the step reads as unknown, the exit
+    is still reported (the analysis met the list as it was and raised in int())."""
+    import shutil
+
+    import pandas as pd
+    from click.testing import CliRunner
+
+    from diag.cli import main
+    from tests.conftest import REPO
+
+    run = tmp_path / "hang"
+    shutil.copytree(REPO / "sample_traces" / "hang", run)
+    path = run / "rank00000" / "heartbeat.json"
+    heartbeat = json.loads(path.read_text())
+    heartbeat["last_step"] = last_step
+    path.write_text(json.dumps(heartbeat))
+    beats = load(run).heartbeats.set_index("rank")
+    assert pd.isna(beats.loc[0, "last_step"]) and beats.loc[0, "exit"]["how"] == heartbeat["exit"]["how"]
+    result = CliRunner().invoke(main, ["analyze", str(run), "--no-cache", "--format", "json", "--fail-on", "never"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    exits = {e["rank"]: e for e in json.loads(result.stdout)["run"]["rank_exits"]}
+    assert exits[0]["how"] == "exception" and exits[0]["last_step"] is None

@@ -97,3 +97,15 @@ def test_heartbeat_groups_read_back_and_old_or_damaged_ones_read_as_unknown():
     )
     assert damaged.groups == {"0": GroupProgress(None, CollectiveMark(seq=5))}
     assert Heartbeat.from_json({"groups": [1, 2]}).groups is None
+
+
+def test_a_damaged_hang_dump_keeps_the_frames_that_are_frames():
+    raw = json.loads((HANG / "rank00000" / hang_dump_name(1)).read_text())
+    frames = raw["threads"][0]["frames"]
+    raw["threads"][0]["frames"] = ["\x1b[2J", 10**30, *frames, None]
+    raw["threads"].append("not a thread")
+    dump = HangDump.from_json(raw)
+    assert dump.main_frames() == frames  # the frames that are frames, in their order
+    assert all(isinstance(thread, dict) for thread in dump.threads)
+    raw["threads"][0]["frames"] = {"file": "x"}
+    assert HangDump.from_json(raw).main_frames() == []
