@@ -46,6 +46,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from diag.analysis.nccl import group_evidence
@@ -140,7 +141,8 @@ def _judge(data: TriageInput) -> Verdict:
     # known returned first: a collective that returned on one member returned on all, so the others' pending
     # copies of it are stale too
     ops = _with_failed(_with_signature(data.ops), data.errors)
-    ops = _drop_stale_pending(_mark_known_returned(_returned_before_this_step(ops, data), liveness))
+    ops = _returned_before_this_step(ops, data)
+    ops = _drop_stale_pending(_mark_known_returned(ops, liveness, _gloo_steps_begun(data)))
     members = _members(data)
     desync = _first_desync(_collectives_only(_issued_before_first_error(ops, data)))
     if desync is not None:
@@ -197,19 +199,20 @@ def _with_signature(ops: pd.DataFrame) -> pd.DataFrame:
     return ops
 
 
-def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str]) -> pd.DataFrame:
+def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str], steps_begun: dict[int, int]) -> pd.DataFrame:
     """Rows nothing timed but that certainly returned: the rank finished (diag.finish runs after every
     collective it issued returned), or, for a row diag wrote untimed (DDP's gradient buckets), the rank issued
-    a collective of the group in a later step (the step ended: DDP waits for every bucket before its backward
-    returns); then every collective a rank issued before one of the same group that returned (a group runs
-    its collectives in order: DDP's constructor's, untimed and before any step, returned when the first
-    step's buckets did)."""
+    a collective of the group in a later step or began a later step (``steps_begun``): the step ended, and DDP
+    waits for every bucket before its backward returns; then every collective a rank issued before one of the
+    same group that returned (a group runs its collectives in order: DDP's constructor's, untimed and before
+    any step, returned when the first step's buckets did)."""
     if ops.empty or ops["completed"].all():
         return ops
     finished = [r for r, state in liveness.items() if state == "finished"]
     p2p = is_p2p(ops)  # a later send says nothing of an earlier all_reduce
     raised = ops["failed"] if "failed" in ops else pd.Series(False, index=ops.index)
-    last_step = ops.groupby(["rank", "pg"])["step"].transform("max")
+    begun = ops["rank"].map(steps_begun).astype("float64")
+    last_step = np.fmax(ops.groupby(["rank", "pg"])["step"].transform("max").astype("float64"), begun)
     untimed = ~ops["completed"] & ops["source"].eq("diag")
     step_ended = untimed & (ops["step"] >= 0) & (ops["step"] < last_step)
     # it returned by raising: the rank finished because the job caught the error
@@ -219,6 +222,23 @@ def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str]) -> pd.Data
     ops = ops.copy()
     ops.loc[(completed | (later_done & ~raised)).to_numpy(), "completed"] = True
     return ops
+
+
+def _gloo_steps_begun(data: TriageInput) -> dict[int, int]:
+    """Per gloo rank, the latest step it is known to have begun: its heartbeat's current step, or the step of an
+    error it recorded (a data loader that raised before the step's first collective). Not for NCCL: a step
+    ends with its collectives still running on the GPU."""
+    begun: dict[int, int] = {}
+    errors = data.errors[data.errors["step"].notna()] if len(data.errors) else data.errors
+    error_steps = errors.groupby("rank")["step"].max() if len(errors) else pd.Series(dtype="float64")
+    for rank, info in data.ranks.items():
+        if info.backend != "gloo":
+            continue
+        beat_step = info.heartbeat.step if info.heartbeat is not None else None
+        steps = [int(s) for s in (beat_step, error_steps.get(rank)) if s is not None and s == s]
+        if steps:
+            begun[rank] = max(steps)
+    return begun
 
 
 def _returned_before_this_step(ops: pd.DataFrame, data: TriageInput) -> pd.DataFrame:

@@ -252,3 +252,16 @@ def test_eight_ranks_waiting_past_a_gloo_bucket_that_reads_never_returned_name_t
     assert verdict.culprit_ranks == [3], verdict.evidence
     assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 12)
     assert verdict.ranks[3].state == "stuck_in_data_loader"
+
+
+def test_rank_whose_data_loader_raised_after_its_untimed_buckets_is_the_culprit_not_slow():
+    """2-rank DDP job (matmul compute, one CPU burner per core beside it): rank 1's data loader raises at step 4
+    and the exception ends it. Its last rows are step 3's gradient buckets, which diag writes untimed; no later
+    collective of its says they returned, but its error in step 4 does: it left step 3, and DDP waits for every
+    bucket before its backward returns. Rank 0 waits in step 4's first all_reduce, which rank 1 never reached.
+    Not "SLOW, NOT HUNG" on a bucket every rank entered."""
+    verdict = triage(read_input(FIXTURES / "ddp_data_loader_raised_after_untimed_buckets"))
+    assert verdict.verdict == "dead_rank", verdict.evidence
+    assert verdict.culprit_ranks == [1], verdict.evidence
+    assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 14)
+    assert verdict.action.kind == "fix_code", verdict.action
