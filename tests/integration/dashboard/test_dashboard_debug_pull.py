@@ -5,10 +5,7 @@ rank through its worker server."""
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -22,7 +19,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 
 from tests.dashboard import browser as b  # noqa: E402
 from tests.dashboard.helpers import make_app  # noqa: E402
-from tests.triage.jobs import DEBUG_SERVER_JOB, end_debug_server_job  # noqa: E402
+from tests.triage.jobs import DEBUG_SERVER_JOB, diag_triage_json, end_debug_server_job  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -74,13 +71,7 @@ def test_triage_page_pulls_every_rank_s_state_and_profiles_a_rank(browser, synth
     pulled = tmp_path / "pulled" / "pull-1"
     assert sorted(p.name for p in pulled.iterdir())[0] == "flight_recorder"
     # the page's verdict is diag triage's on what the page pulled, what to do next included
-    cli = subprocess.run(
-        [sys.executable, "-m", "diag", "triage", str(pulled), "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    verdict = json.loads(cli.stdout)
+    verdict = diag_triage_json(pulled)
     assert (verdict["verdict"], verdict["culprit_ranks"]) == ("missing_ranks", [2]), verdict["evidence"]
     assert verdict["action"] == "fix_code"  # rank 2's own code kept it from the all_reduce
     assert page_action.startswith("Next: FIX THE CODE") and verdict["action_why"] in page_action, page_action

@@ -13,7 +13,7 @@ import pytest
 
 from diag.launch import free_port, start_ranks
 from diag.triage.debug_server import STACKS_RE, parse_stacks
-from tests.triage.jobs import DEBUG_SERVER_JOB, end_debug_server_job
+from tests.triage.jobs import DEBUG_SERVER_JOB, diag_triage_json, end_debug_server_job
 
 
 def _stacks(dump_dir: Path) -> list[Path]:
@@ -56,13 +56,7 @@ def test_real_debug_server_dumps_name_the_missing_rank_and_where_it_sleeps(tmp_p
         partial = _wait_for(dump_dir, lambda d: 2 in d.failed, 60, procs)
     finally:
         end_debug_server_job(procs, pid_file)
-    result = subprocess.run(
-        [sys.executable, "-m", "diag", "triage", str(dump_dir), "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    verdict = json.loads(result.stdout)
+    verdict = diag_triage_json(dump_dir)
     assert verdict["verdict"] == "missing_ranks", verdict["evidence"]
     assert verdict["culprit_ranks"] == [2]
     assert any("debug_server_job.py" in s and "wait_for_slow_input" in s for s in verdict["ranks"]["2"]["stack"])
