@@ -3,6 +3,8 @@ a real OOM, NVML telemetry and NCCL collectives (one rank). Skipped where there 
 
 import json
 
+import pytest
+
 from diag.launch import run_ranks
 from diag.trace.loader import load
 from tests.conftest import JOBS, requires_gpu
@@ -83,7 +85,8 @@ def test_cuda_graph_replayed_under_diag_computes_the_same_and_every_step_is_time
         assert result.returncode == 0, result.stderr[-4000:]
         return json.loads(result.stdout.strip().splitlines()[-1])["losses"]
 
-    assert losses(True) == losses(False)
+    # the same kernels on the same inputs; a tolerance only for a cuBLAS algorithm chosen otherwise in a process
+    assert losses(True) == pytest.approx(losses(False), rel=1e-6)
     steps = load(tmp_path / "diag").steps
     assert sorted(steps["step"]) == list(range(STEPS))
     assert (steps["duration_us"] > 0).all() and steps["device_us"].notna().all() and (steps["device_us"] > 0).all()
