@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from diag.analysis.engine import rank_sources, read_shard
+from diag.analysis.engine import BATCH_RANKS, rank_sources, read_shard
 from diag.analysis.partitioned import (
     ANALYSED_COLUMNS,
+    RANK_TABLES,
     AnalysedColumnsReader,
     ProcessEngine,
     collectives_reducer,
@@ -184,7 +185,7 @@ class LiveTrace:
         self._ranks_at_start = len(find_rank_dirs(self.trace_dir)) if self.trace_dir.is_dir() else 0
         self.partitioned = self._ranks_at_start > PARTITIONED_MIN_RANKS
         if self.partitioned:
-            per_rank = ("collectives", *RANK_VIEW_TABLES)  # reduced or viewed rank by rank, never loaded whole
+            per_rank = ("collectives", *RANK_TABLES)  # reduced or viewed rank by rank, never loaded whole
             # the columns the analyses read: the step's components, which only the Compare page reads, are read
             # again rank by rank when it needs them (with_step_components)
             tables = tuple(t for t in TABLES if t not in per_rank)
@@ -632,10 +633,8 @@ def with_step_components(trace: Trace) -> Trace:
     return dataclasses.replace(trace, steps=steps)
 
 
-RANK_VIEW_TABLES = ("memory", "telemetry")
 MEMORY_VIEW_COLUMNS = ("allocated_bytes", "rss_bytes", "reserved_bytes", "ooms")
 TELEMETRY_VIEW_COLUMNS = ("util_pct", "sm_clock_mhz", "power_w", "temp_c")
-RANK_VIEW_BATCH = 64  # ranks read together: pandas' per-call cost shared
 
 
 def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -648,7 +647,7 @@ def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     from diag.trace.loader import READ_THREADS
 
     tasks = rank_sources(trace)
-    batches = [tasks[i : i + RANK_VIEW_BATCH] for i in range(0, len(tasks), RANK_VIEW_BATCH)]
+    batches = [tasks[i : i + BATCH_RANKS] for i in range(0, len(tasks), BATCH_RANKS)]
     offsets = {int(r): float(o) for r, o in trace.clock_offsets_us().items()}
     with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
         parts = list(pool.map(lambda batch: _batch_views(batch, offsets), batches))
@@ -666,7 +665,7 @@ def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _batch_views(tasks: list, offsets: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
     from diag.analysis.telemetry import throttled_samples
 
-    shard, _ = read_shard(tasks, RANK_VIEW_TABLES)  # what it skipped, the report's load already said
+    shard, _ = read_shard(tasks, RANK_TABLES)  # what it skipped, the report's load already said
     mem, tel = shard.table("memory"), shard.table("telemetry")
     memory = pd.DataFrame({"rank": mem["rank"].to_numpy(dtype="int32"), "step": mem["step"].to_numpy(dtype="int32")})
     for column in MEMORY_VIEW_COLUMNS:
