@@ -41,25 +41,6 @@ def run_analyze(trace_dir: Path, *args: str) -> tuple[str, float, str]:
     return f"{run.wall_s:.1f} s ({run.cpu_s:.1f} s)", run.peak_rss_gb, run.stdout
 
 
-def check_planted(report: dict, plants: synthetic.Plants) -> list[str]:
-    """What the report got wrong about the planted problems (empty: all found, at the right ranks)."""
-    problems = []
-    persistent = {s["rank"]: s["cause"] for s in report["stragglers"] if s["persistent"]}
-    expected = {plants.compute_straggler: "compute", plants.data_straggler: "data", plants.throttled: "throttle"}
-    if persistent != expected:
-        problems.append(f"persistent stragglers {persistent}, planted {expected}")
-    transient = [s["rank"] for s in report["stragglers"] if not s["persistent"]]
-    if transient != [plants.transient]:
-        problems.append(f"transient stragglers {transient}, planted [{plants.transient}]")
-    leaks = [f["ranks"] for f in report["findings"] if f["kind"] == "memory_leak"]
-    if leaks != [[plants.leak]]:
-        problems.append(f"leaks {leaks}, planted [{plants.leak}]")
-    throttled = [f["ranks"] for f in report["findings"] if f["kind"] == "gpu_throttle"]
-    if throttled != [[plants.throttled]]:
-        problems.append(f"throttled GPUs {throttled}, planted [{plants.throttled}]")
-    return problems
-
-
 def bench(ranks: int, steps: int, collectives: int, root: Path) -> dict:
     trace_dir = root / f"diag-bench-{ranks}"
     shutil.rmtree(trace_dir, ignore_errors=True)
@@ -71,7 +52,7 @@ def bench(ranks: int, steps: int, collectives: int, root: Path) -> dict:
         first_s, first_gb, text = run_analyze(trace_dir)
         second_s, second_gb, second_text = run_analyze(trace_dir)
         other_s, other_gb, _ = run_analyze(trace_dir, "--steps", "100:900")
-        problems = check_planted(json.loads(text), plants)
+        problems = synthetic.check_planted(json.loads(text), plants)
         if second_text != text:
             problems.append("the cached report differs from the first")
         return {

@@ -40,7 +40,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_analyze import check_planted  # noqa: E402
 from measured import run_measured  # noqa: E402
 from record import Table, add_json_option  # noqa: E402
 
@@ -127,7 +126,7 @@ def bench(ranks: int, steps: int, collectives: int, root: Path, dask_workers: in
         old = analyze_run(trace_dir, "--in-memory")
         new = analyze_run(trace_dir, "--partitioned")
         old_report, new_report = json.loads(old.stdout), json.loads(new.stdout)
-        problems = check_planted(new_report, plants) if ranks >= 5 else []
+        problems = synthetic.check_planted(new_report, plants) if ranks >= 5 else []
         diffs = differences(old_report, new_report)
         if diffs:
             problems.append(f"{len(diffs)} differences old/new, e.g. {diffs[:2]}")
@@ -170,7 +169,7 @@ def cold_and_repeat(
         argv = [sys.executable, "-m", "diag", "analyze", str(trace_dir), "--format", "json", "--fail-on", "never"]
         cold = run_measured(argv)
         repeat = run_measured(argv)
-        problems = check_planted(json.loads(cold.stdout), plants) if ranks >= 5 else []
+        problems = synthetic.check_planted(json.loads(cold.stdout), plants) if ranks >= 5 else []
         if repeat.stdout != cold.stdout:
             problems.append("the repeat's report differs")
         if "report read from the cache" not in repeat.stderr:

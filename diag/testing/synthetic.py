@@ -121,6 +121,25 @@ def generate(
     return plants
 
 
+def check_planted(report: dict, plants: Plants) -> list[str]:
+    """What the report got wrong about the planted problems (empty: all found, at the right ranks)."""
+    problems = []
+    persistent = {s["rank"]: s["cause"] for s in report["stragglers"] if s["persistent"]}
+    expected = {plants.compute_straggler: "compute", plants.data_straggler: "data", plants.throttled: "throttle"}
+    if persistent != expected:
+        problems.append(f"persistent stragglers {persistent}, planted {expected}")
+    transient = [s["rank"] for s in report["stragglers"] if not s["persistent"]]
+    if transient != [plants.transient]:
+        problems.append(f"transient stragglers {transient}, planted [{plants.transient}]")
+    leaks = [f["ranks"] for f in report["findings"] if f["kind"] == "memory_leak"]
+    if leaks != [[plants.leak]]:
+        problems.append(f"leaks {leaks}, planted [{plants.leak}]")
+    throttled = [f["ranks"] for f in report["findings"] if f["kind"] == "gpu_throttle"]
+    if throttled != [[plants.throttled]]:
+        problems.append(f"throttled GPUs {throttled}, planted [{plants.throttled}]")
+    return problems
+
+
 def hang_rank(ranks: int) -> int:
     return ranks // 2 + 5 if ranks > 8 else ranks - 1
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -261,12 +260,9 @@ def test_corruption_corpus_same_report_or_same_error(name, tmp_path):
 
 
 def _planted_problems(report: dict, plants) -> list[str]:
-    """What the report got wrong about the planted problems: benchmarks/bench_analyze.py's own check (stragglers
+    """What the report got wrong about the planted problems: the scale benchmarks' own check (stragglers
     with their causes, the transient one, the memory leak, the throttled GPU)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from bench_analyze import check_planted
-
-    return check_planted(report, plants)
+    return synthetic.check_planted(report, plants)
 
 
 @pytest.mark.slow

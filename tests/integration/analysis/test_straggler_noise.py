@@ -4,7 +4,7 @@ low, planted stragglers are still named with their severity, and each straggler'
 The step-time tables are modelled on real healthy `diag demo` runs recorded on a loaded 2-core host (busy times
 spread ~30-40% from step to step, preemptions of up to several steps' work, the whole machine slowing for
 stretches, a CPU burner sharing one rank's core for a while); the planted faults are the fault suite's
-(benchmarks/fault_job.py): +100% work on one rank, or 0.3 s spikes every 4 steps on 20 ms steps. The real jobs
+(diag/testing/fault_job.py): +100% work on one rank, or 0.3 s spikes every 4 steps on 20 ms steps. The real jobs
 at the end run `diag demo`'s DDP job beside a CPU burner."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A fixed sample of the fault-injection suite (benchmarks/faults.py): real 2- and 3-rank gloo jobs of several
+"""A fixed sample of the fault-injection suite (diag/testing/faults.py): real 2- and 3-rank gloo jobs of several
 shapes (the exception propagates, is caught before ``diag.finish()``, ``sys.exit`` in the handler,
 ``diag.Trainer``, a pipeline schedule), with sleep or matmul compute, each with one planted fault, judged by ``diag analyze`` or
 ``diag triage`` as a user would; the verdict, the culprit and what triage says to do next must all be right.
@@ -6,14 +6,9 @@ Every fault kind is here but three whose real jobs tests/integration/triage/test
 their action (frozen, cross_group, preempted). The whole suite, drawn from a seed over every dimension, with
 its accuracy and false-alarm figures: docs/benchmarks.md."""
 
-import sys
-
 import pytest
 
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import faults  # noqa: E402
+from diag.testing import faults
 
 pytestmark = pytest.mark.slow
 

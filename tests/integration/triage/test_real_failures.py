@@ -1,17 +1,14 @@
 """Real 4-rank gloo jobs that fail in ways triage once called wrong, judged by ``diag triage`` as a user would,
-with what it says to do next (the jobs are the fault-injection suite's: benchmarks/fault_job.py)."""
+with what it says to do next (the jobs are the fault-injection suite's: diag/testing/fault_job.py)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from diag.testing import faults
 from tests.conftest import REPO
 from tests.triage.jobs import diag_triage_json
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import faults  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SAMPLE_RUN = REPO / "sample_traces" / "straggler"

@@ -50,7 +50,7 @@ def test_gloo_pg_status_keyed_by_each_ranks_own_group_ids_is_read_by_group_name(
 
 
 def test_a_rank_late_into_its_tp_group_is_the_culprit_not_its_peer_that_gave_up():
-    """The fault suite's mesh shape (benchmarks/fault_job.py, FAULT_SHAPE=mesh): rank 0 computed 10 s in its
+    """The fault suite's mesh shape (diag/testing/fault_job.py, FAULT_SHAPE=mesh): rank 0 computed 10 s in its
     optimizer step; its tp peer, rank 1, timed out in the next forward's tensor-parallel all_reduce (a functional
     collective: only Flight Recorder has it, and gloo counts it completed) and never reached the world all_reduce
     ranks 2 and 3 waited in. Rank 0 entered that tp collective 4 s after rank 1 gave up: rank 1 waited for it."""

@@ -1,4 +1,4 @@
-"""Verdicts on traces recorded by real fault-injection runs (benchmarks/faults.py, 2- and 3-rank gloo jobs on
+"""Verdicts on traces recorded by real fault-injection runs (diag/testing/faults.py, 2- and 3-rank gloo jobs on
 CPU), kept in tests/fixtures/triage so that the verdict logic is checked without running the jobs: the real
 jobs themselves run in tests/integration/faults/test_fault_sample.py (slow). In both, the last step's DDP gradient bucket
 is a row diag wrote untimed (or, on the trainer's rank 0, only Flight Recorder's gloo entry that never reads

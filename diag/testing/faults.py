@@ -1,7 +1,7 @@
 """Fault-injection suite: how often diag names the right fault and culprit on the jobs users write, and how often
 it cries wolf.
 
-Each run is a scenario drawn from a seed: a real multi-process gloo job (``benchmarks/fault_job.py``) of some
+Each run is a scenario drawn from a seed: a real multi-process gloo job (``diag/testing/fault_job.py``) of some
 shape (the exception propagates; caught then ``diag.finish()``; ``finally``; ``sys.exit`` in the handler;
 log-and-continue; ``diag.Trainer``; FSDP2; an elastic restart into the same directory; Lightning, the HF
 Trainer, DeepSpeed; a pipeline schedule; a dp x tp device mesh), with compute that is a sleep or real matmuls,
@@ -11,11 +11,11 @@ cores in CPU burners. ``diag analyze`` (slow or failing jobs) or ``diag triage``
 its traces as a user would. The expected verdict of a fault does not depend on the job's shape: a caught error
 is judged as the same error left to propagate.
 
-    python benchmarks/faults.py --runs 300 --seed 2811 --out faults.json       # fresh runs
-    python benchmarks/faults.py --resume faults.json                            # continue a partial file
-    python benchmarks/faults.py --table faults.json [more.json ...]             # markdown tables
-    python benchmarks/faults.py --compare-pairs 20 --seed 2811 --out aa.json    # same job twice: diag compare
-    python benchmarks/faults.py --rejudge faults.json kept/                      # kept traces, today's diag
+    python -m diag.testing.faults --runs 300 --seed 2811 --out faults.json      # fresh runs
+    python -m diag.testing.faults --resume faults.json                          # continue a partial file
+    python -m diag.testing.faults --table faults.json [more.json ...]           # markdown tables
+    python -m diag.testing.faults --compare-pairs 20 --seed 2811 --out aa.json  # same job twice: diag compare
+    python -m diag.testing.faults --rejudge faults.json kept/                   # kept traces, today's diag
 
 Reported: the confusion matrix of expected against given verdict, verdict and culprit accuracy per value of
 every dimension, false alarms on healthy runs per load level (any finding above ``low`` naming ranks), and the
@@ -42,10 +42,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from diag.launch import start_ranks  # noqa: E402
+from diag.launch import start_ranks
 
 FAULT_JOB = Path(__file__).with_name("fault_job.py")
 PG_TIMEOUT_S = 6.0
@@ -584,7 +581,6 @@ def _diag_json(*args: str) -> dict:
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=REPO,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     if result.returncode not in (0, 1):  # 1: a problem found (a finding at or above --fail-on, a hang verdict)

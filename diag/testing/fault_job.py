@@ -1,4 +1,4 @@
-"""One rank of a small data-parallel CPU job over gloo that injects one fault, for ``benchmarks/faults.py``.
+"""One rank of a small data-parallel CPU job over gloo that injects one fault, for ``diag.testing.faults``.
 
 Started once per rank (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) as
 ``python fault_job.py TRACE_DIR`` with the scenario in the environment:
