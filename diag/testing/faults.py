@@ -132,6 +132,8 @@ EXPECTED_ACTIONS = {
     "cross_group": "fix_code",
     "preempted": "none",
 }
+# no failure is injected: a rank waiting past the hang threshold is slowness, and the job ends on its own
+RUNS_TO_ITS_END = ("healthy", "straggler", "intermittent", "memory")
 PIPELINE_WORK = ("forward", "backward", "step0", "optimizer")  # a pipeline stage's own compute
 DESYNCS = ("op", "shape", "dtype")  # all_gather against all_reduce; 4x3 against 12; float64 against float32
 _ALL = ("data", "forward", "backward", "optimizer", "collective", "step0")
@@ -497,7 +499,8 @@ def is_right(scenario: Scenario, given: str) -> bool:
 
 def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, acting: bool = True) -> bool:
     """Act where the job asks (SIGSTOP/SIGCONT, SIGKILL, SIGTERM); end a hung job as a launcher would after the
-    timeout. True when the suite's own deadline ended the job instead (the scenario did not play out)."""
+    timeout (not a slow one: RUNS_TO_ITS_END). True when the suite's own deadline ended the job instead (the
+    scenario did not play out)."""
     deadline = time.monotonic() + JOB_DEADLINE_S
     started_s = time.time()  # a restart writes into the directory of the attempt before: its dumps are older
     bad = procs[scenario.rank]
@@ -532,7 +535,8 @@ def _drive(scenario: Scenario, procs: list[subprocess.Popen], trace_dir: Path, a
             stopped_at = float("inf")
         if first_stall is None and _dumped_since(trace_dir, started_s):
             first_stall = time.monotonic()
-        if first_stall is not None and time.monotonic() > first_stall + PG_TIMEOUT_S + 8:
+        ended_as_failed = first_stall is not None and kind not in RUNS_TO_ITS_END
+        if ended_as_failed and time.monotonic() > first_stall + PG_TIMEOUT_S + 8:
             for proc in procs:  # past the timeout: what a launcher does to what is left of a failed job
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGCONT)
