@@ -41,7 +41,8 @@ def forks(monkeypatch):
         seen.append((threading.active_count(), threading.current_thread() is threading.main_thread()))
         return real(target, *args)
 
-    monkeypatch.setattr(partitioned, "start_worker", start_worker)
+    monkeypatch.setattr(partitioned, "start_worker", start_worker)  # the first read's
+    monkeypatch.setattr(processes, "start_worker", start_worker)  # the collectives' two stages
     return seen
 
 
