@@ -8,7 +8,7 @@ per-rank part of it into its stages, each timed alone over the same ranks (``tim
 - part: ``_part_of`` + ``_partial`` (pass 1's compact part and the rank's instance partials), then
   ``combine_partials`` of all of them;
 - finish: ``finish_part`` (pass 2) then ``merge_sums`` of the results;
-- tables: the memory and telemetry read and analysed by the analysis engine (``engine.map_share``), a batch of
+- tables: the memory and telemetry read and analysed by the analysis engine (``engine.OneStage.first``), a batch of
   ranks at a time;
 - then pass 1 as the engines run it (``read_batch``: a batch's reads, parts and combined partial).
 
@@ -101,8 +101,9 @@ def main() -> None:
             P._partial(P._part_of(t, a, window))
 
     def read_and_map():
+        first = engine.OneStage(plan).first if hasattr(engine, "OneStage") else lambda b: engine.map_share(b, plan)
         for i in range(0, n, batch):
-            engine.map_share(tasks[i : i + batch], plan)
+            first(tasks[i : i + batch])
 
     stages = [
         ("read collectives (Arrow)", read_collectives),

@@ -13,11 +13,9 @@ process does.
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -143,39 +141,35 @@ def run(
     progress: Callable[[int], None] | None = None,
 ) -> tuple[list, ReadNotes]:
     """The analyses' results over the ranks of ``sources``, each rank read once by the loader's per-rank read,
-    and what the reads skipped. Inline with ``workers`` 1; in that many worker processes (each a contiguous share
-    of the ranks, ``diag.processes``); on the Dask ``client``'s workers when given. ``progress(n)``: n more ranks
-    done."""
-    from diag.processes import contiguous_shares
-
-    plan = Plan(tuple(analyses))
-    with _executor(len(sources), workers, client) as (map_tasks, tasks, sent):
-        shares = contiguous_shares(list(sources), tasks) if sources else []
-        outcomes = map_tasks(map_share, shares, [sent(plan)] * len(shares))
-        partials, notes = _fold(plan, _ticked(outcomes, shares, progress))
-    return plan.finish(partials), notes
+    and what the reads skipped: ``run_two_stage`` of their Plan (inline, ``workers`` processes or the Dask
+    ``client``'s workers), which has one stage."""
+    return run_two_stage(OneStage(Plan(tuple(analyses))), sources, workers, client, progress)
 
 
-def map_share(sources: list[RankSource], plan: Plan) -> tuple[list, ReadNotes]:
-    """One task: its ranks read and mapped BATCH_RANKS at a time, the partials combined."""
-    batches = (sources[i : i + BATCH_RANKS] for i in range(0, len(sources), BATCH_RANKS))
-    return _fold(plan, ((plan.map(shard), read) for shard, read in (read_shard(b, plan.tables()) for b in batches)))
+@dataclass(frozen=True)
+class OneStage:
+    """A Plan as a two-stage analysis without a second stage: a batch of ranks read as one Shard and mapped;
+    the result is (the analyses' results, what the reads skipped)."""
 
+    plan: Plan
+    second = None  # no second stage
 
-def _fold(plan: Plan, outcomes) -> tuple[list, ReadNotes]:
-    """(partials, notes) combined in order, from those of no rank (an empty shard maps to what combines as
-    nothing)."""
-    partials, notes = plan.map(Shard({}, _no_windows())), ReadNotes()
-    for partial, read in outcomes:
-        partials, notes = plan.combine(partials, partial), notes + read
-    return partials, notes
+    def first(self, sources: list[RankSource]) -> tuple[list, tuple[list, ReadNotes]]:
+        shard, notes = read_shard(sources, self.plan.tables())
+        return [], (self.plan.map(shard), notes)
 
+    def combine(self, *partials: tuple[list, ReadNotes]) -> tuple[list, ReadNotes]:
+        out = partials[0] if partials else (self.plan.map(Shard({}, _no_windows())), ReadNotes())
+        for partial, notes in partials[1:]:
+            out = (self.plan.combine(out[0], partial), out[1] + notes)
+        return out
 
-def _ticked(outcomes, shares: list[list], progress: Callable[[int], None] | None):
-    for share, outcome in zip(shares, outcomes):
-        if progress is not None:
-            progress(len(share))
-        yield outcome
+    def between(self, partial: tuple[list, ReadNotes]) -> tuple[tuple[list, ReadNotes], None]:
+        return partial, None
+
+    def finish(self, state: tuple[list, ReadNotes], _) -> tuple[list, ReadNotes]:
+        partials, notes = state
+        return self.plan.finish(partials), notes
 
 
 def read_shard(sources: Sequence[RankSource], names: tuple[str, ...]) -> tuple[Shard, ReadNotes]:
@@ -226,7 +220,7 @@ class TwoStageAnalysis(Protocol):
     ``combine`` of the partials -> ``between`` -> (what ``finish`` needs, the ``broadcast`` every rank's
     ``second`` reads); ``combine2`` of the second stage's partials -> ``finish``. Both combines take any number
     of partials (none: the identity), are associative and keep their arguments' order (a left fold here, trees
-    on a cluster)."""
+    on a cluster). An analysis whose ``second`` is None ends after stage 1: ``finish(state, None)``."""
 
     def first(self, sources: list[RankSource]) -> tuple[list, Any]: ...
 
@@ -259,7 +253,7 @@ def run_two_stage(
         return _two_stage_processes(analysis, sources, min(workers, len(sources)), progress)
     stages = HeldStages(analysis, sources, progress)
     state, broadcast = analysis.between(stages.first())
-    return analysis.finish(state, stages.second(broadcast))
+    return analysis.finish(state, None if analysis.second is None else stages.second(broadcast))
 
 
 class HeldStages:
@@ -319,9 +313,11 @@ def _two_stage_processes(analysis: TwoStageAnalysis, sources: list[RankSource], 
         partial = analysis.combine(*(processes.next_result(p, progress, who)[1] for p in pipes))
         state, broadcast = analysis.between(partial)
         del partial
-        for pipe in pipes:
-            pipe.send(broadcast)
-        partial2 = analysis.combine2(*(processes.next_result(p, progress, who)[1] for p in pipes))
+        partial2 = None
+        if analysis.second is not None:
+            for pipe in pipes:
+                pipe.send(broadcast)
+            partial2 = analysis.combine2(*(processes.next_result(p, progress, who)[1] for p in pipes))
         done = True
     finally:
         for proc in procs:
@@ -337,8 +333,8 @@ def _stages_worker(pipe, analysis: TwoStageAnalysis, sources: list[RankSource]) 
     try:
         stages = HeldStages(analysis, sources, lambda n: pipe.send(("tick", n)))
         pipe.send(("done", stages.first()))
-        broadcast = pipe.recv()
-        pipe.send(("done", stages.second(broadcast)))
+        if analysis.second is not None:
+            pipe.send(("done", stages.second(pipe.recv())))
     except Exception:  # noqa: BLE001 - said to this process, which raises it
         pipe.send(("error", traceback.format_exc()))
 
@@ -348,7 +344,7 @@ def _two_stage_dask(analysis: TwoStageAnalysis, sources: list[RankSource], clien
     futures; the partials and the second stage's combine in trees; the broadcast is scattered to every worker."""
     size = batch_size(len(sources), len(client.scheduler_info()["workers"]))
     batches = [sources[i : i + size] for i in range(0, len(sources), size)]
-    firsts = client.map(analysis.first, batches, pure=False)
+    firsts = client.map(_first_batch, batches, analysis=analysis, pure=False)
     kept = [client.submit(operator.getitem, f, 0, pure=False) for f in firsts]
     partials = [client.submit(operator.getitem, f, 1, pure=False) for f in firsts]
     del firsts
@@ -356,13 +352,19 @@ def _two_stage_dask(analysis: TwoStageAnalysis, sources: list[RankSource], clien
     # frees each on the workers as soon as the task reading it is done
     state, broadcast = analysis.between(_tree(client, analysis.combine, partials))
     del partials
-    sent = client.scatter(broadcast, broadcast=True)
-    seconds = client.map(_second_batch, kept, analysis=analysis, broadcast=sent, pure=False)
-    del kept
-    partial2 = _tree(client, analysis.combine2, seconds)
+    partial2 = None
+    if analysis.second is not None:
+        sent = client.scatter(broadcast, broadcast=True)
+        seconds = client.map(_second_batch, kept, analysis=analysis, broadcast=sent, pure=False)
+        del kept
+        partial2 = _tree(client, analysis.combine2, seconds)
     if progress is not None:
-        progress(2 * len(sources))
+        progress(len(sources) * (1 if analysis.second is None else 2))
     return analysis.finish(state, partial2)
+
+
+def _first_batch(sources: list[RankSource], analysis: TwoStageAnalysis):
+    return analysis.first(sources)
 
 
 def _second_batch(kept: list, analysis: TwoStageAnalysis, broadcast):
@@ -427,19 +429,3 @@ def batch_size(ranks: int, workers: int) -> int:
 
 def _no_windows() -> pd.DataFrame:
     return pd.DataFrame({"first_us": [], "last_us": []}, index=pd.Index([], name="rank", dtype="int64"))
-
-
-@contextlib.contextmanager
-def _executor(ranks: int, workers: int, client) -> Iterator[tuple[Callable, int, Callable[[Any], Any]]]:
-    """(an executor's ``map``, tasks to cut the ranks into, how an object every task reads is sent) for ``run``:
-    a Dask client's, a process pool's, or the builtin ``map`` (inline)."""
-    if client is not None:
-        tasks = -(-ranks // batch_size(ranks, len(client.scheduler_info()["workers"])))
-        yield client.get_executor(pure=False).map, max(tasks, 1), lambda obj: client.scatter(obj, broadcast=True)
-    elif workers > 1 and ranks > 1:
-        from diag.processes import pool_context
-
-        with ProcessPoolExecutor(min(workers, ranks), mp_context=pool_context()) as pool:
-            yield pool.map, min(workers, ranks), lambda obj: obj
-    else:
-        yield map, 1, lambda obj: obj
