@@ -262,8 +262,8 @@ class HeldStages:
     order, so its float sums are those of one rank after another."""
 
     def __init__(self, analysis: TwoStageAnalysis, sources: list[RankSource], progress=None):
-        self.analysis, self.sources, self.progress = analysis, sources, progress
-        self.kept: dict[int, Any] = {}
+        self.analysis, self.sources, self.kept = analysis, sources, {}
+        self._tick = lambda n: progress(n) if progress is not None and n else None
 
     def first(self):
         a, held, partial = self.analysis, 0, self.analysis.combine()
@@ -291,10 +291,6 @@ class HeldStages:
         self._tick(len(batch))
         release_arrow_memory()
         return a.combine2(out, *batch)
-
-    def _tick(self, n: int) -> None:
-        if self.progress is not None and n:
-            self.progress(n)
 
 
 def _two_stage_processes(analysis: TwoStageAnalysis, sources: list[RankSource], workers: int, progress):

@@ -441,10 +441,6 @@ def combine_partials(*partials: dict[str, PgPartial]) -> dict[str, PgPartial]:
     return out
 
 
-def _empty_partial() -> dict[str, PgPartial]:
-    return {}
-
-
 # -- between the passes: the instance table ----------------------------------------------------------------------
 
 
@@ -780,14 +776,17 @@ def reduced_waits(sums: CollectiveSums, inst: pd.DataFrame) -> ReducedWaits | No
 
 @dataclass(frozen=True)
 class Collectives:
-    """The collectives as a two-stage analysis (``engine.run_two_stage``): stage 1 ``read_batch`` (each rank's
+    """The collectives as a two-stage analysis (``engine.run_two_stage``): stage 1 ``read_part`` (each rank's
     part kept), between them the instance table and its match table (the broadcast), stage 2 ``finish_part``;
     the result is (merged sums, instance table, accounting per rank)."""
 
     window: StepWindow
 
     def first(self, sources: list[RankSource]) -> tuple[list[RankPart], tuple[dict, list]]:
-        parts, partial, accounting = read_batch(sources, self.window)
+        """Pass 1 for a batch of ranks: their parts, their partials combined and their accounting."""
+        partial = {}
+        parts = [read_part(source, self.window, into=partial)[0] for source in sources]
+        accounting = [(p.rank, p.skipped, p.dropped_insane, p.dropped_earlier_run, p.rows_read) for p in parts]
         return parts, (partial, accounting)
 
     def combine(self, *partials: tuple[dict, list]) -> tuple[dict, list]:
@@ -854,9 +853,6 @@ class ProcessEngine:
                 proc.kill()
         self._pipes, self._procs = [], []
 
-    def _shares(self, items: list) -> list[list]:
-        return contiguous_shares(items, self.workers)
-
     def load(self, path: str | Path, progress: bool = False) -> Trace:
         """``load_without_collectives(path, progress, analysed_columns_only=True, without=RANK_TABLES)``, the
         ranks read by the workers (see ``read_share``); the same Trace, frame for frame."""
@@ -887,7 +883,7 @@ class ProcessEngine:
             bar = _bar(len(rank_dirs), "loading ranks") if progress else None
             saved, self.progress = self.progress, (bar.update if bar is not None else None)
             try:
-                shares = self._shares(list(rank_dirs.items()))
+                shares = contiguous_shares(list(rank_dirs.items()), self.workers)
                 pipes = self._pipes[: len(shares)]
                 for pipe, share in zip(pipes, shares):
                     pipe.send(("load", str(path), share))
@@ -932,19 +928,6 @@ def _worker_main(pipe) -> None:
                 return
     except Exception:  # noqa: BLE001 - said to the engine, which raises it in the analysing process
         pipe.send(("error", traceback.format_exc()))
-
-
-def read_batch(tasks: list[RankSource], window: StepWindow):
-    """Pass 1 for a batch of ranks: their parts, their partials combined (what moves) and their
-    accounting."""
-    parts, combined = [], {}
-    for task in tasks:
-        parts.append(read_part(task, window, into=combined)[0])
-    return parts, combined, [_accounting(p) for p in parts]
-
-
-def _accounting(part: RankPart) -> tuple[int, list[Skipped], int, int, int]:
-    return part.rank, part.skipped, part.dropped_insane, part.dropped_earlier_run, part.rows_read
 
 
 # -- memory and telemetry, analysed rank by rank on the engine ----------------------------------------------------

@@ -197,8 +197,8 @@ class LiveTrace:
         The workers are those ``start`` forked, else forked now if ``worker_count`` allows it (not beside other
         threads, unless the user asked for workers)."""
         engine, self._first_engine = self._first_engine, None
-        if engine is None and self.partitioned:
-            engine = _loader(self._ranks_at_start, self.workers)
+        if engine is None and self.partitioned and (count := worker_count(self._ranks_at_start, self.workers)) > 1:
+            engine = ProcessEngine(count)
         if engine is None:
             return None
         with engine:
@@ -211,8 +211,9 @@ class LiveTrace:
         try:
             if self.partitioned is None:
                 self._choose_reader()
-            engine = _loader(self._ranks_at_start, self.workers) if self.partitioned else None
-            if engine is not None:
+            count = worker_count(self._ranks_at_start, self.workers) if self.partitioned else 1
+            if count > 1:
+                engine = ProcessEngine(count)
                 engine.start()
                 self._first_engine = engine
         except (TraceError, OSError):  # a directory not readable yet, or no fork: the poll thread reads it itself
@@ -501,12 +502,6 @@ def own_wait_times(trace: Trace) -> pd.DataFrame:
     from diag.analysis.stragglers import rank_step_times
 
     return compact_times(rank_step_times(trace.steps, None, _pipeline_stages(trace)).frame)
-
-
-def _loader(ranks: int, workers: int | None) -> ProcessEngine | None:
-    """The worker processes that read the first poll, when ``worker_count`` says more than one."""
-    count = worker_count(ranks, workers)
-    return ProcessEngine(count) if count > 1 else None
 
 
 def partitioned_report(trace: Trace, cache=None, cached=None, workers: int | None = None):
