@@ -82,5 +82,6 @@ def test_beside_a_server_s_threads_nothing_is_forked_unless_asked(run, forks):
     finally:
         stop.set()
         server.join()
-    # asked for: the first read's workers from the main thread, then the passes' from the poll thread
-    assert [on_main for _, on_main in forks] == [True, True, False, False]
+    # asked for: the first read's workers from the main thread, then those of the engine's runs (memory and
+    # telemetry, the collectives' two stages) from the poll thread
+    assert [on_main for _, on_main in forks] == [True, True, False, False, False, False]
