@@ -8,9 +8,10 @@ per-rank part of it into its stages, each timed alone over the same ranks (``tim
 - part: ``_part_of`` + ``_partial`` (pass 1's compact part and the rank's instance partials), then
   ``combine_partials`` of all of them;
 - finish: ``finish_part`` (pass 2) then ``merge_sums`` of the results;
-- tables: the memory and telemetry read and analysed by the analysis engine (``engine.map_share``), a batch of
+- tables: the memory and telemetry read and analysed by the analysis engine (``engine.OneStage.first``), a batch of
   ranks at a time;
-- then pass 1 as the engines run it (``read_batch``: a batch's reads, parts and combined partial).
+- then pass 1 as the engine runs it (``Collectives.first``, ``read_batch`` before it: a batch's reads, parts
+  and combined partial).
 
 Only functions that main and its branches share are called, so the same script measures any code tree: run it
 from each checkout with that checkout first on the path::
@@ -101,8 +102,9 @@ def main() -> None:
             P._partial(P._part_of(t, a, window))
 
     def read_and_map():
+        first = engine.OneStage(plan).first if hasattr(engine, "OneStage") else lambda b: engine.map_share(b, plan)
         for i in range(0, n, batch):
-            engine.map_share(tasks[i : i + batch], plan)
+            first(tasks[i : i + batch])
 
     stages = [
         ("read collectives (Arrow)", read_collectives),
@@ -123,8 +125,8 @@ def main() -> None:
     table.add("total of the stages", f"{total:.3f}")
     # the passes as the engines run them: pass 1 a batch at a time (read, part, partials combined), pass 2
     batches = [tasks[i : i + batch] for i in range(0, n, batch)]
-    table.add(f"pass 1 as run (read_batch, {batch} ranks)",
-              f"{best(lambda: [P.read_batch(b, window) for b in batches]):.3f}")  # fmt: skip
+    first = P.Collectives(window).first if hasattr(P, "Collectives") else lambda b: P.read_batch(b, window)
+    table.add(f"pass 1 as run (read_batch, {batch} ranks)", f"{best(lambda: [first(b) for b in batches]):.3f}")
     table.note(f"the first {n:,} ranks of the trace; CPU time (time.process_time), best of {args.repeat}, serially "
                f"in one process, the files in the page cache")  # fmt: skip
     table.save(args.json)

@@ -65,10 +65,11 @@ from diag.analysis import engine, partitioned as P
 from diag.analysis.window import choose_window
 trace = P.load_without_collectives({str(trace_dir)!r})
 window = choose_window(trace.steps, None, [])
-batch = P.rank_sources(trace)[: engine.BATCH_RANKS_MAX]
-parts, partial, _ = P.read_batch(batch, window)
+batch = P.rank_sources(trace)[: engine.BATCH_RANKS]
+collectives = P.Collectives(window)
+parts, (partial, _) = collectives.first(batch)
 inst = P.instance_table(partial)
-sums = P.finish_batch(parts, P.match_table(inst))
+sums = collectives.combine2(*(collectives.second(p, P.match_table(inst)) for p in parts))
 print(json.dumps({{"part": sum(p.nbytes for p in parts) / len(batch), "rows": sum(p.rows for p in parts) / len(batch),
                    "partial": len(pickle.dumps(partial)) / len(batch), "sums": len(pickle.dumps(sums)) / len(batch),
                    "instances": len(pickle.dumps(P.match_table(inst)))}}))

@@ -60,7 +60,6 @@ def partitioned_breakdown(trace_dir: Path) -> None:
     """RSS after loading every table but the collectives, then after each stage of the partitioned analysis."""
     from diag.analysis.partitioned import (
         RANK_TABLES,
-        LocalEngine,
         collectives_reducer,
         load_without_collectives,
         rank_tables_runner,
@@ -81,7 +80,7 @@ def partitioned_breakdown(trace_dir: Path) -> None:
             )
     tables = sum(int(getattr(trace, n).memory_usage(deep=True).sum()) for n in TABLES)
     print(f"tables in pandas: {tables / 1e9:.3f} GB")
-    reduce = collectives_reducer(trace, LocalEngine())
+    reduce = collectives_reducer(trace)
     window = choose_window(trace.steps, None, [])
     start = time.perf_counter()
     waits = reduce(window)

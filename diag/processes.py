@@ -1,6 +1,6 @@
 """Where rank-parallel work runs: the one decision (``worker_count``) and the worker processes that read a large
-trace's ranks, each a contiguous share, talking to this process through a pipe. The partitioned analysis
-(``diag.analysis.partitioned``: ``local_engine`` picks ``ProcessEngine`` or threads), ``diag triage``
+trace's ranks, each a contiguous share, talking to this process through a pipe. The analysis engine
+(``diag.analysis.engine``: ``--workers N`` processes or inline), ``diag triage``
 (``diag.triage.workers``) and the dashboard's first read all ask ``worker_count``. Reading a rank is mostly Python
 and pyarrow calls on small files, which threads run one at a time under the GIL; processes use every core.
 

@@ -1,6 +1,8 @@
 """The analysis engine: an analysis that works rank by rank is written once, as ``map`` (some ranks' cleaned
 tables -> a partial), an associative ``combine`` and ``finish`` (-> its result), and one runner executes it
-over the ranks of a trace: inline, in worker processes (``--workers N``) or on a Dask cluster.
+over the ranks of a trace: inline, in worker processes (``--workers N``) or on a Dask cluster. An analysis in
+two stages (``TwoStageAnalysis``: the collectives, whose stage 2 needs what every rank's stage 1 found) runs on
+the same three executors by ``run_two_stage``, each rank's stage-1 state kept where it was computed.
 
 Because ``combine`` is associative and the partials do not depend on which ranks were read together, any
 batching and any order of the ranks give the same result: the in-memory report maps its loaded tables as one
@@ -11,9 +13,9 @@ process does.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+import operator
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -29,6 +31,8 @@ R = TypeVar("R", covariant=True)
 
 BATCH_RANKS = 64  # ranks mapped together: pandas' per-call cost (~20 ms a rank alone) shared
 TASKS_PER_DASK_WORKER = 4  # a cluster's tasks per worker: balance between workers of unequal speed
+HELD_BYTES_MAX = 3584 << 20  # stage-1 states kept in one process between the stages; beyond, a rank is read again
+COMBINE_FANIN = 16  # partials combined this many at a time on a cluster (a tree)
 SIDE_FILES = {MANIFEST_FILE, HEARTBEAT_FILE, EVENTS_FILE, NCCL_LOG_FILE}  # the load already said what it skipped
 
 
@@ -137,39 +141,35 @@ def run(
     progress: Callable[[int], None] | None = None,
 ) -> tuple[list, ReadNotes]:
     """The analyses' results over the ranks of ``sources``, each rank read once by the loader's per-rank read,
-    and what the reads skipped. Inline with ``workers`` 1; in that many worker processes (each a contiguous share
-    of the ranks, ``diag.processes``); on the Dask ``client``'s workers when given. ``progress(n)``: n more ranks
-    done."""
-    from diag.processes import contiguous_shares
-
-    plan = Plan(tuple(analyses))
-    with _executor(len(sources), workers, client) as (map_tasks, tasks, sent):
-        shares = contiguous_shares(list(sources), tasks) if sources else []
-        outcomes = map_tasks(map_share, shares, [sent(plan)] * len(shares))
-        partials, notes = _fold(plan, _ticked(outcomes, shares, progress))
-    return plan.finish(partials), notes
+    and what the reads skipped: ``run_two_stage`` of their Plan (inline, ``workers`` processes or the Dask
+    ``client``'s workers), which has one stage."""
+    return run_two_stage(OneStage(Plan(tuple(analyses))), sources, workers, client, progress)
 
 
-def map_share(sources: list[RankSource], plan: Plan) -> tuple[list, ReadNotes]:
-    """One task: its ranks read and mapped BATCH_RANKS at a time, the partials combined."""
-    batches = (sources[i : i + BATCH_RANKS] for i in range(0, len(sources), BATCH_RANKS))
-    return _fold(plan, ((plan.map(shard), read) for shard, read in (read_shard(b, plan.tables()) for b in batches)))
+@dataclass(frozen=True)
+class OneStage:
+    """A Plan as a two-stage analysis without a second stage: a batch of ranks read as one Shard and mapped;
+    the result is (the analyses' results, what the reads skipped)."""
 
+    plan: Plan
+    second = None  # no second stage
 
-def _fold(plan: Plan, outcomes) -> tuple[list, ReadNotes]:
-    """(partials, notes) combined in order, from those of no rank (an empty shard maps to what combines as
-    nothing)."""
-    partials, notes = plan.map(Shard({}, _no_windows())), ReadNotes()
-    for partial, read in outcomes:
-        partials, notes = plan.combine(partials, partial), notes + read
-    return partials, notes
+    def first(self, sources: list[RankSource]) -> tuple[list, tuple[list, ReadNotes]]:
+        shard, notes = read_shard(sources, self.plan.tables())
+        return [], (self.plan.map(shard), notes)
 
+    def combine(self, *partials: tuple[list, ReadNotes]) -> tuple[list, ReadNotes]:
+        out = partials[0] if partials else (self.plan.map(Shard({}, _no_windows())), ReadNotes())
+        for partial, notes in partials[1:]:
+            out = (self.plan.combine(out[0], partial), out[1] + notes)
+        return out
 
-def _ticked(outcomes, shares: list[list], progress: Callable[[int], None] | None):
-    for share, outcome in zip(shares, outcomes):
-        if progress is not None:
-            progress(len(share))
-        yield outcome
+    def between(self, partial: tuple[list, ReadNotes]) -> tuple[tuple[list, ReadNotes], None]:
+        return partial, None
+
+    def finish(self, state: tuple[list, ReadNotes], _) -> tuple[list, ReadNotes]:
+        partials, notes = state
+        return self.plan.finish(partials), notes
 
 
 def read_shard(sources: Sequence[RankSource], names: tuple[str, ...]) -> tuple[Shard, ReadNotes]:
@@ -214,6 +214,182 @@ def read_shard(sources: Sequence[RankSource], names: tuple[str, ...]) -> tuple[S
     return Shard(tables, window_us), notes
 
 
+class TwoStageAnalysis(Protocol):
+    """An analysis whose second stage needs what the first found on every rank. ``first``: some ranks read into
+    what stage 2 needs of each (``kept``, one per source, in order; its ``nbytes`` say its size) and a partial;
+    ``combine`` of the partials -> ``between`` -> (what ``finish`` needs, the ``broadcast`` every rank's
+    ``second`` reads); ``combine2`` of the second stage's partials -> ``finish``. Both combines take any number
+    of partials (none: the identity), are associative and keep their arguments' order (a left fold here, trees
+    on a cluster). An analysis whose ``second`` is None ends after stage 1: ``finish(state, None)``."""
+
+    def first(self, sources: list[RankSource]) -> tuple[list, Any]: ...
+
+    def combine(self, *partials): ...
+
+    def between(self, partial) -> tuple[Any, Any]: ...
+
+    def second(self, kept, broadcast): ...
+
+    def combine2(self, *partials): ...
+
+    def finish(self, state, partial2): ...
+
+
+def run_two_stage(
+    analysis: TwoStageAnalysis,
+    sources: Sequence[RankSource],
+    workers: int = 1,
+    client=None,
+    progress: Callable[[int], None] | None = None,
+):
+    """The two-stage analysis' result over the ranks of ``sources``. Inline with ``workers`` 1 (stage-1 states
+    held here up to HELD_BYTES_MAX, ranks beyond read again); in that many worker processes, each a contiguous
+    share of the ranks that it keeps between the stages; on the Dask ``client``'s workers, the states staying
+    there as futures. ``progress(n)``: n more ranks done, each rank counted once per stage."""
+    sources = list(sources)
+    if client is not None:
+        return _two_stage_dask(analysis, sources, client, progress)
+    if workers > 1 and len(sources) > 1:
+        return _two_stage_processes(analysis, sources, min(workers, len(sources)), progress)
+    stages = HeldStages(analysis, sources, progress)
+    state, broadcast = analysis.between(stages.first())
+    return analysis.finish(state, None if analysis.second is None else stages.second(broadcast))
+
+
+class HeldStages:
+    """Both stages over ``sources`` in this process, BATCH_RANKS ranks at a time; the stage-1 states held between
+    them up to HELD_BYTES_MAX bytes, a rank beyond read again in stage 2. Stage 2's partials fold left in rank
+    order, so its float sums are those of one rank after another."""
+
+    def __init__(self, analysis: TwoStageAnalysis, sources: list[RankSource], progress=None):
+        self.analysis, self.sources, self.kept = analysis, sources, {}
+        self._tick = lambda n: progress(n) if progress is not None and n else None
+
+    def first(self):
+        a, held, partial = self.analysis, 0, self.analysis.combine()
+        for i in range(0, len(self.sources), BATCH_RANKS):
+            batch = self.sources[i : i + BATCH_RANKS]
+            kept, batch_partial = a.first(batch)
+            partial = a.combine(partial, batch_partial)
+            for source, state in zip(batch, kept):
+                if held + state.nbytes <= HELD_BYTES_MAX:
+                    self.kept[source.rank] = state
+                    held += state.nbytes
+            del kept
+            self._tick(len(batch))
+        release_arrow_memory()
+        return partial
+
+    def second(self, broadcast):
+        a, out, batch = self.analysis, self.analysis.combine2(), []
+        for source in self.sources:
+            kept = self.kept.pop(source.rank, None)
+            batch.append(a.second(a.first([source])[0][0] if kept is None else kept, broadcast))
+            if len(batch) >= BATCH_RANKS:
+                out, batch = a.combine2(out, *batch), []
+                self._tick(BATCH_RANKS)
+        self._tick(len(batch))
+        release_arrow_memory()
+        return a.combine2(out, *batch)
+
+
+def _two_stage_processes(analysis: TwoStageAnalysis, sources: list[RankSource], workers: int, progress):
+    """Both stages in ``workers`` forked processes (``diag.processes.start_worker``), each running HeldStages on
+    its contiguous share; this process combines their partials in share order. Only the partials, the broadcast
+    and the ticks move through the pipes."""
+    from diag import processes
+
+    pipes, procs, done = [], [], False
+    try:
+        for share in processes.contiguous_shares(sources, workers):
+            pipe, proc = processes.start_worker(_stages_worker, analysis, share)
+            pipes.append(pipe)
+            procs.append(proc)
+        who = "the two-stage analysis"
+        partial = analysis.combine(*(processes.next_result(p, progress, who)[1] for p in pipes))
+        state, broadcast = analysis.between(partial)
+        del partial
+        partial2 = None
+        if analysis.second is not None:
+            for pipe in pipes:
+                pipe.send(broadcast)
+            partial2 = analysis.combine2(*(processes.next_result(p, progress, who)[1] for p in pipes))
+        done = True
+    finally:
+        for proc in procs:
+            proc.join(timeout=30 if done else 0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return analysis.finish(state, partial2)
+
+
+def _stages_worker(pipe, analysis: TwoStageAnalysis, sources: list[RankSource]) -> None:
+    """A worker process of ``_two_stage_processes``: stage 1 of its share, then stage 2 with the broadcast."""
+    try:
+        stages = HeldStages(analysis, sources, lambda n: pipe.send(("tick", n)))
+        pipe.send(("done", stages.first()))
+        if analysis.second is not None:
+            pipe.send(("done", stages.second(pipe.recv())))
+    except Exception:  # noqa: BLE001 - said to this process, which raises it
+        pipe.send(("error", traceback.format_exc()))
+
+
+def _two_stage_dask(analysis: TwoStageAnalysis, sources: list[RankSource], client, progress):
+    """Both stages on a Dask cluster, a batch of ranks per task: the stage-1 states stay on the workers as
+    futures; the partials and the second stage's combine in trees; the broadcast is scattered to every worker."""
+    size = batch_size(len(sources), len(client.scheduler_info()["workers"]))
+    batches = [sources[i : i + size] for i in range(0, len(sources), size)]
+    firsts = client.map(_first_batch, batches, analysis=analysis, pure=False)
+    kept = [client.submit(operator.getitem, f, 0, pure=False) for f in firsts]
+    partials = [client.submit(operator.getitem, f, 1, pure=False) for f in firsts]
+    del firsts
+    # no reference kept to a tree's leaves or to the states once their consumers are submitted: the scheduler
+    # frees each on the workers as soon as the task reading it is done
+    state, broadcast = analysis.between(_tree(client, analysis.combine, partials))
+    del partials
+    partial2 = None
+    if analysis.second is not None:
+        sent = client.scatter(broadcast, broadcast=True)
+        seconds = client.map(_second_batch, kept, analysis=analysis, broadcast=sent, pure=False)
+        del kept
+        partial2 = _tree(client, analysis.combine2, seconds)
+    if progress is not None:
+        progress(len(sources) * (1 if analysis.second is None else 2))
+    return analysis.finish(state, partial2)
+
+
+def _first_batch(sources: list[RankSource], analysis: TwoStageAnalysis):
+    return analysis.first(sources)
+
+
+def _second_batch(kept: list, analysis: TwoStageAnalysis, broadcast):
+    return analysis.combine2(*(analysis.second(state, broadcast) for state in kept))
+
+
+def _tree(client, combine, futures: list):
+    """The futures' results combined COMBINE_FANIN at a time, level by level, on the cluster; the result. Empties
+    ``futures``: each level's inputs are freed once combined."""
+    level = futures[:]
+    futures.clear()
+    if not level:
+        return combine()
+    while len(level) > 1:
+        level = [
+            client.submit(combine, *level[i : i + COMBINE_FANIN], pure=False)
+            for i in range(0, len(level), COMBINE_FANIN)
+        ]
+    return level[0].result()
+
+
+def release_arrow_memory() -> None:
+    """Give back to the OS what Arrow's allocator keeps of freed parse buffers (mimalloc/jemalloc hold them):
+    1,024 ranks' per-step tables leave ~0.23 GB that nothing else would reuse (numpy allocates elsewhere)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+
+
 def window_us_of(bounds: pd.DataFrame | None) -> pd.DataFrame:
     """A Shard's ``window_us`` from ``report.telemetry_bounds`` (None: no step in the window)."""
     return _no_windows() if bounds is None else bounds[["first_us", "last_us"]]
@@ -249,19 +425,3 @@ def batch_size(ranks: int, workers: int) -> int:
 
 def _no_windows() -> pd.DataFrame:
     return pd.DataFrame({"first_us": [], "last_us": []}, index=pd.Index([], name="rank", dtype="int64"))
-
-
-@contextlib.contextmanager
-def _executor(ranks: int, workers: int, client) -> Iterator[tuple[Callable, int, Callable[[Any], Any]]]:
-    """(an executor's ``map``, tasks to cut the ranks into, how an object every task reads is sent) for ``run``:
-    a Dask client's, a process pool's, or the builtin ``map`` (inline)."""
-    if client is not None:
-        tasks = -(-ranks // batch_size(ranks, len(client.scheduler_info()["workers"])))
-        yield client.get_executor(pure=False).map, max(tasks, 1), lambda obj: client.scatter(obj, broadcast=True)
-    elif workers > 1 and ranks > 1:
-        from diag.processes import pool_context
-
-        with ProcessPoolExecutor(min(workers, ranks), mp_context=pool_context()) as pool:
-            yield pool.map, min(workers, ranks), lambda obj: obj
-    else:
-        yield map, 1, lambda obj: obj

@@ -19,8 +19,6 @@ Every function here is top-level and pickles its arguments: a Dask worker runs i
 
 from __future__ import annotations
 
-import operator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,11 +29,18 @@ import pyarrow.compute as pc
 
 from diag.analysis.columns import analysed_columns
 from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op, size_bucket
-from diag.analysis.engine import SIDE_FILES, RankSource, ReadNotes, batch_size, rank_sources, run
+from diag.analysis.engine import (
+    SIDE_FILES,
+    RankSource,
+    ReadNotes,
+    rank_sources,
+    release_arrow_memory,
+    run,
+    run_two_stage,
+)
 from diag.analysis.window import StepWindow, in_window_array
 from diag.processes import contiguous_shares, next_result, start_worker, worker_count
 from diag.trace.loader import (
-    READ_THREADS,
     RankRead,
     Skipped,
     Trace,
@@ -50,10 +55,6 @@ from diag.trace.loader import (
 from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, TABLES, Table
 
 COLLECTIVES = "collectives"
-HELD_BYTES_MAX = 3584 << 20  # compact parts (~10 B/row) kept between the passes here; beyond, a rank is read again
-COMBINE_FANIN = 16  # partials and sums merged this many at a time (a tree on a cluster)
-LOCAL_BATCH_RANKS = 32  # ranks per pass-1 task here: a thread's share of the reading, its partials combined once
-PROCESS_BATCH_RANKS = 128  # ranks per pass-1 batch in a ProcessEngine worker, which reads its share batch by batch
 
 
 @dataclass
@@ -440,10 +441,6 @@ def combine_partials(*partials: dict[str, PgPartial]) -> dict[str, PgPartial]:
     return out
 
 
-def _empty_partial() -> dict[str, PgPartial]:
-    return {}
-
-
 # -- between the passes: the instance table ----------------------------------------------------------------------
 
 
@@ -774,70 +771,48 @@ def reduced_waits(sums: CollectiveSums, inst: pd.DataFrame) -> ReducedWaits | No
     )
 
 
-# -- engines ---------------------------------------------------------------------------------------------------
+# -- the two stages on the engine, and the per-step tables read by worker processes -------------------------------
 
 
-class LocalEngine:
-    """Both passes on this machine, a few ranks at a time (pyarrow parses without the GIL). Compact parts are
-    kept between the passes up to HELD_BYTES_MAX, then ranks are read again: memory stays bounded."""
+@dataclass(frozen=True)
+class Collectives:
+    """The collectives as a two-stage analysis (``engine.run_two_stage``): stage 1 ``read_part`` (each rank's
+    part kept), between them the instance table and its match table (the broadcast), stage 2 ``finish_part``;
+    the result is (merged sums, instance table, accounting per rank)."""
 
-    def __init__(self, threads: int = READ_THREADS, held_bytes_max: int = HELD_BYTES_MAX, progress=None):
-        self.threads, self.held_bytes_max, self.progress = threads, held_bytes_max, progress
+    window: StepWindow
 
-    def run(self, tasks: list[RankSource], window: StepWindow):
-        """(merged sums, instance table, accounting)."""
-        held: dict[int, RankPart] = {}
-        held_bytes = 0
-        accounting = []
-        combined = _empty_partial()
-        batches = [tasks[i : i + LOCAL_BATCH_RANKS] for i in range(0, len(tasks), LOCAL_BATCH_RANKS)]
-        with ThreadPoolExecutor(max_workers=self.threads) as pool:
-            for parts, partial, batch_accounting in pool.map(lambda b: read_batch(b, window), batches):
-                accounting += batch_accounting
-                combined = combine_partials(combined, partial)
-                for part in parts:
-                    if held_bytes + part.nbytes <= self.held_bytes_max:
-                        held[part.rank] = part
-                        held_bytes += part.nbytes
-                    self._tick()
-                del parts
-            inst = instance_table(combined)
-            match = match_table(inst)
-            release_arrow_memory()
+    def first(self, sources: list[RankSource]) -> tuple[list[RankPart], tuple[dict, list]]:
+        """Pass 1 for a batch of ranks: their parts, their partials combined and their accounting."""
+        partial = {}
+        parts = [read_part(source, self.window, into=partial)[0] for source in sources]
+        accounting = [(p.rank, p.skipped, p.dropped_insane, p.dropped_earlier_run, p.rows_read) for p in parts]
+        return parts, (partial, accounting)
 
-            def second(task: RankSource) -> CollectiveSums:
-                part = held.pop(task.rank, None) or read_part(task, window)[0]
-                return finish_part(part, match)
+    def combine(self, *partials: tuple[dict, list]) -> tuple[dict, list]:
+        return combine_partials(*(p for p, _ in partials)), [a for _, accounting in partials for a in accounting]
 
-            sums, batch = CollectiveSums(), []
-            for result in pool.map(second, tasks):
-                batch.append(result)
-                if len(batch) >= COMBINE_FANIN * 4:
-                    sums, batch = merge_sums(sums, *batch), []
-                self._tick()
-        release_arrow_memory()
-        return merge_sums(sums, *batch), inst, accounting
+    def between(self, partial: tuple[dict, list]) -> tuple[tuple[pd.DataFrame, list], MatchTable]:
+        combined, accounting = partial
+        inst = instance_table(combined)
+        return (inst, accounting), match_table(inst)
 
-    def _tick(self):
-        if self.progress is not None:
-            self.progress(1)
+    def second(self, part: RankPart, match: MatchTable) -> CollectiveSums:
+        return finish_part(part, match)
+
+    def combine2(self, *sums: CollectiveSums) -> CollectiveSums:
+        return merge_sums(*sums)
+
+    def finish(self, state: tuple[pd.DataFrame, list], sums: CollectiveSums):
+        inst, accounting = state
+        return sums, inst, accounting
 
 
 class ProcessEngine:
-    """Both passes in ``workers`` processes of this machine, each reading a contiguous share of the ranks and
-    keeping its parts between the passes; this process combines their partials and sums (in rank order: the
-    op of a damaged instance is the last rank's, as on one process). The per-rank work is mostly Python and
-    numpy on small arrays, which threads run one at a time under the GIL: processes use every core. Only the
-    combined partial, the accounting and the memory and telemetry rows of each share, the match table and each
-    share's merged sums move (pickled through a pipe). Sums add in another order than on one process (the
-    float sums of waits agree to ~1e-15 relative, as on Dask).
-
-    ``load`` reads the per-step tables in the workers first: each its share of the ranks, the steps sent as one
-    frame per share (no 16,384-way concatenation here), so the load no longer runs on this process alone. It
-    stops its workers after the load unless they were started before (``with engine:``, which stops them
-    whatever happens); ``run`` starts workers if need be and stops them after pass 2. So ``diag analyze`` forks
-    twice: the passes' workers are forked after the load and share the trace's pages with this process (copy on
-    write: the tree's PSS counts them once), and neither keeps the other's heap."""
+    """The per-step tables but the collectives, memory and telemetry (what ``diag analyze`` loads whole) read
+    by ``workers`` forked processes, each a contiguous share of the ranks, the steps sent as one frame per share
+    (no 16,384-way concatenation here). ``load`` stops its workers after the load unless they were started
+    before (``with engine:``, which stops them whatever happens)."""
 
     def __init__(self, workers: int = 2, progress=None):
         self.workers, self.progress = workers, progress
@@ -878,9 +853,6 @@ class ProcessEngine:
                 proc.kill()
         self._pipes, self._procs = [], []
 
-    def _shares(self, items: list) -> list[list]:
-        return contiguous_shares(items, self.workers)
-
     def load(self, path: str | Path, progress: bool = False) -> Trace:
         """``load_without_collectives(path, progress, analysed_columns_only=True, without=RANK_TABLES)``, the
         ranks read by the workers (see ``read_share``); the same Trace, frame for frame."""
@@ -911,7 +883,7 @@ class ProcessEngine:
             bar = _bar(len(rank_dirs), "loading ranks") if progress else None
             saved, self.progress = self.progress, (bar.update if bar is not None else None)
             try:
-                shares = self._shares(list(rank_dirs.items()))
+                shares = contiguous_shares(list(rank_dirs.items()), self.workers)
                 pipes = self._pipes[: len(shares)]
                 for pipe, share in zip(pipes, shares):
                     pipe.send(("load", str(path), share))
@@ -927,27 +899,6 @@ class ProcessEngine:
             if owned:
                 self.close()
 
-    def run(self, tasks: list[RankSource], window: StepWindow):
-        """As LocalEngine.run. The workers are stopped after pass 2, started by ``load`` or not: what their heaps
-        kept of the passes is given back before the analyses that follow."""
-        self.start()
-        try:
-            shares = self._shares(tasks)
-            pipes = self._pipes[: len(shares)]
-            for pipe, share in zip(pipes, shares):
-                pipe.send(("pass1", share, window))
-            first = [self._answer(pipe) for pipe in pipes]
-            accounting = [a for _, acc in first for a in acc]
-            inst = instance_table(combine_partials(*(partial for partial, _ in first)))
-            del first
-            match = match_table(inst)
-            for pipe in pipes:
-                pipe.send(("pass2", match))
-            sums = merge_sums(*(self._answer(pipe) for pipe in pipes))
-        finally:
-            self.close()
-        return sums, inst, accounting
-
     def _answer(self, pipe):
         """The worker's result, its progress ticks counted on the way; its error raised here. A share's load
         comes column by column (``("column", name, values)``) before its other results: one pickled column at
@@ -958,11 +909,9 @@ class ProcessEngine:
 
 
 def _worker_main(pipe) -> None:
-    """A ProcessEngine worker: the load of its share of the ranks, pass 1 on its share (parts kept here), then
-    pass 2 with the match table; as often as asked, until told to stop."""
+    """A ProcessEngine worker: the load of its share of the ranks, as often as asked, until told to stop."""
     import traceback
 
-    parts: list[RankPart] = []
     try:
         while True:
             message = pipe.recv()
@@ -975,97 +924,10 @@ def _worker_main(pipe) -> None:
                 release_arrow_memory()
                 release_heap_memory()  # the share's per-rank Arrow and frames: not kept into the passes
                 pipe.send(("loaded", rest))
-            elif message[0] == "pass1":
-                _, tasks, window = message
-                parts = []
-                combined, accounting = _empty_partial(), []
-                for i in range(0, len(tasks), PROCESS_BATCH_RANKS):
-                    batch, partial, batch_accounting = read_batch(tasks[i : i + PROCESS_BATCH_RANKS], window)
-                    parts += batch
-                    combined = combine_partials(combined, partial)
-                    accounting += batch_accounting
-                    pipe.send(("tick", len(batch)))
-                release_arrow_memory()
-                pipe.send(("done", (combined, accounting)))
-            elif message[0] == "pass2":
-                match = message[1]
-                sums, batch = CollectiveSums(), []
-                for part in parts:
-                    batch.append(finish_part(part, match))
-                    if len(batch) >= COMBINE_FANIN * 4:  # merged as LocalEngine merges them
-                        sums, batch = merge_sums(sums, *batch), []
-                        pipe.send(("tick", COMBINE_FANIN * 4))
-                pipe.send(("tick", len(batch)))
-                parts = []
-                pipe.send(("done", merge_sums(sums, *batch)))
             else:
                 return
     except Exception:  # noqa: BLE001 - said to the engine, which raises it in the analysing process
         pipe.send(("error", traceback.format_exc()))
-
-
-class DaskEngine:
-    """Both passes on a Dask cluster's workers, a batch of ranks per task: parts stay in the workers' memory
-    between the passes; only one combined partial and one sum per batch, the instance table (broadcast) and
-    the accounting move, merged in trees."""
-
-    def __init__(self, client, progress=None, batch_ranks: int | None = None):
-        self.client, self.progress, self.batch_ranks = client, progress, batch_ranks
-
-    def run(self, tasks: list[RankSource], window: StepWindow):
-        """As LocalEngine.run."""
-        client = self.client
-        size = self.batch_ranks or batch_size(len(tasks), len(client.scheduler_info()["workers"]))
-        batches = [tasks[i : i + size] for i in range(0, len(tasks), size)]
-        both = client.map(read_batch, batches, window=window, pure=False)
-        parts = [client.submit(operator.getitem, f, 0, pure=False) for f in both]
-        partials = [client.submit(operator.getitem, f, 1, pure=False) for f in both]
-        accounting = [
-            a for batch in client.gather([client.submit(operator.getitem, f, 2) for f in both]) for a in batch
-        ]
-        del both
-        # no reference kept to a tree's leaves or to the parts once their consumers are submitted: the
-        # scheduler frees each on the workers as soon as the task reading it is done
-        root = _tree(client, combine_partials, partials)
-        del partials
-        inst = instance_table(root.result())
-        del root
-        match = client.scatter(match_table(inst), broadcast=True)
-        finished = client.map(finish_batch, parts, match=match, pure=False)
-        del parts
-        sums = _tree(client, merge_sums, finished)
-        del finished
-        sums = sums.result()
-        if self.progress is not None:
-            self.progress(len(tasks) * 2)
-        return sums, inst, accounting
-
-
-def read_batch(tasks: list[RankSource], window: StepWindow):
-    """Pass 1 for a batch of ranks on one worker: their parts, their partials combined (what moves) and their
-    accounting."""
-    parts, combined = [], {}
-    for task in tasks:
-        parts.append(read_part(task, window, into=combined)[0])
-    return parts, combined, [_accounting(p) for p in parts]
-
-
-def finish_batch(parts: list[RankPart], match: MatchTable) -> CollectiveSums:
-    return merge_sums(*(finish_part(part, match) for part in parts))
-
-
-def _tree(client, combine, futures: list):
-    futures = list(futures)  # the caller drops its list: each level's inputs are freed once combined
-    while len(futures) > 1:
-        futures = [
-            client.submit(combine, *futures[i : i + COMBINE_FANIN], pure=False)
-            for i in range(0, len(futures), COMBINE_FANIN)
-        ]
-    return futures[0]
-
-
-def _accounting(part: RankPart) -> tuple[int, list[Skipped], int, int, int]:
-    return part.rank, part.skipped, part.dropped_insane, part.dropped_earlier_run, part.rows_read
 
 
 # -- memory and telemetry, analysed rank by rank on the engine ----------------------------------------------------
@@ -1272,14 +1134,6 @@ def _steps_of_shares(reader: AnalysedColumnsReader, shares: list[dict[str, pd.Se
         c for c in table.columns if c.name in keep)))  # fmt: skip
 
 
-def release_arrow_memory() -> None:
-    """Give back to the OS what Arrow's allocator keeps of freed parse buffers (mimalloc/jemalloc hold them):
-    1,024 ranks' per-step tables leave ~0.23 GB that nothing else would reuse (numpy allocates elsewhere)."""
-    import pyarrow as pa
-
-    pa.default_memory_pool().release_unused()
-
-
 def release_heap_memory() -> None:
     """glibc keeps the freed parts (thousands of arrays under its mmap threshold) in its heap: trimmed, the
     process peak at 1,024 ranks goes from 1.29 to ~0.91 GB (the analyses reuse nothing of it). No-op elsewhere."""
@@ -1297,16 +1151,16 @@ def _bar(total: int, desc: str):
     return bar(total, desc)
 
 
-def collectives_reducer(trace: Trace, engine, progress: bool = False):
-    """``window -> ReducedWaits | None`` for ``analyze(..., reduce_collectives=)``: runs both passes on
-    ``engine`` and adds what they skipped or dropped to ``trace.skipped`` as the loader would have."""
+def collectives_reducer(trace: Trace, workers: int = 1, client=None, progress: bool = False):
+    """``window -> ReducedWaits | None`` for ``analyze(..., reduce_collectives=)``: runs both passes on the engine
+    (inline, in ``workers`` processes or on the Dask ``client``'s workers) and adds what they skipped or dropped
+    to ``trace.skipped`` as the loader would have."""
 
     def reduce(window: StepWindow) -> ReducedWaits | None:
         tasks = rank_sources(trace)
         bar = _bar(2 * len(tasks), "collectives by rank") if progress else None
-        engine.progress = bar.update if bar is not None else None
         try:
-            sums, inst, accounting = engine.run(tasks, window)
+            sums, inst, accounting = run_two_stage(Collectives(window), tasks, workers, client, bar and bar.update)
         finally:
             if bar is not None:
                 bar.close()
@@ -1391,13 +1245,6 @@ def _rank_file_key(path: Path, root: Path) -> tuple[int, int] | None:
     return int(match.group(1)), _file_order(path.name)
 
 
-def local_engine(ranks: int, workers: int | None = None):
-    """The engine for ``ranks`` on this machine: ``ProcessEngine`` with ``diag.processes.worker_count(ranks,
-    workers)`` worker processes when that is more than one, else threads in this process (``LocalEngine``)."""
-    count = worker_count(ranks, workers)
-    return ProcessEngine(count) if count > 1 else LocalEngine()
-
-
 def analyze_partitioned(
     path: str | Path,
     steps=None,
@@ -1407,37 +1254,25 @@ def analyze_partitioned(
     progress: bool = False,
     with_trace: bool = False,
     analysed_columns_only: bool = True,
-    engine=None,
     workers: int | None = None,
 ):
     """``analyze(load(path))`` with the collectives reduced rank by rank: on this machine, or on the workers of
     the Dask ``client`` (which read ``path`` themselves: a filesystem they share). ``with_trace``: return
     (trace without its collectives, report, collective rows read); ``analysed_columns_only``: that trace's per-step
-    tables hold only the columns the analyses read (False: whole, for views that draw the others); ``engine``:
-    the per-rank passes' engine (default: Dask with ``client``, else ``local_engine(ranks, workers)``: worker
-    processes from ``diag.processes.PROCESS_MIN_RANKS`` ranks, or ``workers`` of them; 1: threads here)."""
+    tables hold only the columns the analyses read (False: whole, for views that draw the others); ``workers``:
+    worker processes of the per-rank work (None: ``diag.processes.worker_count`` decides; 1: all here)."""
     from diag.analysis.report import analyze
 
     # memory and telemetry are analysed rank by rank too, unless the caller wants the trace's tables whole
     per_rank = RANK_TABLES if analysed_columns_only else ()
-    if engine is None and client is not None:
-        engine = DaskEngine(client)
-    elif engine is None:  # a caller inside a threaded server may ask for LocalEngine() (no fork)
-        engine = local_engine(len(TraceReader(path).rank_dirs()), workers)
-    # worker processes read the per-step tables too (each its share of the ranks), then others do the passes
-    in_workers = isinstance(engine, ProcessEngine) and analysed_columns_only
-    try:
-        if in_workers:
-            trace = engine.load(path, progress)
-        else:
-            trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank)
-        processes = engine.workers if isinstance(engine, ProcessEngine) else 1  # as many as the passes
-        tables = rank_tables_runner(trace, processes, client, progress) if per_rank else None
-        reducer = collectives_reducer(trace, engine, progress)
-        report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
-                         reduce_collectives=reducer, run_ranks=tables)  # fmt: skip
-    finally:
-        if in_workers:
-            engine.close()
+    count = 1 if client is not None else worker_count(len(TraceReader(path).rank_dirs()), workers)
+    if count > 1 and analysed_columns_only:  # worker processes read the per-step tables too, each its share
+        trace = ProcessEngine(count).load(path, progress)
+    else:
+        trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank)
+    tables = rank_tables_runner(trace, count, client, progress) if per_rank else None
+    reducer = collectives_reducer(trace, count, client, progress)
+    report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
+                     reduce_collectives=reducer, run_ranks=tables)  # fmt: skip
     rows_read = reducer.rows_read + (tables.rows_read if tables is not None else 0)
     return (trace, report, rows_read) if with_trace else report

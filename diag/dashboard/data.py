@@ -31,12 +31,11 @@ from diag.analysis.partitioned import (
     AnalysedColumnsReader,
     ProcessEngine,
     collectives_reducer,
-    local_engine,
     rank_tables_runner,
     release_arrow_memory,
     release_heap_memory,
 )
-from diag.processes import PARTITIONED_MIN_RANKS
+from diag.processes import PARTITIONED_MIN_RANKS, worker_count
 from diag.trace.loader import Trace, TraceError, TraceReader, assemble_trace, empty_table, find_rank_dirs
 from diag.trace.schema import TABLES
 from diag.views.format import printable
@@ -198,9 +197,9 @@ class LiveTrace:
         The workers are those ``start`` forked, else forked now if ``worker_count`` allows it (not beside other
         threads, unless the user asked for workers)."""
         engine, self._first_engine = self._first_engine, None
-        if engine is None and self.partitioned:
-            engine = local_engine(self._ranks_at_start, self.workers)
-        if not isinstance(engine, ProcessEngine):
+        if engine is None and self.partitioned and (count := worker_count(self._ranks_at_start, self.workers)) > 1:
+            engine = ProcessEngine(count)
+        if engine is None:
             return None
         with engine:
             return engine.poll(self._reader)
@@ -212,8 +211,9 @@ class LiveTrace:
         try:
             if self.partitioned is None:
                 self._choose_reader()
-            engine = local_engine(self._ranks_at_start, self.workers) if self.partitioned else None
-            if isinstance(engine, ProcessEngine):
+            count = worker_count(self._ranks_at_start, self.workers) if self.partitioned else 1
+            if count > 1:
+                engine = ProcessEngine(count)
                 engine.start()
                 self._first_engine = engine
         except (TraceError, OSError):  # a directory not readable yet, or no fork: the poll thread reads it itself
@@ -510,7 +510,7 @@ def partitioned_report(trace: Trace, cache=None, cached=None, workers: int | Non
     ``cached``: the report `diag analyze` (or an earlier server) cached for these files: used as it is, and every
     step's times are split with the waits the ranks measured themselves (steps' comm_wait_us), the collectives
     not being read at all. Else the collectives are reduced rank by rank ONCE, for the report's window, with the
-    engine `diag analyze` uses (``local_engine``: worker processes when ``diag.processes.worker_count`` says so,
+    engine as `diag analyze` runs them (worker processes when ``diag.processes.worker_count`` says so,
     which beside a server's threads is only with ``workers`` given) and each rank's memory and telemetry analysed
     by the analysis engine with as many workers; the report is then cached under
     ``cache``'s key when the files are still the ones that key names. The times of every step are split with
@@ -523,9 +523,9 @@ def partitioned_report(trace: Trace, cache=None, cached=None, workers: int | Non
 
     if cached is not None:
         return cached, own_wait_times(trace)
-    engine = local_engine(len(trace.ranks_found), workers)
-    tables = rank_tables_runner(trace, engine.workers if isinstance(engine, ProcessEngine) else 1)
-    reducer = collectives_reducer(trace, engine)
+    count = worker_count(len(trace.ranks_found), workers)
+    tables = rank_tables_runner(trace, count)
+    reducer = collectives_reducer(trace, count)
     reduced = []
 
     def reduce_once(window):

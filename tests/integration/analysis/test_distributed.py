@@ -109,9 +109,31 @@ def test_both_workers_did_the_partitions(cluster, tmp_path):
     assert len(ran) == WORKERS and all(count > 0 for count in ran.values()), ran
 
 
+@pytest.mark.slow
+def test_the_two_stages_on_the_cluster_equal_the_inline_run(cluster, tmp_path):
+    """The collectives (engine.run_two_stage) on the cluster, the parts kept on the workers between the stages
+    and the partials combined in trees: the inline run's result (float sums to 1e-6 us)."""
+    from distributed import Client
+
+    from diag.analysis import engine
+    from diag.analysis.partitioned import Collectives, load_without_collectives
+    from diag.analysis.window import choose_window
+    from tests.unit.analysis.test_two_stage import _comparable
+
+    make_trace(tmp_path, ranks=20, steps=30)
+    trace = load_without_collectives(tmp_path)
+    analysis, sources = Collectives(choose_window(trace.steps, None, set())), engine.rank_sources(trace)
+    inline = _comparable(engine.run_two_stage(analysis, sources))
+    with Client(cluster) as client:
+        on_cluster = _comparable(engine.run_two_stage(analysis, sources, client=client))
+    assert inline[0].equals(on_cluster[0]) and inline[1:] == on_cluster[1:]
+
+
 def _tasks_run_here(dask_worker) -> int:
-    """read_batch tasks this worker took to memory (its transition log names every task it handled)."""
-    done = {str(entry[0]) for entry in dask_worker.state.log if "read_batch" in str(entry[0]) and "memory" in entry}
+    """Stage-1 tasks (a batch of ranks read) this worker took to memory (its transition log names every task it
+    handled)."""
+    log = dask_worker.state.log
+    done = {str(entry[0]) for entry in log if "_first_batch" in str(entry[0]) and "memory" in entry}
     return len(done)
 
 

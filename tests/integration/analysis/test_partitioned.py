@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from diag import processes as processes_module
+from diag.analysis import engine as engine_module
 from diag.analysis import partitioned as partitioned_module
 from diag.analysis.partitioned import (
-    LocalEngine,
     ProcessEngine,
     analyze_partitioned,
     collectives_reducer,
@@ -68,23 +68,23 @@ def test_a_step_range_gives_the_same_report(planted):
     assert differences(in_memory(path, steps="30:90"), partitioned(path, steps="30:90")) == []
 
 
-def test_ranks_read_again_instead_of_held_give_the_same_report(planted):
+def test_ranks_read_again_instead_of_held_give_the_same_report(planted, monkeypatch):
     """With no memory for parts between the passes, every rank is read twice: same report."""
     path, _ = planted
     trace = load_without_collectives(path)
-    reread = analyze(trace, reduce_collectives=collectives_reducer(trace, LocalEngine(held_bytes_max=0))).to_dict()
+    monkeypatch.setattr(engine_module, "HELD_BYTES_MAX", 0)
+    reread = analyze(trace, reduce_collectives=collectives_reducer(trace)).to_dict()
     assert differences(partitioned(path), reread) == []
 
 
 @pytest.mark.slow
 def test_worker_processes_give_the_same_report(planted, monkeypatch):
-    """The passes in two worker processes (ProcessEngine, the default from PROCESS_MIN_RANKS ranks on a machine
-    with two cores), each rank's memory and telemetry reduced in the same task as its collectives: the report of
-    the whole tables in memory, whole window and a step range."""
+    """The passes in two worker processes (the default from PROCESS_MIN_RANKS ranks on a machine with two cores):
+    the report of the whole tables in memory, whole window and a step range."""
     path, plants = planted
     monkeypatch.setattr(processes_module, "PROCESS_MIN_RANKS", 1)
     monkeypatch.setattr(processes_module, "default_workers", lambda: 2)
-    assert isinstance(partitioned_module.local_engine(SYNTHETIC_RANKS), ProcessEngine)
+    assert processes_module.worker_count(SYNTHETIC_RANKS) == 2
     new = partitioned(path)
     assert differences(in_memory(path), new) == []
     assert plants.compute_straggler in {s["rank"] for s in new["stragglers"]}
@@ -316,17 +316,17 @@ def test_unreadable_partitions_at_scale_are_skipped_and_named(tmp_path, monkeypa
 
 def test_a_rank_directory_missing_where_it_is_read_is_named(planted):
     """A rank's directory gone between the load and the reduction (on a cluster: a worker that does not see the
-    trace directory) is named in run.skipped, not silently left out: on threads and in worker processes."""
+    trace directory) is named in run.skipped, not silently left out: inline and in worker processes."""
     path, _ = planted
-    engines = {"threads": LocalEngine(), "processes": ProcessEngine(2)}
+    engines = {"inline": 1, "processes": 2}
     traces = {name: load_without_collectives(path) for name in engines}
     gone = path / "rank00003"
     hidden = path.parent / "hidden-rank00003"
     gone.rename(hidden)
     try:
         reports = {
-            name: analyze(traces[name], reduce_collectives=collectives_reducer(traces[name], engine)).to_dict()
-            for name, engine in engines.items()
+            name: analyze(traces[name], reduce_collectives=collectives_reducer(traces[name], workers)).to_dict()
+            for name, workers in engines.items()
         }
     finally:
         hidden.rename(gone)
@@ -334,4 +334,4 @@ def test_a_rank_directory_missing_where_it_is_read_is_named(planted):
         notes = [s for s in report["run"]["skipped"] if s["path"] == str(gone)]
         assert notes and "filesystem every Dask worker sees" in notes[0]["reason"]
         assert report["comms"]["per_rank"]  # the other ranks are analysed
-    assert differences(reports["threads"], reports["processes"]) == []
+    assert differences(reports["inline"], reports["processes"]) == []

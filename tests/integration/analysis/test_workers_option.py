@@ -17,6 +17,7 @@ from click.testing import CliRunner
 import diag.analysis.partitioned as partitioned
 import diag.triage.workers as triage_workers
 from diag import processes
+from diag.analysis import engine
 from diag.cli import main
 from diag.processes import PARTITIONED_MIN_RANKS, PROCESS_MIN_RANKS, WORKERS_MAX, default_workers, worker_count
 from tests.analysis.golden import differences
@@ -43,7 +44,7 @@ def hang(tmp_path_factory):
 def forks(monkeypatch):
     """The worker processes started (each one's target), for the partitioned analysis and for triage."""
     started = []
-    for module in (partitioned, triage_workers):
+    for module in (partitioned, processes, triage_workers):
         real = module.start_worker
         monkeypatch.setattr(
             module, "start_worker", lambda target, *args, real=real: started.append(target) or real(target, *args)
@@ -141,7 +142,7 @@ def test_analyze_gives_the_same_report_in_one_process_and_in_two_workers(run, fo
     alone = _analyze(path, "--workers", "1")
     assert forks == []  # everything in this process
     in_workers = _analyze(path, "--workers", "2")
-    assert len(forks) >= 2 and set(forks) == {partitioned._worker_main}
+    assert len(forks) >= 2 and set(forks) == {partitioned._worker_main, engine._stages_worker}
     assert differences(alone, in_workers) == []
     assert [(f["kind"], f["severity"]) for f in alone["findings"]] == [
         (f["kind"], f["severity"]) for f in in_workers["findings"]

@@ -41,7 +41,8 @@ def forks(monkeypatch):
         seen.append((threading.active_count(), threading.current_thread() is threading.main_thread()))
         return real(target, *args)
 
-    monkeypatch.setattr(partitioned, "start_worker", start_worker)
+    monkeypatch.setattr(partitioned, "start_worker", start_worker)  # the first read's
+    monkeypatch.setattr(processes, "start_worker", start_worker)  # the collectives' two stages
     return seen
 
 
@@ -81,5 +82,6 @@ def test_beside_a_server_s_threads_nothing_is_forked_unless_asked(run, forks):
     finally:
         stop.set()
         server.join()
-    # asked for: the first read's workers from the main thread, then the passes' from the poll thread
-    assert [on_main for _, on_main in forks] == [True, True, False, False]
+    # asked for: the first read's workers from the main thread, then those of the engine's runs (memory and
+    # telemetry, the collectives' two stages) from the poll thread
+    assert [on_main for _, on_main in forks] == [True, True, False, False, False, False]
