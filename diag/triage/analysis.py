@@ -507,9 +507,9 @@ def _desync_verdict(data: TriageInput, ops: pd.DataFrame, key: tuple[str, int], 
     ops = _collectives_only(ops)  # a pipeline's sends and receives share the group's numbers, not its ops
     at_seq = ops[(ops["pg"] == pg) & (ops["seq"] == seq)]
     sides = {sig: sorted(rows["rank"].tolist()) for sig, rows in at_seq.groupby("signature")}
-    history = ops[(ops["pg"] == pg) & (ops["seq"] < seq)]["signature"].value_counts()
+    history = _issued_before(ops[(ops["pg"] == pg) & (ops["seq"] < seq)]["signature"], sides)
     # reference side: most ranks, then most issued before, then holding the lowest rank
-    standing = {s: (len(sides[s]), int(history.get(s, 0))) for s in sides}
+    standing = {s: (len(sides[s]), history[s]) for s in sides}
     reference = max(sides, key=lambda s: (*standing[s], -min(sides[s])))
     culprits = sorted(r for s, ranks in sides.items() if s != reference for r in ranks)
     undecided = sum(1 for s in sides if standing[s] == standing[reference]) > 1
@@ -536,8 +536,23 @@ def _desync_verdict(data: TriageInput, ops: pd.DataFrame, key: tuple[str, int], 
     return _verdict("desync", culprits, _collective(ops, pg, seq, sides[reference]), ranks, evidence, data)
 
 
-def row_count_text(history: pd.Series, sides: dict[str, list[int]]) -> str:
-    return ", ".join(f"{sig.split('|')[0]} issued {int(history.get(sig, 0))}× before" for sig in sorted(sides))
+def _issued_before(earlier: pd.Series, sides: dict[str, list[int]]) -> dict[str, int]:
+    """How often the group issued each side's collective before, from the earlier signatures: one matches at
+    the precision it was recorded with (op, bytes and dtype; the shapes where both it and the side have them),
+    since a failing collective's record can carry shapes that the same collective's earlier records lack."""
+    counts = earlier.value_counts()
+    base_and_shape = [(sig.split("|", 3)[:3], sig.split("|", 3)[3:]) for sig in counts.index]
+    issued = {}
+    for side in sides:
+        base, shape = side.split("|", 3)[:3], side.split("|", 3)[3:]
+        issued[side] = sum(
+            int(n) for (b, s), n in zip(base_and_shape, counts) if b == base and (not s or not shape or s == shape)
+        )
+    return issued
+
+
+def row_count_text(history: dict[str, int], sides: dict[str, list[int]]) -> str:
+    return ", ".join(f"{sig.split('|')[0]} issued {history[sig]}× before" for sig in sorted(sides))
 
 
 # -- hangs: missing or dead ranks ----------------------------------------------------------------------------------

@@ -265,3 +265,14 @@ def test_rank_whose_data_loader_raised_after_its_untimed_buckets_is_the_culprit_
     assert verdict.culprit_ranks == [1], verdict.evidence
     assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 14)
     assert verdict.action.kind == "fix_code", verdict.action
+
+
+def test_a_dtype_desync_whose_majority_rank_aborted_names_the_rank_that_changed_its_collective():
+    """3 ranks: rank 1 passes float64 to the all_reduce every rank issues in each step's forward, where the others
+    pass the float32 they always did. gloo aborts rank 0 before it records the collective, so one rank is on
+    each side. The failing collective's records carry shapes its earlier records lack; the float32 side is
+    still the one the group issued before, so rank 1 alone is the culprit."""
+    verdict = triage(read_input(FIXTURES / "dtype_desync_majority_rank_aborted"))
+    assert verdict.verdict == "desync", verdict.evidence
+    assert verdict.culprit_ranks == [1], verdict.evidence
+    assert any("issued 9× before" in line and "issued 0× before" in line for line in verdict.evidence)  # 3 ranks x 3
