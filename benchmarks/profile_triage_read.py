@@ -1,8 +1,9 @@
 """What one rank costs ``diag triage`` to read: stage 1 of its read (``sources.TailRead.first``: its side files,
 then its steps and collectives tails, as of a trace whose heartbeats decide no rank) run in this one process over
-``--ranks`` ranks of a trace, CPU per rank (user and system apart); ``--profile``: where it goes (cProfile, by own time); ``--pool system``: glibc's allocator for
-Arrow's buffers instead of pyarrow's default (mimalloc here); ``--rows``: rows a rank (default 64, what triage
-reads at 16,384 ranks); ``--all-columns``: every column decoded, as before triage decoded only its own.
+``--ranks`` ranks of a trace, CPU per rank (user and system apart); ``--profile``: where it goes (cProfile, by own
+time); ``--pool system``: glibc's allocator for Arrow's buffers instead of pyarrow's default (mimalloc here);
+``--rows``: rows a rank (default 64, what triage reads at 16,384 ranks); ``--all-columns``: every column decoded,
+as before triage decoded only its own.
 
     python benchmarks/profile_triage_read.py /tmp/triage3/old16384 --ranks 1000 --first 3000 [--pool default]
 """

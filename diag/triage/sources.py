@@ -454,7 +454,9 @@ def _read_tails(
         bar = _bar(2 * len(sources), "reading ranks")  # each rank counted once per stage
     try:
         read = TailRead(str(reader.path), rows, use_heartbeats)
-        sides, judged, tables, per_rank = run_two_stage(read, sources, workers, progress=bar and bar.update)
+        sides, judged, tables, per_rank = run_two_stage(
+            read, sources, workers, progress=bar.update if bar is not None else None
+        )
     finally:
         if bar is not None:
             bar.close()
@@ -473,9 +475,9 @@ def _read_tails(
 
 @dataclass(frozen=True)
 class Tails:
-    """Tail rows of some ranks: per table its Arrow tables in rank order, and per rank read (what was skipped,
-    whether earlier rows were left unread). ``raw``: one rank's tables, slices of its decoded row groups, not yet
-    copied into tables of their own."""
+    """Tail rows of some ranks: per table its Arrow tables in their ranks' order, and per rank read (what was
+    skipped, whether earlier rows were left unread). ``raw``: one rank's tables, slices of its decoded row groups,
+    not yet copied into tables of their own."""
 
     tables: dict[str, list[pa.Table]] = field(default_factory=dict)
     per_rank: dict[int, tuple[list, bool]] = field(default_factory=dict)
