@@ -24,7 +24,7 @@ rank's steps and collectives rewritten as a live Arrow stream segment, one recor
 ``--tables``: also this checkout with no rank judged from its heartbeat (every rank's table tails read);
 ``--old-heartbeats``: the hang written with heartbeats without ``groups``, as before they existed (OUT/hangoldN).
 ``--one-process``: also this checkout reading every rank in its own process (no worker processes,
-diag/triage/workers.py), and in two worker processes whatever the load (the default uses them only on idle
+inline on the engine's runner), and in two worker processes whatever the load (the default uses them only on idle
 cores). Wall, CPU and peak RSS are the triage process's with its worker processes (os.wait4
 counts the children it waited for; the peak is the largest one process's).
 
@@ -288,7 +288,7 @@ def judge_both(root: Path) -> None:
             data = read_diag_trace(trace, heartbeats=heartbeats, workers=1)
             verdicts[heartbeats] = without_read_notes(triage(data).to_json())
             judged = judged or sum(info.judged_by_heartbeat for info in data.ranks.values())
-        # the same trace read by two worker processes (diag/triage/workers.py; a large trace's read): whole verdict
+        # the same trace read by two worker processes (the engine's runner, as a large trace is read): whole verdict
         in_workers = triage(read_diag_trace(trace, workers=2)).to_json()
         verdict = verdicts[True]
         print(

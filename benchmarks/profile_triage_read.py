@@ -1,8 +1,9 @@
-"""What one rank costs ``diag triage`` to read: a worker's read (diag/triage/workers.py, its side files then its
-steps and collectives tails) run in this one process over ``--ranks`` ranks of a trace, CPU per rank (user and
-system apart); ``--profile``: where it goes (cProfile, by own time); ``--pool system``: glibc's allocator for
-Arrow's buffers instead of pyarrow's default (mimalloc here); ``--rows``: rows a rank (default 64, what triage
-reads at 16,384 ranks); ``--all-columns``: every column decoded, as before triage decoded only its own.
+"""What one rank costs ``diag triage`` to read: stage 1 of its read (``sources.TailRead.first``: its side files,
+then its steps and collectives tails, as of a trace whose heartbeats decide no rank) run in this one process over
+``--ranks`` ranks of a trace, CPU per rank (user and system apart); ``--profile``: where it goes (cProfile, by own
+time); ``--pool system``: glibc's allocator for Arrow's buffers instead of pyarrow's default (mimalloc here);
+``--rows``: rows a rank (default 64, what triage reads at 16,384 ranks); ``--all-columns``: every column decoded,
+as before triage decoded only its own.
 
     python benchmarks/profile_triage_read.py /tmp/triage3/old16384 --ranks 1000 --first 3000 [--pool default]
 """
@@ -17,19 +18,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from diag.analysis.engine import RankSource
 from diag.trace.loader import TraceReader
-from diag.triage import workers
-
-
-class _Pipe:
-    """What a worker sends is dropped; asked which ranks to read next, it names none (all read in round 1)."""
-
-    def send(self, message) -> None:
-        if message[0] == "error":
-            raise SystemExit(message[1])
-
-    def recv(self) -> list:
-        return []
+from diag.triage.sources import TailRead
 
 
 def main() -> None:
@@ -53,7 +44,9 @@ def main() -> None:
     profile = cProfile.Profile() if args.profile else None
     if profile is not None:
         profile.enable()
-    workers._worker_main(_Pipe(), str(args.trace), share, args.rows, True)
+    TailRead(str(args.trace), args.rows, use_heartbeats=False).first(
+        [RankSource(str(args.trace), rank, str(rank_dir), None) for rank, rank_dir in share]
+    )
     if profile is not None:
         profile.disable()
     after = resource.getrusage(resource.RUSAGE_SELF)

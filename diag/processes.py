@@ -1,7 +1,7 @@
 """Where rank-parallel work runs: the one decision (``worker_count``) and the worker processes that read a large
 trace's ranks, each a contiguous share, talking to this process through a pipe. The analysis engine
-(``diag.analysis.engine``: ``--workers N`` processes or inline), ``diag triage``
-(``diag.triage.workers``) and the dashboard's first read all ask ``worker_count``. Reading a rank is mostly Python
+(``diag.analysis.engine``: ``--workers N`` processes or inline), ``diag triage``'s
+read (on the same engine) and the dashboard's first read all ask ``worker_count``. Reading a rank is mostly Python
 and pyarrow calls on small files, which threads run one at a time under the GIL; processes use every core.
 
 The worker count comes from the machine (the cores this process may run on) and the trace's size, never from the

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import pyarrow as pa
 
 from diag.processes import worker_count
 from diag.trace.loader import (
-    READ_THREADS,
     RankRead,
     Skipped,
     TraceError,
@@ -52,7 +50,6 @@ from diag.triage import debug_server, fr_checks, nccl_ras
 from diag.triage.flight_recorder import DumpRejected, FRDump, load_dump, sizes_text
 from diag.triage.summary import heartbeat_ops, judged_by_heartbeat
 from diag.triage.tail import read_tail
-from diag.triage.workers import read_in_workers
 
 P2P_OPS = ("send", "recv")  # numbered per rank by a counter of their own, not per group
 OPS_COLUMNS = [
@@ -443,72 +440,145 @@ def _read_tails(
 ) -> tuple[dict, dict[int, RankInfo], dict[int, Heartbeat | None], int]:
     """What ``TraceReader.poll`` gives (``assemble_trace``'s input), with only the last ``rows`` rows of the steps
     and collectives of each rank, and none of the ranks judged from their heartbeats (``use_heartbeats``); each
-    rank's hang dumps and heartbeat; how many ranks had more rows than read. First every rank's side files,
-    then the tables of the ranks their heartbeats do not decide: in worker processes for a large trace
-    (diag/triage/workers.py), else by a few threads, as the loader reads ranks. ``progress``: a bar of the
-    ranks read (worker processes only: a smaller read takes a few seconds). ``workers``: see read_diag_trace."""
+    rank's hang dumps and heartbeat; how many ranks had more rows than read. Read by ``TailRead`` on the engine's
+    runner: in this process, or in ``diag.processes.worker_count`` worker processes for a large trace.
+    ``progress``: a bar of the ranks read (worker processes only: a smaller read takes a few seconds)."""
+    from diag.analysis.engine import RankSource, run_two_stage
+
     workers = worker_count(len(rank_dirs), workers)
-    if workers > 1:
-        sides, tails, judged, chunks = _read_in_workers(reader.path, rank_dirs, rows, use_heartbeats, workers, progress)
-    else:
-        sides, tails, judged = _read_in_threads(reader, rank_dirs, rows, use_heartbeats)
-        chunks = None
-    for rank in judged:
-        sides[rank][1].judged_by_heartbeat = True
-    reads = ((rank, _with_tables(sides[rank][0], tails.get(rank))) for rank in rank_dirs)
-    gathered, side = gather_rank_reads(reads, TRIAGE_TABLES, reader.dir_notes())
-    chunks = gathered if chunks is None else chunks
-    data = {name: empty_table(table) for name, table in TABLES.items()}
-    for name in TRIAGE_TABLES:
-        data[name] = to_frame(chunks[name], TABLES[name], rank_column=True)
-    data.update(side, ranks=list(rank_dirs))
-    infos = {rank: sides[rank][1] for rank in rank_dirs}
-    beats = {rank: sides[rank][2] for rank in rank_dirs}
-    cut = sum(tail[1] for tail in tails.values())
-    return data, infos, beats, cut
-
-
-def _read_in_threads(reader: TraceReader, rank_dirs: dict[int, Path], rows: int, use_heartbeats: bool):
-    """(``{rank: (side read, dump info, heartbeat)}``, ``{rank: (tables, cut, skipped)}`` of the ranks whose
-    tables were read, the ranks judged from their heartbeats), read by a few threads."""
-    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        read = dict(zip(rank_dirs, pool.map(lambda item: _read_rank_side(reader, *item), rank_dirs.items())))
-        sides = {rank: (side[0], side[2], side[3]) for rank, side in read.items()}
-        judged = _judged(sides, use_heartbeats)
-        tailed = [rank for rank in rank_dirs if rank not in judged]
-        tails = dict(
-            zip(
-                tailed,
-                pool.map(lambda rank: _read_rank_tables(reader, rank, rank_dirs[rank], read[rank][1], rows), tailed),
-            )
-        )
-    return sides, tails, judged
-
-
-def _read_in_workers(path: Path, rank_dirs: dict[int, Path], rows: int, use_heartbeats: bool, workers: int, progress):
-    """As ``_read_in_threads``, read by ``workers`` processes, and the tails' tables apart (their per-rank entries
-    hold none): ``{table name: [one Arrow table per worker, in rank order]}``."""
+    sources = [RankSource(str(reader.path), rank, str(rank_dir), None) for rank, rank_dir in rank_dirs.items()]
     bar = None
-    if progress:
+    if progress and workers > 1:
         from diag.analysis.partitioned import _bar
 
-        bar = _bar(len(rank_dirs), "reading ranks")
+        bar = _bar(2 * len(sources), "reading ranks")  # each rank counted once per stage
     try:
-        sides, tables, per_rank = read_in_workers(
-            path,
-            rank_dirs,
-            rows,
-            workers,
-            use_heartbeats,
-            lambda sides: _judged(sides, use_heartbeats),
-            bar.update if bar is not None else None,
+        read = TailRead(str(reader.path), rows, use_heartbeats)
+        sides, judged, tables, per_rank = run_two_stage(
+            read, sources, workers, progress=bar.update if bar is not None else None
         )
     finally:
         if bar is not None:
             bar.close()
-    tails: dict = {rank: ({}, cut, skipped) for rank, (skipped, cut) in per_rank.items()}
-    judged = set(rank_dirs) - set(per_rank)
-    return sides, tails, judged, {name: tables.get(name, []) for name in TRIAGE_TABLES}
+    for rank in judged:
+        sides[rank][1].judged_by_heartbeat = True
+    reads = ((rank, _with_skipped(sides[rank][0], per_rank.get(rank))) for rank in rank_dirs)
+    _, side = gather_rank_reads(reads, (), reader.dir_notes())
+    data = {name: empty_table(table) for name, table in TABLES.items()}
+    for name in TRIAGE_TABLES:
+        data[name] = to_frame(tables[name], TABLES[name], rank_column=True)
+    data.update(side, ranks=list(rank_dirs))
+    infos = {rank: sides[rank][1] for rank in rank_dirs}
+    beats = {rank: sides[rank][2] for rank in rank_dirs}
+    return data, infos, beats, sum(cut for _, cut in per_rank.values())
+
+
+@dataclass(frozen=True)
+class Tails:
+    """Tail rows of some ranks: per table its Arrow tables in their ranks' order, and per rank read (what was
+    skipped, whether earlier rows were left unread). ``raw``: one rank's tables, slices of its decoded row groups,
+    not yet copied into tables of their own."""
+
+    tables: dict[str, list[pa.Table]] = field(default_factory=dict)
+    per_rank: dict[int, tuple[list, bool]] = field(default_factory=dict)
+    raw: bool = False
+
+    @staticmethod
+    def combine(*parts: Tails) -> Tails:
+        """The parts in order, each run of raw ones copied into one contiguous table per table (their decoded row
+        groups freed; a pipe pickles a few buffers, not thousands)."""
+        tables: dict[str, list[pa.Table]] = {}
+        for name in TRIAGE_TABLES:
+            out, run = [], []
+            for part in [*parts, Tails()]:
+                if part.raw:
+                    run += part.tables.get(name, [])
+                    continue
+                if run:
+                    out.append(_copied(run))
+                    run = []
+                out += part.tables.get(name, [])
+            if out:
+                tables[name] = out
+        return Tails(tables, {rank: read for part in parts for rank, read in part.per_rank.items()})
+
+
+def _copied(parts: list[pa.Table]) -> pa.Table:
+    """The parts' rows as one table in buffers of its own: one chunk a column, dictionaries unified."""
+    arrow = pa.concat_tables(parts).unify_dictionaries()
+    return arrow.combine_chunks() if len(parts) > 1 else arrow.take(np.arange(arrow.num_rows))
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A rank directory and its listing, kept between the stages (``nbytes``: what ``HeldStages`` counts)."""
+
+    rank: int
+    rank_dir: Path
+    names: list[str]
+
+    @property
+    def nbytes(self) -> int:
+        return 64 + sum(len(name) for name in self.names)
+
+
+@dataclass(frozen=True)
+class TailRead:
+    """Triage's read of a trace's ranks as a two-stage analysis (``diag.analysis.engine.run_two_stage``). Stage
+    1: each rank's side files (manifest, heartbeat, hang dumps), and the tables of the ranks no heartbeat can
+    decide (none, or one without ``groups``; with ``use_heartbeats`` False, every rank's). Between the stages: the
+    ranks judged from their heartbeats (``summary.judged_by_heartbeat``, over every rank's), and the broadcast,
+    the ranks whose heartbeat could have decided them and did not. Stage 2: those ranks' tables. The result:
+    (``{rank: (side read, dump info, heartbeat)}``, the ranks judged, ``{table name: [Arrow tables]}`` with the
+    rows in the ranks' order, ``{rank: (skipped, cut)}`` of the ranks whose tables were read)."""
+
+    path: str
+    rows: int
+    use_heartbeats: bool
+
+    def first(self, sources: list) -> tuple[list[Listed], tuple[dict, Tails]]:
+        reader = TraceReader(self.path, tables=())
+        sides, kept, tails = {}, [], []
+        for source in sources:
+            rank, rank_dir = source.rank, Path(source.rank_dir)
+            read, names, info, beat = _read_rank_side(reader, rank, rank_dir)
+            sides[rank] = (read, info, beat)
+            kept.append(Listed(rank, rank_dir, names))
+            if not self.use_heartbeats or beat is None or beat.groups is None:  # never judged from its heartbeat
+                tails.append(self._tail(reader, kept[-1]))
+        return kept, (sides, Tails.combine(*tails))
+
+    def combine(self, *partials: tuple[dict, Tails]) -> tuple[dict, Tails]:
+        return {r: s for sides, _ in partials for r, s in sides.items()}, Tails.combine(*(t for _, t in partials))
+
+    def between(self, partial: tuple[dict, Tails]) -> tuple[tuple, set[int]]:
+        sides, tails = partial
+        judged = _judged(sides, self.use_heartbeats)
+        return (sides, judged, tails), {rank for rank in sides if rank not in judged and rank not in tails.per_rank}
+
+    def second(self, listed: Listed, later: set[int]) -> Tails:
+        return self._tail(TraceReader(self.path, tables=()), listed) if listed.rank in later else Tails(raw=True)
+
+    def combine2(self, *partials: Tails) -> Tails:
+        return Tails.combine(*partials)
+
+    def finish(self, state: tuple, later: Tails) -> tuple[dict, set[int], dict[str, list[pa.Table]], dict]:
+        """Stage 2's rows put in their ranks' places among stage 1's (a stable sort: each rank's rows keep their
+        order)."""
+        sides, judged, tails = state
+        tables = {}
+        for name in TRIAGE_TABLES:
+            first, second = tails.tables.get(name, []), later.tables.get(name, [])
+            tables[name] = first + second
+            if first and second:
+                arrow = pa.concat_tables(first + second)
+                place = pd.Index(list(sides)).get_indexer(arrow["rank"].to_numpy())
+                tables[name] = [arrow.take(np.argsort(place, kind="stable"))]
+        return sides, judged, tables, {**tails.per_rank, **later.per_rank}
+
+    def _tail(self, reader: TraceReader, listed: Listed) -> Tails:
+        arrow, cut, skipped = _read_rank_tables(reader, listed.rank, listed.rank_dir, listed.names, self.rows)
+        return Tails({name: [table] for name, table in arrow.items()}, {listed.rank: (skipped, cut)}, raw=True)
 
 
 def _judged(sides: dict, use_heartbeats: bool) -> set[int]:
@@ -529,14 +599,14 @@ def _read_rank_side(reader: TraceReader, rank: int, rank_dir: Path):
     return read, names, info, Heartbeat.from_json(read.heartbeat)
 
 
-def _read_rank_tables(reader: TraceReader, rank: int, rank_dir: Path, names: list[str], rows: int, copy: bool = True):
-    """The last ``rows`` rows of a rank's steps and collectives (with its rank column), whether earlier rows
-    were left unread, and what was skipped. ``copy``: read_tail's."""
+def _read_rank_tables(reader: TraceReader, rank: int, rank_dir: Path, names: list[str], rows: int):
+    """The last ``rows`` rows of a rank's steps and collectives (with its rank column; slices of what was decoded,
+    ``Tails.combine`` copies them), whether earlier rows were left unread, and what was skipped."""
     skipped = []
     tables, cut = {}, False
     try:
         for name in TRIAGE_TABLES:
-            tail = read_tail(reader, rank_dir, names, TABLES[name], rows, skipped, copy)
+            tail = read_tail(reader, rank_dir, names, TABLES[name], rows, skipped, copy=False)
             cut |= tail.cut
             if tail.arrow is not None and tail.arrow.num_rows:
                 column = pa.array(np.full(tail.arrow.num_rows, rank, dtype="int32"))
@@ -547,9 +617,9 @@ def _read_rank_tables(reader: TraceReader, rank: int, rank_dir: Path, names: lis
     return tables, cut, skipped
 
 
-def _with_tables(read: RankRead, tail) -> RankRead:
-    """A rank's side read with its tables."""
-    return read if tail is None else dataclasses.replace(read, tables=tail[0], skipped=read.skipped + tail[2])
+def _with_skipped(read: RankRead, tail: tuple[list, bool] | None) -> RankRead:
+    """A rank's side read with what reading its tables skipped."""
+    return read if tail is None else dataclasses.replace(read, skipped=read.skipped + tail[0])
 
 
 def _steps_of(reader: TraceReader, rank_dirs: dict[int, Path], rows: int) -> pd.DataFrame | None:

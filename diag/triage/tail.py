@@ -55,7 +55,7 @@ def read_tail(
 ) -> Tail:
     """The last ``rows`` rows of ``table`` in ``rank_dir`` (its CSV rows first, then its segments', as the
     loader orders them). ``names``: the directory's listing. ``copy=False``: the rows as a slice of what was
-    decoded, for a caller that copies many ranks' slices at once (diag/triage/workers.py)."""
+    decoded, for a caller that copies many ranks' slices at once (``sources.Tails``)."""
     # version-2 segments from the newest back, read afresh (a live stream stays live: the newest one is always read)
     segments = Tail(*reader.read_segments_tail(rank_dir, names, table, rows, skipped, tail_columns(table)))
     have = segments.arrow.num_rows if segments.arrow is not None else 0

@@ -12,10 +12,13 @@ from diag.triage.sources import read_diag_trace
 
 
 def assert_same_read(path, workers: int, **options) -> dict:
-    """The trace read by ``workers`` processes and by this one: the same collectives, steps, ranks' states, notes,
+    """The trace read by ``workers`` processes and inline: the same collectives, steps, ranks' states, notes,
     skipped files and verdict (whole, evidence included). Returns the verdict."""
-    one = read_diag_trace(path, workers=1, **options)
-    many = read_diag_trace(path, workers=workers, **options)
+    return same_read(read_diag_trace(path, workers=workers, **options), read_diag_trace(path, workers=1, **options))
+
+
+def same_read(many, one) -> dict:
+    """Two reads of one trace are the same (``assert_same_read``); returns the verdict."""
     pd.testing.assert_frame_equal(many.ops, one.ops)
     if one.steps is None:  # every rank judged from its heartbeat: no table read
         assert many.steps is None

@@ -15,7 +15,6 @@ import pytest
 from click.testing import CliRunner
 
 import diag.analysis.partitioned as partitioned
-import diag.triage.workers as triage_workers
 from diag import processes
 from diag.analysis import engine
 from diag.cli import main
@@ -44,7 +43,7 @@ def hang(tmp_path_factory):
 def forks(monkeypatch):
     """The worker processes started (each one's target), for the partitioned analysis and for triage."""
     started = []
-    for module in (partitioned, processes, triage_workers):
+    for module in (partitioned, processes):
         real = module.start_worker
         monkeypatch.setattr(
             module, "start_worker", lambda target, *args, real=real: started.append(target) or real(target, *args)
@@ -168,7 +167,7 @@ def test_triage_gives_the_same_verdict_in_one_process_and_in_two_workers(hang, f
     alone = _triage(path, "--workers", "1")
     assert forks == []
     in_workers = _triage(path, "--workers", "2")
-    assert len(forks) == 2 and set(forks) == {triage_workers._worker_main}
+    assert len(forks) == 2 and set(forks) == {engine._stages_worker}
     assert in_workers == alone
     assert plants.hang_stuck in in_workers["culprit_ranks"]
 

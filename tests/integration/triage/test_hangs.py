@@ -293,8 +293,9 @@ def test_verdict_from_heartbeats_equals_the_verdict_from_the_tables(runs, scenar
 
 @pytest.mark.parametrize("scenario", sorted(JUDGED_BY_HEARTBEAT))
 def test_worker_processes_read_the_same_as_one_process(runs, scenario, tmp_path):
-    """A large trace's ranks are read by worker processes (diag/triage/workers.py): asked for here on each real job
-    (3 ranks, two workers), new and old (heartbeats without groups), the read equals one process's."""
+    """A large trace's ranks are read by worker processes (``sources.TailRead`` on the engine's runner): asked for
+    here on each real job (3 ranks, two workers), new and old (heartbeats without groups), the read equals the
+    inline one's."""
     from tests.triage.helpers import assert_same_read
 
     trace, _ = runs(scenario)

@@ -1,7 +1,8 @@
-"""``diag triage`` reads the ranks of a large trace in worker processes (diag/triage/workers.py): what they read is
-what one process reads, row for row, so the verdict is the same. Here the workers are asked for on small
-synthetic hangs (diag.testing.synthetic --hang, real trace files) that one process would otherwise read; the real
-gloo jobs are compared in test_hangs.py (test_worker_processes_read_the_same_as_one_process)."""
+"""``diag triage`` reads a trace's ranks as one two-stage analysis (``sources.TailRead``) on the engine's runner:
+inline, or in worker processes for a large trace. Every executor and every batching of the ranks reads the same
+rows, in rank order, so the verdict is the same. Here the workers are asked for on small synthetic hangs
+(diag.testing.synthetic --hang, real trace files) that one process would otherwise read; the real gloo jobs are
+compared in test_hangs.py (test_worker_processes_read_the_same_as_one_process)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import json
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from diag.analysis import engine
 from diag.trace.schema import CSV_SCHEMA_VERSION, SCHEMA_VERSION, rank_dir_name
 from diag.triage.sources import read_diag_trace
 from tests.analysis.helpers import synthetic
-from tests.triage.helpers import assert_same_read
+from tests.triage.helpers import assert_same_read, same_read
 
 RANKS, STEPS, PER_STEP = 12, 30, 5
 
@@ -82,3 +86,53 @@ def test_a_worker_that_fails_is_said_at_once(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="ValueError: planted"):
         read_diag_trace(tmp_path, workers=2)
     assert time.monotonic() - start < 10  # not the 30 s a join would wait for a worker left waiting
+
+
+# each rank's heartbeat as the property tests leave it: as written (a stall, judged from it), not a stall (its
+# tables read in stage 2), stale (likewise), or an old rank's without groups (its tables read in stage 1)
+HEARTBEAT_EDITS = {
+    "as written": lambda hb: None,
+    "running": lambda hb: hb.update(state="running"),
+    "stale": lambda hb: hb.update(time_us=hb["time_us"] - 60_000_000),
+    "no groups": lambda hb: hb.pop("groups"),
+}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    edits=st.lists(st.sampled_from(sorted(HEARTBEAT_EDITS)), min_size=RANKS, max_size=RANKS),
+    workers=st.integers(2, 4),
+)
+def test_any_mix_of_heartbeats_reads_the_same_inline_and_in_workers(tmp_path_factory, edits, workers):
+    """Whichever ranks each stage reads, inline and ``workers`` processes give the same read and verdict."""
+    path = tmp_path_factory.mktemp("mixed")
+    synthetic.generate(path, RANKS, STEPS, PER_STEP, trace_format=SCHEMA_VERSION, hang=True)
+    for rank, edit in enumerate(edits):
+        edit_heartbeat(path, rank, HEARTBEAT_EDITS[edit])
+    assert_same_read(path, workers)
+    steps = read_diag_trace(path, workers=workers).steps
+    assert steps is None or steps["rank"].is_monotonic_increasing  # each stage's rows in their ranks' places
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """A hang whose ranks 1 and 6 are read in stage 2 and rank 9 in stage 1, the others judged from heartbeats."""
+    path = tmp_path_factory.mktemp("mixed")
+    synthetic.generate(path, RANKS, STEPS, PER_STEP, trace_format=SCHEMA_VERSION, hang=True)
+    edit_heartbeat(path, 1, HEARTBEAT_EDITS["running"])
+    edit_heartbeat(path, 6, HEARTBEAT_EDITS["stale"])
+    edit_heartbeat(path, 9, HEARTBEAT_EDITS["no groups"])
+    return path, read_diag_trace(path, workers=1)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.integers(1, RANKS + 1), held=st.sampled_from([0, 1000, 1 << 30]), heartbeats=st.booleans())
+def test_any_batching_and_held_budget_read_the_same(mixed, batch, held, heartbeats):
+    """Inline, any number of ranks a batch and any budget for the listings held between the stages (beyond it a
+    rank's side files are read again) give the same read."""
+    path, _ = mixed
+    expected = read_diag_trace(path, workers=1, heartbeats=heartbeats)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine, "BATCH_RANKS", batch)
+        patch.setattr(engine, "HELD_BYTES_MAX", held)
+        same_read(read_diag_trace(path, workers=1, heartbeats=heartbeats), expected)

@@ -1,7 +1,7 @@
-"""``diag triage`` reads the ranks of a large trace in worker processes (diag/triage/workers.py): what they read is
-what one process reads, row for row, so the verdict is the same. Here the workers are asked for on small
-synthetic hangs (diag.testing.synthetic --hang, real trace files) that one process would otherwise read; the real
-gloo jobs are compared in test_hangs.py (test_worker_processes_read_the_same_as_one_process)."""
+"""``diag triage`` reads the ranks of a large trace in worker processes (``sources.TailRead`` on the engine's
+runner), of a small one inline: ``diag.processes.worker_count`` decides. That both read the same is checked in
+tests/integration/triage/test_workers.py and, on the real gloo jobs, in test_hangs.py
+(test_worker_processes_read_the_same_as_one_process)."""
 
 from __future__ import annotations
 
