@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from diag.analysis.window import WARMUP_MAX_FRACTION
 from diag.launch import run_ranks
 from tests.analysis.helpers import REPO, cli_json, findings_of, run_cli
 from tests.conftest import requires_gpu
@@ -72,7 +73,8 @@ def test_straggler_named_when_data_loader_is_slow(data_straggler_report):
 def test_balanced_job_gets_no_straggler_finding(balanced_report):
     assert not findings_of(balanced_report, "straggler")
     assert not [s for s in balanced_report["stragglers"] if s["persistent"]]
-    assert balanced_report["run"]["window"]["steps_analysed"] >= STEPS - 3
+    # the leading steps left out as warm-up: on a busy box more of them run 1.5x slow, never over the bound
+    assert balanced_report["run"]["window"]["steps_analysed"] >= STEPS - int(STEPS * WARMUP_MAX_FRACTION)
 
 
 def test_default_command_analyses_the_bundled_sample_run():
