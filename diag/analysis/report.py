@@ -496,14 +496,15 @@ def options_fingerprint(**options) -> str:
 
 @functools.cache
 def _analysis_code_digest() -> str:
-    """diag's version and the contents of the analysis and trace modules: an edited module makes a new report,
-    while a copy or a reinstall of the same code (new modification times) keeps serving the cached one."""
+    """diag's version and the contents of the analysis, trace and triage modules (triage names a failed job's
+    culprit in the report): an edited module makes a new report, while a copy or a reinstall of the same code
+    (new modification times) keeps serving the cached one."""
     from diag import __version__
 
     digest = hashlib.blake2b(__version__.encode(), digest_size=12)
-    trace_code = Path(__file__).parents[1] / "trace"
-    for source in [*sorted(Path(__file__).parent.glob("*.py")), *sorted(trace_code.glob("*.py"))]:
-        digest.update(f"{source.name}:".encode() + source.read_bytes())
+    package = Path(__file__).parents[1]
+    for source in [path for part in ("analysis", "trace", "triage") for path in sorted((package / part).glob("*.py"))]:
+        digest.update(f"{source.parent.name}/{source.name}:".encode() + source.read_bytes())
     return digest.hexdigest()
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import diag
 
 PACKAGE = Path(diag.__file__).parent
@@ -32,10 +34,12 @@ def _copy_of_diag(site: Path) -> Path:
     return site
 
 
-def test_the_same_code_elsewhere_keeps_the_fingerprint_and_an_edit_changes_it(tmp_path):
+# the triage module names a failed job's culprit in the report (analysis.report's judge_failure)
+@pytest.mark.parametrize("module", ["analysis/stragglers.py", "triage/analysis.py"])
+def test_the_same_code_elsewhere_keeps_the_fingerprint_and_an_edit_changes_it(tmp_path, module):
     first = _fingerprint(_copy_of_diag(tmp_path / "a"))
     second = _fingerprint(_copy_of_diag(tmp_path / "b"))
     assert first == second
-    edited = tmp_path / "b" / "diag" / "analysis" / "stragglers.py"
+    edited = tmp_path / "b" / "diag" / module
     edited.write_text(edited.read_text() + "\nSEVERITY_EDITED = True\n")
     assert _fingerprint(tmp_path / "b") != first
