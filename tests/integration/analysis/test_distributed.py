@@ -118,14 +118,14 @@ def test_the_two_stages_on_the_cluster_equal_the_inline_run(cluster, tmp_path):
     from diag.analysis import engine
     from diag.analysis.partitioned import Collectives, load_without_collectives
     from diag.analysis.window import choose_window
-    from tests.unit.analysis.test_two_stage import _comparable
+    from tests.analysis.two_stage import comparable
 
     make_trace(tmp_path, ranks=20, steps=30)
     trace = load_without_collectives(tmp_path)
     analysis, sources = Collectives(choose_window(trace.steps, None, set())), engine.rank_sources(trace)
-    inline = _comparable(engine.run_two_stage(analysis, sources))
+    inline = comparable(engine.run_two_stage(analysis, sources))
     with Client(cluster) as client:
-        on_cluster = _comparable(engine.run_two_stage(analysis, sources, client=client))
+        on_cluster = comparable(engine.run_two_stage(analysis, sources, client=client))
     assert inline[0].equals(on_cluster[0]) and inline[1:] == on_cluster[1:]
 
 

@@ -19,18 +19,20 @@ def test_the_two_stages_in_worker_processes_equal_the_inline_run(tmp_path, monke
     from diag.analysis.partitioned import Collectives, load_without_collectives
     from diag.analysis.window import choose_window
     from diag.testing import synthetic
-    from tests.unit.analysis.test_two_stage import SpreadAnalysis, _comparable, _expected, _sources
+    from tests.analysis.two_stage import SpreadAnalysis, comparable, expected_spread, sources_of
 
     synthetic.generate(tmp_path, 7, 20, 3, trace_format=2)
     trace = load_without_collectives(tmp_path)
     analysis, sources = Collectives(choose_window(trace.steps, None, set())), engine.rank_sources(trace)
-    inline = _comparable(engine.run_two_stage(analysis, sources))
+    inline = comparable(engine.run_two_stage(analysis, sources))
     for workers in (2, 3):
-        in_workers = _comparable(engine.run_two_stage(analysis, sources, workers=workers))
+        in_workers = comparable(engine.run_two_stage(analysis, sources, workers=workers))
         assert inline[0].equals(in_workers[0]) and inline[1:] == in_workers[1:]
     monkeypatch.setattr(engine, "HELD_BYTES_MAX", 0)
-    again = _comparable(engine.run_two_stage(analysis, sources))
+    again = comparable(engine.run_two_stage(analysis, sources))
     assert inline[0].equals(again[0]) and inline[1:] == again[1:]
     ranks = [3, 1, 4, 0, 5, 9, 2, 6]  # an exact analysis: the same result in any number of workers
     for workers in (1, 2, 5):
-        assert engine.run_two_stage(SpreadAnalysis(Counter()), _sources(ranks), workers=workers) == _expected(ranks)
+        assert engine.run_two_stage(SpreadAnalysis(Counter()), sources_of(ranks), workers=workers) == expected_spread(
+            ranks
+        )

@@ -6,9 +6,7 @@ exact analysis (integers: no float order to tolerate) shows the runner's contrac
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,49 +16,7 @@ from diag.analysis import engine
 from diag.analysis.partitioned import Collectives, load_without_collectives
 from diag.analysis.window import choose_window
 from diag.testing import synthetic
-
-
-@dataclass
-class Kept:
-    rank: int
-    nbytes: int
-
-
-@dataclass
-class SpreadAnalysis:
-    """Stage 1: each rank's value (rank * 7 % 11) summed and counted, the rank's state kept; between: the total
-    and count broadcast; stage 2: each rank's squared distance from the mean, times the count (an integer)."""
-
-    reads: Counter
-
-    def first(self, sources):
-        self.reads.update(s.rank for s in sources)
-        return [Kept(s.rank, 10 + s.rank) for s in sources], (sum(s.rank * 7 % 11 for s in sources), len(sources))
-
-    def combine(self, *partials):
-        return sum(p[0] for p in partials), sum(p[1] for p in partials)
-
-    def between(self, partial):
-        return partial, partial
-
-    def second(self, kept, broadcast):
-        total, count = broadcast
-        return [(kept.rank, (count * (kept.rank * 7 % 11) - total) ** 2)]
-
-    def combine2(self, *partials):
-        return [row for p in partials for row in p]
-
-    def finish(self, state, rows):
-        return state, rows
-
-
-def _sources(ranks) -> list[engine.RankSource]:
-    return [engine.RankSource("", r, "", None) for r in ranks]
-
-
-def _expected(ranks: list[int]):
-    total, count = sum(r * 7 % 11 for r in ranks), len(ranks)
-    return (total, count), [(r, (count * (r * 7 % 11) - total) ** 2) for r in ranks]
+from tests.analysis.two_stage import SpreadAnalysis, comparable, expected_spread, sources_of
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -73,8 +29,8 @@ def test_any_batching_order_and_budget_give_the_same_result(monkeypatch, ranks, 
     monkeypatch.setattr(engine, "BATCH_RANKS", batch)
     monkeypatch.setattr(engine, "HELD_BYTES_MAX", budget)
     reads, ticks = Counter(), []
-    result = engine.run_two_stage(SpreadAnalysis(reads), _sources(ranks), progress=ticks.append)
-    assert result == _expected(ranks)  # stage 2 in the sources' order
+    result = engine.run_two_stage(SpreadAnalysis(reads), sources_of(ranks), progress=ticks.append)
+    assert result == expected_spread(ranks)  # stage 2 in the sources' order
     held, fits = 0, set()
     for r in ranks:  # the runner holds the states in order while they fit, reads the others again
         if held + 10 + r <= budget:
@@ -90,17 +46,6 @@ def collectives(tmp_path_factory):
     synthetic.generate(path, 8, 30, 4, trace_format=2)
     trace = load_without_collectives(path)
     return Collectives(choose_window(trace.steps, None, set())), engine.rank_sources(trace)
-
-
-def _comparable(result) -> tuple:
-    sums, inst, accounting = result
-    inst = inst.sort_values(["pg", "seq"]).reset_index(drop=True)
-    cells = {rank: (steps.tolist(), np.round(waits, 6).tolist()) for rank, steps, waits in sums.step_cells}
-    groups = {
-        k: (g.count, g.rows, round(g.wait_sum_us, 6), g.durations.values.tolist(), g.durations.counts.tolist())
-        for k, g in sums.groups.items()
-    }
-    return inst, cells, sums.arrivals, sums.members, groups, sorted(accounting, key=lambda a: a[0])
 
 
 @st.composite
@@ -123,12 +68,12 @@ def test_the_collectives_in_any_batches_order_and_tree_equal_the_inline_run(coll
     """Stage 1 on batches of the ranks in any order, the partials combined in any tree; stage 2 rank by rank,
     combined in any tree: the inline runner's result (float sums to 1e-6 us, the instances exactly)."""
     analysis, sources = collectives
-    inline = _comparable(engine.run_two_stage(analysis, sources))
+    inline = comparable(engine.run_two_stage(analysis, sources))
     shuffled = [sources[i] for i in order]
     batches = [shuffled[i : i + size] for i in range(0, len(shuffled), size)]
     firsts = [analysis.first(batch) for batch in batches]
     state, match = analysis.between(_reduce(analysis.combine, [p for _, p in firsts], tree1))
     seconds = [analysis.second(part, match) for kept, _ in firsts for part in kept]
-    got = _comparable(analysis.finish(state, _reduce(analysis.combine2, seconds, tree2)))
+    got = comparable(analysis.finish(state, _reduce(analysis.combine2, seconds, tree2)))
     pd.testing.assert_frame_equal(inline[0], got[0])
     assert inline[1:] == got[1:]
