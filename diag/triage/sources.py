@@ -449,9 +449,9 @@ def _read_tails(
     sources = [RankSource(str(reader.path), rank, str(rank_dir), None) for rank, rank_dir in rank_dirs.items()]
     bar = None
     if progress and workers > 1:
-        from diag.analysis.partitioned import _bar
+        from diag.progress import bar as progress_bar
 
-        bar = _bar(2 * len(sources), "reading ranks")  # each rank counted once per stage
+        bar = progress_bar(2 * len(sources), "reading ranks")  # each rank counted once per stage
     try:
         read = TailRead(str(reader.path), rows, use_heartbeats)
         sides, judged, tables, per_rank = run_two_stage(
