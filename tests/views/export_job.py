@@ -36,6 +36,10 @@ for batch in diag.wrap_loader([torch.randn(16, 32) for _ in range(steps)]):
         optimizer.zero_grad()
         model(batch).sum().backward()
         optimizer.step()
+        # DDP's buckets reach the trace with the Flight Recorder follower's reads (a second apart, more under
+        # load: one read can carry every bucket of the job); a Python-side collective is written at the next
+        # flush, so the collectives table fills step by step and compacts into several segments at any load
+        dist.all_reduce(torch.ones(1))
     time.sleep(0.03)  # a flush between steps
 dist.barrier()
 if mode == "killed":
