@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from diag.analysis.findings import Finding, FindingContext, severity_for
+from diag.analysis.section import Section, json_safe
 from diag.analysis.stragglers import (
     MAX_INDEPENDENT_STEPS,
     MEDIAN_STANDARD_ERROR,
@@ -478,3 +479,6 @@ def gantt_rows(trace, step: int | None = None) -> pd.DataFrame:
             "duration_ms": one["duration"] / 1e3,
         }
     ).reset_index(drop=True)
+
+
+SECTION = Section("bubble", bubble_findings, json=lambda bubble: {"bubble": json_safe(bubble.to_dict())})

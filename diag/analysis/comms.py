@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from diag.analysis.findings import Finding, FindingContext, severity_for
+from diag.analysis.section import Section
 from diag.analysis.stragglers import Cause
 
 # the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
@@ -575,3 +576,6 @@ def exposed_time_findings(comms: CommsReport, ctx: FindingContext) -> list[Findi
                 )
             )
     return out
+
+
+SECTION = Section("comms", exposed_time_findings)

@@ -85,7 +85,8 @@ from diag.analysis.calibration import (
     sensitivity,
 )
 from diag.analysis.compare_stability import compare_stability, losses, nonfinite_steps
-from diag.analysis.report import Report, json_safe, ranks_sharing_tokens
+from diag.analysis.report import Report, ranks_sharing_tokens
+from diag.analysis.section import json_safe
 from diag.analysis.window import select
 
 RESAMPLES = 2000

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from diag.analysis.findings import Finding, FindingContext
+from diag.analysis.section import Section
 from diag.trace.manifest import Manifest
 
 ERROR_KINDS = ("step_error", "oom")  # and any event kind ending in "_error" (e.g. a collective that raised)
@@ -320,3 +321,6 @@ def _short(text: str) -> str:
 def _ranks(values: list[int], limit: int = 8) -> str:
     shown = ", ".join(map(str, values[:limit]))
     return shown + (f" and {len(values) - limit} more" if len(values) > limit else "")
+
+
+SECTION = Section("failures", failure_findings, in_json="never", in_report=False)

@@ -1,9 +1,9 @@
 """Findings: the problems worth acting on, ranked by the time each costs the job.
 
 Each analysis module owns its findings (``stragglers.straggler_findings``, ``comms.exposed_time_findings``, ...,
-each ``(result, FindingContext) -> list[Finding]``); ``report.FINDINGS`` lists them. A finding costs
-``time_lost_per_step_s`` for every step in the window, ``time_lost_s`` in total. Risks that cost no time yet
-(a leak, little headroom) carry 0 s and are ranked after those that do, by severity.
+each ``(result, FindingContext) -> list[Finding]``), declared in its ``SECTION``; ``report.SECTIONS`` lists
+them. A finding costs ``time_lost_per_step_s`` for every step in the window, ``time_lost_s`` in total. Risks
+that cost no time yet (a leak, little headroom) carry 0 s and are ranked after those that do, by severity.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from diag.analysis.findings import Finding, FindingContext, severity_for
+from diag.analysis.section import Section
 
 EXPOSED_COMM_MIN = 0.05  # exposed communication share of the span worth a finding
 IDLE_MIN = 0.10  # GPU idle share of the span worth a finding
@@ -204,3 +205,6 @@ def gpu_time_findings(report: GpuTimeReport, ctx: FindingContext) -> list[Findin
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}%"
+
+
+SECTION = Section("gpu_time", gpu_time_findings)

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from diag.analysis.findings import Finding, FindingContext, ranks_text
+from diag.analysis.section import Section, json_safe
 from diag.trace.manifest import Manifest
 
 # the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
@@ -292,3 +293,11 @@ def health_findings(report: HealthReport, ctx: FindingContext | None = None) -> 
 
 def _risk(kind: str, severity: str, title: str, ranks: list[int], evidence: list[str], advice: str) -> Finding:
     return Finding(kind, severity, title, ranks, 0.0, 0.0, evidence, advice)
+
+
+def _health_json(health: HealthReport) -> dict:
+    """Only from runs that recorded loss, gradient norms or fingerprints."""
+    return {"health": json_safe(health)} if health.recorded else {}
+
+
+SECTION = Section("health", health_findings, json=_health_json)

@@ -28,6 +28,7 @@ import pandas as pd
 
 from diag.analysis.comms import CollectiveWaits, ReducedWaits, algbw_size_bytes, busbw_factor, canonical_op, size_bucket
 from diag.analysis.findings import Finding, FindingContext, severity_for
+from diag.analysis.section import Section
 from diag.trace.mesh import MeshLayout
 
 SLOW_RATIO = 0.6  # a group at less than 60% of its fast peers' busbw is slow
@@ -331,3 +332,6 @@ def link_findings(links: LinkReport, ctx: FindingContext) -> list[Finding]:
             suspect.hosts,
         )
     ]
+
+
+SECTION = Section("links", link_findings, in_json="when_present")

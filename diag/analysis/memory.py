@@ -18,6 +18,7 @@ from diag.analysis.findings import Finding, FindingContext, ranks_text
 from diag.analysis.memory_deep import DeepMemory
 from diag.analysis.memory_plan import PlanComparison
 from diag.analysis.oom import OomExplanation, byte_text
+from diag.analysis.section import Section, json_safe
 from diag.analysis.window import StepWindow, in_window
 
 # the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
@@ -487,3 +488,14 @@ def oom_evidence(oom: OomExplanation) -> list[str]:
 def _advice_text(advice) -> str:
     frees = f" (frees ~{byte_text(advice.frees_bytes)})" if advice.frees_bytes is not None else ""
     return advice.action + frees
+
+
+def _memory_json(memory: MemoryReport) -> dict:
+    """The deep memory mode's result only from runs that used it."""
+    out = json_safe(memory)
+    if not memory.deep:
+        out.pop("deep", None)
+    return {"memory": out}
+
+
+SECTION = Section("memory", memory_findings, json=_memory_json)

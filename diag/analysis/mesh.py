@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from diag.analysis.section import Section
 from diag.trace.mesh import MeshLayout
 
 if TYPE_CHECKING:  # stragglers imports this module, and comms imports stragglers
@@ -116,3 +117,6 @@ def place_rank(layout: MeshLayout, waits_s: dict[str, float], rank: int) -> Mesh
             placement.stalls_dim, placement.stalls_ranks = dim, list(layout.ranks_of(own))
             placement.group_wait_s, placement.typical_wait_s = own_wait, typical
     return placement
+
+
+SECTION = Section("mesh", in_json="when_present")  # its findings are the stragglers' and links'

@@ -15,6 +15,7 @@ import pandas as pd
 from diag.analysis import grid
 from diag.analysis.findings import Finding, FindingContext
 from diag.analysis.peaks import lookup_peak_tflops, mfu_of
+from diag.analysis.section import Section
 from diag.trace.manifest import Manifest
 
 # the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
@@ -183,3 +184,6 @@ def mfu_findings(mfu: MfuReport, ctx: FindingContext) -> list[Finding]:
             "Once the findings above are fixed: larger micro-batches, fused kernels, torch.compile, bf16.",
         )
     ]
+
+
+SECTION = Section("mfu", mfu_findings)

@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from diag.analysis.findings import Finding, FindingContext, ranks_text
+from diag.analysis.section import Section
 from diag.trace.manifest import Manifest
 from diag.trace.nccl_log import NcclLog
 
@@ -391,3 +392,6 @@ def _channel_findings(report: NcclReport) -> list[Finding]:
             )
         )
     return out
+
+
+SECTION = Section("nccl", nccl_findings, in_json="when_present")

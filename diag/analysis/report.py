@@ -8,7 +8,6 @@ import enum
 import functools
 import hashlib
 import json
-import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,42 +17,52 @@ import numpy as np
 import pandas as pd
 
 from diag.analysis import grid
-from diag.analysis.bubble import BubbleReport, analyze_bubble, bubble_findings, gantt_rows, stage_work_per_step_us
+from diag.analysis.bubble import SECTION as BUBBLE
+from diag.analysis.bubble import BubbleReport, analyze_bubble, gantt_rows, stage_work_per_step_us
 from diag.analysis.calibration import MachineSpeed, machine_speed
+from diag.analysis.comms import SECTION as COMMS
 from diag.analysis.comms import (
     CommsReport,
     analyze_comms,
     collective_waits,
-    exposed_time_findings,
     wait_per_rank_step,
 )
 from diag.analysis.engine import Shard, run_loaded, window_us_of
+from diag.analysis.failures import SECTION as FAILURES
 from diag.analysis.failures import (
     FailureReport,
     earlier_attempt_failure,
-    failure_findings,
     find_failures,
     judge_failure,
 )
 from diag.analysis.findings import Finding, FindingContext, rank_findings
-from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time, gpu_time_findings
-from diag.analysis.health import HealthReport, analyze_health, health_findings
-from diag.analysis.links import LinkReport, analyze_links, link_findings
-from diag.analysis.memory import MemoryAnalysis, MemoryReport, memory_findings, memory_pressure
+from diag.analysis.gpu_time import SECTION as GPU_TIME
+from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time
+from diag.analysis.health import SECTION as HEALTH
+from diag.analysis.health import HealthReport, analyze_health
+from diag.analysis.links import SECTION as LINKS
+from diag.analysis.links import LinkReport, analyze_links
+from diag.analysis.memory import SECTION as MEMORY
+from diag.analysis.memory import MemoryAnalysis, MemoryReport, memory_pressure
 from diag.analysis.memory_deep import analyze_memory_deep
 from diag.analysis.memory_plan import plan_against_measured
+from diag.analysis.mesh import SECTION as MESH
 from diag.analysis.mesh import MeshReport, analyze_mesh, group_waits_s, place_rank
-from diag.analysis.mfu import MfuReport, analyze_mfu, mfu_findings
-from diag.analysis.nccl import NcclReport, analyze_nccl, nccl_findings
+from diag.analysis.mfu import SECTION as MFU
+from diag.analysis.mfu import MfuReport, analyze_mfu
+from diag.analysis.nccl import SECTION as NCCL
+from diag.analysis.nccl import NcclReport, analyze_nccl
 from diag.analysis.oom import explain_ooms
+from diag.analysis.section import Section, json_safe
+from diag.analysis.stragglers import SECTION as STRAGGLERS
 from diag.analysis.stragglers import (
     RankStepTimes,
     StragglerReport,
     find_stragglers,
     rank_step_times,
-    straggler_findings,
 )
-from diag.analysis.telemetry import TelemetryAnalysis, TelemetryReport, telemetry_findings
+from diag.analysis.telemetry import SECTION as TELEMETRY
+from diag.analysis.telemetry import TelemetryAnalysis, TelemetryReport
 from diag.analysis.window import StepWindow, choose_window, in_window, in_window_array, parse_step_range, select
 from diag.trace.loader import Trace
 from diag.trace.mesh import MeshLayout
@@ -64,21 +73,26 @@ READS = {"steps": ("start_us", "duration_us", "data_wait_us")}
 MAX_SKIPPED_LISTED = 200
 REPORT_VERSION = 1
 
-# Every analysis that has findings: the name of its result in ``analyze`` and its module's function from that
-# result (skipped when None: no pipeline, no torch.profiler trace) and the FindingContext to its findings.
-# Adding a report is its module (an ``analyze_*`` and a ``*_findings``), its field of Report and one line here.
-FINDINGS = (
-    ("failures", failure_findings),
-    ("stragglers", straggler_findings),
-    ("comms", exposed_time_findings),
-    ("telemetry", telemetry_findings),
-    ("memory", memory_findings),
-    ("mfu", mfu_findings),
-    ("bubble", bubble_findings),
-    ("gpu_time", gpu_time_findings),
-    ("health", health_findings),
-    ("links", link_findings),
-    ("nccl", nccl_findings),
+# Every section of the report, in the order the report, its JSON, its text and its HTML present them: each
+# analysis module's SECTION (its findings and its JSON). A new analysis is its module, its field of Report, its
+# call in ``analyze`` and one line here; views render a section by its name.
+TIMELINE = Section("timeline")
+PIPELINE_TIMELINE = Section("pipeline_timeline", in_json="never")  # one step's actions per stage: the Gantt's
+SECTIONS = (
+    FAILURES,
+    TIMELINE,
+    STRAGGLERS,
+    MFU,
+    COMMS,
+    LINKS,
+    MESH,
+    NCCL,
+    MEMORY,
+    TELEMETRY,
+    BUBBLE,
+    PIPELINE_TIMELINE,
+    GPU_TIME,
+    HEALTH,
 )
 
 
@@ -147,45 +161,11 @@ class Report:
         run["window"] = window
         if run.get("machine") is None:  # traces without calibration rows: the run section is what it was
             run.pop("machine", None)
-        out = {
-            "report_version": REPORT_VERSION,
-            "run": run,
-            "findings": json_safe(self.findings),
-            "stragglers": [_without_absent_mesh(s) for s in json_safe(self.stragglers.stragglers)],
-            "straggler_method": {
-                "wait_source": self.stragglers.wait_source,
-                "steps": self.stragglers.steps,
-                "note": self.stragglers.note,
-                "compared": self.stragglers.compared,
-                "noise": json_safe(self.stragglers.noise),
-                **({"less_core_wait": True} if self.stragglers.less_core_wait else {}),
-            },
-            "jitter": json_safe(self.stragglers.jitter),
-            "mfu": json_safe(self.mfu),
-            "comms": json_safe(self.comms),
-            "memory": json_safe(self.memory),
-            "telemetry": {"per_gpu": json_safe(self.telemetry.gpus), "note": self.telemetry.note},
-            "timeline": json_safe(self.timeline),
-            "bubble": json_safe(self.bubble.to_dict()) if self.bubble is not None else None,
-            "gpu_time": json_safe(self.gpu_time) if self.gpu_time is not None else None,
-        }
-        # sections added after the contract's first version: present only when the run has them, so the JSON of
-        # runs without them (one process group, no nccl.log) is what it was
-        for name in ("links", "nccl", "mesh"):
-            if getattr(self, name) is not None:
-                out[name] = json_safe(getattr(self, name))
-        if self.health.recorded:
-            out["health"] = json_safe(self.health)
-        if not self.memory.deep:  # the deep memory mode's result, likewise only from runs that used it
-            out["memory"].pop("deep", None)
+        out = {"report_version": REPORT_VERSION, "run": run, "findings": json_safe(self.findings)}
+        for section in SECTIONS:
+            if section.in_report:
+                out.update(section.json_keys(getattr(self, section.name)))
         return out
-
-
-def _without_absent_mesh(straggler: dict) -> dict:
-    """A straggler's ``mesh`` only on a run with a device mesh: the JSON of other runs is what it was."""
-    if straggler.get("mesh") is None:
-        straggler.pop("mesh", None)
-    return straggler
 
 
 def analyze(
@@ -239,46 +219,27 @@ def analyze(
     mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
 
     bubble = analyze_bubble(trace, window.step_indices) if len(trace.microbatches) else None
-    pipeline_timeline = gantt_rows(trace).to_dict("records") if bubble is not None else []
-    gpu_time = analyze_gpu_time(trace.gpu_kernels, window.step_indices)
-    health = analyze_health(trace.steps, trace.events, trace.manifests)
-    links = analyze_links(waits, _pg_ranks(trace), hosts, layout)
-    nccl = analyze_nccl(trace.nccl_logs, trace.manifests)
 
     results = {
         "failures": failures,
+        "timeline": _timeline(times.frame, hosts),
         "stragglers": stragglers,
-        "comms": comms,
-        "telemetry": telemetry,
-        "memory": memory,
         "mfu": mfu,
+        "comms": comms,
+        "links": analyze_links(waits, _pg_ranks(trace), hosts, layout),
+        "mesh": mesh,
+        "nccl": analyze_nccl(trace.nccl_logs, trace.manifests),
+        "memory": memory,
+        "telemetry": telemetry,
         "bubble": bubble,
-        "gpu_time": gpu_time,
-        "health": health,
-        "links": links,
-        "nccl": nccl,
+        "pipeline_timeline": gantt_rows(trace).to_dict("records") if bubble is not None else [],
+        "gpu_time": analyze_gpu_time(trace.gpu_kernels, window.step_indices),
+        "health": analyze_health(trace.steps, trace.events, trace.manifests),
     }
     ctx = FindingContext(mfu.step_time_median_s, window.steps_analysed, times, stragglers)
-    found = [f for name, findings_of in FINDINGS if results[name] is not None for f in findings_of(results[name], ctx)]
-    run = _run_info(trace, window, ranks_info, failures)
-    timeline = _timeline(times.frame, hosts)
-    return Report(
-        run,
-        rank_findings(found),
-        stragglers,
-        mfu,
-        comms,
-        memory,
-        telemetry,
-        timeline,
-        bubble,
-        pipeline_timeline,
-        gpu_time,
-        health,
-        links,
-        nccl,
-        mesh,
-    )
+    found = [f for section in SECTIONS for f in section.findings_of(results[section.name], ctx)]
+    sections = {section.name: results[section.name] for section in SECTIONS if section.in_report}
+    return Report(_run_info(trace, window, ranks_info, failures), rank_findings(found), **sections)
 
 
 def _ranks_info(trace: Trace) -> pd.DataFrame:
@@ -540,24 +501,4 @@ def _build_value(hint, value):
         return np.asarray(value, dtype="int64")
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return hint(value)
-    return value
-
-
-def json_safe(value):
-    """Dataclasses, numpy scalars and NaN to JSON-safe Python values (NaN and inf become null); the JSON views
-    and diag compare use it."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: json_safe(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return [json_safe(v) for v in value.tolist()]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is pd.NA or value is pd.NaT:
-        return None
     return value

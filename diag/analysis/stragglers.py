@@ -59,6 +59,7 @@ import pandas as pd
 from diag.analysis import grid
 from diag.analysis.findings import SEVERITY_ORDER, Finding, FindingContext, ranks_text, severity_for
 from diag.analysis.mesh import MeshPlacement
+from diag.analysis.section import Section, json_safe
 
 # the per-step tables' columns this module reads (analysis/columns.py: what the loader keeps for it)
 READS = {"steps": ("data_wait_us", "duration_us", "comm_wait_us", "runqueue_wait_us", "thread_cpu_us")}
@@ -1072,3 +1073,28 @@ def _capped(severity: str, confidence: str) -> str:
 def _steps_text(steps: list[int]) -> str:
     shown = ", ".join(map(str, steps[:MAX_LISTED_STEPS]))
     return shown + (f" and {len(steps) - MAX_LISTED_STEPS} more" if len(steps) > MAX_LISTED_STEPS else "")
+
+
+def _stragglers_json(report: StragglerReport) -> dict:
+    return {
+        "stragglers": [_without_absent_mesh(s) for s in json_safe(report.stragglers)],
+        "straggler_method": {
+            "wait_source": report.wait_source,
+            "steps": report.steps,
+            "note": report.note,
+            "compared": report.compared,
+            "noise": json_safe(report.noise),
+            **({"less_core_wait": True} if report.less_core_wait else {}),
+        },
+        "jitter": json_safe(report.jitter),
+    }
+
+
+def _without_absent_mesh(straggler: dict) -> dict:
+    """A straggler's ``mesh`` only on a run with a device mesh: the JSON of other runs is what it was."""
+    if straggler.get("mesh") is None:
+        straggler.pop("mesh", None)
+    return straggler
+
+
+SECTION = Section("stragglers", straggler_findings, json=_stragglers_json)

@@ -14,6 +14,7 @@ import pandas as pd
 
 from diag.analysis.engine import Shard
 from diag.analysis.findings import Finding, FindingContext
+from diag.analysis.section import Section, json_safe
 from diag.analysis.stragglers import Cause
 from diag.trace.schema import THROTTLE_REASONS
 
@@ -271,3 +272,10 @@ def _gpu_finding(kind, severity, title, gpus, evidence, advice) -> Finding:
         hosts=sorted({g.host for g in gpus if g.host}),
         gpus=[f"{g.host}:{g.gpu}" for g in gpus],
     )
+
+
+SECTION = Section(
+    "telemetry",
+    telemetry_findings,
+    json=lambda telemetry: {"telemetry": {"per_gpu": json_safe(telemetry.gpus), "note": telemetry.note}},
+)

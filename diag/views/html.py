@@ -10,24 +10,13 @@ from diag.views.text import blocks
 
 
 def render_html(report) -> str:
+    """The text's blocks, then each section's figures in the registry's order (report.SECTIONS)."""
     import plotly.graph_objects as go  # only the HTML view needs plotly
 
-    figures = [
-        f
-        for f in (
-            _step_figure(go, report),
-            _rank_figure(go, report),
-            _mfu_figure(go, report),
-            _comms_figure(go, report),
-            _memory_figure(go, report),
-            _memory_categories_figure(go, report),
-            _memory_deep_figure(go, report),
-            _telemetry_figure(go, report),
-            _pipeline_figure(report),
-            _gpu_time_figure(go, report),
-        )
-        if f is not None
-    ]
+    from diag.analysis.report import SECTIONS
+
+    drawn = (draw(go, report) for s in SECTIONS for draw in SECTION_FIGURES.get(s.name, ()))
+    figures = [f for f in drawn if f is not None]
     title = f"diag analyze: {report.run.path}"
     return html_page(title, blocks(report), figures, figure_height_px=380)
 
@@ -64,7 +53,7 @@ def _section(block) -> str:
     return "\n".join(out)
 
 
-def _pipeline_figure(report):
+def _pipeline_figure(go, report):
     if not report.pipeline_timeline:
         return None
     import pandas as pd
@@ -240,3 +229,15 @@ def _telemetry_figure(go, report):
     )
     fig.update_layout(title="SM clock vs max per GPU (by rank); red: throttled", xaxis_title="rank", yaxis_title="%")
     return fig
+
+
+# each section's figures, by its name in report.SECTIONS (a figure draws nothing where its series is empty)
+SECTION_FIGURES = {
+    "timeline": (_step_figure, _rank_figure),
+    "mfu": (_mfu_figure,),
+    "comms": (_comms_figure,),
+    "memory": (_memory_figure, _memory_categories_figure, _memory_deep_figure),
+    "telemetry": (_telemetry_figure,),
+    "bubble": (_pipeline_figure,),
+    "gpu_time": (_gpu_time_figure,),
+}

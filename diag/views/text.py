@@ -34,23 +34,16 @@ class Block:
 
 
 def blocks(report) -> list[Block]:
-    out = [
-        _run(report),
-        _findings(report),
-        _stragglers(report),
-        _mfu(report),
-        _comms(report),
-        *([_nccl(report)] if getattr(report, "nccl", None) is not None else []),
-        _memory(report),
-        *_memory_detail(report),
-        _telemetry(report),
-    ]
-    if report.bubble is not None:
-        out.append(_bubble(report))
-    if getattr(report, "gpu_time", None) is not None:
-        out.append(_gpu_time(report))
-    if report.health.recorded:
-        out.append(_health(report))
+    """The run and the findings, then each section of the report in the registry's order (report.SECTIONS), as
+    SECTION_BLOCKS renders it; a section rendered within another (the mesh and the slow links: in the
+    communication block) or not in text (the timelines: figures) has none."""
+    from diag.analysis.report import SECTIONS
+
+    out = [_run(report), _findings(report)]
+    for section in SECTIONS:
+        render = SECTION_BLOCKS.get(section.name)
+        if render is not None:
+            out.extend(render(report))
     return out
 
 
@@ -684,3 +677,21 @@ def _gpu_time(report) -> Block:
             f"showing the {TOP_ROWS} ranks with the most exposed communication + idle time of {len(ranks)}"
         )
     return block
+
+
+def _when(present, render):
+    """A renderer of one block, for a section only some runs have."""
+    return lambda report: [render(report)] if present(report) else []
+
+
+SECTION_BLOCKS = {
+    "stragglers": lambda report: [_stragglers(report)],
+    "mfu": lambda report: [_mfu(report)],
+    "comms": lambda report: [_comms(report)],
+    "nccl": _when(lambda report: getattr(report, "nccl", None) is not None, _nccl),
+    "memory": lambda report: [_memory(report), *_memory_detail(report)],
+    "telemetry": lambda report: [_telemetry(report)],
+    "bubble": _when(lambda report: report.bubble is not None, _bubble),
+    "gpu_time": _when(lambda report: getattr(report, "gpu_time", None) is not None, _gpu_time),
+    "health": _when(lambda report: report.health.recorded, _health),
+}

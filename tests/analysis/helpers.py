@@ -108,7 +108,8 @@ def engine_read_equals_loaded(tmp_path, monkeypatch, batch_ranks: int, workers: 
     the result of the loaded tables: memory and telemetry alike, and every row read."""
     from diag.analysis import engine
     from diag.analysis.memory import DeviceTotals, MemoryAnalysis
-    from diag.analysis.report import json_safe, telemetry_bounds
+    from diag.analysis.report import telemetry_bounds
+    from diag.analysis.section import json_safe
     from diag.analysis.telemetry import TelemetryAnalysis
     from diag.analysis.window import choose_window, select
     from tests.analysis.golden import differences

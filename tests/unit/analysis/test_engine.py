@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from diag.analysis import engine
 from diag.analysis.memory import DeviceTotals, MemoryAnalysis
-from diag.analysis.report import json_safe, telemetry_bounds
+from diag.analysis.report import telemetry_bounds
+from diag.analysis.section import json_safe
 from diag.analysis.telemetry import TelemetryAnalysis
 from diag.analysis.window import choose_window, select
 from diag.testing import synthetic
