@@ -71,12 +71,8 @@ def main() -> None:
     if args.profile:
         P.ThreadPoolExecutor = L.ThreadPoolExecutor = lambda *a, **k: Serial()
         processes.PROCESS_MIN_RANKS = 1 << 62  # profiled in this process: no worker processes
+    # from 512 ranks the worker processes load them, through the same function (workers=)
     P.load_without_collectives = Timed("load the per-step tables", P.load_without_collectives, marks)
-    if hasattr(P.ProcessEngine, "load"):  # from 512 ranks the worker processes load them (branch cold2)
-        load = P.ProcessEngine.load
-        P.ProcessEngine.load = lambda self, *a, **k: Timed("load the per-step tables (workers)", load, marks)(
-            self, *a, **k
-        )
     for name in STAGES:
         setattr(R, name, Timed(name, getattr(R, name), marks))
     reducers = P.collectives_reducer, P.rank_tables_runner

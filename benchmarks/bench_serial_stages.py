@@ -1,9 +1,9 @@
 """What `diag analyze`'s partitioned path does on its main process besides waiting for the per-rank passes, for
 the code on PYTHONPATH (run it once per tree, from that tree's directory): loading the per-step tables, on this
-process (``load_without_collectives``) and, where the tree has it, in the worker processes
-(``ProcessEngine.load``), then the analyses after the passes on the steps table (choose_window, select,
-rank_step_times, find_stragglers and its findings, MFU, the timeline), each timed in wall and CPU time (this
-process's user + system: the steadier figure on a shared machine; the workers' load is wall only).
+process (``load_without_collectives``) and in two worker processes (the same, given a ``Workers`` pool), then
+the analyses after the passes on the steps table (choose_window, select, rank_step_times, find_stragglers and
+its findings, MFU, the timeline), each timed in wall and CPU time (this process's user + system: the steadier
+figure on a shared machine; the workers' load is wall only).
 
     cd /work/main && PYTHONPATH=/work/main python /path/to/benchmarks/bench_serial_stages.py /tmp/scale2/s4096
     PYTHONPATH=. python benchmarks/bench_serial_stages.py /tmp/scale2/s4096
@@ -55,10 +55,12 @@ def main() -> None:
     rows: list = []
     trace = timed(rows, "load, this process (threads)", P.load_without_collectives, args.trace_dir,
                   analysed_columns_only=True, without=P.RANK_TABLES)  # fmt: skip
-    if hasattr(P.ProcessEngine, "load"):
-        del trace
-        with P.ProcessEngine(2) as engine:
-            trace = timed(rows, "load, 2 worker processes", engine.load, args.trace_dir)
+    from diag.processes import Workers
+
+    del trace
+    with Workers(2) as workers:
+        trace = timed(rows, "load, 2 worker processes", P.load_without_collectives, args.trace_dir,
+                      analysed_columns_only=True, without=P.RANK_TABLES, workers=workers)  # fmt: skip
     loads = len(rows)
     window = timed(rows, "choose_window", choose_window, trace.steps, None, [])
     steps_w = timed(rows, "select", select, trace.steps, window)

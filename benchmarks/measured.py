@@ -1,7 +1,7 @@
 """One command run as its own process, with its wall time, CPU time and peak RSS (os.wait4).
 
 os.wait4's peak RSS is the largest of the process and its children, not their sum: a command that works in
-worker processes (diag analyze's ProcessEngine) is also given ``tree_peak_gb``, the largest sum of the
+worker processes (diag analyze's Workers pool) is also given ``tree_peak_gb``, the largest sum of the
 proportional set sizes (PSS: a page shared by n processes counts 1/n in each) of the process and all its
 descendants, sampled every 0.2 s from /proc (Linux; 0 elsewhere). CPU time from os.wait4 includes the
 children's (they are waited for).

@@ -1,8 +1,9 @@
 """The analysis engine: an analysis that works rank by rank is written once, as ``map`` (some ranks' cleaned
 tables -> a partial), an associative ``combine`` and ``finish`` (-> its result), and one runner executes it
-over the ranks of a trace: inline, in worker processes (``--workers N``) or on a Dask cluster. An analysis in
-two stages (``TwoStageAnalysis``: the collectives, whose stage 2 needs what every rank's stage 1 found) runs on
-the same three executors by ``run_two_stage``, each rank's stage-1 state kept where it was computed.
+over the ranks of a trace: inline, in worker processes (``--workers N``: a ``diag.processes.Workers`` pool, which
+a caller may start once for all its runs) or on a Dask cluster. An analysis in two stages (``TwoStageAnalysis``:
+the collectives, whose stage 2 needs what every rank's stage 1 found) runs on the same three executors by
+``run_two_stage``, each rank's stage-1 state kept where it was computed.
 
 Because ``combine`` is associative and the partials do not depend on which ranks were read together, any
 batching and any order of the ranks give the same result: the in-memory report maps its loaded tables as one
@@ -14,7 +15,6 @@ process does.
 from __future__ import annotations
 
 import operator
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import pandas as pd
 
+from diag.processes import Workers, contiguous_shares
 from diag.trace.loader import Skipped, TraceReader, to_frame
 from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES
 
@@ -136,12 +137,12 @@ def run_loaded(analyses: Sequence[Analysis], shard: Shard) -> list:
 def run(
     analyses: Sequence[Analysis],
     sources: Sequence[RankSource],
-    workers: int = 1,
+    workers: int | Workers = 1,
     client=None,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[list, ReadNotes]:
     """The analyses' results over the ranks of ``sources``, each rank read once by the loader's per-rank read,
-    and what the reads skipped: ``run_two_stage`` of their Plan (inline, ``workers`` processes or the Dask
+    and what the reads skipped: ``run_two_stage`` of their Plan (inline, in ``workers`` processes or the Dask
     ``client``'s workers), which has one stage."""
     return run_two_stage(OneStage(Plan(tuple(analyses))), sources, workers, client, progress)
 
@@ -238,19 +239,23 @@ class TwoStageAnalysis(Protocol):
 def run_two_stage(
     analysis: TwoStageAnalysis,
     sources: Sequence[RankSource],
-    workers: int = 1,
+    workers: int | Workers = 1,
     client=None,
     progress: Callable[[int], None] | None = None,
 ):
     """The two-stage analysis' result over the ranks of ``sources``. Inline with ``workers`` 1 (stage-1 states
-    held here up to HELD_BYTES_MAX, ranks beyond read again); in that many worker processes, each a contiguous
-    share of the ranks that it keeps between the stages; on the Dask ``client``'s workers, the states staying
-    there as futures. ``progress(n)``: n more ranks done, each rank counted once per stage."""
+    held here up to HELD_BYTES_MAX, ranks beyond read again); in that many worker processes (forked for this
+    run), or in a started ``Workers`` pool, each worker a contiguous share of the ranks that it keeps between the
+    stages; on the Dask ``client``'s workers, the states staying there as futures. ``progress(n)``: n more ranks
+    done, each rank counted once per stage."""
     sources = list(sources)
     if client is not None:
         return _two_stage_dask(analysis, sources, client, progress)
-    if workers > 1 and len(sources) > 1:
-        return _two_stage_processes(analysis, sources, min(workers, len(sources)), progress)
+    if not isinstance(workers, Workers):  # a pool for this run alone (of one: nothing forked)
+        with Workers(min(workers, len(sources))) as pool:
+            return run_two_stage(analysis, sources, pool, progress=progress)
+    if workers.count > 1 and len(sources) > 1:
+        return _two_stage_processes(analysis, sources, workers, progress)
     stages = HeldStages(analysis, sources, progress)
     state, broadcast = analysis.between(stages.first())
     return analysis.finish(state, None if analysis.second is None else stages.second(broadcast))
@@ -293,46 +298,32 @@ class HeldStages:
         return a.combine2(out, *batch)
 
 
-def _two_stage_processes(analysis: TwoStageAnalysis, sources: list[RankSource], workers: int, progress):
-    """Both stages in ``workers`` forked processes (``diag.processes.start_worker``), each running HeldStages on
-    its contiguous share; this process combines their partials in share order. Only the partials, the broadcast
+def _two_stage_processes(analysis: TwoStageAnalysis, sources: list[RankSource], workers: Workers, progress):
+    """Both stages in the ``workers`` pool, each worker running HeldStages on its contiguous share and keeping it
+    between the two calls; this process combines their partials in share order. Only the partials, the broadcast
     and the ticks move through the pipes."""
-    from diag import processes
-
-    pipes, procs, done = [], [], False
-    try:
-        for share in processes.contiguous_shares(sources, workers):
-            pipe, proc = processes.start_worker(_stages_worker, analysis, share)
-            pipes.append(pipe)
-            procs.append(proc)
-        who = "the two-stage analysis"
-        partial = analysis.combine(*(processes.next_result(p, progress, who)[1] for p in pipes))
-        state, broadcast = analysis.between(partial)
-        del partial
-        partial2 = None
-        if analysis.second is not None:
-            for pipe in pipes:
-                pipe.send(broadcast)
-            partial2 = analysis.combine2(*(processes.next_result(p, progress, who)[1] for p in pipes))
-        done = True
-    finally:
-        for proc in procs:
-            proc.join(timeout=30 if done else 0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+    shares = contiguous_shares(sources, workers.count)
+    partial = analysis.combine(*workers.call(_first_stage, [(analysis, share) for share in shares], progress))
+    state, broadcast = analysis.between(partial)
+    del partial
+    partial2 = None
+    if analysis.second is not None:
+        partial2 = analysis.combine2(*workers.call(_second_stage, [broadcast] * len(shares), progress))
     return analysis.finish(state, partial2)
 
 
-def _stages_worker(pipe, analysis: TwoStageAnalysis, sources: list[RankSource]) -> None:
-    """A worker process of ``_two_stage_processes``: stage 1 of its share, then stage 2 with the broadcast."""
-    try:
-        stages = HeldStages(analysis, sources, lambda n: pipe.send(("tick", n)))
-        pipe.send(("done", stages.first()))
-        if analysis.second is not None:
-            pipe.send(("done", stages.second(pipe.recv())))
-    except Exception:  # noqa: BLE001 - said to this process, which raises it
-        pipe.send(("error", traceback.format_exc()))
+def _first_stage(share: tuple[TwoStageAnalysis, list[RankSource]], local: dict, channel):
+    """A worker's stage 1 of its share (``Workers.call``); its HeldStages kept in ``local`` for stage 2."""
+    analysis, sources = share
+    stages = HeldStages(analysis, sources, channel.tick)
+    if analysis.second is not None:
+        local["stages"] = stages
+    return stages.first()
+
+
+def _second_stage(broadcast, local: dict, channel):
+    """A worker's stage 2 of the share its stage 1 kept."""
+    return local.pop("stages").second(broadcast)
 
 
 def _two_stage_dask(analysis: TwoStageAnalysis, sources: list[RankSource], client, progress):

@@ -39,7 +39,7 @@ from diag.analysis.engine import (
     run_two_stage,
 )
 from diag.analysis.window import StepWindow, in_window_array
-from diag.processes import contiguous_shares, next_result, start_worker, worker_count
+from diag.processes import Workers, contiguous_shares, release_heap_memory, worker_count
 from diag.trace.loader import (
     RankRead,
     Skipped,
@@ -771,7 +771,7 @@ def reduced_waits(sums: CollectiveSums, inst: pd.DataFrame) -> ReducedWaits | No
     )
 
 
-# -- the two stages on the engine, and the per-step tables read by worker processes -------------------------------
+# -- the two stages on the engine ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -808,136 +808,14 @@ class Collectives:
         return sums, inst, accounting
 
 
-class ProcessEngine:
-    """The per-step tables but the collectives, memory and telemetry (what ``diag analyze`` loads whole) read
-    by ``workers`` forked processes, each a contiguous share of the ranks, the steps sent as one frame per share
-    (no 16,384-way concatenation here). ``load`` stops its workers after the load unless they were started
-    before (``with engine:``, which stops them whatever happens)."""
-
-    def __init__(self, workers: int = 2, progress=None):
-        self.workers, self.progress = workers, progress
-        self._pipes: list = []
-        self._procs: list = []
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def start(self) -> None:
-        """Start the workers (once; ``diag.processes.start_worker``: forked). A worker reads with one thread
-        (use_threads=False), so Arrow's thread pools, idle in this process, are never used in it. Forked before
-        the load, a worker shares none of the trace's pages with this process (its PSS is its own work)."""
-        if self._procs:
-            return
-        try:
-            for _ in range(self.workers):
-                pipe, proc = start_worker(_worker_main)
-                self._pipes.append(pipe)
-                self._procs.append(proc)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        import contextlib
-
-        for pipe in self._pipes:
-            with contextlib.suppress(OSError):  # a worker that died: nothing to say to it
-                pipe.send(("stop",))
-        for proc in self._procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-        self._pipes, self._procs = [], []
-
-    def load(self, path: str | Path, progress: bool = False) -> Trace:
-        """``load_without_collectives(path, progress, analysed_columns_only=True, without=RANK_TABLES)``, the
-        ranks read by the workers (see ``read_share``); the same Trace, frame for frame."""
-        data = self.poll(AnalysedColumnsReader(path, tables=_LOAD_TABLES), progress)
-        for name in (COLLECTIVES, *RANK_TABLES):
-            data[name] = empty_table(TABLES[name])
-        trace = assemble_trace(Path(path), data)
-        release_arrow_memory()
-        return trace
-
-    def poll(self, reader: AnalysedColumnsReader, progress: bool = False) -> dict:
-        """``reader.poll()`` of a reader that has read nothing yet (of the per-step tables but the collectives,
-        memory and telemetry, with the analysed columns: what ``load`` reads), the ranks read by the workers;
-        ``reader`` then reads on from where they stopped (a live view's next polls: diag.dashboard)."""
-        if type(reader) is not AnalysedColumnsReader or tuple(reader.tables) != _LOAD_TABLES:
-            raise ValueError("ProcessEngine.poll reads what ProcessEngine.load does: AnalysedColumnsReader(path, "
-                             "tables=_LOAD_TABLES)")  # fmt: skip
-        owned = not self._procs
-        self.start()
-        try:
-            path = reader.path
-            rank_dirs = reader.rank_dirs()
-            if not rank_dirs:
-                raise TraceError(
-                    f"no diag traces in {path}: expected rank00000/, rank00001/, ... sub-directories written by "
-                    "diag.init"
-                )
-            bar = _bar(len(rank_dirs), "loading ranks") if progress else None
-            saved, self.progress = self.progress, (bar.update if bar is not None else None)
-            try:
-                shares = contiguous_shares(list(rank_dirs.items()), self.workers)
-                pipes = self._pipes[: len(shares)]
-                for pipe, share in zip(pipes, shares):
-                    pipe.send(("load", str(path), share))
-                loaded = [self._answer(pipe) for pipe in pipes]
-            finally:
-                self.progress = saved
-                if bar is not None:
-                    bar.close()
-            data = _gather_shares(reader, loaded, list(rank_dirs))
-            del loaded
-            return data
-        finally:
-            if owned:
-                self.close()
-
-    def _answer(self, pipe):
-        """The worker's result, its progress ticks counted on the way; its error raised here. A share's load
-        comes column by column (``("column", name, values)``) before its other results: one pickled column at
-        a time in flight, not the share's whole steps frame."""
-        columns: dict[str, object] = {}
-        message = next_result(pipe, self.progress, "the partitioned analysis", columns)
-        return (message[1], columns) if message[0] == "loaded" else message[1]
-
-
-def _worker_main(pipe) -> None:
-    """A ProcessEngine worker: the load of its share of the ranks, as often as asked, until told to stop."""
-    import traceback
-
-    try:
-        while True:
-            message = pipe.recv()
-            if message[0] == "load":
-                _, path, share = message
-                steps, rest = read_share(path, share, lambda n: pipe.send(("tick", n)))
-                for name in list(steps.columns):  # one column at a time: its pickle is all that is in flight
-                    pipe.send(("column", name, steps.pop(name)))
-                del steps
-                release_arrow_memory()
-                release_heap_memory()  # the share's per-rank Arrow and frames: not kept into the passes
-                pipe.send(("loaded", rest))
-            else:
-                return
-    except Exception:  # noqa: BLE001 - said to the engine, which raises it in the analysing process
-        pipe.send(("error", traceback.format_exc()))
-
-
 # -- memory and telemetry, analysed rank by rank on the engine ----------------------------------------------------
 
 RANK_TABLES = ("memory", "telemetry")  # per-step tables whose analyses are per rank: never loaded whole here
 
 
-def rank_tables_runner(trace: Trace, workers: int = 1, client=None, progress: bool = False):
+def rank_tables_runner(trace: Trace, workers: int | Workers = 1, client=None, progress: bool = False):
     """``(analyses, window) -> results`` for ``analyze(..., run_ranks=)``: the memory and telemetry analyses run
-    over the ranks' files by the engine (``workers`` processes here, or the Dask ``client``'s workers), so this
+    over the ranks' files by the engine (``workers`` processes or pool here, or the Dask ``client``'s workers), so this
     process holds report rows, not the tables; what the reads skipped is added to ``trace.skipped`` as the
     loader would have, and the ranks' device totals become ``trace.telemetry`` (what memory_plan reads of it)."""
     from diag.analysis.memory import DeviceTotals
@@ -1033,22 +911,25 @@ def narrow_int32(frame: pd.DataFrame, table: Table) -> pd.DataFrame:
 
 
 def load_without_collectives(
-    path: str | Path, progress: bool = False, analysed_columns_only: bool = False, without: tuple[str, ...] = ()
+    path: str | Path,
+    progress: bool = False,
+    analysed_columns_only: bool = False,
+    without: tuple[str, ...] = (),
+    workers: Workers | None = None,
 ) -> Trace:
     """``diag.load`` of every table but the collectives (left empty: reduced by partition instead) and those in
     ``without`` (likewise: memory and telemetry, analysed rank by rank). ``analysed_columns_only``: the per-step
     tables with only the columns ``analyze`` reads (AnalysedColumnsReader), for a report; the views want them
-    whole."""
+    whole. ``workers``: a started pool whose workers read the ranks (``poll_in_workers``: analysed columns only,
+    without RANK_TABLES; a pool of one: this process); the same Trace, frame for frame."""
     tables = tuple(name for name in TABLES if name != COLLECTIVES and name not in without)
     reader = (AnalysedColumnsReader if analysed_columns_only else TraceReader)(path, tables=tables)
-    rank_dirs = reader.rank_dirs()
-    if not rank_dirs:
-        raise TraceError(
-            f"no diag traces in {path}: expected rank00000/, rank00001/, ... sub-directories written by diag.init"
-        )
+    rank_dirs = _rank_dirs(reader)
     bar = _bar(len(rank_dirs), "loading ranks") if progress else None
     try:
-        data = reader.poll(progress=bar.update if bar else None)
+        tick = bar.update if bar else None
+        in_workers = workers is not None and workers.count > 1
+        data = poll_in_workers(workers, reader, tick, rank_dirs) if in_workers else reader.poll(progress=tick)
     finally:
         if bar is not None:
             bar.close()
@@ -1059,32 +940,67 @@ def load_without_collectives(
     return trace
 
 
+def _rank_dirs(reader: TraceReader) -> dict[int, Path]:
+    """The reader's rank directories; none is an error the user can act on."""
+    rank_dirs = reader.rank_dirs()
+    if not rank_dirs:
+        raise TraceError(
+            f"no diag traces in {reader.path}: expected rank00000/, rank00001/, ... sub-directories written by "
+            "diag.init"
+        )
+    return rank_dirs
+
+
 # What the load reads of each rank besides its side files when memory and telemetry are analysed rank by rank
 _LOAD_TABLES = tuple(name for name in TABLES if name not in (COLLECTIVES, *RANK_TABLES))
 STEPS = "steps"  # sent from a worker as its share's frame (narrowed, no categorical); the others as Arrow chunks
 TICK_RANKS = 64  # a worker's progress said every this many ranks
 
 
-def read_share(path: str | Path, share: list[tuple[int, Path]], tick=None) -> tuple[pd.DataFrame, dict]:
-    """What ``TraceReader.poll`` reads of a contiguous share of the ranks ``[(rank, rank_dir)]``, in rank order,
-    for ``ProcessEngine.load``: the steps as one frame (AnalysedColumnsReader's columns and int32 narrowing,
-    over the share), and the rest as ``gather_rank_reads`` gathers it but unconverted (manifests, heartbeats
-    and events as lists of records, the other tables' Arrow chunks): this process then builds the frames of
-    every share's records at once, exactly as one load would."""
+def poll_in_workers(workers: Workers, reader: AnalysedColumnsReader, progress=None, rank_dirs=None) -> dict:
+    """``reader.poll()`` of a reader that has read nothing yet (of the per-step tables but the collectives,
+    memory and telemetry, with the analysed columns: what ``analyze_partitioned`` loads), the ranks read by the
+    started ``workers``, each a contiguous share (``read_share``); ``reader`` then reads on from where they
+    stopped (a live view's next polls: diag.dashboard). ``rank_dirs``: the reader's, when listed already."""
+    if type(reader) is not AnalysedColumnsReader or tuple(reader.tables) != _LOAD_TABLES:
+        raise ValueError("poll_in_workers reads what analyze_partitioned loads: AnalysedColumnsReader(path, "
+                         "tables=_LOAD_TABLES)")  # fmt: skip
+    rank_dirs = _rank_dirs(reader) if rank_dirs is None else rank_dirs
+    shares = [(str(reader.path), share) for share in contiguous_shares(list(rank_dirs.items()), workers.count)]
+    loaded = workers.call(read_share, shares, progress, streamed=True)
+    data = _gather_shares(reader, loaded, list(rank_dirs))
+    del loaded
+    return data
+
+
+def read_share(share: tuple[str, list[tuple[int, Path]]], local: dict, channel) -> dict:
+    """A worker's read (``poll_in_workers``) of what ``TraceReader.poll`` reads of a contiguous share of the ranks
+    ``(path, [(rank, rank_dir)])``, in rank order: the steps streamed column by column (AnalysedColumnsReader's
+    columns, int32 narrowing over the share); returned, the rest as ``gather_rank_reads`` gathers it but
+    unconverted (manifests, heartbeats and events as records, the other tables' Arrow chunks), so that the caller
+    builds the frames of every share's records at once, exactly as one load would. One thread reads
+    (use_threads=False): Arrow's thread pools, idle in the process that forked the worker, are never used."""
+    path, ranks = share
     reader = AnalysedColumnsReader(path, tables=_LOAD_TABLES)
 
     def reads():
-        for i, (rank, rank_dir) in enumerate(share):
+        for i, (rank, rank_dir) in enumerate(ranks):
             yield rank, reader.read_rank(rank, Path(rank_dir))
-            if tick is not None and ((i + 1) % TICK_RANKS == 0 or i + 1 == len(share)):
-                tick((i + 1) % TICK_RANKS or TICK_RANKS)
+            if (i + 1) % TICK_RANKS == 0 or i + 1 == len(ranks):
+                channel.tick((i + 1) % TICK_RANKS or TICK_RANKS)
 
     chunks, rest = gather_rank_reads(reads(), _LOAD_TABLES, [], frames=False)
     steps_chunks = chunks.pop(STEPS)  # gone from the chunks even when empty: a share of manifest-only ranks
     steps = reader._frame(STEPS, steps_chunks) if steps_chunks else pd.DataFrame()
+    del steps_chunks
+    for name in list(steps.columns):  # one column at a time: its pickle is all that is in flight
+        channel.column(name, steps.pop(name))
+    del steps
+    release_arrow_memory()
+    release_heap_memory()  # the share's per-rank Arrow and frames: not kept into the passes
     rest["chunks"] = chunks
     rest["read_state"] = reader.read_state()  # where a live reader of the whole directory reads on from
-    return steps, rest
+    return rest
 
 
 def _gather_shares(reader: AnalysedColumnsReader, loaded: list[tuple[dict, dict]], ranks: list[int]) -> dict:
@@ -1134,26 +1050,15 @@ def _steps_of_shares(reader: AnalysedColumnsReader, shares: list[dict[str, pd.Se
         c for c in table.columns if c.name in keep)))  # fmt: skip
 
 
-def release_heap_memory() -> None:
-    """glibc keeps the freed parts (thousands of arrays under its mmap threshold) in its heap: trimmed, the
-    process peak at 1,024 ranks goes from 1.29 to ~0.91 GB (the analyses reuse nothing of it). No-op elsewhere."""
-    import contextlib
-    import ctypes
-    import ctypes.util
-
-    with contextlib.suppress(OSError, AttributeError, TypeError):  # not glibc (musl, macOS): nothing to trim
-        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
-
-
 def _bar(total: int, desc: str):
     from diag.progress import bar
 
     return bar(total, desc)
 
 
-def collectives_reducer(trace: Trace, workers: int = 1, client=None, progress: bool = False):
+def collectives_reducer(trace: Trace, workers: int | Workers = 1, client=None, progress: bool = False):
     """``window -> ReducedWaits | None`` for ``analyze(..., reduce_collectives=)``: runs both passes on the engine
-    (inline, in ``workers`` processes or on the Dask ``client``'s workers) and adds what they skipped or dropped
+    (inline, in ``workers`` processes or pool, or on the Dask ``client``'s workers) and adds what they skipped or dropped
     to ``trace.skipped`` as the loader would have."""
 
     def reduce(window: StepWindow) -> ReducedWaits | None:
@@ -1266,13 +1171,12 @@ def analyze_partitioned(
     # memory and telemetry are analysed rank by rank too, unless the caller wants the trace's tables whole
     per_rank = RANK_TABLES if analysed_columns_only else ()
     count = 1 if client is not None else worker_count(len(TraceReader(path).rank_dirs()), workers)
-    if count > 1 and analysed_columns_only:  # worker processes read the per-step tables too, each its share
-        trace = ProcessEngine(count).load(path, progress)
-    else:
-        trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank)
-    tables = rank_tables_runner(trace, count, client, progress) if per_rank else None
-    reducer = collectives_reducer(trace, count, client, progress)
-    report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
-                     reduce_collectives=reducer, run_ranks=tables)  # fmt: skip
+    with Workers(count) as pool:  # forked once, before the load: the load, then every pass
+        loads_in = pool if analysed_columns_only else None  # the workers read the per-step tables too, each its share
+        trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank, workers=loads_in)
+        tables = rank_tables_runner(trace, pool, client, progress) if per_rank else None
+        reducer = collectives_reducer(trace, pool, client, progress)
+        report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,
+                         reduce_collectives=reducer, run_ranks=tables)  # fmt: skip
     rows_read = reducer.rows_read + (tables.rows_read if tables is not None else 0)
     return (trace, report, rows_read) if with_trace else report

@@ -29,13 +29,12 @@ from diag.analysis.partitioned import (
     ANALYSED_COLUMNS,
     RANK_TABLES,
     AnalysedColumnsReader,
-    ProcessEngine,
     collectives_reducer,
+    poll_in_workers,
     rank_tables_runner,
     release_arrow_memory,
-    release_heap_memory,
 )
-from diag.processes import PARTITIONED_MIN_RANKS, worker_count
+from diag.processes import PARTITIONED_MIN_RANKS, Workers, release_heap_memory, worker_count
 from diag.trace.loader import Trace, TraceError, TraceReader, assemble_trace, empty_table, find_rank_dirs
 from diag.trace.schema import TABLES
 from diag.views.format import printable
@@ -100,7 +99,7 @@ class LiveTrace:
         self.trace_dir = Path(trace_dir)
         # worker processes of the per-rank work (the user's --workers; None: diag.processes.worker_count decides)
         self.workers = workers
-        self._first_engine: ProcessEngine | None = None  # forked by start(), before this object's threads run
+        self._first_workers: Workers | None = None  # forked by start(), before this object's threads run
         # many ranks: read the report `diag analyze` cached for the files as they are (.diag-cache), and cache
         # the one computed here, under the same key (see _report_cache)
         self.use_cache = cache
@@ -192,17 +191,17 @@ class LiveTrace:
 
     def _first_poll_in_workers(self) -> dict | None:
         """Many ranks, the first read: every rank's per-step tables read by worker processes on every core, as
-        ``diag analyze`` loads them (ProcessEngine.poll; the reader reads on from where they stopped). Threads
+        ``diag analyze`` loads them (``poll_in_workers``; the reader reads on from where they stopped). Threads
         here read under the GIL, one core's worth: ~25 s of the first page at 16,384 ranks. None: read here.
         The workers are those ``start`` forked, else forked now if ``worker_count`` allows it (not beside other
         threads, unless the user asked for workers)."""
-        engine, self._first_engine = self._first_engine, None
-        if engine is None and self.partitioned and (count := worker_count(self._ranks_at_start, self.workers)) > 1:
-            engine = ProcessEngine(count)
-        if engine is None:
+        workers, self._first_workers = self._first_workers, None
+        if workers is None and self.partitioned:
+            workers = Workers(worker_count(self._ranks_at_start, self.workers))
+        if workers is None or workers.count < 2:
             return None
-        with engine:
-            return engine.poll(self._reader)
+        with workers:
+            return poll_in_workers(workers, self._reader)
 
     def _fork_first_readers(self) -> None:
         """Many ranks, nothing read yet: fork the first read's workers now, on the thread that starts polling
@@ -211,11 +210,10 @@ class LiveTrace:
         try:
             if self.partitioned is None:
                 self._choose_reader()
-            count = worker_count(self._ranks_at_start, self.workers) if self.partitioned else 1
-            if count > 1:
-                engine = ProcessEngine(count)
-                engine.start()
-                self._first_engine = engine
+            if self.partitioned:
+                workers = Workers(worker_count(self._ranks_at_start, self.workers))
+                workers.start()  # one worker: nothing forked, the first read is done here
+                self._first_workers = workers
         except (TraceError, OSError):  # a directory not readable yet, or no fork: the poll thread reads it itself
             self.partitioned = None
 
@@ -449,9 +447,9 @@ class LiveTrace:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self._first_engine is not None and not (self._thread is not None and self._thread.is_alive()):
-            self._first_engine.close()  # stopped before the first read used them
-            self._first_engine = None
+        if self._first_workers is not None and not (self._thread is not None and self._thread.is_alive()):
+            self._first_workers.close()  # stopped before the first read used them
+            self._first_workers = None
 
     def _run(self) -> None:
         if self.snapshot.version == 0:  # never read (diag dashboard on many ranks serves before the first load)
@@ -512,7 +510,7 @@ def partitioned_report(trace: Trace, cache=None, cached=None, workers: int | Non
     not being read at all. Else the collectives are reduced rank by rank ONCE, for the report's window, with the
     engine as `diag analyze` runs them (worker processes when ``diag.processes.worker_count`` says so,
     which beside a server's threads is only with ``workers`` given) and each rank's memory and telemetry analysed
-    by the analysis engine with as many workers; the report is then cached under
+    by the analysis engine in the same workers (one pool, forked for both); the report is then cached under
     ``cache``'s key when the files are still the ones that key names. The times of every step are split with
     the reduced waits; a step outside the window (warm-up, a step not every rank finished yet, a failed one)
     has only the wait its rank measured itself."""
@@ -524,15 +522,16 @@ def partitioned_report(trace: Trace, cache=None, cached=None, workers: int | Non
     if cached is not None:
         return cached, own_wait_times(trace)
     count = worker_count(len(trace.ranks_found), workers)
-    tables = rank_tables_runner(trace, count)
-    reducer = collectives_reducer(trace, count)
     reduced = []
+    with Workers(count) as workers:  # one pool for the memory, telemetry and collectives passes
+        tables = rank_tables_runner(trace, workers)
+        reducer = collectives_reducer(trace, workers)
 
-    def reduce_once(window):
-        reduced.append(reducer(window))
-        return reduced[-1]
+        def reduce_once(window):
+            reduced.append(reducer(window))
+            return reduced[-1]
 
-    report = analyze(trace, reduce_collectives=reduce_once, run_ranks=tables)
+        report = analyze(trace, reduce_collectives=reduce_once, run_ranks=tables)
     if cache is not None:
         try:
             if signature(cache.path) == cache.key:  # the files the report was made from: cache it, as diag analyze

@@ -693,7 +693,7 @@ class TraceReader:
     def read_state(self) -> dict:
         """What this reader has read of each file (offsets, segments, rejected files, parsed NCCL logs): another
         reader of the same directory that ``merge_read_state``s it reads on from there. Worker processes that
-        read shares of the ranks send theirs back this way (diag.analysis.partitioned.ProcessEngine.poll)."""
+        read shares of the ranks send theirs back this way (diag.analysis.partitioned.poll_in_workers)."""
         return {"offsets": self._offsets, "rejected": self._rejected, "columns": self._columns, "nccl": self._nccl,
                 "segments": self._segments}  # fmt: skip
 

@@ -19,12 +19,12 @@ from diag import processes as processes_module
 from diag.analysis import engine as engine_module
 from diag.analysis import partitioned as partitioned_module
 from diag.analysis.partitioned import (
-    ProcessEngine,
     analyze_partitioned,
     collectives_reducer,
     load_without_collectives,
 )
 from diag.analysis.report import analyze
+from diag.processes import Workers
 from diag.trace.loader import TraceError, load
 from tests.analysis.golden import GOLDEN, PLACEHOLDER, SAMPLE_RUNS, differences
 from tests.analysis.helpers import REPO, analyze_in_subprocess, make_trace, run_cli, synthetic
@@ -176,8 +176,8 @@ def _wide_wait(path: Path, rank: int) -> None:
 
 @pytest.mark.slow
 def test_worker_processes_load_the_same_trace(tmp_path):
-    """ProcessEngine.load (each worker reads its share of the ranks, the steps sent as one frame per share) gives
-    the Trace of load_without_collectives frame for frame: on a run with corrupt step rows, a FIFO for a table,
+    """The load in a pool of worker processes (each worker reads its share of the ranks, the steps sent column by
+    column) gives the Trace of load_without_collectives frame for frame: on a run with corrupt step rows, a FIFO for a table,
     a second run appended and one rank whose waits do not fit int32 (three workers: shares of 3, 3 and 2 ranks), and on the pipeline and hang
     sample runs (phases, microbatches, events, NCCL logs)."""
     damaged = tmp_path / "damaged"
@@ -194,11 +194,11 @@ def test_worker_processes_load_the_same_trace(tmp_path):
         f.write("41,not-a-number,5,6\ngarbage line\n")  # corrupt rows
     os.mkfifo(damaged / "rank00002" / "phases.csv")  # a table that is a FIFO: never read
     runs = [damaged, REPO / "sample_traces" / "pipeline", REPO / "sample_traces" / "hang"]
-    for run in runs:
-        old = load_without_collectives(run, analysed_columns_only=True, without=partitioned_module.RANK_TABLES)
-        with ProcessEngine(3) as engine:
-            new = engine.load(run)
-        _same_trace(old, new)
+    with Workers(3) as workers:  # one pool, reused by the three loads
+        for run in runs:
+            old = load_without_collectives(run, analysed_columns_only=True, without=partitioned_module.RANK_TABLES)
+            new = _load_in(workers, run)
+            _same_trace(old, new)
     assert str(new.steps["data_wait_us"].dtype) == "int32"
     old = load_without_collectives(damaged, analysed_columns_only=True, without=partitioned_module.RANK_TABLES)
     assert str(old.steps["data_wait_us"].dtype) == "int64" and old.earlier_run_cuts_us
@@ -215,17 +215,23 @@ def test_worker_load_keeps_going_when_a_share_has_only_manifests(tmp_path):
         (run / f"rank{rank:05d}").mkdir()
         shutil.copy(run / "rank00000" / "manifest.json", run / f"rank{rank:05d}" / "manifest.json")
     old = load_without_collectives(run, analysed_columns_only=True, without=partitioned_module.RANK_TABLES)
-    with ProcessEngine(2) as engine:
-        new = engine.load(run)
-    _same_trace(old, new)
+    with Workers(2) as workers:
+        new = _load_in(workers, run)
+        _same_trace(old, new)
     assert sorted(new.steps["rank"].unique()) == [0, 1, 2, 3]
     only_manifests = tmp_path / "only_manifests"
     for rank in range(8):
         (only_manifests / f"rank{rank:05d}").mkdir(parents=True)
         shutil.copy(run / "rank00000" / "manifest.json", only_manifests / f"rank{rank:05d}" / "manifest.json")
-    with ProcessEngine(2) as engine:
-        bare = engine.load(only_manifests)
+    with Workers(2) as workers:
+        bare = _load_in(workers, only_manifests)
     assert bare.steps.empty and sorted(bare.manifests) == list(range(8))  # the command's "nothing usable" follows
+
+
+def _load_in(workers: Workers, run: Path):
+    """What analyze_partitioned loads, each worker reading its share of the ranks."""
+    return load_without_collectives(run, analysed_columns_only=True, without=partitioned_module.RANK_TABLES,
+                                    workers=workers)  # fmt: skip
 
 
 def _corpus_cases() -> list[str]:

@@ -14,9 +14,7 @@ import threading
 import pytest
 from click.testing import CliRunner
 
-import diag.analysis.partitioned as partitioned
 from diag import processes
-from diag.analysis import engine
 from diag.cli import main
 from diag.processes import PARTITIONED_MIN_RANKS, PROCESS_MIN_RANKS, WORKERS_MAX, default_workers, worker_count
 from tests.analysis.golden import differences
@@ -42,12 +40,8 @@ def hang(tmp_path_factory):
 @pytest.fixture
 def forks(monkeypatch):
     """The worker processes started (each one's target), for the partitioned analysis and for triage."""
-    started = []
-    for module in (partitioned, processes):
-        real = module.start_worker
-        monkeypatch.setattr(
-            module, "start_worker", lambda target, *args, real=real: started.append(target) or real(target, *args)
-        )
+    started, real = [], processes.start_worker
+    monkeypatch.setattr(processes, "start_worker", lambda target, *args: started.append(target) or real(target, *args))
     return started
 
 
@@ -141,7 +135,7 @@ def test_analyze_gives_the_same_report_in_one_process_and_in_two_workers(run, fo
     alone = _analyze(path, "--workers", "1")
     assert forks == []  # everything in this process
     in_workers = _analyze(path, "--workers", "2")
-    assert len(forks) >= 2 and set(forks) == {partitioned._worker_main, engine._stages_worker}
+    assert forks == [processes._serve] * 2  # one pool: the load, memory and telemetry, the collectives
     assert differences(alone, in_workers) == []
     assert [(f["kind"], f["severity"]) for f in alone["findings"]] == [
         (f["kind"], f["severity"]) for f in in_workers["findings"]
@@ -167,7 +161,7 @@ def test_triage_gives_the_same_verdict_in_one_process_and_in_two_workers(hang, f
     alone = _triage(path, "--workers", "1")
     assert forks == []
     in_workers = _triage(path, "--workers", "2")
-    assert len(forks) == 2 and set(forks) == {engine._stages_worker}
+    assert forks == [processes._serve] * 2
     assert in_workers == alone
     assert plants.hang_stuck in in_workers["culprit_ranks"]
 

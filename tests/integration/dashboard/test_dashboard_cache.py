@@ -146,7 +146,7 @@ def test_the_first_read_in_worker_processes_is_the_same_and_reads_on(tmp_path, m
     step appended after it is read once, not every rank's files again."""
     import pandas as pd
 
-    import diag.analysis.partitioned as partitioned
+    import diag.dashboard.data as dashboard_data
     import diag.processes
 
     synthetic.generate(tmp_path, RANKS, STEPS, PER_STEP, trace_format=trace_format)
@@ -156,8 +156,8 @@ def test_the_first_read_in_worker_processes_is_the_same_and_reads_on(tmp_path, m
     # other threads); LiveTrace.start forks before its own poll thread, which is what this test is about
     monkeypatch.setattr(diag.processes.threading, "active_count", lambda: 1)
     polls = []
-    poll = partitioned.ProcessEngine.poll
-    monkeypatch.setattr(partitioned.ProcessEngine, "poll", lambda *a, **k: polls.append(1) or poll(*a, **k))
+    poll = dashboard_data.poll_in_workers
+    monkeypatch.setattr(dashboard_data, "poll_in_workers", lambda *a, **k: polls.append(1) or poll(*a, **k))
     workers, published = load(tmp_path, cache=False)
     assert polls == [1] and [s.report_source for s in published] == ["preliminary", "computed", "computed"]
     mine, theirs = workers.snapshot.trace, threads.snapshot.trace

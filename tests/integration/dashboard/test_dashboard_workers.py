@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-import diag.analysis.partitioned as partitioned
 from diag import processes
 from diag.dashboard.data import LiveTrace
 from tests.analysis.golden import differences
@@ -35,14 +34,13 @@ def forks(monkeypatch):
     monkeypatch.setattr(processes, "PROCESS_MIN_RANKS", RANKS)
     monkeypatch.setattr(processes, "default_workers", lambda: 2)
     seen = []
-    real = partitioned.start_worker
+    real = processes.start_worker
 
     def start_worker(target, *args):
         seen.append((threading.active_count(), threading.current_thread() is threading.main_thread()))
         return real(target, *args)
 
-    monkeypatch.setattr(partitioned, "start_worker", start_worker)  # the first read's
-    monkeypatch.setattr(processes, "start_worker", start_worker)  # the collectives' two stages
+    monkeypatch.setattr(processes, "start_worker", start_worker)
     return seen
 
 
@@ -82,6 +80,6 @@ def test_beside_a_server_s_threads_nothing_is_forked_unless_asked(run, forks):
     finally:
         stop.set()
         server.join()
-    # asked for: the first read's workers from the main thread, then those of the engine's runs (memory and
-    # telemetry, the collectives' two stages) from the poll thread
-    assert [on_main for _, on_main in forks] == [True, True, False, False, False, False]
+    # asked for: the first read's workers from the main thread, then the one pool of the engine's runs (memory
+    # and telemetry, the collectives' two stages) from the poll thread
+    assert [on_main for _, on_main in forks] == [True, True, False, False]
