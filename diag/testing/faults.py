@@ -692,6 +692,7 @@ def run_pair(scenario: Scenario, workdir: Path) -> Pair:
         return Pair(scenario, "not_run", None, time.monotonic() - start, error)
     try:
         report = _diag_json("compare", *map(str, runs), "--no-cache")
+        (workdir / "compare.json").write_text(json.dumps(report, indent=1))  # kept with the runs (--keep)
         verdict, change = _compare_verdict(report)
         error = None
     except Exception as exc:
@@ -1010,6 +1011,8 @@ def main(argv: list[str] | None = None) -> int:
     for i, scenario in enumerate(pair_scenarios[len(done_pairs) :], start=len(done_pairs)):
         with tempfile.TemporaryDirectory(prefix="diag-aa-") as tmp:
             pair = run_pair(scenario, Path(tmp))
+            if args.keep:  # both runs' traces and the comparison
+                shutil.copytree(tmp, args.keep / f"aa-{i:03d}", dirs_exist_ok=True)
         pairs.append(pair)
         print(f"[{i + 1:>3}/{len(pair_scenarios)}] A/A {scenario.label()} -> {pair.verdict} "
               f"{pair.change_pct} ({pair.run_s:.0f} s)" + (f" {pair.error}" if pair.error else ""), flush=True)  # fmt: skip
