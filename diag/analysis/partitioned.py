@@ -13,7 +13,8 @@ The collectives are ~95% of a trace's records (20 per rank-step) and, loaded who
    read (``CollectiveSums``: wait per step, arrivals, per op/group/size sums and exact value counts), which
    again merge associatively (``merge_sums``).
 
-``ReducedWaits`` (diag.analysis.comms) is the result; comms and links read it as they read CollectiveWaits.
+``ReducedWaits`` (diag.analysis.comms) is the result, which comms and links read. A loaded trace's collectives
+go through the same two passes (``loaded_waits``), each rank's part built from its rows of the loaded table.
 Every function here is top-level and pickles its arguments: a Dask worker runs it as the local path does.
 """
 
@@ -466,8 +467,8 @@ def _combine_pg(a: PgPartial, b: PgPartial) -> PgPartial:
         out.ranks[at] += g.ranks
         remap = np.array([names.index(n) for n in g.op_names] + [-1], dtype="int32")
         theirs = remap[g.op]
-        # every rank issues the same op; where a damaged row says otherwise, the last rank's wins, as in
-        # comms.collective_waits (partials combine in rank order, here and in Dask's trees)
+        # every rank issues the same op; where a damaged row says otherwise, the last rank's wins (partials
+        # combine in rank order, here and in Dask's trees)
         out.op[at] = np.where(theirs >= 0, theirs, out.op[at])
     return out
 
