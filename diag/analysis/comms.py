@@ -3,9 +3,10 @@
 The same collective carries the same (process group, seq) on every rank of its group. Its shortest duration
 over ranks belongs to the rank that arrived last, and approximates the transfer itself; everything the other
 ranks spent beyond it was waiting for that rank. Only durations are compared, so cross-host clock skew does
-not matter. diag.analysis.partitioned computes these waits rank by rank into ``ReducedWaits``. Bandwidths follow nccl-tests (github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
-algbw = S / t with S the buffer size nccl-tests reports (the gathered output for all_gather), and
-busbw = algbw x a factor per op that makes it comparable with the link's bandwidth.
+not matter. diag.analysis.partitioned computes these waits rank by rank into ``ReducedWaits``. Bandwidths
+follow nccl-tests (github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md): algbw = S / t with S the
+buffer size nccl-tests reports (the gathered output for all_gather), and busbw = algbw x a factor per op that
+makes it comparable with the link's bandwidth.
 """
 
 from __future__ import annotations

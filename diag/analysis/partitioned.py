@@ -662,7 +662,7 @@ def finish_part(part: RankPart, match: MatchTable) -> CollectiveSums:
 
 
 def _per_step(steps: np.ndarray, waits: np.ndarray, blocking: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """comms.wait_per_rank_step for one rank: blocking waits add up, overlapping asynchronous ones count once."""
+    """``ReducedWaits.per_rank_step`` for one rank: blocking waits add up, overlapping asynchronous ones count once."""
     distinct, cell = _distinct(steps)
     total = np.bincount(cell[blocking], weights=waits[blocking], minlength=len(distinct))
     return distinct, total + _cell_max(cell[~blocking], waits[~blocking], len(distinct))
@@ -883,10 +883,10 @@ class Collectives:
 @dataclass(frozen=True)
 class LoadedCollectives(Collectives):
     """``Collectives`` over a loaded table: each rank's part built from its rows there (``by_rank``: their
-    indices into ``rows``, in the window), which the loader cleaned already, instead of from its files."""
+    indices into ``rows``, those in ``window``), which the loader has cleaned, instead of from its files."""
 
-    rows: RankRows | None = None
-    by_rank: dict[int, np.ndarray] = field(default_factory=dict)
+    rows: RankRows
+    by_rank: dict[int, np.ndarray]
 
     def part(self, source: RankSource, partial: dict[str, PgPartial]) -> RankPart:
         rows = self.rows.take(self.by_rank[source.rank])
