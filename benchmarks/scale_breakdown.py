@@ -19,15 +19,16 @@ import tracemalloc
 from pathlib import Path
 
 from diag.analysis import report as rep
-from diag.analysis.comms import analyze_comms, collective_waits, wait_per_rank_step
+from diag.analysis.comms import analyze_comms
 from diag.analysis.engine import Shard, run_loaded, window_us_of
 from diag.analysis.failures import find_failures
 from diag.analysis.links import analyze_links
 from diag.analysis.memory import MemoryAnalysis
 from diag.analysis.mfu import analyze_mfu
+from diag.analysis.partitioned import loaded_waits
 from diag.analysis.stragglers import find_stragglers, rank_step_times
 from diag.analysis.telemetry import TelemetryAnalysis
-from diag.analysis.window import choose_window, in_window, select
+from diag.analysis.window import choose_window, select
 from diag.trace.loader import load
 from diag.trace.schema import TABLES
 
@@ -135,13 +136,11 @@ def main() -> None:
     steps_w = s.run("select steps", lambda: select(trace.steps, window))
     ranks_info = rep._ranks_info(trace)
     hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
-    coll = trace.collectives
-    in_steps = s.run("collectives in window (mask)", lambda: in_window(coll["step"], window).to_numpy())
     waits = s.run(
-        "collective_waits (match across ranks)", lambda: collective_waits(coll, in_steps, trace.clock_offsets_us())
+        "loaded_waits (match across ranks)",
+        lambda: loaded_waits(trace.collectives, window, trace.clock_offsets_us()),
     )
-    per_step = s.run("wait_per_rank_step", lambda: wait_per_rank_step(waits))
-    times = s.run("rank_step_times", lambda: rank_step_times(steps_w, per_step, rep._pipeline_stages(trace)))
+    times = s.run("rank_step_times", lambda: rank_step_times(steps_w, waits.per_rank_step, rep._pipeline_stages(trace)))
     comms = s.run("analyze_comms", lambda: analyze_comms(waits, steps_w, rep._pg_sizes(trace)))
     loaded = Shard({"memory": trace.memory, "telemetry": trace.telemetry}, window_us_of(rep.telemetry_bounds(steps_w)))
     s.run("telemetry in window", loaded.telemetry_in_window)
@@ -157,7 +156,8 @@ def main() -> None:
     s.run("analyze_links", lambda: analyze_links(waits, rep._pg_ranks(trace), hosts))
     s.run("timeline", lambda: rep._timeline(times.frame, hosts))
     print(
-        f"\nwaits: {len(waits):,} rows, arrays {sum(a.nbytes for a in (waits.rank, waits.step, waits.duration_us, waits.wait_us, waits.is_last, waits.blocking, waits.instance)) / 1e9:.3f} GB"
+        f"\nwaits: {len(waits):,} rows, per (rank, step) {waits.per_rank_step.memory_usage(deep=True) / 1e9:.3f} GB, "
+        f"{len(waits.instances):,} instances"
     )
     print("\n| stage | time | held after (tracemalloc) | peak above before |\n|---|---|---|---|")
     for name, seconds, held, peak in s.rows:

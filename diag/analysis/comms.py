@@ -3,9 +3,10 @@
 The same collective carries the same (process group, seq) on every rank of its group. Its shortest duration
 over ranks belongs to the rank that arrived last, and approximates the transfer itself; everything the other
 ranks spent beyond it was waiting for that rank. Only durations are compared, so cross-host clock skew does
-not matter. Bandwidths follow nccl-tests (github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
-algbw = S / t with S the buffer size nccl-tests reports (the gathered output for all_gather), and
-busbw = algbw x a factor per op that makes it comparable with the link's bandwidth.
+not matter. diag.analysis.partitioned computes these waits rank by rank into ``ReducedWaits``. Bandwidths
+follow nccl-tests (github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md): algbw = S / t with S the
+buffer size nccl-tests reports (the gathered output for all_gather), and busbw = algbw x a factor per op that
+makes it comparable with the link's bandwidth.
 """
 
 from __future__ import annotations
@@ -89,24 +90,6 @@ def _human_bytes(n: int) -> str:
 
 
 @dataclass
-class CollectiveWaits:
-    """Per-row waits of the completed collectives in the window, as flat arrays (tens of millions of rows at
-    scale: no DataFrame copies), and one row per collective instance (pg, seq)."""
-
-    rank: np.ndarray  # int32
-    step: np.ndarray  # int64
-    duration_us: np.ndarray  # float64; NaN where only the issue time is known
-    wait_us: np.ndarray  # duration minus the instance's shortest duration, or latest issue minus own issue
-    is_last: np.ndarray  # bool: this rank arrived last (shortest duration, or latest issue) at an instance of >1 ranks
-    blocking: np.ndarray  # bool: the caller waited in the call (async_op=False)
-    instance: np.ndarray  # int64 index into ``instances``
-    instances: pd.DataFrame  # pg, seq, op, bytes_max, transfer_us (min duration; NaN if untimed), ranks
-
-    def __len__(self) -> int:
-        return len(self.wait_us)
-
-
-@dataclass
 class ValueCounts:
     """A multiset of numbers as sorted distinct values and their counts: exact percentiles and sums over many
     rows in the memory of their distinct values (durations in whole microseconds repeat a lot)."""
@@ -166,10 +149,14 @@ class OpGroup:
 
 @dataclass
 class ReducedWaits:
-    """What the analyses read of CollectiveWaits, reduced partition by partition (diag.analysis.partitioned):
-    no per-row arrays, so its size follows ranks x steps and the instances, not the collective records."""
+    """What the analyses read of the collectives' waits for the last rank, reduced rank by rank
+    (diag.analysis.partitioned, over the ranks' files or a loaded table): no per-row arrays, so its size follows
+    ranks x steps and the instances, not the collective records."""
 
-    per_rank_step: pd.Series  # wait_per_rank_step's result
+    # wait for peers by (rank, step): blocking collectives run one after the other, so their waits add up;
+    # asynchronous ones (DDP buckets, NCCL on GPUs) overlap, all of a step's waiting for the same late rank at
+    # once, so their largest wait counts, not the sum
+    per_rank_step: pd.Series
     last_arrivals: np.ndarray  # by rank: rows where the rank arrived last
     rows_per_rank: np.ndarray  # by rank: rows
     groups: list[OpGroup]
@@ -179,113 +166,6 @@ class ReducedWaits:
 
     def __len__(self) -> int:
         return self.rows
-
-
-def collective_waits(
-    coll: pd.DataFrame, mask: np.ndarray | None = None, clock_offsets_us: dict[int, float] | None = None
-) -> CollectiveWaits | None:
-    """Wait of every collective row (``mask`` selects rows, e.g. the window) for the last rank to arrive.
-
-    Timed rows: the row's duration minus the shortest duration of the same (pg, seq), the transfer once
-    everyone was there. Rows without a duration (DDP's buckets read from gloo's Flight Recorder, functional
-    collectives, a collective whose completion was never seen): the latest issue time of the same (pg, seq)
-    minus the row's own, on rank 0's clock (``clock_offsets_us``). Every row is kept: a collective without a
-    duration still happened, moved its bytes and made ranks wait.
-    """
-    duration = coll["duration_us"].to_numpy(dtype="float64", na_value=np.nan)
-    timed_all = ~np.isnan(duration)
-    keep = np.ones(len(coll), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-    if not keep.any():
-        return None
-    everything = bool(keep.all())
-
-    def column(values: np.ndarray) -> np.ndarray:  # skip copying tens of millions of rows when all are kept
-        return values if everything else values[keep]
-
-    duration = column(duration)
-    timed = column(timed_all)
-    pg = coll["pg"].astype("category")
-    op = coll["op"].astype("category")
-    pg_codes = column(pg.cat.codes.to_numpy()).astype("int64")
-    op_codes = column(op.cat.codes.to_numpy())
-    seq = column(coll["seq"].to_numpy(dtype="int64"))
-    rank = column(coll["rank"].to_numpy(dtype="int32"))
-    # Point-to-point ops are numbered per rank (Flight Recorder's p2p counter), so the same number on two
-    # ranks need not be the same transfer; like ops of unknown seq (-1) they are not matched across ranks.
-    p2p_codes = [i for i, name in enumerate(op.cat.categories) if canonical_op(name) in ("send", "recv")]
-    unmatched = np.isin(op_codes, p2p_codes) | (seq < 0)
-    if unmatched.any():
-        n_pg = int(pg_codes.max()) + 1
-        group_key = np.where(unmatched, n_pg, pg_codes)  # one extra group: each such row is its own instance
-        seq_key = np.where(unmatched, np.arange(len(seq)), seq)
-    else:
-        group_key, seq_key = pg_codes, seq
-    instance = _instances(group_key, seq_key)
-    n_inst = int(instance.max()) + 1
-    inst_pg = np.zeros(n_inst, dtype="int64")
-    inst_pg[instance] = pg_codes
-    inst_seq = np.zeros(n_inst, dtype="int64")
-    inst_seq[instance] = seq
-    transfer_us = np.full(n_inst, np.inf)
-    np.minimum.at(transfer_us, instance[timed], duration[timed])
-    transfer_us[np.isinf(transfer_us)] = np.nan  # no rank timed it
-    bytes_max = np.zeros(n_inst, dtype="int64")
-    np.maximum.at(bytes_max, instance, column(coll["bytes"].to_numpy(dtype="int64")))
-    inst_op = np.zeros(n_inst, dtype="int64")
-    inst_op[instance] = op_codes  # any row's op: all ranks issue the same one
-    ranks = np.bincount(instance, minlength=n_inst)
-    wait_us = duration - transfer_us[instance]
-    is_last = timed & (wait_us == 0)
-    if not timed.all():
-        offsets = clock_offsets_us or {}
-        start = column(coll["start_us"].to_numpy(dtype="float64", na_value=np.nan))
-        start = start - pd.Series(rank).map(offsets).fillna(0.0).to_numpy()
-        latest = np.full(n_inst, -np.inf)
-        np.maximum.at(latest, instance[~timed], start[~timed])
-        wait_us[~timed] = latest[instance[~timed]] - start[~timed]
-        is_last[~timed] = wait_us[~timed] == 0
-    instances = pd.DataFrame(
-        {
-            "pg": np.asarray(pg.cat.categories, dtype=object)[inst_pg],
-            "seq": inst_seq,
-            "op": np.asarray(op.cat.categories, dtype=object)[inst_op],
-            "bytes_max": bytes_max,
-            "transfer_us": transfer_us,
-            "ranks": ranks,
-        }
-    )
-    return CollectiveWaits(
-        rank=rank,
-        step=column(coll["step"].to_numpy(dtype="int64")),
-        duration_us=duration,
-        wait_us=np.nan_to_num(wait_us, nan=0.0),
-        is_last=is_last & (ranks[instance] > 1),
-        blocking=column(coll["blocking"].to_numpy(dtype="int8")) != 0,
-        instance=instance,
-        instances=instances,
-    )
-
-
-def _instances(group_key: np.ndarray, seq: np.ndarray) -> np.ndarray:
-    """Dense instance index per row for (group, seq).
-
-    Sequence numbers count up within a group, so a per-group offset gives a dense index without hashing
-    tens of millions of keys; sparse numbering (few rows over a wide range) falls back to factorize."""
-    group_key = group_key.astype("int64", copy=False)
-    n_groups = int(group_key.max()) + 1
-    lo = np.full(n_groups, np.iinfo("int64").max)
-    hi = np.full(n_groups, np.iinfo("int64").min)
-    np.minimum.at(lo, group_key, seq)
-    np.maximum.at(hi, group_key, seq)
-    span = np.where(hi >= lo, hi - lo + 1, 0)
-    if span.sum() > 4 * len(seq):
-        return pd.factorize((group_key << 40) | seq, sort=False)[0].astype("int64")
-    base = np.concatenate([[0], np.cumsum(span)[:-1]])
-    slot = seq - lo[0] if n_groups == 1 else base[group_key] + (seq - lo[group_key])
-    used = np.bincount(slot, minlength=int(span.sum())) > 0
-    if used.all():
-        return slot
-    return (np.cumsum(used) - 1)[slot]
 
 
 @dataclass
@@ -331,9 +211,7 @@ class CommsReport:
     note: str | None = None
 
 
-def analyze_comms(
-    waits: CollectiveWaits | ReducedWaits | None, steps_w: pd.DataFrame, pg_sizes: dict[str, int]
-) -> CommsReport:
+def analyze_comms(waits: ReducedWaits | None, steps_w: pd.DataFrame, pg_sizes: dict[str, int]) -> CommsReport:
     report = CommsReport()
     report.per_rank = _per_rank(waits, steps_w)
     if len(steps_w):
@@ -342,9 +220,7 @@ def analyze_comms(
     if waits is None:
         report.note = "no collectives recorded in the window"
         return report
-    report.collectives = (
-        _per_op_reduced(waits, pg_sizes) if isinstance(waits, ReducedWaits) else _per_op(waits, pg_sizes)
-    )
+    report.collectives = _per_op(waits, pg_sizes)
     untimed = sum(c.count - c.timed_count for c in report.collectives)
     if untimed:
         total = sum(c.count for c in report.collectives)
@@ -356,56 +232,8 @@ def analyze_comms(
     return report
 
 
-def _per_op(waits: CollectiveWaits, pg_sizes: dict[str, int]) -> list[CollectiveStats]:
+def _per_op(waits: ReducedWaits, pg_sizes: dict[str, int]) -> list[CollectiveStats]:
     """Every collective per op, group and size; durations and bandwidths over the timed instances."""
-    inst = waits.instances.copy()
-    inst["op_name"] = inst["op"].astype(str).map(canonical_op)
-    inst["bucket"] = size_bucket(inst["bytes_max"].to_numpy())
-    inst["pg"] = inst["pg"].astype(str)
-    inst["group"] = inst.groupby(["op_name", "pg", "bucket"], sort=False).ngroup().to_numpy()
-    row_group = inst["group"].to_numpy()[waits.instance]
-    timed_row = ~np.isnan(waits.duration_us)
-    stats = []
-    for group, members in inst.groupby("group", sort=False):
-        rows = row_group == group
-        d = waits.duration_us[rows & timed_row]
-        op, pg, bucket = members["op_name"].iloc[0], str(members["pg"].iloc[0]), int(members["bucket"].iloc[0])
-        n = pg_sizes.get(pg) or int(members["ranks"].max())
-        transfer = members["transfer_us"].dropna().to_numpy()
-        t50 = float(np.percentile(transfer, 50)) if len(transfer) else None
-        b50 = float(np.median(members["bytes_max"]))
-        algbw = algbw_size_bytes(op, b50, n) / t50 / 1e3 if t50 else None  # bytes/us = MB/s
-        timed_rows, all_rows = int(len(d)), int(rows.sum())
-        stats.append(
-            CollectiveStats(
-                op=op,
-                pg=pg,
-                size_bucket=bucket_label(bucket),
-                size_bucket_min_bytes=bucket,
-                pg_size=n,
-                count=len(members),
-                rows=all_rows,
-                bytes_total=int(members["bytes_max"].sum()),
-                bytes_median=int(b50),
-                timed_count=len(transfer),
-                duration_p50_us=float(np.percentile(d, 50)) if len(d) else None,
-                duration_p99_us=float(np.percentile(d, 99)) if len(d) else None,
-                transfer_p50_us=t50,
-                transfer_p99_us=float(np.percentile(transfer, 99)) if len(transfer) else None,
-                algbw_gbps=algbw,
-                busbw_gbps=algbw * busbw_factor(op, n) if algbw is not None else None,
-                wait_total_s=float(waits.wait_us[rows].sum()) / 1e6,
-                wait_from=_wait_from(timed_rows, all_rows),
-                total_time_s=float(d.sum()) / 1e6 if len(d) else None,
-            )
-        )
-    # what costs most first; collectives known only by issue time by the waits they caused, then their bytes
-    return sorted(stats, key=lambda s: (s.total_time_s or 0.0, s.wait_total_s, s.bytes_total), reverse=True)
-
-
-def _per_op_reduced(waits: ReducedWaits, pg_sizes: dict[str, int]) -> list[CollectiveStats]:
-    """``_per_op`` from groups reduced partition by partition: the same figures (percentiles exact, sums in
-    another order)."""
     stats = []
     for g in waits.groups:
         n = pg_sizes.get(g.pg) or g.ranks_max
@@ -437,6 +265,7 @@ def _per_op_reduced(waits: ReducedWaits, pg_sizes: dict[str, int]) -> list[Colle
                 total_time_s=durations.sum() / 1e6 if timed_rows else None,
             )
         )
+    # what costs most first; collectives known only by issue time by the waits they caused, then their bytes
     return sorted(stats, key=lambda s: (s.total_time_s or 0.0, s.wait_total_s, s.bytes_total), reverse=True)
 
 
@@ -446,44 +275,14 @@ def _wait_from(timed_rows: int, all_rows: int) -> str:
     return "issue times" if timed_rows == 0 else "durations and issue times"
 
 
-def wait_per_rank_step(waits: CollectiveWaits | ReducedWaits) -> pd.Series:
-    """Time each rank waited for its peers in each step, indexed by (rank, step).
-
-    Blocking collectives run one after the other, so their waits add up. Asynchronous ones (DDP buckets,
-    NCCL on GPUs) overlap: all of a step's buckets wait for the same late rank at once, so their largest wait
-    is counted, not the sum."""
-    if isinstance(waits, ReducedWaits):
-        return waits.per_rank_step
-    rank_lo, step_lo = int(waits.rank.min()), int(waits.step.min())
-    n_steps = int(waits.step.max()) - step_lo + 1
-    n_ranks = int(waits.rank.max()) - rank_lo + 1
-    cell = (waits.rank.astype("int64") - rank_lo) * n_steps + (waits.step - step_lo)
-    blocking_sum = np.bincount(cell[waits.blocking], weights=waits.wait_us[waits.blocking], minlength=n_ranks * n_steps)
-    async_max = np.zeros(n_ranks * n_steps)
-    np.maximum.at(async_max, cell[~waits.blocking], waits.wait_us[~waits.blocking])
-    seen = np.bincount(cell, minlength=n_ranks * n_steps) > 0
-    index = pd.MultiIndex.from_arrays(
-        [
-            np.arange(n_ranks * n_steps)[seen] // n_steps + rank_lo,
-            np.arange(n_ranks * n_steps)[seen] % n_steps + step_lo,
-        ],
-        names=["rank", "step"],
-    )
-    return pd.Series((blocking_sum + async_max)[seen], index=index)
-
-
-def _arrivals(waits: CollectiveWaits | ReducedWaits, size: int) -> tuple[np.ndarray, np.ndarray]:
+def _arrivals(waits: ReducedWaits, size: int) -> tuple[np.ndarray, np.ndarray]:
     """By rank (at least ``size`` of them): rows where it arrived last, and rows."""
-    if isinstance(waits, ReducedWaits):
-        last, rows = waits.last_arrivals, waits.rows_per_rank
-    else:
-        last = np.bincount(waits.rank, weights=waits.is_last)
-        rows = np.bincount(waits.rank)
+    last, rows = waits.last_arrivals, waits.rows_per_rank
     grow = max(size - len(rows), 0)
     return np.pad(last.astype("float64"), (0, grow)), np.pad(rows, (0, grow))
 
 
-def _per_rank(waits: CollectiveWaits | ReducedWaits | None, steps_w: pd.DataFrame) -> list[RankCommWait]:
+def _per_rank(waits: ReducedWaits | None, steps_w: pd.DataFrame) -> list[RankCommWait]:
     """Each rank's waits for its peers over the window, as a share of its step time.
 
     Per step, the waits of overlapping asynchronous collectives (DDP buckets) are counted once, not summed
@@ -497,7 +296,7 @@ def _per_rank(waits: CollectiveWaits | ReducedWaits | None, steps_w: pd.DataFram
     wait = pd.Series(0.0, index=step_time.index)
     last = np.zeros(len(step_time))
     if waits is not None:
-        per_step = wait_per_rank_step(waits).reindex(iteration.index, fill_value=0.0)
+        per_step = waits.per_rank_step.reindex(iteration.index, fill_value=0.0)
         wait = np.minimum(per_step, iteration).groupby(level="rank").sum().reindex(step_time.index, fill_value=0.0)
         size = int(step_time.index.max()) + 1
         last_all, rows_all = _arrivals(waits, size)

@@ -1,8 +1,8 @@
 """Slow links from timing alone: the host, host pair, rank or rank pair common to the process groups whose
 collectives are slower than their peers'.
 
-A collective's transfer time is its shortest duration over the group's ranks (``comms.collective_waits``): the
-time once every rank was there, which a late rank does not lengthen but a slow link does. Its bus bandwidth
+A collective's transfer time is its shortest duration over the group's ranks (``partitioned.instance_table``):
+the time once every rank was there, which a late rank does not lengthen but a slow link does. Its bus bandwidth
 (nccl-tests' busbw, ``comms.busbw_factor``) is compared only with collectives of the same op, the same size class
 (powers of two), the same group size and the same number of hosts spanned (a group inside a node, on NVLink, is
 not the peer of one across nodes), in other groups: each group's median busbw in a class, over the upper
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from diag.analysis.comms import CollectiveWaits, ReducedWaits, algbw_size_bytes, busbw_factor, canonical_op, size_bucket
+from diag.analysis.comms import ReducedWaits, algbw_size_bytes, busbw_factor, canonical_op, size_bucket
 from diag.analysis.findings import Finding, FindingContext, severity_for
 from diag.analysis.section import Section
 from diag.trace.mesh import MeshLayout
@@ -85,7 +85,7 @@ class LinkReport:
 
 
 def analyze_links(
-    waits: CollectiveWaits | ReducedWaits | None,
+    waits: ReducedWaits | None,
     pg_ranks: dict[str, list[int]],
     hosts: dict[int, str],
     mesh: MeshLayout | None = None,
@@ -130,7 +130,7 @@ def analyze_links(
 
 
 def _instance_speeds(
-    waits: CollectiveWaits | ReducedWaits, members: dict[str, list[int]], hosts: dict[int, str], dims: dict
+    waits: ReducedWaits, members: dict[str, list[int]], hosts: dict[int, str], dims: dict
 ) -> pd.DataFrame | None:
     """One row per timed collective of more than one rank: pg, class, busbw, transfer. The class is the op, the
     size's power of two, the group's size, how many hosts it spans (a group inside one node, on NVLink, is not
@@ -216,15 +216,9 @@ def _ratios(medians: pd.DataFrame, reference: pd.Series) -> pd.Series:
     return medians["median"] / reference
 
 
-def _members(waits: CollectiveWaits | ReducedWaits, pg_ranks: dict[str, list[int]]) -> dict[str, list[int]]:
+def _members(waits: ReducedWaits, pg_ranks: dict[str, list[int]]) -> dict[str, list[int]]:
     """Each group's ranks: from the manifests, else the ranks that recorded its collectives."""
-    if isinstance(waits, ReducedWaits):
-        return {**waits.members, **{pg: sorted(ranks) for pg, ranks in pg_ranks.items() if ranks}}
-    pg_of_row = waits.instances["pg"].astype(str).to_numpy()[waits.instance]
-    seen = pd.DataFrame({"pg": pg_of_row, "rank": waits.rank}).drop_duplicates()
-    out = {str(pg): sorted(int(r) for r in rows["rank"]) for pg, rows in seen.groupby("pg")}
-    out.update({pg: sorted(ranks) for pg, ranks in pg_ranks.items() if ranks})
-    return out
+    return {**waits.members, **{pg: sorted(ranks) for pg, ranks in pg_ranks.items() if ranks}}
 
 
 def _lost_s(speeds: pd.DataFrame, ratios: dict[str, float]) -> dict[str, float]:

@@ -13,7 +13,8 @@ The collectives are ~95% of a trace's records (20 per rank-step) and, loaded who
    read (``CollectiveSums``: wait per step, arrivals, per op/group/size sums and exact value counts), which
    again merge associatively (``merge_sums``).
 
-``ReducedWaits`` (diag.analysis.comms) is the result; comms and links read it as they read CollectiveWaits.
+``ReducedWaits`` (diag.analysis.comms) is the result, which comms and links read. A loaded trace's collectives
+go through the same two passes (``loaded_waits``), each rank's part built from its rows of the loaded table.
 Every function here is top-level and pickles its arguments: a Dask worker runs it as the local path does.
 """
 
@@ -38,7 +39,7 @@ from diag.analysis.engine import (
     run,
     run_two_stage,
 )
-from diag.analysis.window import StepWindow, in_window_array
+from diag.analysis.window import StepWindow, in_window, in_window_array
 from diag.processes import Workers, contiguous_shares, release_heap_memory, worker_count
 from diag.trace.loader import (
     RankRead,
@@ -228,34 +229,104 @@ def _merged(codes: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, list[str]
     return canonical[codes], [str(m) for m in merged]
 
 
+@dataclass
+class RankRows:
+    """Collective rows as a part is built from them: numbers as arrays, group and op names as codes into a few
+    names (Arrow's dictionaries or a loaded frame's categories: no Python string per row)."""
+
+    step: np.ndarray  # int64
+    seq: np.ndarray  # int64
+    duration_us: np.ndarray  # float64; NaN: untimed
+    start_us: np.ndarray  # float64, on the rank's own clock
+    blocking: np.ndarray  # bool
+    nbytes: np.ndarray  # int64
+    pg: np.ndarray  # int32 codes into pg_names
+    pg_names: np.ndarray  # object
+    op: np.ndarray  # int32 codes into op_names
+    op_names: np.ndarray  # object
+
+    def take(self, rows: np.ndarray) -> RankRows:
+        """The rows at ``rows`` (indices), the names shared."""
+        return RankRows(self.step[rows], self.seq[rows], self.duration_us[rows], self.start_us[rows],
+                        self.blocking[rows], self.nbytes[rows], self.pg[rows], self.pg_names, self.op[rows],
+                        self.op_names)  # fmt: skip
+
+
+def _arrow_rows(arrow) -> RankRows:
+    pg, pg_names = _coded(arrow, "pg")
+    op, op_names = _coded(arrow, "op")
+    return RankRows(
+        step=_column(arrow, "step").astype("int64", copy=False),
+        seq=_column(arrow, "seq").astype("int64", copy=False),
+        duration_us=arrow.column("duration_us").to_numpy(zero_copy_only=False).astype("float64", copy=False),
+        start_us=_column(arrow, "start_us").astype("float64"),
+        blocking=_column(arrow, "blocking") != 0,
+        nbytes=_column(arrow, "bytes").astype("int64", copy=False),
+        pg=pg,
+        pg_names=pg_names,
+        op=op,
+        op_names=op_names,
+    )
+
+
+def _frame_rows(coll: pd.DataFrame) -> RankRows:
+    """A loaded collectives table (``Trace.collectives``) as RankRows."""
+    pg, pg_names = _categories(coll["pg"])
+    op, op_names = _categories(coll["op"])
+    return RankRows(
+        step=coll["step"].to_numpy(dtype="int64"),
+        seq=coll["seq"].to_numpy(dtype="int64"),
+        duration_us=coll["duration_us"].to_numpy(dtype="float64", na_value=np.nan),
+        start_us=coll["start_us"].to_numpy(dtype="float64", na_value=np.nan),
+        blocking=coll["blocking"].to_numpy(dtype="int8") != 0,
+        nbytes=coll["bytes"].to_numpy(dtype="int64"),
+        pg=pg,
+        pg_names=pg_names,
+        op=op,
+        op_names=op_names,
+    )
+
+
+def _categories(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """A text column as ``_coded`` gives it (codes, names; null reads as ""), from its categories."""
+    column = column if isinstance(column.dtype, pd.CategoricalDtype) else column.astype("category")
+    codes = column.cat.codes.to_numpy().astype("int32")
+    names = np.asarray(column.cat.categories.astype(str), dtype=object)
+    if (codes < 0).any():  # a null is one more name, ""
+        codes[codes < 0] = len(names)
+        names = np.append(names, "")
+    return codes, names
+
+
 def _part_of(task: RankSource, arrow, window: StepWindow) -> RankPart:
     if arrow is None or arrow.num_rows == 0:
         return _empty_part(task.rank)
-    duration = arrow.column("duration_us").to_numpy(zero_copy_only=False).astype("float64", copy=False)
-    start = _column(arrow, "start_us").astype("float64")
+    rows = _arrow_rows(arrow)
     # the loader's whole-trace checks, in its order: insane durations, then rows of an earlier run
-    insane = insane_durations(duration)
+    insane = insane_durations(rows.duration_us)
     keep = ~insane
     earlier = np.zeros(len(keep), dtype=bool)
     if task.cut_us is not None:
-        earlier = keep & (start < task.cut_us)
+        earlier = keep & (rows.start_us < task.cut_us)
         keep &= ~earlier
-    step = _column(arrow, "step").astype("int64", copy=False)
-    keep &= in_window_array(step, window)
-    pg_codes, pg_dict = _coded(arrow, "pg")
-    op_codes, op_dict = _coded(arrow, "op")
-    seq_all = _column(arrow, "seq").astype("int64", copy=False)
-    p2p = np.array([canonical_op(str(name)) in ("send", "recv") for name in op_dict], dtype=bool)
-    unmatched_rows = (p2p[op_codes] if len(p2p) else np.zeros(len(seq_all), dtype=bool)) | (seq_all < 0)
-    blocking = _column(arrow, "blocking") != 0
-    nbytes = _column(arrow, "bytes").astype("int64", copy=False)
+    keep &= in_window_array(rows.step, window)
+    part = _compact_part(task, rows, keep)
+    part.dropped_insane, part.dropped_earlier_run = int(insane.sum()), int(earlier.sum())
+    part.rows_read = arrow.num_rows
+    return part
+
+
+def _compact_part(task: RankSource, rows: RankRows, keep: np.ndarray) -> RankPart:
+    """The rank's part of its ``rows`` where ``keep``: rows cleaned and in the window."""
+    p2p = np.array([canonical_op(str(name)) in ("send", "recv") for name in rows.op_names], dtype=bool)
+    unmatched_rows = (p2p[rows.op] if len(p2p) else np.zeros(len(rows.seq), dtype=bool)) | (rows.seq < 0)
     matched = keep & ~unmatched_rows
     loose = keep & unmatched_rows
-    codes, names = _first_seen(pg_codes[matched], pg_dict)
-    duration_m = duration[matched]
+    codes, names = _first_seen(rows.pg[matched], rows.pg_names)
+    duration_m = rows.duration_us[matched]
     untimed = np.isnan(duration_m)
-    seq_lo, seq = _offset_int(seq_all[matched])
-    step_lo, step_m = _offset_int(step[matched])
+    seq_lo, seq = _offset_int(rows.seq[matched])
+    step_lo, step_m = _offset_int(rows.step[matched])
     part = RankPart(
         rank=task.rank,
         pg_names=[str(n) for n in names],
@@ -265,22 +336,19 @@ def _part_of(task: RankSource, arrow, window: StepWindow) -> RankPart:
         duration_us=_compact_float(duration_m),
         step=step_m,
         step_lo=step_lo,
-        blocking=blocking[matched],
-        start_us=start[matched][untimed] - task.offset_us,
+        blocking=rows.blocking[matched],
+        start_us=rows.start_us[matched][untimed] - task.offset_us,
         unmatched=_unmatched_frame(
-            pg_dict[pg_codes[loose]],
-            op_dict[op_codes[loose]],
-            nbytes[loose],
-            duration[loose],
-            step[loose],
-            blocking[loose],
+            rows.pg_names[rows.pg[loose]],
+            rows.op_names[rows.op[loose]],
+            rows.nbytes[loose],
+            rows.duration_us[loose],
+            rows.step[loose],
+            rows.blocking[loose],
         ),  # fmt: skip
-        dropped_insane=int(insane.sum()),
-        dropped_earlier_run=int(earlier.sum()),
-        rows_read=arrow.num_rows,
     )
-    part._ops = _merged(op_codes[matched], op_dict)  # for the partial only; not kept (see _partial)
-    part._bytes = nbytes[matched]
+    part._ops = _merged(rows.op[matched], rows.op_names)  # for the partial only; not kept (see _partial)
+    part._bytes = rows.nbytes[matched]
     return part
 
 
@@ -399,8 +467,8 @@ def _combine_pg(a: PgPartial, b: PgPartial) -> PgPartial:
         out.ranks[at] += g.ranks
         remap = np.array([names.index(n) for n in g.op_names] + [-1], dtype="int32")
         theirs = remap[g.op]
-        # every rank issues the same op; where a damaged row says otherwise, the last rank's wins, as in
-        # comms.collective_waits (partials combine in rank order, here and in Dask's trees)
+        # every rank issues the same op; where a damaged row says otherwise, the last rank's wins (partials
+        # combine in rank order, here and in Dask's trees)
         out.op[at] = np.where(theirs >= 0, theirs, out.op[at])
     return out
 
@@ -481,48 +549,54 @@ class MatchTable:
     keys: list[tuple[str, str, int]]  # group id -> (op, pg, bucket)
 
 
+_INSTANCE_DTYPES = {"pg": object, "seq": "int64", "op": object, "op_name": object, "transfer_us": "float64",
+                    "bytes_max": "int64", "latest_us": "float64", "ranks": "int64"}  # fmt: skip
+
+
 def instance_table(partial: dict[str, PgPartial]) -> pd.DataFrame:
     """The combined partial as comms' instances frame (pg, seq, op, bytes_max, transfer_us, ranks), plus
-    latest_us and each instance's group key."""
-    frames = []
+    latest_us and each instance's group key. Built as arrays, one frame at the end: a frame per group and their
+    concatenation take milliseconds whatever the number of instances."""
+    columns: dict[str, list] = {name: [] for name in _INSTANCE_DTYPES}
     for name, g in partial.items():
         used = np.flatnonzero(g.ranks > 0)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "pg": name,
-                    "seq": used + g.lo,
-                    "op": np.asarray(g.op_names, dtype=object)[g.op[used]],
-                    "transfer_us": g.transfer_us[used],
-                    "bytes_max": g.bytes_max[used],
-                    "latest_us": g.latest_us[used],
-                    "ranks": g.ranks[used],
-                }
-            )
-        )
-    columns = ["pg", "seq", "op", "transfer_us", "bytes_max", "latest_us", "ranks"]
-    inst = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
-    inst = inst.astype({"seq": "int64", "transfer_us": "float64", "bytes_max": "int64", "ranks": "int64"})
-    inst["op_name"] = inst["op"].astype(str).map(canonical_op)
+        ops = g.op[used]
+        columns["pg"].append(np.full(len(used), name, dtype=object))
+        columns["seq"].append(used + g.lo)
+        columns["op"].append(np.asarray(g.op_names, dtype=object)[ops])
+        columns["op_name"].append(np.asarray([canonical_op(o) for o in g.op_names], dtype=object)[ops])
+        columns["transfer_us"].append(g.transfer_us[used])
+        columns["bytes_max"].append(g.bytes_max[used])
+        columns["latest_us"].append(g.latest_us[used])
+        columns["ranks"].append(g.ranks[used])
+    inst = pd.DataFrame(
+        {
+            name: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+            for (name, dtype), parts in zip(_INSTANCE_DTYPES.items(), columns.values())
+        }
+    )
     inst["bucket"] = size_bucket(inst["bytes_max"].to_numpy())
     return inst
 
 
 def match_table(inst: pd.DataFrame) -> MatchTable:
-    keys_frame = inst[["op_name", "pg", "bucket"]].astype({"pg": str})
-    group = keys_frame.groupby(["op_name", "pg", "bucket"], sort=True).ngroup().to_numpy()
-    keys = [tuple(k) for k in keys_frame.drop_duplicates().sort_values(["op_name", "pg", "bucket"]).to_numpy()]
+    """The instances by group, numbered in (op, pg, bucket) order. Factorised column by column: pandas' groupby
+    costs ~5 ms whatever the number of instances, more than the rest of a small trace's waits."""
+    op_codes, op_names = pd.factorize(inst["op_name"].astype(str), sort=True)
+    pg_codes, pg_names = pd.factorize(inst["pg"].astype(str), sort=True)
+    buckets, bucket_codes = np.unique(inst["bucket"].to_numpy(dtype="int64"), return_inverse=True)
+    key = (op_codes.astype("int64") * len(pg_names) + pg_codes) * len(buckets) + bucket_codes
+    distinct, group = np.unique(key, return_inverse=True)  # ascending: by op, then pg, then bucket
+    op_of, rest = np.divmod(distinct, len(pg_names) * len(buckets))
+    pg_of, bucket_of = np.divmod(rest, len(buckets))
+    keys = [(str(op_names[o]), str(pg_names[p]), int(buckets[b])) for o, p, b in zip(op_of, pg_of, bucket_of)]
+    seq, ranks = inst["seq"].to_numpy(dtype="int64"), inst["ranks"].to_numpy(dtype="int64")
+    transfer, latest = inst["transfer_us"].to_numpy(dtype="float64"), inst["latest_us"].to_numpy(dtype="float64")
     by_pg = {}
-    for pg, rows in inst.groupby("pg", sort=False).indices.items():
-        sub = inst.iloc[rows]
-        by_pg[str(pg)] = (
-            SeqIndex(sub["seq"].to_numpy(dtype="int64")),
-            sub["transfer_us"].to_numpy(dtype="float64"),
-            sub["latest_us"].to_numpy(dtype="float64"),
-            sub["ranks"].to_numpy(dtype="int64"),
-            group[rows],
-        )
-    return MatchTable(by_pg, [(str(o), str(p), int(b)) for o, p, b in keys])
+    for code, pg in enumerate(pg_names):
+        rows = np.flatnonzero(pg_codes == code)
+        by_pg[str(pg)] = (SeqIndex(seq[rows]), transfer[rows], latest[rows], ranks[rows], group[rows])
+    return MatchTable(by_pg, keys)
 
 
 # -- pass 2 ----------------------------------------------------------------------------------------------------
@@ -594,7 +668,7 @@ def finish_part(part: RankPart, match: MatchTable) -> CollectiveSums:
 
 
 def _per_step(steps: np.ndarray, waits: np.ndarray, blocking: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """comms.wait_per_rank_step for one rank: blocking waits add up, overlapping asynchronous ones count once."""
+    """``ReducedWaits.per_rank_step`` for one rank: blocking waits add up, overlapping asynchronous ones count once."""
     distinct, cell = _distinct(steps)
     total = np.bincount(cell[blocking], weights=waits[blocking], minlength=len(distinct))
     return distinct, total + _cell_max(cell[~blocking], waits[~blocking], len(distinct))
@@ -785,9 +859,13 @@ class Collectives:
     def first(self, sources: list[RankSource]) -> tuple[list[RankPart], tuple[dict, list]]:
         """Pass 1 for a batch of ranks: their parts, their partials combined and their accounting."""
         partial = {}
-        parts = [read_part(source, self.window, into=partial)[0] for source in sources]
+        parts = [self.part(source, partial) for source in sources]
         accounting = [(p.rank, p.skipped, p.dropped_insane, p.dropped_earlier_run, p.rows_read) for p in parts]
         return parts, (partial, accounting)
+
+    def part(self, source: RankSource, partial: dict[str, PgPartial]) -> RankPart:
+        """The rank's part, its partial added to ``partial``."""
+        return read_part(source, self.window, into=partial)[0]
 
     def combine(self, *partials: tuple[dict, list]) -> tuple[dict, list]:
         return combine_partials(*(p for p, _ in partials)), [a for _, accounting in partials for a in accounting]
@@ -806,6 +884,42 @@ class Collectives:
     def finish(self, state: tuple[pd.DataFrame, list], sums: CollectiveSums):
         inst, accounting = state
         return sums, inst, accounting
+
+
+@dataclass(frozen=True)
+class LoadedCollectives(Collectives):
+    """``Collectives`` over a loaded table: each rank's part built from its rows there (``by_rank``: their
+    indices into ``rows``, those in ``window``), which the loader has cleaned, instead of from its files."""
+
+    rows: RankRows
+    by_rank: dict[int, np.ndarray]
+
+    def part(self, source: RankSource, partial: dict[str, PgPartial]) -> RankPart:
+        rows = self.rows.take(self.by_rank[source.rank])
+        part = _compact_part(source, rows, np.ones(len(rows.seq), dtype=bool))
+        _partial(part, partial)
+        return part
+
+
+def loaded_waits(
+    coll: pd.DataFrame, window: StepWindow | None, clock_offsets_us: dict[int, float] | None = None
+) -> ReducedWaits | None:
+    """The collectives' waits of a loaded table (``Trace.collectives``) in ``window`` (None: every row), by the
+    two stages ``collectives_reducer`` runs over the ranks' files, inline; untimed rows' issue times on rank 0's
+    clock by ``clock_offsets_us``. None: no collective in the window."""
+    keep = np.ones(len(coll), dtype=bool) if window is None else in_window(coll["step"], window).to_numpy()
+    chosen = np.flatnonzero(keep)
+    if not len(chosen):
+        return None
+    rank = coll["rank"].to_numpy(dtype="int64")
+    chosen = chosen[np.argsort(rank[chosen], kind="stable")]  # each rank's rows together, in their order
+    ranks, first = np.unique(rank[chosen], return_index=True)
+    by_rank = dict(zip(ranks.tolist(), np.split(chosen, first[1:])))
+    analysis = LoadedCollectives(window, _frame_rows(coll), by_rank)
+    offsets = clock_offsets_us or {}
+    sources = [RankSource("", r, "", None, float(offsets.get(r, 0.0))) for r in by_rank]
+    sums, inst, _ = run_two_stage(analysis, sources)
+    return reduced_waits(sums, inst)
 
 
 # -- memory and telemetry, analysed rank by rank on the engine ----------------------------------------------------

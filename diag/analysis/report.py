@@ -21,12 +21,7 @@ from diag.analysis.bubble import SECTION as BUBBLE
 from diag.analysis.bubble import BubbleReport, analyze_bubble, gantt_rows, stage_work_per_step_us
 from diag.analysis.calibration import MachineSpeed, machine_speed
 from diag.analysis.comms import SECTION as COMMS
-from diag.analysis.comms import (
-    CommsReport,
-    analyze_comms,
-    collective_waits,
-    wait_per_rank_step,
-)
+from diag.analysis.comms import CommsReport, ReducedWaits, analyze_comms
 from diag.analysis.engine import Shard, run_loaded, window_us_of
 from diag.analysis.failures import SECTION as FAILURES
 from diag.analysis.failures import (
@@ -63,7 +58,7 @@ from diag.analysis.stragglers import (
 )
 from diag.analysis.telemetry import SECTION as TELEMETRY
 from diag.analysis.telemetry import TelemetryAnalysis, TelemetryReport
-from diag.analysis.window import StepWindow, choose_window, in_window, in_window_array, parse_step_range, select
+from diag.analysis.window import StepWindow, choose_window, in_window_array, parse_step_range, select
 from diag.trace.loader import Trace
 from diag.trace.mesh import MeshLayout
 
@@ -177,7 +172,8 @@ def analyze(
     run_ranks=None,
 ) -> Report:
     """``reduce_collectives``: ``window -> ReducedWaits | None``, the collectives' waits reduced partition by
-    partition (diag.analysis.partitioned) when ``trace.collectives`` was not loaded; None: from the table.
+    partition (diag.analysis.partitioned) when ``trace.collectives`` was not loaded; None: by the same two
+    stages over the loaded table.
     ``run_ranks``: ``(analyses, window) -> their results``, the engine's analyses (memory, telemetry) run over
     the ranks' files when the trace's memory and telemetry were not loaded; None: over the loaded tables."""
     step_range = parse_step_range(steps) if isinstance(steps, str) else steps
@@ -191,13 +187,8 @@ def analyze(
     ranks_info = _ranks_info(trace)
     hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
 
-    if reduce_collectives is not None:
-        waits = reduce_collectives(window)
-    else:
-        coll = trace.collectives
-        in_steps = in_window(coll["step"], window).to_numpy()
-        waits = collective_waits(coll, in_steps, trace.clock_offsets_us()) if len(coll) else None
-    times = rank_step_times(steps_w, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace))
+    waits = reduce_collectives(window) if reduce_collectives is not None else _loaded_waits(trace, window)
+    times = rank_step_times(steps_w, waits.per_rank_step if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
     per_rank = (TelemetryAnalysis(hosts), MemoryAnalysis(window))
     if run_ranks is not None:
@@ -437,14 +428,16 @@ def all_step_times(trace: Trace, reduce_collectives=None) -> RankStepTimes | Non
     if reduce_collectives is not None:
         first, last = int(trace.steps["step"].min()), int(trace.steps["step"].max())
         waits = reduce_collectives(StepWindow(first, last, last - first + 1, int(trace.steps["step"].nunique())))
-        return rank_step_times(
-            trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
-        )
-    coll = trace.collectives
-    waits = collective_waits(coll, None, trace.clock_offsets_us()) if len(coll) else None
-    return rank_step_times(
-        trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
-    )
+    else:
+        waits = _loaded_waits(trace, None)
+    return rank_step_times(trace.steps, waits.per_rank_step if waits is not None else None, _pipeline_stages(trace))
+
+
+def _loaded_waits(trace: Trace, window: StepWindow | None) -> ReducedWaits | None:
+    """The waits of the loaded ``trace.collectives`` in ``window`` (None: every row)."""
+    from diag.analysis.partitioned import loaded_waits  # partitioned imports this module's READS (columns.py)
+
+    return loaded_waits(trace.collectives, window, trace.clock_offsets_us())
 
 
 def options_fingerprint(**options) -> str:

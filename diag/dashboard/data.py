@@ -514,7 +514,6 @@ def partitioned_report(trace: Trace, cache=None, cached=None, workers: int | Non
     ``cache``'s key when the files are still the ones that key names. The times of every step are split with
     the reduced waits; a step outside the window (warm-up, a step not every rank finished yet, a failed one)
     has only the wait its rank measured itself."""
-    from diag.analysis.comms import wait_per_rank_step
     from diag.analysis.report import _pipeline_stages, analyze
     from diag.analysis.stragglers import rank_step_times
     from diag.trace.cache import signature
@@ -539,9 +538,7 @@ def partitioned_report(trace: Trace, cache=None, cached=None, workers: int | Non
         except OSError:
             pass  # a cache that cannot be written is no cache
     waits = reduced[-1] if reduced else None
-    times = rank_step_times(
-        trace.steps, wait_per_rank_step(waits) if waits is not None else None, _pipeline_stages(trace)
-    )
+    times = rank_step_times(trace.steps, waits.per_rank_step if waits is not None else None, _pipeline_stages(trace))
     return report, compact_times(times.frame)
 
 

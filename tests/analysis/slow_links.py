@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag.analysis.comms import collective_waits
 from diag.analysis.links import analyze_links
+from diag.analysis.partitioned import loaded_waits
 
 HOSTS = {r: f"node{r // 2}" for r in range(8)}  # 4 hosts x 2 ranks
 TRANSFER_US = 800.0  # 1 MiB all_reduce between two ranks at about 1.3 GB/s busbw
@@ -58,4 +58,4 @@ def collectives(groups: dict[str, list[int]], slowdown, seed: int = 0) -> pd.Dat
 
 
 def links_of(groups, slowdown):
-    return analyze_links(collective_waits(collectives(groups, slowdown)), groups, HOSTS)
+    return analyze_links(loaded_waits(collectives(groups, slowdown), None), groups, HOSTS)

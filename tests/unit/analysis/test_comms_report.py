@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag.analysis.comms import analyze_comms, collective_waits
+from diag.analysis.comms import analyze_comms
+from diag.analysis.partitioned import loaded_waits
 
 
 def test_blocking_collective_without_duration_is_counted_from_issue_times():
@@ -28,8 +29,8 @@ def test_blocking_collective_without_duration_is_counted_from_issue_times():
             "blocking": np.array([1, 1], dtype="int8"),
         }
     )
-    waits = collective_waits(coll)
-    assert waits is not None and list(waits.wait_us) == [30_000.0, 0.0]
+    waits = loaded_waits(coll, None)
+    assert waits is not None and waits.per_rank_step.tolist() == [30_000.0, 0.0]
     steps = pd.DataFrame(
         {
             "rank": [0, 1],

@@ -4,9 +4,9 @@ collective has one row per member rank; the last rank to arrive sees only the tr
 
 from __future__ import annotations
 
-from diag.analysis.comms import collective_waits
 from diag.analysis.findings import FindingContext
 from diag.analysis.links import SLOW_RATIO, analyze_links, link_findings
+from diag.analysis.partitioned import loaded_waits
 from diag.trace.mesh import MeshLayout
 from tests.analysis.slow_links import HOSTS, STEPS, TRANSFER_US, collectives, layout, links_of
 
@@ -58,7 +58,7 @@ def test_groups_of_other_sizes_or_spans_are_not_compared():
     report = links_of(layout(), lambda pg, ranks: 1.0)
     assert not any(g.slow for g in report.groups)
     assert (
-        analyze_links(collective_waits(collectives({"only": [0, 1]}, lambda pg, r: 1.0)), {"only": [0, 1]}, HOSTS)
+        analyze_links(loaded_waits(collectives({"only": [0, 1]}, lambda pg, r: 1.0), None), {"only": [0, 1]}, HOSTS)
         is None
     )
 
@@ -81,7 +81,7 @@ def test_on_a_device_mesh_the_finding_names_the_dimension_of_the_slow_groups():
     groups = layout()
     mesh = MeshLayout.from_groups((pg, "dp" if pg.startswith("x") else "tp", ranks) for pg, ranks in groups.items())
     slowdown = lambda pg, ranks: 4.0 if pg.startswith("x") and {4, 5} & set(ranks) else 1.0  # noqa: E731
-    report = analyze_links(collective_waits(collectives(groups, slowdown)), groups, HOSTS, mesh)
+    report = analyze_links(loaded_waits(collectives(groups, slowdown), None), groups, HOSTS, mesh)
     suspect = report.suspects[0]
     assert (suspect.name, suspect.mesh_dim) == ("node2", "dp")
     assert {g.mesh_dim for g in report.groups if g.slow} == {"dp"}

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from diag.analysis.comms import analyze_comms, busbw_factor, collective_waits, wait_per_rank_step
+from diag.analysis.comms import analyze_comms, busbw_factor
+from diag.analysis.partitioned import loaded_waits
 from diag.analysis.peaks import lookup_peak_tflops
 from diag.analysis.report import analyze
 from diag.trace import cache as trace_cache
@@ -128,14 +129,17 @@ def test_collective_wait_and_bandwidth_follow_nccl_tests_conventions():
                     "seq": seq,
                     "op": "allreduce",
                     "bytes": 8_000_000,
+                    "start_us": 0,
                     "blocking": 1,
                     "duration_us": d,
                 }
             )
     coll = pd.DataFrame(rows).astype({"pg": "category", "op": "category", "duration_us": "Float64"})
-    waits = collective_waits(coll)
-    assert waits.wait_us.tolist() == [800, 600, 700, 0, 100, 50, 60, 0]
-    assert waits.is_last.tolist() == [False, False, False, True] * 2
+    waits = loaded_waits(coll, None)
+    assert waits.per_rank_step.tolist() == [900, 650, 760, 0]  # blocking: waits (800 + 100, ...) add up
+    assert waits.last_arrivals.tolist() == [0, 0, 0, 2]
+    (group,) = waits.groups
+    assert group.wait_sum_us == 800 + 600 + 700 + 100 + 50 + 60
     steps = pd.DataFrame({"rank": range(4), "step": 0, "data_wait_us": 0, "duration_us": 10_000, "comm_wait_us": 1_000})
     report = analyze_comms(waits, steps, {"0": 4})
     stats = report.collectives[0]
@@ -144,9 +148,8 @@ def test_collective_wait_and_bandwidth_follow_nccl_tests_conventions():
     assert stats.busbw_gbps == pytest.approx(stats.algbw_gbps * 2 * 3 / 4)
     assert busbw_factor("all_gather_into_tensor", 8) == pytest.approx(7 / 8)
     assert [r.last_arrival_fraction for r in report.per_rank] == [0.0, 0.0, 0.0, 1.0]
-    assert wait_per_rank_step(waits).tolist() == [900, 650, 760, 0]  # blocking: waits add up
-    waits.blocking[:] = False
-    assert wait_per_rank_step(waits).tolist() == [800, 600, 700, 0]  # overlapping: the longest wait counts
+    overlapping = loaded_waits(coll.assign(blocking=0), None)
+    assert overlapping.per_rank_step.tolist() == [800, 600, 700, 0]  # overlapping: the longest wait counts
 
 
 def test_cache_returns_the_same_trace_and_notices_changes(tmp_path):
@@ -201,6 +204,7 @@ def test_instances_are_matched_across_ranks_whatever_the_row_order():
             "seq": s,
             "op": "allreduce",
             "bytes": 64,
+            "start_us": 0,
             "blocking": 0,
             "duration_us": float(10 + r),
         }
@@ -213,9 +217,12 @@ def test_instances_are_matched_across_ranks_whatever_the_row_order():
         .sample(frac=1.0, random_state=rng.integers(1 << 30))
         .astype({"pg": "category", "op": "category", "duration_us": "Float64"})
     )
-    waits = collective_waits(coll)
-    assert len(waits.instances) == 78
-    assert np.array_equal(waits.wait_us, coll["rank"].to_numpy(dtype=float))
+    waits = loaded_waits(coll, None)
+    assert len(waits.instances) == 78 and (waits.instances["transfer_us"] == 10).all()
+    # every row of rank r waits r us for rank 0: so does every step of it
+    ranks = waits.per_rank_step.index.get_level_values("rank").to_numpy(dtype=float)
+    assert np.array_equal(waits.per_rank_step.to_numpy(), ranks)
+    assert sum(g.wait_sum_us for g in waits.groups) == 78 * (0 + 1 + 2)
 
 
 def test_second_analyze_reuses_the_cached_report_until_the_trace_changes(tmp_path):
@@ -265,10 +272,12 @@ def test_point_to_point_ops_are_not_matched_across_ranks():
         {"rank": 3, "op": "recv", "seq": 1, "duration_us": 800.0},
         *({"rank": r, "op": "allreduce", "seq": 1, "duration_us": 100.0 + r} for r in range(4)),
     ]
-    coll = pd.DataFrame([{**r, "step": 0, "pg": "0", "bytes": 64, "blocking": 1} for r in rows])
-    waits = collective_waits(coll.astype({"pg": "category", "op": "category", "duration_us": "Float64"}))
-    assert waits.wait_us.tolist() == [0, 0, 0, 0, 0, 1, 2, 3]
-    assert len(waits.instances) == 5 and sorted(waits.instances["ranks"]) == [1, 1, 1, 1, 4]
+    coll = pd.DataFrame([{**r, "step": 0, "pg": "0", "bytes": 64, "start_us": 0, "blocking": 1} for r in rows])
+    waits = loaded_waits(coll.astype({"pg": "category", "op": "category", "duration_us": "Float64"}), None)
+    assert waits.per_rank_step.tolist() == [0, 1, 2, 3]  # the all_reduce's waits; the sends and recvs wait 0
+    assert waits.instances["ranks"].tolist() == [4]  # the all_reduce, matched; each send and recv alone
+    counts = sorted((g.op, g.count, g.ranks_max, g.wait_sum_us) for g in waits.groups)
+    assert counts == [("all_reduce", 1, 4, 6.0), ("recv", 2, 1, 0.0), ("send", 2, 1, 0.0)]
 
 
 def test_untimed_buckets_wait_for_the_latest_issue_on_rank_0s_clock():
@@ -284,11 +293,11 @@ def test_untimed_buckets_wait_for_the_latest_issue_on_rank_0s_clock():
     coll = pd.DataFrame(
         [{**r, "step": 0, "pg": "0", "op": "all_reduce", "bytes": 64, "blocking": 0, "duration_us": None} for r in rows]
     ).astype({"pg": "category", "op": "category", "duration_us": "Float64"})
-    waits = collective_waits(coll, None, {0: 0.0, 1: rank1_ahead_us})
-    assert waits.wait_us.tolist() == [300, 0, 0, 200]
-    assert waits.is_last.tolist() == [False, True, True, False]
+    waits = loaded_waits(coll, None, {0: 0.0, 1: rank1_ahead_us})
+    assert waits.per_rank_step.tolist() == [300, 200]  # overlapping: each rank's longest wait
+    assert waits.last_arrivals.tolist() == [1, 1]
     # without the offsets rank 1 would seem to arrive last both times
-    assert collective_waits(coll).is_last.tolist() == [False, True, False, True]
+    assert loaded_waits(coll, None).last_arrivals.tolist() == [0, 2]
     steps = pd.DataFrame(
         {"rank": [0, 1], "step": [0, 0], "comm_wait_us": [300, 200], "data_wait_us": 0, "duration_us": 9000}
     )

@@ -98,26 +98,40 @@ def test_rank_by_rank_export_of_a_rank_whose_files_hold_a_second_run(tmp_path):
 
 def test_untimed_collectives_are_estimated_from_the_analysis_waits(tmp_path):
     """straggler-h200's collectives carry issue times only (DDP buckets read from gloo's Flight Recorder): each
-    is drawn for the wait for the last rank to issue it, which is the wait ``comms.collective_waits`` gives the
-    report; the last rank's own (no wait, no timed collective to give a transfer) is a 1 us lower bound."""
-    from diag.analysis.comms import collective_waits
+    is drawn for the wait for the last rank to issue it, which is the wait the report reads
+    (``partitioned.loaded_waits``: per rank and step, and who arrived last); the last rank's own (no wait, no
+    timed collective to give a transfer) is a 1 us lower bound."""
+    from diag.analysis.partitioned import loaded_waits
 
     run = REPO / "sample_traces" / "straggler-h200"
     events = export_events(tmp_path, run)
     trace = diag.load(run)
     coll = trace.collectives
     assert coll["duration_us"].isna().all()
-    waits = collective_waits(coll, clock_offsets_us=trace.clock_offsets_us())
-    expected = {
-        (int(r), str(pg), int(s)): w for r, pg, s, w in zip(coll["rank"], coll["pg"], coll["seq"], waits.wait_us)
+    waits = loaded_waits(coll, None, trace.clock_offsets_us())
+    row_of = {
+        (int(r), str(pg), int(s)): (int(step), bool(b))
+        for r, pg, s, step, b in zip(coll["rank"], coll["pg"], coll["seq"], coll["step"], coll["blocking"])
     }
     estimated = [e for e in events if e.get("cat") == "collective,estimated"]
     assert len(estimated) == len(coll)
+    blocking_sum, async_max, rows, last = {}, {}, {}, {}
     for e in estimated:
-        wait_us = expected[(e["pid"], e["args"]["pg"], e["args"]["seq"])]
-        assert e["args"]["wait_us"] == round(wait_us, 1)
+        rank, wait_us = e["pid"], e["args"]["wait_us"]
+        step, blocking = row_of[(rank, e["args"]["pg"], e["args"]["seq"])]
+        rows[rank, step] = rows.get((rank, step), 0) + 1
+        if blocking:
+            blocking_sum[rank, step] = blocking_sum.get((rank, step), 0.0) + wait_us
+        else:
+            async_max[rank, step] = max(async_max.get((rank, step), 0.0), wait_us)
+        last[rank] = last.get(rank, 0) + (wait_us == 0)
         assert abs(e["dur"] - max(wait_us, 1.0)) < 1e-6
         assert "lower bound" in e["args"]["transfer"]
+    drawn = {cell: blocking_sum.get(cell, 0.0) + async_max.get(cell, 0.0) for cell in {*blocking_sum, *async_max}}
+    assert drawn.keys() == set(waits.per_rank_step.index)
+    for cell, wait_us in waits.per_rank_step.items():
+        assert abs(drawn[cell] - wait_us) <= 0.05 * rows[cell] + 1e-6  # each drawn wait is rounded to 0.1 us
+    assert [last.get(rank, 0) for rank in range(len(waits.last_arrivals))] == waits.last_arrivals.tolist()
     assert any(e["dur"] > 1000 for e in estimated)  # the straggler's peers waited for it
 
 
