@@ -225,17 +225,22 @@ def _mark_known_returned(ops: pd.DataFrame, liveness: dict[int, str], steps_begu
 
 
 def _gloo_steps_begun(data: TriageInput) -> dict[int, int]:
-    """Per gloo rank, the latest step it is known to have begun: its heartbeat's current step, or the step of an
-    error it recorded (a data loader that raised before the step's first collective). Not for NCCL: a step
-    ends with its collectives still running on the GPU."""
+    """Per gloo rank, the latest step it is known to have begun, or to be past: its heartbeat's current step,
+    the step after the last it completed (a rank that raised between two steps, or exited, is in none: its
+    last step's buckets returned before that step ended), or the step of an error it recorded (a data loader
+    that raised before the step's first collective). Not for NCCL: a step ends with its collectives still
+    running on the GPU."""
     begun: dict[int, int] = {}
     errors = data.errors[data.errors["step"].notna()] if len(data.errors) else data.errors
     error_steps = errors.groupby("rank")["step"].max() if len(errors) else pd.Series(dtype="float64")
     for rank, info in data.ranks.items():
         if info.backend != "gloo":
             continue
-        beat_step = info.heartbeat.step if info.heartbeat is not None else None
-        steps = [int(s) for s in (beat_step, error_steps.get(rank)) if s is not None and s == s]
+        beat = info.heartbeat
+        beat_step = beat.step if beat is not None else None
+        after_completed = beat.last_step + 1 if beat is not None and beat.last_step is not None else None
+        candidates = (beat_step, after_completed, error_steps.get(rank))
+        steps = [int(s) for s in candidates if s is not None and s == s]
         if steps:
             begun[rank] = max(steps)
     return begun

@@ -276,3 +276,16 @@ def test_a_dtype_desync_whose_majority_rank_aborted_names_the_rank_that_changed_
     assert verdict.verdict == "desync", verdict.evidence
     assert verdict.culprit_ranks == [1], verdict.evidence
     assert any("issued 9× before" in line and "issued 0× before" in line for line in verdict.evidence)  # 3 ranks x 3
+
+
+def test_rank_that_exited_between_steps_is_dead_though_its_last_buckets_read_pending():
+    """2 ranks, ``sys.exit(1)`` in the handler of an exception rank 0 raised between steps 4 and 5; rank 1 then
+    raised in step 5's first all_reduce (connection closed). Rank 0's last bucket of step 4 is a Flight
+    Recorder row nothing timed, and its heartbeat, written at exit, completed only the collective before it;
+    rank 1 is judged from its heartbeat. Rank 0 completed step 4, so the bucket returned: the hang is step 5's
+    all_reduce, which rank 0 never reached, not a slow step 4."""
+    verdict = triage(read_input(FIXTURES / "sys_exit_between_steps_after_lagging_buckets"))
+    assert verdict.verdict == "dead_rank", verdict.evidence
+    assert verdict.culprit_ranks == [0], verdict.evidence
+    assert (verdict.collective["pg"], verdict.collective["seq"]) == ("0", 16)
+    assert verdict.action.kind == "fix_code"
