@@ -325,17 +325,18 @@ def oom_steps(events: pd.DataFrame, mem: pd.DataFrame) -> pd.DataFrame:
 
 
 def memory_pressure(report: MemoryReport) -> dict[int, str]:
-    """Rank -> what singles out its memory (a suspected leak, allocator retries), where that holds on fewer than
-    half the ranks: the straggler analysis names memory as the cause of such a slow rank's extra compute. A
-    condition every rank shares (the same leak everywhere) says nothing about why one rank is slower."""
+    """Rank -> what singles out its memory (a suspected leak, allocator retries), where that holds on at most
+    half the ranks (one of two ranks included): the straggler analysis names memory as the cause of such a slow
+    rank's extra compute. A condition most ranks share (the same leak everywhere) says nothing about why one
+    rank is slower."""
     ranks = report.per_rank
     leaking = {r.rank: r for r in ranks if r.leak_suspected and r.growth_bytes_per_step}
     retrying = {r.rank: r for r in ranks if r.alloc_retries}
     out = {}
-    if 2 * len(retrying) < len(ranks):
+    if 2 * len(retrying) <= len(ranks):
         for rank, r in retrying.items():
             out[rank] = f"its caching allocator retried {r.alloc_retries} times (freeing its cache near the limit)"
-    if 2 * len(leaking) < len(ranks):
+    if 2 * len(leaking) <= len(ranks):
         for rank, r in leaking.items():
             out[rank] = f"its {r.metric} grows {r.growth_bytes_per_step / 2**20:.2f} MiB/step (leak suspected)"
     return out

@@ -151,6 +151,19 @@ def test_slow_rank_whose_memory_alone_grows_or_retries_is_a_memory_straggler():
     assert {s.rank: s.cause for s in report.stragglers} == {1: "compute", 2: "compute"}
 
 
+def test_slow_rank_of_two_whose_memory_alone_grows_is_a_memory_straggler():
+    """Two ranks, one leaking and slower (the fault suite's 2-rank memory fault at 2x load): the leak singles out
+    that rank as much as on eight ranks; on both ranks it explains neither."""
+    busy = {0: 140_000.0, 1: 100_000.0}
+    info = pd.DataFrame({"host": ["node0"] * 2}, index=range(2))
+    memory = MemoryReport([_rank_memory(r, leak=r == 0) for r in range(2)])
+    report = find_stragglers(times_frame(busy), info, {}, {}, memory_pressure(memory))
+    assert {s.rank: s.cause for s in report.stragglers} == {0: "memory"}
+    both = MemoryReport([_rank_memory(r, leak=True) for r in range(2)])
+    report = find_stragglers(times_frame(busy), info, {}, {}, memory_pressure(both))
+    assert {s.rank: s.cause for s in report.stragglers} == {0: "compute"}
+
+
 def test_gpu_errors_become_a_high_severity_finding(gpu_fixtures):
     tel, _ = nvml_rows(gpu_fixtures / "nvml_samples_h100.jsonl")
     tel.loc[tel.index[-1], "xid"] = 79  # "GPU has fallen off the bus"
