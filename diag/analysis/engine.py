@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from diag.processes import Workers, contiguous_shares
-from diag.trace.loader import Skipped, TraceReader, to_frame
+from diag.trace.loader import ReadNotes, Skipped, TraceReader, clean_rank_tables, to_frame
 from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES
 
 P = TypeVar("P")
@@ -90,23 +90,6 @@ class RankSource:
     offset_us: float = 0.0  # the rank's clock minus rank 0's
     first_us: float = float("nan")  # the rank's telemetry window (see Shard); NaN: no step in the window
     last_us: float = float("nan")
-
-
-@dataclass
-class ReadNotes:
-    """What reading ranks skipped or dropped, for the trace's notes: (rank, note) per skipped file or rank, rows
-    of an earlier run dropped, rows read."""
-
-    skipped: list[tuple[int, Skipped]] = field(default_factory=list)
-    dropped_earlier_run: int = 0
-    rows_read: int = 0
-
-    def __add__(self, other: ReadNotes) -> ReadNotes:
-        return ReadNotes(
-            self.skipped + other.skipped,
-            self.dropped_earlier_run + other.dropped_earlier_run,
-            self.rows_read + other.rows_read,
-        )
 
 
 @dataclass(frozen=True)
@@ -195,19 +178,12 @@ def read_shard(sources: Sequence[RankSource], names: tuple[str, ...]) -> tuple[S
             notes.skipped.append((source.rank, note))
             continue
         notes.skipped += [(source.rank, s) for s in read.skipped if Path(s.path).name not in SIDE_FILES]
-        for name, arrow in read.tables.items():
+        notes.rows_read += sum(arrow.num_rows for arrow in read.tables.values())
+        cleaned, dropped = clean_rank_tables(read.tables, source.cut_us)
+        notes.dropped += dropped
+        for name, arrow in cleaned.items():
             chunks[name].append(arrow)
-    cuts = {s.rank: s.cut_us for s in sources if s.cut_us is not None}
-    tables = {}
-    for name in names:
-        frame = to_frame(chunks.pop(name), TABLES[name], rank_column=True)
-        notes.rows_read += len(frame)
-        if cuts and len(frame):
-            limit = frame["rank"].map(cuts).to_numpy(dtype="float64", na_value=np.nan)
-            early = frame["time_us"].to_numpy(dtype="float64", na_value=np.nan) < limit
-            notes.dropped_earlier_run += int(early.sum())
-            frame = frame[~early].reset_index(drop=True)
-        tables[name] = frame
+    tables = {name: to_frame(chunks.pop(name), TABLES[name], rank_column=True) for name in names}
     window_us = pd.DataFrame(
         {"first_us": [s.first_us for s in sources], "last_us": [s.last_us for s in sources]},
         index=pd.Index([s.rank for s in sources], name="rank"),

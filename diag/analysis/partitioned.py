@@ -33,7 +33,6 @@ from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op
 from diag.analysis.engine import (
     SIDE_FILES,
     RankSource,
-    ReadNotes,
     rank_sources,
     release_arrow_memory,
     run,
@@ -42,18 +41,21 @@ from diag.analysis.engine import (
 from diag.analysis.window import StepWindow, in_window, in_window_array
 from diag.processes import Workers, contiguous_shares, release_heap_memory, worker_count
 from diag.trace.loader import (
+    Dropped,
     RankRead,
+    ReadNotes,
     Skipped,
     Trace,
     TraceError,
     TraceReader,
+    add_read_notes,
     assemble_trace,
+    clean_rank_tables,
     empty_table,
     gather_rank_reads,
-    insane_durations,
     to_frame,
 )
-from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, TABLES, Table
+from diag.trace.schema import TABLES, Table
 
 COLLECTIVES = "collectives"
 
@@ -73,9 +75,8 @@ class RankPart:
     start_us: np.ndarray  # float64 on rank 0's clock, for the untimed rows only (in their order)
     unmatched: pd.DataFrame  # pg, op, bytes, duration_us, step, blocking
     skipped: list[Skipped] = field(default_factory=list)
-    dropped_insane: int = 0
-    dropped_earlier_run: int = 0
-    rows_read: int = 0  # valid rows in the files, before the checks and the window
+    dropped: Dropped = field(default_factory=Dropped)  # by the loader's cleaning
+    rows_read: int = 0  # valid rows in the files, before the cleaning and the window
     seq_lo: int = 0
     step_lo: int = 0
 
@@ -301,17 +302,13 @@ def _categories(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 def _part_of(task: RankSource, arrow, window: StepWindow) -> RankPart:
     if arrow is None or arrow.num_rows == 0:
         return _empty_part(task.rank)
-    rows = _arrow_rows(arrow)
-    # the loader's whole-trace checks, in its order: insane durations, then rows of an earlier run
-    insane = insane_durations(rows.duration_us)
-    keep = ~insane
-    earlier = np.zeros(len(keep), dtype=bool)
-    if task.cut_us is not None:
-        earlier = keep & (rows.start_us < task.cut_us)
-        keep &= ~earlier
-    keep &= in_window_array(rows.step, window)
-    part = _compact_part(task, rows, keep)
-    part.dropped_insane, part.dropped_earlier_run = int(insane.sum()), int(earlier.sum())
+    cleaned, dropped = clean_rank_tables({COLLECTIVES: arrow}, task.cut_us)
+    if COLLECTIVES in cleaned:
+        rows = _arrow_rows(cleaned[COLLECTIVES])
+        part = _compact_part(task, rows, in_window_array(rows.step, window))
+    else:  # every row dropped
+        part = _empty_part(task.rank)
+    part.dropped = dropped
     part.rows_read = arrow.num_rows
     return part
 
@@ -852,28 +849,30 @@ def reduced_waits(sums: CollectiveSums, inst: pd.DataFrame) -> ReducedWaits | No
 class Collectives:
     """The collectives as a two-stage analysis (``engine.run_two_stage``): stage 1 ``read_part`` (each rank's
     part kept), between them the instance table and its match table (the broadcast), stage 2 ``finish_part``;
-    the result is (merged sums, instance table, accounting per rank)."""
+    the result is (merged sums, instance table, what the reads skipped and dropped)."""
 
     window: StepWindow
 
-    def first(self, sources: list[RankSource]) -> tuple[list[RankPart], tuple[dict, list]]:
-        """Pass 1 for a batch of ranks: their parts, their partials combined and their accounting."""
+    def first(self, sources: list[RankSource]) -> tuple[list[RankPart], tuple[dict, ReadNotes]]:
+        """Pass 1 for a batch of ranks: their parts, their partials combined and what their reads skipped and
+        dropped."""
         partial = {}
         parts = [self.part(source, partial) for source in sources]
-        accounting = [(p.rank, p.skipped, p.dropped_insane, p.dropped_earlier_run, p.rows_read) for p in parts]
-        return parts, (partial, accounting)
+        skipped = [(p.rank, s) for p in parts for s in p.skipped]
+        notes = ReadNotes(skipped, sum((p.dropped for p in parts), Dropped()), sum(p.rows_read for p in parts))
+        return parts, (partial, notes)
 
     def part(self, source: RankSource, partial: dict[str, PgPartial]) -> RankPart:
         """The rank's part, its partial added to ``partial``."""
         return read_part(source, self.window, into=partial)[0]
 
-    def combine(self, *partials: tuple[dict, list]) -> tuple[dict, list]:
-        return combine_partials(*(p for p, _ in partials)), [a for _, accounting in partials for a in accounting]
+    def combine(self, *partials: tuple[dict, ReadNotes]) -> tuple[dict, ReadNotes]:
+        return combine_partials(*(p for p, _ in partials)), sum((notes for _, notes in partials), ReadNotes())
 
-    def between(self, partial: tuple[dict, list]) -> tuple[tuple[pd.DataFrame, list], MatchTable]:
-        combined, accounting = partial
+    def between(self, partial: tuple[dict, ReadNotes]) -> tuple[tuple[pd.DataFrame, ReadNotes], MatchTable]:
+        combined, notes = partial
         inst = instance_table(combined)
-        return (inst, accounting), match_table(inst)
+        return (inst, notes), match_table(inst)
 
     def second(self, part: RankPart, match: MatchTable) -> CollectiveSums:
         return finish_part(part, match)
@@ -881,9 +880,9 @@ class Collectives:
     def combine2(self, *sums: CollectiveSums) -> CollectiveSums:
         return merge_sums(*sums)
 
-    def finish(self, state: tuple[pd.DataFrame, list], sums: CollectiveSums):
-        inst, accounting = state
-        return sums, inst, accounting
+    def finish(self, state: tuple[pd.DataFrame, ReadNotes], sums: CollectiveSums):
+        inst, notes = state
+        return sums, inst, notes
 
 
 @dataclass(frozen=True)
@@ -952,16 +951,9 @@ def rank_tables_runner(trace: Trace, workers: int | Workers = 1, client=None, pr
 
 
 def _account_rank_tables(trace: Trace, notes: ReadNotes, device_totals: dict[int, int]) -> None:
-    """The loader's notes for the ranks' memory and telemetry files, where it would have listed them, the rows
-    of an earlier run added to the note that names it, and the per-rank device totals as trace.telemetry (what
-    memory_plan reads of it)."""
-    for rank, s in notes.skipped:
-        trace.skipped.insert(_position(trace.skipped, trace.path, rank, _file_order(Path(s.path).name)), s)
-    if notes.dropped_earlier_run:
-        for s in trace.skipped:
-            if "step numbers start again" in s.reason:
-                s.lines += notes.dropped_earlier_run
-                break
+    """What reading the ranks' memory and telemetry skipped and dropped, among the trace's notes, and the
+    per-rank device totals as trace.telemetry (what memory_plan reads of it)."""
+    add_read_notes(trace, notes)
     trace.telemetry = pd.DataFrame(
         {
             "rank": np.asarray(list(device_totals), dtype="int32"),
@@ -1179,89 +1171,19 @@ def collectives_reducer(trace: Trace, workers: int | Workers = 1, client=None, p
         tasks = rank_sources(trace)
         bar = _bar(2 * len(tasks), "collectives by rank") if progress else None
         try:
-            sums, inst, accounting = run_two_stage(Collectives(window), tasks, workers, client, bar and bar.update)
+            sums, inst, notes = run_two_stage(Collectives(window), tasks, workers, client, bar and bar.update)
         finally:
             if bar is not None:
                 bar.close()
-        _account(trace, accounting)
-        reduce.rows_read = sum(a[4] for a in accounting)
-        del accounting
+        add_read_notes(trace, notes)
+        reduce.rows_read = notes.rows_read
+        del notes
         release_heap_memory()
         return reduced_waits(sums, inst)
 
     reduce.rows_read = 0  # collective rows read, before the checks and the window: 0 when there are none
 
     return reduce
-
-
-_FILE_ORDER = {MANIFEST_FILE: 0, HEARTBEAT_FILE: 1, **{t.file_name: 2 + i for i, t in enumerate(TABLES.values())}}
-_TABLE_ORDER = {name: 2 + i for i, name in enumerate(TABLES)}
-
-
-def _file_order(name: str) -> int:
-    """Where the loader reads a rank's file: manifest, heartbeat, then the tables in schema order (a CSV file or
-    a schema-2 segment, ``memory.000001.parquet``), events, then anything else."""
-    if name in _FILE_ORDER:
-        return _FILE_ORDER[name]
-    if name == EVENTS_FILE:
-        return 8
-    return _TABLE_ORDER.get(name.split(".")[0], 9)
-
-
-def _account(trace: Trace, accounting: list) -> None:
-    """The loader's notes for the collectives: each file's skipped rows in its rank's place, the rows with
-    insane durations, and those of an earlier run added to the note that names it."""
-    mine = _FILE_ORDER.get(TABLES[COLLECTIVES].file_name, 4)
-    for rank, skipped, *_ in accounting:
-        for s in skipped:
-            trace.skipped.insert(_position(trace.skipped, trace.path, rank, mine), s)
-    insane = sum(a[2] for a in accounting)
-    earlier = sum(a[3] for a in accounting)
-    if insane:
-        note = Skipped(
-            str(trace.path),
-            f"{COLLECTIVES}: rows with a negative duration or one over 7 days (start and duration swapped?) dropped",
-            insane,
-        )
-        later = [
-            i for i, s in enumerate(trace.skipped) if _insane_note_of(s) in ("memory", "telemetry", "microbatches")
-        ]
-        before = [i for i, s in enumerate(trace.skipped) if "step numbers start again" in s.reason]
-        trace.skipped.insert((later or before or [len(trace.skipped)])[0], note)
-    if earlier:
-        for s in trace.skipped:
-            if "step numbers start again" in s.reason:
-                s.lines += earlier
-                break
-
-
-def _insane_note_of(s: Skipped) -> str | None:
-    return s.reason.split(":")[0] if "rows with a negative duration" in s.reason else None
-
-
-def _position(skipped: list[Skipped], root: Path, rank: int, order: int) -> int:
-    """Where the loader would have listed a note of ``rank``'s file of ``order``: before the first note of a
-    later file of the rank or of a later rank, after the directory notes."""
-    last_keyed = None
-    for i, s in enumerate(skipped):
-        key = _rank_file_key(Path(s.path), root)
-        if key is None:
-            continue
-        if key > (rank, order):
-            return i
-        last_keyed = i
-    if last_keyed is not None:
-        return last_keyed + 1
-    return sum(1 for s in skipped if Path(s.path).parent == root and s.path != str(root))
-
-
-def _rank_file_key(path: Path, root: Path) -> tuple[int, int] | None:
-    from diag.trace.loader import RANK_DIR_RE
-
-    match = RANK_DIR_RE.match(path.parent.name)
-    if path.parent.parent != root or match is None:
-        return None
-    return int(match.group(1)), _file_order(path.name)
 
 
 def analyze_partitioned(

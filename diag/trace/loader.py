@@ -966,18 +966,152 @@ def insane_durations(duration_us: np.ndarray) -> np.ndarray:
         return (duration_us < 0) | (duration_us > MAX_DURATION_US)
 
 
+INSANE_REASON = "rows with a negative duration or one over 7 days"
+
+
 def insane_durations_note(table: str, rows: int, path: Path) -> Skipped:
-    return Skipped(
-        str(path),
-        f"{table}: rows with a negative duration or one over 7 days (start and duration swapped?) dropped",
-        rows,
-    )
+    return Skipped(str(path), f"{table}: {INSANE_REASON} (start and duration swapped?) dropped", rows)
+
+
+@dataclass
+class Dropped:
+    """Rows the cleaning of ranks' tables dropped: by table, those with an impossible duration; those of an
+    earlier run appended to the same files. Ranks cleaned one by one add up (``+``) to what one load drops."""
+
+    insane_rows: dict[str, int] = field(default_factory=dict)
+    earlier_run_rows: int = 0
+
+    def __add__(self, other: Dropped) -> Dropped:
+        insane = dict(self.insane_rows)
+        for name, rows in other.insane_rows.items():
+            insane[name] = insane.get(name, 0) + rows
+        return Dropped(insane, self.earlier_run_rows + other.earlier_run_rows)
+
+    def insane_notes(self, path: Path) -> list[Skipped]:
+        """A note per table of its rows with an impossible duration, in schema order (as a load lists them)."""
+        return [
+            insane_durations_note(name, self.insane_rows[name], path) for name in TABLES if name in self.insane_rows
+        ]
+
+
+def clean_rank_tables(tables: dict[str, pa.Table], cut_us: float | None = None) -> tuple[dict[str, pa.Table], Dropped]:
+    """One rank's tables as read (Arrow), cleaned as ``load`` cleans a trace: rows with an impossible duration
+    dropped, then, with ``cut_us`` (the rank's ``Trace.earlier_run_cuts_us``), rows stamped before it: an
+    earlier run appended to the same files. A table left without rows is left out, as ``read_rank_tables``
+    leaves it. Readers of single ranks (the analysis engine, the Perfetto export) clean with it, so that every
+    path drops the rows a load drops."""
+    dropped = Dropped()
+    cleaned = {}
+    for name, arrow in tables.items():
+        keep = np.ones(arrow.num_rows, dtype=bool)
+        if "duration_us" in arrow.column_names:  # nulls (unfinished collectives) become NaN, which are kept
+            insane = insane_durations(arrow.column("duration_us").to_numpy(zero_copy_only=False).astype("float64"))
+            if insane.any():
+                dropped.insane_rows[name] = int(insane.sum())
+                keep &= ~insane
+        stamp = _stamp_column(arrow.column_names)
+        if cut_us is not None and stamp is not None:
+            earlier = keep & (arrow.column(stamp).to_numpy(zero_copy_only=False).astype("float64") < cut_us)
+            dropped.earlier_run_rows += int(earlier.sum())
+            keep &= ~earlier
+        if keep.all():
+            cleaned[name] = arrow
+        elif keep.any():  # as read_rank_tables gives them, a table without rows is left out
+            cleaned[name] = arrow.filter(keep)
+    return cleaned, dropped
+
+
+@dataclass
+class ReadNotes:
+    """What reading ranks one by one, after a load that left some of their tables out, skipped and dropped:
+    (rank, note) per skipped file or rank, the rows cleaning dropped, and the valid rows read. Ranks' notes add
+    up (``+``); ``add_read_notes`` lists them among the trace's."""
+
+    skipped: list[tuple[int, Skipped]] = field(default_factory=list)
+    dropped: Dropped = field(default_factory=Dropped)
+    rows_read: int = 0
+
+    def __add__(self, other: ReadNotes) -> ReadNotes:
+        return ReadNotes(self.skipped + other.skipped, self.dropped + other.dropped, self.rows_read + other.rows_read)
+
+
+EARLIER_RUN_REASON = "step numbers start again"  # in the note of the rows of an earlier run (_latest_run_only)
+
+
+def add_read_notes(trace: Trace, notes: ReadNotes) -> None:
+    """``notes`` in ``trace.skipped`` where a load of every table lists them: each file's note in its rank's
+    place, one note per table of the rows with an impossible duration, and the rows of an earlier run added to
+    the note that names that run."""
+    for rank, s in notes.skipped:
+        trace.skipped.insert(_rank_note_position(trace.skipped, trace.path, rank, _file_order(Path(s.path).name)), s)
+    for note in notes.dropped.insane_notes(trace.path):
+        trace.skipped.insert(_insane_note_position(trace.skipped, _insane_note_table(note)), note)
+    if notes.dropped.earlier_run_rows:
+        for s in trace.skipped:
+            if EARLIER_RUN_REASON in s.reason:
+                s.lines += notes.dropped.earlier_run_rows
+                break
+
+
+_FILE_ORDER = {MANIFEST_FILE: 0, HEARTBEAT_FILE: 1, **{t.file_name: 2 + i for i, t in enumerate(TABLES.values())}}
+_TABLE_ORDER = {name: 2 + i for i, name in enumerate(TABLES)}
+
+
+def _file_order(name: str) -> int:
+    """Where ``read_rank`` reads a rank's file: manifest, heartbeat, then the tables in schema order (a CSV file
+    or a schema-2 segment, ``memory.000001.parquet``), events, then anything else."""
+    if name in _FILE_ORDER:
+        return _FILE_ORDER[name]
+    if name == EVENTS_FILE:
+        return 2 + len(TABLES)
+    return _TABLE_ORDER.get(name.split(".")[0], 3 + len(TABLES))
+
+
+def _rank_note_position(skipped: list[Skipped], root: Path, rank: int, order: int) -> int:
+    """Where a load lists a note of ``rank``'s file of ``order``: before the first note of a later file of the
+    rank or of a later rank, after the directory notes."""
+    last_keyed = None
+    for i, s in enumerate(skipped):
+        key = _rank_file_key(Path(s.path), root)
+        if key is None:
+            continue
+        if key > (rank, order):
+            return i
+        last_keyed = i
+    if last_keyed is not None:
+        return last_keyed + 1
+    return sum(1 for s in skipped if Path(s.path).parent == root and s.path != str(root))
+
+
+def _rank_file_key(path: Path, root: Path) -> tuple[int, int] | None:
+    match = RANK_DIR_RE.match(path.parent.name)
+    if path.parent.parent != root or match is None:
+        return None
+    return int(match.group(1)), _file_order(path.name)
+
+
+def _insane_note_position(skipped: list[Skipped], name: str) -> int:
+    """Where a load lists the note of ``name``'s rows with an impossible duration: before that of a later table,
+    else before the note of an earlier run, else last."""
+    later = [i for i, s in enumerate(skipped) if _TABLE_ORDER.get(_insane_note_table(s), -1) > _TABLE_ORDER[name]]
+    before = [i for i, s in enumerate(skipped) if EARLIER_RUN_REASON in s.reason]
+    return (later or before or [len(skipped)])[0]
+
+
+def _insane_note_table(s: Skipped) -> str | None:
+    return s.reason.split(":")[0] if INSANE_REASON in s.reason else None
+
+
+def _stamp_column(columns) -> str | None:
+    """The column that says when a row was recorded, which an earlier run's cut compares."""
+    return "start_us" if "start_us" in columns else "time_us" if "time_us" in columns else None
 
 
 def _drop_insane_durations(data: dict, skipped: list[Skipped], path: Path) -> dict:
     """Rows with a negative duration, or one over MAX_DURATION_US (typically start and duration swapped: "costs
     the job 1795514172969.3 ms/step"), are dropped and counted; an unfinished collective (null) is kept."""
     out = dict(data)
+    dropped = Dropped()
     for name in TABLES:
         frame = data.get(name)
         if frame is None or frame.empty or "duration_us" not in frame:
@@ -985,7 +1119,8 @@ def _drop_insane_durations(data: dict, skipped: list[Skipped], path: Path) -> di
         bad = insane_durations(frame["duration_us"].to_numpy(dtype="float64", na_value=np.nan))
         if bad.any():
             out[name] = frame[~bad].reset_index(drop=True)
-            skipped.append(insane_durations_note(name, int(bad.sum()), path))
+            dropped.insane_rows[name] = int(bad.sum())
+    skipped.extend(dropped.insane_notes(path))
     return out
 
 
@@ -1005,7 +1140,7 @@ def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
     dropped = 0
     for name in (*TABLES, "events"):  # an earlier run's step errors and exits are not this run's
         frame = out[name]
-        column = "start_us" if "start_us" in frame else "time_us" if "time_us" in frame else None
+        column = _stamp_column(frame.columns)
         if frame.empty or column is None or "rank" not in frame:
             continue
         limit = frame["rank"].map(cuts).to_numpy(dtype="float64", na_value=np.nan)
@@ -1021,7 +1156,7 @@ def _latest_run_only(data: dict, skipped: list[Skipped], path: Path) -> dict:
     skipped.append(
         Skipped(
             str(path),
-            f"ranks {ranks[:10]}{'...' if len(ranks) > 10 else ''}: step numbers start again (a second run appended "
+            f"ranks {ranks[:10]}{'...' if len(ranks) > 10 else ''}: {EARLIER_RUN_REASON} (a second run appended "
             f"to the same files?): only the latest run is analysed, rows of the earlier run left out{how}",
             dropped,
         )

@@ -702,7 +702,7 @@ def _arrow_rank_data(pruned, trace_dir: Path, rank: int, rank_dir: Path, skipped
     (the window's row groups and batches only), the window's rows kept exactly, then the loader's checks of a
     rank's rows (insane durations dropped, the manifest's notes), rows taken straight from Arrow. Without
     ``steps`` (whole tables), a rank whose steps start again goes through ``_rank_trace``."""
-    from diag.trace.loader import _read_json
+    from diag.trace.loader import _read_json, clean_rank_tables
     from diag.trace.schema import MANIFEST_FILE
 
     notes: list = []
@@ -712,33 +712,14 @@ def _arrow_rank_data(pruned, trace_dir: Path, rank: int, rank_dir: Path, skipped
         return _trace_rank_data(_rank_trace(pruned.tables, trace_dir, rank, rank_dir, skipped), rank, None, None)
     if steps is not None:
         tables = {name: _in_window(name, arrow, steps, window_us) for name, arrow in tables.items()}
-    tables = _sane_durations(tables, notes, trace_dir)
+    tables, dropped = clean_rank_tables(tables)
+    notes += dropped.insane_notes(trace_dir)
     parsed = _rank_manifest(trace_dir, rank, manifest, notes)
     skipped.extend(notes)
     offset = parsed.clock_offset_us if parsed is not None and parsed.clock_offset_us is not None else 0.0
     host = (parsed.host if parsed else None) or "?"
     rows = {name: list(_rows(tables.get(name))) for name in EXPORT_TABLES}
     return RankData(host, offset, rows)
-
-
-def _sane_durations(tables: dict, skipped: list, trace_dir: Path) -> dict:
-    """The loader's ``_drop_insane_durations`` on one rank's Arrow tables (same rows dropped, same notes)."""
-    import numpy as np
-
-    from diag.trace.loader import insane_durations, insane_durations_note
-    from diag.trace.schema import TABLES
-
-    out = dict(tables)
-    for name in TABLES:
-        arrow = tables.get(name)
-        if arrow is None or not arrow.num_rows or "duration_us" not in arrow.column_names:
-            continue
-        # nulls (unfinished collectives) become NaN, which insane_durations keeps
-        bad = insane_durations(arrow.column("duration_us").to_numpy().astype("float64"))
-        if bad.any():
-            out[name] = arrow.filter(~bad)
-            skipped.append(insane_durations_note(name, int(np.count_nonzero(bad)), trace_dir))
-    return out
 
 
 def _rank_manifest(trace_dir: Path, rank: int, manifest: dict | None, skipped: list):

@@ -55,11 +55,12 @@ def expected_spread(ranks: list[int]):
 
 
 def comparable(result) -> tuple:
-    sums, inst, accounting = result
+    sums, inst, notes = result
     inst = inst.sort_values(["pg", "seq"]).reset_index(drop=True)
     cells = {rank: (steps.tolist(), np.round(waits, 6).tolist()) for rank, steps, waits in sums.step_cells}
     groups = {
         k: (g.count, g.rows, round(g.wait_sum_us, 6), g.durations.values.tolist(), g.durations.counts.tolist())
         for k, g in sums.groups.items()
     }
-    return inst, cells, sums.arrivals, sums.members, groups, sorted(accounting, key=lambda a: a[0])
+    skipped = sorted(notes.skipped, key=lambda note: note[0])
+    return inst, cells, sums.arrivals, sums.members, groups, (skipped, notes.dropped, notes.rows_read)

@@ -8,7 +8,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from diag.cli import main
-from diag.trace.loader import load
+from diag.trace.loader import Dropped, TraceReader, clean_rank_tables, load
 from diag.views.perfetto import write_chrome_trace
 
 SAMPLE = Path(__file__).resolve().parents[3] / "sample_traces" / "straggler"
@@ -75,6 +75,39 @@ def test_swapped_start_and_duration_and_negative_durations_are_dropped(tmp_path)
     assert (trace.steps["duration_us"] >= 0).all() and trace.steps["duration_us"].max() < 7 * 86400e6
     (note,) = [s for s in trace.skipped if "negative duration" in s.reason]
     assert note.lines == 2
+
+
+def test_ranks_cleaned_one_by_one_drop_what_the_load_drops(tmp_path):
+    """clean_rank_tables, rank by rank (how the engine and the export read), drops the rows a load drops: rows
+    with an impossible duration, then an earlier run's by the load's cut, and says so in the same notes."""
+    run = _copy(tmp_path)
+    _append_second_run(run, 10**9)
+    path = run / "rank00001" / "steps.csv"
+    lines = path.read_text().splitlines()
+    for row in (4, len(lines) - 2):  # one row of each run with a negative duration
+        fields = lines[row].split(",")
+        fields[2] = "-5000"
+        lines[row] = ",".join(fields)
+    path.write_text("\n".join(lines) + "\n")
+    trace = load(run)
+    reader = TraceReader(run)
+    dropped, kept_rows, events_read = Dropped(), {}, 0
+    for rank, rank_dir in reader.rank_dirs().items():
+        read = reader.read_rank(rank, rank_dir)
+        cleaned, rank_dropped = clean_rank_tables(read.tables)
+        cleaned, earlier = clean_rank_tables(cleaned, trace.earlier_run_cuts_us.get(rank))
+        dropped += rank_dropped + earlier
+        events_read += len(read.events)
+        for name, arrow in cleaned.items():
+            kept_rows[name] = kept_rows.get(name, 0) + arrow.num_rows
+    assert dropped.insane_rows == {"steps": 2} and dropped.earlier_run_rows > 0
+    assert [str(n) for n in dropped.insane_notes(run)] == [str(s) for s in trace.skipped if "negative" in s.reason]
+    assert kept_rows == {name: len(getattr(trace, name)) for name in kept_rows}
+    (earlier_note,) = [s for s in trace.skipped if "start again" in s.reason]
+    assert earlier_note.lines == dropped.earlier_run_rows + events_read - len(trace.events)  # the load cuts events too
+    tables = TraceReader(run).read_rank(0, run / "rank00000").tables  # a new reader reads from the beginning
+    everything, all_dropped = clean_rank_tables(tables, cut_us=float("inf"))
+    assert everything == {} and all_dropped.earlier_run_rows > 0  # a table left without rows is left out
 
 
 def _edit_manifest(run: Path, rank: int, **changes) -> None:
