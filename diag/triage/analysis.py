@@ -691,7 +691,17 @@ def _wait_chain(
             continue
         absent = [r for r in members.get(pg, []) if (pg, seq, r) not in entered and last_seq.get((pg, r), -1) < seq]
         if not absent:
-            roots.add(rank)  # its collective has everyone: it is not waiting for a rank
+            late = _entered_late(ops, members[pg], rank, pg, seq, gave_up_us(rank) if gave_up_us else None)
+            if not late:
+                roots.add(rank)  # its collective has everyone, in time: it is not waiting for a rank
+                continue
+            links.append(
+                f"rank {rank} gave up waiting in {op} at {_where(pg, seq)}, which {_ranks_text(late)} entered only "
+                "after that"
+            )
+            waits_for[rank] = late
+            waited_in.append(pg)
+            frontier.extend(late)
             continue
         links.append(f"rank {rank} is itself waiting in {op} at {_where(pg, seq)} for {_ranks_text(absent)}")
         waits_for[rank] = absent
@@ -719,10 +729,20 @@ def _waited_for_latecomers(
     pg, seq = str(last["pg"]), int(last["seq"])
     if pg not in members:
         return None
-    at_seq = ops[(ops["pg"] == pg) & (ops["seq"] == seq)]
-    entered_us = at_seq.groupby("rank")["start_us"].min()
-    late = [r for r in members[pg] if r != rank and _later_or_never(entered_us.get(r), gave_up_us)]
+    late = _entered_late(ops, members[pg], rank, pg, seq, gave_up_us)
     return ((pg, seq, str(last["op"])), late) if late else None
+
+
+def _entered_late(
+    ops: pd.DataFrame, members: list[int], rank: int, pg: str, seq: int, gave_up_us: float | None
+) -> list[int]:
+    """The ``members`` of ``pg`` other than ``rank`` that entered its collective ``seq`` only after ``rank`` gave
+    up waiting in it, or never (none when nothing says when ``rank`` gave up)."""
+    if gave_up_us is None:
+        return []
+    at_seq = ops[(ops["pg"].astype(str) == pg) & (ops["seq"] == seq)]
+    entered_us = at_seq.groupby("rank")["start_us"].min()
+    return [r for r in members if r != rank and _later_or_never(entered_us.get(r), gave_up_us)]
 
 
 def _later_or_never(entered_us: float | None, than_us: float) -> bool:

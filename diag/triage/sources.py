@@ -586,7 +586,20 @@ def _judged(sides: dict, use_heartbeats: bool) -> set[int]:
     if not use_heartbeats or any(side[1].earlier is not None for side in sides.values()):
         return set()  # a restarted job: an earlier attempt is judged from its rows, which no heartbeat holds
     beats = {rank: side[2] for rank, side in sides.items()}
-    return judged_by_heartbeat(beats, {rank for rank, side in sides.items() if side[1].stalls})
+    member_of = {rank: _member_of(side[0].manifest, rank) for rank, side in sides.items()}
+    return judged_by_heartbeat(beats, {rank for rank, side in sides.items() if side[1].stalls}, member_of)
+
+
+def _member_of(manifest: dict | None, rank: int) -> set[str]:
+    """The process groups a rank's manifest (as read: unchecked JSON) lists it in."""
+    groups = (manifest or {}).get("process_groups")
+    if not isinstance(groups, dict):
+        return set()
+    return {
+        str(name)
+        for name, group in groups.items()
+        if isinstance(group, dict) and isinstance(group.get("ranks"), list) and rank in group["ranks"]
+    }
 
 
 def _read_rank_side(reader: TraceReader, rank: int, rank_dir: Path):

@@ -17,6 +17,9 @@ the rank's last word is it used; every other rank's tables are read from their e
 * a stale heartbeat with no exit record (the process may have died after its last beat: its rows may be
   newer);
 * more collectives pending than the heartbeat lists, or a sequence number unknown (-1);
+* a rank in a process group (by its manifest) that its heartbeat does not report: the heartbeat follows the
+  collectives diag's wrapper issues, and a group only DTensor or C++ used (a device mesh's tensor-parallel
+  group, whose collectives come from Flight Recorder's rows) would be judged as if it had none;
 * every rank of a process group in which the heartbeats disagree: different last completed collectives, or
   different collectives (op, bytes, dtype, step) at one sequence number. A hung job's groups are frozen, and
   every member saw the same last collective complete; anything else (a desync, a skipped step, a job caught
@@ -31,13 +34,21 @@ DEAD_MARGIN_INTERVALS = 3  # a heartbeat this many intervals older than the fres
 DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
 
 
-def judged_by_heartbeat(heartbeats: dict[int, Heartbeat | None], saw_a_stall: set[int]) -> set[int]:
+def judged_by_heartbeat(
+    heartbeats: dict[int, Heartbeat | None], saw_a_stall: set[int], member_of: dict[int, set[str]] | None = None
+) -> set[int]:
     """The ranks whose heartbeat stands in for their collectives rows (see the module's docstring).
-    ``saw_a_stall``: the ranks whose watchdog dumped a stall."""
+    ``saw_a_stall``: the ranks whose watchdog dumped a stall; ``member_of``: by rank, the process groups its
+    manifest lists it in."""
     beats = [hb.time_us or 0 for hb in heartbeats.values() if hb is not None]
     freshest_us = max(beats, default=0)
+    member_of = member_of or {}
     candidates = {
-        rank: hb for rank, hb in heartbeats.items() if hb is not None and _trusted(hb, freshest_us, rank in saw_a_stall)
+        rank: hb
+        for rank, hb in heartbeats.items()
+        if hb is not None
+        and _trusted(hb, freshest_us, rank in saw_a_stall)
+        and member_of.get(rank, set()) <= set(hb.groups or {})
     }
     disagreeing = _disagreeing_groups(candidates)
     return {rank for rank, hb in candidates.items() if not any(pg in disagreeing for pg in (hb.groups or {}))}

@@ -203,6 +203,19 @@ def test_a_frozen_rank_that_entered_after_the_timeout_is_evicted_not_a_code_fix(
     assert verdict.action.kind == "evict"
 
 
+def test_a_frozen_rank_is_found_in_a_tp_group_its_peers_heartbeats_do_not_report():
+    """The mesh shape (dp=2 x tp=2), fault series 2957 run 14: rank 1 is SIGSTOPped in step 4's backward, after
+    its tp all_reduce (seq 9, DTensor's: a Flight Recorder row) and before its dp all_reduce, and continued after
+    the others' timeout. Rank 0 waits for it in step 5's tp all_reduce (seq 10); rank 3 in their dp group. The
+    heartbeats report only the groups of diag's wrapped collectives, not the tp groups: judged from them, ranks
+    0, 2 and 3 showed nothing pending in the tp groups, and triage read "slow, not hung", slowest rank 1."""
+    verdict = triage(read_input(FIXTURES / "mesh_frozen_tp_groups_not_in_heartbeats"))
+    assert verdict.verdict == "missing_ranks" and verdict.culprit_ranks == [1], verdict.evidence
+    assert (verdict.collective["pg"], verdict.collective["seq"]) == ("3", 10)
+    assert verdict.ranks[1].state == "unresponsive"
+    assert verdict.action.kind == "evict"
+
+
 def test_a_rank_frozen_before_its_first_step_is_found_through_its_tp_peer_and_evicted():
     """The fault suite's mesh shape (dp=2 x tp=2): rank 1 is SIGSTOPped in step 0's forward and continued after
     the others' timeout. Its tp peer, rank 0, gave up in their tensor-parallel all_reduce, which rank 1 entered
