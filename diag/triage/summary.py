@@ -17,9 +17,11 @@ the rank's last word is it used; every other rank's tables are read from their e
 * a stale heartbeat with no exit record (the process may have died after its last beat: its rows may be
   newer);
 * more collectives pending than the heartbeat lists, or a sequence number unknown (-1);
-* a rank in a process group (by its manifest) that its heartbeat does not report: the heartbeat follows the
-  collectives diag's wrapper issues, and a group only DTensor or C++ used (a device mesh's tensor-parallel
-  group, whose collectives come from Flight Recorder's rows) would be judged as if it had none;
+* a rank in a process group (by its manifest) that no rank's heartbeat reports: a heartbeat follows the
+  collectives diag's wrapper issues, and a group only DTensor or C++ code used (a device mesh's
+  tensor-parallel group, whose collectives come from Flight Recorder's rows) would be judged as if it had
+  none. A group some member's heartbeat reports is one the wrapper sees: a member that reports nothing there
+  never issued in it;
 * every rank of a process group in which the heartbeats disagree: different last completed collectives, or
   different collectives (op, bytes, dtype, step) at one sequence number. A hung job's groups are frozen, and
   every member saw the same last collective complete; anything else (a desync, a skipped step, a job caught
@@ -42,13 +44,12 @@ def judged_by_heartbeat(
     manifest lists it in."""
     beats = [hb.time_us or 0 for hb in heartbeats.values() if hb is not None]
     freshest_us = max(beats, default=0)
+    reported = {pg for hb in heartbeats.values() if hb is not None for pg in hb.groups or {}}
     member_of = member_of or {}
     candidates = {
         rank: hb
         for rank, hb in heartbeats.items()
-        if hb is not None
-        and _trusted(hb, freshest_us, rank in saw_a_stall)
-        and member_of.get(rank, set()) <= set(hb.groups or {})
+        if hb is not None and _trusted(hb, freshest_us, rank in saw_a_stall) and member_of.get(rank, set()) <= reported
     }
     disagreeing = _disagreeing_groups(candidates)
     return {rank for rank, hb in candidates.items() if not any(pg in disagreeing for pg in (hb.groups or {}))}

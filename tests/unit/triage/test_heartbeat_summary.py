@@ -68,3 +68,25 @@ def test_a_finished_rank_is_judged_from_its_tables(tmp_path):
     verdict, count = judged(tmp_path)
     assert count == 0
     assert verdict == judged(tmp_path, heartbeats=False)[0]
+
+
+def _add_group(path, rank: int, name: str, ranks: list[int]) -> None:
+    manifest_path = path / rank_dir_name(rank) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest.setdefault("process_groups", {})[name] = {"ranks": ranks, "size": len(ranks), "backend": "gloo"}
+    manifest_path.write_text(json.dumps(manifest))
+
+
+def test_ranks_in_a_group_no_heartbeat_reports_are_read_from_their_tables(tmp_path):
+    """A heartbeat reports the groups of the collectives diag's wrapper issued; a group none reports (a device
+    mesh's tp group: DTensor's collectives, read from Flight Recorder) may hold what a rank waits in, so its
+    members are read from their tables. A group one member's heartbeat reports is the wrapper's: the others in
+    it issued nothing there, and their heartbeats still decide them."""
+    synthetic.generate(tmp_path, RANKS, STEPS, PER_STEP, trace_format=SCHEMA_VERSION, hang=True)
+    for rank in (4, 5):
+        _add_group(tmp_path, rank, "7", [4, 5])  # no heartbeat reports group 7
+    for rank in (8, 9):
+        _add_group(tmp_path, rank, "0", list(range(RANKS)))  # every heartbeat reports the world group
+    verdict, count = judged(tmp_path)
+    assert count == RANKS - 2
+    assert verdict == judged(tmp_path, heartbeats=False)[0]
