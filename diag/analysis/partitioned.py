@@ -989,10 +989,10 @@ class AnalysedColumnsReader(TraceReader):
                 read.tables[name] = read.tables[name].select([c for c in ("rank", *keep) if c in present])
         return read
 
-    def _frame(self, name: str, chunks: list) -> pd.DataFrame:
+    def frame(self, name: str, chunks: list) -> pd.DataFrame:
         keep = self.kept_columns().get(name)
         if keep is None or not chunks:  # no rows: the whole empty table, every column an analysis may look for
-            return super()._frame(name, chunks)
+            return super().frame(name, chunks)
         table = TABLES[name]
         narrow = Table(table.name, table.doc, tuple(c for c in table.columns if c.name in keep))
         return narrow_int32(to_frame(chunks, narrow, rank_column=True), narrow)
@@ -1097,7 +1097,7 @@ def read_share(share: tuple[str, list[tuple[int, Path]]], local: dict, channel) 
 
     chunks, rest = gather_rank_reads(reads(), _LOAD_TABLES, [], frames=False)
     steps_chunks = chunks.pop(STEPS)  # gone from the chunks even when empty: a share of manifest-only ranks
-    steps = reader._frame(STEPS, steps_chunks) if steps_chunks else pd.DataFrame()
+    steps = reader.frame(STEPS, steps_chunks) if steps_chunks else pd.DataFrame()
     del steps_chunks
     for name in list(steps.columns):  # one column at a time: its pickle is all that is in flight
         channel.column(name, steps.pop(name))
@@ -1127,7 +1127,7 @@ def _gather_shares(reader: AnalysedColumnsReader, loaded: list[tuple[dict, dict]
             chunks[name] += arrows
         if steps_columns:
             steps_shares.append(steps_columns)
-    data = {name: reader._frame(name, chunks.pop(name)) for name in _LOAD_TABLES if name != STEPS}
+    data = {name: reader.frame(name, chunks.pop(name)) for name in _LOAD_TABLES if name != STEPS}
     data[STEPS] = _steps_of_shares(reader, steps_shares)
     return {
         **data,
@@ -1144,7 +1144,7 @@ def _steps_of_shares(reader: AnalysedColumnsReader, shares: list[dict[str, pd.Se
     """The shares' steps frames (column by column, as the workers sent them) as one, in share order: a few
     contiguous columns concatenated, not thousands of per-rank Arrow chunks; int32 narrowing over all ranks."""
     if not shares:
-        return reader._frame(STEPS, [])
+        return reader.frame(STEPS, [])
     columns = {}
     for name in list(shares[0]):
         parts = [share.pop(name) for share in shares]

@@ -453,7 +453,7 @@ def to_frame(parts: list[pa.Table], table: Table, rank_column: bool = False) -> 
     return frame
 
 
-def _read_json(path: Path, skipped: list[Skipped]) -> dict | None:
+def read_json(path: Path, skipped: list[Skipped]) -> dict | None:
     try:
         value = load_json_limited(path)
     except FileNotFoundError:
@@ -717,11 +717,11 @@ class TraceReader:
             chunks, side = gather_rank_reads(reads, self.tables, skipped, progress)
         result = {}
         for name in self.tables:
-            result[name] = self._frame(name, chunks[name])
+            result[name] = self.frame(name, chunks[name])
             chunks[name] = []  # free the Arrow copy before converting the next table
         return {**result, **side, "ranks": list(rank_dirs)}
 
-    def _frame(self, name: str, chunks: list[pa.Table]) -> pd.DataFrame:
+    def frame(self, name: str, chunks: list[pa.Table]) -> pd.DataFrame:
         """One table of every rank read, as pandas (a subclass may keep fewer columns: diag.analysis.partitioned)."""
         return to_frame(chunks, TABLES[name], rank_column=True)
 
@@ -734,9 +734,9 @@ class TraceReader:
         except OSError as exc:  # at mode 000 (another user's): one note for the directory, not one per file
             self._note_unreadable(rank_dir, exc, skipped)
             return RankRead(None, None, {}, [], skipped, None)
-        manifest = _read_json(rank_dir / MANIFEST_FILE, skipped)
+        manifest = read_json(rank_dir / MANIFEST_FILE, skipped)
         # checked as it is read: a value of the wrong type (a list for last_step) reads as unknown
-        heartbeat = Heartbeat.from_json(_read_json(rank_dir / HEARTBEAT_FILE, skipped))
+        heartbeat = Heartbeat.from_json(read_json(rank_dir / HEARTBEAT_FILE, skipped))
         tables = self.read_rank_tables(rank, rank_dir, self.tables, skipped)
         events_path = rank_dir / EVENTS_FILE
         new_events, self._offsets[events_path] = _read_events(events_path, self._offsets.get(events_path, 0), skipped)

@@ -544,18 +544,18 @@ def _first_pass(reader, rank_dirs: dict, steps, tick, windowed: bool = True) -> 
     no rank recorded a step), and the ranks whose steps start again (a second run appended to their files: the
     loader's cut needs their files whole). A rank's steps table is read whole here (one row a step, the step,
     start and duration columns are what it needs): a second run can be anywhere in it."""
-    from diag.trace.loader import TraceReader, _read_json
+    from diag.trace.loader import TraceReader, read_json
     from diag.trace.schema import MANIFEST_FILE
 
     run_ids, spans, restarted = {}, {}, set()
     for rank, rank_dir in rank_dirs.items():
         if steps is None:
-            manifest = _read_json(rank_dir / MANIFEST_FILE, [])
+            manifest = read_json(rank_dir / MANIFEST_FILE, [])
         else:
             own = TraceReader(reader.path, ("steps",))  # each rank read once, from the start, by a reader of its own
             arrow = own.read_rank_tables(rank, rank_dir, ("steps",), []).get("steps") if windowed else None
             if windowed and not _restarted(arrow):
-                manifest = _read_json(rank_dir / MANIFEST_FILE, [])
+                manifest = read_json(rank_dir / MANIFEST_FILE, [])
                 spans[rank] = _steps_span(arrow, steps)
             else:
                 if windowed:
@@ -702,11 +702,11 @@ def _arrow_rank_data(pruned, trace_dir: Path, rank: int, rank_dir: Path, skipped
     (the window's row groups and batches only), the window's rows kept exactly, then the loader's checks of a
     rank's rows (insane durations dropped, the manifest's notes), rows taken straight from Arrow. Without
     ``steps`` (whole tables), a rank whose steps start again goes through ``_rank_trace``."""
-    from diag.trace.loader import _read_json, clean_rank_tables
+    from diag.trace.loader import clean_rank_tables, read_json
     from diag.trace.schema import MANIFEST_FILE
 
     notes: list = []
-    manifest = _read_json(rank_dir / MANIFEST_FILE, notes)
+    manifest = read_json(rank_dir / MANIFEST_FILE, notes)
     tables = pruned.read_rank_tables(rank, rank_dir, pruned.tables, notes)
     if steps is None and _restarted(tables.get("steps")):
         return _trace_rank_data(_rank_trace(pruned.tables, trace_dir, rank, rank_dir, skipped), rank, None, None)
