@@ -537,7 +537,7 @@ def _desync_verdict(data: TriageInput, ops: pd.DataFrame, key: tuple[str, int], 
         evidence.append(
             f"  (tie: {row_count_text(history, sides)}; the side issued less often before is named culprit)"
         )
-    evidence += _step_divergence(ops, pg, seq)
+    evidence += _step_divergence(data, ops, pg, seq)
     return _verdict("desync", culprits, _collective(ops, pg, seq, sides[reference]), ranks, evidence, data)
 
 
@@ -618,7 +618,7 @@ def _hang_verdict(data: TriageInput, ops: pd.DataFrame, hangs: list[dict], liven
         evidence.append(f"rank {rank}: {_describe(ranks[rank])}")
         if silent:
             evidence.append(_watchdog_silent_line(rank, data.ranks[rank], waited))
-    evidence += _step_divergence(ops, pg, seq)
+    evidence += _step_divergence(data, ops, pg, seq)
     victims = _gave_up_after_death(data, dead, [r for r in roots if r not in dead])
     if victims:
         evidence.append(
@@ -1750,23 +1750,31 @@ def _call_site(data: TriageInput, ops: pd.DataFrame, rank: int, pg: str, seq: in
     return _user_frame([f"{f.get('file')}:{f.get('line')} in {f.get('name')}" for f in frames])
 
 
-def _step_divergence(ops: pd.DataFrame, pg: str, seq: int) -> list[str]:
-    """Ranks that issued one seq in different steps skipped (or added) collectives in an earlier step."""
-    known = ops[(ops["pg"] == pg) & (ops["seq"] <= seq) & (ops["step"] >= 0)]
-    if known.empty:
+def _step_divergence(data: TriageInput, ops: pd.DataFrame, pg: str, seq: int) -> list[str]:
+    """Ranks that issued one seq in different steps skipped (or added) collectives in an earlier step: from the
+    first such seq, which the earlier rows of ranks judged from their heartbeats may hold (read when found)."""
+    if _first_divergent_seq(ops, pg, seq) is None:
         return []
-    steps = known.groupby("seq")["step"].nunique()
-    diverged = steps[steps > 1]
-    if diverged.empty:
-        return []
-    first = int(diverged.index.min())
+    history = data.ops_history()
+    known = history[(history["pg"] == pg) & (history["seq"] <= seq) & (history["step"] >= 0)]
+    first = _first_divergent_seq(history, pg, seq)
     rows = known[known["seq"] == first]
-    by_step = {int(s): sorted(g["rank"].tolist()) for s, g in rows.groupby("step")}
+    by_step = {int(s): sorted(set(g["rank"].tolist())) for s, g in rows.groupby("step")}
     described = ", ".join(f"{_ranks_text(r)} in step {s}" for s, r in sorted(by_step.items()))
     return [
         f"from seq {first} on, ranks issued the same collective in different steps ({described}): "
         "a rank skipped or added collectives in an earlier step"
     ]
+
+
+def _first_divergent_seq(ops: pd.DataFrame, pg: str, seq: int) -> int | None:
+    """The lowest seq of ``pg`` up to ``seq`` that ranks issued in different steps (None: none)."""
+    known = ops[(ops["pg"] == pg) & (ops["seq"] <= seq) & (ops["step"] >= 0)]
+    if known.empty:
+        return None
+    steps = known.groupby("seq")["step"].nunique()
+    diverged = steps[steps > 1]
+    return None if diverged.empty else int(diverged.index.min())
 
 
 def _verdict(kind, culprits, collective, ranks, evidence, data: TriageInput) -> Verdict:

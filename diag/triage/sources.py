@@ -116,6 +116,8 @@ class TriageInput:
     nccl_logs: dict = field(default_factory=dict)  # diag only: rank -> NcclLog, from the ranks' nccl.log
     # diag only: reads the steps of the ranks judged from their heartbeats (whose tables were not read)
     more_steps: Callable[[], pd.DataFrame | None] | None = None
+    # diag only: reads the collectives of those ranks (OPS_COLUMNS), whose heartbeats hold only each group's last
+    more_ops: Callable[[], pd.DataFrame | None] | None = None
     # Flight Recorder only: what the entries themselves show (send/recv pairs, all_to_all splits)
     fr_problems: list[fr_checks.FRProblem] = field(default_factory=list)
     # diag only: the errors capture recorded (ERROR_COLUMNS), earliest first, whether or not the job caught them
@@ -126,6 +128,7 @@ class TriageInput:
     phase_at: Callable[[int, float], str | None] | None = None
     nccl_ras: nccl_ras.RasFindings | None = None  # saved NCCL RAS outputs in the directory (nccl_ras_*.json)
     mesh: MeshLayout | None = None  # the device mesh the process groups are slices of, on a run with one
+    _ops_history: pd.DataFrame | None = field(default=None, repr=False)  # ops_history's, once read
 
     def all_steps(self) -> pd.DataFrame | None:
         """Every rank's steps read (``steps`` holds only those of the ranks whose tables were read)."""
@@ -134,6 +137,15 @@ class TriageInput:
             if extra is not None and len(extra):
                 self.steps = extra if self.steps is None else pd.concat([self.steps, extra], ignore_index=True)
         return self.steps
+
+    def ops_history(self) -> pd.DataFrame:
+        """``ops`` with the earlier collectives of the ranks judged from their heartbeats (their rows read once,
+        when asked): where ranks fell out of step is in the history, which a heartbeat does not carry."""
+        if self.more_ops is not None:
+            extra, self.more_ops = self.more_ops(), None
+            if extra is not None and len(extra):
+                self._ops_history = pd.concat([self.ops, extra], ignore_index=True)
+        return self.ops if self._ops_history is None else self._ops_history
 
 
 def read_input(path: str | Path, progress: bool = False, workers: int | None = None) -> TriageInput:
@@ -247,6 +259,9 @@ def read_diag_trace(
     def more_steps() -> pd.DataFrame | None:  # the slow-rank verdict compares every rank's steps: read when asked
         return _steps_of(reader, {rank: rank_dirs[rank] for rank in sorted(judged)}, rows)
 
+    def more_ops() -> pd.DataFrame | None:  # where ranks fell out of step: read when a verdict asks
+        return _ops_of(reader, {rank: rank_dirs[rank] for rank in sorted(judged)}, rows)
+
     def phase_at(rank: int, time_us: float) -> str | None:
         return _phase_at(reader, rank_dirs.get(rank), rows, time_us)
 
@@ -262,6 +277,7 @@ def read_diag_trace(
         notes=notes,
         nccl_logs=trace.nccl_logs,
         more_steps=more_steps if judged else None,
+        more_ops=more_ops if judged else None,
         errors=recorded_errors(trace.events),
         phase_at=phase_at,
         mesh=MeshLayout.from_manifests(trace.manifests),
@@ -637,15 +653,24 @@ def _with_skipped(read: RankRead, tail: tuple[list, bool] | None) -> RankRead:
 
 def _steps_of(reader: TraceReader, rank_dirs: dict[int, Path], rows: int) -> pd.DataFrame | None:
     """The last ``rows`` steps of these ranks, in the columns ``TriageInput.steps`` has."""
+    steps = _tails_of(reader, rank_dirs, "steps", rows)
+    return None if steps is None else steps[["rank", "step", "duration_us", "comm_wait_us", "data_wait_us"]]
+
+
+def _ops_of(reader: TraceReader, rank_dirs: dict[int, Path], rows: int) -> pd.DataFrame | None:
+    """The last ``rows`` collectives of these ranks, as ``TriageInput.ops`` rows."""
+    collectives = _tails_of(reader, rank_dirs, "collectives", rows)
+    return None if collectives is None else _diag_ops(collectives)
+
+
+def _tails_of(reader: TraceReader, rank_dirs: dict[int, Path], name: str, rows: int) -> pd.DataFrame | None:
+    """The last ``rows`` rows of table ``name`` of these ranks (None: none)."""
     chunks = []
     for rank, rank_dir in rank_dirs.items():
-        tail = read_tail(reader, rank_dir, _listing(rank_dir, []), TABLES["steps"], rows, [])
+        tail = read_tail(reader, rank_dir, _listing(rank_dir, []), TABLES[name], rows, [])
         if tail.arrow is not None and tail.arrow.num_rows:
             chunks.append(tail.arrow.add_column(0, "rank", pa.array(np.full(tail.arrow.num_rows, rank, dtype="int32"))))
-    if not chunks:
-        return None
-    steps = to_frame(chunks, TABLES["steps"], rank_column=True)
-    return steps[["rank", "step", "duration_us", "comm_wait_us", "data_wait_us"]]
+    return to_frame(chunks, TABLES[name], rank_column=True) if chunks else None
 
 
 def _with_heartbeat_ops(ops: pd.DataFrame, heartbeats: dict[int, Heartbeat]) -> pd.DataFrame:
