@@ -663,55 +663,56 @@ def _wait_chain(
     roots, links, seen, frontier = set(), [], set(), list(missing)
     waits_for: dict[int, list[int]] = {}
     waited_in: list[str] = []
+
+    def link_of(rank: int) -> tuple[str, str, list[int]] | None:
+        """(what ``rank`` waits for, as evidence; the group it waits in; the ranks it waits for, none when the
+        chain ends there though something is said); None: it waits for no rank."""
+        gave_up = gave_up_us(rank) if gave_up_us else None
+        if rank not in waits_in:
+            found = _waited_for_latecomers(ops, members, rank, gave_up)
+            if found is None:
+                return None
+            (pg, seq, op), late = found
+            return _gave_up_text(rank, op, pg, seq, late), pg, late
+        pg, seq, op = waits_in[rank]
+        if pg not in members:  # gloo dumps describe only the default group: who else belongs is unknown
+            return (
+                f"{_ranks_text([rank])} is itself waiting in {op} at {_where(pg, seq)}, whose members are unknown",
+                pg,
+                [],
+            )
+        absent = [r for r in members[pg] if (pg, seq, r) not in entered and last_seq.get((pg, r), -1) < seq]
+        if absent:
+            return f"rank {rank} is itself waiting in {op} at {_where(pg, seq)} for {_ranks_text(absent)}", pg, absent
+        late = _entered_late(ops, members[pg], rank, pg, seq, gave_up)  # everyone entered: in time?
+        return (_gave_up_text(rank, op, pg, seq, late), pg, late) if late else None
+
     while frontier:
         rank = frontier.pop()
         if rank in seen:
             continue
         seen.add(rank)
-        if rank not in waits_in:
-            gave_up = _waited_for_latecomers(ops, members, rank, gave_up_us(rank) if gave_up_us else None)
-            if gave_up is None:
-                roots.add(rank)
-                continue
-            (pg, seq, op), late = gave_up
-            links.append(
-                f"rank {rank} gave up waiting in {op} at {_where(pg, seq)}, which {_ranks_text(late)} entered only "
-                "after that"
-            )
-            waits_for[rank] = late
-            waited_in.append(pg)
-            frontier.extend(late)
-            continue
-        pg, seq, op = waits_in[rank]
-        if pg not in members:  # gloo dumps describe only the default group: who else belongs is unknown
-            links.append(
-                f"{_ranks_text([rank])} is itself waiting in {op} at {_where(pg, seq)}, whose members are unknown"
-            )
+        link = link_of(rank)
+        if link is not None:
+            links.append(link[0])
+        if link is None or not link[2]:
             roots.add(rank)
             continue
-        absent = [r for r in members.get(pg, []) if (pg, seq, r) not in entered and last_seq.get((pg, r), -1) < seq]
-        if not absent:
-            late = _entered_late(ops, members[pg], rank, pg, seq, gave_up_us(rank) if gave_up_us else None)
-            if not late:
-                roots.add(rank)  # its collective has everyone, in time: it is not waiting for a rank
-                continue
-            links.append(
-                f"rank {rank} gave up waiting in {op} at {_where(pg, seq)}, which {_ranks_text(late)} entered only "
-                "after that"
-            )
-            waits_for[rank] = late
-            waited_in.append(pg)
-            frontier.extend(late)
-            continue
-        links.append(f"rank {rank} is itself waiting in {op} at {_where(pg, seq)} for {_ranks_text(absent)}")
-        waits_for[rank] = absent
+        _, pg, waited = link
+        waits_for[rank] = waited
         waited_in.append(pg)
-        frontier.extend(absent)
+        frontier.extend(waited)
     if not roots:  # a cycle: nobody at the end of the chain; the culprits are the ranks on it
         on_cycle = _on_cycle(waits_for) or sorted(seen)
         links.append(f"{_ranks_text(on_cycle)} wait for each other across process groups (a deadlock)")
         return on_cycle, links, True, waited_in
     return sorted(roots), links, False, waited_in
+
+
+def _gave_up_text(rank: int, op: str, pg: str, seq: int, late: list[int]) -> str:
+    return (
+        f"rank {rank} gave up waiting in {op} at {_where(pg, seq)}, which {_ranks_text(late)} entered only after that"
+    )
 
 
 def _waited_for_latecomers(
