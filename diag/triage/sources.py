@@ -602,20 +602,16 @@ def _judged(sides: dict, use_heartbeats: bool) -> set[int]:
     if not use_heartbeats or any(side[1].earlier is not None for side in sides.values()):
         return set()  # a restarted job: an earlier attempt is judged from its rows, which no heartbeat holds
     beats = {rank: side[2] for rank, side in sides.items()}
-    member_of = {rank: _member_of(side[0].manifest, rank) for rank, side in sides.items()}
+    member_of = {rank: _groups_of(side[0].manifest) for rank, side in sides.items()}
     return judged_by_heartbeat(beats, {rank for rank, side in sides.items() if side[1].stalls}, member_of)
 
 
-def _member_of(manifest: dict | None, rank: int) -> set[str]:
-    """The process groups a rank's manifest (as read: unchecked JSON) lists it in."""
+def _groups_of(manifest: dict | None) -> set[str]:
+    """The process groups a rank's manifest (as read: unchecked JSON) names: capture lists those torch holds in
+    the rank's process, which are the groups it is a member of (a world group's member list, 16,384 ranks
+    long, is not searched rank by rank)."""
     groups = (manifest or {}).get("process_groups")
-    if not isinstance(groups, dict):
-        return set()
-    return {
-        str(name)
-        for name, group in groups.items()
-        if isinstance(group, dict) and isinstance(group.get("ranks"), list) and rank in group["ranks"]
-    }
+    return {str(name) for name in groups} if isinstance(groups, dict) else set()
 
 
 def _read_rank_side(reader: TraceReader, rank: int, rank_dir: Path):

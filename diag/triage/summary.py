@@ -44,14 +44,14 @@ def judged_by_heartbeat(
     manifest lists it in."""
     beats = [hb.time_us or 0 for hb in heartbeats.values() if hb is not None]
     freshest_us = max(beats, default=0)
-    reported = {_incarnation_of(pg) for hb in heartbeats.values() if hb is not None for pg in _groups_named(hb)}
+    reported = {_without_incarnation(pg) for hb in heartbeats.values() if hb is not None for pg in _groups_named(hb)}
     member_of = member_of or {}
     candidates = {
         rank: hb
         for rank, hb in heartbeats.items()
         if hb is not None
         and _trusted(hb, freshest_us, rank in saw_a_stall)
-        and {_incarnation_of(pg) for pg in member_of.get(rank, set())} <= reported
+        and {_without_incarnation(pg) for pg in member_of.get(rank, set())} <= reported
     }
     disagreeing = _disagreeing_groups(candidates)
     return {rank for rank, hb in candidates.items() if not any(pg in disagreeing for pg in (hb.groups or {}))}
@@ -62,7 +62,7 @@ def _groups_named(heartbeat: Heartbeat) -> set[str]:
     return {str(pg) for pg in heartbeat.groups or {}} | {str(p.pg) for p in heartbeat.pending if p.pg is not None}
 
 
-def _incarnation_of(pg: str) -> str:
+def _without_incarnation(pg: str) -> str:
     """A group's name without its incarnation: ``0@1`` is the default group made again after a regroup (the
     manifest keeps both; the heartbeat reports only the living one)."""
     return pg.split("@")[0]
