@@ -652,10 +652,11 @@ def _wait_chain(
     oldest one that reads pending. ``gave_up_us``: when a rank gave up (a timeout); a rank nothing reads
     pending any more waited in the collective it was in then, for the members that entered only later.
     Fourth value: the groups the links wait in, first to last."""
-    pending = ops[~ops["completed"]].sort_values(["start_us", "seq"])
-    pending = pending.drop_duplicates("rank", keep="last" if latest else "first")
+    pending = ops[~ops["completed"]].sort_values(["start_us", "seq"], ascending=not latest)
     columns = (pending[c].tolist() for c in ("rank", "pg", "seq", "op"))  # not iterrows: a Series a rank
-    waits_in = {int(r): (str(pg), int(seq), str(op)) for r, pg, seq, op in zip(*columns, strict=True)}
+    waits_in: dict[int, list[tuple[str, int, str]]] = {}  # each rank's pending collectives, the likeliest first
+    for r, pg, seq, op in zip(*columns, strict=True):
+        waits_in.setdefault(int(r), []).append((str(pg), int(seq), str(op)))
     last_seq = ops.groupby(["pg", "rank"])["seq"].max().to_dict()
     keys = pending[["pg", "seq"]].drop_duplicates()
     inside = ops.merge(keys, on=["pg", "seq"])  # only the collectives someone waits in, not the whole history
@@ -674,18 +675,26 @@ def _wait_chain(
                 return None
             (pg, seq, op), late = found
             return _gave_up_text(rank, op, pg, seq, late), pg, late
-        pg, seq, op = waits_in[rank]
-        if pg not in members:  # gloo dumps describe only the default group: who else belongs is unknown
-            return (
-                f"{_ranks_text([rank])} is itself waiting in {op} at {_where(pg, seq)}, whose members are unknown",
-                pg,
-                [],
-            )
-        absent = [r for r in members[pg] if (pg, seq, r) not in entered and last_seq.get((pg, r), -1) < seq]
-        if absent:
-            return f"rank {rank} is itself waiting in {op} at {_where(pg, seq)} for {_ranks_text(absent)}", pg, absent
-        late = _entered_late(ops, members[pg], rank, pg, seq, gave_up)  # everyone entered: in time?
-        return (_gave_up_text(rank, op, pg, seq, late), pg, late) if late else None
+        # the oldest pending first (the last issued where completion is not recorded); one that every member
+        # entered in time is not what the rank waits for (a Flight Recorder row nothing timed reads pending
+        # though it returned): the next one may be
+        for pg, seq, op in waits_in[rank]:
+            if pg not in members:  # gloo dumps describe only the default group: who else belongs is unknown
+                text = (
+                    f"{_ranks_text([rank])} is itself waiting in {op} at {_where(pg, seq)}, whose members are unknown"
+                )
+                return text, pg, []
+            absent = [r for r in members[pg] if (pg, seq, r) not in entered and last_seq.get((pg, r), -1) < seq]
+            if absent:
+                return (
+                    f"rank {rank} is itself waiting in {op} at {_where(pg, seq)} for {_ranks_text(absent)}",
+                    pg,
+                    absent,
+                )
+            late = _entered_late(ops, members[pg], rank, pg, seq, gave_up)  # everyone entered: in time?
+            if late:
+                return _gave_up_text(rank, op, pg, seq, late), pg, late
+        return None
 
     while frontier:
         rank = frontier.pop()
