@@ -750,7 +750,7 @@ def _entered_late(
     up waiting in it, or never (none when nothing says when ``rank`` gave up)."""
     if gave_up_us is None:
         return []
-    at_seq = ops[(ops["pg"].astype(str) == pg) & (ops["seq"] == seq)]
+    at_seq = ops[(ops["pg"] == pg) & (ops["seq"] == seq)]
     entered_us = at_seq.groupby("rank")["start_us"].min()
     return [r for r in members if r != rank and _later_or_never(entered_us.get(r), gave_up_us)]
 
@@ -1766,9 +1766,8 @@ def _step_divergence(data: TriageInput, ops: pd.DataFrame, pg: str, seq: int) ->
     if _first_divergent_seq(ops, pg, seq) is None:
         return []
     history = data.ops_history()
-    known = history[(history["pg"] == pg) & (history["seq"] <= seq) & (history["step"] >= 0)]
     first = _first_divergent_seq(history, pg, seq)
-    rows = known[known["seq"] == first]
+    rows = history[(history["pg"] == pg) & (history["seq"] == first) & (history["step"] >= 0)]
     by_step = {int(s): sorted(set(g["rank"].tolist())) for s, g in rows.groupby("step")}
     described = ", ".join(f"{_ranks_text(r)} in step {s}" for s, r in sorted(by_step.items()))
     return [
