@@ -477,16 +477,18 @@ def drift_pct(step_ms) -> float | None:
     return float(100 * MAD_TO_SIGMA * np.median(np.abs(levels - np.median(levels))) / steady)
 
 
-def noise_floor_pct(base_ms, new_ms, run_noise_pct: float = 0.0) -> float | None:
+def noise_floor_pct(base_ms, new_ms, run_noise_pct: float = 0.0, correction_pct: float = 0.0) -> float | None:
     """The smallest change of the steady step time that is not the runs' own noise. Each run's level is off the
     job's by its run-to-run noise (``run_noise_pct``: load that stays for a whole run), or by its own drift
     when the run moved more than that within itself (load that came and went during it); the difference of two
-    runs' levels has a standard deviation of the two added in quadrature, and the floor is ``NOISE_Z`` of those.
-    A drift that cannot be estimated (too few steps) counts as 0; None when nothing is known."""
+    runs' levels has a standard deviation of the two added in quadrature, with the machine correction's own
+    (``correction_pct``: how uncertain the share of the step that follows the machine is, times how much the
+    machines differed), and the floor is ``NOISE_Z`` of that. A drift that cannot be estimated (too few steps)
+    counts as 0; None when nothing is known."""
     drifts = [drift_pct(base_ms), drift_pct(new_ms)]
     if all(d is None for d in drifts) and not run_noise_pct:
         return None
-    return float(NOISE_Z * math.hypot(*(max(d or 0.0, run_noise_pct) for d in drifts)))
+    return float(NOISE_Z * math.hypot(*(max(d or 0.0, run_noise_pct) for d in drifts), correction_pct))
 
 
 def default_run_noise_pct(base_config: dict, new_config: dict, calibrated: bool = False) -> tuple[float, str]:
@@ -559,20 +561,19 @@ def _within_noise_note(s: StepTime) -> str:
             f"[{r.ci_pct[0]:+.1f}%, {r.ci_pct[1]:+.1f}%] does not lie beyond {s.threshold_pct:g}%; more pairs "
             "narrow it"
         )
-    if s.machine is not None and s.drift_pct == [None, None]:
-        m = s.machine
-        return (
-            f"within noise: at the same machine speed the job's own change is {m.own_change_pct:+.1f}%, under the "
-            f"noise floor of {s.noise_floor_pct:.1f}% (each run's level is off the job's by {s.run_noise_pct:.1f}% "
-            f"from run to run [{s.run_noise_source}]); give repeats, BASE NEW BASE NEW ... --interleaved, to tell a "
-            "change this small"
-        )
+    m = s.machine
+    moved = (
+        f"the steady step time moved {s.steady_change_pct:+.1f}%"
+        if m is None
+        else f"at the same machine speed the job's own change is {m.own_change_pct:+.1f}%"
+    )
+    drift = f", or by its own drift when larger: {_drift_text(s)}" if s.drift_pct != [None, None] else ""
+    correction = f", and the machine correction by {m.correction_noise_pct:.1f}%" if m is not None else ""
     return (
-        f"within noise: the steady step time moved {s.steady_change_pct:+.1f}%, under the noise floor of "
-        f"{s.noise_floor_pct:.1f}% (each run's level is off the job's by {s.run_noise_pct:.1f}% from run to run "
-        f"[{s.run_noise_source}], or by its own drift when larger: {_drift_text(s)}); two runs cannot tell a "
-        "change this small from other load on the machine: give repeats, BASE NEW BASE NEW ... --interleaved, "
-        "or set --run-noise-pct for a quieter machine"
+        f"within noise: {moved}, under the noise floor of {s.noise_floor_pct:.1f}% (each run's level is off the "
+        f"job's by {s.run_noise_pct:.1f}% from run to run [{s.run_noise_source}]{drift}{correction}); two runs "
+        "cannot tell a change this small from other load on the machine: give repeats, BASE NEW BASE NEW ... "
+        "--interleaved, or set --run-noise-pct for a quieter machine"
     )
 
 
@@ -589,7 +590,9 @@ def machine_correction(base: RunSummary, new: RunSummary) -> tuple[MachineCompar
         reason = "the GPU-busy share of the step (host time does not follow the GPU's clock)" if busy else "assumed 1"
     else:
         prior, reason = _cpu_prior(base, new)
-    s, source = sensitivity([(b_speed, base.steps, base.step_ms), (n_speed, new.steps, new.step_ms)], prior, reason)
+    s, s_sd, source = sensitivity(
+        [(b_speed, base.steps, base.step_ms), (n_speed, new.steps, new.step_ms)], prior, reason
+    )
     reference = b_speed.factor
     runs = list(zip(speeds, (base, new), strict=True))
     corrected = [corrected_steps(speed, run.steps, run.step_ms, reference, s) for speed, run in runs]
@@ -602,6 +605,9 @@ def machine_correction(base: RunSummary, new: RunSummary) -> tuple[MachineCompar
         machine_change_pct=100 * (n_speed.factor / b_speed.factor - 1),
         sensitivity=s,
         sensitivity_source=source,
+        sensitivity_sd=s_sd,
+        # the own change is the measured one less s x the log of the machines' ratio: s's error times that log
+        correction_noise_pct=100 * s_sd * abs(math.log(n_speed.factor / b_speed.factor)),
     )
     return machine, (levels if enough else None, *corrected)
 
@@ -902,7 +908,8 @@ def _compare(
         noise, source = run_noise_pct, "--run-noise-pct"
     else:
         noise, source = default_run_noise_pct(base.config, new.config, calibrated=by_levels)
-    floor_pct = None if repeats else noise_floor_pct(*(([], []) if by_levels else (b, n)), noise)
+    correction = machine.correction_noise_pct if machine is not None else 0.0
+    floor_pct = None if repeats else noise_floor_pct(*(([], []) if by_levels else (b, n)), noise, correction)
     step_time = StepTime(
         base_s=median.base_s,
         new_s=median.new_s,
@@ -914,7 +921,6 @@ def _compare(
         steady_change_pct=steady.change_pct,
         steady_ci_pct=steady.ci_pct,
         threshold_pct=threshold_pct,
-        # with repeats the pairs measure the noise: a pooled run's windows would mix its repeats' levels
         # with repeats the pairs measure the noise: a pooled run's windows would mix its repeats' levels; with the
         # intervals' levels, their spread is in the interval already
         drift_pct=[None, None] if repeats or by_levels else [drift_pct(b), drift_pct(n)],

@@ -161,10 +161,16 @@ def _verdict(c, suffix: str) -> Block:
         drifts = " and ".join("-" if d is None else f"{d:.1f}%" for d in s.drift_pct)
         if s.drift_pct == [None, None] and m is not None:
             drifts = "the intervals' spread is in the interval instead"
+        correction = (
+            f", and the machine correction's uncertainty {m.correction_noise_pct:.1f}% (the share's, "
+            f"{m.sensitivity_sd:.2f}, times how much the machines differed)"
+            if m is not None
+            else ""
+        )
         block.lines.append(
             f"noise floor {floor}: run-to-run noise {s.run_noise_pct:.1f}% ({s.run_noise_source}), or a run's own "
-            f"drift when larger ({drifts}: std over windows of its steps); a change under the floor is what runs of "
-            "one job differ by"
+            f"drift when larger ({drifts}: std over windows of its steps){correction}; a change under the floor is "
+            "what runs of one job differ by"
         )
         block.lines.append(
             f"no change when the interval holds 0 or the change is under the floor or {s.threshold_pct:g}%; "

@@ -12,10 +12,12 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import diag
 from diag._warn import DiagWarning
+from diag.analysis import calibration as calibration_analysis
 from diag.analysis import compare as C
 from diag.analysis.calibration import MachineSpeed
 from diag.capture import calibration
@@ -145,6 +147,57 @@ def test_with_one_interval_a_cpu_job_follows_the_cores_by_the_share_its_thread_r
     base.runnable_pct = new.runnable_pct = None  # not recorded: all of the step is assumed to follow the cores
     c = C.compare_runs([base, new]).comparisons[0]
     assert c.step_time.machine.sensitivity == 1.0 and c.step_time.machine.sensitivity_source.startswith("assumed 1")
+
+
+def test_a_prior_share_leaves_room_for_its_error_in_proportion_to_the_machines_difference():
+    """One interval a run, so the share is the prior: the thread's 20% of the step. This job's step followed the
+    cores fully (its other threads, and its wake-ups after sleeping, need a core too), and the new run's machine
+    was 45% slower: corrected by 0.2, the job's own change still holds +35% of the machine's. The prior's
+    uncertainty (PRIOR_SENSITIVITY_SD of the share, times the log of the machines' ratio) is in the floor; a real
+    doubling of the step on the same machines is a regression."""
+    base = _calibrated("base", 20.0, [2.0], 1.0, 1, steps_per=14)
+    new = _calibrated("new", 20.0, [2.9], 1.0, 2, steps_per=14)
+    base.runnable_pct = new.runnable_pct = 20.0
+    c = C.compare_runs([base, new]).comparisons[0]
+    m = c.step_time.machine
+    assert m.sensitivity == pytest.approx(0.2) and m.sensitivity_sd == calibration_analysis.PRIOR_SENSITIVITY_SD
+    assert m.own_change_pct > 25  # what the correction by the prior leaves
+    assert m.correction_noise_pct == pytest.approx(100 * m.sensitivity_sd * np.log(2.9 / 2.0))
+    floor_without = C.noise_floor_pct([], [], c.step_time.run_noise_pct)
+    assert c.step_time.noise_floor_pct > floor_without + 15
+    assert c.verdict == "no change" and c.step_time.within_noise, c.summary
+    doubled = _calibrated("new", 40.0, [2.9], 1.0, 2, steps_per=14)
+    doubled.runnable_pct = 20.0
+    assert C.compare_runs([base, doubled]).comparisons[0].verdict == "regression"
+
+
+def _calibration_rows(wait_per_cpu_by_rank: dict[int, float], rounds: int = 3) -> pd.DataFrame:
+    """Calibration rows of a CPU run: at init and after every 10 steps, each rank's thread ran 100 ms of CPU
+    in each interval and waited ``wait_per_cpu`` times that for a core."""
+    rows = []
+    for rank, wait_per_cpu in wait_per_cpu_by_rank.items():
+        for r in range(rounds):
+            rows.append({
+                "rank": rank, "step": 10 * r - 1, "time_us": 1_000_000 * r, "device": "cpu", "threads": 1,
+                "repeats": 5, "flops": 1, "duration_us": 300.0, "min_duration_us": 290.0,
+                "interval_cpu_us": 100_000.0 if r else np.nan,
+                "interval_runqueue_wait_us": 100_000.0 * wait_per_cpu if r else np.nan,
+            })  # fmt: skip
+    frame = pd.DataFrame(rows)
+    for column in ("sm_clock_mhz", "sm_clock_max_mhz", "pstate", "throttle_reasons"):
+        frame[column] = np.nan
+    return frame
+
+
+def test_the_machine_is_as_slow_as_the_rank_that_waited_most_for_a_core():
+    """The ranks of a synchronous job wait for the slowest at every collective: where rank 1 shared its core
+    with other work for the whole run (it waited 2 us for a core per us it ran) and ranks 0 and 2 had theirs,
+    the job ran at rank 1's speed (3x), not at the ranks' mean (1.67x)."""
+    speed = calibration_analysis.machine_speed(_calibration_rows({0: 0.0, 1: 2.0, 2: 0.0}))
+    assert speed.source == "runqueue"
+    assert speed.factor == pytest.approx(3.0)
+    assert [i["factor"] for i in speed.intervals] == pytest.approx([3.0, 3.0])
+    assert speed.runqueue_wait_pct == pytest.approx(100 * 2 / 3)
 
 
 def test_runs_without_calibration_are_compared_as_measured():
