@@ -41,9 +41,9 @@ MIN_FACTOR_SPREAD = 0.05  # the within-run std of log(factor) below which the sl
 MAX_SLOPE_SE = 0.25  # a slope less certain than this falls back to the prior
 # How far the true share may be from the prior (one standard deviation): 0.5, as far as a share within [0, 1]
 # can be. The prior is the training thread's share of the step, and the step's other threads (gloo's, a data
-# loader's) and its wake-ups after sleeping follow the cores too. Fitted to 20 same-job pairs of the fault
-# suite (A/A, seed 2965; the step's change less the prior's correction against the log of the factors' ratio),
-# the error was 0.29 (maximum likelihood), with one pair of 2-rank runs at 2x load beyond 2 sigmas at 0.25.
+# loader's) and its wake-ups after sleeping follow the cores too. Fitted to 60 same-job pairs of the fault
+# suite (A/A, seeds 2965-2967: the steady step's change less the prior's correction, against the log of the
+# factors' ratio), the error was 0.42 by maximum likelihood, 0.52 with the run-to-run noise held at 8.7% a run.
 PRIOR_SENSITIVITY_SD = 0.5
 MAX_INTERVALS_LISTED = 500
 
@@ -137,10 +137,10 @@ def machine_speed(calibration: pd.DataFrame) -> MachineSpeed | None:
 def _slowest_rank_factor(frame: pd.DataFrame, by: str) -> pd.Series:
     """Per group of rows (``by``): the slowest rank's (cpu + run-queue wait) / cpu over the group's intervals.
     The ranks of a synchronous job wait for the slowest at every collective, so its step goes with the rank
-    that waited most for a core, not with the ranks' mean: over 20 same-job pairs of the fault suite (A/A, seed
-    2965), what is left of the log of the steady step's change once the prior share times the log of the
-    factors' ratio is taken out had a standard deviation of 0.12 with the slowest rank's factor and 0.18 with
-    the ranks' mean (0.23 uncorrected)."""
+    that waited most for a core, not with the ranks' mean: over 60 same-job pairs of the fault suite (A/A, seeds
+    2965-2967), what is left of the log of the steady step's change once the prior share times the log of the
+    factors' ratio is taken out had a standard deviation of 0.160 with the slowest rank's factor and 0.171 with
+    the ranks' mean (0.194 uncorrected), and a largest value of 0.45 against 0.68."""
     sums = frame.groupby([by, "rank"])[["interval_cpu_us", "interval_runqueue_wait_us"]].sum(min_count=1)
     cpu, wait = sums["interval_cpu_us"], sums["interval_runqueue_wait_us"]
     factor = ((cpu + wait) / cpu).where(cpu > 0)

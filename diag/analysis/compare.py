@@ -111,8 +111,8 @@ RUN_NOISE_PCT = {"cpu": 8.7}  # bench_compare_noise.py: 13 runs, 12 consecutive 
 # The same after the machine-speed correction (both runs calibrated): what is left of a run's level off the job's
 # once its intervals are put at the base run's machine speed. Measured on the shared 2-core machine at a load
 # average of 13-34 (where the runs' median steps moved from 30 to 107 ms with no change of the job): the job's own
-# change over 10 pairs of same-job 3-rank runs, with and without a CPU burner beside either, had a standard
-# deviation of 17.5%, 12.4% a run (docs/compare.md, "Machine speed").
+# change over 10 pairs of same-job 3-rank runs, with and without a CPU burner beside either, corrected by the
+# ranks' mean factor, had a standard deviation of 17.5%, 12.4% a run (docs/compare.md, "Machine speed").
 CALIBRATED_RUN_NOISE_PCT = {"cpu": 12.4}
 # two-sided 95% quantiles of Student's t by degrees of freedom (the repeats' interval; 1.96 beyond the table)
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,

@@ -159,7 +159,7 @@ def _verdict(c, suffix: str) -> Block:
     elif s.run_noise_source:  # empty: --interleaved without enough pairs (the note says so)
         floor = "-" if s.noise_floor_pct is None else f"{s.noise_floor_pct:.1f}%"
         drifts = " and ".join("-" if d is None else f"{d:.1f}%" for d in s.drift_pct)
-        if s.drift_pct == [None, None] and m is not None:
+        if m is not None and m.statistic.startswith("median of the intervals"):
             drifts = "the intervals' spread is in the interval instead"
         correction = (
             f", and the machine correction's uncertainty {m.correction_noise_pct:.1f}% (the share's, "

@@ -139,8 +139,8 @@ def machine_line(m) -> str:
     """How fast the machine ran, from the run's calibration rows (diag/analysis/calibration.py)."""
     if m.source == "runqueue":
         head = (
-            f"machine: the training thread waited for a core {m.runqueue_wait_pct:.0f}% of its runnable time "
-            f"(runnable work took {m.factor:.2f}x its CPU time)"
+            f"machine: the training thread of the rank that waited most for a core waited {m.runqueue_wait_pct:.0f}% "
+            f"of its runnable time (runnable work took {m.factor:.2f}x its CPU time)"
         )
     else:
         head = f"machine: a fixed {m.device} kernel took {m.factor:.0f} us (median)"
