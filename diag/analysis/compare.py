@@ -33,7 +33,7 @@ while the steady time did not is called out (slower steps only: interference or 
 wait over each interval between calibrations on CPU, a fixed kernel's time on CUDA), each interval is put at the
 base run's machine speed before the verdict (diag/analysis/calibration.py, ``machine_correction``); with at
 least ``MIN_LEVELS`` intervals in each run the verdict reads the change of the intervals' median level, resampled
-over the intervals, with ``CALIBRATED_RUN_NOISE_PCT`` in the floor (``LEVELS_NOISE_Z`` of it). ``StepTime.machine`` says how much slower
+over the intervals, with ``CALIBRATED_RUN_NOISE_PCT`` in the floor. ``StepTime.machine`` says how much slower
 the new run's machine was and the job's own change.
 
 **Attribution.** Per step, the step time splits exactly into components, from the steps table and the
@@ -99,24 +99,21 @@ DRIFT_QUANTILE = (
     STEADY_QUANTILE  # the level of a window: its steady (lower-decile) step time, as the verdict reads a run
 )
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
-# The noise floor: this many standard deviations of the difference of two runs' levels. Not a normal
-# distribution's 2: RUN_NOISE_PCT is a robust standard deviation, blind by construction to the tails, and these
-# are heavy (how much a run's threads are slowed on their cores, which no run-queue wait shows). Over 60 same-job
-# pairs run one after the other on a shared 2-core machine at no, 1x and 2x load (python -m diag.testing.faults
-# --compare-pairs), the job's own change lay beyond 2 of its standard deviations in 6 pairs and beyond 2.5 in 2,
-# where a normal distribution puts 2.7 and 0.7.
-NOISE_Z = 2.5
-# ... and with the intervals' levels, whose run-to-run noise (CALIBRATED_RUN_NOISE_PCT) is a plain standard
-# deviation of pairs' changes, tails included
-LEVELS_NOISE_Z = 2.0
+NOISE_Z = 2.0  # the noise floor: this many standard deviations of the difference of two runs' levels
 # Run-to-run noise: how far one run's steady step time sits from the job's own level, as a robust standard
 # deviation in %, on the kinds of machine where it was measured with repeats of the same job
 # (benchmarks/bench_compare_noise.py, docs/benchmarks.md). Load that stays for the whole of a run (another job,
 # a busier neighbour) moves all of that run's windows alike, so no run can show it by itself (its drift), and
 # two runs alone cannot tell it from a change of the job. Keyed by the runs' device; only CPU runs (gloo on
 # shared cores) have been measured: elsewhere none is assumed, and --run-noise-pct or repeats (--interleaved)
-# supply it.
-RUN_NOISE_PCT = {"cpu": 8.7}  # bench_compare_noise.py: 13 runs, 12 consecutive pairs
+# supply it. Measured as a robust standard deviation (8.7% for CPU runs: bench_compare_noise.py, 13 runs, 12
+# consecutive pairs), which is blind by construction to the tails, and these are heavy (how much a run's threads
+# are slowed on their cores, which no run-queue wait shows): over 60 same-job pairs run one after the other on a
+# shared 2-core machine at no, 1x and 2x load (python -m diag.testing.faults --compare-pairs), the job's own change
+# lay beyond the floor (NOISE_Z of it) in 6 pairs, where a normal distribution puts 2.7. So the default is that
+# figure times TAILS_FACTOR, which left 2 of the 60 beyond the floor.
+TAILS_FACTOR = 1.25
+RUN_NOISE_PCT = {"cpu": round(8.7 * TAILS_FACTOR, 1)}
 # The same after the machine-speed correction (both runs calibrated): what is left of a run's level off the job's
 # once its intervals are put at the base run's machine speed. Measured on the shared 2-core machine at a load
 # average of 13-34 (where the runs' median steps moved from 30 to 107 ms with no change of the job): the job's own
@@ -486,20 +483,18 @@ def drift_pct(step_ms) -> float | None:
     return float(100 * MAD_TO_SIGMA * np.median(np.abs(levels - np.median(levels))) / steady)
 
 
-def noise_floor_pct(
-    base_ms, new_ms, run_noise_pct: float = 0.0, correction_pct: float = 0.0, z: float = NOISE_Z
-) -> float | None:
+def noise_floor_pct(base_ms, new_ms, run_noise_pct: float = 0.0, correction_pct: float = 0.0) -> float | None:
     """The smallest change of the steady step time that is not the runs' own noise. Each run's level is off the
     job's by its run-to-run noise (``run_noise_pct``: load that stays for a whole run), or by its own drift
     when the run moved more than that within itself (load that came and went during it); the difference of two
     runs' levels has a standard deviation of the two added in quadrature, with the machine correction's own
     (``correction_pct``: how uncertain the share of the step that follows the machine is, times how much the
-    machines differed), and the floor is ``z`` of that. A drift that cannot be estimated (too few steps)
+    machines differed), and the floor is ``NOISE_Z`` of that. A drift that cannot be estimated (too few steps)
     counts as 0; None when nothing is known."""
     drifts = [drift_pct(base_ms), drift_pct(new_ms)]
     if all(d is None for d in drifts) and not run_noise_pct:
         return None
-    return float(z * math.hypot(*(max(d or 0.0, run_noise_pct) for d in drifts), correction_pct))
+    return float(NOISE_Z * math.hypot(*(max(d or 0.0, run_noise_pct) for d in drifts), correction_pct))
 
 
 def default_run_noise_pct(base_config: dict, new_config: dict, calibrated: bool = False) -> tuple[float, str]:
@@ -710,7 +705,7 @@ class StepTime:
     steady_ci_pct: list[float] | None
     threshold_pct: float
     drift_pct: list[float | None]  # each run's own drift: std of its windows' levels, % of its steady step time
-    noise_floor_pct: float | None  # NOISE_Z x the runs' noise added in quadrature: smaller changes are noise
+    noise_floor_pct: float | None  # NOISE_Z x the two drifts added in quadrature: smaller changes are noise
     steps_base: int
     steps_new: int
     resamples: int
@@ -920,12 +915,7 @@ def _compare(
     else:
         noise, source = default_run_noise_pct(base.config, new.config, calibrated=by_levels)
     correction = machine.correction_noise_pct if machine is not None else 0.0
-    if repeats:
-        floor_pct = None
-    elif by_levels:  # the intervals' spread is in their interval already: only the run-to-run noise
-        floor_pct = noise_floor_pct([], [], noise, correction, z=LEVELS_NOISE_Z)
-    else:
-        floor_pct = noise_floor_pct(b, n, noise, correction)
+    floor_pct = None if repeats else noise_floor_pct(*(([], []) if by_levels else (b, n)), noise, correction)
     step_time = StepTime(
         base_s=median.base_s,
         new_s=median.new_s,
