@@ -9,7 +9,8 @@ Each round runs, in this order: the base job, the same job with its data loader 
 * detection: each planted variant against the base run of its own round: the verdict must be "regression";
 * the same with repeats (``diag compare --interleaved``, 3 and 4 pairs): the same job as base runs of
   consecutive rounds alternately on each side, each variant against the base runs of the same rounds;
-* the run-to-run noise the consecutive same-job pairs measure (what ``RUN_NOISE_PCT`` holds for CPU runs).
+* the run-to-run noise the consecutive same-job pairs measure (a robust standard deviation: ``RUN_NOISE_PCT``
+  holds one for CPU runs times ``TAILS_FACTOR``).
 
 ``--interference N`` starts N background processes that each burn a CPU for random stretches (0.3-4 s busy,
 0.3-4 s idle, seeded), standing for the other jobs of a shared machine: they slow runs by different amounts
