@@ -43,9 +43,11 @@ def graphs_with_data(driver) -> int:
 
 def figure(driver, name: str) -> dict:
     """The figure as plotly.js drew it (``_fullData``: arrays sent as base64 are decoded there): traces and
-    annotation texts."""
+    annotation texts. None while the page has no such figure (yet: a client-side navigation swaps the page after
+    the click)."""
     script = """
-    const gd = document.getElementById(arguments[0]).querySelector('.js-plotly-plot');
+    const holder = document.getElementById(arguments[0]);
+    const gd = holder && holder.querySelector('.js-plotly-plot');
     if (!gd || !gd._fullData) return null;
     const plain = v => (ArrayBuffer.isView(v) ? Array.from(v) : Array.isArray(v) ? v.map(plain) : v);
     return {
