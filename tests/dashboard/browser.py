@@ -41,7 +41,7 @@ def graphs_with_data(driver) -> int:
     )
 
 
-def figure(driver, name: str) -> dict:
+def figure(driver, name: str) -> dict | None:
     """The figure as plotly.js drew it (``_fullData``: arrays sent as base64 are decoded there): traces and
     annotation texts. None while the page has no such figure (yet: a client-side navigation swaps the page after
     the click)."""
