@@ -8,7 +8,7 @@ per-rank part of it into its stages, each timed alone over the same ranks (``tim
 - part: ``_part_of`` + ``_partial`` (pass 1's compact part and the rank's instance partials), then
   ``combine_partials`` of all of them;
 - finish: ``finish_part`` (pass 2) then ``merge_sums`` of the results;
-- tables: the memory and telemetry read and analysed by the analysis engine (``engine.OneStage.first``), a batch of
+- tables: the memory and telemetry read and analysed by the analysis engine (``engine.Plan.first``), a batch of
   ranks at a time;
 - then pass 1 as the engine runs it (``Collectives.first``, ``read_batch`` before it: a batch's reads, parts
   and combined partial).
@@ -86,7 +86,7 @@ def main() -> None:
         return min(times) * 1e3 / n
 
     def read_tables():
-        return [engine.read_shard(tasks[i : i + batch], plan.tables()) for i in range(0, n, batch)]
+        return [engine.read_shard(tasks[i : i + batch], plan.columns()) for i in range(0, n, batch)]
 
     def read_collectives():
         return [P.read_rank_collectives(t)[0] for t in tasks]
@@ -102,9 +102,8 @@ def main() -> None:
             P._partial(P._part_of(t, a, window))
 
     def read_and_map():
-        first = engine.OneStage(plan).first if hasattr(engine, "OneStage") else lambda b: engine.map_share(b, plan)
         for i in range(0, n, batch):
-            first(tasks[i : i + batch])
+            plan.first(tasks[i : i + batch])
 
     stages = [
         ("read collectives (Arrow)", read_collectives),

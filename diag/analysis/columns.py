@@ -13,13 +13,24 @@ from diag.analysis import bubble, comms, health, memory, memory_plan, mfu, oom, 
 from diag.trace.schema import TABLES
 
 ANALYSES = (bubble, comms, health, memory, memory_plan, mfu, oom, report, stragglers, telemetry, window)
+# analyses whose columns of the steps table the engine reads from each rank's files above a few dozen ranks, so
+# the steps table loaded whole there leaves them out (memory and telemetry are not loaded whole at all)
+READ_BY_RANK = (health,)
 KEYS = {"steps": ("step",), "memory": ("step", "time_us"), "telemetry": ("time_us",)}  # rows are matched by these
+CLEANING = ("start_us", "duration_us", "time_us")  # what cleaning a rank's rows reads (loader.clean_rank_tables)
 
 
-def analysed_columns() -> dict[str, tuple[str, ...]]:
-    """Per table (steps, memory, telemetry), the columns some analysis reads, in the table's own order."""
+def analysed_columns(modules=ANALYSES) -> dict[str, tuple[str, ...]]:
+    """Per table (steps, memory, telemetry), the columns some analysis of ``modules`` reads, in the table's own
+    order."""
     wanted = {table: set(keys) for table, keys in KEYS.items()}
-    for module in ANALYSES:
+    for module in modules:
         for table, columns in module.READS.items():
             wanted[table].update(columns)
     return {table: tuple(c for c in TABLES[table].column_names if c in wanted[table]) for table in KEYS}
+
+
+def loaded_columns() -> dict[str, tuple[str, ...]]:
+    """The columns of the per-step tables loaded whole above a few dozen ranks: what the analyses read of them,
+    but those that read theirs rank by rank."""
+    return analysed_columns(tuple(m for m in ANALYSES if m not in READ_BY_RANK))

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from diag.processes import Workers, contiguous_shares
+from diag.trace.columnar import required_columns
 from diag.trace.loader import ReadNotes, Skipped, TraceReader, clean_rank_tables, to_frame
 from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES
 
@@ -92,82 +93,154 @@ class RankSource:
     last_us: float = float("nan")
 
 
+class StagedAnalysis(Protocol):
+    """An analysis over shards whose second stage needs what the first found on every rank (health: a rank's
+    departure from its peers needs every rank's values at each step). ``map``: a shard -> (what each of its
+    ranks keeps for stage 2, by rank, each with ``nbytes``; a partial); ``combine`` (associative, any order) ->
+    ``between`` -> (what ``finish`` needs, the ``broadcast`` each rank's ``second`` reads); ``combine2`` of any
+    number of the second stage's partials (none: the identity) -> ``finish``."""
+
+    reads: Mapping[str, tuple[str, ...]]
+
+    def map(self, shard: Shard) -> tuple[dict[int, Any], Any]: ...
+
+    def combine(self, a, b): ...
+
+    def between(self, partial) -> tuple[Any, Any]: ...
+
+    def second(self, kept, broadcast): ...
+
+    def combine2(self, *partials): ...
+
+    def finish(self, state, partial2): ...
+
+
+def is_staged(analysis) -> bool:
+    return hasattr(analysis, "second")
+
+
+class RankKept(tuple):
+    """One rank's stage-1 states, one per staged analysis of a Plan (None: the rank had no rows for it)."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(state.nbytes for state in self if state is not None)
+
+
 @dataclass(frozen=True)
 class Plan:
-    """The analyses one run maps, sent once to each worker."""
+    """The analyses of one run over batches of ranks, each batch read once as one Shard: the TwoStageAnalysis
+    ``run_two_stage`` runs. Stage 1 maps every analysis; stage 2 runs the second stage of the staged ones; the
+    result is (the analyses' results, in order; what the reads skipped). ``reported``: tables the caller loaded
+    already, whose skipped files and dropped rows its load has listed."""
 
-    analyses: tuple[Analysis, ...]
+    analyses: tuple[Analysis | StagedAnalysis, ...]
+    reported: tuple[str, ...] = ()
 
-    def tables(self) -> tuple[str, ...]:
-        return tuple(name for name in TABLES if any(name in a.reads for a in self.analyses))
+    @property
+    def staged(self) -> tuple[StagedAnalysis, ...]:
+        return tuple(a for a in self.analyses if is_staged(a))
 
-    def map(self, shard: Shard) -> list:
-        return [a.map(shard) for a in self.analyses]
+    @property
+    def second(self):
+        """``run_two_stage`` ends after stage 1 where this is None: no analysis has a second stage."""
+        return self._second if self.staged else None
 
-    def combine(self, a: list, b: list) -> list:
-        return [analysis.combine(x, y) for analysis, x, y in zip(self.analyses, a, b)]
+    def columns(self) -> dict[str, tuple[str, ...]]:
+        """Per table read, the columns the analyses read, its keys, what cleaning a rank's rows reads and what
+        every segment holds, in the table's own order."""
+        from diag.analysis.columns import CLEANING, KEYS
 
-    def finish(self, partials: list) -> list:
-        return [analysis.finish(p) for analysis, p in zip(self.analyses, partials)]
+        out = {}
+        for name in TABLES:
+            reads = {c for a in self.analyses for c in a.reads.get(name, ())}
+            if reads:
+                wanted = reads | {*KEYS.get(name, ()), *CLEANING, *required_columns(TABLES[name])}
+                out[name] = tuple(c for c in TABLES[name].column_names if c in wanted)
+        return out
+
+    def first(self, sources: list[RankSource]) -> tuple[list[RankKept], tuple[list, ReadNotes]]:
+        shard, notes = read_shard(sources, self.columns(), self.reported)
+        kept, partials = self.map(shard)
+        if not self.staged:  # nothing kept between the stages
+            return [], (partials, notes)
+        empty = RankKept((None,) * len(self.staged))
+        return [kept.get(s.rank, empty) for s in sources], (partials, notes)
+
+    def map(self, shard: Shard) -> tuple[dict[int, RankKept], list]:
+        """The shard's partial of each analysis, and each of its ranks' stage-1 states."""
+        partials, kept_by = [], []
+        for a in self.analyses:
+            if is_staged(a):
+                kept, partial = a.map(shard)
+                kept_by.append(kept)
+            else:
+                partial = a.map(shard)
+            partials.append(partial)
+        ranks = sorted({r for kept in kept_by for r in kept})
+        return {r: RankKept(kept.get(r) for kept in kept_by) for r in ranks}, partials
+
+    def combine(self, *partials: tuple[list, ReadNotes]) -> tuple[list, ReadNotes]:
+        out = partials[0] if partials else (self.map(Shard({}, no_windows()))[1], ReadNotes())
+        for partial, notes in partials[1:]:
+            out = ([a.combine(x, y) for a, x, y in zip(self.analyses, out[0], partial)], out[1] + notes)
+        return out
+
+    def between(self, partial: tuple[list, ReadNotes]) -> tuple[tuple[list, ReadNotes], list]:
+        partials, notes = partial
+        states, broadcasts = [], []
+        for a, p in zip(self.analyses, partials):
+            state, broadcast = a.between(p) if is_staged(a) else (p, None)
+            states.append(state)
+            if is_staged(a):
+                broadcasts.append(broadcast)
+        return (states, notes), broadcasts
+
+    def _second(self, kept: RankKept, broadcasts: list) -> list:
+        return [a.combine2() if s is None else a.second(s, b) for a, s, b in zip(self.staged, kept, broadcasts)]
+
+    def combine2(self, *partials: list) -> list:
+        return [a.combine2(*(p[i] for p in partials)) for i, a in enumerate(self.staged)]
+
+    def finish(self, state: tuple[list, ReadNotes], partial2: list | None) -> tuple[list, ReadNotes]:
+        states, notes = state
+        seconds = iter(partial2 if partial2 is not None else self.combine2())
+        results = [a.finish(s, next(seconds)) if is_staged(a) else a.finish(s) for a, s in zip(self.analyses, states)]
+        return results, notes
 
 
-def run_loaded(analyses: Sequence[Analysis], shard: Shard) -> list:
-    """The analyses' results over tables already loaded (every rank in one shard)."""
+def run_loaded(analyses: Sequence[Analysis | StagedAnalysis], shard: Shard) -> list:
+    """The analyses' results over tables already loaded (every rank in one shard); the second stage of the staged
+    ones over its ranks in rank order, as the runner folds them."""
     plan = Plan(tuple(analyses))
-    return plan.finish(plan.map(shard))
+    kept, partials = plan.map(shard)
+    state, broadcasts = plan.between((partials, ReadNotes()))
+    partial2 = plan.combine2(*(plan._second(kept[r], broadcasts) for r in sorted(kept))) if plan.staged else None
+    return plan.finish(state, partial2)[0]
 
 
 def run(
-    analyses: Sequence[Analysis],
+    analyses: Sequence[Analysis | StagedAnalysis],
     sources: Sequence[RankSource],
     workers: int | Workers = 1,
     client=None,
     progress: Callable[[int], None] | None = None,
+    reported: tuple[str, ...] = (),
 ) -> tuple[list, ReadNotes]:
     """The analyses' results over the ranks of ``sources``, each rank read once by the loader's per-rank read,
-    and what the reads skipped: ``run_two_stage`` of their Plan (inline, in ``workers`` processes or the Dask
-    ``client``'s workers), which has one stage."""
-    return run_two_stage(OneStage(Plan(tuple(analyses))), sources, workers, client, progress)
+    and what the reads skipped (but of the ``reported`` tables): ``run_two_stage`` of their Plan (inline, in
+    ``workers`` processes or the Dask ``client``'s workers)."""
+    return run_two_stage(Plan(tuple(analyses), reported), sources, workers, client, progress)
 
 
-@dataclass(frozen=True)
-class OneStage:
-    """A Plan as a two-stage analysis without a second stage: a batch of ranks read as one Shard and mapped;
-    the result is (the analyses' results, what the reads skipped)."""
-
-    plan: Plan
-    second = None  # no second stage
-
-    def first(self, sources: list[RankSource]) -> tuple[list, tuple[list, ReadNotes]]:
-        shard, notes = read_shard(sources, self.plan.tables())
-        return [], (self.plan.map(shard), notes)
-
-    def combine(self, *partials: tuple[list, ReadNotes]) -> tuple[list, ReadNotes]:
-        out = partials[0] if partials else (self.plan.map(Shard({}, _no_windows())), ReadNotes())
-        for partial, notes in partials[1:]:
-            out = (self.plan.combine(out[0], partial), out[1] + notes)
-        return out
-
-    def between(self, partial: tuple[list, ReadNotes]) -> tuple[tuple[list, ReadNotes], None]:
-        return partial, None
-
-    def finish(self, state: tuple[list, ReadNotes], _) -> tuple[list, ReadNotes]:
-        partials, notes = state
-        return self.plan.finish(partials), notes
-
-
-def read_shard(sources: Sequence[RankSource], names: tuple[str, ...]) -> tuple[Shard, ReadNotes]:
-    """The ranks' tables ``names`` as ``diag.load`` gives their rows (the loader's per-rank read, an earlier
-    run's rows cut as the load cuts them), and what was skipped. A rank that cannot be read is named and left
-    out."""
-    from diag.analysis.columns import analysed_columns
-
-    columns = analysed_columns()
-    reader = (
-        TraceReader(sources[0].trace_dir, tables=names, segment_columns={n: columns[n] for n in names})
-        if sources
-        else None
-    )
+def read_shard(
+    sources: Sequence[RankSource], columns: Mapping[str, tuple[str, ...]], reported: tuple[str, ...] = ()
+) -> tuple[Shard, ReadNotes]:
+    """The ranks' tables (``columns``: the columns read of each) as ``diag.load`` gives their rows (the loader's
+    per-rank read, an earlier run's rows cut as the load cuts them), and what was skipped, but of the
+    ``reported`` tables. A rank that cannot be read is named and left out."""
+    names = tuple(columns)
+    reader = TraceReader(sources[0].trace_dir, tables=names, segment_columns=dict(columns)) if sources else None
     chunks: dict[str, list] = {name: [] for name in names}
     notes = ReadNotes()
     for source in sources:
@@ -177,9 +250,11 @@ def read_shard(sources: Sequence[RankSource], names: tuple[str, ...]) -> tuple[S
             note = Skipped(source.rank_dir, f"{' and '.join(names)} unreadable, rank left out of them: {exc!r}")
             notes.skipped.append((source.rank, note))
             continue
-        notes.skipped += [(source.rank, s) for s in read.skipped if Path(s.path).name not in SIDE_FILES]
-        notes.rows_read += sum(arrow.num_rows for arrow in read.tables.values())
-        cleaned, dropped = clean_rank_tables(read.tables, source.cut_us)
+        notes.skipped += [(source.rank, s) for s in read.skipped if not _reported(Path(s.path).name, reported)]
+        fresh = {name: arrow for name, arrow in read.tables.items() if name not in reported}
+        notes.rows_read += sum(arrow.num_rows for arrow in fresh.values())
+        cleaned, dropped = clean_rank_tables(fresh, source.cut_us)
+        cleaned.update(clean_rank_tables({n: read.tables[n] for n in reported if n in read.tables}, source.cut_us)[0])
         notes.dropped += dropped
         for name, arrow in cleaned.items():
             chunks[name].append(arrow)
@@ -189,6 +264,12 @@ def read_shard(sources: Sequence[RankSource], names: tuple[str, ...]) -> tuple[S
         index=pd.Index([s.rank for s in sources], name="rank"),
     )
     return Shard(tables, window_us), notes
+
+
+def _reported(file_name: str, reported: tuple[str, ...]) -> bool:
+    """A side file (the load listed what it skipped of those) or a file of a ``reported`` table (``steps.csv``,
+    ``steps.000001.parquet``)."""
+    return file_name in SIDE_FILES or file_name.split(".")[0] in reported
 
 
 class TwoStageAnalysis(Protocol):
@@ -359,7 +440,7 @@ def release_arrow_memory() -> None:
 
 def window_us_of(bounds: pd.DataFrame | None) -> pd.DataFrame:
     """A Shard's ``window_us`` from ``report.telemetry_bounds`` (None: no step in the window)."""
-    return _no_windows() if bounds is None else bounds[["first_us", "last_us"]]
+    return no_windows() if bounds is None else bounds[["first_us", "last_us"]]
 
 
 def rank_sources(trace, bounds: pd.DataFrame | None = None) -> list[RankSource]:
@@ -390,5 +471,5 @@ def batch_size(ranks: int, workers: int) -> int:
     return max(1, min(BATCH_RANKS, -(-ranks // (TASKS_PER_DASK_WORKER * max(workers, 1)))))
 
 
-def _no_windows() -> pd.DataFrame:
+def no_windows() -> pd.DataFrame:
     return pd.DataFrame({"first_us": [], "last_us": []}, index=pd.Index([], name="rank", dtype="int64"))

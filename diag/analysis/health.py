@@ -19,10 +19,12 @@ Every step recorded is used, not only the analysis window: the first NaN is ofte
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 
+from diag.analysis.engine import Shard, no_windows, run_loaded
 from diag.analysis.findings import Finding, FindingContext, ranks_text
 from diag.analysis.section import Section, json_safe
 from diag.trace.manifest import Manifest
@@ -40,6 +42,12 @@ DEPARTURE_MIN_RELATIVE = 0.01  # peers within 1% of each other are not told apar
 DEPARTURE_MIN_RANKS = 3
 FINGERPRINT_RELATIVE = 1e-9  # replicas hold bit-identical parameters; this allows for reduction order only
 MAX_LISTED = 10
+# Above this many ranks' values at a step, the step's values are held to within VALUE_RESOLUTION (relative), so
+# that what the analysis holds of a step is bounded whatever the number of ranks: the per-step medians, and the
+# spreads ranks are scored against, are then that close. Up to it, exact.
+EXACT_VALUES_PER_STEP = 1024
+VALUE_RESOLUTION = 2e-4
+LOG_BUCKET = np.log1p(VALUE_RESOLUTION)
 
 
 @dataclass
@@ -88,27 +96,81 @@ class HealthReport:
 
 
 def analyze_health(steps: pd.DataFrame, events: pd.DataFrame, manifests: dict[int, Manifest]) -> HealthReport:
-    report = HealthReport()
-    report.first_nonfinite = _nonfinite(events)
-    values = steps[["rank", "step", "loss", "grad_norm", "param_fingerprint"]] if len(steps) else None
-    recorded = values is not None and values[["loss", "grad_norm", "param_fingerprint"]].notna().any().any()
-    report.recorded = bool(recorded or report.first_nonfinite)
-    if not recorded:
-        report.note = None if report.recorded else "no loss, gradient norm or fingerprint recorded (diag.record)"
-        return report
-    report.spikes = _spikes(values)
-    report.departures = [d for name in ("loss", "grad_norm") for d in _departures(values, name)]
-    report.divergence, report.fingerprint_steps = _divergence(values, manifests)
-    per_step = values.groupby("step")[["loss", "grad_norm"]].median()
-    report.per_step = [
-        {"step": int(s), "loss_median": _or_none(r["loss"]), "grad_norm_median": _or_none(r["grad_norm"])}
-        for s, r in per_step.iterrows()
-    ]
+    """The health report of loaded tables: ``HealthAnalysis`` over every rank at once."""
+    (report,) = run_loaded([HealthAnalysis.of(events, manifests)], Shard({"steps": steps}, no_windows()))
     return report
 
 
-def _or_none(value) -> float | None:
-    return None if pd.isna(value) else float(value)
+@dataclass(frozen=True)
+class HealthAnalysis:
+    """The health report over the ranks (diag.analysis.engine), in two stages. Stage 1 maps each rank's steps
+    to its spikes (its own history alone), the per-step multisets of every rank's loss and gradient norm, and the
+    distinct fingerprints of each replica group at each step. Between the stages, the per-step medians and
+    spreads (``DepartureBasis``) and the first step whose fingerprints split (``FirstSplit``); stage 2 scores each
+    rank against those and names the ranks on each side of the split. ``nonfinite``: from the events, which the
+    caller holds whole."""
+
+    nonfinite: tuple[NonFinite, ...]
+    groups: ReplicaGroups
+    reads: ClassVar = READS
+
+    @classmethod
+    def of(cls, events: pd.DataFrame, manifests: dict[int, Manifest]) -> HealthAnalysis:
+        return cls(tuple(_nonfinite(events)), ReplicaGroups.of(manifests))
+
+    def map(self, shard: Shard) -> tuple[dict[int, RankValues], HealthPartial]:
+        steps = shard.table("steps")
+        columns = ["loss", "grad_norm", "param_fingerprint"]
+        if steps.empty:
+            return {}, HealthPartial.empty()
+        recorded = bool(steps[columns].notna().any().any())
+        partial = HealthPartial(
+            np.unique(steps["step"].to_numpy(dtype="int64")), recorded, [], {}, Fingerprints.empty()
+        )
+        if not recorded:
+            return {}, partial
+        kept = {}
+        for rank, rows in steps.groupby("rank", sort=True):
+            own = RankValues.of(int(rank), rows, self.groups)
+            partial.spikes += _rank_spikes(own)
+            kept[own.rank] = own
+        partial.values = {name: StepValues.of(rows_of(steps, name)).bounded() for name in VALUE_NAMES}
+        partial.prints = Fingerprints.of(kept.values())
+        return kept, partial
+
+    def combine(self, a: HealthPartial, b: HealthPartial) -> HealthPartial:
+        values = {name: _add_values(a.values.get(name), b.values.get(name)) for name in {*a.values, *b.values}}
+        return HealthPartial(
+            np.union1d(a.steps, b.steps), a.recorded or b.recorded, a.spikes + b.spikes, values, a.prints + b.prints
+        )
+
+    def between(self, partial: HealthPartial) -> tuple[tuple, tuple]:
+        bases = {name: DepartureBasis.of(partial.values[name]) for name in VALUE_NAMES if name in partial.values}
+        split = partial.prints.first_split(self.groups)
+        return (partial, bases, split), (bases, split)
+
+    def second(self, own: RankValues, broadcast: tuple) -> RankFindings:
+        bases, split = broadcast
+        departing = [d for name, basis in bases.items() if (d := basis.departure(own, name)) is not None]
+        side = split.side_of(own) if split is not None else None
+        return RankFindings(departing, [] if side is None else [(own.rank, side)])
+
+    def combine2(self, *partials: RankFindings) -> RankFindings:
+        return RankFindings([d for p in partials for d in p.departing], [s for p in partials for s in p.sides])
+
+    def finish(self, state: tuple, found: RankFindings) -> HealthReport:
+        partial, bases, split = state
+        report = HealthReport(first_nonfinite=list(self.nonfinite))
+        report.recorded = partial.recorded or bool(report.first_nonfinite)
+        if not partial.recorded:
+            report.note = None if report.recorded else "no loss, gradient norm or fingerprint recorded (diag.record)"
+            return report
+        report.spikes = _spikes(partial.spikes)
+        report.departures = _departures(partial.values, bases, found.departing)
+        report.divergence = split.divergence(found.sides) if split is not None else None
+        report.fingerprint_steps = partial.prints.compared(split)
+        report.per_step = _per_step(partial)
+        return report
 
 
 def _nonfinite(events: pd.DataFrame) -> list[NonFinite]:
@@ -137,86 +199,430 @@ def _nonfinite(events: pd.DataFrame) -> list[NonFinite]:
     return out
 
 
-def _spikes(values: pd.DataFrame) -> list[LossSpike]:
-    """Steps where some rank's loss jumped above its own recent history."""
-    hits: dict[int, list[tuple[int, float, float]]] = {}
-    for rank, series in values.dropna(subset=["loss"]).groupby("rank"):
-        loss = series.sort_values("step").set_index("step")["loss"]
-        history = loss.shift(1).rolling(SPIKE_WINDOW_STEPS, min_periods=SPIKE_MIN_HISTORY)
-        baseline = history.median()
-        mad = (loss.shift(1) - baseline).abs().rolling(SPIKE_WINDOW_STEPS, min_periods=SPIKE_MIN_HISTORY).median()
-        spread = np.maximum(MAD_TO_SIGMA * mad, SPIKE_MIN_RELATIVE * baseline.abs())
-        spiked = loss > baseline + SPIKE_SIGMAS * spread
-        for step in loss.index[spiked.fillna(False).to_numpy()]:
-            hits.setdefault(int(step), []).append((int(rank), float(loss[step]), float(baseline[step])))
+VALUE_NAMES = ("loss", "grad_norm")
+
+
+@dataclass(frozen=True)
+class ReplicaGroups:
+    """Each rank's replica group (``manifest.replica_group``; "default" without one) as codes numbered in the
+    groups' sorted order, the order fingerprints are compared in: a small array to send to every worker."""
+
+    names: tuple[str, ...]
+    codes: np.ndarray  # by rank; ranks beyond it are in "default"
+
+    @classmethod
+    def of(cls, manifests: dict[int, Manifest]) -> ReplicaGroups:
+        named = {int(r): m.replica_group or "default" for r, m in manifests.items()}
+        names = tuple(sorted({*named.values(), "default"}))
+        codes = np.full(max(named, default=-1) + 1, names.index("default"), dtype="int32")
+        for rank, name in named.items():
+            codes[rank] = names.index(name)
+        return cls(names, codes)
+
+    def code(self, rank: int) -> int:
+        return int(self.codes[rank]) if rank < len(self.codes) else self.names.index("default")
+
+
+@dataclass
+class RankValues:
+    """One rank's recorded values by step (NaN where it recorded none), its state between the stages."""
+
+    rank: int
+    group: int  # its ReplicaGroups code
+    steps: np.ndarray
+    loss: np.ndarray
+    grad_norm: np.ndarray
+    param_fingerprint: np.ndarray
+
+    @classmethod
+    def of(cls, rank: int, rows: pd.DataFrame, groups: ReplicaGroups) -> RankValues:
+        values = {
+            name: rows[name].to_numpy(dtype="float64", na_value=np.nan) for name in (*VALUE_NAMES, "param_fingerprint")
+        }
+        return cls(rank, groups.code(rank), rows["step"].to_numpy(dtype="int64"), **values)
+
+    def series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """The steps and values of ``name`` it recorded (NaN left out)."""
+        values = getattr(self, name)
+        keep = ~np.isnan(values)
+        return self.steps[keep], values[keep]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.steps, self.loss, self.grad_norm, self.param_fingerprint))
+
+
+def rows_of(steps: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray]:
+    return steps["step"].to_numpy(dtype="int64"), steps[name].to_numpy(dtype="float64", na_value=np.nan)
+
+
+@dataclass
+class StepValues:
+    """A multiset of values by step: the distinct (step, value) pairs sorted, each with its count. Two add up by
+    adding counts, so any split of the rows into shards adds up to the same StepValues. ``bounded`` keeps a step
+    of more than EXACT_VALUES_PER_STEP values in a bounded size, to within VALUE_RESOLUTION."""
+
+    step: np.ndarray  # int64
+    value: np.ndarray  # float64, no NaN
+    count: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, rows: tuple[np.ndarray, np.ndarray], count: np.ndarray | None = None) -> StepValues:
+        step, value = rows
+        count = np.ones(len(step), dtype="int64") if count is None else count
+        keep = ~np.isnan(value)
+        step, value, count = step[keep], value[keep], count[keep]
+        order = np.lexsort((value, step))
+        step, value, count = step[order], value[order], count[order]
+        if len(step):
+            starts = np.flatnonzero(np.r_[True, (step[1:] != step[:-1]) | (value[1:] != value[:-1])])
+            step, value, count = step[starts], value[starts], np.add.reduceat(count, starts)
+        return cls(step, value, count)
+
+    def __add__(self, other: StepValues) -> StepValues:
+        return StepValues.of(
+            (np.r_[self.step, other.step], np.r_[self.value, other.value]), np.r_[self.count, other.count]
+        )
+
+    def bounded(self) -> StepValues:
+        """The steps of more than EXACT_VALUES_PER_STEP values with each value replaced by the centre of its
+        bucket (``resolved``): at most a few thousand distinct values a step, whatever the number of ranks. Which
+        steps depends only on their counts, which add up exactly, so any order of the ranks resolves the same
+        steps, and resolving twice is resolving once."""
+        over = self._over()
+        if not over.any():
+            return self
+        return StepValues.of((self.step, np.where(over, resolved(self.value), self.value)), self.count)
+
+    def alike(self, steps: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """``values`` at ``steps`` as ``bounded`` holds them here: resolved at the steps it resolves."""
+        steps_over = self.step[self._over()]
+        return np.where(np.isin(steps, steps_over), resolved(values), values)
+
+    def _over(self) -> np.ndarray:
+        """By pair: whether its step holds more than EXACT_VALUES_PER_STEP values."""
+        steps, totals = self.counts()
+        return np.isin(self.step, steps[totals > EXACT_VALUES_PER_STEP])
+
+    def at(self, keep: np.ndarray) -> StepValues:
+        """The pairs where ``keep``, still sorted."""
+        return StepValues(self.step[keep], self.value[keep], self.count[keep])
+
+    def counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The steps with values, and how many values each has."""
+        starts = self._starts()
+        return self.step[starts], np.add.reduceat(self.count, starts) if len(starts) else self.count
+
+    def _starts(self) -> np.ndarray:
+        return np.flatnonzero(np.r_[True, self.step[1:] != self.step[:-1]]) if len(self.step) else self.step
+
+    def medians(self) -> tuple[np.ndarray, np.ndarray]:
+        """The steps with values, and each step's median: its middle value, or the mean of the middle two, as
+        pandas and numpy take it."""
+        steps, totals = self.counts()
+        if not len(steps):
+            return steps, self.value
+        cumulative = np.cumsum(self.count)
+        starts = self._starts()
+        before = cumulative[starts] - self.count[starts]  # values at earlier steps
+        low = self.value[np.searchsorted(cumulative, before + (totals - 1) // 2, side="right")]
+        high = self.value[np.searchsorted(cumulative, before + totals // 2, side="right")]
+        return steps, np.where(totals % 2 == 1, low, (low + high) / 2)
+
+    @property
+    def nbytes(self) -> int:
+        return self.step.nbytes + self.value.nbytes + self.count.nbytes
+
+
+def _add_values(a: StepValues | None, b: StepValues | None) -> StepValues:
+    return b if a is None else a if b is None else (a + b).bounded()
+
+
+def resolved(values: np.ndarray) -> np.ndarray:
+    """Each finite non-zero value as the centre of its logarithmic bucket, VALUE_RESOLUTION wide: within
+    VALUE_RESOLUTION / 2 of it, relative. The centre of a bucket is in that bucket."""
+    out = values.astype("float64", copy=True)
+    finite = np.isfinite(out) & (out != 0)
+    bucket = np.floor(np.log(np.abs(out[finite])) / LOG_BUCKET)
+    out[finite] = np.copysign(np.exp((bucket + 0.5) * LOG_BUCKET), out[finite])
+    return out
+
+
+def _median(values: np.ndarray) -> float:
+    """A Series' median: NaN left out."""
+    values = values[~np.isnan(values)]
+    return float(np.median(values)) if len(values) else float("nan")
+
+
+@dataclass
+class HealthPartial:
+    """Some ranks' health: their steps, whether any value was recorded, their spikes (step, rank, loss,
+    baseline), the multisets of their values by step and their fingerprints."""
+
+    steps: np.ndarray
+    recorded: bool
+    spikes: list[tuple[int, int, float, float]]
+    values: dict[str, StepValues]
+    prints: Fingerprints
+
+    @classmethod
+    def empty(cls) -> HealthPartial:
+        return cls(np.zeros(0, dtype="int64"), False, [], {}, Fingerprints.empty())
+
+
+@dataclass
+class RankFindings:
+    """Stage 2's partial: the departing ranks (``Departing``) and each rank's side of the first split."""
+
+    departing: list[Departing]
+    sides: list[tuple[int, int]]  # (rank, its cluster in FirstSplit)
+
+
+@dataclass
+class Departing:
+    rank: int
+    value_name: str
+    score: float
+    rank_median: float
+    steps: np.ndarray  # the steps compared, and its values there: taken out of everyone's for its peers' median
+    values: np.ndarray
+
+
+def _rank_spikes(own: RankValues) -> list[tuple[int, int, float, float]]:
+    """Steps where the rank's loss jumped above its own recent history."""
+    steps, values = own.series("loss")
+    if not len(steps):
+        return []
+    loss = pd.Series(values, index=pd.Index(steps, name="step")).sort_index()
+    history = loss.shift(1).rolling(SPIKE_WINDOW_STEPS, min_periods=SPIKE_MIN_HISTORY)
+    baseline = history.median()
+    mad = (loss.shift(1) - baseline).abs().rolling(SPIKE_WINDOW_STEPS, min_periods=SPIKE_MIN_HISTORY).median()
+    spread = np.maximum(MAD_TO_SIGMA * mad, SPIKE_MIN_RELATIVE * baseline.abs())
+    spiked = loss > baseline + SPIKE_SIGMAS * spread
+    return [
+        (int(step), own.rank, float(loss[step]), float(baseline[step]))
+        for step in loss.index[spiked.fillna(False).to_numpy()]
+    ]
+
+
+def _spikes(hits: list[tuple[int, int, float, float]]) -> list[LossSpike]:
+    """One LossSpike per step, naming its worst rank's loss and baseline."""
+    by_step: dict[int, list[tuple[int, float, float]]] = {}
+    for step, rank, loss, baseline in sorted(hits, key=lambda h: (h[0], h[1])):
+        by_step.setdefault(step, []).append((rank, loss, baseline))
     spikes = []
-    for step, ranks in sorted(hits.items()):
+    for step, ranks in sorted(by_step.items()):
         worst = max(ranks, key=lambda r: r[1] - r[2])
         spikes.append(LossSpike(step, sorted(r for r, _, _ in ranks), worst[1], worst[2]))
     return spikes
 
 
-def _departures(values: pd.DataFrame, name: str) -> list[Departure]:
-    """Ranks whose value sits apart from the other ranks' at the same steps, most of the time."""
-    frame = values.dropna(subset=[name])
-    per_step = frame.groupby("step")[name]
-    ranks_per_step = per_step.transform("count")
-    frame = frame[ranks_per_step >= DEPARTURE_MIN_RANKS]
-    if frame.empty:
-        return []
-    median = frame.groupby("step")[name].transform("median")
-    mad = (frame[name] - median).abs().groupby(frame["step"]).transform("median")
-    spread = np.maximum(np.maximum(MAD_TO_SIGMA * mad, DEPARTURE_MIN_RELATIVE * median.abs()), 1e-12)
-    score = ((frame[name] - median).abs() / spread).groupby(frame["rank"]).median()
+@dataclass(frozen=True)
+class DepartureBasis:
+    """For one value, the steps where enough ranks recorded it to compare them, each step's median and robust
+    spread over the ranks: what each rank is scored against."""
+
+    steps: np.ndarray
+    median: np.ndarray
+    spread: np.ndarray
+
+    @classmethod
+    def of(cls, values: StepValues) -> DepartureBasis:
+        steps, totals = values.counts()
+        compared = steps[totals >= DEPARTURE_MIN_RANKS]
+        kept = values.at(np.isin(values.step, compared))
+        _, median = kept.medians()
+        centre = median[np.searchsorted(compared, kept.step)]
+        with np.errstate(invalid="ignore"):  # an infinite loss at an infinite median: NaN, left out as pandas does
+            deviations = StepValues.of((kept.step, np.abs(kept.value - centre)), kept.count)
+        mad = np.full(len(compared), np.nan)
+        with_mad, mads = deviations.medians()
+        mad[np.searchsorted(compared, with_mad)] = mads
+        spread = np.maximum(np.maximum(MAD_TO_SIGMA * mad, DEPARTURE_MIN_RELATIVE * np.abs(median)), 1e-12)
+        return cls(compared, median, spread)
+
+    def departure(self, own: RankValues, name: str) -> Departing | None:
+        """The rank, when its median score over the compared steps is above DEPARTURE_SCORE."""
+        steps, values = own.series(name)
+        keep = np.isin(steps, self.steps)
+        at = np.searchsorted(self.steps, steps[keep])
+        with np.errstate(invalid="ignore"):
+            score = _median(np.abs(values[keep] - self.median[at]) / self.spread[at])
+        if not score > DEPARTURE_SCORE:
+            return None
+        return Departing(own.rank, name, score, _median(values[keep]), steps[keep], values[keep])
+
+
+def _departures(
+    values_of: dict[str, StepValues], bases: dict[str, DepartureBasis], departing: list[Departing]
+) -> list[Departure]:
+    """The departing ranks, loss before gradient norm, each by descending score (ties by rank), with the median
+    of every other rank's values at the steps compared."""
     out = []
-    for rank in score.index[score > DEPARTURE_SCORE]:
-        own = frame[frame["rank"] == rank]
-        out.append(
-            Departure(
-                rank=int(rank),
-                value_name=name,
-                rank_median=float(own[name].median()),
-                peers_median=float(frame[frame["rank"] != rank][name].median()),
-                score=float(score[rank]),
-            )
+    for name, basis in bases.items():
+        values = values_of[name]
+        everyone = values.at(np.isin(values.step, basis.steps))
+        named = sorted((d for d in departing if d.value_name == name), key=lambda d: d.rank)
+        found = [Departure(d.rank, name, d.rank_median, _peers_median(everyone, d), d.score) for d in named]
+        out += sorted(found, key=lambda d: -d.score)
+    return out
+
+
+def _peers_median(everyone: StepValues, own: Departing) -> float:
+    """The median of every value but the rank's own (each of which is among them), whatever their steps."""
+    pooled = StepValues.of((np.zeros(len(everyone.value), dtype="int64"), everyone.value), everyone.count)
+    mine_values = everyone.alike(own.steps, own.values)
+    mine = StepValues.of((np.zeros(len(mine_values), dtype="int64"), mine_values))
+    count = pooled.count.copy()
+    count[np.searchsorted(pooled.value, mine.value)] -= mine.count
+    others = pooled.at(count > 0)
+    others.count = count[count > 0]
+    return float(others.medians()[1][0]) if len(others.step) else float("nan")
+
+
+@dataclass
+class Fingerprints:
+    """The distinct fingerprints at each (step, replica group), with how many ranks held each and the lowest of
+    them (the order ranks are clustered in), sorted by step, group and value. Two add up as StepValues do."""
+
+    step: np.ndarray
+    group: np.ndarray
+    value: np.ndarray
+    count: np.ndarray
+    first_rank: np.ndarray
+
+    @classmethod
+    def empty(cls) -> Fingerprints:
+        return cls(*(np.zeros(0, dtype=t) for t in ("int64", "int32", "float64", "int64", "int64")))
+
+    @classmethod
+    def of(cls, ranks) -> Fingerprints:
+        parts = [(own.series("param_fingerprint"), own.group, own.rank) for own in ranks]
+        step = np.concatenate([s for (s, _), _, _ in parts] or [np.zeros(0, dtype="int64")])
+        value = np.concatenate([v for (_, v), _, _ in parts] or [np.zeros(0)])
+        group = np.concatenate([np.full(len(s), g, dtype="int32") for (s, _), g, _ in parts] or [np.zeros(0, "int32")])
+        rank = np.concatenate([np.full(len(s), r, dtype="int64") for (s, _), _, r in parts] or [np.zeros(0, "int64")])
+        return cls._distinct(step, group, value, np.ones(len(step), dtype="int64"), rank)
+
+    @classmethod
+    def _distinct(cls, step, group, value, count, first_rank) -> Fingerprints:
+        order = np.lexsort((value, group, step))
+        step, group, value, count, first_rank = (a[order] for a in (step, group, value, count, first_rank))
+        if len(step):
+            new = (step[1:] != step[:-1]) | (group[1:] != group[:-1]) | (value[1:] != value[:-1])
+            starts = np.flatnonzero(np.r_[True, new])
+            count, first_rank = np.add.reduceat(count, starts), np.minimum.reduceat(first_rank, starts)
+            step, group, value = step[starts], group[starts], value[starts]
+        return cls(step, group, value, count, first_rank)
+
+    def __add__(self, other: Fingerprints) -> Fingerprints:
+        return Fingerprints._distinct(
+            *(np.r_[getattr(self, f), getattr(other, f)] for f in ("step", "group", "value", "count", "first_rank"))
         )
-    return sorted(out, key=lambda d: -d.score)
+
+    def _cells(self) -> tuple[np.ndarray, np.ndarray]:
+        """Where each (step, group) starts, and how many ranks it holds."""
+        if not len(self.step):
+            return np.zeros(0, dtype="int64"), np.zeros(0, dtype="int64")
+        starts = np.flatnonzero(np.r_[True, (self.step[1:] != self.step[:-1]) | (self.group[1:] != self.group[:-1])])
+        return starts, np.add.reduceat(self.count, starts)
+
+    def first_split(self, groups: ReplicaGroups) -> FirstSplit | None:
+        """The first (step, group) of at least two ranks whose fingerprints fall in more than one cluster."""
+        starts, members = self._cells()
+        ends = np.r_[starts[1:], len(self.step)]
+        for cell in np.flatnonzero((members >= 2) & (ends - starts > 1)):  # one distinct value: one cluster
+            rows = slice(starts[cell], ends[cell])
+            by_rank = np.argsort(self.first_rank[rows], kind="stable")
+            values, counts = self.value[rows][by_rank], self.count[rows][by_rank]
+            cluster = _cluster_of(values)
+            if cluster.max() > 0:
+                sizes = np.bincount(cluster, weights=counts).astype("int64")
+                return FirstSplit(
+                    int(self.step[starts[cell]]),
+                    int(self.group[starts[cell]]),
+                    groups.names[int(self.group[starts[cell]])],
+                    values,
+                    cluster,
+                    sizes,
+                    int(cell),
+                )
+        return None
+
+    def compared(self, split: FirstSplit | None) -> int:
+        """(step, group) cells of at least two ranks compared: up to the first split, or all of them."""
+        _, members = self._cells()
+        compared = members >= 2
+        return int(compared[: split.cell + 1].sum() if split is not None else compared.sum())
 
 
-def _divergence(values: pd.DataFrame, manifests: dict[int, Manifest]) -> tuple[Divergence | None, int]:
-    """The first step at which one replica group's fingerprints disagree, and how many steps were compared."""
-    prints = values.dropna(subset=["param_fingerprint"])
-    if prints.empty:
-        return None, 0
-    group_of = {r: (m.replica_group or "default") for r, m in manifests.items()}
-    prints = prints.assign(group=prints["rank"].map(lambda r: group_of.get(int(r), "default")))
-    compared = 0
-    for step, at_step in prints.sort_values("step").groupby("step", sort=True):
-        for group, members in at_step.groupby("group"):
-            if len(members) < 2:
-                continue
-            compared += 1
-            clusters = _clusters(dict(zip(members["rank"].astype(int), members["param_fingerprint"], strict=True)))
-            if len(clusters) > 1:
-                largest = max(len(c) for c in clusters)
-                majorities = [c for c in clusters if len(c) == largest]
-                majority = majorities[0] if len(majorities) == 1 else []
-                outside = sorted(r for c in clusters if c is not majority for r in c)
-                return Divergence(int(step), str(group), outside, sorted(majority)), compared
-    return None, compared
-
-
-def _clusters(fingerprints: dict[int, float]) -> list[list[int]]:
-    """Ranks grouped by equal fingerprints (to FINGERPRINT_RELATIVE), largest first."""
-    clusters: list[tuple[float, list[int]]] = []
-    for rank, value in sorted(fingerprints.items()):
-        for centre, ranks in clusters:
+def _cluster_of(values: np.ndarray) -> np.ndarray:
+    """Each value's cluster, values taken in order: the first cluster whose first value is within
+    FINGERPRINT_RELATIVE of it, else a new one."""
+    centres: list[float] = []
+    out = np.zeros(len(values), dtype="int64")
+    for i, value in enumerate(values):
+        for c, centre in enumerate(centres):
             if abs(value - centre) <= FINGERPRINT_RELATIVE * max(abs(centre), abs(value), 1.0):
-                ranks.append(rank)
+                out[i] = c
                 break
         else:
-            clusters.append((value, [rank]))
-    return sorted((ranks for _, ranks in clusters), key=len, reverse=True)
+            out[i] = len(centres)
+            centres.append(value)
+    return out
+
+
+@dataclass(frozen=True)
+class FirstSplit:
+    """The first step and replica group whose fingerprints disagree: its distinct values, each one's cluster, and
+    the clusters' sizes in ranks."""
+
+    step: int
+    group: int
+    group_name: str
+    values: np.ndarray
+    cluster: np.ndarray
+    sizes: np.ndarray
+    cell: int  # its index among the (step, group) cells
+
+    def side_of(self, own: RankValues) -> int | None:
+        """The rank's cluster, when it is in this group and recorded a fingerprint at this step (its last)."""
+        if own.group != self.group:
+            return None
+        steps, values = own.series("param_fingerprint")
+        mine = values[steps == self.step]
+        if not len(mine):
+            return None
+        return int(self.cluster[np.flatnonzero(self.values == mine[-1])[0]])
+
+    def divergence(self, sides: list[tuple[int, int]]) -> Divergence:
+        """The ranks outside the largest cluster (every rank, when two are largest), and the majority."""
+        by_cluster = [sorted(r for r, c in sides if c == cluster) for cluster in range(len(self.sizes))]
+        largest = self.sizes.max()
+        majority = by_cluster[int(np.argmax(self.sizes))] if (self.sizes == largest).sum() == 1 else []
+        majority_cluster = int(np.argmax(self.sizes)) if majority else -1
+        outside = sorted(r for c, ranks in enumerate(by_cluster) if c != majority_cluster for r in ranks)
+        return Divergence(self.step, self.group_name, outside, majority)
+
+
+def _per_step(partial: HealthPartial) -> list[dict]:
+    """Every step of the steps table, with the median over the ranks of each value (None where none)."""
+    medians = {}
+    for name in VALUE_NAMES:
+        steps, median = partial.values[name].medians() if name in partial.values else (np.zeros(0, "int64"), None)
+        medians[name] = dict(zip(steps.tolist(), median.tolist())) if median is not None else {}
+    return [
+        {
+            "step": int(s),
+            "loss_median": _or_none(medians["loss"].get(s)),
+            "grad_norm_median": _or_none(medians["grad_norm"].get(s)),
+        }
+        for s in partial.steps.tolist()
+    ]
+
+
+def _or_none(value) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
 
 
 # -- findings --------------------------------------------------------------------------------------------------

@@ -28,14 +28,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from diag.analysis.columns import analysed_columns
+from diag.analysis.columns import loaded_columns
 from diag.analysis.comms import OpGroup, ReducedWaits, ValueCounts, canonical_op, size_bucket
 from diag.analysis.engine import (
     SIDE_FILES,
+    Plan,
     RankSource,
     rank_sources,
     release_arrow_memory,
-    run,
     run_two_stage,
 )
 from diag.analysis.window import StepWindow, in_window, in_window_array
@@ -927,8 +927,8 @@ RANK_TABLES = ("memory", "telemetry")  # per-step tables whose analyses are per 
 
 
 def rank_tables_runner(trace: Trace, workers: int | Workers = 1, client=None, progress: bool = False):
-    """``(analyses, window) -> results`` for ``analyze(..., run_ranks=)``: the memory and telemetry analyses run
-    over the ranks' files by the engine (``workers`` processes or pool here, or the Dask ``client``'s workers), so this
+    """``(analyses, window) -> results`` for ``analyze(..., run_ranks=)``: the memory, telemetry and health
+    analyses run over the ranks' files by the engine (``workers`` processes or pool here, or the Dask ``client``'s workers), so this
     process holds report rows, not the tables; what the reads skipped is added to ``trace.skipped`` as the
     loader would have, and the ranks' device totals become ``trace.telemetry`` (what memory_plan reads of it)."""
     from diag.analysis.memory import DeviceTotals
@@ -936,9 +936,11 @@ def rank_tables_runner(trace: Trace, workers: int | Workers = 1, client=None, pr
 
     def run_ranks(analyses, window: StepWindow) -> list:
         sources = rank_sources(trace, telemetry_bounds_in_window(trace.steps, window))
-        bar = _bar(len(sources), "memory and telemetry by rank") if progress else None
+        plan = Plan((*analyses, DeviceTotals()), reported=("steps",))  # the load has said what it skipped of those
+        stages = 2 if plan.second is not None else 1
+        bar = _bar(len(sources) * stages, "memory, telemetry and health by rank") if progress else None
         try:
-            results, notes = run([*analyses, DeviceTotals()], sources, workers, client, bar and bar.update)
+            results, notes = run_two_stage(plan, sources, workers, client, bar and bar.update)
         finally:
             if bar is not None:
                 bar.close()
@@ -965,10 +967,11 @@ def _account_rank_tables(trace: Trace, notes: ReadNotes, device_totals: dict[int
 # -- the trace without its collectives ---------------------------------------------------------------------------
 
 
-# The columns of the per-step tables that ``analyze`` reads, as its analyses declare them (analysis/columns.py).
-# The others (the step's forward/backward split, PCIe throughput, ...) are for the views and diag compare, which
-# ask for the whole tables (``analyzed_columns_only=False``).
-ANALYSED_COLUMNS = analysed_columns()
+# The columns of the per-step tables that ``analyze`` reads from the loaded tables, as its analyses declare them
+# (analysis/columns.py). The others (the step's forward/backward split, PCIe throughput, ...) are for the views
+# and diag compare, which ask for the whole tables (``analyzed_columns_only=False``), or read rank by rank (the
+# loss and gradient norms health reads).
+ANALYSED_COLUMNS = loaded_columns()
 INT32_SAFE_MAX = 2**30  # int64 columns below this are kept as int32: the sum of two (iteration = data wait + step) fits
 
 

@@ -34,7 +34,7 @@ from diag.analysis.findings import Finding, FindingContext, rank_findings
 from diag.analysis.gpu_time import SECTION as GPU_TIME
 from diag.analysis.gpu_time import GpuTimeReport, analyze_gpu_time
 from diag.analysis.health import SECTION as HEALTH
-from diag.analysis.health import HealthReport, analyze_health
+from diag.analysis.health import HealthAnalysis, HealthReport
 from diag.analysis.links import SECTION as LINKS
 from diag.analysis.links import LinkReport, analyze_links
 from diag.analysis.memory import SECTION as MEMORY
@@ -174,8 +174,9 @@ def analyze(
     """``reduce_collectives``: ``window -> ReducedWaits | None``, the collectives' waits reduced partition by
     partition (diag.analysis.partitioned) when ``trace.collectives`` was not loaded; None: by the same two
     stages over the loaded table.
-    ``run_ranks``: ``(analyses, window) -> their results``, the engine's analyses (memory, telemetry) run over
-    the ranks' files when the trace's memory and telemetry were not loaded; None: over the loaded tables."""
+    ``run_ranks``: ``(analyses, window) -> their results``, the engine's analyses (telemetry, memory, health) run
+    over the ranks' files when the trace's memory and telemetry were not loaded (nor the steps' loss, gradient
+    norm and fingerprint); None: over the loaded tables."""
     step_range = parse_step_range(steps) if isinstance(steps, str) else steps
     failures = find_failures(trace.events, trace.heartbeats, trace.manifests, trace.clock_offsets_us())
     if failures.step_errors or failures.crashed:  # name the rank diag triage names, not the first to raise
@@ -190,13 +191,13 @@ def analyze(
     waits = reduce_collectives(window) if reduce_collectives is not None else _loaded_waits(trace, window)
     times = rank_step_times(steps_w, waits.per_rank_step if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
-    per_rank = (TelemetryAnalysis(hosts), MemoryAnalysis(window))
+    per_rank = (TelemetryAnalysis(hosts), MemoryAnalysis(window), HealthAnalysis.of(trace.events, trace.manifests))
     if run_ranks is not None:
-        telemetry, memory = run_ranks(per_rank, window)
+        telemetry, memory, health = run_ranks(per_rank, window)
     else:
         bounds = telemetry_bounds(steps_w) if len(steps_w) else None
-        loaded = Shard({"memory": trace.memory, "telemetry": trace.telemetry}, window_us_of(bounds))
-        telemetry, memory = run_loaded(per_rank, loaded)
+        tables = {"memory": trace.memory, "telemetry": trace.telemetry, "steps": trace.steps}
+        telemetry, memory, health = run_loaded(per_rank, Shard(tables, window_us_of(bounds)))
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus if g.throttled}
     last_arrival = {r.rank: r.last_arrival_fraction for r in comms.per_rank} if waits is not None else {}
     memory.ooms = explain_ooms(trace.events, memory, trace.manifests, trace.world_size)
@@ -225,7 +226,7 @@ def analyze(
         "bubble": bubble,
         "pipeline_timeline": gantt_rows(trace).to_dict("records") if bubble is not None else [],
         "gpu_time": analyze_gpu_time(trace.gpu_kernels, window.step_indices),
-        "health": analyze_health(trace.steps, trace.events, trace.manifests),
+        "health": health,
     }
     ctx = FindingContext(mfu.step_time_median_s, window.steps_analysed, times, stragglers)
     found = [f for section in SECTIONS for f in section.findings_of(results[section.name], ctx)]

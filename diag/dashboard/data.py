@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from diag.analysis.columns import analysed_columns
 from diag.analysis.engine import BATCH_RANKS, rank_sources, read_shard
 from diag.analysis.partitioned import (
     ANALYSED_COLUMNS,
@@ -661,7 +662,9 @@ def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _batch_views(tasks: list, offsets: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
     from diag.analysis.telemetry import throttled_samples
 
-    shard, _ = read_shard(tasks, RANK_TABLES)  # what it skipped, the report's load already said
+    shard, _ = read_shard(
+        tasks, {name: analysed_columns()[name] for name in RANK_TABLES}
+    )  # what it skipped, the report's load already said
     mem, tel = shard.table("memory"), shard.table("telemetry")
     memory = pd.DataFrame({"rank": mem["rank"].to_numpy(dtype="int32"), "step": mem["step"].to_numpy(dtype="int32")})
     for column in MEMORY_VIEW_COLUMNS:

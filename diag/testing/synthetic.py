@@ -46,6 +46,9 @@ BUCKET_BYTES = 25 * 2**20  # DDP's default bucket
 TELEMETRY_EVERY_STEPS = 4
 FLOPS_PER_STEP = 4.0e13
 TOKENS_PER_STEP = 16_384
+FINGERPRINT_EVERY = 5
+LOSS_SPIKE_FACTOR = 3.0
+GRAD_DEPARTS_FACTOR = 1.5
 START_US = 1_795_000_000_000_000
 
 
@@ -63,6 +66,10 @@ class Plants:
     leak_bytes_per_step: int = 8 * 2**20
     spike_us: int = 500_000
     hang_stuck: int | None = None  # --hang: the rank stuck in its data loader while the others wait for it
+    health: bool = False  # each step's loss, gradient norm and (every FINGERPRINT_EVERY steps) fingerprint
+    loss_spike: tuple[int, int] | None = None  # (rank, step): its loss x LOSS_SPIKE_FACTOR there
+    grad_departs: int | None = None  # its gradient norm x GRAD_DEPARTS_FACTOR at every step
+    diverged: tuple[int, int] | None = None  # (rank, step): its parameters differ from that step on
 
     @classmethod
     def for_world(cls, ranks: int, steps: int) -> Plants:
@@ -70,6 +77,18 @@ class Plants:
             return cls()
         spikes = [int(s) for s in np.linspace(steps * 0.3, steps * 0.9, 5)]
         return cls(ranks * 3 // 8, ranks * 5 // 8 + 1, ranks - 2, ranks // 8 + 1, ranks // 4 + 3, spikes)
+
+    @classmethod
+    def with_health(cls, ranks: int, steps: int) -> Plants:
+        """``for_world``'s plants, and the training values recorded with a loss spike, a rank whose gradient norm
+        departs from its peers' and a replica that diverges (on other ranks than the timing plants, from 5)."""
+        plants = cls.for_world(ranks, steps)
+        plants.health = True
+        if ranks >= 5:
+            plants.loss_spike = (ranks - 1, steps * 2 // 3)
+            plants.grad_departs = ranks // 2
+            plants.diverged = (1, steps * 3 // 4)
+        return plants
 
 
 def generate(
@@ -280,6 +299,7 @@ def _write_rank(
             "device_us": np.full(steps, np.nan),
             "samples": np.full(steps, 8),
             "tokens": np.full(steps, TOKENS_PER_STEP),
+            **(_health_values(rank, step, plants) if plants.health else {}),
         },
     )
     coll_start = start[:, None] + forward[:, None] + np.cumsum(coll_dur, axis=1) - coll_dur
@@ -353,6 +373,22 @@ def _write_rank(
     }
     (rank_dir / MANIFEST_FILE).write_text(json.dumps(manifest))
     return last
+
+
+def _health_values(rank: int, step: np.ndarray, plants: Plants) -> dict[str, np.ndarray]:
+    """A loss falling with noise of its rank's own (a generator per rank: the timings' draws stay those of a run
+    without), a gradient norm every rank shares (after the all-reduce) and the replicas' fingerprints."""
+    decay = np.exp(-step / max(len(step), 1))
+    loss = 1.0 + 2.0 * decay + 0.02 * np.random.default_rng(10_007 + rank).standard_normal(len(step))
+    grad_norm = 1.0 + 0.5 * decay
+    fingerprint = np.where(step % FINGERPRINT_EVERY == 0, 1234.5 + 1e-3 * step, np.nan)
+    if plants.loss_spike is not None and plants.loss_spike[0] == rank:
+        loss = np.where(step == plants.loss_spike[1], loss * LOSS_SPIKE_FACTOR, loss)
+    if plants.grad_departs == rank:
+        grad_norm = grad_norm * GRAD_DEPARTS_FACTOR
+    if plants.diverged is not None and plants.diverged[0] == rank:
+        fingerprint = np.where(step >= plants.diverged[1], fingerprint + 1e-3, fingerprint)
+    return {"loss": loss, "grad_norm": grad_norm, "param_fingerprint": fingerprint}
 
 
 def _write_telemetry(rank_dir: Path, trace_format: int, rank: int, plants: Plants, rng, times_us: np.ndarray) -> None:
@@ -440,12 +476,19 @@ def main() -> None:
         action="store_true",
         help="with --hang: heartbeats without their groups' last collectives, as capture wrote them before",
     )
+    parser.add_argument(
+        "--health",
+        action="store_true",
+        help="record each step's loss and gradient norm and the replicas' fingerprints, with a loss spike, a "
+        "departing gradient norm and a diverged replica planted",
+    )
     args = parser.parse_args()
     plants = generate(
         args.out,
         args.ranks,
         args.steps,
         args.collectives_per_step,
+        Plants.with_health(args.ranks, args.steps) if args.health else None,
         seed=args.seed,
         trace_format=args.format,
         hang=args.hang,

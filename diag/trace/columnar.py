@@ -323,6 +323,15 @@ class _StreamState:
     rows: int = 0  # rows read from it
 
 
+NULLABLE_DTYPES = ("Int64", "Float64", "category")  # a column of these that a segment lacks reads as nulls
+
+
+def required_columns(table: Table) -> tuple[str, ...]:
+    """The columns every segment of ``table`` holds: reading only some columns (``TableSegments.columns``) must
+    read these."""
+    return tuple(c.name for c in table.columns if c.dtype not in NULLABLE_DTYPES)
+
+
 @dataclass
 class TableSegments:
     """What has been read of one table's segments in one rank directory."""
@@ -531,7 +540,7 @@ class TableSegments:
             names = [n for n in (column.name, column.former_name) if n and n in present]
             wanted = ARROW_TYPES[column.dtype]
             if not names:
-                if column.dtype not in ("Int64", "Float64", "category"):
+                if column.dtype not in NULLABLE_DTYPES:
                     notes.append(Note(str(path), f"column {column.name!r} missing"))
                     return None
                 arrays.append(pa.nulls(arrow.num_rows, wanted))

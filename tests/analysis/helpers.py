@@ -105,8 +105,10 @@ def steps_row(*values) -> str:
 
 def engine_read_equals_loaded(tmp_path, monkeypatch, batch_ranks: int, workers: int) -> None:
     """The engine's runner over a small trace's files (``batch_ranks`` a batch, in ``workers`` processes) gives
-    the result of the loaded tables: memory and telemetry alike, and every row read."""
+    the result of the loaded tables: memory, telemetry and health (both its stages) alike, and every row read
+    but those of the steps, which the load had read (and said what it skipped of)."""
     from diag.analysis import engine
+    from diag.analysis.health import HealthAnalysis
     from diag.analysis.memory import DeviceTotals, MemoryAnalysis
     from diag.analysis.report import telemetry_bounds
     from diag.analysis.section import json_safe
@@ -114,13 +116,16 @@ def engine_read_equals_loaded(tmp_path, monkeypatch, batch_ranks: int, workers: 
     from diag.analysis.window import choose_window, select
     from tests.analysis.golden import differences
 
-    synthetic.generate(tmp_path, 6, 20, 2, trace_format=2)
+    synthetic.generate(tmp_path, 6, 20, 2, synthetic.Plants.with_health(6, 20), trace_format=2)
     trace = load(tmp_path)
     window = choose_window(trace.steps, None, set())
     bounds = telemetry_bounds(select(trace.steps, window))
-    analyses = (TelemetryAnalysis({}), MemoryAnalysis(window), DeviceTotals())
+    health = HealthAnalysis.of(trace.events, trace.manifests)
+    analyses = (TelemetryAnalysis({}), MemoryAnalysis(window), DeviceTotals(), health)
     monkeypatch.setattr(engine, "BATCH_RANKS", batch_ranks)
-    read, notes = engine.run(analyses, engine.rank_sources(trace, bounds), workers=workers)
-    loaded = engine.run_loaded(analyses, engine.Shard({"memory": trace.memory, "telemetry": trace.telemetry}, bounds))
+    read, notes = engine.run(analyses, engine.rank_sources(trace, bounds), workers=workers, reported=("steps",))
+    tables = {"memory": trace.memory, "telemetry": trace.telemetry, "steps": trace.steps}
+    loaded = engine.run_loaded(analyses, engine.Shard(tables, bounds))
+    assert read[3].departures and read[3].divergence is not None  # the second stage found what was planted
     assert differences(json_safe(loaded), json_safe(read)) == []
     assert notes.skipped == [] and notes.rows_read == len(trace.memory) + len(trace.telemetry)

@@ -44,7 +44,8 @@ def partitioned(path: Path, **options) -> dict:
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     path = tmp_path_factory.mktemp("partitioned")
-    plants = make_trace(path, ranks=SYNTHETIC_RANKS, steps=SYNTHETIC_STEPS)
+    plants = synthetic.Plants.with_health(SYNTHETIC_RANKS, SYNTHETIC_STEPS)
+    make_trace(path, ranks=SYNTHETIC_RANKS, steps=SYNTHETIC_STEPS, plants=plants)
     return path, plants
 
 
@@ -60,6 +61,10 @@ def test_synthetic_run_with_planted_stragglers_same_report(planted):
         plants.throttled: "throttle",
     }
     assert new["comms"]["collectives"] and new["comms"]["per_rank"]  # the reduced sections are not empty
+    health = new["health"]  # read rank by rank, in two stages
+    assert [(d["rank"], d["value_name"]) for d in health["departures"]] == [(plants.grad_departs, "grad_norm")]
+    assert health["divergence"]["ranks"] == [plants.diverged[0]]
+    assert [s["ranks"] for s in health["spikes"]] == [[plants.loss_spike[0]]]
 
 
 @pytest.mark.slow

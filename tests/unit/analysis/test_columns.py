@@ -50,7 +50,22 @@ def test_every_column_an_analysis_names_is_declared_in_its_reads():
 def test_the_loader_keeps_what_the_analyses_declare_in_the_tables_order():
     for table, kept in ANALYSED_COLUMNS.items():
         for module in columns.ANALYSES:
-            assert set(module.READS.get(table, ())) <= set(kept), (module.__name__, table)
+            if module not in columns.READ_BY_RANK:
+                assert set(module.READS.get(table, ())) <= set(kept), (module.__name__, table)
         assert list(kept) == [c for c in TABLES[table].column_names if c in kept]
     assert "optimizer_us" in ANALYSED_COLUMNS["steps"]  # the pipeline's stage work adds each stage's optimizer step
     assert "forward_us" not in ANALYSED_COLUMNS["steps"]  # for the views only: not held above a few dozen ranks
+    assert "loss" not in ANALYSED_COLUMNS["steps"]  # health reads it rank by rank: never held whole there
+
+
+def test_the_engine_reads_what_its_analyses_declare():
+    """An analysis the engine runs over the ranks' files reads the columns it declares, and those every segment
+    holds (a narrower read of a Parquet segment is refused)."""
+    from diag.analysis.engine import Plan
+    from diag.analysis.health import HealthAnalysis
+    from diag.trace.columnar import required_columns
+
+    read = Plan((HealthAnalysis((), None),)).columns()
+    assert set(read) == {"steps"}
+    assert {"loss", "grad_norm", "param_fingerprint", *required_columns(TABLES["steps"])} <= set(read["steps"])
+    assert "tokens" not in read["steps"]

@@ -1,5 +1,6 @@
 """The analysis engine (diag.analysis.engine): any batching and any order of the ranks combine to the result of
-all of them mapped at once, and the runner's reads of the ranks' files give the loaded trace's result.
+all of them mapped at once, through both stages of a staged analysis (health), and the runner's reads of the
+ranks' files give the loaded trace's result.
 
 Floats are compared to 1e-9 relative (tests/analysis/golden.differences): pandas averages a lone rank's
 readings with another summation than a group of ranks', which differs in the last digit."""
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diag.analysis import engine
+from diag.analysis.health import HealthAnalysis
 from diag.analysis.memory import DeviceTotals, MemoryAnalysis
 from diag.analysis.report import telemetry_bounds
 from diag.analysis.section import json_safe
@@ -27,22 +29,31 @@ CPU_RANKS = (5, 6)  # ranks without allocator readings: a shard of only them fol
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    """A small run with a planted leak and throttled GPU, two of its ranks without CUDA allocator readings."""
+    """A small run with a planted leak and throttled GPU, two of its ranks without CUDA allocator readings, and
+    its loss, gradient norms and fingerprints with a spike, a departing rank and a diverged replica."""
     path = tmp_path_factory.mktemp("engine")
-    synthetic.generate(path, RANKS, 30, 2, trace_format=2)
+    synthetic.generate(path, RANKS, 30, 2, synthetic.Plants.with_health(RANKS, 30), trace_format=2)
     trace = load(path)
     cpu = trace.memory["rank"].isin(CPU_RANKS)
     trace.memory.loc[cpu, "allocated_bytes"] = None
     window = choose_window(trace.steps, None, set())
     bounds = telemetry_bounds(select(trace.steps, window))
-    analyses = (TelemetryAnalysis({r: f"host{r // 4}" for r in range(RANKS)}), MemoryAnalysis(window), DeviceTotals())
-    return path, trace, window, bounds, analyses, _whole(trace, bounds, analyses)
+    analyses = (
+        TelemetryAnalysis({r: f"host{r // 4}" for r in range(RANKS)}),
+        MemoryAnalysis(window),
+        DeviceTotals(),
+        HealthAnalysis.of(trace.events, trace.manifests),
+    )
+    whole = _whole(trace, bounds, analyses)
+    health = whole[3]
+    assert health["spikes"] and health["departures"] and health["divergence"]  # every stage-2 path is taken
+    return path, trace, window, bounds, analyses, whole
 
 
 def _shard(trace, bounds, ranks) -> engine.Shard:
     tables = {
         name: frame[frame["rank"].isin(ranks)]
-        for name, frame in (("memory", trace.memory), ("telemetry", trace.telemetry))
+        for name, frame in (("memory", trace.memory), ("telemetry", trace.telemetry), ("steps", trace.steps))
     }
     return engine.Shard(tables, engine.window_us_of(bounds[bounds.index.isin(ranks)]))
 
@@ -53,25 +64,63 @@ def _whole(trace, bounds, analyses) -> list:
 
 @st.composite
 def batchings(draw):
-    """The ranks in any order, cut into batches anywhere, and the batches' partials combined in any tree."""
+    """The ranks in any order, cut into batches anywhere, and the batches' partials combined in any tree; for
+    stage 2, the ranks in another order and its partials combined in another tree."""
     order = draw(st.permutations(list(range(RANKS))))
     cuts = sorted(draw(st.sets(st.integers(1, RANKS - 1), max_size=RANKS - 1)))
     batches = [order[a:b] for a, b in zip([0, *cuts], [*cuts, RANKS])]
-    merges = draw(st.lists(st.integers(0, RANKS), min_size=len(batches), max_size=len(batches)))
-    return batches, merges
+    merges = draw(st.lists(st.integers(0, RANKS), min_size=RANKS, max_size=RANKS))
+    second_order = draw(st.permutations(list(range(RANKS))))
+    return batches, merges, second_order
+
+
+def _any_tree(partials: list, merges: list[int], combine):
+    """The partials combined two neighbours at a time, chosen by the draw: every tree shape is reachable."""
+    while len(partials) > 1:
+        i = merges[len(partials) - 1] % (len(partials) - 1)
+        partials[i : i + 2] = [combine(partials[i], partials[i + 1])]
+    return partials[0]
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batchings())
 def test_any_batching_and_order_of_ranks_combine_to_the_same_result(loaded, batching):
     _, trace, _, bounds, analyses, whole = loaded
-    batches, merges = batching
+    batches, merges, second_order = batching
     plan = engine.Plan(analyses)
-    partials = [plan.map(_shard(trace, bounds, batch)) for batch in batches]
-    while len(partials) > 1:  # combine two neighbours chosen by the draw: every tree shape is reachable
-        i = merges[len(partials) - 1] % (len(partials) - 1)
-        partials[i : i + 2] = [plan.combine(partials[i], partials[i + 1])]
-    assert differences(whole, json_safe(plan.finish(partials[0]))) == []
+    kept, partials = {}, []
+    for batch in batches:
+        batch_kept, partial = plan.map(_shard(trace, bounds, batch))
+        kept.update(batch_kept)
+        partials.append((partial, engine.ReadNotes()))
+    state, broadcasts = plan.between(_any_tree(partials, merges, plan.combine))
+    seconds = [plan.second(kept[rank], broadcasts) for rank in second_order if rank in kept]
+    results, _ = plan.finish(state, _any_tree(seconds, merges[::-1], plan.combine2))
+    assert differences(whole, json_safe(results)) == []
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batchings())
+def test_steps_held_to_a_resolution_combine_alike_in_any_batching(loaded, monkeypatch, batching):
+    """Above EXACT_VALUES_PER_STEP ranks a step's values are held to a resolution: which steps, and how, does not
+    depend on how the ranks were batched (here above 3 ranks: every step)."""
+    from diag.analysis import health
+
+    _, trace, _, bounds, analyses, _ = loaded
+    monkeypatch.setattr(health, "EXACT_VALUES_PER_STEP", 3)
+    whole = _whole(trace, bounds, analyses)
+    assert whole[3]["departures"] and whole[3]["divergence"]
+    batches, merges, second_order = batching
+    plan = engine.Plan(analyses)
+    kept, partials = {}, []
+    for batch in batches:
+        batch_kept, partial = plan.map(_shard(trace, bounds, batch))
+        kept.update(batch_kept)
+        partials.append((partial, engine.ReadNotes()))
+    state, broadcasts = plan.between(_any_tree(partials, merges, plan.combine))
+    seconds = [plan.second(kept[rank], broadcasts) for rank in second_order if rank in kept]
+    results, _ = plan.finish(state, _any_tree(seconds, merges[::-1], plan.combine2))
+    assert differences(whole, json_safe(results)) == []
 
 
 def test_a_shard_of_ranks_without_allocator_readings_takes_the_runs_metric(loaded):

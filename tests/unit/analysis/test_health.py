@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diag.analysis.health import _clusters, analyze_health
+from diag.analysis.health import _cluster_of, analyze_health
 from diag.trace.manifest import Manifest
 
 WORLD, STEPS, PLANT_RANK, PLANT_STEP = 3, 30, 1, 17
@@ -44,4 +44,35 @@ def test_fingerprints_are_compared_within_each_replica_group_only():
     manifests = {r: Manifest(r, replica_group=g) for r, g in groups.items()}
     report = analyze_health(frame, pd.DataFrame(), manifests)
     assert report.divergence is None and report.fingerprint_steps == 10
-    assert _clusters({0: 1.0, 1: 1.0 + 1e-12, 2: 1.5}) == [[0, 1], [2]]
+    assert _cluster_of(np.array([1.0, 1.0 + 1e-12, 1.5])).tolist() == [0, 0, 1]
+
+
+def test_a_value_held_to_the_resolution_is_within_it_and_stays_put():
+    from diag.analysis.health import VALUE_RESOLUTION, resolved
+
+    values = np.r_[np.random.default_rng(0).lognormal(0, 3, 10_000), -2.5, 0.0, np.inf, -np.inf]
+    once = resolved(values)
+    finite = np.isfinite(values) & (values != 0)
+    assert np.all(np.abs(once[finite] / values[finite] - 1) <= VALUE_RESOLUTION / 2 * 1.0001)
+    assert np.array_equal(resolved(once), once)  # resolving twice is resolving once
+    assert np.array_equal(once[~finite], values[~finite])
+
+
+def test_more_ranks_than_held_exactly_name_the_same_ranks_to_the_resolution(tmp_path, monkeypatch):
+    """Above EXACT_VALUES_PER_STEP ranks a step's values are held to VALUE_RESOLUTION: the same spike,
+    departing rank and divergence, and medians that close to the exact ones."""
+    from diag.analysis import health
+    from diag.testing import synthetic
+    from diag.trace.loader import load
+
+    synthetic.generate(tmp_path, 12, 40, 2, synthetic.Plants.with_health(12, 40), trace_format=2)
+    trace = load(tmp_path)
+    exact = analyze_health(trace.steps, trace.events, trace.manifests)
+    monkeypatch.setattr(health, "EXACT_VALUES_PER_STEP", 4)
+    held = analyze_health(trace.steps, trace.events, trace.manifests)
+    assert exact.departures and exact.spikes and exact.divergence
+    assert [(d.rank, d.value_name) for d in held.departures] == [(d.rank, d.value_name) for d in exact.departures]
+    assert [s.step for s in held.spikes] == [s.step for s in exact.spikes] and held.divergence == exact.divergence
+    for a, b in zip(exact.per_step, held.per_step, strict=True):
+        assert abs(b["loss_median"] / a["loss_median"] - 1) <= health.VALUE_RESOLUTION
+    assert abs(held.departures[0].peers_median / exact.departures[0].peers_median - 1) <= health.VALUE_RESOLUTION
