@@ -1,9 +1,11 @@
 """The analysis engine: an analysis that works rank by rank is written once, as ``map`` (some ranks' cleaned
 tables -> a partial), an associative ``combine`` and ``finish`` (-> its result), and one runner executes it
 over the ranks of a trace: inline, in worker processes (``--workers N``: a ``diag.processes.Workers`` pool, which
-a caller may start once for all its runs) or on a Dask cluster. An analysis in two stages (``TwoStageAnalysis``:
-the collectives, whose stage 2 needs what every rank's stage 1 found) runs on the same three executors by
-``run_two_stage``, each rank's stage-1 state kept where it was computed.
+a caller may start once for all its runs) or on a Dask cluster. An analysis whose second stage needs what every
+rank's first found (``StagedAnalysis``: health, which judges each rank against all the others) adds ``between``,
+``second`` and ``combine2``. A ``Plan`` runs a run's analyses from one read of each rank, and is itself a
+``TwoStageAnalysis`` (as the collectives are), which ``run_two_stage`` runs on the same three executors, each
+rank's stage-1 state kept where it was computed.
 
 Because ``combine`` is associative and the partials do not depend on which ranks were read together, any
 batching and any order of the ranks give the same result: the in-memory report maps its loaded tables as one
@@ -215,7 +217,7 @@ def run_loaded(analyses: Sequence[Analysis | StagedAnalysis], shard: Shard) -> l
     plan = Plan(tuple(analyses))
     kept, partials = plan.map(shard)
     state, broadcasts = plan.between((partials, ReadNotes()))
-    partial2 = plan.combine2(*(plan._second(kept[r], broadcasts) for r in sorted(kept))) if plan.staged else None
+    partial2 = plan.combine2(*(plan.second(kept[r], broadcasts) for r in sorted(kept))) if plan.staged else None
     return plan.finish(state, partial2)[0]
 
 

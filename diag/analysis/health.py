@@ -36,6 +36,7 @@ SPIKE_WINDOW_STEPS = 20
 SPIKE_MIN_HISTORY = 8  # steps of a rank's own history before a spike can be called
 SPIKE_SIGMAS = 6.0
 SPIKE_MIN_RELATIVE = 0.05
+SPIKE_RANKS_AT_ONCE = 64  # ranks whose windows are sorted together: ~10 MB at 1,000 steps
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 DEPARTURE_SCORE = 4.0
 DEPARTURE_MIN_RELATIVE = 0.01  # peers within 1% of each other are not told apart
@@ -129,11 +130,8 @@ class HealthAnalysis:
         )
         if not recorded:
             return {}, partial
-        kept = {}
-        for rank, rows in steps.groupby("rank", sort=True):
-            own = RankValues.of(int(rank), rows, self.groups)
-            partial.spikes += _rank_spikes(own)
-            kept[own.rank] = own
+        kept = {int(rank): RankValues.of(int(rank), rows, self.groups) for rank, rows in steps.groupby("rank")}
+        partial.spikes = _shard_spikes(list(kept.values()))
         partial.values = {name: StepValues.of(rows_of(steps, name)).bounded() for name in VALUE_NAMES}
         partial.prints = Fingerprints.of(kept.values())
         return kept, partial
@@ -388,21 +386,48 @@ class Departing:
     values: np.ndarray
 
 
-def _rank_spikes(own: RankValues) -> list[tuple[int, int, float, float]]:
-    """Steps where the rank's loss jumped above its own recent history."""
-    steps, values = own.series("loss")
-    if not len(steps):
+def _shard_spikes(ranks: list[RankValues]) -> list[tuple[int, int, float, float]]:
+    """Steps where some rank's loss jumped above its own recent history, the ranks a few dozen at a time."""
+    hits = []
+    for i in range(0, len(ranks), SPIKE_RANKS_AT_ONCE):
+        hits += _spikes_of(ranks[i : i + SPIKE_RANKS_AT_ONCE])
+    return hits
+
+
+def _spikes_of(ranks: list[RankValues]) -> list[tuple[int, int, float, float]]:
+    """``_shard_spikes`` of a few ranks, as ranks x losses matrices: each rank's losses in step order (NaN left
+    out, so its history is its last recorded steps), padded with NaN to the longest."""
+    series = [own.series("loss") for own in ranks]
+    length = max((len(steps) for steps, _ in series), default=0)
+    if not length:
         return []
-    loss = pd.Series(values, index=pd.Index(steps, name="step")).sort_index()
-    history = loss.shift(1).rolling(SPIKE_WINDOW_STEPS, min_periods=SPIKE_MIN_HISTORY)
-    baseline = history.median()
-    mad = (loss.shift(1) - baseline).abs().rolling(SPIKE_WINDOW_STEPS, min_periods=SPIKE_MIN_HISTORY).median()
-    spread = np.maximum(MAD_TO_SIGMA * mad, SPIKE_MIN_RELATIVE * baseline.abs())
-    spiked = loss > baseline + SPIKE_SIGMAS * spread
-    return [
-        (int(step), own.rank, float(loss[step]), float(baseline[step]))
-        for step in loss.index[spiked.fillna(False).to_numpy()]
-    ]
+    loss = np.full((len(ranks), length), np.nan)
+    step = np.zeros((len(ranks), length), dtype="int64")
+    for row, (steps, values) in enumerate(series):
+        order = np.argsort(steps, kind="stable")
+        loss[row, : len(steps)], step[row, : len(steps)] = values[order], steps[order]
+    previous = np.c_[np.full(len(ranks), np.nan), loss[:, :-1]]
+    baseline = _trailing_medians(previous)
+    mad = _trailing_medians(np.abs(previous - baseline))
+    spread = np.maximum(MAD_TO_SIGMA * mad, SPIKE_MIN_RELATIVE * np.abs(baseline))
+    with np.errstate(invalid="ignore"):  # NaN: no history yet, never a spike
+        spiked = loss > baseline + SPIKE_SIGMAS * spread
+    rows, columns = np.nonzero(spiked)
+    return [(int(step[r, c]), ranks[r].rank, float(loss[r, c]), float(baseline[r, c])) for r, c in zip(rows, columns)]
+
+
+def _trailing_medians(values: np.ndarray) -> np.ndarray:
+    """Along each row, the median of the SPIKE_WINDOW_STEPS values ending at each column, NaN and infinities left
+    out (as a pandas rolling median: its middle value, or the mean of the middle two); NaN with fewer than
+    SPIKE_MIN_HISTORY of them."""
+    finite = np.where(np.isinf(values), np.nan, values)
+    padded = np.c_[np.full((len(values), SPIKE_WINDOW_STEPS - 1), np.nan), finite]
+    windows = np.sort(np.lib.stride_tricks.sliding_window_view(padded, SPIKE_WINDOW_STEPS, axis=1), axis=2)
+    count = (~np.isnan(windows)).sum(axis=2)  # sorted: NaN last, the values first
+    low = np.take_along_axis(windows, np.maximum(count - 1, 0)[..., None] // 2, axis=2)[..., 0]
+    high = np.take_along_axis(windows, (count // 2)[..., None], axis=2)[..., 0]
+    median = np.where(count % 2 == 1, low, (low + high) / 2)
+    return np.where(count >= SPIKE_MIN_HISTORY, median, np.nan)
 
 
 def _spikes(hits: list[tuple[int, int, float, float]]) -> list[LossSpike]:
