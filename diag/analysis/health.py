@@ -283,10 +283,11 @@ class StepValues:
         )
 
     def bounded(self) -> StepValues:
-        """The steps of more than EXACT_VALUES_PER_STEP values with each value replaced by the centre of its
-        bucket (``resolved``): at most a few thousand distinct values a step, whatever the number of ranks. Which
-        steps depends only on their counts, which add up exactly, so any order of the ranks resolves the same
-        steps, and resolving twice is resolving once."""
+        """The steps of more than EXACT_VALUES_PER_STEP values, not all equal, with each value replaced by the
+        centre of its bucket (``resolved``): at most a few thousand distinct values a step, whatever the number of
+        ranks. Any order of the ranks resolves the same steps: counts add up exactly, a step whose values all
+        agree agrees in every part, and resolving twice is resolving once. A gradient norm every rank shares
+        after the all-reduce stays exact."""
         over = self._over()
         if not over.any():
             return self
@@ -298,9 +299,10 @@ class StepValues:
         return np.where(np.isin(steps, steps_over), resolved(values), values)
 
     def _over(self) -> np.ndarray:
-        """By pair: whether its step holds more than EXACT_VALUES_PER_STEP values."""
+        """By pair: whether its step holds more than EXACT_VALUES_PER_STEP values, not all equal."""
         steps, totals = self.counts()
-        return np.isin(self.step, steps[totals > EXACT_VALUES_PER_STEP])
+        distinct = np.diff(np.r_[self._starts(), len(self.step)])
+        return np.isin(self.step, steps[(totals > EXACT_VALUES_PER_STEP) & (distinct > 1)])
 
     def at(self, keep: np.ndarray) -> StepValues:
         """The pairs where ``keep``, still sorted."""

@@ -76,3 +76,17 @@ def test_more_ranks_than_held_exactly_name_the_same_ranks_to_the_resolution(tmp_
     for a, b in zip(exact.per_step, held.per_step, strict=True):
         assert abs(b["loss_median"] / a["loss_median"] - 1) <= health.VALUE_RESOLUTION
     assert abs(held.departures[0].peers_median / exact.departures[0].peers_median - 1) <= health.VALUE_RESOLUTION
+
+
+def test_a_value_every_rank_shares_stays_exact_above_the_ranks_held_exactly(monkeypatch):
+    """Past EXACT_VALUES_PER_STEP ranks, a step whose values all agree (a gradient norm after the all-reduce) is
+    not resolved: its median is the value itself; a step of differing losses is."""
+    from diag.analysis import health
+
+    monkeypatch.setattr(health, "EXACT_VALUES_PER_STEP", 4)
+    shared = 1.2345678901234567
+    frame = steps_frame({r: [2.0 + 0.01 * r + 0.001 * s for s in range(10)] for r in range(6)})
+    frame["grad_norm"] = shared
+    (first, *_) = analyze_health(frame, pd.DataFrame(), {}).per_step
+    assert first["grad_norm_median"] == shared
+    assert first["loss_median"] != 2.025 and abs(first["loss_median"] / 2.025 - 1) <= health.VALUE_RESOLUTION
