@@ -981,6 +981,11 @@ class AnalysedColumnsReader(TraceReader):
     16,384 ranks x 1,000 steps the steps table is ~16 M rows, and each int64 column dropped or halved is 65-130
     MB less on the client (docs/scale.md). A subclass keeps other columns by overriding ``kept_columns``."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # (table, column) of the columns left out that held a value in a rank read so far: Trace.left_out_values
+        self.left_out_values: set[tuple[str, str]] = set()
+
     def kept_columns(self) -> dict[str, tuple[str, ...]]:
         return ANALYSED_COLUMNS
 
@@ -988,9 +993,21 @@ class AnalysedColumnsReader(TraceReader):
         read = super().read_rank(rank, rank_dir)
         for name, keep in self.kept_columns().items():
             if name in read.tables:
-                present = set(read.tables[name].column_names)
-                read.tables[name] = read.tables[name].select([c for c in ("rank", *keep) if c in present])
+                arrow = read.tables[name]
+                left_out = [c for c in arrow.column_names if c not in keep and c != "rank"]
+                self.left_out_values |= {(name, c) for c in left_out if arrow.column(c).null_count < arrow.num_rows}
+                read.tables[name] = arrow.select([c for c in ("rank", *keep) if c in arrow.column_names])
         return read
+
+    def poll(self, progress=None) -> dict:
+        return {**super().poll(progress), "left_out_values": frozenset(self.left_out_values)}
+
+    def read_state(self) -> dict:
+        return {**super().read_state(), "left_out_values": self.left_out_values}
+
+    def merge_read_state(self, state: dict) -> None:
+        super().merge_read_state(state)
+        self.left_out_values |= state["left_out_values"]
 
     def frame(self, name: str, chunks: list) -> pd.DataFrame:
         keep = self.kept_columns().get(name)
@@ -1134,6 +1151,7 @@ def _gather_shares(reader: AnalysedColumnsReader, loaded: list[tuple[dict, dict]
     data[STEPS] = _steps_of_shares(reader, steps_shares)
     return {
         **data,
+        "left_out_values": frozenset(reader.left_out_values),
         "manifests": manifests,
         "heartbeats": pd.DataFrame(heartbeats),
         "events": pd.DataFrame(events),

@@ -191,13 +191,7 @@ def analyze(
     waits = reduce_collectives(window) if reduce_collectives is not None else _loaded_waits(trace, window)
     times = rank_step_times(steps_w, waits.per_rank_step if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
-    per_rank = (TelemetryAnalysis(hosts), MemoryAnalysis(window), HealthAnalysis.of(trace.events, trace.manifests))
-    if run_ranks is not None:
-        telemetry, memory, health = run_ranks(per_rank, window)
-    else:
-        bounds = telemetry_bounds(steps_w) if len(steps_w) else None
-        tables = {"memory": trace.memory, "telemetry": trace.telemetry, "steps": trace.steps}
-        telemetry, memory, health = run_loaded(per_rank, Shard(tables, window_us_of(bounds)))
+    telemetry, memory, health = _rank_by_rank(trace, window, steps_w, hosts, run_ranks)
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus if g.throttled}
     last_arrival = {r.rank: r.last_arrival_fraction for r in comms.per_rank} if waits is not None else {}
     memory.ooms = explain_ooms(trace.events, memory, trace.manifests, trace.world_size)
@@ -232,6 +226,28 @@ def analyze(
     found = [f for section in SECTIONS for f in section.findings_of(results[section.name], ctx)]
     sections = {section.name: results[section.name] for section in SECTIONS if section.in_report}
     return Report(_run_info(trace, window, ranks_info, failures), rank_findings(found), **sections)
+
+
+def _rank_by_rank(trace: Trace, window: StepWindow, steps_w: pd.DataFrame, hosts: dict, run_ranks) -> tuple:
+    """The telemetry, memory and health reports: over the ranks' files by ``run_ranks``, else over the loaded
+    tables. Health does not read the files when the load saw no rank hold a value of its columns."""
+    telemetry_memory = (TelemetryAnalysis(hosts), MemoryAnalysis(window))
+    health = HealthAnalysis.of(trace.events, trace.manifests)
+    if run_ranks is None:
+        bounds = telemetry_bounds(steps_w) if len(steps_w) else None
+        tables = {"memory": trace.memory, "telemetry": trace.telemetry, "steps": trace.steps}
+        return tuple(run_loaded((*telemetry_memory, health), Shard(tables, window_us_of(bounds))))
+    if _held_values(trace, health):
+        return tuple(run_ranks((*telemetry_memory, health), window))
+    return (*run_ranks(telemetry_memory, window), *run_loaded([health], Shard({}, window_us_of(None))))
+
+
+def _held_values(trace: Trace, analysis) -> bool:
+    """Whether a column the analysis reads held a value on some rank, as far as the load knows (it left those
+    columns out: ``Trace.left_out_values``; not known: yes)."""
+    if trace.left_out_values is None:
+        return True
+    return any((table, c) in trace.left_out_values for table, columns in analysis.reads.items() for c in columns)
 
 
 def _ranks_info(trace: Trace) -> pd.DataFrame:

@@ -278,6 +278,8 @@ class LiveTrace:
             "ranks": list(self._ranks),
             "nccl_logs": dict(self._nccl_logs),
         }
+        if isinstance(self._reader, AnalysedColumnsReader):  # it left columns out: those that held a value
+            data["left_out_values"] = frozenset(self._reader.left_out_values)
         return assemble_trace(self.trace_dir, data)
 
     # -- publishing ---------------------------------------------------------------------------------------

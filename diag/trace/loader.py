@@ -161,6 +161,9 @@ class Trace:
     # rank -> the time before which its rows belong to an earlier run appended to the same files (dropped): for
     # tables read later, rank by rank (diag.analysis.partitioned)
     earlier_run_cuts_us: dict[int, float] = field(default_factory=dict)
+    # (table, column) of the columns a load of only some columns left out that hold a value on some rank: for
+    # analyses that read them later, rank by rank (diag.analysis.partitioned); None: not known
+    left_out_values: frozenset[tuple[str, str]] | None = None
 
     def manifest(self, rank: int) -> Manifest | None:
         return self.manifests.get(rank)
@@ -936,6 +939,7 @@ def assemble_trace(path: Path, data: dict, latest_run_only: bool = True) -> Trac
         nccl_logs=data.get("nccl_logs", {}),
         memory_deep=read_memory_deep(path, list(ranks), skipped),
         earlier_run_cuts_us=data.get("earlier_run_cuts_us", {}),
+        left_out_values=data.get("left_out_values"),
     )
 
 

@@ -73,6 +73,30 @@ def test_a_step_range_gives_the_same_report(planted):
     assert differences(in_memory(path, steps="30:90"), partitioned(path, steps="30:90")) == []
 
 
+def test_health_reads_the_ranks_files_only_when_the_load_saw_a_value(tmp_path, monkeypatch):
+    """The load leaves the loss, gradient norm and fingerprint out and says whether some rank held one: without,
+    the health analysis reads no rank's steps again; with, it does. Either way the in-memory report."""
+    without, with_values = tmp_path / "without", tmp_path / "with"
+    synthetic.generate(without, 8, 20, 2, trace_format=2)
+    synthetic.generate(with_values, 8, 20, 2, synthetic.Plants.with_health(8, 20), trace_format=2)
+    assert ("steps", "loss") not in load_without_collectives(without, analysed_columns_only=True).left_out_values
+    assert ("steps", "loss") in load_without_collectives(with_values, analysed_columns_only=True).left_out_values
+    tables_read = []
+    read_shard = engine_module.read_shard
+
+    def spy(sources, columns, *args):
+        tables_read.append(set(columns))
+        return read_shard(sources, columns, *args)
+
+    monkeypatch.setattr(engine_module, "read_shard", spy)
+    for path, reads_steps in ((without, False), (with_values, True)):
+        tables_read.clear()
+        report = partitioned(path, workers=1)
+        assert tables_read and all(("steps" in t) == reads_steps for t in tables_read)
+        assert ("health" in report) == reads_steps
+        assert differences(in_memory(path), report) == []
+
+
 def test_ranks_read_again_instead_of_held_give_the_same_report(planted, monkeypatch):
     """With no memory for parts between the passes, every rank is read twice: same report."""
     path, _ = planted
