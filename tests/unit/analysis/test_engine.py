@@ -104,10 +104,10 @@ def test_any_batching_and_order_of_ranks_combine_to_the_same_result(loaded, batc
 def test_steps_held_to_a_resolution_combine_alike_in_any_batching(loaded, monkeypatch, batching):
     """Above EXACT_VALUES_PER_STEP ranks a step's values are held to a resolution: which steps, and how, does not
     depend on how the ranks were batched (here above 3 ranks: every step)."""
-    from diag.analysis import health
+    from diag.analysis import step_values
 
     _, trace, _, bounds, analyses, _ = loaded
-    monkeypatch.setattr(health, "EXACT_VALUES_PER_STEP", 3)
+    monkeypatch.setattr(step_values, "EXACT_VALUES_PER_STEP", 3)
     whole = _whole(trace, bounds, analyses)
     assert whole[3]["departures"] and whole[3]["divergence"]
     batches, merges, second_order = batching

@@ -47,46 +47,35 @@ def test_fingerprints_are_compared_within_each_replica_group_only():
     assert _cluster_of(np.array([1.0, 1.0 + 1e-12, 1.5])).tolist() == [0, 0, 1]
 
 
-def test_a_value_held_to_the_resolution_is_within_it_and_stays_put():
-    from diag.analysis.health import VALUE_RESOLUTION, resolved
-
-    values = np.r_[np.random.default_rng(0).lognormal(0, 3, 10_000), -2.5, 0.0, np.inf, -np.inf]
-    once = resolved(values)
-    finite = np.isfinite(values) & (values != 0)
-    assert np.all(np.abs(once[finite] / values[finite] - 1) <= VALUE_RESOLUTION / 2 * 1.0001)
-    assert np.array_equal(resolved(once), once)  # resolving twice is resolving once
-    assert np.array_equal(once[~finite], values[~finite])
-
-
 def test_more_ranks_than_held_exactly_name_the_same_ranks_to_the_resolution(tmp_path, monkeypatch):
     """Above EXACT_VALUES_PER_STEP ranks a step's values are held to VALUE_RESOLUTION: the same spike,
     departing rank and divergence, and medians that close to the exact ones."""
-    from diag.analysis import health
+    from diag.analysis import step_values
     from diag.testing import synthetic
     from diag.trace.loader import load
 
     synthetic.generate(tmp_path, 12, 40, 2, synthetic.Plants.with_health(12, 40), trace_format=2)
     trace = load(tmp_path)
     exact = analyze_health(trace.steps, trace.events, trace.manifests)
-    monkeypatch.setattr(health, "EXACT_VALUES_PER_STEP", 4)
+    monkeypatch.setattr(step_values, "EXACT_VALUES_PER_STEP", 4)
     held = analyze_health(trace.steps, trace.events, trace.manifests)
     assert exact.departures and exact.spikes and exact.divergence
     assert [(d.rank, d.value_name) for d in held.departures] == [(d.rank, d.value_name) for d in exact.departures]
     assert [s.step for s in held.spikes] == [s.step for s in exact.spikes] and held.divergence == exact.divergence
     for a, b in zip(exact.per_step, held.per_step, strict=True):
-        assert abs(b["loss_median"] / a["loss_median"] - 1) <= health.VALUE_RESOLUTION
-    assert abs(held.departures[0].peers_median / exact.departures[0].peers_median - 1) <= health.VALUE_RESOLUTION
+        assert abs(b["loss_median"] / a["loss_median"] - 1) <= step_values.VALUE_RESOLUTION
+    assert abs(held.departures[0].peers_median / exact.departures[0].peers_median - 1) <= step_values.VALUE_RESOLUTION
 
 
 def test_a_value_every_rank_shares_stays_exact_above_the_ranks_held_exactly(monkeypatch):
     """Past EXACT_VALUES_PER_STEP ranks, a step whose values all agree (a gradient norm after the all-reduce) is
     not resolved: its median is the value itself; a step of differing losses is."""
-    from diag.analysis import health
+    from diag.analysis import step_values
 
-    monkeypatch.setattr(health, "EXACT_VALUES_PER_STEP", 4)
+    monkeypatch.setattr(step_values, "EXACT_VALUES_PER_STEP", 4)
     shared = 1.2345678901234567
     frame = steps_frame({r: [2.0 + 0.01 * r + 0.001 * s for s in range(10)] for r in range(6)})
     frame["grad_norm"] = shared
     (first, *_) = analyze_health(frame, pd.DataFrame(), {}).per_step
     assert first["grad_norm_median"] == shared
-    assert first["loss_median"] != 2.025 and abs(first["loss_median"] / 2.025 - 1) <= health.VALUE_RESOLUTION
+    assert first["loss_median"] != 2.025 and abs(first["loss_median"] / 2.025 - 1) <= step_values.VALUE_RESOLUTION
