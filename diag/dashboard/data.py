@@ -664,9 +664,8 @@ def rank_table_views(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _batch_views(tasks: list, offsets: dict[int, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
     from diag.analysis.telemetry import throttled_samples
 
-    shard, _ = read_shard(
-        tasks, {name: analysed_columns()[name] for name in RANK_TABLES}
-    )  # what it skipped, the report's load already said
+    columns = {name: analysed_columns()[name] for name in RANK_TABLES}
+    shard, _ = read_shard(tasks, columns)  # what it skipped, the report's load already said
     mem, tel = shard.table("memory"), shard.table("telemetry")
     memory = pd.DataFrame({"rank": mem["rank"].to_numpy(dtype="int32"), "step": mem["step"].to_numpy(dtype="int32")})
     for column in MEMORY_VIEW_COLUMNS:

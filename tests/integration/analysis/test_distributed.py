@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.analysis.golden import differences
-from tests.analysis.helpers import REPO, analyze_in_subprocess, make_trace
+from tests.analysis.helpers import REPO, analyze_in_subprocess, make_trace, synthetic
 
 pytest.importorskip("distributed")
 
@@ -87,12 +87,16 @@ def _report(trace_dir: Path, *args: str) -> dict:
 
 @pytest.mark.slow
 def test_cluster_report_equals_the_single_machine_report(cluster, tmp_path):
-    plants = make_trace(tmp_path, ranks=24, steps=80)
+    """Health too: both its stages on the workers, each rank's values kept there between them."""
+    plants = make_trace(tmp_path, ranks=24, steps=80, plants=synthetic.Plants.with_health(24, 80))
     local = _report(tmp_path, "--in-memory")
     on_cluster = _report(tmp_path, "--scheduler", cluster)
     assert differences(local, on_cluster) == []
     persistent = {s["rank"] for s in on_cluster["stragglers"] if s["persistent"]}
     assert persistent == {plants.compute_straggler, plants.data_straggler, plants.throttled}
+    health = on_cluster["health"]
+    assert [d["rank"] for d in health["departures"]] == [plants.grad_departs]
+    assert health["divergence"]["ranks"] == [plants.diverged[0]]
 
 
 @pytest.mark.slow
