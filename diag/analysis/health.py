@@ -132,7 +132,8 @@ class HealthAnalysis:
         return kept, partial
 
     def combine(self, a: HealthPartial, b: HealthPartial) -> HealthPartial:
-        values = {name: add_values(a.values.get(name), b.values.get(name)) for name in {*a.values, *b.values}}
+        names = [name for name in VALUE_NAMES if name in a.values or name in b.values]
+        values = {name: add_values(a.values.get(name), b.values.get(name)) for name in names}
         return HealthPartial(
             np.union1d(a.steps, b.steps), a.recorded or b.recorded, a.spikes + b.spikes, values, a.prints + b.prints
         )

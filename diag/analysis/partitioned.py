@@ -938,7 +938,7 @@ def rank_tables_runner(trace: Trace, workers: int | Workers = 1, client=None, pr
         sources = rank_sources(trace, telemetry_bounds_in_window(trace.steps, window))
         plan = Plan((*analyses, DeviceTotals()), reported=("steps",))  # the load has said what it skipped of those
         stages = 2 if plan.second is not None else 1
-        bar = _bar(len(sources) * stages, "memory, telemetry and health by rank") if progress else None
+        bar = _bar(len(sources) * stages, "per-rank analyses") if progress else None
         try:
             results, notes = run_two_stage(plan, sources, workers, client, bar and bar.update)
         finally:
