@@ -116,9 +116,11 @@ class HealthAnalysis:
 
     def map(self, shard: Shard) -> tuple[dict[int, RankValues], HealthPartial]:
         steps = shard.table("steps")
-        columns = ["loss", "grad_norm", "param_fingerprint"]
         if steps.empty:
             return {}, HealthPartial.empty()
+        columns = list(READS["steps"])
+        left_out = [c for c in columns if c not in steps]  # a load of other columns only: none recorded here
+        steps = steps.assign(**dict.fromkeys(left_out, np.nan)) if left_out else steps
         recorded = bool(steps[columns].notna().any().any())
         partial = HealthPartial(
             np.unique(steps["step"].to_numpy(dtype="int64")), recorded, [], {}, Fingerprints.empty()

@@ -79,3 +79,10 @@ def test_a_value_every_rank_shares_stays_exact_above_the_ranks_held_exactly(monk
     (first, *_) = analyze_health(frame, pd.DataFrame(), {}).per_step
     assert first["grad_norm_median"] == shared
     assert first["loss_median"] != 2.025 and abs(first["loss_median"] / 2.025 - 1) <= step_values.VALUE_RESOLUTION
+
+
+def test_steps_loaded_without_the_health_columns_read_as_nothing_recorded():
+    """The dashboard's preliminary report of a many-rank trace, whose steps were loaded without them."""
+    frame = pd.DataFrame({"rank": [0, 0, 1], "step": [0, 1, 0], "duration_us": [5, 6, 7]})
+    report = analyze_health(frame, pd.DataFrame(), {})
+    assert not report.recorded and report.note and report.per_step == []
