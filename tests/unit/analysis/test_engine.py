@@ -82,10 +82,9 @@ def _any_tree(partials: list, merges: list[int], combine):
     return partials[0]
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(batchings())
-def test_any_batching_and_order_of_ranks_combine_to_the_same_result(loaded, batching):
-    _, trace, _, bounds, analyses, whole = loaded
+def _batched(trace, bounds, analyses, batching) -> list:
+    """The Plan's result with the ranks mapped in the drawn batches, combined in the drawn tree, and stage 2 run
+    over them in another order and combined in another tree."""
     batches, merges, second_order = batching
     plan = engine.Plan(analyses)
     kept, partials = {}, []
@@ -96,7 +95,14 @@ def test_any_batching_and_order_of_ranks_combine_to_the_same_result(loaded, batc
     state, broadcasts = plan.between(_any_tree(partials, merges, plan.combine))
     seconds = [plan.second(kept[rank], broadcasts) for rank in second_order if rank in kept]
     results, _ = plan.finish(state, _any_tree(seconds, merges[::-1], plan.combine2))
-    assert differences(whole, json_safe(results)) == []
+    return json_safe(results)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batchings())
+def test_any_batching_and_order_of_ranks_combine_to_the_same_result(loaded, batching):
+    _, trace, _, bounds, analyses, whole = loaded
+    assert differences(whole, _batched(trace, bounds, analyses, batching)) == []
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -110,17 +116,7 @@ def test_steps_held_to_a_resolution_combine_alike_in_any_batching(loaded, monkey
     monkeypatch.setattr(step_values, "EXACT_VALUES_PER_STEP", 3)
     whole = _whole(trace, bounds, analyses)
     assert whole[3]["departures"] and whole[3]["divergence"]
-    batches, merges, second_order = batching
-    plan = engine.Plan(analyses)
-    kept, partials = {}, []
-    for batch in batches:
-        batch_kept, partial = plan.map(_shard(trace, bounds, batch))
-        kept.update(batch_kept)
-        partials.append((partial, engine.ReadNotes()))
-    state, broadcasts = plan.between(_any_tree(partials, merges, plan.combine))
-    seconds = [plan.second(kept[rank], broadcasts) for rank in second_order if rank in kept]
-    results, _ = plan.finish(state, _any_tree(seconds, merges[::-1], plan.combine2))
-    assert differences(whole, json_safe(results)) == []
+    assert differences(whole, _batched(trace, bounds, analyses, batching)) == []
 
 
 def test_a_shard_of_ranks_without_allocator_readings_takes_the_runs_metric(loaded):
