@@ -23,7 +23,7 @@ import diag.processes as processes
 import diag.trace.loader as L
 
 STAGES = ("find_failures", "choose_window", "select", "rank_step_times", "analyze_comms", "find_stragglers",
-          "analyze_mfu", "analyze_health", "analyze_links", "_run_info", "_timeline")  # fmt: skip
+          "analyze_mfu", "analyze_links", "_run_info", "_timeline")  # fmt: skip
 
 
 class Serial(Executor):
@@ -77,7 +77,7 @@ def main() -> None:
         setattr(R, name, Timed(name, getattr(R, name), marks))
     reducers = P.collectives_reducer, P.rank_tables_runner
     P.collectives_reducer = lambda *a, **k: Timed("per-rank passes (collectives)", reducers[0](*a, **k), marks)
-    P.rank_tables_runner = lambda *a, **k: Timed("memory+telemetry (analysis engine)", reducers[1](*a, **k), marks)
+    P.rank_tables_runner = lambda *a, **k: Timed("per-rank analyses (engine)", reducers[1](*a, **k), marks)
     profile = cProfile.Profile() if args.profile else None
     wall, cpu = time.perf_counter(), cpu_s()
     if profile:
