@@ -37,7 +37,7 @@ SPIKE_WINDOW_STEPS = 20
 SPIKE_MIN_HISTORY = 8  # steps of a rank's own history before a spike can be called
 SPIKE_SIGMAS = 6.0
 SPIKE_MIN_RELATIVE = 0.05
-SPIKE_RANKS_AT_ONCE = 64  # ranks whose windows are sorted together: ~10 MB at 1,000 steps
+SPIKE_LOSSES_AT_ONCE = 64_000  # losses whose 20-step windows are sorted together: ~10 MB
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
 DEPARTURE_SCORE = 4.0
 DEPARTURE_MIN_RELATIVE = 0.01  # peers within 1% of each other are not told apart
@@ -293,10 +293,13 @@ class Departing:
 
 
 def _shard_spikes(ranks: list[RankValues]) -> list[tuple[int, int, float, float]]:
-    """Steps where some rank's loss jumped above its own recent history, the ranks a few dozen at a time."""
+    """Steps where some rank's loss jumped above its own recent history, as many ranks at a time as keep their
+    windows within SPIKE_LOSSES_AT_ONCE losses (a few dozen ranks of 1,000 steps, one of a very long run)."""
+    longest = max((len(own.steps) for own in ranks), default=1)
+    at_once = max(1, SPIKE_LOSSES_AT_ONCE // max(longest, 1))
     hits = []
-    for i in range(0, len(ranks), SPIKE_RANKS_AT_ONCE):
-        hits += _spikes_of(ranks[i : i + SPIKE_RANKS_AT_ONCE])
+    for i in range(0, len(ranks), at_once):
+        hits += _spikes_of(ranks[i : i + at_once])
     return hits
 
 
