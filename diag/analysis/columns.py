@@ -17,7 +17,6 @@ ANALYSES = (bubble, comms, health, memory, memory_plan, mfu, oom, report, stragg
 # the steps table loaded whole there leaves them out (memory and telemetry are not loaded whole at all)
 READ_BY_RANK = (health,)
 KEYS = {"steps": ("step",), "memory": ("step", "time_us"), "telemetry": ("time_us",)}  # rows are matched by these
-CLEANING = ("start_us", "duration_us", "time_us")  # what cleaning a rank's rows reads (loader.clean_rank_tables)
 
 
 def analysed_columns(modules=ANALYSES) -> dict[str, tuple[str, ...]]:

@@ -27,7 +27,7 @@ import pandas as pd
 
 from diag.processes import Workers, contiguous_shares
 from diag.trace.columnar import required_columns
-from diag.trace.loader import ReadNotes, Skipped, TraceReader, clean_rank_tables, to_frame
+from diag.trace.loader import CLEANING_COLUMNS, ReadNotes, Skipped, TraceReader, clean_rank_tables, to_frame
 from diag.trace.schema import EVENTS_FILE, HEARTBEAT_FILE, MANIFEST_FILE, NCCL_LOG_FILE, TABLES
 
 P = TypeVar("P")
@@ -151,13 +151,13 @@ class Plan:
     def columns(self) -> dict[str, tuple[str, ...]]:
         """Per table read, the columns the analyses read, its keys, what cleaning a rank's rows reads and what
         every segment holds, in the table's own order."""
-        from diag.analysis.columns import CLEANING, KEYS
+        from diag.analysis.columns import KEYS
 
         out = {}
         for name in TABLES:
             reads = {c for a in self.analyses for c in a.reads.get(name, ())}
             if reads:
-                wanted = reads | {*KEYS.get(name, ()), *CLEANING, *required_columns(TABLES[name])}
+                wanted = reads | {*KEYS.get(name, ()), *CLEANING_COLUMNS, *required_columns(TABLES[name])}
                 out[name] = tuple(c for c in TABLES[name].column_names if c in wanted)
         return out
 

@@ -409,9 +409,9 @@ def _peers_median(everyone: StepValues, own: Departing) -> float:
     mine = StepValues.of((np.zeros(len(mine_values), dtype="int64"), mine_values))
     count = pooled.count.copy()
     count[np.searchsorted(pooled.value, mine.value)] -= mine.count
-    others = pooled.at(count > 0)
-    others.count = count[count > 0]
-    return float(others.medians()[1][0]) if len(others.step) else float("nan")
+    left = count > 0
+    others = StepValues(pooled.step[left], pooled.value[left], count[left])
+    return float(others.medians()[1][0]) if left.any() else float("nan")
 
 
 @dataclass
@@ -431,11 +431,14 @@ class Fingerprints:
 
     @classmethod
     def of(cls, ranks) -> Fingerprints:
-        parts = [(own.series("param_fingerprint"), own.group, own.rank) for own in ranks]
-        step = np.concatenate([s for (s, _), _, _ in parts] or [np.zeros(0, dtype="int64")])
-        value = np.concatenate([v for (_, v), _, _ in parts] or [np.zeros(0)])
-        group = np.concatenate([np.full(len(s), g, dtype="int32") for (s, _), g, _ in parts] or [np.zeros(0, "int32")])
-        rank = np.concatenate([np.full(len(s), r, dtype="int64") for (s, _), _, r in parts] or [np.zeros(0, "int64")])
+        step, value, group, rank = [np.zeros(0, "int64")], [np.zeros(0)], [np.zeros(0, "int32")], [np.zeros(0, "int64")]
+        for own in ranks:
+            steps, values = own.series("param_fingerprint")
+            step.append(steps)
+            value.append(values)
+            group.append(np.full(len(steps), own.group, dtype="int32"))
+            rank.append(np.full(len(steps), own.rank, dtype="int64"))
+        step, value, group, rank = (np.concatenate(parts) for parts in (step, value, group, rank))
         return cls._distinct(step, group, value, np.ones(len(step), dtype="int64"), rank)
 
     @classmethod

@@ -998,6 +998,9 @@ class Dropped:
         ]
 
 
+CLEANING_COLUMNS = ("start_us", "duration_us", "time_us")  # what clean_rank_tables reads: a narrowed read keeps them
+
+
 def clean_rank_tables(tables: dict[str, pa.Table], cut_us: float | None = None) -> tuple[dict[str, pa.Table], Dropped]:
     """One rank's tables as read (Arrow), cleaned as ``load`` cleans a trace: rows with an impossible duration
     dropped, then, with ``cut_us`` (the rank's ``Trace.earlier_run_cuts_us``), rows stamped before it: an
