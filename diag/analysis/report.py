@@ -184,11 +184,11 @@ def analyze(
     else:
         failures.earlier = earlier_attempt_failure(trace)
     window = choose_window(trace.steps, step_range, failures.failed_steps)
-    steps_w = select(trace.steps, window)
     ranks_info = _ranks_info(trace)
     hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
 
     waits = reduce_collectives(window) if reduce_collectives is not None else _loaded_waits(trace, window)
+    steps_w = select(trace.steps, window)  # after the collectives' pass, whose workers' peak this copy would add to
     times = rank_step_times(steps_w, waits.per_rank_step if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
     telemetry, memory, health = _rank_by_rank(trace, window, steps_w, hosts, run_ranks)
