@@ -63,6 +63,33 @@ def test_cell_max_equals_maximum_at():
         assert np.array_equal(partitioned_module._cell_max(cell, values, 60), expected)
 
 
+def test_a_parts_runs_give_back_its_seqs_steps_and_blocking_flags():
+    """A rank's seqs (gaps, groups interleaved, out of order, negative, past uint16's range), steps and blocking
+    flags come back exactly from their compact forms, with fewer bytes where they are the usual runs."""
+    rng = np.random.default_rng(5)
+    for case in range(60):
+        n = int(rng.integers(0, 3000))
+        groups = int(rng.integers(1, 5))
+        pg = rng.integers(0, groups, n).astype("int8")
+        seq = np.empty(n, dtype="int64")
+        for code in range(groups):
+            rows = np.flatnonzero(pg == code)
+            seq[rows] = int(rng.integers(-5, 1 << 20)) + np.cumsum(rng.choice([1, 1, 1, 2, 70_000, -3], len(rows)))
+        if case % 5 == 0:
+            rng.shuffle(seq)
+        steps = np.sort(rng.integers(0, max(n // 20, 1), n)) if case % 3 else rng.integers(-9, 1 << 33, n)
+        blocking = rng.random(n) < 0.7
+        part = partitioned_module.RankPart(
+            rank=0, pg_names=[str(g) for g in range(groups)], pg=pg, seq=partitioned_module._seq_runs(seq, pg, groups),
+            duration_us=np.zeros(n), step=partitioned_module.Runs.of(steps), blocking=np.packbits(blocking),
+            start_us=np.zeros(0), unmatched=partitioned_module._NO_UNMATCHED,
+        )  # fmt: skip
+        assert np.array_equal(part.seqs(), seq) and np.array_equal(part.steps(), steps), case
+        assert np.array_equal(part.blockings(), blocking), case
+    usual = partitioned_module.Runs.of(np.repeat(np.arange(100, 1000), 20))
+    assert np.array_equal(usual.decode(), np.repeat(np.arange(100, 1000), 20)) and usual.nbytes == 900 * 4
+
+
 def test_seq_index_lookups_inside_and_outside_the_range():
     index = partitioned_module.SeqIndex(np.array([10, 11, 13, 14]))
     assert index.get_indexer(np.array([13, 10, 14])).tolist() == [2, 0, 3]
@@ -75,8 +102,9 @@ def _rank_part(rank: int, seqs: np.ndarray, ops: list[str], rng) -> partitioned_
     duration = rng.integers(1, 900, n).astype("float64")
     duration[::5] = np.nan  # untimed rows: their issue times count
     part = partitioned_module.RankPart(
-        rank=rank, pg_names=["g"], pg=np.zeros(n, "int8"), seq=seqs.astype("int32"), duration_us=duration,
-        step=np.zeros(n, "int32"), blocking=np.zeros(n, bool), start_us=rng.normal(size=int(np.isnan(duration).sum())),
+        rank=rank, pg_names=["g"], pg=np.zeros(n, "int8"), seq=partitioned_module._seq_runs(seqs, np.zeros(n), 1),
+        duration_us=duration, step=partitioned_module.Runs.of(np.zeros(n, "int64")),
+        blocking=np.packbits(np.zeros(n, bool)), start_us=rng.normal(size=int(np.isnan(duration).sum())),
         unmatched=partitioned_module._NO_UNMATCHED,
     )  # fmt: skip
     part._ops = (rng.integers(0, len(ops), n), ops)
