@@ -188,21 +188,24 @@ def analyze(
     hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
 
     waits = reduce_collectives(window) if reduce_collectives is not None else _loaded_waits(trace, window)
-    steps_w = select(trace.steps, window)  # after the collectives' pass, whose workers' peak this copy would add to
+    # the window's copy of the steps table (~1 GB at 16,384 ranks x 1,000 steps), made after the collectives'
+    # pass and let go before the per-rank pass and the stragglers: never held at their peaks
+    steps_w = select(trace.steps, window)
     times = rank_step_times(steps_w, waits.per_rank_step if waits is not None else None, _pipeline_stages(trace))
     comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
-    telemetry, memory, health = _rank_by_rank(trace, window, steps_w, hosts, run_ranks)
+    stage_work = stage_work_per_step_us(trace.microbatches, steps_w) if len(trace.microbatches) else None
+    mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
+    del steps_w
+    telemetry, memory, health = _rank_by_rank(trace, window, hosts, run_ranks)
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus if g.throttled}
     last_arrival = {r.rank: r.last_arrival_fraction for r in comms.per_rank} if waits is not None else {}
     memory.ooms = explain_ooms(trace.events, memory, trace.manifests, trace.world_size)
     memory.plan = plan_against_measured(trace, memory.per_rank)
     memory.deep = analyze_memory_deep(trace.memory_deep)
-    stage_work = stage_work_per_step_us(trace.microbatches, steps_w) if len(trace.microbatches) else None
     layout = MeshLayout.from_manifests(trace.manifests)
     mesh = analyze_mesh(layout, comms)
     place = functools.partial(place_rank, layout, group_waits_s(comms)) if layout is not None else None
     stragglers = find_stragglers(times, ranks_info, throttled, last_arrival, memory_pressure(memory), stage_work, place)
-    mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
 
     bubble = analyze_bubble(trace, window.step_indices) if len(trace.microbatches) else None
 
@@ -228,13 +231,13 @@ def analyze(
     return Report(_run_info(trace, window, ranks_info, failures), rank_findings(found), **sections)
 
 
-def _rank_by_rank(trace: Trace, window: StepWindow, steps_w: pd.DataFrame, hosts: dict, run_ranks) -> tuple:
+def _rank_by_rank(trace: Trace, window: StepWindow, hosts: dict, run_ranks) -> tuple:
     """The telemetry, memory and health reports: over the ranks' files by ``run_ranks``, else over the loaded
     tables. Health does not read the files when the load saw no rank hold a value of its columns."""
     telemetry_memory = (TelemetryAnalysis(hosts), MemoryAnalysis(window))
     health = HealthAnalysis.of(trace.events, trace.manifests)
     if run_ranks is None:
-        bounds = telemetry_bounds(steps_w) if len(steps_w) else None
+        bounds = telemetry_bounds_in_window(trace.steps, window)
         tables = {"memory": trace.memory, "telemetry": trace.telemetry, "steps": trace.steps}
         return tuple(run_loaded((*telemetry_memory, health), Shard(tables, window_us_of(bounds))))
     if _held_values(trace, health):
