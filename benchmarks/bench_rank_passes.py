@@ -67,6 +67,11 @@ def main() -> None:
 
     import diag.analysis.partitioned as P
     from diag.analysis import engine
+
+    try:
+        import diag.analysis.collective_waits as W
+    except ImportError:  # a checkout before the collectives' own module
+        W = P
     from diag.analysis.memory import MemoryAnalysis
     from diag.analysis.telemetry import TelemetryAnalysis
 
@@ -89,17 +94,17 @@ def main() -> None:
         return [engine.read_shard(tasks[i : i + batch], plan.columns()) for i in range(0, n, batch)]
 
     def read_collectives():
-        return [P.read_rank_collectives(t)[0] for t in tasks]
+        return [W.read_rank_collectives(t)[0] for t in tasks]
 
     arrows = read_collectives()
-    parts = [P._part_of(t, a, window) for t, a in zip(tasks, arrows)]
-    partials = [P._partial(p) for p in parts]
-    match = P.match_table(P.instance_table(P.combine_partials(*partials)))
-    sums = [P.finish_part(p, match) for p in parts]
+    parts = [W._part_of(t, a, window) for t, a in zip(tasks, arrows)]
+    partials = [W._partial(p) for p in parts]
+    match = W.match_table(W.instance_table(W.combine_partials(*partials)))
+    sums = [W.finish_part(p, match) for p in parts]
 
     def part_and_partial():
         for t, a in zip(tasks, arrows):
-            P._partial(P._part_of(t, a, window))
+            W._partial(W._part_of(t, a, window))
 
     def read_and_map():
         for i in range(0, n, batch):
@@ -109,9 +114,9 @@ def main() -> None:
         ("read collectives (Arrow)", read_collectives),
         (f"read memory + telemetry (frames, {batch} ranks a batch)", read_tables),
         ("_part_of + _partial", part_and_partial),
-        ("combine_partials", lambda: P.combine_partials(*partials)),
-        ("finish_part", lambda: [P.finish_part(p, match) for p in parts]),
-        ("merge_sums", lambda: P.merge_sums(*sums)),
+        ("combine_partials", lambda: W.combine_partials(*partials)),
+        ("finish_part", lambda: [W.finish_part(p, match) for p in parts]),
+        ("merge_sums", lambda: W.merge_sums(*sums)),
         (f"memory + telemetry read and mapped ({batch} ranks a batch)", read_and_map),
     ]
     print(f"{P.__file__}: {n} ranks of {args.trace_dir}, CPU ms per rank (best of {args.repeat})")
@@ -124,7 +129,7 @@ def main() -> None:
     table.add("total of the stages", f"{total:.3f}")
     # the passes as the engines run them: pass 1 a batch at a time (read, part, partials combined), pass 2
     batches = [tasks[i : i + batch] for i in range(0, n, batch)]
-    first = P.Collectives(window).first if hasattr(P, "Collectives") else lambda b: P.read_batch(b, window)
+    first = W.Collectives(window).first
     table.add(f"pass 1 as run (read_batch, {batch} ranks)", f"{best(lambda: [first(b) for b in batches]):.3f}")
     table.note(f"the first {n:,} ranks of the trace; CPU time (time.process_time), best of {args.repeat}, serially "
                f"in one process, the files in the page cache")  # fmt: skip

@@ -62,17 +62,21 @@ def moved_bytes(trace_dir: Path) -> dict:
     code = f"""
 import pickle, json
 from diag.analysis import engine, partitioned as P
+try:
+    from diag.analysis import collective_waits as W
+except ImportError:  # a checkout before the collectives' own module
+    W = P
 from diag.analysis.window import choose_window
 trace = P.load_without_collectives({str(trace_dir)!r})
 window = choose_window(trace.steps, None, [])
-batch = P.rank_sources(trace)[: engine.BATCH_RANKS]
-collectives = P.Collectives(window)
+batch = engine.rank_sources(trace)[: engine.BATCH_RANKS]
+collectives = W.Collectives(window)
 parts, (partial, _) = collectives.first(batch)
-inst = P.instance_table(partial)
-sums = collectives.combine2(*(collectives.second(p, P.match_table(inst)) for p in parts))
+inst = W.instance_table(partial)
+sums = collectives.combine2(*(collectives.second(p, W.match_table(inst)) for p in parts))
 print(json.dumps({{"part": sum(p.nbytes for p in parts) / len(batch), "rows": sum(p.rows for p in parts) / len(batch),
                    "partial": len(pickle.dumps(partial)) / len(batch), "sums": len(pickle.dumps(sums)) / len(batch),
-                   "instances": len(pickle.dumps(P.match_table(inst)))}}))
+                   "instances": len(pickle.dumps(W.match_table(inst)))}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)

@@ -19,13 +19,13 @@ import tracemalloc
 from pathlib import Path
 
 from diag.analysis import report as rep
+from diag.analysis.collective_waits import loaded_waits
 from diag.analysis.comms import analyze_comms
 from diag.analysis.engine import Shard, run_loaded, window_us_of
 from diag.analysis.failures import find_failures
 from diag.analysis.links import analyze_links
 from diag.analysis.memory import MemoryAnalysis
 from diag.analysis.mfu import analyze_mfu
-from diag.analysis.partitioned import loaded_waits
 from diag.analysis.stragglers import find_stragglers, rank_step_times
 from diag.analysis.telemetry import TelemetryAnalysis
 from diag.analysis.window import choose_window, select

@@ -18,7 +18,7 @@ import threading
 import traceback
 
 # above this many rank directories the collectives are never loaded whole (~5 GB per thousand ranks): they are
-# reduced rank by rank (diag.analysis.partitioned), by diag analyze and the dashboard alike
+# reduced rank by rank (diag.analysis.collective_waits), by diag analyze and the dashboard alike
 PARTITIONED_MIN_RANKS = 64
 # from this many ranks worker processes pay by default: their start (~1 s with the fork and the pickling of what
 # they send back) is then a small share of the read; below it a few threads here are as fast

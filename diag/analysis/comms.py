@@ -3,7 +3,7 @@
 The same collective carries the same (process group, seq) on every rank of its group. Its shortest duration
 over ranks belongs to the rank that arrived last, and approximates the transfer itself; everything the other
 ranks spent beyond it was waiting for that rank. Only durations are compared, so cross-host clock skew does
-not matter. diag.analysis.partitioned computes these waits rank by rank into ``ReducedWaits``. Bandwidths
+not matter. diag.analysis.collective_waits computes these waits rank by rank into ``ReducedWaits``. Bandwidths
 follow nccl-tests (github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md): algbw = S / t with S the
 buffer size nccl-tests reports (the gathered output for all_gather), and busbw = algbw x a factor per op that
 makes it comparable with the link's bandwidth.
@@ -150,7 +150,7 @@ class OpGroup:
 @dataclass
 class ReducedWaits:
     """What the analyses read of the collectives' waits for the last rank, reduced rank by rank
-    (diag.analysis.partitioned, over the ranks' files or a loaded table): no per-row arrays, so its size follows
+    (diag.analysis.collective_waits, over the ranks' files or a loaded table): no per-row arrays, so its size follows
     ranks x steps and the instances, not the collective records."""
 
     # wait for peers by (rank, step): blocking collectives run one after the other, so their waits add up;

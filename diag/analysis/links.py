@@ -1,7 +1,7 @@
 """Slow links from timing alone: the host, host pair, rank or rank pair common to the process groups whose
 collectives are slower than their peers'.
 
-A collective's transfer time is its shortest duration over the group's ranks (``partitioned.instance_table``):
+A collective's transfer time is its shortest duration over the group's ranks (``collective_waits.instance_table``):
 the time once every rank was there, which a late rank does not lengthen but a slow link does. Its bus bandwidth
 (nccl-tests' busbw, ``comms.busbw_factor``) is compared only with collectives of the same op, the same size class
 (powers of two), the same group size and the same number of hosts spanned (a group inside a node, on NVLink, is

@@ -20,6 +20,7 @@ from diag.analysis import grid
 from diag.analysis.bubble import SECTION as BUBBLE
 from diag.analysis.bubble import BubbleReport, analyze_bubble, gantt_rows, stage_work_per_step_us
 from diag.analysis.calibration import MachineSpeed, machine_speed
+from diag.analysis.collective_waits import loaded_waits
 from diag.analysis.comms import SECTION as COMMS
 from diag.analysis.comms import CommsReport, ReducedWaits, analyze_comms
 from diag.analysis.engine import Shard, run_loaded, window_us_of
@@ -172,7 +173,7 @@ def analyze(
     run_ranks=None,
 ) -> Report:
     """``reduce_collectives``: ``window -> ReducedWaits | None``, the collectives' waits reduced partition by
-    partition (diag.analysis.partitioned) when ``trace.collectives`` was not loaded; None: by the same two
+    partition (diag.analysis.collective_waits) when ``trace.collectives`` was not loaded; None: by the same two
     stages over the loaded table.
     ``run_ranks``: ``(analyses, window) -> their results``, the engine's analyses (telemetry, memory, health) run
     over the ranks' files when the trace's memory and telemetry were not loaded (nor the steps' loss, gradient
@@ -455,8 +456,6 @@ def all_step_times(trace: Trace, reduce_collectives=None) -> RankStepTimes | Non
 
 def _loaded_waits(trace: Trace, window: StepWindow | None) -> ReducedWaits | None:
     """The waits of the loaded ``trace.collectives`` in ``window`` (None: every row)."""
-    from diag.analysis.partitioned import loaded_waits  # partitioned imports this module's READS (columns.py)
-
     return loaded_waits(trace.collectives, window, trace.clock_offsets_us())
 
 

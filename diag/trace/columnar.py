@@ -340,7 +340,7 @@ class TableSegments:
     streams: dict[int, _StreamState] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)  # segments read to the end (Parquet) or given up (damaged)
     # Parquet segments: read only these columns (None: all); the others read as nulls, so only nullable ones
-    # may be left out (diag.analysis.partitioned: a collective's dtype, peer and source are never analysed,
+    # may be left out (diag.analysis.collective_waits: a collective's dtype, peer and source are never analysed,
     # and not decoding them is ~0.4 of the ~1.3 ms of reading a rank's 20,000 collectives)
     columns: tuple[str, ...] | None = None
     cut: bool = False  # the last tail read (read_new's tail_rows) left earlier rows unread

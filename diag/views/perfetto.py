@@ -135,7 +135,7 @@ def _canonical_op(op: str) -> str:
 
 
 def _matched(op: str, seq) -> bool:
-    """Whether rows of this op and seq on different ranks are one instance (as ``partitioned.RankPart`` matches
+    """Whether rows of this op and seq on different ranks are one instance (as ``collective_waits.RankPart`` matches
     them: point to point ops are numbered per rank, and an unknown seq (-1) matches nothing)."""
     return seq is not None and seq >= 0 and _canonical_op(op) not in ("send", "recv")
 
@@ -153,8 +153,8 @@ class _Instance:
 
 class CollectiveInstances:
     """What a rank's collective events need of the other ranks, reduced rank by rank (memory: one record per
-    collective instance in the window, not per row), as ``diag.analysis.partitioned`` defines it: who issued each
-    instance first and last, the latest issue of its untimed rows, its transfer time (shortest measured
+    collective instance in the window, not per row), as diag.analysis.collective_waits defines it: who issued
+    each instance first and last, the latest issue of its untimed rows, its transfer time (shortest measured
     duration), and per (op, group) the median bandwidth of the timed instances, to estimate the untimed ones."""
 
     def __init__(self):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from diag.analysis.collective_waits import loaded_waits
 from diag.analysis.links import analyze_links
-from diag.analysis.partitioned import loaded_waits
 
 HOSTS = {r: f"node{r // 2}" for r in range(8)}  # 4 hosts x 2 ranks
 TRANSFER_US = 800.0  # 1 MiB all_reduce between two ranks at about 1.3 GB/s busbw

@@ -120,7 +120,8 @@ def test_the_two_stages_on_the_cluster_equal_the_inline_run(cluster, tmp_path):
     from distributed import Client
 
     from diag.analysis import engine
-    from diag.analysis.partitioned import Collectives, load_without_collectives
+    from diag.analysis.collective_waits import Collectives
+    from diag.analysis.partitioned import load_without_collectives
     from diag.analysis.window import choose_window
     from tests.analysis.two_stage import comparable
 

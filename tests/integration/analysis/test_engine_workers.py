@@ -16,7 +16,8 @@ def test_the_two_stages_in_worker_processes_equal_the_inline_run(tmp_path, monke
     from collections import Counter
 
     from diag.analysis import engine
-    from diag.analysis.partitioned import Collectives, load_without_collectives
+    from diag.analysis.collective_waits import Collectives
+    from diag.analysis.partitioned import load_without_collectives
     from diag.analysis.window import choose_window
     from diag.testing import synthetic
     from tests.analysis.two_stage import SpreadAnalysis, comparable, expected_spread, sources_of

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from diag.analysis.collective_waits import loaded_waits
 from diag.analysis.comms import analyze_comms
-from diag.analysis.partitioned import loaded_waits
 
 
 def test_blocking_collective_without_duration_is_counted_from_issue_times():

@@ -1,4 +1,4 @@
-"""The collectives reduced rank by rank (diag.analysis.partitioned) give the report of the whole table loaded in
+"""The collectives reduced rank by rank (diag.analysis.collective_waits) give the report of the whole table loaded in
 memory: on synthetic runs with planted stragglers, on the bundled sample runs (their golden reports), on damaged
 traces (the loader's notes about skipped and dropped rows included), and when ranks are read again instead of
 held between the passes.
@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from diag.analysis import partitioned as partitioned_module
+from diag.analysis import collective_waits
 from diag.analysis.comms import ValueCounts
 from tests.analysis.golden import differences
 from tests.analysis.helpers import REPO, cli_json, make_trace, run_cli
@@ -51,7 +51,7 @@ def test_fast_value_counts_equal_numpys_unique():
         np.concatenate([rng.integers(0, 9, 2_000).astype(float), [-0.0]]),  # -0.0: numpy's own unique
     ]
     for values in cases:
-        assert _same_counts(partitioned_module._value_counts(values), ValueCounts.of(values))
+        assert _same_counts(collective_waits._value_counts(values), ValueCounts.of(values))
 
 
 def test_cell_max_equals_maximum_at():
@@ -60,7 +60,7 @@ def test_cell_max_equals_maximum_at():
         values = rng.normal(size=len(cell)) * 100
         expected = np.zeros(60)
         np.maximum.at(expected, cell, values)
-        assert np.array_equal(partitioned_module._cell_max(cell, values, 60), expected)
+        assert np.array_equal(collective_waits._cell_max(cell, values, 60), expected)
 
 
 def test_a_parts_runs_give_back_its_seqs_steps_and_blocking_flags():
@@ -79,33 +79,33 @@ def test_a_parts_runs_give_back_its_seqs_steps_and_blocking_flags():
             rng.shuffle(seq)
         steps = np.sort(rng.integers(0, max(n // 20, 1), n)) if case % 3 else rng.integers(-9, 1 << 33, n)
         blocking = rng.random(n) < 0.7
-        part = partitioned_module.RankPart(
-            rank=0, pg_names=[str(g) for g in range(groups)], pg=pg, seq=partitioned_module._seq_runs(seq, pg, groups),
-            duration_us=np.zeros(n), step=partitioned_module.Runs.of(steps), blocking=np.packbits(blocking),
-            start_us=np.zeros(0), unmatched=partitioned_module._NO_UNMATCHED,
+        part = collective_waits.RankPart(
+            rank=0, pg_names=[str(g) for g in range(groups)], pg=pg, seq=collective_waits._seq_runs(seq, pg, groups),
+            duration_us=np.zeros(n), step=collective_waits.Runs.of(steps), blocking=np.packbits(blocking),
+            start_us=np.zeros(0), unmatched=collective_waits._NO_UNMATCHED,
         )  # fmt: skip
         assert np.array_equal(part.seqs(), seq) and np.array_equal(part.steps(), steps), case
         assert np.array_equal(part.blockings(), blocking), case
-    usual = partitioned_module.Runs.of(np.repeat(np.arange(100, 1000), 20))
+    usual = collective_waits.Runs.of(np.repeat(np.arange(100, 1000), 20))
     assert np.array_equal(usual.decode(), np.repeat(np.arange(100, 1000), 20)) and usual.nbytes == 900 * 4
 
 
 def test_seq_index_lookups_inside_and_outside_the_range():
-    index = partitioned_module.SeqIndex(np.array([10, 11, 13, 14]))
+    index = collective_waits.SeqIndex(np.array([10, 11, 13, 14]))
     assert index.get_indexer(np.array([13, 10, 14])).tolist() == [2, 0, 3]
     assert index.get_indexer(np.array([9, 12, 14, 99])).tolist() == [-1, -1, 3, -1]
 
 
-def _rank_part(rank: int, seqs: np.ndarray, ops: list[str], rng) -> partitioned_module.RankPart:
+def _rank_part(rank: int, seqs: np.ndarray, ops: list[str], rng) -> collective_waits.RankPart:
     """A rank's compact part as pass 1 leaves it (its ops and sizes still attached), one group "g"."""
     n = len(seqs)
     duration = rng.integers(1, 900, n).astype("float64")
     duration[::5] = np.nan  # untimed rows: their issue times count
-    part = partitioned_module.RankPart(
-        rank=rank, pg_names=["g"], pg=np.zeros(n, "int8"), seq=partitioned_module._seq_runs(seqs, np.zeros(n), 1),
-        duration_us=duration, step=partitioned_module.Runs.of(np.zeros(n, "int64")),
+    part = collective_waits.RankPart(
+        rank=rank, pg_names=["g"], pg=np.zeros(n, "int8"), seq=collective_waits._seq_runs(seqs, np.zeros(n), 1),
+        duration_us=duration, step=collective_waits.Runs.of(np.zeros(n, "int64")),
         blocking=np.packbits(np.zeros(n, bool)), start_us=rng.normal(size=int(np.isnan(duration).sum())),
-        unmatched=partitioned_module._NO_UNMATCHED,
+        unmatched=collective_waits._NO_UNMATCHED,
     )  # fmt: skip
     part._ops = (rng.integers(0, len(ops), n), ops)
     part._bytes = rng.integers(0, 1 << 20, n)
@@ -115,7 +115,7 @@ def _rank_part(rank: int, seqs: np.ndarray, ops: list[str], rng) -> partitioned_
 def test_partials_added_into_a_batch_equal_partials_combined():
     """A batch's partial built rank by rank in place equals the ranks' partials combined, including a rank whose
     seqs reach outside the range so far (combined apart) and ranks that disagree on an instance's op."""
-    from diag.analysis.partitioned import _partial, combine_partials
+    from diag.analysis.collective_waits import _partial, combine_partials
 
     seq_ranges = [np.arange(100, 300), np.arange(100, 300), np.arange(50, 400, 2), np.arange(120, 200)]
     ops = [["allreduce", "broadcast"], ["broadcast", "allreduce"], ["allreduce"], ["reduce_scatter", "allreduce"]]

@@ -4,9 +4,9 @@ collective has one row per member rank; the last rank to arrive sees only the tr
 
 from __future__ import annotations
 
+from diag.analysis.collective_waits import loaded_waits
 from diag.analysis.findings import FindingContext
 from diag.analysis.links import SLOW_RATIO, analyze_links, link_findings
-from diag.analysis.partitioned import loaded_waits
 from diag.trace.mesh import MeshLayout
 from tests.analysis.slow_links import HOSTS, STEPS, TRANSFER_US, collectives, layout, links_of
 

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from diag.analysis.collective_waits import loaded_waits
 from diag.analysis.comms import analyze_comms, busbw_factor
-from diag.analysis.partitioned import loaded_waits
 from diag.analysis.peaks import lookup_peak_tflops
 from diag.analysis.report import analyze
 from diag.trace import cache as trace_cache

@@ -1,7 +1,7 @@
 """The engine's two-stage runner (``engine.run_two_stage``): any batching and order of the ranks, and any budget
 for the states held between the stages, give the same result; beyond the budget a rank is read again. A small
 exact analysis (integers: no float order to tolerate) shows the runner's contract; the collectives
-(``partitioned.Collectives``) on a small synthetic trace show the same of the real analysis."""
+(``collective_waits.Collectives``) on a small synthetic trace show the same of the real analysis."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diag.analysis import engine
-from diag.analysis.partitioned import Collectives, load_without_collectives
+from diag.analysis.collective_waits import Collectives
+from diag.analysis.partitioned import load_without_collectives
 from diag.analysis.window import choose_window
 from diag.testing import synthetic
 from tests.analysis.two_stage import SpreadAnalysis, comparable, expected_spread, sources_of

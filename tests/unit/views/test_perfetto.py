@@ -99,9 +99,9 @@ def test_rank_by_rank_export_of_a_rank_whose_files_hold_a_second_run(tmp_path):
 def test_untimed_collectives_are_estimated_from_the_analysis_waits(tmp_path):
     """straggler-h200's collectives carry issue times only (DDP buckets read from gloo's Flight Recorder): each
     is drawn for the wait for the last rank to issue it, which is the wait the report reads
-    (``partitioned.loaded_waits``: per rank and step, and who arrived last); the last rank's own (no wait, no
+    (``collective_waits.loaded_waits``: per rank and step, and who arrived last); the last rank's own (no wait, no
     timed collective to give a transfer) is a 1 us lower bound."""
-    from diag.analysis.partitioned import loaded_waits
+    from diag.analysis.collective_waits import loaded_waits
 
     run = REPO / "sample_traces" / "straggler-h200"
     events = export_events(tmp_path, run)
