@@ -347,11 +347,12 @@ def _compact_part(task: RankSource, rows: RankRows, keep: np.ndarray) -> RankPar
     codes, names = _first_seen(rows.pg[matched], rows.pg_names)
     duration_m = rows.duration_us[matched]
     untimed = np.isnan(duration_m)
+    seq_m = rows.seq[matched]
     part = RankPart(
         rank=task.rank,
         pg_names=[str(n) for n in names],
         pg=codes.astype("int8" if len(names) < 2**7 else "int16" if len(names) < 2**15 else "int32"),
-        seq=_seq_runs(rows.seq[matched], codes, len(names)),
+        seq=_seq_runs(seq_m, codes, len(names)),
         duration_us=_compact_float(duration_m),
         step=Runs.of(rows.step[matched]),
         blocking=np.packbits(rows.blocking[matched]),
@@ -365,8 +366,8 @@ def _compact_part(task: RankSource, rows: RankRows, keep: np.ndarray) -> RankPar
             rows.blocking[loose],
         ),  # fmt: skip
     )
-    part._ops = _merged(rows.op[matched], rows.op_names)  # for the partial only; not kept (see _partial)
-    part._bytes = rows.nbytes[matched]
+    # for the partial only, not kept (see _partial); its seqs as read, not decoded again
+    part._ops, part._bytes, part._seqs = _merged(rows.op[matched], rows.op_names), rows.nbytes[matched], seq_m
     return part
 
 
@@ -407,10 +408,8 @@ def _partial(part: RankPart, into: dict[str, PgPartial] | None = None) -> dict[s
     """Per process group, per seq, this rank's instance fields; ``into``: added to those partials (of earlier
     ranks of a batch: ``combine_partials`` of them and this rank's, in place), which are returned. Adding a
     rank's rows straight into the batch's arrays spares each rank its own blank arrays and their combination
-    (~0.3 ms a rank). Drops the op and size arrays from the part: pass 2 does not need them."""
-    ops, nbytes = getattr(part, "_ops", None), getattr(part, "_bytes", None)
-    for name in ("_ops", "_bytes"):
-        part.__dict__.pop(name, None)
+    (~0.3 ms a rank). Drops the op, size and seq arrays from the part: pass 2 does not need them."""
+    ops, nbytes, seqs = (part.__dict__.pop(name, None) for name in ("_ops", "_bytes", "_seqs"))
     out = {} if into is None else into
     if ops is None or not len(part.pg):
         return out
@@ -419,7 +418,7 @@ def _partial(part: RankPart, into: dict[str, PgPartial] | None = None) -> dict[s
     latest[np.isnan(duration)] = part.start_us
     op_codes, op_names = ops
     op_names = [str(o) for o in op_names]
-    seqs = part.seqs()
+    seqs = part.seqs() if seqs is None else seqs.astype("int64", copy=False)
     for code, name in enumerate(part.pg_names):
         rows = np.flatnonzero(part.pg == code)
         seq = seqs[rows]
