@@ -42,8 +42,8 @@ COLLECTIVES = "collectives"
 class Runs:
     """Integers as runs of equal values: a rank's steps (some 20 collectives each) and its seqs' distances from
     its previous seq of the same group (1, but at a group's first row) in a few bytes where a plain array takes
-    2 to 8 a row. Values offset by ``lo`` and lengths in the narrowest dtypes: with no runs at all, 4 bytes a
-    row."""
+    2 to 8 a row. Values offset by ``lo`` and lengths in the narrowest dtypes: with no runs at all (each value
+    differs from the one before), 4 bytes a row where the values' range fits 16 bits."""
 
     lo: int
     values: np.ndarray  # minus lo
@@ -80,7 +80,7 @@ def _seq_runs(seq: np.ndarray, pg: np.ndarray, groups: int) -> Runs:
 
 
 def _group_rows(pg: np.ndarray, groups: int) -> list:
-    """Each group's rows: a slice of all where there is one group (no copies: ~0.2 ms a rank of 18,000 rows)."""
+    """Each group's rows: a slice of all where there is one group, so neither an index array nor a copy."""
     return [slice(None)] if groups == 1 else [np.flatnonzero(pg == code) for code in range(groups)]
 
 
