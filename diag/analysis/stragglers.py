@@ -219,7 +219,8 @@ def rank_step_times(
 
     ``peer_groups`` (rank -> group) limits comparisons to ranks doing the same work: the ranks of one
     pipeline stage. Without it all ranks are peers."""
-    frame = steps_w[["rank", "step", "data_wait_us", "duration_us", "comm_wait_us"]].copy()
+    # numbered from 0 while it has five columns: renumbered at the end, the whole frame was copied once more
+    frame = steps_w[["rank", "step", "data_wait_us", "duration_us", "comm_wait_us"]].reset_index(drop=True)
     blocked = frame["comm_wait_us"].to_numpy(dtype="float64")
     sources = ["steps.comm_wait_us"] if blocked.any() else []
     if coll_wait_per_rank_step is not None and len(coll_wait_per_rank_step):
@@ -239,7 +240,7 @@ def rank_step_times(
         frame["peers"] = frame["rank"].map(peer_groups).fillna(0).astype("int64")
     else:  # what mapping every rank through an empty dict gives, without 16 M lookups
         frame["peers"] = np.zeros(len(frame), dtype="int64")
-    return RankStepTimes(frame.reset_index(drop=True), source, less_core_wait=less_core_wait)
+    return RankStepTimes(frame, source, less_core_wait=less_core_wait)
 
 
 def _less_core_wait(busy_us: np.ndarray, steps_w: pd.DataFrame) -> tuple[np.ndarray, bool]:
