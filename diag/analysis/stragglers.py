@@ -219,7 +219,7 @@ def rank_step_times(
 
     ``peer_groups`` (rank -> group) limits comparisons to ranks doing the same work: the ranks of one
     pipeline stage. Without it all ranks are peers."""
-    # numbered from 0 while it has five columns: renumbered at the end, the whole frame was copied once more
+    # renumbered from 0 here, while it has five columns: renumbering the finished frame would copy all ten
     frame = steps_w[["rank", "step", "data_wait_us", "duration_us", "comm_wait_us"]].reset_index(drop=True)
     blocked = frame["comm_wait_us"].to_numpy(dtype="float64")
     sources = ["steps.comm_wait_us"] if blocked.any() else []
