@@ -80,7 +80,8 @@ def _seq_runs(seq: np.ndarray, pg: np.ndarray, groups: int) -> Runs:
 
 
 def _group_rows(pg: np.ndarray, groups: int) -> list:
-    """Each group's rows: a slice of all where there is one group, so neither an index array nor a copy."""
+    """Each group's rows, in code order: a slice of all where there is one group, so neither an index array nor
+    a copy."""
     return [slice(None)] if groups == 1 else [np.flatnonzero(pg == code) for code in range(groups)]
 
 
@@ -419,8 +420,7 @@ def _partial(part: RankPart, into: dict[str, PgPartial] | None = None) -> dict[s
     op_codes, op_names = ops
     op_names = [str(o) for o in op_names]
     seqs = part.seqs() if seqs is None else seqs.astype("int64", copy=False)
-    for code, name in enumerate(part.pg_names):
-        rows = np.flatnonzero(part.pg == code)
+    for name, rows in zip(part.pg_names, _group_rows(part.pg, len(part.pg_names))):
         seq = seqs[rows]
         lo, hi = int(seq.min()), int(seq.max())
         g = out.get(name)
@@ -641,8 +641,7 @@ def finish_part(part: RankPart, match: MatchTable) -> CollectiveSums:
     start = np.full(n, np.nan)
     start[~timed] = part.start_us
     seqs = part.seqs()
-    for code, name in enumerate(part.pg_names):
-        rows = np.flatnonzero(part.pg == code)
+    for name, rows in zip(part.pg_names, _group_rows(part.pg, len(part.pg_names))):
         index, transfer, latest, inst_ranks, inst_group = match.by_pg[name]
         at = index.get_indexer(seqs[rows])
         wait[rows] = np.where(timed[rows], duration[rows] - transfer[at], latest[at] - start[rows])
