@@ -175,6 +175,7 @@ def command(
         pass
     finally:
         server.close()
+        live.stop()  # the poll thread ends its read here, not inside pyarrow while the interpreter exits
 
 
 def _many_ranks(trace_dir: Path) -> bool:

@@ -144,8 +144,8 @@ class LiveTrace:
         try:
             return self._refresh()
         except Exception as exc:  # noqa: BLE001 - the live view outlives a bad file or a bug in one poll
-            if isinstance(exc, RuntimeError) and "interpreter shutdown" in str(exc):
-                return False  # the process is ending (its thread pools refuse work): nobody is looking
+            if process_exiting():
+                return False  # its thread pools refuse work ("cannot schedule new futures"): nobody is looking
             message = f"could not read {self.trace_dir}: {type(exc).__name__}: {str(exc)[:300]}"
             if self.snapshot.trace is None:
                 self._publish_error(message)
@@ -447,9 +447,12 @@ class LiveTrace:
             self._thread.start()
 
     def stop(self) -> None:
+        """Stops polling, and waits (a while) for the poll and triage threads to end their reads: a read cut off
+        by the interpreter's exit can abort the process from inside pyarrow."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.wait_for_triage(timeout_s=10)
         if self._first_workers is not None and not (self._thread is not None and self._thread.is_alive()):
             self._first_workers.close()  # stopped before the first read used them
             self._first_workers = None
@@ -466,10 +469,17 @@ class LiveTrace:
         try:
             self.refresh()
         except Exception:  # keep polling: a bad read now may be a good one later
-            if not threading.main_thread().is_alive():
-                return False  # the process is exiting (its thread pools refuse work): nobody is left to show
+            if process_exiting():
+                return False
             traceback.print_exc()
-        return True
+        return not process_exiting()
+
+
+def process_exiting() -> bool:
+    """Whether the interpreter is exiting: its main thread has stopped, and the thread pools a poll reads with
+    refuse work (the pools' idle threads shut down a pool the poll is still submitting to, so the error does not
+    always say "interpreter shutdown")."""
+    return not threading.main_thread().is_alive()
 
 
 def report_cache_name() -> str:

@@ -15,6 +15,7 @@ from diag.dashboard import data as d
 from diag.dashboard import figures as f
 from diag.trace.schema import STEPS
 from diag.trace.writer import RankWriter
+from tests.conftest import REPO
 
 FIGURE_LIMIT_BYTES = 2 * 2**20
 
@@ -185,3 +186,24 @@ def test_pipeline_page_draws_the_reports_bubble_and_timeline():
     no_report = dataclasses.replace(snap, report=None, analysis_error="no steps recorded yet", _memo={})
     out = update_pipeline(no_report, None)
     assert "Cannot draw this page: no steps recorded yet" in str(out["body"])
+
+
+def test_a_poll_that_fails_while_the_process_exits_says_nothing(monkeypatch, capsys):
+    """At exit the thread pools a poll reads with refuse work, with an error that does not always name the
+    interpreter's shutdown. The exit itself cannot be staged in the test's process, so the main thread's end is
+    patched in here; a real ``diag dashboard`` stopped by Ctrl-C while it polls is
+    tests/integration/dashboard/test_server_log.py's."""
+    live = d.LiveTrace(REPO / "sample_traces" / "straggler", triage=False)
+    live.refresh()
+
+    def refused():
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    monkeypatch.setattr(live, "_refresh", refused)
+    monkeypatch.setattr(d, "process_exiting", lambda: True)
+    assert live.refresh() is False and not live._refresh_quietly()
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(d, "process_exiting", lambda: False)  # the same failure while the process runs is said
+    assert live.refresh() is False and live._refresh_quietly()
+    assert "could not read" in capsys.readouterr().err
+    assert live.snapshot.trace is not None  # the last data read is still shown
