@@ -156,7 +156,7 @@ class ReducedWaits:
     # wait for peers by (rank, step): blocking collectives run one after the other, so their waits add up;
     # asynchronous ones (DDP buckets, NCCL on GPUs) overlap, all of a step's waiting for the same late rank at
     # once, so their largest wait counts, not the sum
-    per_rank_step: pd.Series
+    per_rank_step: pd.Series | None  # None once the step times and the communication report have read it
     last_arrivals: np.ndarray  # by rank: rows where the rank arrived last
     rows_per_rank: np.ndarray  # by rank: rows
     groups: list[OpGroup]

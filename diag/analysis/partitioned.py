@@ -192,6 +192,9 @@ def _rank_dirs(reader: TraceReader) -> dict[int, Path]:
 _LOAD_TABLES = tuple(name for name in TABLES if name not in (COLLECTIVES, *RANK_TABLES))
 STEPS = "steps"  # sent from a worker as its share's frame (narrowed, no categorical); the others as Arrow chunks
 TICK_RANKS = 64  # a worker's progress said every this many ranks
+# A worker converts its share's steps to pandas this many ranks at a time: converted whole, a share's Arrow
+# chunks and its frame were both held, ~2 GB a worker at 16,384 ranks x 1,000 steps in two shares
+STEPS_PIECE_RANKS = 1024
 
 
 def poll_in_workers(workers: Workers, reader: AnalysedColumnsReader, progress=None, rank_dirs=None) -> dict:
@@ -213,26 +216,33 @@ def poll_in_workers(workers: Workers, reader: AnalysedColumnsReader, progress=No
 def read_share(share: tuple[str, list[tuple[int, Path]]], local: dict, channel) -> dict:
     """A worker's read (``poll_in_workers``) of what ``TraceReader.poll`` reads of a contiguous share of the ranks
     ``(path, [(rank, rank_dir)])``, in rank order: the steps streamed column by column (AnalysedColumnsReader's
-    columns, int32 narrowing over the share); returned, the rest as ``gather_rank_reads`` gathers it but
-    unconverted (manifests, heartbeats and events as records, the other tables' Arrow chunks), so that the caller
-    builds the frames of every share's records at once, exactly as one load would. One thread reads
-    (use_threads=False): Arrow's thread pools, idle in the process that forked the worker, are never used."""
+    columns, int32 narrowing where a piece of STEPS_PIECE_RANKS ranks allows it); returned, the rest as
+    ``gather_rank_reads`` gathers it but unconverted (manifests, heartbeats and events as records, the other
+    tables' Arrow chunks), so that the caller builds the frames of every share's records at once, exactly as one
+    load would. One thread reads (use_threads=False): Arrow's thread pools, idle in the process that forked the
+    worker, are never used."""
     path, ranks = share
     reader = AnalysedColumnsReader(path, tables=_LOAD_TABLES)
+    unconverted: list = []  # the steps' Arrow chunks of the ranks read since the last piece
+    pieces: list[pd.DataFrame] = []
 
     def reads():
         for i, (rank, rank_dir) in enumerate(ranks):
-            yield rank, reader.read_rank(rank, Path(rank_dir))
+            read = reader.read_rank(rank, Path(rank_dir))
+            if STEPS in read.tables:
+                unconverted.append(read.tables.pop(STEPS))
+            if len(unconverted) == STEPS_PIECE_RANKS:
+                pieces.append(reader.frame(STEPS, unconverted))  # empties the list: its Arrow freed as converted
+            yield rank, read
             if (i + 1) % TICK_RANKS == 0 or i + 1 == len(ranks):
                 channel.tick((i + 1) % TICK_RANKS or TICK_RANKS)
 
-    chunks, rest = gather_rank_reads(reads(), _LOAD_TABLES, [], frames=False)
-    steps_chunks = chunks.pop(STEPS)  # gone from the chunks even when empty: a share of manifest-only ranks
-    steps = reader.frame(STEPS, steps_chunks) if steps_chunks else pd.DataFrame()
-    del steps_chunks
-    for name in list(steps.columns):  # one column at a time: its pickle is all that is in flight
-        channel.column(name, steps.pop(name))
-    del steps
+    chunks, rest = gather_rank_reads(reads(), tuple(t for t in _LOAD_TABLES if t != STEPS), [], frames=False)
+    if unconverted:
+        pieces.append(reader.frame(STEPS, unconverted))
+    for name in list(pieces[0].columns) if pieces else []:  # one column at a time: its pickle is all in flight
+        channel.column(name, pd.concat([piece.pop(name) for piece in pieces], ignore_index=True))
+    pieces.clear()
     release_arrow_memory()
     release_heap_memory()  # the share's per-rank Arrow and frames: not kept into the passes
     rest["chunks"] = chunks

@@ -16,7 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from diag.analysis import bubble as bubble_analysis
+from diag.analysis import comms as comms_analysis
 from diag.analysis import grid
+from diag.analysis import mfu as mfu_analysis
+from diag.analysis import stragglers as stragglers_analysis
 from diag.analysis.bubble import SECTION as BUBBLE
 from diag.analysis.bubble import BubbleReport, analyze_bubble, gantt_rows, stage_work_per_step_us
 from diag.analysis.calibration import MachineSpeed, machine_speed
@@ -189,14 +193,22 @@ def analyze(
     hosts = ranks_info["host"].dropna().astype(str).to_dict() if "host" in ranks_info else {}
 
     waits = reduce_collectives(window) if reduce_collectives is not None else _loaded_waits(trace, window)
-    # the window's copy of the steps table (~1 GB at 16,384 ranks x 1,000 steps), made after the collectives'
-    # pass and let go before the per-rank pass and the stragglers: never held at their peaks
-    steps_w = select(trace.steps, window)
-    times = rank_step_times(steps_w, waits.per_rank_step if waits is not None else None, _pipeline_stages(trace))
-    comms = analyze_comms(waits, steps_w, _pg_sizes(trace))
-    stage_work = stage_work_per_step_us(trace.microbatches, steps_w) if len(trace.microbatches) else None
-    mfu = analyze_mfu(times.frame, trace.manifests, steps_w, flops_per_step, peak_tflops, ranks_sharing_tokens(trace))
-    del steps_w
+
+    def window_rows(module: types.ModuleType) -> pd.DataFrame:
+        """The window's rows of the steps table, with only the columns ``module`` reads: a copy of every column
+        (~1.2 GB at 16,384 ranks x 1,000 steps) held beside the step times was the analysis's peak."""
+        return select(trace.steps, window, module.READS["steps"])
+
+    per_rank_step = waits.per_rank_step if waits is not None else None
+    times = rank_step_times(window_rows(stragglers_analysis), per_rank_step, _pipeline_stages(trace))
+    comms = analyze_comms(waits, window_rows(comms_analysis), _pg_sizes(trace))
+    if waits is not None:  # nothing after reads the per-rank-step waits, nor the hash of their index comms built
+        del per_rank_step
+        waits = dataclasses.replace(waits, per_rank_step=None)
+    pipelined = len(trace.microbatches) > 0
+    stage_work = stage_work_per_step_us(trace.microbatches, window_rows(bubble_analysis)) if pipelined else None
+    replicas = ranks_sharing_tokens(trace)
+    mfu = analyze_mfu(times.frame, trace.manifests, window_rows(mfu_analysis), flops_per_step, peak_tflops, replicas)
     telemetry, memory, health = _rank_by_rank(trace, window, hosts, run_ranks)
     throttled = {g.rank: g.throttled_share for g in telemetry.gpus if g.throttled}
     last_arrival = {r.rank: r.last_arrival_fraction for r in comms.per_rank} if waits is not None else {}

@@ -111,9 +111,14 @@ def choose_window(
     return window
 
 
-def select(steps: pd.DataFrame, window: StepWindow) -> pd.DataFrame:
-    """Rows of the steps in the window (complete steps between first and last, warm-up already outside)."""
-    return steps[in_window(steps["step"], window)]
+def select(steps: pd.DataFrame, window: StepWindow, columns: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """Rows of the steps in the window (complete steps between first and last, warm-up already outside);
+    ``columns``: only those of them the table has, and its rank and step: a copy of the columns an analysis
+    reads, not of every column."""
+    rows = in_window(steps["step"], window)
+    if columns is None:
+        return steps[rows]
+    return steps.loc[rows, [c for c in steps.columns if c in ("rank", "step", *columns)]]
 
 
 def in_window(step: pd.Series, window: StepWindow) -> pd.Series:

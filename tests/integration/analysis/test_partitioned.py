@@ -204,11 +204,14 @@ def _wide_wait(path: Path, rank: int) -> None:
 
 
 @pytest.mark.slow
-def test_worker_processes_load_the_same_trace(tmp_path):
+@pytest.mark.parametrize("piece_ranks", [partitioned_module.STEPS_PIECE_RANKS, 2, 1])
+def test_worker_processes_load_the_same_trace(tmp_path, monkeypatch, piece_ranks):
     """The load in a pool of worker processes (each worker reads its share of the ranks, the steps sent column by
     column) gives the Trace of load_without_collectives frame for frame: on a run with corrupt step rows, a FIFO for a table,
     a second run appended and one rank whose waits do not fit int32 (three workers: shares of 3, 3 and 2 ranks), and on the pipeline and hang
-    sample runs (phases, microbatches, events, NCCL logs)."""
+    sample runs (phases, microbatches, events, NCCL logs). A worker converts its steps ``piece_ranks`` ranks at a
+    time: one piece a share, or several, one of them int64 beside int32 ones."""
+    monkeypatch.setattr(partitioned_module, "STEPS_PIECE_RANKS", piece_ranks)  # before the workers are forked
     damaged = tmp_path / "damaged"
     make_trace(damaged, ranks=8, steps=40, seed=1)
     later = tmp_path / "later"
