@@ -192,8 +192,8 @@ def _rank_dirs(reader: TraceReader) -> dict[int, Path]:
 _LOAD_TABLES = tuple(name for name in TABLES if name not in (COLLECTIVES, *RANK_TABLES))
 STEPS = "steps"  # sent from a worker as its share's frame (narrowed, no categorical); the others as Arrow chunks
 TICK_RANKS = 64  # a worker's progress said every this many ranks
-# A worker converts its share's steps to pandas this many ranks at a time: converted whole, a share's Arrow
-# chunks and its frame were both held, ~2 GB a worker at 16,384 ranks x 1,000 steps in two shares
+# A worker converts its share's steps to pandas this many ranks at a time: converting a whole share at once holds
+# its Arrow chunks and its frame together, ~2 GB a worker at 16,384 ranks x 1,000 steps in two shares
 STEPS_PIECE_RANKS = 1024
 
 

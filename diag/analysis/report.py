@@ -196,7 +196,7 @@ def analyze(
 
     def window_rows(module: types.ModuleType) -> pd.DataFrame:
         """The window's rows of the steps table, with only the columns ``module`` reads: a copy of every column
-        (~1.2 GB at 16,384 ranks x 1,000 steps) held beside the step times was the analysis's peak."""
+        (~1.2 GB at 16,384 ranks x 1,000 steps) would be held beside the step times, at the analysis's peak."""
         return select(trace.steps, window, module.READS["steps"])
 
     per_rank_step = waits.per_rank_step if waits is not None else None
