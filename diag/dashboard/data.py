@@ -476,10 +476,11 @@ class LiveTrace:
 
 
 def process_exiting() -> bool:
-    """Whether the interpreter is exiting: its main thread has stopped, and the thread pools a poll reads with
-    refuse work (the pools' idle threads shut down a pool the poll is still submitting to, so the error does not
-    always say "interpreter shutdown")."""
-    return not threading.main_thread().is_alive()
+    """Whether the interpreter is exiting, when the thread pools a poll reads with refuse work: from the start of
+    threading's shutdown, which runs the pools' exit hooks before it stops the main thread (and the pools' idle
+    threads then shut down a pool the poll is still submitting to, so the error does not always say "interpreter
+    shutdown")."""
+    return getattr(threading, "_SHUTTING_DOWN", False) or not threading.main_thread().is_alive()
 
 
 def report_cache_name() -> str:

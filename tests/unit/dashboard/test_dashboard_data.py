@@ -207,3 +207,13 @@ def test_a_poll_that_fails_while_the_process_exits_says_nothing(monkeypatch, cap
     assert live.refresh() is False and live._refresh_quietly()
     assert "could not read" in capsys.readouterr().err
     assert live.snapshot.trace is not None  # the last data read is still shown
+
+
+def test_the_exit_is_seen_from_the_start_of_threadings_shutdown(monkeypatch):
+    """threading's shutdown runs the thread pools' exit hooks (after which they refuse work) before it stops the
+    main thread: the exit is seen from there, as the flag that shutdown sets first says."""
+    import threading
+
+    assert not d.process_exiting()
+    monkeypatch.setattr(threading, "_SHUTTING_DOWN", True, raising=False)
+    assert threading.main_thread().is_alive() and d.process_exiting()
