@@ -199,11 +199,11 @@ def analyze(
         (~1.2 GB at 16,384 ranks x 1,000 steps) would be held beside the step times, at the analysis's peak."""
         return select(trace.steps, window, module.READS["steps"])
 
-    per_rank_step = waits.per_rank_step if waits is not None else None
-    times = rank_step_times(window_rows(stragglers_analysis), per_rank_step, _pipeline_stages(trace))
+    times = rank_step_times(
+        window_rows(stragglers_analysis), waits.per_rank_step if waits is not None else None, _pipeline_stages(trace)
+    )
     comms = analyze_comms(waits, window_rows(comms_analysis), _pg_sizes(trace))
     if waits is not None:  # nothing after reads the per-rank-step waits, nor the hash of their index comms built
-        del per_rank_step
         waits = dataclasses.replace(waits, per_rank_step=None)
     pipelined = len(trace.microbatches) > 0
     stage_work = stage_work_per_step_us(trace.microbatches, window_rows(bubble_analysis)) if pipelined else None

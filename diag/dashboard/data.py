@@ -469,9 +469,8 @@ class LiveTrace:
         try:
             self.refresh()
         except Exception:  # keep polling: a bad read now may be a good one later
-            if process_exiting():
-                return False
-            traceback.print_exc()
+            if not process_exiting():
+                traceback.print_exc()
         return not process_exiting()
 
 
