@@ -2,13 +2,13 @@
 
 from pathlib import Path
 
-from diag.dashboard.app import create_app, require_local_host_header
+from diag.dashboard.app import require_local_host_header
 
 SAMPLE = Path(__file__).resolve().parents[3] / "sample_traces" / "straggler"
 
 
-def test_only_local_host_headers_are_served():
-    app = create_app(SAMPLE)
+def test_only_local_host_headers_are_served(dashboard_app):
+    app = dashboard_app(SAMPLE)
     require_local_host_header(app.server, 8050)
     client = app.server.test_client()
     for host in ("127.0.0.1:8050", "localhost:8050", "[::1]:8050", "localhost"):

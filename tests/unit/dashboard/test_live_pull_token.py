@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from diag.dashboard import live_pull
-from diag.dashboard.app import TOKEN_HEADER, create_app
+from diag.dashboard.app import TOKEN_HEADER
 from diag.triage import debug_pull
 
 SAMPLE = Path(__file__).resolve().parents[3] / "sample_traces" / "straggler"
@@ -44,8 +44,8 @@ def pulls(monkeypatch, tmp_path):
     live_pull.set_debug_server(None)
 
 
-def test_a_pull_without_the_token_is_refused_before_the_job_is_asked(pulls):
-    client = create_app(SAMPLE, token=TOKEN).server.test_client()
+def test_a_pull_without_the_token_is_refused_before_the_job_is_asked(pulls, dashboard_app):
+    client = dashboard_app(SAMPLE, token=TOKEN).server.test_client()
     refused = client.post("/_dash-update-component", json=PRESS_PULL)
     assert refused.status_code == 403 and pulls == []
     wrong = client.post("/_dash-update-component", json=PRESS_PULL, headers={TOKEN_HEADER: "not-" + TOKEN})
