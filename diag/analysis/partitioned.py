@@ -1,7 +1,7 @@
 """``diag analyze`` of a trace read rank by rank, for traces of many ranks: the per-step tables loaded without
-the collectives, memory and telemetry (only the columns the analyses read, the ranks read by worker processes),
-then the collectives' waits (diag.analysis.collective_waits) and the memory, telemetry and health analyses run
-over the ranks' files by the engine, on this machine or on a Dask cluster. ``analyze_partitioned`` is the
+the collectives, memory and telemetry (only the columns the analyses read, the ranks read by worker processes or
+the Dask cluster's workers), then the collectives' waits (diag.analysis.collective_waits) and the memory,
+telemetry and health analyses run over the ranks' files by the engine, on this machine or on a Dask cluster. ``analyze_partitioned`` is the
 entry point; the report is ``analyze``'s of the loaded trace.
 """
 
@@ -15,7 +15,7 @@ import pandas as pd
 from diag.analysis.collective_waits import COLLECTIVES, Collectives, reduced_waits
 from diag.analysis.columns import loaded_columns
 from diag.analysis.comms import ReducedWaits
-from diag.analysis.engine import Plan, rank_sources, release_arrow_memory, run_two_stage
+from diag.analysis.engine import TASKS_PER_DASK_WORKER, Plan, rank_sources, release_arrow_memory, run_two_stage
 from diag.analysis.window import StepWindow
 from diag.processes import Workers, contiguous_shares, release_heap_memory, worker_count
 from diag.trace.loader import (
@@ -153,20 +153,26 @@ def load_without_collectives(
     analysed_columns_only: bool = False,
     without: tuple[str, ...] = (),
     workers: Workers | None = None,
+    client=None,
 ) -> Trace:
     """``diag.load`` of every table but the collectives (left empty: reduced by partition instead) and those in
     ``without`` (likewise: memory and telemetry, analysed rank by rank). ``analysed_columns_only``: the per-step
     tables with only the columns ``analyze`` reads (AnalysedColumnsReader), for a report; the views want them
-    whole. ``workers``: a started pool whose workers read the ranks (``poll_in_workers``: analysed columns only,
-    without RANK_TABLES; a pool of one: this process); the same Trace, frame for frame."""
+    whole. ``workers``: a started pool whose workers read the ranks, or the Dask ``client`` whose workers do
+    (``poll_in_workers``: analysed columns only, without RANK_TABLES; a pool of one: this process); the same
+    Trace, frame for frame."""
     tables = tuple(name for name in TABLES if name != COLLECTIVES and name not in without)
     reader = (AnalysedColumnsReader if analysed_columns_only else TraceReader)(path, tables=tables)
     rank_dirs = _rank_dirs(reader)
     bar = _bar(len(rank_dirs), "loading ranks") if progress else None
     try:
         tick = bar.update if bar else None
-        in_workers = workers is not None and workers.count > 1
-        data = poll_in_workers(workers, reader, tick, rank_dirs) if in_workers else reader.poll(progress=tick)
+        if client is not None:
+            data = poll_in_workers(None, reader, tick, rank_dirs, client)
+        elif workers is not None and workers.count > 1:
+            data = poll_in_workers(workers, reader, tick, rank_dirs)
+        else:
+            data = reader.poll(progress=tick)
     finally:
         if bar is not None:
             bar.close()
@@ -197,17 +203,23 @@ TICK_RANKS = 64  # a worker's progress said every this many ranks
 STEPS_PIECE_RANKS = 1024
 
 
-def poll_in_workers(workers: Workers, reader: AnalysedColumnsReader, progress=None, rank_dirs=None) -> dict:
+def poll_in_workers(
+    workers: Workers | None, reader: AnalysedColumnsReader, progress=None, rank_dirs=None, client=None
+) -> dict:
     """``reader.poll()`` of a reader that has read nothing yet (of the per-step tables but the collectives,
     memory and telemetry, with the analysed columns: what ``analyze_partitioned`` loads), the ranks read by the
-    started ``workers``, each a contiguous share (``read_share``); ``reader`` then reads on from where they
-    stopped (a live view's next polls: diag.dashboard). ``rank_dirs``: the reader's, when listed already."""
+    started ``workers``, each a contiguous share (``read_share``), or by the workers of the Dask ``client``, a
+    share per task; ``reader`` then reads on from where they stopped (a live view's next polls: diag.dashboard).
+    ``rank_dirs``: the reader's, when listed already."""
     if type(reader) is not AnalysedColumnsReader or tuple(reader.tables) != _LOAD_TABLES:
         raise ValueError("poll_in_workers reads what analyze_partitioned loads: AnalysedColumnsReader(path, "
                          "tables=_LOAD_TABLES)")  # fmt: skip
     rank_dirs = _rank_dirs(reader) if rank_dirs is None else rank_dirs
-    shares = [(str(reader.path), share) for share in contiguous_shares(list(rank_dirs.items()), workers.count)]
-    loaded = workers.call(read_share, shares, progress, streamed=True)
+    if client is not None:
+        loaded = _read_shares_on_cluster(client, str(reader.path), list(rank_dirs.items()), progress)
+    else:
+        shares = [(str(reader.path), share) for share in contiguous_shares(list(rank_dirs.items()), workers.count)]
+        loaded = workers.call(read_share, shares, progress, streamed=True)
     data = _gather_shares(reader, loaded, list(rank_dirs))
     del loaded
     return data
@@ -248,6 +260,44 @@ def read_share(share: tuple[str, list[tuple[int, Path]]], local: dict, channel) 
     rest["chunks"] = chunks
     rest["read_state"] = reader.read_state()  # where a live reader of the whole directory reads on from
     return rest
+
+
+def _read_shares_on_cluster(client, path: str, ranks: list[tuple[int, Path]], progress=None) -> list[tuple]:
+    """``read_share`` of contiguous shares of ``ranks`` on the Dask ``client``'s workers: at least
+    TASKS_PER_DASK_WORKER shares a worker, of at most STEPS_PIECE_RANKS ranks (a task's memory); ``Workers.call``'s
+    streamed results, in share order. ``progress(n)``: a share's ranks, once its task is done."""
+    workers = len(client.scheduler_info()["workers"])
+    tasks = max(TASKS_PER_DASK_WORKER * max(workers, 1), -(-len(ranks) // STEPS_PIECE_RANKS))
+    shares = contiguous_shares(ranks, tasks)
+    futures = client.map(_read_share_task, [(path, share) for share in shares], pure=False)
+    loaded = []
+    for future, share in zip(futures, shares):
+        loaded.append(future.result())
+        future.release()  # its result is here now: the worker need not keep it
+        if progress is not None:
+            progress(len(share))
+    return loaded
+
+
+class _Collected:
+    """``read_share``'s channel in a Dask task: the columns kept, to return with its result (a task's result moves
+    whole); ticks dropped (the caller counts a task's ranks once it is done)."""
+
+    def __init__(self):
+        self.columns: dict[str, pd.Series] = {}
+
+    def tick(self, n: int) -> None:
+        pass
+
+    def column(self, name: str, values: pd.Series) -> None:
+        self.columns[name] = values
+
+
+def _read_share_task(share: tuple[str, list[tuple[int, Path]]]) -> tuple[dict, dict]:
+    """``read_share`` as a Dask task: (what it returned, the columns it streamed), as ``Workers.call`` gives it."""
+    channel = _Collected()
+    rest = read_share(share, {}, channel)
+    return rest, channel.columns
 
 
 def _gather_shares(reader: AnalysedColumnsReader, loaded: list[tuple[dict, dict]], ranks: list[int]) -> dict:
@@ -351,7 +401,8 @@ def analyze_partitioned(
     count = 1 if client is not None else worker_count(len(TraceReader(path).rank_dirs()), workers)
     with Workers(count) as pool:  # forked once, before the load: the load, then every pass
         loads_in = pool if analysed_columns_only else None  # the workers read the per-step tables too, each its share
-        trace = load_without_collectives(path, progress, analysed_columns_only, without=per_rank, workers=loads_in)
+        cluster = client if analysed_columns_only else None  # its workers read the per-step tables too
+        trace = load_without_collectives(path, progress, analysed_columns_only, per_rank, loads_in, cluster)
         tables = rank_tables_runner(trace, pool, client, progress) if per_rank else None
         reducer = collectives_reducer(trace, pool, client, progress)
         report = analyze(trace, steps=steps, peak_tflops=peak_tflops, flops_per_step=flops_per_step,

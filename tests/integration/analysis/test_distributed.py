@@ -101,7 +101,8 @@ def test_cluster_report_equals_the_single_machine_report(cluster, tmp_path):
 
 @pytest.mark.slow
 def test_both_workers_did_the_partitions(cluster, tmp_path):
-    """The ranks are read by the workers, not the client: each worker ran some of the batches of ranks."""
+    """The ranks are read by the workers, not the client: each worker ran some of the batches of ranks, and
+    loaded some of the shares of the per-step tables."""
     from distributed import Client
 
     make_trace(tmp_path, ranks=16, steps=40)
@@ -109,8 +110,29 @@ def test_both_workers_did_the_partitions(cluster, tmp_path):
 
     with Client(cluster) as client:
         analyze_partitioned(tmp_path, client=client)
-        ran = client.run(_tasks_run_here)
+        ran = client.run(_tasks_run_here, "_first_batch")
+        loaded = client.run(_tasks_run_here, "_read_share_task")
     assert len(ran) == WORKERS and all(count > 0 for count in ran.values()), ran
+    assert len(loaded) == WORKERS and all(count > 0 for count in loaded.values()), loaded
+
+
+@pytest.mark.slow
+def test_the_load_on_the_cluster_equals_the_load_here(cluster, tmp_path):
+    """The per-step tables read in shares on the workers: the Trace this process reads, frame for frame, its
+    notes in the same order (a rank's unreadable steps file among them)."""
+    from distributed import Client
+
+    from diag.analysis.partitioned import RANK_TABLES, load_without_collectives
+
+    make_trace(tmp_path, ranks=20, steps=30)
+    (tmp_path / "rank00007" / "steps.csv").write_bytes(b"\x89PNG not a trace\x00")
+    here = load_without_collectives(tmp_path, analysed_columns_only=True, without=RANK_TABLES)
+    with Client(cluster) as client:
+        there = load_without_collectives(tmp_path, analysed_columns_only=True, without=RANK_TABLES, client=client)
+    assert here.steps.equals(there.steps) and len(there.steps)
+    assert here.steps.dtypes.equals(there.steps.dtypes)
+    assert here.events.equals(there.events) and here.manifests == there.manifests
+    assert here.skipped == there.skipped and any("rank00007" in str(note) for note in there.skipped)
 
 
 @pytest.mark.slow
@@ -134,11 +156,10 @@ def test_the_two_stages_on_the_cluster_equal_the_inline_run(cluster, tmp_path):
     assert inline[0].equals(on_cluster[0]) and inline[1:] == on_cluster[1:]
 
 
-def _tasks_run_here(dask_worker) -> int:
-    """Stage-1 tasks (a batch of ranks read) this worker took to memory (its transition log names every task it
-    handled)."""
+def _tasks_run_here(function: str, dask_worker) -> int:
+    """Tasks of ``function`` this worker took to memory (its transition log names every task it handled)."""
     log = dask_worker.state.log
-    done = {str(entry[0]) for entry in log if "_first_batch" in str(entry[0]) and "memory" in entry}
+    done = {str(entry[0]) for entry in log if function in str(entry[0]) and "memory" in entry}
     return len(done)
 
 
