@@ -47,9 +47,11 @@ def _serve_and_browse(tmp_path: Path, *extra: str) -> tuple[str, list[int], int]
     """What it printed, each page's status and its exit status once stopped by Ctrl-C (SIGINT)."""
     port = _free_port()
     log = tmp_path / "dashboard.log"
+    # -X faulthandler: a server that outlives Ctrl-C prints every thread's stack when aborted (below)
+    command = [sys.executable, "-X", "faulthandler", "-m", "diag", "dashboard", str(SAMPLE), "--port", str(port)]
     with open(log, "w") as err:  # redirected: a file, as a service manager or nohup would give it
         proc = subprocess.Popen(
-            [sys.executable, "-m", "diag", "dashboard", str(SAMPLE), "--port", str(port), "--token", TOKEN, *extra],
+            [*command, "--token", TOKEN, *extra],
             stdout=err,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -69,8 +71,12 @@ def _serve_and_browse(tmp_path: Path, *extra: str) -> tuple[str, list[int], int]
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                proc.send_signal(signal.SIGABRT)  # where it is stuck, into the log the assertions print
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
     return log.read_text(), statuses, proc.returncode
 
 
