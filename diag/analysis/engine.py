@@ -467,10 +467,10 @@ def rank_sources(trace, bounds: pd.DataFrame | None = None) -> list[RankSource]:
     ]
 
 
-def batch_size(ranks: int, workers: int) -> int:
-    """Ranks per task on a cluster: at least TASKS_PER_DASK_WORKER tasks per worker (balance), at most
-    BATCH_RANKS (memory per task)."""
-    return max(1, min(BATCH_RANKS, -(-ranks // (TASKS_PER_DASK_WORKER * max(workers, 1)))))
+def batch_size(ranks: int, workers: int, most: int = BATCH_RANKS) -> int:
+    """Ranks per task on a cluster: at least TASKS_PER_DASK_WORKER tasks per worker (balance), at most ``most``
+    (memory per task)."""
+    return max(1, min(most, -(-ranks // (TASKS_PER_DASK_WORKER * max(workers, 1)))))
 
 
 def no_windows() -> pd.DataFrame:

@@ -1,8 +1,8 @@
 """``diag analyze`` of a trace read rank by rank, for traces of many ranks: the per-step tables loaded without
 the collectives, memory and telemetry (only the columns the analyses read, the ranks read by worker processes or
 the Dask cluster's workers), then the collectives' waits (diag.analysis.collective_waits) and the memory,
-telemetry and health analyses run over the ranks' files by the engine, on this machine or on a Dask cluster. ``analyze_partitioned`` is the
-entry point; the report is ``analyze``'s of the loaded trace.
+telemetry and health analyses run over the ranks' files by the engine, on this machine or on a Dask cluster.
+``analyze_partitioned`` is the entry point; the report is ``analyze``'s of the loaded trace.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 from diag.analysis.collective_waits import COLLECTIVES, Collectives, reduced_waits
 from diag.analysis.columns import loaded_columns
 from diag.analysis.comms import ReducedWaits
-from diag.analysis.engine import TASKS_PER_DASK_WORKER, Plan, rank_sources, release_arrow_memory, run_two_stage
+from diag.analysis.engine import Plan, batch_size, rank_sources, release_arrow_memory, run_two_stage
 from diag.analysis.window import StepWindow
 from diag.processes import Workers, contiguous_shares, release_heap_memory, worker_count
 from diag.trace.loader import (
@@ -39,9 +39,10 @@ RANK_TABLES = ("memory", "telemetry")  # per-step tables whose analyses are per 
 
 def rank_tables_runner(trace: Trace, workers: int | Workers = 1, client=None, progress: bool = False):
     """``(analyses, window) -> results`` for ``analyze(..., run_ranks=)``: the memory, telemetry and health
-    analyses run over the ranks' files by the engine (``workers`` processes or pool here, or the Dask ``client``'s workers), so this
-    process holds report rows, not the tables; what the reads skipped is added to ``trace.skipped`` as the
-    loader would have, and the ranks' device totals become ``trace.telemetry`` (what memory_plan reads of it)."""
+    analyses run over the ranks' files by the engine (``workers`` processes or pool here, or the Dask
+    ``client``'s workers), so this process holds report rows, not the tables; what the reads skipped is added to
+    ``trace.skipped`` as the loader would have, and the ranks' device totals become ``trace.telemetry`` (what
+    memory_plan reads of it)."""
     from diag.analysis.memory import DeviceTotals
     from diag.analysis.report import telemetry_bounds_in_window
 
@@ -167,12 +168,8 @@ def load_without_collectives(
     bar = _bar(len(rank_dirs), "loading ranks") if progress else None
     try:
         tick = bar.update if bar else None
-        if client is not None:
-            data = poll_in_workers(None, reader, tick, rank_dirs, client)
-        elif workers is not None and workers.count > 1:
-            data = poll_in_workers(workers, reader, tick, rank_dirs)
-        else:
-            data = reader.poll(progress=tick)
+        in_workers = client is not None or (workers is not None and workers.count > 1)
+        data = poll_in_workers(workers, reader, tick, rank_dirs, client) if in_workers else reader.poll(progress=tick)
     finally:
         if bar is not None:
             bar.close()
@@ -263,12 +260,11 @@ def read_share(share: tuple[str, list[tuple[int, Path]]], local: dict, channel) 
 
 
 def _read_shares_on_cluster(client, path: str, ranks: list[tuple[int, Path]], progress=None) -> list[tuple]:
-    """``read_share`` of contiguous shares of ``ranks`` on the Dask ``client``'s workers: at least
-    TASKS_PER_DASK_WORKER shares a worker, of at most STEPS_PIECE_RANKS ranks (a task's memory); ``Workers.call``'s
-    streamed results, in share order. ``progress(n)``: a share's ranks, once its task is done."""
-    workers = len(client.scheduler_info()["workers"])
-    tasks = max(TASKS_PER_DASK_WORKER * max(workers, 1), -(-len(ranks) // STEPS_PIECE_RANKS))
-    shares = contiguous_shares(ranks, tasks)
+    """``read_share`` of contiguous shares of ``ranks`` on the Dask ``client``'s workers, a share per task of at
+    most STEPS_PIECE_RANKS ranks (``engine.batch_size``); ``Workers.call``'s streamed results, in share order.
+    ``progress(n)``: a share's ranks, once its task is done."""
+    size = batch_size(len(ranks), len(client.scheduler_info()["workers"]), most=STEPS_PIECE_RANKS)
+    shares = [ranks[i : i + size] for i in range(0, len(ranks), size)]
     futures = client.map(_read_share_task, [(path, share) for share in shares], pure=False)
     loaded = []
     for future, share in zip(futures, shares):
@@ -356,8 +352,8 @@ def _bar(total: int, desc: str):
 
 def collectives_reducer(trace: Trace, workers: int | Workers = 1, client=None, progress: bool = False):
     """``window -> ReducedWaits | None`` for ``analyze(..., reduce_collectives=)``: runs both passes on the engine
-    (inline, in ``workers`` processes or pool, or on the Dask ``client``'s workers) and adds what they skipped or dropped
-    to ``trace.skipped`` as the loader would have."""
+    (inline, in ``workers`` processes or pool, or on the Dask ``client``'s workers) and adds what they skipped or
+    dropped to ``trace.skipped`` as the loader would have."""
 
     def reduce(window: StepWindow) -> ReducedWaits | None:
         tasks = rank_sources(trace)
@@ -400,8 +396,8 @@ def analyze_partitioned(
     per_rank = RANK_TABLES if analysed_columns_only else ()
     count = 1 if client is not None else worker_count(len(TraceReader(path).rank_dirs()), workers)
     with Workers(count) as pool:  # forked once, before the load: the load, then every pass
-        loads_in = pool if analysed_columns_only else None  # the workers read the per-step tables too, each its share
-        cluster = client if analysed_columns_only else None  # its workers read the per-step tables too
+        # the workers, or the cluster's, read the per-step tables too, each a share of the ranks
+        loads_in, cluster = (pool, client) if analysed_columns_only else (None, None)
         trace = load_without_collectives(path, progress, analysed_columns_only, per_rank, loads_in, cluster)
         tables = rank_tables_runner(trace, pool, client, progress) if per_rank else None
         reducer = collectives_reducer(trace, pool, client, progress)
